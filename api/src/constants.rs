@@ -1,0 +1,106 @@
+//! Every name the operator shares between its components: API group, finalizer,
+//! annotations, label keys, condition types and reasons, field managers.
+//!
+//! Keep these in one place so the webhook, the controller and the runtime agent
+//! can never disagree about a spelling.
+
+/// The API group of every custom resource of the operator.
+pub const GROUP: &str = "vm.smolvm.dev";
+/// The API version served.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` as it appears in objects.
+pub const API_VERSION: &str = "vm.smolvm.dev/v1alpha1";
+/// Kind of the namespaced machine resource.
+pub const KIND_SMOLVM: &str = "SmolVM";
+/// Kind of the cluster-scoped node resource.
+pub const KIND_SMOLVM_NODE: &str = "SmolVMNode";
+/// Plural resource name of SmolVM.
+pub const RESOURCE_SMOLVMS: &str = "smolvms";
+/// Plural resource name of SmolVMNode.
+pub const RESOURCE_SMOLVMNODES: &str = "smolvmnodes";
+
+/// Finalizer that keeps a SmolVM until its node confirmed the machine is gone (rule M2).
+pub const FINALIZER: &str = "vm.smolvm.dev/node-cleanup";
+/// Escape hatch: remove the finalizer even though the node cannot confirm cleanup (rule V7).
+pub const FORCE_DELETE_ANNOTATION: &str = "vm.smolvm.dev/force-delete-local-state";
+/// The only value [`FORCE_DELETE_ANNOTATION`] may carry.
+pub const FORCE_DELETE_VALUE: &str = "true";
+
+/// Label set on SmolVMNodes, naming the Kubernetes Node (mirrors `kubernetes.io/hostname`).
+pub const LABEL_NODE: &str = "vm.smolvm.dev/node";
+/// Label the operator sets on objects it manages.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Value of [`LABEL_MANAGED_BY`].
+pub const MANAGED_BY: &str = "smolvm-operator";
+/// Annotation on a SmolVMNode listing the label keys mirrored from the Node, so that
+/// labels an admin set directly on the SmolVMNode are never erased.
+pub const ANNOTATION_MIRRORED_LABELS: &str = "vm.smolvm.dev/mirrored-labels";
+
+/// `userInfo.extra` key carrying the node name of a pod-bound ServiceAccount token.
+pub const EXTRA_NODE_NAME: &str = "authentication.kubernetes.io/node-name";
+/// `userInfo.extra` key carrying the node UID of a pod-bound ServiceAccount token.
+pub const EXTRA_NODE_UID: &str = "authentication.kubernetes.io/node-uid";
+
+/// Signer name of the CertificateSigningRequests the runtime agents file.
+pub const RUNTIME_SIGNER: &str = "vm.smolvm.dev/runtime-serving";
+/// Node API protocol version spoken by this build.
+pub const PROTOCOL_VERSION: &str = "v1";
+
+/// Field manager of the controller.
+pub const FIELD_MANAGER_CONTROLLER: &str = "smolvm-controller";
+/// Field manager of the runtime agent.
+pub const FIELD_MANAGER_RUNTIME: &str = "smolvm-runtime";
+/// Field manager of the webhook (TLS bootstrap only).
+pub const FIELD_MANAGER_WEBHOOK: &str = "smolvm-webhook";
+
+/// Condition types.
+pub mod condition {
+    /// SmolVM: a node was chosen and the binding written.
+    pub const SCHEDULED: &str = "Scheduled";
+    /// SmolVM: the machine matches `spec.running` on its node. SmolVMNode: the runtime is serving.
+    pub const READY: &str = "Ready";
+    /// SmolVM: deletion waits for a node that cannot confirm cleanup.
+    pub const DELETION_BLOCKED: &str = "DeletionBlocked";
+    /// SmolVM: a resize was accepted but not yet applied on the node.
+    pub const RESIZE_PENDING: &str = "ResizePending";
+    /// SmolVMNode: `/dev/kvm` opened and answered KVM_GET_API_VERSION.
+    pub const KVM_AVAILABLE: &str = "KVMAvailable";
+    /// SmolVMNode: the supervised `smolvm serve` answers its health check.
+    pub const RUNTIME_READY: &str = "RuntimeReady";
+}
+
+/// Condition reasons (CamelCase, stable: dashboards and alerts match on them).
+pub mod reason {
+    /// No eligible node yet.
+    pub const UNSCHEDULABLE: &str = "Unschedulable";
+    /// Bound to a node.
+    pub const BOUND: &str = "Bound";
+    /// The machine is being created on the node.
+    pub const CREATING: &str = "Creating";
+    /// The machine runs.
+    pub const RUNNING: &str = "Running";
+    /// The machine is stopped as asked.
+    pub const STOPPED: &str = "Stopped";
+    /// The node runtime failed to start the machine.
+    pub const START_FAILED: &str = "StartFailed";
+    /// The node runtime could not create the machine.
+    pub const CREATE_FAILED: &str = "CreateFailed";
+    /// The node's heartbeat is stale or its runtime is unreachable.
+    pub const NODE_UNREACHABLE: &str = "NodeUnreachable";
+    /// The node was replaced under the same name (new UID).
+    pub const NODE_REPLACED: &str = "NodeReplaced";
+    /// The bound node's SmolVMNode no longer exists.
+    pub const NODE_MISSING: &str = "NodeMissing";
+    /// Deletion waits for an unreachable runtime.
+    pub const RUNTIME_UNREACHABLE: &str = "RuntimeUnreachable";
+    /// The finalizer was removed by the force-delete annotation.
+    pub const FORCE_DELETED: &str = "ForceDeleted";
+    /// A resize waits for the runtime.
+    pub const RESIZE_NOT_APPLIED: &str = "ResizeNotApplied";
+    /// All is well.
+    pub const AS_EXPECTED: &str = "AsExpected";
+    /// KVM is not usable on the node.
+    pub const KVM_UNAVAILABLE: &str = "KVMUnavailable";
+    /// `smolvm serve` is down or restarting.
+    pub const RUNTIME_DOWN: &str = "RuntimeDown";
+}

@@ -1,0 +1,282 @@
+//! Defaulting (the mutating half of admission): rules M1 and M2.
+//!
+//! Works on the raw JSON of the object, so that it never fails on input the typed structs would
+//! reject (validation reports those). The patch is minimal: it only adds what is missing, and a
+//! second pass over the patched object yields an empty patch.
+
+use json_patch::{AddOperation, Patch, PatchOperation, jsonptr::PointerBuf};
+use serde_json::{Value, json};
+
+use crate::{
+    constants::FINALIZER,
+    types::{
+        DEFAULT_CPUS, DEFAULT_MEMORY_MIB, DEFAULT_NETWORK_ENABLED, DEFAULT_OVERLAY_GIB, DEFAULT_RUNNING,
+        DEFAULT_STORAGE_GIB,
+    },
+    validate::Operation,
+};
+
+/// Computes the defaulting patch for a SmolVM (rules M1 and M2).
+///
+/// - M1 (CREATE and UPDATE): `running`, `resources`, `storage`, `network.enabled` and each port's
+///   `protocol` get their defaults when absent or null. Skipped for an object being deleted, whose
+///   spec may no longer change (rule V8).
+/// - M2 (CREATE): the finalizer `vm.smolvm.dev/node-cleanup` is added.
+pub fn default_smolvm(op: Operation, object: &Value) -> Patch {
+    let mut ops = Vec::new();
+    let deleting = object
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null());
+    if matches!(op, Operation::Create | Operation::Update)
+        && !deleting
+        && let Some(spec) = object.get("spec").and_then(Value::as_object)
+    {
+        default_spec(spec, &mut ops);
+    }
+    if op == Operation::Create {
+        add_finalizer(object, &mut ops);
+    }
+    Patch(ops)
+}
+
+fn default_spec(spec: &serde_json::Map<String, Value>, ops: &mut Vec<PatchOperation>) {
+    if is_absent(spec.get("running")) {
+        ops.push(add(&["spec", "running"], json!(DEFAULT_RUNNING)));
+    }
+    default_object(
+        spec,
+        "resources",
+        &[("cpus", json!(DEFAULT_CPUS)), ("memoryMiB", json!(DEFAULT_MEMORY_MIB))],
+        ops,
+    );
+    default_object(
+        spec,
+        "storage",
+        &[
+            ("storageGiB", json!(DEFAULT_STORAGE_GIB)),
+            ("overlayGiB", json!(DEFAULT_OVERLAY_GIB)),
+        ],
+        ops,
+    );
+    match spec.get("network") {
+        None | Some(Value::Null) => {
+            ops.push(add(&["spec", "network"], json!({ "enabled": DEFAULT_NETWORK_ENABLED })));
+        }
+        Some(Value::Object(network)) => {
+            if is_absent(network.get("enabled")) {
+                ops.push(add(&["spec", "network", "enabled"], json!(DEFAULT_NETWORK_ENABLED)));
+            }
+            if let Some(Value::Array(ports)) = network.get("ports") {
+                for (i, port) in ports.iter().enumerate() {
+                    if let Value::Object(port) = port
+                        && is_absent(port.get("protocol"))
+                    {
+                        let index = i.to_string();
+                        ops.push(add(&["spec", "network", "ports", &index, "protocol"], json!("TCP")));
+                    }
+                }
+            }
+        }
+        // Any other type is left for validation to report.
+        Some(_) => {}
+    }
+}
+
+/// Defaults `spec.<field>` as a whole when absent, or each missing member when it is an object.
+fn default_object(
+    spec: &serde_json::Map<String, Value>,
+    field: &str,
+    members: &[(&str, Value)],
+    ops: &mut Vec<PatchOperation>,
+) {
+    match spec.get(field) {
+        None | Some(Value::Null) => {
+            let value: serde_json::Map<String, Value> =
+                members.iter().map(|(k, v)| ((*k).to_string(), v.clone())).collect();
+            ops.push(add(&["spec", field], Value::Object(value)));
+        }
+        Some(Value::Object(existing)) => {
+            for (member, value) in members {
+                if is_absent(existing.get(*member)) {
+                    ops.push(add(&["spec", field, member], value.clone()));
+                }
+            }
+        }
+        Some(_) => {}
+    }
+}
+
+fn add_finalizer(object: &Value, ops: &mut Vec<PatchOperation>) {
+    match object.pointer("/metadata/finalizers") {
+        None | Some(Value::Null) => {
+            if object.get("metadata").is_some_and(Value::is_object) {
+                ops.push(add(&["metadata", "finalizers"], json!([FINALIZER])));
+            }
+        }
+        Some(Value::Array(list)) => {
+            if !list.iter().any(|f| f.as_str() == Some(FINALIZER)) {
+                ops.push(add(&["metadata", "finalizers", "-"], json!(FINALIZER)));
+            }
+        }
+        Some(_) => {}
+    }
+}
+
+fn is_absent(value: Option<&Value>) -> bool {
+    matches!(value, None | Some(Value::Null))
+}
+
+fn add(tokens: &[&str], value: Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation {
+        path: PointerBuf::from_tokens(tokens.iter().copied()),
+        value,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn apply(object: &Value, patch: &Patch) -> Value {
+        let mut doc = object.clone();
+        json_patch::patch(&mut doc, patch).unwrap();
+        doc
+    }
+
+    fn paths(patch: &Patch) -> Vec<String> {
+        patch
+            .0
+            .iter()
+            .map(|op| match op {
+                PatchOperation::Add(a) => a.path.to_string(),
+                other => panic!("defaulting only adds, got {other:?}"),
+            })
+            .collect()
+    }
+
+    fn vm(spec: Value) -> Value {
+        json!({"apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVM",
+               "metadata": {"name": "a", "namespace": "default"}, "spec": spec})
+    }
+
+    #[test]
+    fn m1_m2_defaults_on_create_table() {
+        let cases: Vec<(&str, Value, Vec<&str>)> = vec![
+            (
+                "m1_m2_empty_spec_gets_every_default",
+                vm(json!({"image": "alpine"})),
+                vec![
+                    "/spec/running",
+                    "/spec/resources",
+                    "/spec/storage",
+                    "/spec/network",
+                    "/metadata/finalizers",
+                ],
+            ),
+            (
+                "m1_partial_resources_only_missing_members",
+                vm(json!({"image": "alpine", "running": false, "resources": {"cpus": 4},
+                          "storage": {"overlayGiB": 5}, "network": {"enabled": true}})),
+                vec![
+                    "/spec/resources/memoryMiB",
+                    "/spec/storage/storageGiB",
+                    "/metadata/finalizers",
+                ],
+            ),
+            (
+                "m1_null_fields_are_defaulted",
+                vm(
+                    json!({"image": "alpine", "running": null, "resources": null, "storage": {"storageGiB": null, "overlayGiB": 1},
+                          "network": {"enabled": null}}),
+                ),
+                vec![
+                    "/spec/running",
+                    "/spec/resources",
+                    "/spec/storage/storageGiB",
+                    "/spec/network/enabled",
+                    "/metadata/finalizers",
+                ],
+            ),
+            (
+                "m1_port_protocol_defaults_to_tcp",
+                vm(
+                    json!({"image": "alpine", "running": true, "resources": {"cpus": 1, "memoryMiB": 512},
+                          "storage": {"storageGiB": 20, "overlayGiB": 10},
+                          "network": {"enabled": true, "ports": [{"hostPort": 8080, "guestPort": 80},
+                                                                   {"hostPort": 8081, "guestPort": 81, "protocol": "UDP"}]}}),
+                ),
+                vec!["/spec/network/ports/0/protocol", "/metadata/finalizers"],
+            ),
+            (
+                "m2_finalizer_appended_to_existing_list",
+                {
+                    let mut o = vm(
+                        json!({"image": "alpine", "running": true, "resources": {"cpus": 1, "memoryMiB": 512},
+                        "storage": {"storageGiB": 20, "overlayGiB": 10}, "network": {"enabled": false}}),
+                    );
+                    o["metadata"]["finalizers"] = json!(["example.com/other"]);
+                    o
+                },
+                vec!["/metadata/finalizers/-"],
+            ),
+            (
+                "m1_spec_of_wrong_type_is_left_to_validation",
+                vm(json!("nonsense")),
+                vec!["/metadata/finalizers"],
+            ),
+            (
+                "m1_missing_spec_is_left_to_validation",
+                json!({"metadata": {"name": "a"}}),
+                vec!["/metadata/finalizers"],
+            ),
+            ("m2_no_metadata_no_patch", json!({"spec": 3}), vec![]),
+        ];
+        for (name, object, expected) in cases {
+            let patch = default_smolvm(Operation::Create, &object);
+            assert_eq!(paths(&patch), expected, "{name}");
+            let patched = apply(&object, &patch);
+            assert!(
+                default_smolvm(Operation::Create, &patched).0.is_empty(),
+                "{name}: second pass not empty"
+            );
+        }
+    }
+
+    #[test]
+    fn m1_defaulted_values() {
+        let object = vm(
+            json!({"image": "alpine", "network": {"enabled": true, "ports": [{"hostPort": 8080, "guestPort": 80}]}}),
+        );
+        let patched = apply(&object, &default_smolvm(Operation::Create, &object));
+        assert_eq!(patched["spec"]["running"], json!(true));
+        assert_eq!(patched["spec"]["resources"], json!({"cpus": 1, "memoryMiB": 512}));
+        assert_eq!(patched["spec"]["storage"], json!({"storageGiB": 20, "overlayGiB": 10}));
+        assert_eq!(patched["spec"]["network"]["enabled"], json!(true));
+        assert_eq!(patched["spec"]["network"]["ports"][0]["protocol"], json!("TCP"));
+        assert_eq!(patched["metadata"]["finalizers"], json!([FINALIZER]));
+    }
+
+    #[test]
+    fn m1_update_defaults_but_m2_does_not_add_finalizer() {
+        let object = vm(json!({"image": "alpine"}));
+        let p = paths(&default_smolvm(Operation::Update, &object));
+        assert_eq!(
+            p,
+            vec!["/spec/running", "/spec/resources", "/spec/storage", "/spec/network"]
+        );
+    }
+
+    #[test]
+    fn m1_deleting_object_gets_no_spec_defaults() {
+        let mut object = vm(json!({"image": "alpine"}));
+        object["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        assert!(default_smolvm(Operation::Update, &object).0.is_empty());
+    }
+
+    #[test]
+    fn m1_delete_and_connect_are_never_patched() {
+        let object = vm(json!({"image": "alpine"}));
+        assert!(default_smolvm(Operation::Delete, &object).0.is_empty());
+        assert!(default_smolvm(Operation::Connect, &object).0.is_empty());
+    }
+}

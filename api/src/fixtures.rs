@@ -1,0 +1,87 @@
+//! Test fixtures shared by the crates' tests and benchmarks: typical objects and identities.
+//!
+//! Not used by the product code paths.
+
+use serde_json::{Value, json};
+
+use crate::{
+    policy::{Policy, service_account, DEFAULT_NAMESPACE},
+    types::{NodeResources, SmolVMNode, SmolVMNodeSpec, SmolVMNodeStatus},
+    validate::Identity,
+};
+
+/// The seed's example SmolVM, as a user would apply it (no defaults yet).
+pub fn alpine() -> Value {
+    json!({
+        "apiVersion": "vm.smolvm.dev/v1alpha1",
+        "kind": "SmolVM",
+        "metadata": {"name": "alpine", "namespace": "default", "uid": "6f1c0a52-3b0e-4a57-9d0c-1f2e3d4c5b6a"},
+        "spec": {
+            "running": true,
+            "image": "alpine:latest",
+            "nodeSelector": {"kubernetes.io/arch": "amd64"},
+            "resources": {"cpus": 1, "memoryMiB": 512},
+            "storage": {"storageGiB": 20, "overlayGiB": 10},
+            "network": {"enabled": true, "ports": [{"hostPort": 8080, "guestPort": 80}]}
+        }
+    })
+}
+
+/// A SmolVM with the given spec.
+pub fn smolvm(name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "vm.smolvm.dev/v1alpha1",
+        "kind": "SmolVM",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec
+    })
+}
+
+/// `object` bound to `node` (status.nodeName and status.nodeUID set).
+pub fn bound(mut object: Value, node: &str) -> Value {
+    object["status"] = json!({"nodeName": node, "nodeUID": format!("uid-{node}"), "phase": "Running"});
+    object
+}
+
+/// `object` with a deletion timestamp.
+pub fn deleting(mut object: Value) -> Value {
+    object["metadata"]["deletionTimestamp"] = json!("2026-11-21T10:00:00Z");
+    object["metadata"]["finalizers"] = json!([crate::constants::FINALIZER]);
+    object
+}
+
+/// A Ready SmolVMNode with the given allocatable resources.
+pub fn node(name: &str, cpus: i64, memory_mib: i64, storage_gib: i64) -> SmolVMNode {
+    let resources = NodeResources { cpus, memory_mib, storage_gib };
+    let mut node = SmolVMNode::new(name, SmolVMNodeSpec::default());
+    node.status = Some(SmolVMNodeStatus {
+        node_uid: Some(format!("uid-{name}")),
+        capacity: Some(resources),
+        allocatable: Some(resources),
+        ..Default::default()
+    });
+    node
+}
+
+/// The controller's identity under the default policy.
+pub fn controller() -> Identity {
+    Identity::user(service_account(DEFAULT_NAMESPACE, "smolvm-controller"))
+}
+
+/// A runtime agent's identity on `node` (a pod-bound token with the node claims).
+pub fn runtime_on(node: &str) -> Identity {
+    let mut identity = Identity::user(service_account(DEFAULT_NAMESPACE, "smolvm-runtime"));
+    identity.extra.insert(crate::constants::EXTRA_NODE_NAME.into(), vec![node.into()]);
+    identity.extra.insert(crate::constants::EXTRA_NODE_UID.into(), vec![format!("uid-{node}")]);
+    identity
+}
+
+/// A human user.
+pub fn user() -> Identity {
+    Identity::user("alice@example.com")
+}
+
+/// The default policy.
+pub fn policy() -> Policy {
+    Policy::default()
+}

@@ -1,0 +1,22 @@
+//! SmolVM API types, constants, policy, and the pure admission rules.
+//!
+//! - [`types`]: the `SmolVM` and `SmolVMNode` custom resources.
+//! - [`constants`]: finalizer, annotations, labels, condition types and reasons.
+//! - [`policy`]: the admission policy (bounds, port range, identities) and its loader.
+//! - [`defaulting`]: rules M1 and M2, as a minimal JSON Patch.
+//! - [`validate`]: rules V1 to V10, returning every violation and warning at once.
+//! - [`crd`]: the generated CustomResourceDefinitions.
+
+pub mod constants;
+pub mod crd;
+pub mod defaulting;
+pub mod error;
+pub mod fixtures;
+pub mod policy;
+pub mod syntax;
+pub mod types;
+pub mod validate;
+
+pub use error::Error;
+pub use policy::Policy;
+pub use types::*;

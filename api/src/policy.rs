@@ -1,0 +1,250 @@
+//! The admission policy: resource bounds, the host port range, and the identities of the
+//! operator's own components.
+//!
+//! It comes from a YAML file mounted from a ConfigMap; every field is optional and falls back to
+//! the built-in default. A bad file gets an error naming the field.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+/// Default namespace of the operator's components.
+pub const DEFAULT_NAMESPACE: &str = "smolvm-system";
+
+/// Bounds and identities the webhook enforces.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct Policy {
+    /// Fewest virtual CPUs a SmolVM may ask for.
+    pub min_cpus: i64,
+    /// Most virtual CPUs a SmolVM may ask for.
+    pub max_cpus: i64,
+    /// Least memory (MiB).
+    #[serde(rename = "minMemoryMiB")]
+    pub min_memory_mib: i64,
+    /// Most memory (MiB).
+    #[serde(rename = "maxMemoryMiB")]
+    pub max_memory_mib: i64,
+    /// Smallest storage disk (GiB).
+    #[serde(rename = "minStorageGiB")]
+    pub min_storage_gib: i64,
+    /// Largest storage disk (GiB).
+    #[serde(rename = "maxStorageGiB")]
+    pub max_storage_gib: i64,
+    /// Smallest overlay (GiB).
+    #[serde(rename = "minOverlayGiB")]
+    pub min_overlay_gib: i64,
+    /// Largest overlay (GiB).
+    #[serde(rename = "maxOverlayGiB")]
+    pub max_overlay_gib: i64,
+    /// Lowest host port a SmolVM may forward.
+    pub host_port_min: i64,
+    /// Highest host port a SmolVM may forward.
+    pub host_port_max: i64,
+    /// Most forwarded ports per SmolVM.
+    pub max_ports: i64,
+    /// Most allowedCIDRs entries per SmolVM.
+    #[serde(rename = "maxAllowedCIDRs")]
+    pub max_allowed_cidrs: i64,
+    /// Usernames of the controller (the only identity that may write binding fields).
+    pub controller_usernames: Vec<String>,
+    /// Usernames of the runtime agents (restricted to their own node's SmolVMNode).
+    pub runtime_usernames: Vec<String>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            min_cpus: 1,
+            max_cpus: 32,
+            min_memory_mib: 128,
+            max_memory_mib: 131_072,
+            min_storage_gib: 1,
+            max_storage_gib: 2048,
+            min_overlay_gib: 1,
+            max_overlay_gib: 1024,
+            host_port_min: 1024,
+            host_port_max: 65_535,
+            max_ports: 16,
+            max_allowed_cidrs: 32,
+            controller_usernames: vec![service_account(DEFAULT_NAMESPACE, "smolvm-controller")],
+            runtime_usernames: vec![service_account(DEFAULT_NAMESPACE, "smolvm-runtime")],
+        }
+    }
+}
+
+/// The username of a ServiceAccount, as the API server reports it.
+pub fn service_account(namespace: &str, name: &str) -> String {
+    format!("system:serviceaccount:{namespace}:{name}")
+}
+
+/// What an identity is to the operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The controller.
+    Controller,
+    /// A runtime agent.
+    Runtime,
+    /// Anyone else: users, admins, other controllers.
+    Other,
+}
+
+impl Policy {
+    /// Parses a policy from YAML text. Absent fields keep their defaults; unknown fields, wrong
+    /// types and inconsistent bounds are errors that name the field.
+    pub fn from_yaml(text: &str) -> Result<Policy, Error> {
+        if text.trim().is_empty() {
+            return Ok(Policy::default());
+        }
+        let de = serde_yaml::Deserializer::from_str(text);
+        let policy: Policy = serde_path_to_error::deserialize(de).map_err(|e| {
+            let field = e.path().to_string();
+            let inner = e.into_inner();
+            let message = match inner.location() {
+                Some(loc) => format!("{inner} (line {}, column {})", loc.line(), loc.column()),
+                None => inner.to_string(),
+            };
+            Error::PolicyInvalid { field, message }
+        })?;
+        policy.check()?;
+        Ok(policy)
+    }
+
+    /// Reads and parses a policy file.
+    pub fn from_file(path: &std::path::Path) -> Result<Policy, Error> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::PolicyRead {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Policy::from_yaml(&text)
+    }
+
+    /// Checks that the bounds are consistent.
+    pub fn check(&self) -> Result<(), Error> {
+        let pairs: [(&str, i64, &str, i64, i64); 5] = [
+            ("minCpus", self.min_cpus, "maxCpus", self.max_cpus, 1),
+            (
+                "minMemoryMiB",
+                self.min_memory_mib,
+                "maxMemoryMiB",
+                self.max_memory_mib,
+                1,
+            ),
+            (
+                "minStorageGiB",
+                self.min_storage_gib,
+                "maxStorageGiB",
+                self.max_storage_gib,
+                1,
+            ),
+            (
+                "minOverlayGiB",
+                self.min_overlay_gib,
+                "maxOverlayGiB",
+                self.max_overlay_gib,
+                1,
+            ),
+            ("hostPortMin", self.host_port_min, "hostPortMax", self.host_port_max, 1),
+        ];
+        for (min_name, min, max_name, max, floor) in pairs {
+            if min < floor {
+                return Err(invalid(min_name, format!("{min} is below {floor}")));
+            }
+            if max < min {
+                return Err(invalid(max_name, format!("{max} is below {min_name} {min}")));
+            }
+        }
+        if self.host_port_max > 65_535 {
+            return Err(invalid("hostPortMax", format!("{} is above 65535", self.host_port_max)));
+        }
+        for (name, value) in [
+            ("maxPorts", self.max_ports),
+            ("maxAllowedCIDRs", self.max_allowed_cidrs),
+        ] {
+            if !(0..=64).contains(&value) {
+                return Err(invalid(name, format!("{value} is outside 0..=64 (the schema's limit)")));
+            }
+        }
+        for (name, list) in [
+            ("controllerUsernames", &self.controller_usernames),
+            ("runtimeUsernames", &self.runtime_usernames),
+        ] {
+            if let Some(i) = list.iter().position(|u| u.trim().is_empty()) {
+                return Err(invalid(&format!("{name}[{i}]"), "is empty".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The role of a username under this policy.
+    pub fn role_of(&self, username: &str) -> Role {
+        if self.controller_usernames.iter().any(|u| u == username) {
+            Role::Controller
+        } else if self.runtime_usernames.iter().any(|u| u == username) {
+            Role::Runtime
+        } else {
+            Role::Other
+        }
+    }
+}
+
+fn invalid(field: &str, message: String) -> Error {
+    Error::PolicyInvalid {
+        field: field.to_string(),
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_defaults_and_partial_files() {
+        assert_eq!(Policy::from_yaml("").unwrap(), Policy::default());
+        let p = Policy::from_yaml("maxCpus: 8\nhostPortMin: 30000\n").unwrap();
+        assert_eq!(p.max_cpus, 8);
+        assert_eq!(p.host_port_min, 30000);
+        assert_eq!(p.max_memory_mib, Policy::default().max_memory_mib);
+    }
+
+    #[test]
+    fn policy_errors_name_the_field() {
+        let cases = [
+            ("maxCpus: lots\n", "maxCpus"),
+            ("maxCPUs: 4\n", "maxCPUs"),
+            ("minCpus: 0\n", "minCpus"),
+            ("minCpus: 8\nmaxCpus: 4\n", "maxCpus"),
+            ("hostPortMax: 70000\n", "hostPortMax"),
+            ("maxPorts: 100\n", "maxPorts"),
+            ("controllerUsernames: ['']\n", "controllerUsernames[0]"),
+            ("runtimeUsernames: 3\n", "runtimeUsernames"),
+            ("- a\n", "."),
+        ];
+        for (text, field) in cases {
+            match Policy::from_yaml(text) {
+                Err(Error::PolicyInvalid { field: f, message }) => {
+                    assert_eq!(f, field, "{text:?}: {message}");
+                    assert!(!message.is_empty());
+                }
+                other => panic!("{text:?}: expected PolicyInvalid, got {other:?}"),
+            }
+        }
+        let unknown = Policy::from_yaml("maxCPUs: 4\n").unwrap_err().to_string();
+        assert!(unknown.contains("maxCPUs"), "{unknown}");
+    }
+
+    #[test]
+    fn policy_roles() {
+        let p = Policy::default();
+        assert_eq!(
+            p.role_of("system:serviceaccount:smolvm-system:smolvm-controller"),
+            Role::Controller
+        );
+        assert_eq!(
+            p.role_of("system:serviceaccount:smolvm-system:smolvm-runtime"),
+            Role::Runtime
+        );
+        assert_eq!(p.role_of("kubernetes-admin"), Role::Other);
+    }
+}

@@ -1,0 +1,598 @@
+//! The `SmolVM` and `SmolVMNode` custom resources (group `vm.smolvm.dev`, version `v1alpha1`).
+//!
+//! Doc comments become the `kubectl explain` descriptions; `#[x_kube(validation)]` rules become
+//! the CRD's `x-kubernetes-validations` (CEL), which keep the API safe even while the webhook is
+//! down. Rules that CEL cannot express (identities, policy, cross-object checks) live in
+//! [`crate::validate`].
+
+// Clippy's duplicated_attributes lint misreads kube's repeated `printcolumn(type_ = ...)` arguments.
+#![allow(clippy::duplicated_attributes)]
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Default of `spec.running` (rule M1).
+pub const DEFAULT_RUNNING: bool = true;
+/// Default of `spec.resources.cpus` (rule M1).
+pub const DEFAULT_CPUS: i32 = 1;
+/// Default of `spec.resources.memoryMiB` (rule M1).
+pub const DEFAULT_MEMORY_MIB: i64 = 512;
+/// Default of `spec.storage.storageGiB` (rule M1).
+pub const DEFAULT_STORAGE_GIB: i64 = 20;
+/// Default of `spec.storage.overlayGiB` (rule M1).
+pub const DEFAULT_OVERLAY_GIB: i64 = 10;
+/// Default of `spec.network.enabled` (rule M1).
+pub const DEFAULT_NETWORK_ENABLED: bool = false;
+
+/// Longest accepted image reference.
+pub const MAX_IMAGE_LEN: usize = 512;
+/// Most ports a schema admits (the policy usually allows fewer).
+pub const MAX_PORTS_SCHEMA: usize = 64;
+/// Most allowed CIDRs a schema admits (the policy usually allows fewer).
+pub const MAX_CIDRS_SCHEMA: usize = 64;
+/// Most nodeSelector entries.
+pub const MAX_SELECTOR_ENTRIES: usize = 32;
+
+/// Desired state of a SmolVM: what to run, how big, where, and whether it runs.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[kube(
+    group = "vm.smolvm.dev",
+    version = "v1alpha1",
+    kind = "SmolVM",
+    doc = "A microVM run by smolvm on one node of the cluster. The controller places it on a node (or honours spec.nodeName), binds it there for good in status.nodeName, and drives that node's runtime agent.",
+    plural = "smolvms",
+    singular = "smolvm",
+    namespaced,
+    status = "SmolVMStatus",
+    shortname = "svm",
+    category = "smolvm",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase", description = "Lifecycle phase of the machine"),
+    printcolumn(name = "Node", type_ = "string", json_path = ".status.nodeName", description = "Node the machine is bound to"),
+    printcolumn(name = "CPUs", type_ = "integer", json_path = ".spec.resources.cpus", description = "Virtual CPUs"),
+    printcolumn(name = "Memory", type_ = "integer", json_path = ".spec.resources.memoryMiB", description = "Memory in MiB"),
+    printcolumn(name = "Image", type_ = "string", json_path = ".spec.image", priority = 1, description = "Image the machine boots"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].reason", priority = 1, description = "Why the machine is or is not ready"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("!has(self.status) || !has(self.status.nodeName) || !has(self.spec.nodeName) || self.spec.nodeName == self.status.nodeName")
+        .message("spec.nodeName must equal status.nodeName once bound: SmolVMs never move; delete and recreate (V5)")
+        .field_path(".spec.nodeName"),
+    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || self.spec.image == oldSelf.spec.image")
+        .message("spec.image is immutable once the SmolVM is bound to a node (V6)")
+        .field_path(".spec.image"),
+    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || ((has(self.spec.network) && has(self.spec.network.enabled) && self.spec.network.enabled) == (has(oldSelf.spec.network) && has(oldSelf.spec.network.enabled) && oldSelf.spec.network.enabled))")
+        .message("spec.network.enabled is immutable once the SmolVM is bound to a node (V6)")
+        .field_path(".spec.network"),
+    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || ((has(self.spec.network) && has(self.spec.network.ports) && size(self.spec.network.ports) > 0) ? (has(oldSelf.spec.network) && has(oldSelf.spec.network.ports) && self.spec.network.ports == oldSelf.spec.network.ports) : !(has(oldSelf.spec.network) && has(oldSelf.spec.network.ports) && size(oldSelf.spec.network.ports) > 0))")
+        .message("spec.network.ports are immutable once the SmolVM is bound to a node (V6)")
+        .field_path(".spec.network"),
+    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || ((has(self.spec.network) && has(self.spec.network.allowedCIDRs) && size(self.spec.network.allowedCIDRs) > 0) ? (has(oldSelf.spec.network) && has(oldSelf.spec.network.allowedCIDRs) && self.spec.network.allowedCIDRs == oldSelf.spec.network.allowedCIDRs) : !(has(oldSelf.spec.network) && has(oldSelf.spec.network.allowedCIDRs) && size(oldSelf.spec.network.allowedCIDRs) > 0))")
+        .message("spec.network.allowedCIDRs are immutable once the SmolVM is bound to a node (V6)")
+        .field_path(".spec.network"),
+    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || !has(oldSelf.spec.storage) || !has(oldSelf.spec.storage.storageGiB) || (has(self.spec.storage) && has(self.spec.storage.storageGiB) && self.spec.storage.storageGiB >= oldSelf.spec.storage.storageGiB)")
+        .message("spec.storage.storageGiB may only grow once the SmolVM is bound to a node (V6)")
+        .field_path(".spec.storage.storageGiB"),
+    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || !has(oldSelf.spec.storage) || !has(oldSelf.spec.storage.overlayGiB) || (has(self.spec.storage) && has(self.spec.storage.overlayGiB) && self.spec.storage.overlayGiB >= oldSelf.spec.storage.overlayGiB)")
+        .message("spec.storage.overlayGiB may only grow once the SmolVM is bound to a node (V6)")
+        .field_path(".spec.storage.overlayGiB"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SmolVMSpec {
+    /// Whether the machine should be running. Set to false to stop it while keeping its disks.
+    /// Defaults to true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<bool>,
+
+    /// Image the machine boots: an OCI reference such as `alpine:latest` or
+    /// `ghcr.io/org/app@sha256:...`, or `local:<name>` for an image in the node's local image
+    /// directory. Immutable once the SmolVM is bound to a node.
+    #[schemars(length(min = 1, max = 512))]
+    #[x_kube(validation = Rule::new("!self.startsWith('local:') || self.matches('^local:[A-Za-z0-9][A-Za-z0-9._-]{0,127}$')").message("a local image is local:<name>, the name made of letters, digits, '.', '_' and '-' (V1)"))]
+    #[x_kube(validation = Rule::new("!self.matches('\\\\s')").message("an image reference has no whitespace (V1)"))]
+    pub image: String,
+
+    /// Optional hard pin to the SmolVMNode (and Kubernetes Node) of this name. The controller never
+    /// falls back to another node. Once bound, it may only be absent or equal to `status.nodeName`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("nodeName must be a DNS-1123 subdomain: lower-case letters, digits, '-' and '.' (V4)"))]
+    pub node_name: Option<String>,
+
+    /// Labels a SmolVMNode must carry for the machine to be placed there. SmolVMNodes mirror the
+    /// labels of their Kubernetes Node, so `kubernetes.io/arch: amd64` works as with Pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxProperties" = 32, "additionalProperties" = {"type": "string", "maxLength": 63}))]
+    #[x_kube(validation = Rule::new("self.all(k, size(k) <= 317 && k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$'))").message("nodeSelector keys must be valid label keys: [prefix/]name (V4)"))]
+    #[x_kube(validation = Rule::new("self.all(k, self[k].matches('^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$'))").message("nodeSelector values must be valid label values: at most 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric (V4)"))]
+    pub node_selector: Option<BTreeMap<String, LabelValue>>,
+
+    /// CPU and memory of the machine. Defaults to 1 CPU and 512 MiB. May change after binding,
+    /// within the policy bounds; the runtime applies it live where smolvm supports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+
+    /// Disk sizes of the machine. Defaults to 20 GiB of storage and a 10 GiB overlay. After
+    /// binding, sizes may only grow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<Storage>,
+
+    /// Networking of the machine. Disabled by default. Immutable once bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
+}
+
+/// A label value (at most 63 characters).
+pub type LabelValue = String;
+
+/// CPU and memory of a machine.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Resources {
+    /// Number of virtual CPUs. Defaults to 1; the policy bounds it (by default 1 to 32).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub cpus: Option<i32>,
+
+    /// Memory in MiB. Defaults to 512; the policy bounds it (by default 128 to 131072).
+    #[serde(default, rename = "memoryMiB", skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16777216))]
+    pub memory_mib: Option<i64>,
+}
+
+/// Disk sizes of a machine.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Storage {
+    /// Size of the machine's storage disk in GiB. Defaults to 20. May only grow once bound.
+    #[serde(default, rename = "storageGiB", skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1048576))]
+    pub storage_gib: Option<i64>,
+
+    /// Size of the writable overlay on top of the image, in GiB. Defaults to 10. May only grow
+    /// once bound.
+    #[serde(default, rename = "overlayGiB", skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1048576))]
+    pub overlay_gib: Option<i64>,
+}
+
+/// Networking of a machine.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.ports) || size(self.ports) == 0 || (has(self.enabled) && self.enabled)").message("ports need network.enabled: true (V3)").field_path(".ports"))]
+#[x_kube(validation = Rule::new("!has(self.allowedCIDRs) || size(self.allowedCIDRs) == 0 || (has(self.enabled) && self.enabled)").message("allowedCIDRs need network.enabled: true (V3)").field_path(".allowedCIDRs"))]
+pub struct Network {
+    /// Whether the machine has a network interface. Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+
+    /// Host ports forwarded into the machine. Each (hostPort, protocol) pair is unique, and the
+    /// host port must lie in the policy's allowed range (by default 1024 to 65535).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["hostPort".into(), "protocol".into()]))]
+    pub ports: Option<Vec<Port>>,
+
+    /// Destination CIDRs the machine may reach (for example `10.0.0.0/8` or `2001:db8::/32`).
+    /// Empty means no restriction beyond smolvm's defaults.
+    #[serde(default, rename = "allowedCIDRs", skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64), inner(length(max = 64)))]
+    #[x_kube(validation = Rule::new("self.all(c, isCIDR(c))").message("every allowedCIDRs entry must be a CIDR such as 10.0.0.0/8 (V3)"))]
+    pub allowed_cidrs: Option<Vec<CidrString>>,
+}
+
+/// A CIDR in string form (at most 64 characters).
+pub type CidrString = String;
+
+/// One forwarded port.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Port {
+    /// Port on the node's host network, 1 to 65535 and inside the policy's allowed range.
+    #[schemars(range(min = 1, max = 65535))]
+    pub host_port: i32,
+
+    /// Port inside the machine, 1 to 65535.
+    #[schemars(range(min = 1, max = 65535))]
+    pub guest_port: i32,
+
+    /// Transport protocol: TCP (the default) or UDP.
+    #[serde(default = "default_protocol")]
+    #[schemars(extend("maxLength" = 3))]
+    pub protocol: Protocol,
+}
+
+fn default_protocol() -> Protocol {
+    Protocol::Tcp
+}
+
+/// Transport protocol of a forwarded port.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default,
+)]
+pub enum Protocol {
+    /// TCP.
+    #[default]
+    #[serde(rename = "TCP")]
+    Tcp,
+    /// UDP.
+    #[serde(rename = "UDP")]
+    Udp,
+}
+
+impl Protocol {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+        }
+    }
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Lifecycle phase of a SmolVM.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Phase {
+    /// Waiting for a node.
+    #[default]
+    Pending,
+    /// Bound to a node; the machine is not created yet.
+    Scheduled,
+    /// The node is creating the machine.
+    Creating,
+    /// The machine runs.
+    Running,
+    /// The machine exists and is stopped.
+    Stopped,
+    /// The node could not create or start the machine; see the Ready condition.
+    Failed,
+    /// The node cannot be reached; the binding stays.
+    Unknown,
+    /// The machine is being removed from its node.
+    Deleting,
+}
+
+impl Phase {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Scheduled => "Scheduled",
+            Phase::Creating => "Creating",
+            Phase::Running => "Running",
+            Phase::Stopped => "Stopped",
+            Phase::Failed => "Failed",
+            Phase::Unknown => "Unknown",
+            Phase::Deleting => "Deleting",
+        }
+    }
+}
+
+/// Observed state of a SmolVM, written by the controller.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(oldSelf.nodeName) || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)").message("status.nodeName never changes or clears once set: SmolVMs never move (V9)").field_path(".nodeName"))]
+#[x_kube(validation = Rule::new("!has(oldSelf.nodeUID) || (has(self.nodeUID) && self.nodeUID == oldSelf.nodeUID)").message("status.nodeUID never changes or clears once set (V9)").field_path(".nodeUID"))]
+pub struct SmolVMStatus {
+    /// Lifecycle phase: Pending, Scheduled, Creating, Running, Stopped, Failed, Unknown or Deleting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        description = "Lifecycle phase: Pending, Scheduled, Creating, Running, Stopped, Failed, Unknown or Deleting."
+    )]
+    pub phase: Option<Phase>,
+
+    /// The node the machine is bound to, for good. Written once by the controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub node_name: Option<String>,
+
+    /// UID of the Kubernetes Node at binding time. A node replaced under the same name has another
+    /// UID, and the controller reports it instead of adopting it.
+    #[serde(default, rename = "nodeUID", skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub node_uid: Option<String>,
+
+    /// Name of the machine on the node, derived from this object's UID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub machine_name: Option<String>,
+
+    /// The `metadata.generation` the controller last acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Resources and ports in effect on the node (defaults applied; a resize the runtime could not
+    /// apply yet shows here as the old values, with the ResizePending condition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effective: Option<EffectiveResources>,
+
+    /// Current state as conditions: Scheduled, Ready, DeletionBlocked, ResizePending.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Resources and ports in effect for a machine.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct EffectiveResources {
+    /// Virtual CPUs in effect.
+    pub cpus: i32,
+    /// Memory in MiB in effect.
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: i64,
+    /// Storage disk size in GiB in effect.
+    #[serde(rename = "storageGiB")]
+    pub storage_gib: i64,
+    /// Overlay size in GiB in effect.
+    #[serde(rename = "overlayGiB")]
+    pub overlay_gib: i64,
+    /// Forwarded ports in effect.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub ports: Vec<Port>,
+}
+
+/// Desired state of a SmolVMNode, set by cluster admins.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[kube(
+    group = "vm.smolvm.dev",
+    version = "v1alpha1",
+    kind = "SmolVMNode",
+    doc = "A node that can run SmolVMs, reported by its runtime agent. Its name is the Kubernetes Node's name, and the Node owns it.",
+    plural = "smolvmnodes",
+    singular = "smolvmnode",
+    status = "SmolVMNodeStatus",
+    shortname = "svmn",
+    category = "smolvm",
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "Whether the runtime serves"
+    ),
+    printcolumn(
+        name = "Endpoint",
+        type_ = "string",
+        json_path = ".status.endpoint.address",
+        description = "Node API address"
+    ),
+    printcolumn(
+        name = "Port",
+        type_ = "integer",
+        json_path = ".status.endpoint.port",
+        priority = 1,
+        description = "Node API port"
+    ),
+    printcolumn(
+        name = "CPUs",
+        type_ = "integer",
+        json_path = ".status.allocatable.cpus",
+        description = "Allocatable CPUs"
+    ),
+    printcolumn(
+        name = "Memory",
+        type_ = "integer",
+        json_path = ".status.allocatable.memoryMiB",
+        description = "Allocatable memory in MiB"
+    ),
+    printcolumn(
+        name = "Runtime",
+        type_ = "string",
+        json_path = ".status.runtimeVersion",
+        description = "smolvm version"
+    ),
+    printcolumn(
+        name = "Heartbeat",
+        type_ = "date",
+        json_path = ".status.heartbeatTime",
+        description = "Last heartbeat"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SmolVMNodeSpec {
+    /// Cordon for VMs: when true, no new SmolVM is placed on this node. Machines already bound
+    /// here stay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unschedulable: Option<bool>,
+}
+
+/// Observed state of a node, written by its runtime agent.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SmolVMNodeStatus {
+    /// UID of the Kubernetes Node this agent runs on.
+    #[serde(default, rename = "nodeUID", skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub node_uid: Option<String>,
+
+    /// Where the node API listens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<Endpoint>,
+
+    /// Version of smolvm on the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub runtime_version: Option<String>,
+
+    /// Node API protocol version the agent speaks (for example `v1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub protocol_version: Option<String>,
+
+    /// Last time the agent reported; a stale heartbeat makes the node ineligible.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_time: Option<Time>,
+
+    /// Total machine resources of the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<NodeResources>,
+
+    /// Resources available to SmolVMs: capacity minus the agent's reservations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocatable: Option<NodeResources>,
+
+    /// Current state as conditions: Ready, KVMAvailable, RuntimeReady.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Address and port of a node API.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Endpoint {
+    /// IP address or DNS name the controller connects to.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("isIP(self) || self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("endpoint.address must be an IP address or a DNS-1123 subdomain (V10)"))]
+    pub address: String,
+    /// TCP port, 1 to 65535.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+}
+
+/// Resources of a node.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeResources {
+    /// CPUs.
+    #[schemars(range(min = 0))]
+    pub cpus: i64,
+    /// Memory in MiB.
+    #[serde(rename = "memoryMiB")]
+    #[schemars(range(min = 0))]
+    pub memory_mib: i64,
+    /// Storage in GiB.
+    #[serde(rename = "storageGiB")]
+    #[schemars(range(min = 0))]
+    pub storage_gib: i64,
+}
+
+impl SmolVMSpec {
+    /// Whether the machine should run, defaults applied.
+    pub fn running(&self) -> bool {
+        self.running.unwrap_or(DEFAULT_RUNNING)
+    }
+
+    /// Whether networking is enabled, defaults applied.
+    pub fn network_enabled(&self) -> bool {
+        self.network
+            .as_ref()
+            .and_then(|n| n.enabled)
+            .unwrap_or(DEFAULT_NETWORK_ENABLED)
+    }
+
+    /// Forwarded ports (empty when none).
+    pub fn ports(&self) -> &[Port] {
+        self.network.as_ref().and_then(|n| n.ports.as_deref()).unwrap_or(&[])
+    }
+
+    /// Allowed CIDRs (empty when none).
+    pub fn allowed_cidrs(&self) -> &[String] {
+        self.network
+            .as_ref()
+            .and_then(|n| n.allowed_cidrs.as_deref())
+            .unwrap_or(&[])
+    }
+
+    /// The share of a node this machine takes, defaults applied (no allocation).
+    pub fn request(&self) -> NodeResources {
+        let resources = self.resources.as_ref();
+        let storage = self.storage.as_ref();
+        let disk = storage
+            .and_then(|s| s.storage_gib)
+            .unwrap_or(DEFAULT_STORAGE_GIB)
+            .saturating_add(storage.and_then(|s| s.overlay_gib).unwrap_or(DEFAULT_OVERLAY_GIB));
+        NodeResources {
+            cpus: i64::from(resources.and_then(|r| r.cpus).unwrap_or(DEFAULT_CPUS)),
+            memory_mib: resources.and_then(|r| r.memory_mib).unwrap_or(DEFAULT_MEMORY_MIB),
+            storage_gib: disk,
+        }
+    }
+
+    /// Resources and ports with every default applied: what the machine gets on its node.
+    pub fn effective(&self) -> EffectiveResources {
+        let resources = self.resources.as_ref();
+        let storage = self.storage.as_ref();
+        EffectiveResources {
+            cpus: resources.and_then(|r| r.cpus).unwrap_or(DEFAULT_CPUS),
+            memory_mib: resources.and_then(|r| r.memory_mib).unwrap_or(DEFAULT_MEMORY_MIB),
+            storage_gib: storage.and_then(|s| s.storage_gib).unwrap_or(DEFAULT_STORAGE_GIB),
+            overlay_gib: storage.and_then(|s| s.overlay_gib).unwrap_or(DEFAULT_OVERLAY_GIB),
+            ports: self.ports().to_vec(),
+        }
+    }
+}
+
+impl EffectiveResources {
+    /// Disk a machine takes on its node: storage plus overlay, in GiB.
+    pub fn disk_gib(&self) -> i64 {
+        self.storage_gib.saturating_add(self.overlay_gib)
+    }
+
+    /// The share of a node this machine takes.
+    pub fn request(&self) -> NodeResources {
+        NodeResources {
+            cpus: i64::from(self.cpus),
+            memory_mib: self.memory_mib,
+            storage_gib: self.disk_gib(),
+        }
+    }
+}
+
+impl NodeResources {
+    /// Whether these resources can hold `request` in every dimension.
+    pub fn holds(&self, request: &NodeResources) -> bool {
+        request.cpus <= self.cpus && request.memory_mib <= self.memory_mib && request.storage_gib <= self.storage_gib
+    }
+
+    /// These resources minus `used`, never below zero.
+    pub fn minus(&self, used: &NodeResources) -> NodeResources {
+        NodeResources {
+            cpus: self.cpus.saturating_sub(used.cpus).max(0),
+            memory_mib: self.memory_mib.saturating_sub(used.memory_mib).max(0),
+            storage_gib: self.storage_gib.saturating_sub(used.storage_gib).max(0),
+        }
+    }
+
+    /// Sum of two resource amounts.
+    pub fn plus(&self, other: &NodeResources) -> NodeResources {
+        NodeResources {
+            cpus: self.cpus.saturating_add(other.cpus),
+            memory_mib: self.memory_mib.saturating_add(other.memory_mib),
+            storage_gib: self.storage_gib.saturating_add(other.storage_gib),
+        }
+    }
+}
+
+impl std::fmt::Display for NodeResources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} CPUs, {} MiB memory, {} GiB disk",
+            self.cpus, self.memory_mib, self.storage_gib
+        )
+    }
+}
+
+impl SmolVM {
+    /// The node this VM is bound to, if any.
+    pub fn bound_node(&self) -> Option<&str> {
+        self.status.as_ref().and_then(|s| s.node_name.as_deref())
+    }
+
+    /// Whether the object is being deleted.
+    pub fn is_deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+}

@@ -1,0 +1,1106 @@
+//! Validation (the validating half of admission): rules V1 to V10.
+//!
+//! Every function here is pure: it takes the operation, the old and new objects and a
+//! [`Context`] (policy, known SmolVMNodes, requester identity), and returns a [`Verdict`] with
+//! every violation and every warning at once. Each [`Finding`] names the field path, the value and
+//! the rule, so the message a user reads tells them what to fix.
+
+use std::{collections::BTreeMap, fmt, sync::Arc};
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::{
+    constants::{EXTRA_NODE_NAME, EXTRA_NODE_UID, FORCE_DELETE_ANNOTATION, FORCE_DELETE_VALUE},
+    policy::{Policy, Role},
+    syntax,
+    types::{
+        DEFAULT_CPUS, DEFAULT_MEMORY_MIB, DEFAULT_OVERLAY_GIB, DEFAULT_STORAGE_GIB, MAX_SELECTOR_ENTRIES,
+        NodeResources, SmolVM, SmolVMNode, SmolVMSpec,
+    },
+};
+
+/// The admission operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    /// CREATE.
+    Create,
+    /// UPDATE.
+    Update,
+    /// DELETE (never routed to the webhook, but handled).
+    Delete,
+    /// CONNECT.
+    Connect,
+}
+
+impl Operation {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
+            Operation::Connect => "CONNECT",
+        }
+    }
+}
+
+/// The rule a finding comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RuleId {
+    /// The object does not have the API's shape.
+    Schema,
+    /// V1: image.
+    V1,
+    /// V2: resource and storage bounds.
+    V2,
+    /// V3: ports and CIDRs.
+    V3,
+    /// V4: node name and selector syntax.
+    V4,
+    /// V5: pin rules.
+    V5,
+    /// V6: immutability after binding.
+    V6,
+    /// V7: force-delete annotation.
+    V7,
+    /// V8: objects being deleted.
+    V8,
+    /// V9: status binding fields.
+    V9,
+    /// V10: SmolVMNode writes.
+    V10,
+}
+
+impl RuleId {
+    /// The rule id as written in the spec and in metrics (`V1` ... `V10`, `schema`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuleId::Schema => "schema",
+            RuleId::V1 => "V1",
+            RuleId::V2 => "V2",
+            RuleId::V3 => "V3",
+            RuleId::V4 => "V4",
+            RuleId::V5 => "V5",
+            RuleId::V6 => "V6",
+            RuleId::V7 => "V7",
+            RuleId::V8 => "V8",
+            RuleId::V9 => "V9",
+            RuleId::V10 => "V10",
+        }
+    }
+}
+
+impl fmt::Display for RuleId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One violation or warning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// The rule.
+    pub rule: RuleId,
+    /// Field path, such as `spec.resources.cpus` or `spec.network.ports[1].hostPort`.
+    pub path: String,
+    /// The offending value, rendered as JSON (`96`, `"alpine latest"`), or empty when absent.
+    pub value: String,
+    /// What is wrong, naming the value and the bound or rule it breaks.
+    pub message: String,
+    /// JSON pointer of the field, used to tell new violations from pre-existing ones.
+    pointer: String,
+}
+
+impl Finding {
+    fn new(rule: RuleId, path: impl Into<String>, pointer: impl Into<String>, value: String, message: String) -> Self {
+        Finding {
+            rule,
+            path: path.into(),
+            value,
+            message,
+            pointer: pointer.into(),
+        }
+    }
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} [{}]", self.path, self.message, self.rule)
+    }
+}
+
+/// The outcome of validation: allowed when there is no violation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// Reasons to reject, all of them.
+    pub violations: Vec<Finding>,
+    /// Things the requester should know; they never reject.
+    pub warnings: Vec<Finding>,
+}
+
+impl Verdict {
+    /// Whether the request may proceed.
+    pub fn allowed(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// Every violation, one per line, for the admission response message.
+    pub fn message(&self) -> String {
+        let mut out = String::new();
+        for (i, v) in self.violations.iter().enumerate() {
+            if i > 0 {
+                out.push_str("; ");
+            }
+            out.push_str(&v.to_string());
+        }
+        out
+    }
+
+    /// The rule ids of the violations, deduplicated and sorted (for metrics).
+    pub fn violated_rules(&self) -> Vec<RuleId> {
+        let mut rules: Vec<RuleId> = self.violations.iter().map(|v| v.rule).collect();
+        rules.sort();
+        rules.dedup();
+        rules
+    }
+
+    fn violation(&mut self, rule: RuleId, path: &str, pointer: &str, value: String, message: String) {
+        self.violations.push(Finding::new(rule, path, pointer, value, message));
+    }
+
+    fn warning(&mut self, rule: RuleId, path: &str, pointer: &str, value: String, message: String) {
+        self.warnings.push(Finding::new(rule, path, pointer, value, message));
+    }
+}
+
+/// Who sent the request, as the API server authenticated them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Identity {
+    /// Username, such as `system:serviceaccount:smolvm-system:smolvm-runtime`.
+    pub username: String,
+    /// Groups.
+    pub groups: Vec<String>,
+    /// Extra attributes; a pod-bound ServiceAccount token carries the node name and UID here.
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+impl Identity {
+    /// An identity with only a username.
+    pub fn user(username: impl Into<String>) -> Self {
+        Identity {
+            username: username.into(),
+            ..Default::default()
+        }
+    }
+
+    /// The node named in the token (`authentication.kubernetes.io/node-name`), if exactly one.
+    pub fn node_name(&self) -> Option<&str> {
+        single(self.extra.get(EXTRA_NODE_NAME))
+    }
+
+    /// The node UID named in the token (`authentication.kubernetes.io/node-uid`), if exactly one.
+    pub fn node_uid(&self) -> Option<&str> {
+        single(self.extra.get(EXTRA_NODE_UID))
+    }
+}
+
+fn single(values: Option<&Vec<String>>) -> Option<&str> {
+    match values.map(Vec::as_slice) {
+        Some([one]) => Some(one.as_str()),
+        _ => None,
+    }
+}
+
+/// The known SmolVMNodes, as the webhook's cache sees them.
+pub trait NodeCatalog {
+    /// `None` when no SmolVMNode of that name is known; otherwise its facts.
+    fn node(&self, name: &str) -> Option<NodeFacts>;
+    /// Whether any known node's allocatable satisfies `pred`.
+    fn any_allocatable(&self, pred: &mut dyn FnMut(&NodeResources) -> bool) -> bool;
+    /// Whether no node is known at all.
+    fn is_empty(&self) -> bool;
+}
+
+/// What the rules need to know of one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodeFacts {
+    /// Allocatable resources, if the runtime reported them.
+    pub allocatable: Option<NodeResources>,
+    /// Whether the node is cordoned for VMs.
+    pub unschedulable: bool,
+}
+
+impl NodeFacts {
+    /// Facts of a SmolVMNode object.
+    pub fn of(node: &SmolVMNode) -> Self {
+        NodeFacts {
+            allocatable: node.status.as_ref().and_then(|s| s.allocatable),
+            unschedulable: node.spec.unschedulable.unwrap_or(false),
+        }
+    }
+}
+
+fn name_of(node: &SmolVMNode) -> &str {
+    node.metadata.name.as_deref().unwrap_or("")
+}
+
+impl NodeCatalog for Vec<SmolVMNode> {
+    fn node(&self, name: &str) -> Option<NodeFacts> {
+        self.iter().find(|n| name_of(n) == name).map(NodeFacts::of)
+    }
+    fn any_allocatable(&self, pred: &mut dyn FnMut(&NodeResources) -> bool) -> bool {
+        self.iter()
+            .filter_map(|n| n.status.as_ref().and_then(|s| s.allocatable))
+            .any(|a| pred(&a))
+    }
+    fn is_empty(&self) -> bool {
+        Vec::is_empty(self)
+    }
+}
+
+impl NodeCatalog for Vec<Arc<SmolVMNode>> {
+    fn node(&self, name: &str) -> Option<NodeFacts> {
+        self.iter().find(|n| name_of(n) == name).map(|n| NodeFacts::of(n))
+    }
+    fn any_allocatable(&self, pred: &mut dyn FnMut(&NodeResources) -> bool) -> bool {
+        self.iter()
+            .filter_map(|n| n.status.as_ref().and_then(|s| s.allocatable))
+            .any(|a| pred(&a))
+    }
+    fn is_empty(&self) -> bool {
+        Vec::is_empty(self)
+    }
+}
+
+/// Everything validation depends on besides the objects.
+#[derive(Clone, Copy)]
+pub struct Context<'a> {
+    /// The admission policy.
+    pub policy: &'a Policy,
+    /// The known SmolVMNodes.
+    pub nodes: &'a dyn NodeCatalog,
+    /// The requester.
+    pub identity: &'a Identity,
+}
+
+impl Context<'_> {
+    fn role(&self) -> Role {
+        self.policy.role_of(&self.identity.username)
+    }
+}
+
+fn render<T: serde::Serialize + ?Sized>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+/// Deserializes an object, turning a failure into a finding that names the path.
+pub fn decode<T: DeserializeOwned>(object: &Value) -> Result<T, Finding> {
+    serde_path_to_error::deserialize::<_, T>(object).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        if inner.contains("missing field `image`") {
+            return Finding::new(
+                RuleId::V1,
+                "spec.image",
+                "/spec/image",
+                String::new(),
+                "is required: an OCI reference such as alpine:latest, or local:<name>".into(),
+            );
+        }
+        let path = if path == "." { "object".to_string() } else { path };
+        let pointer = format!("/{}", path.replace('.', "/"));
+        Finding::new(
+            RuleId::Schema,
+            path,
+            pointer,
+            String::new(),
+            format!("does not match the API schema: {inner}"),
+        )
+    })
+}
+
+/// Decodes the new and old objects of a request; a failure becomes the single violation.
+fn decode_pair<T: DeserializeOwned>(old: Option<&Value>, new: &Value) -> Result<(Option<T>, T), Finding> {
+    let new = decode::<T>(new)?;
+    let old = old.map(decode::<T>).transpose().map_err(|finding| Finding {
+        message: format!(
+            "the stored object does not decode ({}); refusing a transition that cannot be checked",
+            finding.message
+        ),
+        ..finding
+    })?;
+    Ok((old, new))
+}
+
+fn rejected(finding: Finding) -> Verdict {
+    Verdict {
+        violations: vec![finding],
+        warnings: Vec::new(),
+    }
+}
+
+/// Validates a SmolVM given as JSON (as the webhook receives it).
+pub fn validate_smolvm_json(op: Operation, old: Option<&Value>, new: &Value, ctx: &Context<'_>) -> Verdict {
+    match decode_pair::<SmolVM>(old, new) {
+        Ok((old, new)) => validate_smolvm(op, old.as_ref(), &new, ctx),
+        Err(finding) => rejected(finding),
+    }
+}
+
+/// Validates a SmolVM status write given as JSON.
+pub fn validate_smolvm_status_json(op: Operation, old: Option<&Value>, new: &Value, ctx: &Context<'_>) -> Verdict {
+    match decode_pair::<SmolVM>(old, new) {
+        Ok((old, new)) => validate_smolvm_status(op, old.as_ref(), &new, ctx),
+        Err(finding) => rejected(finding),
+    }
+}
+
+/// Validates a SmolVMNode given as JSON, for the main resource or (with `status`) its status.
+pub fn validate_smolvm_node_json(
+    op: Operation,
+    status: bool,
+    old: Option<&Value>,
+    new: &Value,
+    ctx: &Context<'_>,
+) -> Verdict {
+    match decode_pair::<SmolVMNode>(old, new) {
+        Ok((old, new)) if status => validate_smolvm_node_status(op, old.as_ref(), &new, ctx),
+        Ok((old, new)) => validate_smolvm_node(op, old.as_ref(), &new, ctx),
+        Err(finding) => rejected(finding),
+    }
+}
+
+/// Validates a SmolVM write on the main resource (rules V1 to V8).
+pub fn validate_smolvm(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &Context<'_>) -> Verdict {
+    let mut verdict = Verdict::default();
+    if !matches!(op, Operation::Create | Operation::Update) {
+        return verdict;
+    }
+    let old = if op == Operation::Update { old } else { None };
+    check_force_delete(op, old, new, &mut verdict);
+
+    // V8: an object being deleted accepts metadata changes only, and nothing else is checked, so
+    // that removing a finalizer is never blocked.
+    if let Some(old) = old
+        && (old.is_deleting() || new.is_deleting())
+    {
+        if old.spec != new.spec {
+            verdict.violation(
+                RuleId::V8,
+                "spec",
+                "/spec",
+                String::new(),
+                "cannot change while the SmolVM is being deleted; only metadata (such as finalizers and annotations) may change".into(),
+            );
+        }
+        return verdict;
+    }
+
+    let mut spec_checks = Verdict::default();
+    check_spec(&new.spec, ctx.policy, &mut spec_checks);
+    match old {
+        // Ratcheting: a violation in a field this update does not touch was there before (the
+        // policy may have tightened since); it is reported as a warning so the object stays
+        // updatable, for example to remove it.
+        Some(old) => {
+            let (old_spec, new_spec) = if spec_checks.violations.is_empty() {
+                (Value::Null, Value::Null)
+            } else {
+                (
+                    serde_json::to_value(&old.spec).unwrap_or(Value::Null),
+                    serde_json::to_value(&new.spec).unwrap_or(Value::Null),
+                )
+            };
+            for finding in spec_checks.violations {
+                let pointer = finding.pointer.strip_prefix("/spec").unwrap_or(&finding.pointer);
+                if !pointer.is_empty() && old_spec.pointer(pointer) == new_spec.pointer(pointer) {
+                    verdict.warnings.push(Finding {
+                        message: format!(
+                            "{} (unchanged by this update; it predates the current policy)",
+                            finding.message
+                        ),
+                        ..finding
+                    });
+                } else {
+                    verdict.violations.push(finding);
+                }
+            }
+        }
+        None => verdict.violations.extend(spec_checks.violations),
+    }
+    verdict.warnings.extend(spec_checks.warnings);
+
+    match old.and_then(SmolVM::bound_node) {
+        Some(bound) => {
+            let old = old.map(|o| &o.spec);
+            if let Some(old) = old {
+                check_bound(bound, old, &new.spec, &mut verdict);
+            }
+        }
+        None => {
+            let placement_changed = old.is_none_or(|o| {
+                o.spec.node_name != new.spec.node_name || o.spec.request() != new.spec.request()
+            });
+            if placement_changed {
+                check_placement(&new.spec, ctx, &mut verdict);
+            }
+        }
+    }
+    verdict
+}
+
+/// V1 to V4: the spec on its own, against the policy.
+fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
+    // V1
+    if let Err(reason) = syntax::parse_image(&spec.image) {
+        v.violation(
+            RuleId::V1,
+            "spec.image",
+            "/spec/image",
+            render(&spec.image),
+            format!("{} {reason}", render(&spec.image)),
+        );
+    }
+
+    // V2
+    let resources = spec.resources.as_ref();
+    let storage = spec.storage.as_ref();
+    struct Bound<'a> {
+        path: &'a str,
+        value: Option<i64>,
+        default: i64,
+        min: (&'a str, i64),
+        max: (&'a str, i64),
+    }
+    let bounds = [
+        Bound {
+            path: "resources/cpus",
+            value: resources.and_then(|r| r.cpus).map(i64::from),
+            default: i64::from(DEFAULT_CPUS),
+            min: ("minCpus", policy.min_cpus),
+            max: ("maxCpus", policy.max_cpus),
+        },
+        Bound {
+            path: "resources/memoryMiB",
+            value: resources.and_then(|r| r.memory_mib),
+            default: DEFAULT_MEMORY_MIB,
+            min: ("minMemoryMiB", policy.min_memory_mib),
+            max: ("maxMemoryMiB", policy.max_memory_mib),
+        },
+        Bound {
+            path: "storage/storageGiB",
+            value: storage.and_then(|s| s.storage_gib),
+            default: DEFAULT_STORAGE_GIB,
+            min: ("minStorageGiB", policy.min_storage_gib),
+            max: ("maxStorageGiB", policy.max_storage_gib),
+        },
+        Bound {
+            path: "storage/overlayGiB",
+            value: storage.and_then(|s| s.overlay_gib),
+            default: DEFAULT_OVERLAY_GIB,
+            min: ("minOverlayGiB", policy.min_overlay_gib),
+            max: ("maxOverlayGiB", policy.max_overlay_gib),
+        },
+    ];
+    for b in bounds {
+        let path = format!("spec.{}", b.path.replace('/', "."));
+        let pointer = format!("/spec/{}", b.path);
+        let (actual, shown) = match b.value {
+            Some(x) => (x, x.to_string()),
+            None => (b.default, format!("{} (the default)", b.default)),
+        };
+        let ((min_name, min), (max_name, max)) = (b.min, b.max);
+        if actual < min {
+            let message = format!("{shown} is below the minimum {min} (policy {min_name})");
+            v.violation(RuleId::V2, &path, &pointer, actual.to_string(), message);
+        } else if actual > max {
+            let message = format!("{shown} exceeds the maximum {max} (policy {max_name})");
+            v.violation(RuleId::V2, &path, &pointer, actual.to_string(), message);
+        }
+    }
+
+    // V3
+    let ports = spec.ports();
+    let cidrs = spec.allowed_cidrs();
+    if !spec.network_enabled() {
+        if !ports.is_empty() {
+            v.violation(
+                RuleId::V3,
+                "spec.network.ports",
+                "/spec/network/ports",
+                format!("{} ports", ports.len()),
+                "need spec.network.enabled: true".into(),
+            );
+        }
+        if !cidrs.is_empty() {
+            v.violation(
+                RuleId::V3,
+                "spec.network.allowedCIDRs",
+                "/spec/network/allowedCIDRs",
+                format!("{} entries", cidrs.len()),
+                "need spec.network.enabled: true".into(),
+            );
+        }
+    }
+    if ports.len() as i64 > policy.max_ports {
+        v.violation(
+            RuleId::V3,
+            "spec.network.ports",
+            "/spec/network/ports",
+            format!("{} ports", ports.len()),
+            format!(
+                "{} ports exceed the maximum {} (policy maxPorts)",
+                ports.len(),
+                policy.max_ports
+            ),
+        );
+    }
+    let mut seen: BTreeMap<(i32, crate::types::Protocol), usize> = BTreeMap::new();
+    for (i, port) in ports.iter().enumerate() {
+        for (field, value) in [("hostPort", port.host_port), ("guestPort", port.guest_port)] {
+            if !(1..=65535).contains(&value) {
+                v.violation(
+                    RuleId::V3,
+                    &format!("spec.network.ports[{i}].{field}"),
+                    &format!("/spec/network/ports/{i}/{field}"),
+                    value.to_string(),
+                    format!("{value} is not a port number (1-65535)"),
+                );
+            }
+        }
+        let host = i64::from(port.host_port);
+        if (1..=65535).contains(&host) && !(policy.host_port_min..=policy.host_port_max).contains(&host) {
+            v.violation(
+                RuleId::V3,
+                &format!("spec.network.ports[{i}].hostPort"),
+                &format!("/spec/network/ports/{i}/hostPort"),
+                host.to_string(),
+                format!(
+                    "{host} is outside the allowed host port range {}-{} (policy hostPortMin, hostPortMax)",
+                    policy.host_port_min, policy.host_port_max
+                ),
+            );
+        }
+        if let Some(first) = seen.insert((port.host_port, port.protocol), i) {
+            v.violation(
+                RuleId::V3,
+                &format!("spec.network.ports[{i}]"),
+                &format!("/spec/network/ports/{i}"),
+                format!("{}/{}", port.host_port, port.protocol),
+                format!(
+                    "duplicates ports[{first}]: host port {} {} is used twice",
+                    port.host_port, port.protocol
+                ),
+            );
+        }
+    }
+    if cidrs.len() as i64 > policy.max_allowed_cidrs {
+        v.violation(
+            RuleId::V3,
+            "spec.network.allowedCIDRs",
+            "/spec/network/allowedCIDRs",
+            format!("{} entries", cidrs.len()),
+            format!(
+                "{} entries exceed the maximum {} (policy maxAllowedCIDRs)",
+                cidrs.len(),
+                policy.max_allowed_cidrs
+            ),
+        );
+    }
+    for (i, cidr) in cidrs.iter().enumerate() {
+        if let Err(reason) = syntax::check_cidr(cidr) {
+            v.violation(
+                RuleId::V3,
+                &format!("spec.network.allowedCIDRs[{i}]"),
+                &format!("/spec/network/allowedCIDRs/{i}"),
+                render(cidr),
+                format!("{} {reason}", render(cidr)),
+            );
+        }
+    }
+
+    // V4
+    if let Some(node) = &spec.node_name
+        && let Err(reason) = syntax::check_dns1123_subdomain(node)
+    {
+        v.violation(
+            RuleId::V4,
+            "spec.nodeName",
+            "/spec/nodeName",
+            render(node),
+            format!("{} {reason}", render(node)),
+        );
+    }
+    if let Some(selector) = &spec.node_selector {
+        if selector.len() > MAX_SELECTOR_ENTRIES {
+            v.violation(
+                RuleId::V4,
+                "spec.nodeSelector",
+                "/spec/nodeSelector",
+                format!("{} entries", selector.len()),
+                format!("{} entries exceed the maximum {MAX_SELECTOR_ENTRIES}", selector.len()),
+            );
+        }
+        for (key, value) in selector {
+            let pointer = format!("/spec/nodeSelector/{}", key.replace('~', "~0").replace('/', "~1"));
+            if let Err(reason) = syntax::check_label_key(key) {
+                v.violation(
+                    RuleId::V4,
+                    &format!("spec.nodeSelector[{}]", render(key)),
+                    &pointer,
+                    render(key),
+                    format!("key {} {reason}", render(key)),
+                );
+            }
+            if let Err(reason) = syntax::check_label_value(value) {
+                v.violation(
+                    RuleId::V4,
+                    &format!("spec.nodeSelector[{}]", render(key)),
+                    &pointer,
+                    render(value),
+                    format!("value {} {reason}", render(value)),
+                );
+            }
+        }
+    }
+}
+
+/// V5 and V6 for a SmolVM already bound to `bound`.
+fn check_bound(bound: &str, old: &SmolVMSpec, new: &SmolVMSpec, v: &mut Verdict) {
+    // V5
+    if let Some(pin) = &new.node_name
+        && pin != bound
+    {
+        v.violation(
+            RuleId::V5,
+            "spec.nodeName",
+            "/spec/nodeName",
+            render(pin),
+            format!(
+                "{} cannot be set: the SmolVM is bound to {}; SmolVMs never move; delete and recreate it",
+                render(pin),
+                render(bound)
+            ),
+        );
+    }
+
+    // V6
+    let immutable = "is immutable once the SmolVM is bound to a node; delete and recreate it to change it";
+    if old.image != new.image {
+        v.violation(
+            RuleId::V6,
+            "spec.image",
+            "/spec/image",
+            render(&new.image),
+            format!("{} (was {}) {immutable}", render(&new.image), render(&old.image)),
+        );
+    }
+    if old.network_enabled() != new.network_enabled() {
+        v.violation(
+            RuleId::V6,
+            "spec.network.enabled",
+            "/spec/network/enabled",
+            new.network_enabled().to_string(),
+            format!("{} (was {}) {immutable}", new.network_enabled(), old.network_enabled()),
+        );
+    }
+    if !same_ports(old, new) {
+        v.violation(
+            RuleId::V6,
+            "spec.network.ports",
+            "/spec/network/ports",
+            render(new.ports()),
+            format!("{immutable} (was {})", render(old.ports())),
+        );
+    }
+    if old.allowed_cidrs() != new.allowed_cidrs() {
+        v.violation(
+            RuleId::V6,
+            "spec.network.allowedCIDRs",
+            "/spec/network/allowedCIDRs",
+            render(new.allowed_cidrs()),
+            format!("{immutable} (was {})", render(old.allowed_cidrs())),
+        );
+    }
+    let (o, n) = (old.effective(), new.effective());
+    for (path, pointer, before, after) in [
+        (
+            "spec.storage.storageGiB",
+            "/spec/storage/storageGiB",
+            o.storage_gib,
+            n.storage_gib,
+        ),
+        (
+            "spec.storage.overlayGiB",
+            "/spec/storage/overlayGiB",
+            o.overlay_gib,
+            n.overlay_gib,
+        ),
+    ] {
+        if after < before {
+            v.violation(
+                RuleId::V6,
+                path,
+                pointer,
+                after.to_string(),
+                format!("{after} is smaller than {before}: storage may only grow once bound"),
+            );
+        }
+    }
+    if (o.cpus, o.memory_mib) != (n.cpus, n.memory_mib) {
+        v.warning(
+            RuleId::V6,
+            "spec.resources",
+            "/spec/resources",
+            format!("{} CPUs, {} MiB", n.cpus, n.memory_mib),
+            format!(
+                "resize from {} CPUs, {} MiB on node {bound} is applied live where the runtime supports it, otherwise shown as ResizePending",
+                o.cpus, o.memory_mib
+            ),
+        );
+    }
+}
+
+fn same_ports(old: &SmolVMSpec, new: &SmolVMSpec) -> bool {
+    let mut a = old.ports().to_vec();
+    let mut b = new.ports().to_vec();
+    let key = |p: &crate::types::Port| (p.host_port, p.protocol, p.guest_port);
+    a.sort_by_key(key);
+    b.sort_by_key(key);
+    a == b
+}
+
+/// V5 for an unbound SmolVM: pins and capacity against the known nodes.
+fn check_placement(spec: &SmolVMSpec, ctx: &Context<'_>, v: &mut Verdict) {
+    let request = spec.request();
+    match &spec.node_name {
+        Some(pin) => {
+            match ctx.nodes.node(pin) {
+                None => v.warning(
+                    RuleId::V5,
+                    "spec.nodeName",
+                    "/spec/nodeName",
+                    render(pin),
+                    format!(
+                        "no SmolVMNode {} is known; the SmolVM stays Pending until a runtime registers that node",
+                        render(pin)
+                    ),
+                ),
+                Some(facts) => {
+                    if let Some(allocatable) = facts.allocatable
+                        && !allocatable.holds(&request)
+                    {
+                        v.violation(
+                        RuleId::V5,
+                        "spec.nodeName",
+                        "/spec/nodeName",
+                        render(pin),
+                        format!(
+                            "pinned node {} can never hold this SmolVM: it needs {request}, the node's allocatable is {allocatable}",
+                            render(pin)
+                        ),
+                    );
+                    }
+                    if facts.unschedulable {
+                        v.warning(
+                        RuleId::V5,
+                        "spec.nodeName",
+                        "/spec/nodeName",
+                        render(pin),
+                        format!("node {} is cordoned (spec.unschedulable); the SmolVM stays Pending until it is uncordoned", render(pin)),
+                    );
+                    }
+                }
+            }
+        }
+        None => {
+            if ctx.nodes.is_empty() {
+                v.warning(
+                    RuleId::V5,
+                    "spec",
+                    "/spec",
+                    String::new(),
+                    "no SmolVMNode is registered yet; the SmolVM stays Pending until a runtime agent reports a node"
+                        .into(),
+                );
+            } else if !ctx.nodes.any_allocatable(&mut |a| a.holds(&request)) {
+                v.warning(
+                    RuleId::V5,
+                    "spec.resources",
+                    "/spec/resources",
+                    request.to_string(),
+                    format!("no known node can hold {request}; the SmolVM stays Pending until one can"),
+                );
+            }
+        }
+    }
+}
+
+/// V7: the force-delete annotation.
+fn check_force_delete(op: Operation, old: Option<&SmolVM>, new: &SmolVM, v: &mut Verdict) {
+    let annotation = |vm: &SmolVM| {
+        vm.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(FORCE_DELETE_ANNOTATION))
+            .cloned()
+    };
+    let Some(value) = annotation(new) else { return };
+    let path = format!("metadata.annotations[{FORCE_DELETE_ANNOTATION}]");
+    let pointer = format!("/metadata/annotations/{}", FORCE_DELETE_ANNOTATION.replace('/', "~1"));
+    if op == Operation::Update && old.and_then(annotation).as_deref() == Some(value.as_str()) {
+        return; // unchanged: judged when it was set
+    }
+    if value != FORCE_DELETE_VALUE {
+        v.violation(
+            RuleId::V7,
+            &path,
+            &pointer,
+            render(&value),
+            format!("{} must be exactly \"true\"", render(&value)),
+        );
+        return;
+    }
+    if op == Operation::Create {
+        v.violation(
+            RuleId::V7,
+            &path,
+            &pointer,
+            render(&value),
+            "cannot be set on create: it is an escape hatch for deleting a SmolVM whose node cannot confirm cleanup"
+                .into(),
+        );
+        return;
+    }
+    if !new.is_deleting() {
+        v.violation(
+            RuleId::V7,
+            &path,
+            &pointer,
+            render(&value),
+            "can only be set on a SmolVM that is being deleted: run kubectl delete first, then annotate if deletion stays blocked".into(),
+        );
+        return;
+    }
+    let node = new.bound_node().or_else(|| old.and_then(SmolVM::bound_node));
+    let message = match node {
+        Some(node) => format!(
+            "if node {node} stays unreachable, the finalizer is removed and the machine's local state on {node} (/var/lib/smolvm) may be orphaned"
+        ),
+        None => "the SmolVM is not bound to a node; nothing can be orphaned".into(),
+    };
+    v.warning(RuleId::V7, &path, &pointer, render(&value), message);
+}
+
+/// Validates a write to `smolvms/status` (rule V9).
+pub fn validate_smolvm_status(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &Context<'_>) -> Verdict {
+    let mut v = Verdict::default();
+    if op != Operation::Update {
+        return v;
+    }
+    let empty = Default::default();
+    let old_status = old.and_then(|o| o.status.as_ref()).unwrap_or(&empty);
+    let new_status = new.status.as_ref().unwrap_or(&empty);
+    let fields = [
+        (
+            "status.nodeName",
+            "/status/nodeName",
+            &old_status.node_name,
+            &new_status.node_name,
+        ),
+        (
+            "status.nodeUID",
+            "/status/nodeUID",
+            &old_status.node_uid,
+            &new_status.node_uid,
+        ),
+    ];
+    let mut binding_written = false;
+    for (path, pointer, before, after) in fields {
+        match (before, after) {
+            (Some(b), Some(a)) if a != b => v.violation(
+                RuleId::V9,
+                path,
+                pointer,
+                render(a),
+                format!(
+                    "{} cannot replace {}: the binding never changes; SmolVMs never move",
+                    render(a),
+                    render(b)
+                ),
+            ),
+            (Some(b), None) => v.violation(
+                RuleId::V9,
+                path,
+                pointer,
+                String::new(),
+                format!("cannot be cleared (was {}): the binding never changes", render(b)),
+            ),
+            (None, Some(_)) => binding_written = true,
+            _ => {}
+        }
+    }
+    if binding_written {
+        if ctx.role() != Role::Controller {
+            v.violation(
+                RuleId::V9,
+                "status.nodeName",
+                "/status/nodeName",
+                render(&new_status.node_name),
+                format!(
+                    "only the controller may write the binding fields; {} may not",
+                    render(&ctx.identity.username)
+                ),
+            );
+        }
+        if new_status.node_name.is_none() || new_status.node_uid.is_none() {
+            v.violation(
+                RuleId::V9,
+                "status.nodeName",
+                "/status/nodeName",
+                render(&new_status.node_name),
+                "status.nodeName and status.nodeUID are written together".into(),
+            );
+        }
+        if let Some(name) = &new_status.node_name
+            && let Err(reason) = syntax::check_dns1123_subdomain(name)
+        {
+            v.violation(
+                RuleId::V9,
+                "status.nodeName",
+                "/status/nodeName",
+                render(name),
+                format!("{} {reason}", render(name)),
+            );
+        }
+    }
+    if let (Some(bound), Some(pin)) = (&new_status.node_name, &new.spec.node_name)
+        && bound != pin
+    {
+        v.violation(
+            RuleId::V9,
+            "status.nodeName",
+            "/status/nodeName",
+            render(bound),
+            format!("{} must equal the pin spec.nodeName {}", render(bound), render(pin)),
+        );
+    }
+    v
+}
+
+/// Validates a write to a SmolVMNode (rule V10).
+pub fn validate_smolvm_node(op: Operation, old: Option<&SmolVMNode>, new: &SmolVMNode, ctx: &Context<'_>) -> Verdict {
+    let mut v = Verdict::default();
+    if !matches!(op, Operation::Create | Operation::Update) {
+        return v;
+    }
+    check_own_node(new, ctx, &mut v);
+    if ctx.role() == Role::Runtime {
+        let before = old.and_then(|o| o.spec.unschedulable).unwrap_or(false);
+        let after = new.spec.unschedulable.unwrap_or(false);
+        if before != after {
+            v.violation(
+                RuleId::V10,
+                "spec.unschedulable",
+                "/spec/unschedulable",
+                after.to_string(),
+                "is the cluster admin's cordon; a runtime agent may not change it".into(),
+            );
+        }
+    }
+    check_node_status(new, &mut v);
+    v
+}
+
+/// Validates a write to `smolvmnodes/status` (rule V10).
+pub fn validate_smolvm_node_status(
+    op: Operation,
+    _old: Option<&SmolVMNode>,
+    new: &SmolVMNode,
+    ctx: &Context<'_>,
+) -> Verdict {
+    let mut v = Verdict::default();
+    if !matches!(op, Operation::Create | Operation::Update) {
+        return v;
+    }
+    check_own_node(new, ctx, &mut v);
+    if ctx.role() == Role::Runtime
+        && let (Some(claim), Some(uid)) = (
+            ctx.identity.node_uid(),
+            new.status.as_ref().and_then(|s| s.node_uid.as_deref()),
+        )
+        && claim != uid
+    {
+        v.violation(
+            RuleId::V10,
+            "status.nodeUID",
+            "/status/nodeUID",
+            render(uid),
+            format!(
+                "{} is not the UID of the requester's node ({})",
+                render(uid),
+                render(claim)
+            ),
+        );
+    }
+    check_node_status(new, &mut v);
+    v
+}
+
+/// V10: a runtime identity writes only the SmolVMNode of its own node.
+fn check_own_node(node: &SmolVMNode, ctx: &Context<'_>, v: &mut Verdict) {
+    if ctx.role() != Role::Runtime {
+        return;
+    }
+    let name = name_of(node);
+    match ctx.identity.node_name() {
+        Some(own) if own == name => {}
+        Some(own) => v.violation(
+            RuleId::V10,
+            "metadata.name",
+            "/metadata/name",
+            render(name),
+            format!(
+                "a runtime agent may only write the SmolVMNode of its own node ({}); {} runs on {}",
+                render(own),
+                render(&ctx.identity.username),
+                render(own)
+            ),
+        ),
+        None => v.violation(
+            RuleId::V10,
+            "metadata.name",
+            "/metadata/name",
+            render(name),
+            format!(
+                "the runtime identity {} carries no node claim ({EXTRA_NODE_NAME}); use a pod-bound ServiceAccount token",
+                render(&ctx.identity.username)
+            ),
+        ),
+    }
+}
+
+fn check_node_status(node: &SmolVMNode, v: &mut Verdict) {
+    let Some(endpoint) = node.status.as_ref().and_then(|s| s.endpoint.as_ref()) else {
+        return;
+    };
+    if let Err(reason) = syntax::check_address(&endpoint.address) {
+        v.violation(
+            RuleId::V10,
+            "status.endpoint.address",
+            "/status/endpoint/address",
+            render(&endpoint.address),
+            format!("{} {reason}", render(&endpoint.address)),
+        );
+    }
+    if !(1..=65535).contains(&endpoint.port) {
+        v.violation(
+            RuleId::V10,
+            "status.endpoint.port",
+            "/status/endpoint/port",
+            endpoint.port.to_string(),
+            format!("{} is not a port number (1-65535)", endpoint.port),
+        );
+    }
+}

@@ -1,0 +1,199 @@
+//! Property tests: defaulting is idempotent (M1, M2), every defaulted object that obeys the policy
+//! validates, and no input (arbitrary JSON, arbitrary old/new pairs) makes the rules panic.
+
+use proptest::prelude::*;
+use serde_json::{Map, Value, json};
+use smolvm_api::{
+    SmolVMNode,
+    defaulting::default_smolvm,
+    fixtures,
+    policy::Policy,
+    validate::{
+        Context, Identity, Operation, validate_smolvm_json, validate_smolvm_node_json, validate_smolvm_status_json,
+    },
+};
+
+const KEYS: &[&str] = &[
+    "apiVersion", "kind", "metadata", "name", "namespace", "uid", "annotations", "finalizers", "deletionTimestamp",
+    "spec", "status", "running", "image", "nodeName", "nodeSelector", "resources", "cpus", "memoryMiB", "storage",
+    "storageGiB", "overlayGiB", "network", "enabled", "ports", "hostPort", "guestPort", "protocol", "allowedCIDRs",
+    "nodeUID", "phase", "endpoint", "address", "port", "unschedulable", "allocatable",
+    "vm.smolvm.dev/force-delete-local-state",
+];
+
+fn leaf() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        (-70000i64..70000).prop_map(|n| json!(n)),
+        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(|f| json!(f)),
+        "[a-zA-Z0-9:/._@ -]{0,24}".prop_map(Value::String),
+        prop::sample::select(vec!["alpine", "local:x", "true", "TCP", "UDP", "10.0.0.0/8", "node-a", "2026-01-01T00:00:00Z"])
+            .prop_map(|s| Value::String(s.to_string())),
+    ]
+}
+
+fn arbitrary_json() -> impl Strategy<Value = Value> {
+    leaf().prop_recursive(5, 64, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::vec((prop::sample::select(KEYS), inner), 0..6).prop_map(|entries| {
+                Value::Object(entries.into_iter().map(|(k, v)| (k.to_string(), v)).collect::<Map<String, Value>>())
+            }),
+        ]
+    })
+}
+
+/// SmolVM-shaped objects whose fields may be absent, null, or of any type.
+fn smolvm_like() -> impl Strategy<Value = Value> {
+    let field = || prop::option::of(arbitrary_json());
+    (field(), field(), field(), field(), field(), field(), any::<bool>()).prop_map(
+        |(running, image, resources, storage, network, selector, deleting)| {
+            let mut spec = Map::new();
+            for (key, value) in [
+                ("running", running),
+                ("image", image),
+                ("resources", resources),
+                ("storage", storage),
+                ("network", network),
+                ("nodeSelector", selector),
+            ] {
+                if let Some(v) = value {
+                    spec.insert(key.to_string(), v);
+                }
+            }
+            let mut object = fixtures::smolvm("p", Value::Object(spec));
+            if deleting {
+                object["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+            }
+            object
+        },
+    )
+}
+
+/// Specs that obey the default policy, with any subset of fields left for defaulting.
+fn valid_spec() -> impl Strategy<Value = Value> {
+    let image = prop::sample::select(vec!["alpine", "alpine:3.20", "ghcr.io/org/app:v1", "localhost:5000/a/b", "local:img"]);
+    let ports = prop::collection::btree_set((1024i32..65535, any::<bool>()), 0..=16).prop_map(|set| {
+        set.into_iter()
+            .enumerate()
+            .map(|(i, (host, udp))| {
+                let mut p = json!({"hostPort": host, "guestPort": 1 + i as i32});
+                if udp {
+                    p["protocol"] = json!("UDP");
+                }
+                p
+            })
+            .collect::<Vec<_>>()
+    });
+    (
+        image,
+        prop::option::of(any::<bool>()),
+        prop::option::of((prop::option::of(1i32..=32), prop::option::of(128i64..=131072))),
+        prop::option::of((prop::option::of(1i64..=2048), prop::option::of(1i64..=1024))),
+        prop::option::of((any::<bool>(), ports, prop::collection::vec((0u8..=255, 0u8..=32), 0..4))),
+    )
+        .prop_map(|(image, running, resources, storage, network)| {
+            let mut spec = json!({"image": image});
+            if let Some(r) = running {
+                spec["running"] = json!(r);
+            }
+            if let Some((cpus, memory)) = resources {
+                let mut r = json!({});
+                if let Some(c) = cpus {
+                    r["cpus"] = json!(c);
+                }
+                if let Some(m) = memory {
+                    r["memoryMiB"] = json!(m);
+                }
+                spec["resources"] = r;
+            }
+            if let Some((size, overlay)) = storage {
+                let mut s = json!({});
+                if let Some(x) = size {
+                    s["storageGiB"] = json!(x);
+                }
+                if let Some(x) = overlay {
+                    s["overlayGiB"] = json!(x);
+                }
+                spec["storage"] = s;
+            }
+            if let Some((enabled, ports, cidrs)) = network {
+                let mut n = json!({"enabled": enabled});
+                if enabled {
+                    n["ports"] = json!(ports);
+                    n["allowedCIDRs"] =
+                        json!(cidrs.iter().map(|(a, len)| format!("10.{a}.0.0/{len}")).collect::<Vec<_>>());
+                }
+                spec["network"] = n;
+            }
+            fixtures::smolvm("valid", spec)
+        })
+}
+
+fn patched(object: &Value, op: Operation) -> Value {
+    let mut doc = object.clone();
+    json_patch::patch(&mut doc, &default_smolvm(op, object)).expect("a defaulting patch always applies");
+    doc
+}
+
+fn identities() -> impl Strategy<Value = Identity> {
+    prop::sample::select(vec![fixtures::user(), fixtures::controller(), fixtures::runtime_on("node-a"), Identity::default()])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn m1_m2_defaulting_is_idempotent(object in smolvm_like(), create in any::<bool>()) {
+        let op = if create { Operation::Create } else { Operation::Update };
+        let once = patched(&object, op);
+        let again = default_smolvm(op, &once);
+        prop_assert!(again.0.is_empty(), "second pass added {:?}", again);
+    }
+
+    #[test]
+    fn defaulted_objects_within_policy_validate(object in valid_spec()) {
+        let policy = Policy::default();
+        let nodes = vec![fixtures::node("node-a", 64, 1 << 20, 1 << 14)];
+        let identity = fixtures::user();
+        let ctx = Context { policy: &policy, nodes: &nodes, identity: &identity };
+        let defaulted = patched(&object, Operation::Create);
+        let verdict = validate_smolvm_json(Operation::Create, None, &defaulted, &ctx);
+        prop_assert!(verdict.allowed(), "{}\n{}", defaulted, verdict.message());
+        prop_assert!(verdict.warnings.is_empty(), "{:?}", verdict.warnings);
+    }
+
+    #[test]
+    fn no_input_panics(old in prop::option::of(arbitrary_json()), new in arbitrary_json(), identity in identities()) {
+        let policy = Policy::default();
+        let nodes: Vec<SmolVMNode> = vec![fixtures::node("node-a", 4, 4096, 100)];
+        let ctx = Context { policy: &policy, nodes: &nodes, identity: &identity };
+        for op in [Operation::Create, Operation::Update, Operation::Delete, Operation::Connect] {
+            let _ = default_smolvm(op, &new);
+            let _ = validate_smolvm_json(op, old.as_ref(), &new, &ctx);
+            let _ = validate_smolvm_status_json(op, old.as_ref(), &new, &ctx);
+            let _ = validate_smolvm_node_json(op, false, old.as_ref(), &new, &ctx);
+            let _ = validate_smolvm_node_json(op, true, old.as_ref(), &new, &ctx);
+        }
+    }
+
+    #[test]
+    fn no_old_new_pair_of_smolvms_panics(old in smolvm_like(), new in smolvm_like(), bind in any::<bool>(), identity in identities()) {
+        let policy = Policy::default();
+        let nodes: Vec<SmolVMNode> = vec![fixtures::node("node-a", 4, 4096, 100)];
+        let ctx = Context { policy: &policy, nodes: &nodes, identity: &identity };
+        let old = if bind { fixtures::bound(old, "node-a") } else { old };
+        let new_defaulted = patched(&new, Operation::Update);
+        for candidate in [&new, &new_defaulted] {
+            let verdict = validate_smolvm_json(Operation::Update, Some(&old), candidate, &ctx);
+            // Every violation names a path and a rule.
+            for v in &verdict.violations {
+                prop_assert!(!v.path.is_empty());
+                prop_assert!(v.to_string().ends_with(']'));
+            }
+            let _ = validate_smolvm_status_json(Operation::Update, Some(&old), candidate, &ctx);
+        }
+    }
+}

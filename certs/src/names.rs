@@ -1,0 +1,97 @@
+//! Naming schemes for the certificates this operator issues.
+//!
+//! # Runtime serving certificates
+//!
+//! A node's runtime agent serves the node API with a certificate whose only SAN (and subject
+//! common name) is [`runtime_server_name`]`(node)` = `<node-name>.runtime.vm.smolvm.dev`.
+//! That name is never resolved through DNS: the controller dials the endpoint the node reports
+//! and passes this name as the TLS `ServerName`, so the handshake succeeds only if the
+//! certificate, signed by the runtime CA, names exactly the node the controller meant to reach.
+//!
+//! The controller's CSR signer (signer name [`RUNTIME_SERVING_SIGNER_NAME`]) signs a runtime
+//! CSR only when, after checking the requester's node, [`crate::validate_runtime_serving_csr`]
+//! accepts it: the DNS SANs must be exactly [`runtime_serving_sans`]`(node)`, with no IP, URI,
+//! email or other SANs, no CA request and no other extensions.
+
+use rustls::pki_types::DnsName;
+
+use crate::error::{Error, Result};
+
+/// DNS suffix under which runtime serving certificates name their node.
+pub const RUNTIME_SERVING_DNS_SUFFIX: &str = "runtime.vm.smolvm.dev";
+
+/// Kubernetes CertificateSigningRequest signer name for runtime serving certificates.
+pub const RUNTIME_SERVING_SIGNER_NAME: &str = "vm.smolvm.dev/runtime-serving";
+
+/// The DNS name (TLS server name) a node's runtime certificate carries:
+/// `<node_name>.runtime.vm.smolvm.dev`.
+pub fn runtime_server_name(node_name: &str) -> String {
+    format!("{node_name}.{RUNTIME_SERVING_DNS_SUFFIX}")
+}
+
+/// The complete list of DNS SANs allowed in a node's runtime serving certificate (exactly one).
+pub fn runtime_serving_sans(node_name: &str) -> Vec<String> {
+    vec![runtime_server_name(node_name)]
+}
+
+/// DNS names under which a webhook Service is reached in-cluster:
+/// `svc`, `svc.ns`, `svc.ns.svc`, `svc.ns.svc.cluster.local`.
+pub fn webhook_service_dns_names(service: &str, namespace: &str) -> Vec<String> {
+    vec![
+        service.to_string(),
+        format!("{service}.{namespace}"),
+        format!("{service}.{namespace}.svc"),
+        format!("{service}.{namespace}.svc.cluster.local"),
+    ]
+}
+
+/// Checks that `name` is a syntactically valid DNS name for a certificate SAN.
+pub fn validate_dns_name(name: &str) -> Result<()> {
+    DnsName::try_from(name).map(|_| ()).map_err(|e| Error::InvalidName {
+        name: name.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtime_names() {
+        assert_eq!(runtime_server_name("worker-1"), "worker-1.runtime.vm.smolvm.dev");
+        assert_eq!(
+            runtime_serving_sans("ip-10-0-0-1.ec2.internal"),
+            vec!["ip-10-0-0-1.ec2.internal.runtime.vm.smolvm.dev".to_string()]
+        );
+        validate_dns_name(&runtime_server_name("worker-1")).unwrap();
+    }
+
+    #[test]
+    fn webhook_names() {
+        assert_eq!(
+            webhook_service_dns_names("smolvm-webhook", "smolvm-system"),
+            vec![
+                "smolvm-webhook",
+                "smolvm-webhook.smolvm-system",
+                "smolvm-webhook.smolvm-system.svc",
+                "smolvm-webhook.smolvm-system.svc.cluster.local",
+            ]
+        );
+    }
+
+    #[test]
+    fn dns_name_validation_table() {
+        for (name, ok) in [
+            ("a.b.c", true),
+            ("node-1.runtime.vm.smolvm.dev", true),
+            ("", false),
+            ("bad name", false),
+            ("-leading.example", false),
+            ("a..b", false),
+            ("ünicode.example", false),
+        ] {
+            assert_eq!(validate_dns_name(name).is_ok(), ok, "{name:?}");
+        }
+    }
+}

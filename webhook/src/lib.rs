@@ -1,0 +1,1 @@
+//! The mutating and validating admission webhook server (axum, axum-server, rustls).
