@@ -15,9 +15,15 @@ fn admission(c: &mut Criterion) {
     let object = fixtures::alpine();
     let bytes = serde_json::to_vec(&object).unwrap();
     let policy = Policy::default();
-    let nodes: Vec<_> = (0..100).map(|i| fixtures::node(&format!("node-{i}"), 16, 65536, 1000)).collect();
+    let nodes: Vec<_> = (0..100)
+        .map(|i| fixtures::node(&format!("node-{i}"), 16, 65536, 1000))
+        .collect();
     let identity = fixtures::user();
-    let ctx = Context { policy: &policy, nodes: &nodes, identity: &identity };
+    let ctx = Context {
+        policy: &policy,
+        nodes: &nodes,
+        identity: &identity,
+    };
 
     c.bench_function("default+validate alpine (create, 100 nodes)", |b| {
         b.iter(|| {

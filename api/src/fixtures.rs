@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 
 use crate::{
-    policy::{Policy, service_account, DEFAULT_NAMESPACE},
+    policy::{DEFAULT_NAMESPACE, Policy, service_account},
     types::{NodeResources, SmolVMNode, SmolVMNodeSpec, SmolVMNodeStatus},
     validate::Identity,
 };
@@ -52,7 +52,11 @@ pub fn deleting(mut object: Value) -> Value {
 
 /// A Ready SmolVMNode with the given allocatable resources.
 pub fn node(name: &str, cpus: i64, memory_mib: i64, storage_gib: i64) -> SmolVMNode {
-    let resources = NodeResources { cpus, memory_mib, storage_gib };
+    let resources = NodeResources {
+        cpus,
+        memory_mib,
+        storage_gib,
+    };
     let mut node = SmolVMNode::new(name, SmolVMNodeSpec::default());
     node.status = Some(SmolVMNodeStatus {
         node_uid: Some(format!("uid-{name}")),
@@ -71,8 +75,12 @@ pub fn controller() -> Identity {
 /// A runtime agent's identity on `node` (a pod-bound token with the node claims).
 pub fn runtime_on(node: &str) -> Identity {
     let mut identity = Identity::user(service_account(DEFAULT_NAMESPACE, "smolvm-runtime"));
-    identity.extra.insert(crate::constants::EXTRA_NODE_NAME.into(), vec![node.into()]);
-    identity.extra.insert(crate::constants::EXTRA_NODE_UID.into(), vec![format!("uid-{node}")]);
+    identity
+        .extra
+        .insert(crate::constants::EXTRA_NODE_NAME.into(), vec![node.into()]);
+    identity
+        .extra
+        .insert(crate::constants::EXTRA_NODE_UID.into(), vec![format!("uid-{node}")]);
     identity
 }
 

@@ -6,12 +6,14 @@
 //! - [`defaulting`]: rules M1 and M2, as a minimal JSON Patch.
 //! - [`validate`]: rules V1 to V10, returning every violation and warning at once.
 //! - [`crd`]: the generated CustomResourceDefinitions.
+//! - [`nodeapi`]: the wire types of the node API between the controller and the runtime agents.
 
 pub mod constants;
 pub mod crd;
 pub mod defaulting;
 pub mod error;
 pub mod fixtures;
+pub mod nodeapi;
 pub mod policy;
 pub mod syntax;
 pub mod types;

@@ -80,41 +80,34 @@ pub const MAX_SELECTOR_ENTRIES: usize = 32;
 )]
 #[serde(rename_all = "camelCase")]
 pub struct SmolVMSpec {
-    /// Whether the machine should be running. Set to false to stop it while keeping its disks.
-    /// Defaults to true.
+    /// Whether the machine should be running. Set to false to stop it while keeping its disks. Defaults to true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub running: Option<bool>,
 
-    /// Image the machine boots: an OCI reference such as `alpine:latest` or
-    /// `ghcr.io/org/app@sha256:...`, or `local:<name>` for an image in the node's local image
-    /// directory. Immutable once the SmolVM is bound to a node.
+    /// Image the machine boots: an OCI reference such as `alpine:latest` or `ghcr.io/org/app@sha256:...`, or `local:<name>` for an image in the node's local image directory. Immutable once the SmolVM is bound to a node.
     #[schemars(length(min = 1, max = 512))]
     #[x_kube(validation = Rule::new("!self.startsWith('local:') || self.matches('^local:[A-Za-z0-9][A-Za-z0-9._-]{0,127}$')").message("a local image is local:<name>, the name made of letters, digits, '.', '_' and '-' (V1)"))]
     #[x_kube(validation = Rule::new("!self.matches('\\\\s')").message("an image reference has no whitespace (V1)"))]
     pub image: String,
 
-    /// Optional hard pin to the SmolVMNode (and Kubernetes Node) of this name. The controller never
-    /// falls back to another node. Once bound, it may only be absent or equal to `status.nodeName`.
+    /// Optional hard pin to the SmolVMNode (and Kubernetes Node) of this name. The controller never falls back to another node. Once bound, it may only be absent or equal to `status.nodeName`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("nodeName must be a DNS-1123 subdomain: lower-case letters, digits, '-' and '.' (V4)"))]
     pub node_name: Option<String>,
 
-    /// Labels a SmolVMNode must carry for the machine to be placed there. SmolVMNodes mirror the
-    /// labels of their Kubernetes Node, so `kubernetes.io/arch: amd64` works as with Pods.
+    /// Labels a SmolVMNode must carry for the machine to be placed there. SmolVMNodes mirror the labels of their Kubernetes Node, so `kubernetes.io/arch: amd64` works as with Pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("maxProperties" = 32, "additionalProperties" = {"type": "string", "maxLength": 63}))]
     #[x_kube(validation = Rule::new("self.all(k, size(k) <= 317 && k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$'))").message("nodeSelector keys must be valid label keys: [prefix/]name (V4)"))]
     #[x_kube(validation = Rule::new("self.all(k, self[k].matches('^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$'))").message("nodeSelector values must be valid label values: at most 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric (V4)"))]
     pub node_selector: Option<BTreeMap<String, LabelValue>>,
 
-    /// CPU and memory of the machine. Defaults to 1 CPU and 512 MiB. May change after binding,
-    /// within the policy bounds; the runtime applies it live where smolvm supports it.
+    /// CPU and memory of the machine. Defaults to 1 CPU and 512 MiB. May change after binding, within the policy bounds; the runtime applies it live where smolvm supports it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Resources>,
 
-    /// Disk sizes of the machine. Defaults to 20 GiB of storage and a 10 GiB overlay. After
-    /// binding, sizes may only grow.
+    /// Disk sizes of the machine. Defaults to 20 GiB of storage and a 10 GiB overlay. After binding, sizes may only grow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<Storage>,
 
@@ -150,8 +143,7 @@ pub struct Storage {
     #[schemars(range(min = 1, max = 1048576))]
     pub storage_gib: Option<i64>,
 
-    /// Size of the writable overlay on top of the image, in GiB. Defaults to 10. May only grow
-    /// once bound.
+    /// Size of the writable overlay on top of the image, in GiB. Defaults to 10. May only grow once bound.
     #[serde(default, rename = "overlayGiB", skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1048576))]
     pub overlay_gib: Option<i64>,
@@ -167,15 +159,13 @@ pub struct Network {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
 
-    /// Host ports forwarded into the machine. Each (hostPort, protocol) pair is unique, and the
-    /// host port must lie in the policy's allowed range (by default 1024 to 65535).
+    /// Host ports forwarded into the machine. Each (hostPort, protocol) pair is unique, and the host port must lie in the policy's allowed range (by default 1024 to 65535).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["hostPort".into(), "protocol".into()]))]
     pub ports: Option<Vec<Port>>,
 
-    /// Destination CIDRs the machine may reach (for example `10.0.0.0/8` or `2001:db8::/32`).
-    /// Empty means no restriction beyond smolvm's defaults.
+    /// Destination CIDRs the machine may reach (for example `10.0.0.0/8` or `2001:db8::/32`). Empty means no restriction beyond smolvm's defaults.
     #[serde(default, rename = "allowedCIDRs", skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64), inner(length(max = 64)))]
     #[x_kube(validation = Rule::new("self.all(c, isCIDR(c))").message("every allowedCIDRs entry must be a CIDR such as 10.0.0.0/8 (V3)"))]
@@ -293,8 +283,7 @@ pub struct SmolVMStatus {
     #[schemars(length(min = 1, max = 253))]
     pub node_name: Option<String>,
 
-    /// UID of the Kubernetes Node at binding time. A node replaced under the same name has another
-    /// UID, and the controller reports it instead of adopting it.
+    /// UID of the Kubernetes Node at binding time. A node replaced under the same name has another UID, and the controller reports it instead of adopting it.
     #[serde(default, rename = "nodeUID", skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 128))]
     pub node_uid: Option<String>,
@@ -308,8 +297,7 @@ pub struct SmolVMStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// Resources and ports in effect on the node (defaults applied; a resize the runtime could not
-    /// apply yet shows here as the old values, with the ResizePending condition).
+    /// Resources and ports in effect on the node (defaults applied; a resize the runtime could not apply yet shows here as the old values, with the ResizePending condition).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effective: Option<EffectiveResources>,
 
@@ -400,8 +388,7 @@ pub struct EffectiveResources {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct SmolVMNodeSpec {
-    /// Cordon for VMs: when true, no new SmolVM is placed on this node. Machines already bound
-    /// here stay.
+    /// Cordon for VMs: when true, no new SmolVM is placed on this node. Machines already bound here stay.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unschedulable: Option<bool>,
 }

@@ -439,9 +439,8 @@ pub fn validate_smolvm(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &
             }
         }
         None => {
-            let placement_changed = old.is_none_or(|o| {
-                o.spec.node_name != new.spec.node_name || o.spec.request() != new.spec.request()
-            });
+            let placement_changed =
+                old.is_none_or(|o| o.spec.node_name != new.spec.node_name || o.spec.request() != new.spec.request());
             if placement_changed {
                 check_placement(&new.spec, ctx, &mut verdict);
             }

@@ -12,7 +12,16 @@ use smolvm_api::{SmolVM, SmolVMNode, defaulting::default_smolvm, fixtures, valid
 
 fn schema_of<K: CustomResourceExt>() -> Value {
     let crd = K::crd();
-    serde_json::to_value(crd.spec.versions[0].schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap()).unwrap()
+    serde_json::to_value(
+        crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .unwrap()
+            .open_api_v3_schema
+            .as_ref()
+            .unwrap(),
+    )
+    .unwrap()
 }
 
 /// Every (rule, schema it is attached to) pair in a schema.
@@ -36,7 +45,10 @@ fn rules(schema: &Value, path: String, out: &mut Vec<(String, String, Value)>) {
 
 #[test]
 fn cel_rules_compile_and_stay_within_the_cost_budget() {
-    for (kind, schema) in [("SmolVM", schema_of::<SmolVM>()), ("SmolVMNode", schema_of::<SmolVMNode>())] {
+    for (kind, schema) in [
+        ("SmolVM", schema_of::<SmolVM>()),
+        ("SmolVMNode", schema_of::<SmolVMNode>()),
+    ] {
         let compiled = compile_schema(&schema);
         assert!(!compiled.has_errors(), "{kind}: {:?}", compiled.compilation_errors());
         let mut found = Vec::new();
@@ -44,16 +56,25 @@ fn cel_rules_compile_and_stay_within_the_cost_budget() {
         for (path, rule, sub) in &found {
             let compiled = compile_schema(sub);
             let warnings = estimate_rule_cost(rule, &compiled);
-            let bad: Vec<_> =
-                warnings.iter().filter(|w| matches!(w.kind, WarningKind::CostExceeded | WarningKind::MissingBounds)).collect();
+            let bad: Vec<_> = warnings
+                .iter()
+                .filter(|w| matches!(w.kind, WarningKind::CostExceeded | WarningKind::MissingBounds))
+                .collect();
             assert!(bad.is_empty(), "{kind}{path}: rule {rule:?}: {bad:?}");
         }
-        println!("{kind}: {} CEL rules compile, none over budget or unbounded", found.len());
+        println!(
+            "{kind}: {} CEL rules compile, none over budget or unbounded",
+            found.len()
+        );
     }
     // Guard against the rules silently disappearing from the generated schema.
     let mut found = Vec::new();
     rules(&schema_of::<SmolVM>(), String::new(), &mut found);
-    assert!(found.len() >= 14, "expected every SmolVM CEL rule, found {}", found.len());
+    assert!(
+        found.len() >= 14,
+        "expected every SmolVM CEL rule, found {}",
+        found.len()
+    );
 }
 
 fn stored() -> Value {
@@ -74,9 +95,13 @@ fn set(mut v: Value, pointer: &str, value: Value) -> Value {
 }
 
 fn check(schema: &Value, object: &Value, old: Option<&Value>) -> Result<(), Vec<String>> {
-    Validator::new()
-        .validate(schema, object, old)
-        .map_err(|errors| errors.into_vec().into_iter().map(|e| format!("{}: {}", e.field_path, e.message)).collect())
+    Validator::new().validate(schema, object, old).map_err(|errors| {
+        errors
+            .into_vec()
+            .into_iter()
+            .map(|e| format!("{}: {}", e.field_path, e.message))
+            .collect()
+    })
 }
 
 #[test]
@@ -84,27 +109,83 @@ fn cel_create_rules_table() {
     let schema = schema_of::<SmolVM>();
     let cases: Vec<(&str, Value, Option<&str>)> = vec![
         ("v1_cel_oci_image_ok", stored(), None),
-        ("v1_cel_local_image_ok", set(stored(), "/spec/image", json!("local:alpine")), None),
-        ("v1_cel_bad_local_image", set(stored(), "/spec/image", json!("local:../etc")), Some("(V1)")),
-        ("v1_cel_whitespace_image", set(stored(), "/spec/image", json!("alpine latest")), Some("(V1)")),
-        ("v3_cel_ports_need_network", set(stored(), "/spec/network/enabled", json!(false)), Some("ports need network.enabled")),
+        (
+            "v1_cel_local_image_ok",
+            set(stored(), "/spec/image", json!("local:alpine")),
+            None,
+        ),
+        (
+            "v1_cel_bad_local_image",
+            set(stored(), "/spec/image", json!("local:../etc")),
+            Some("(V1)"),
+        ),
+        (
+            "v1_cel_whitespace_image",
+            set(stored(), "/spec/image", json!("alpine latest")),
+            Some("(V1)"),
+        ),
+        (
+            "v3_cel_ports_need_network",
+            set(stored(), "/spec/network/enabled", json!(false)),
+            Some("ports need network.enabled"),
+        ),
         (
             "v3_cel_cidrs_need_network",
-            set(set(stored(), "/spec/network", json!({"enabled": false, "allowedCIDRs": ["10.0.0.0/8"]})), "/spec/running", json!(true)),
+            set(
+                set(
+                    stored(),
+                    "/spec/network",
+                    json!({"enabled": false, "allowedCIDRs": ["10.0.0.0/8"]}),
+                ),
+                "/spec/running",
+                json!(true),
+            ),
             Some("allowedCIDRs need network.enabled"),
         ),
-        ("v3_cel_bad_cidr", set(stored(), "/spec/network/allowedCIDRs", json!(["10.0.0.0/33"])), Some("(V3)")),
-        ("v3_cel_good_cidr", set(stored(), "/spec/network/allowedCIDRs", json!(["10.0.0.0/8", "2001:db8::/32"])), None),
-        ("v4_cel_bad_node_name", set(stored(), "/spec/nodeName", json!("Node_1")), Some("(V4)")),
-        ("v4_cel_good_node_name", set(stored(), "/spec/nodeName", json!("node-1.example")), None),
-        ("v4_cel_bad_selector_key", set(stored(), "/spec/nodeSelector", json!({"bad key": "x"})), Some("(V4)")),
-        ("v4_cel_bad_selector_value", set(stored(), "/spec/nodeSelector", json!({"arch": "-x"})), Some("(V4)")),
+        (
+            "v3_cel_bad_cidr",
+            set(stored(), "/spec/network/allowedCIDRs", json!(["10.0.0.0/33"])),
+            Some("(V3)"),
+        ),
+        (
+            "v3_cel_good_cidr",
+            set(
+                stored(),
+                "/spec/network/allowedCIDRs",
+                json!(["10.0.0.0/8", "2001:db8::/32"]),
+            ),
+            None,
+        ),
+        (
+            "v4_cel_bad_node_name",
+            set(stored(), "/spec/nodeName", json!("Node_1")),
+            Some("(V4)"),
+        ),
+        (
+            "v4_cel_good_node_name",
+            set(stored(), "/spec/nodeName", json!("node-1.example")),
+            None,
+        ),
+        (
+            "v4_cel_bad_selector_key",
+            set(stored(), "/spec/nodeSelector", json!({"bad key": "x"})),
+            Some("(V4)"),
+        ),
+        (
+            "v4_cel_bad_selector_value",
+            set(stored(), "/spec/nodeSelector", json!({"arch": "-x"})),
+            Some("(V4)"),
+        ),
         (
             "v5_cel_pin_must_equal_binding",
             set(fixtures::bound(stored(), "node-a"), "/spec/nodeName", json!("node-b")),
             Some("(V5)"),
         ),
-        ("v5_cel_pin_equal_to_binding_ok", set(fixtures::bound(stored(), "node-a"), "/spec/nodeName", json!("node-a")), None),
+        (
+            "v5_cel_pin_equal_to_binding_ok",
+            set(fixtures::bound(stored(), "node-a"), "/spec/nodeName", json!("node-a")),
+            None,
+        ),
     ];
     let mut failures = Vec::new();
     for (name, object, expected) in cases {
@@ -124,18 +205,73 @@ fn cel_transition_rules_table() {
     let bound = fixtures::bound(stored(), "node-a");
     let unbound = stored();
     let cases: Vec<(&str, Value, Value, Option<&str>)> = vec![
-        ("v6_cel_unbound_image_change_ok", unbound.clone(), set(unbound.clone(), "/spec/image", json!("alpine:3")), None),
-        ("v6_cel_bound_image_change", bound.clone(), set(bound.clone(), "/spec/image", json!("alpine:3")), Some("spec.image is immutable")),
-        ("v6_cel_bound_ports_change", bound.clone(), set(bound.clone(), "/spec/network/ports/0/hostPort", json!(9090)), Some("ports are immutable")),
-        ("v6_cel_bound_network_disable", bound.clone(), set(bound.clone(), "/spec/network", json!({"enabled": false})), Some("network.enabled is immutable")),
-        ("v6_cel_bound_cidrs_added", bound.clone(), set(bound.clone(), "/spec/network/allowedCIDRs", json!(["10.0.0.0/8"])), Some("allowedCIDRs are immutable")),
-        ("v6_cel_bound_storage_grow_ok", bound.clone(), set(bound.clone(), "/spec/storage/storageGiB", json!(40)), None),
-        ("v6_cel_bound_storage_shrink", bound.clone(), set(bound.clone(), "/spec/storage/storageGiB", json!(10)), Some("storageGiB may only grow")),
-        ("v6_cel_bound_overlay_shrink", bound.clone(), set(bound.clone(), "/spec/storage/overlayGiB", json!(1)), Some("overlayGiB may only grow")),
-        ("v6_cel_bound_cpu_change_ok", bound.clone(), set(bound.clone(), "/spec/resources/cpus", json!(4)), None),
+        (
+            "v6_cel_unbound_image_change_ok",
+            unbound.clone(),
+            set(unbound.clone(), "/spec/image", json!("alpine:3")),
+            None,
+        ),
+        (
+            "v6_cel_bound_image_change",
+            bound.clone(),
+            set(bound.clone(), "/spec/image", json!("alpine:3")),
+            Some("spec.image is immutable"),
+        ),
+        (
+            "v6_cel_bound_ports_change",
+            bound.clone(),
+            set(bound.clone(), "/spec/network/ports/0/hostPort", json!(9090)),
+            Some("ports are immutable"),
+        ),
+        (
+            "v6_cel_bound_network_disable",
+            bound.clone(),
+            set(bound.clone(), "/spec/network", json!({"enabled": false})),
+            Some("network.enabled is immutable"),
+        ),
+        (
+            "v6_cel_bound_cidrs_added",
+            bound.clone(),
+            set(bound.clone(), "/spec/network/allowedCIDRs", json!(["10.0.0.0/8"])),
+            Some("allowedCIDRs are immutable"),
+        ),
+        (
+            "v6_cel_bound_storage_grow_ok",
+            bound.clone(),
+            set(bound.clone(), "/spec/storage/storageGiB", json!(40)),
+            None,
+        ),
+        (
+            "v6_cel_bound_storage_shrink",
+            bound.clone(),
+            set(bound.clone(), "/spec/storage/storageGiB", json!(10)),
+            Some("storageGiB may only grow"),
+        ),
+        (
+            "v6_cel_bound_overlay_shrink",
+            bound.clone(),
+            set(bound.clone(), "/spec/storage/overlayGiB", json!(1)),
+            Some("overlayGiB may only grow"),
+        ),
+        (
+            "v6_cel_bound_cpu_change_ok",
+            bound.clone(),
+            set(bound.clone(), "/spec/resources/cpus", json!(4)),
+            None,
+        ),
         ("v9_cel_binding_first_write_ok", unbound.clone(), bound.clone(), None),
-        ("v9_cel_node_name_change", bound.clone(), set(bound.clone(), "/status/nodeName", json!("node-b")), Some("(V9)")),
-        ("v9_cel_node_uid_change", bound.clone(), set(bound.clone(), "/status/nodeUID", json!("x")), Some("(V9)")),
+        (
+            "v9_cel_node_name_change",
+            bound.clone(),
+            set(bound.clone(), "/status/nodeName", json!("node-b")),
+            Some("(V9)"),
+        ),
+        (
+            "v9_cel_node_uid_change",
+            bound.clone(),
+            set(bound.clone(), "/status/nodeUID", json!("x")),
+            Some("(V9)"),
+        ),
         (
             "v9_cel_node_name_cleared",
             bound.clone(),

@@ -15,8 +15,8 @@ fn committed_crds_match_the_generated_ones() {
     assert_eq!(rendered.len(), 2);
     for (name, body) in rendered {
         let path = crds_dir().join(&name);
-        let committed = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}; run `make generate`", path.display()));
+        let committed =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}; run `make generate`", path.display()));
         assert!(
             committed == body,
             "{} differs from the generated CRD; run `make generate` and commit the result",
@@ -28,18 +28,25 @@ fn committed_crds_match_the_generated_ones() {
 /// Structural schema rules (apiextensions v1): every node has a type (or x-kubernetes-int-or-string /
 /// preserve-unknown-fields), no `$ref`, and no forbidden keywords outside their allowed places.
 fn assert_structural(schema: &Value, path: &str) {
-    let obj = schema.as_object().unwrap_or_else(|| panic!("{path}: schema is not an object"));
+    let obj = schema
+        .as_object()
+        .unwrap_or_else(|| panic!("{path}: schema is not an object"));
     assert!(!obj.contains_key("$ref"), "{path}: $ref is not allowed");
     for forbidden in ["anyOf", "oneOf", "allOf", "not", "definitions", "$schema"] {
         // Allowed in value validations only when they do not set types; the generator never needs them.
-        assert!(!obj.contains_key(forbidden), "{path}: {forbidden} makes the schema non-structural here");
+        assert!(
+            !obj.contains_key(forbidden),
+            "{path}: {forbidden} makes the schema non-structural here"
+        );
     }
     let has_type = obj.contains_key("type")
         || obj.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true))
         || obj.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
     assert!(has_type, "{path}: every schema node needs a type");
-    assert!(obj.contains_key("description") || path.ends_with("[*]") || path.is_empty() || path.contains("conditions"),
-        "{path}: every field needs a description for kubectl explain");
+    assert!(
+        obj.contains_key("description") || path.ends_with("[*]") || path.is_empty() || path.contains("conditions"),
+        "{path}: every field needs a description for kubectl explain"
+    );
     if let Some(props) = obj.get("properties").and_then(Value::as_object) {
         for (k, v) in props {
             if path.is_empty() && (k == "apiVersion" || k == "kind" || k == "metadata") {
@@ -61,13 +68,29 @@ fn crds_are_structural_and_documented() {
         let name = crd.metadata.name.clone().unwrap_or_default();
         assert_eq!(crd.spec.versions.len(), 1, "{name}");
         let version = &crd.spec.versions[0];
-        assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(), "{name}: status subresource");
-        let schema = serde_json::to_value(version.schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap()).unwrap();
+        assert!(
+            version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(),
+            "{name}: status subresource"
+        );
+        let schema =
+            serde_json::to_value(version.schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap()).unwrap();
         assert_structural(&schema, "");
-        assert!(crd.spec.names.short_names.as_ref().is_some_and(|s| !s.is_empty()), "{name}: short name");
-        assert_eq!(crd.spec.names.categories.as_deref(), Some(&["smolvm".to_string()][..]), "{name}: category");
-        let columns: Vec<String> =
-            version.additional_printer_columns.iter().flatten().filter(|c| c.priority.is_none()).map(|c| c.name.clone()).collect();
+        assert!(
+            crd.spec.names.short_names.as_ref().is_some_and(|s| !s.is_empty()),
+            "{name}: short name"
+        );
+        assert_eq!(
+            crd.spec.names.categories.as_deref(),
+            Some(&["smolvm".to_string()][..]),
+            "{name}: category"
+        );
+        let columns: Vec<String> = version
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .filter(|c| c.priority.is_none())
+            .map(|c| c.name.clone())
+            .collect();
         let expected: &[&str] = if name.starts_with("smolvms.") {
             &["Phase", "Node", "CPUs", "Memory", "Age"]
         } else {

@@ -14,10 +14,41 @@ use smolvm_api::{
 };
 
 const KEYS: &[&str] = &[
-    "apiVersion", "kind", "metadata", "name", "namespace", "uid", "annotations", "finalizers", "deletionTimestamp",
-    "spec", "status", "running", "image", "nodeName", "nodeSelector", "resources", "cpus", "memoryMiB", "storage",
-    "storageGiB", "overlayGiB", "network", "enabled", "ports", "hostPort", "guestPort", "protocol", "allowedCIDRs",
-    "nodeUID", "phase", "endpoint", "address", "port", "unschedulable", "allocatable",
+    "apiVersion",
+    "kind",
+    "metadata",
+    "name",
+    "namespace",
+    "uid",
+    "annotations",
+    "finalizers",
+    "deletionTimestamp",
+    "spec",
+    "status",
+    "running",
+    "image",
+    "nodeName",
+    "nodeSelector",
+    "resources",
+    "cpus",
+    "memoryMiB",
+    "storage",
+    "storageGiB",
+    "overlayGiB",
+    "network",
+    "enabled",
+    "ports",
+    "hostPort",
+    "guestPort",
+    "protocol",
+    "allowedCIDRs",
+    "nodeUID",
+    "phase",
+    "endpoint",
+    "address",
+    "port",
+    "unschedulable",
+    "allocatable",
     "vm.smolvm.dev/force-delete-local-state",
 ];
 
@@ -27,10 +58,21 @@ fn leaf() -> impl Strategy<Value = Value> {
         any::<bool>().prop_map(Value::Bool),
         any::<i64>().prop_map(|n| json!(n)),
         (-70000i64..70000).prop_map(|n| json!(n)),
-        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(|f| json!(f)),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(|f| json!(f)),
         "[a-zA-Z0-9:/._@ -]{0,24}".prop_map(Value::String),
-        prop::sample::select(vec!["alpine", "local:x", "true", "TCP", "UDP", "10.0.0.0/8", "node-a", "2026-01-01T00:00:00Z"])
-            .prop_map(|s| Value::String(s.to_string())),
+        prop::sample::select(vec![
+            "alpine",
+            "local:x",
+            "true",
+            "TCP",
+            "UDP",
+            "10.0.0.0/8",
+            "node-a",
+            "2026-01-01T00:00:00Z"
+        ])
+        .prop_map(|s| Value::String(s.to_string())),
     ]
 }
 
@@ -39,7 +81,12 @@ fn arbitrary_json() -> impl Strategy<Value = Value> {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
             prop::collection::vec((prop::sample::select(KEYS), inner), 0..6).prop_map(|entries| {
-                Value::Object(entries.into_iter().map(|(k, v)| (k.to_string(), v)).collect::<Map<String, Value>>())
+                Value::Object(
+                    entries
+                        .into_iter()
+                        .map(|(k, v)| (k.to_string(), v))
+                        .collect::<Map<String, Value>>(),
+                )
             }),
         ]
     })
@@ -74,7 +121,13 @@ fn smolvm_like() -> impl Strategy<Value = Value> {
 
 /// Specs that obey the default policy, with any subset of fields left for defaulting.
 fn valid_spec() -> impl Strategy<Value = Value> {
-    let image = prop::sample::select(vec!["alpine", "alpine:3.20", "ghcr.io/org/app:v1", "localhost:5000/a/b", "local:img"]);
+    let image = prop::sample::select(vec![
+        "alpine",
+        "alpine:3.20",
+        "ghcr.io/org/app:v1",
+        "localhost:5000/a/b",
+        "local:img",
+    ]);
     let ports = prop::collection::btree_set((1024i32..65535, any::<bool>()), 0..=16).prop_map(|set| {
         set.into_iter()
             .enumerate()
@@ -123,8 +176,12 @@ fn valid_spec() -> impl Strategy<Value = Value> {
                 let mut n = json!({"enabled": enabled});
                 if enabled {
                     n["ports"] = json!(ports);
-                    n["allowedCIDRs"] =
-                        json!(cidrs.iter().map(|(a, len)| format!("10.{a}.0.0/{len}")).collect::<Vec<_>>());
+                    n["allowedCIDRs"] = json!(
+                        cidrs
+                            .iter()
+                            .map(|(a, len)| format!("10.{a}.0.0/{len}"))
+                            .collect::<Vec<_>>()
+                    );
                 }
                 spec["network"] = n;
             }
@@ -139,7 +196,12 @@ fn patched(object: &Value, op: Operation) -> Value {
 }
 
 fn identities() -> impl Strategy<Value = Identity> {
-    prop::sample::select(vec![fixtures::user(), fixtures::controller(), fixtures::runtime_on("node-a"), Identity::default()])
+    prop::sample::select(vec![
+        fixtures::user(),
+        fixtures::controller(),
+        fixtures::runtime_on("node-a"),
+        Identity::default(),
+    ])
 }
 
 proptest! {

@@ -43,7 +43,15 @@ struct Case {
 }
 
 fn case(name: &'static str, op: Operation, old: Option<Value>, new: Value, expect: Expect) -> Case {
-    Case { name, kind: Kind::Vm, op, old, new, identity: user(), expect }
+    Case {
+        name,
+        kind: Kind::Vm,
+        op,
+        old,
+        new,
+        identity: user(),
+        expect,
+    }
 }
 
 /// The seed's alpine example with every default applied, as it is stored.
@@ -59,7 +67,11 @@ fn defaulted(object: Value) -> Value {
 
 fn with(mut object: Value, pointer: &str, value: Value) -> Value {
     let (parent, key) = pointer.rsplit_once('/').unwrap();
-    let target = if parent.is_empty() { &mut object } else { object.pointer_mut(parent).unwrap() };
+    let target = if parent.is_empty() {
+        &mut object
+    } else {
+        object.pointer_mut(parent).unwrap()
+    };
     target[key] = value;
     object
 }
@@ -71,7 +83,11 @@ fn without(mut object: Value, pointer: &str) -> Value {
 }
 
 fn annotated(object: Value, value: &str) -> Value {
-    with(object, "/metadata/annotations", json!({ FORCE_DELETE_ANNOTATION: value }))
+    with(
+        object,
+        "/metadata/annotations",
+        json!({ FORCE_DELETE_ANNOTATION: value }),
+    )
 }
 
 fn nodes() -> Vec<SmolVMNode> {
@@ -81,7 +97,11 @@ fn nodes() -> Vec<SmolVMNode> {
 }
 
 fn run(case: &Case, policy: &Policy, nodes: &Vec<SmolVMNode>) -> Verdict {
-    let ctx = Context { policy, nodes, identity: &case.identity };
+    let ctx = Context {
+        policy,
+        nodes,
+        identity: &case.identity,
+    };
     match case.kind {
         Kind::Vm => validate_smolvm_json(case.op, case.old.as_ref(), &case.new, &ctx),
         Kind::VmStatus => validate_smolvm_status_json(case.op, case.old.as_ref(), &case.new, &ctx),
@@ -101,7 +121,10 @@ fn check_with(cases: Vec<Case>, policy: &Policy, nodes: &Vec<SmolVMNode>) {
         let ok = match case.expect {
             Expect::Allow => verdict.allowed() && verdict.warnings.is_empty(),
             Expect::Warn(rule) => verdict.allowed() && verdict.warnings.iter().any(|w| w.rule == rule),
-            Expect::Reject(rule, path) => verdict.violations.iter().any(|v| v.rule == rule && v.path.starts_with(path)),
+            Expect::Reject(rule, path) => verdict
+                .violations
+                .iter()
+                .any(|v| v.rule == rule && v.path.starts_with(path)),
         };
         if !ok {
             failures.push(format!("{}: expected {:?}, got {:#?}", case.name, case.expect, verdict));
@@ -113,7 +136,13 @@ fn check_with(cases: Vec<Case>, policy: &Policy, nodes: &Vec<SmolVMNode>) {
             assert!(text.ends_with(&format!("[{}]", v.rule)), "{}: {text}", case.name);
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
 }
 
 use Expect::*;
@@ -123,35 +152,135 @@ use Operation::{Create, Update};
 fn v1_image() {
     check(vec![
         case("v1_oci_reference_accepted", Create, None, stored(), Allow),
-        case("v1_local_image_accepted", Create, None, with(stored(), "/spec/image", json!("local:alpine")), Allow),
+        case(
+            "v1_local_image_accepted",
+            Create,
+            None,
+            with(stored(), "/spec/image", json!("local:alpine")),
+            Allow,
+        ),
         case(
             "v1_digest_accepted",
             Create,
             None,
-            with(stored(), "/spec/image", json!(format!("ghcr.io/o/a@sha256:{}", "a".repeat(64)))),
+            with(
+                stored(),
+                "/spec/image",
+                json!(format!("ghcr.io/o/a@sha256:{}", "a".repeat(64))),
+            ),
             Allow,
         ),
-        case("v1_missing_image_rejected", Create, None, without(stored(), "/spec/image"), Reject(RuleId::V1, "spec.image")),
-        case("v1_empty_image_rejected", Create, None, with(stored(), "/spec/image", json!("")), Reject(RuleId::V1, "spec.image")),
-        case("v1_whitespace_rejected", Create, None, with(stored(), "/spec/image", json!("alpine latest")), Reject(RuleId::V1, "spec.image")),
-        case("v1_uppercase_rejected", Create, None, with(stored(), "/spec/image", json!("Alpine")), Reject(RuleId::V1, "spec.image")),
-        case("v1_bad_local_name_rejected", Create, None, with(stored(), "/spec/image", json!("local:../x")), Reject(RuleId::V1, "spec.image")),
-        case("v1_image_of_wrong_type_rejected", Create, None, with(stored(), "/spec/image", json!(3)), Reject(RuleId::Schema, "spec.image")),
+        case(
+            "v1_missing_image_rejected",
+            Create,
+            None,
+            without(stored(), "/spec/image"),
+            Reject(RuleId::V1, "spec.image"),
+        ),
+        case(
+            "v1_empty_image_rejected",
+            Create,
+            None,
+            with(stored(), "/spec/image", json!("")),
+            Reject(RuleId::V1, "spec.image"),
+        ),
+        case(
+            "v1_whitespace_rejected",
+            Create,
+            None,
+            with(stored(), "/spec/image", json!("alpine latest")),
+            Reject(RuleId::V1, "spec.image"),
+        ),
+        case(
+            "v1_uppercase_rejected",
+            Create,
+            None,
+            with(stored(), "/spec/image", json!("Alpine")),
+            Reject(RuleId::V1, "spec.image"),
+        ),
+        case(
+            "v1_bad_local_name_rejected",
+            Create,
+            None,
+            with(stored(), "/spec/image", json!("local:../x")),
+            Reject(RuleId::V1, "spec.image"),
+        ),
+        case(
+            "v1_image_of_wrong_type_rejected",
+            Create,
+            None,
+            with(stored(), "/spec/image", json!(3)),
+            Reject(RuleId::Schema, "spec.image"),
+        ),
     ]);
 }
 
 #[test]
 fn v2_bounds() {
     check(vec![
-        case("v2_within_bounds_accepted", Create, None, with(stored(), "/spec/resources/cpus", json!(8)), Allow),
-        case("v2_at_max_accepted_with_capacity_warning", Create, None, with(stored(), "/spec/resources/cpus", json!(32)), Warn(RuleId::V5)),
-        case("v2_cpus_above_max_rejected", Create, None, with(stored(), "/spec/resources/cpus", json!(96)), Reject(RuleId::V2, "spec.resources.cpus")),
-        case("v2_cpus_below_min_rejected", Create, None, with(stored(), "/spec/resources/cpus", json!(0)), Reject(RuleId::V2, "spec.resources.cpus")),
-        case("v2_memory_below_min_rejected", Create, None, with(stored(), "/spec/resources/memoryMiB", json!(64)), Reject(RuleId::V2, "spec.resources.memoryMiB")),
-        case("v2_memory_above_max_rejected", Create, None, with(stored(), "/spec/resources/memoryMiB", json!(1 << 20)), Reject(RuleId::V2, "spec.resources.memoryMiB")),
-        case("v2_storage_above_max_rejected", Create, None, with(stored(), "/spec/storage/storageGiB", json!(4096)), Reject(RuleId::V2, "spec.storage.storageGiB")),
-        case("v2_overlay_below_min_rejected", Create, None, with(stored(), "/spec/storage/overlayGiB", json!(0)), Reject(RuleId::V2, "spec.storage.overlayGiB")),
-        case("v2_cpus_of_wrong_type_rejected", Create, None, with(stored(), "/spec/resources/cpus", json!("two")), Reject(RuleId::Schema, "spec.resources.cpus")),
+        case(
+            "v2_within_bounds_accepted",
+            Create,
+            None,
+            with(stored(), "/spec/resources/cpus", json!(8)),
+            Allow,
+        ),
+        case(
+            "v2_at_max_accepted_with_capacity_warning",
+            Create,
+            None,
+            with(stored(), "/spec/resources/cpus", json!(32)),
+            Warn(RuleId::V5),
+        ),
+        case(
+            "v2_cpus_above_max_rejected",
+            Create,
+            None,
+            with(stored(), "/spec/resources/cpus", json!(96)),
+            Reject(RuleId::V2, "spec.resources.cpus"),
+        ),
+        case(
+            "v2_cpus_below_min_rejected",
+            Create,
+            None,
+            with(stored(), "/spec/resources/cpus", json!(0)),
+            Reject(RuleId::V2, "spec.resources.cpus"),
+        ),
+        case(
+            "v2_memory_below_min_rejected",
+            Create,
+            None,
+            with(stored(), "/spec/resources/memoryMiB", json!(64)),
+            Reject(RuleId::V2, "spec.resources.memoryMiB"),
+        ),
+        case(
+            "v2_memory_above_max_rejected",
+            Create,
+            None,
+            with(stored(), "/spec/resources/memoryMiB", json!(1 << 20)),
+            Reject(RuleId::V2, "spec.resources.memoryMiB"),
+        ),
+        case(
+            "v2_storage_above_max_rejected",
+            Create,
+            None,
+            with(stored(), "/spec/storage/storageGiB", json!(4096)),
+            Reject(RuleId::V2, "spec.storage.storageGiB"),
+        ),
+        case(
+            "v2_overlay_below_min_rejected",
+            Create,
+            None,
+            with(stored(), "/spec/storage/overlayGiB", json!(0)),
+            Reject(RuleId::V2, "spec.storage.overlayGiB"),
+        ),
+        case(
+            "v2_cpus_of_wrong_type_rejected",
+            Create,
+            None,
+            with(stored(), "/spec/resources/cpus", json!("two")),
+            Reject(RuleId::Schema, "spec.resources.cpus"),
+        ),
     ]);
 }
 
@@ -160,24 +289,47 @@ fn v2_message_names_field_value_and_policy() {
     let policy = Policy::default();
     let nodes = nodes();
     let identity = user();
-    let ctx = Context { policy: &policy, nodes: &nodes, identity: &identity };
-    let object = with(with(stored(), "/spec/resources/cpus", json!(96)), "/spec/storage/overlayGiB", json!(0));
+    let ctx = Context {
+        policy: &policy,
+        nodes: &nodes,
+        identity: &identity,
+    };
+    let object = with(
+        with(stored(), "/spec/resources/cpus", json!(96)),
+        "/spec/storage/overlayGiB",
+        json!(0),
+    );
     let verdict = validate_smolvm_json(Create, None, &object, &ctx);
-    assert_eq!(verdict.violations.len(), 2, "all violations are reported together: {verdict:#?}");
+    assert_eq!(
+        verdict.violations.len(),
+        2,
+        "all violations are reported together: {verdict:#?}"
+    );
     assert_eq!(
         verdict.violations[0].to_string(),
         "spec.resources.cpus: 96 exceeds the maximum 32 (policy maxCpus) [V2]"
     );
     assert_eq!(verdict.violations[0].value, "96");
-    assert!(verdict.message().contains("spec.storage.overlayGiB: 0 is below the minimum 1 (policy minOverlayGiB) [V2]"));
+    assert!(
+        verdict
+            .message()
+            .contains("spec.storage.overlayGiB: 0 is below the minimum 1 (policy minOverlayGiB) [V2]")
+    );
 }
 
 #[test]
 fn v2_default_outside_policy_names_the_default() {
-    let policy = Policy { min_memory_mib: 1024, ..Policy::default() };
+    let policy = Policy {
+        min_memory_mib: 1024,
+        ..Policy::default()
+    };
     let nodes = nodes();
     let identity = user();
-    let ctx = Context { policy: &policy, nodes: &nodes, identity: &identity };
+    let ctx = Context {
+        policy: &policy,
+        nodes: &nodes,
+        identity: &identity,
+    };
     let object = smolvm("a", json!({"image": "alpine"}));
     let verdict = validate_smolvm_json(Create, None, &object, &ctx);
     assert_eq!(
@@ -192,23 +344,97 @@ fn ports(list: Value) -> Value {
 
 #[test]
 fn v3_ports_and_cidrs() {
-    let many: Vec<Value> = (0..17).map(|i| json!({"hostPort": 9000 + i, "guestPort": 80})).collect();
+    let many: Vec<Value> = (0..17)
+        .map(|i| json!({"hostPort": 9000 + i, "guestPort": 80}))
+        .collect();
     check(vec![
-        case("v3_tcp_and_udp_same_port_accepted", Create, None, ports(json!([{"hostPort": 8080, "guestPort": 80}, {"hostPort": 8080, "guestPort": 80, "protocol": "UDP"}])), Allow),
-        case("v3_duplicate_host_port_rejected", Create, None, ports(json!([{"hostPort": 8080, "guestPort": 80}, {"hostPort": 8080, "guestPort": 81}])), Reject(RuleId::V3, "spec.network.ports[1]")),
-        case("v3_host_port_below_policy_range_rejected", Create, None, ports(json!([{"hostPort": 80, "guestPort": 80}])), Reject(RuleId::V3, "spec.network.ports[0].hostPort")),
-        case("v3_host_port_zero_rejected", Create, None, ports(json!([{"hostPort": 0, "guestPort": 80}])), Reject(RuleId::V3, "spec.network.ports[0].hostPort")),
-        case("v3_guest_port_too_large_rejected", Create, None, ports(json!([{"hostPort": 8080, "guestPort": 70000}])), Reject(RuleId::V3, "spec.network.ports[0].guestPort")),
-        case("v3_too_many_ports_rejected", Create, None, ports(Value::Array(many)), Reject(RuleId::V3, "spec.network.ports")),
-        case("v3_bad_protocol_rejected", Create, None, ports(json!([{"hostPort": 8080, "guestPort": 80, "protocol": "SCTP"}])), Reject(RuleId::Schema, "spec.network.ports[0].protocol")),
-        case("v3_ports_need_network_enabled", Create, None, with(stored(), "/spec/network/enabled", json!(false)), Reject(RuleId::V3, "spec.network.ports")),
-        case("v3_cidrs_accepted", Create, None, with(stored(), "/spec/network/allowedCIDRs", json!(["10.0.0.0/8", "2001:db8::/32"])), Allow),
-        case("v3_bad_cidr_rejected", Create, None, with(stored(), "/spec/network/allowedCIDRs", json!(["10.0.0.0/8", "10.0.0.300/8"])), Reject(RuleId::V3, "spec.network.allowedCIDRs[1]")),
+        case(
+            "v3_tcp_and_udp_same_port_accepted",
+            Create,
+            None,
+            ports(json!([{"hostPort": 8080, "guestPort": 80}, {"hostPort": 8080, "guestPort": 80, "protocol": "UDP"}])),
+            Allow,
+        ),
+        case(
+            "v3_duplicate_host_port_rejected",
+            Create,
+            None,
+            ports(json!([{"hostPort": 8080, "guestPort": 80}, {"hostPort": 8080, "guestPort": 81}])),
+            Reject(RuleId::V3, "spec.network.ports[1]"),
+        ),
+        case(
+            "v3_host_port_below_policy_range_rejected",
+            Create,
+            None,
+            ports(json!([{"hostPort": 80, "guestPort": 80}])),
+            Reject(RuleId::V3, "spec.network.ports[0].hostPort"),
+        ),
+        case(
+            "v3_host_port_zero_rejected",
+            Create,
+            None,
+            ports(json!([{"hostPort": 0, "guestPort": 80}])),
+            Reject(RuleId::V3, "spec.network.ports[0].hostPort"),
+        ),
+        case(
+            "v3_guest_port_too_large_rejected",
+            Create,
+            None,
+            ports(json!([{"hostPort": 8080, "guestPort": 70000}])),
+            Reject(RuleId::V3, "spec.network.ports[0].guestPort"),
+        ),
+        case(
+            "v3_too_many_ports_rejected",
+            Create,
+            None,
+            ports(Value::Array(many)),
+            Reject(RuleId::V3, "spec.network.ports"),
+        ),
+        case(
+            "v3_bad_protocol_rejected",
+            Create,
+            None,
+            ports(json!([{"hostPort": 8080, "guestPort": 80, "protocol": "SCTP"}])),
+            Reject(RuleId::Schema, "spec.network.ports[0].protocol"),
+        ),
+        case(
+            "v3_ports_need_network_enabled",
+            Create,
+            None,
+            with(stored(), "/spec/network/enabled", json!(false)),
+            Reject(RuleId::V3, "spec.network.ports"),
+        ),
+        case(
+            "v3_cidrs_accepted",
+            Create,
+            None,
+            with(
+                stored(),
+                "/spec/network/allowedCIDRs",
+                json!(["10.0.0.0/8", "2001:db8::/32"]),
+            ),
+            Allow,
+        ),
+        case(
+            "v3_bad_cidr_rejected",
+            Create,
+            None,
+            with(
+                stored(),
+                "/spec/network/allowedCIDRs",
+                json!(["10.0.0.0/8", "10.0.0.300/8"]),
+            ),
+            Reject(RuleId::V3, "spec.network.allowedCIDRs[1]"),
+        ),
         case(
             "v3_cidrs_need_network_enabled",
             Create,
             None,
-            with(smolvm("a", json!({"image": "alpine"})), "/spec/network", json!({"enabled": false, "allowedCIDRs": ["10.0.0.0/8"]})),
+            with(
+                smolvm("a", json!({"image": "alpine"})),
+                "/spec/network",
+                json!({"enabled": false, "allowedCIDRs": ["10.0.0.0/8"]}),
+            ),
             Reject(RuleId::V3, "spec.network.allowedCIDRs"),
         ),
     ]);
@@ -217,11 +443,45 @@ fn v3_ports_and_cidrs() {
 #[test]
 fn v4_node_name_and_selector() {
     check(vec![
-        case("v4_selector_accepted", Create, None, with(stored(), "/spec/nodeSelector", json!({"kubernetes.io/arch": "amd64", "tier": ""})), Allow),
-        case("v4_bad_node_name_rejected", Create, None, with(stored(), "/spec/nodeName", json!("Node_1")), Reject(RuleId::V4, "spec.nodeName")),
-        case("v4_bad_selector_key_rejected", Create, None, with(stored(), "/spec/nodeSelector", json!({"bad key": "x"})), Reject(RuleId::V4, "spec.nodeSelector")),
-        case("v4_bad_selector_value_rejected", Create, None, with(stored(), "/spec/nodeSelector", json!({"arch": "-amd64"})), Reject(RuleId::V4, "spec.nodeSelector")),
-        case("v4_long_selector_value_rejected", Create, None, with(stored(), "/spec/nodeSelector", json!({"arch": "a".repeat(64)})), Reject(RuleId::V4, "spec.nodeSelector")),
+        case(
+            "v4_selector_accepted",
+            Create,
+            None,
+            with(
+                stored(),
+                "/spec/nodeSelector",
+                json!({"kubernetes.io/arch": "amd64", "tier": ""}),
+            ),
+            Allow,
+        ),
+        case(
+            "v4_bad_node_name_rejected",
+            Create,
+            None,
+            with(stored(), "/spec/nodeName", json!("Node_1")),
+            Reject(RuleId::V4, "spec.nodeName"),
+        ),
+        case(
+            "v4_bad_selector_key_rejected",
+            Create,
+            None,
+            with(stored(), "/spec/nodeSelector", json!({"bad key": "x"})),
+            Reject(RuleId::V4, "spec.nodeSelector"),
+        ),
+        case(
+            "v4_bad_selector_value_rejected",
+            Create,
+            None,
+            with(stored(), "/spec/nodeSelector", json!({"arch": "-amd64"})),
+            Reject(RuleId::V4, "spec.nodeSelector"),
+        ),
+        case(
+            "v4_long_selector_value_rejected",
+            Create,
+            None,
+            with(stored(), "/spec/nodeSelector", json!({"arch": "a".repeat(64)})),
+            Reject(RuleId::V4, "spec.nodeSelector"),
+        ),
     ]);
 }
 
@@ -230,28 +490,114 @@ fn v5_pins_and_capacity() {
     let pinned = |node: &str| with(stored(), "/spec/nodeName", json!(node));
     let big = with(stored(), "/spec/resources/cpus", json!(16));
     check(vec![
-        case("v5_unbound_pin_to_known_node_accepted", Create, None, pinned("node-a"), Allow),
-        case("v5_pin_to_unknown_node_warns", Create, None, pinned("ghost"), Warn(RuleId::V5)),
-        case("v5_pin_to_node_that_can_never_hold_rejected", Create, None, pinned("small"), Reject(RuleId::V5, "spec.nodeName")),
-        case("v5_pin_to_cordoned_node_warns", Create, None, pinned("cordoned"), Warn(RuleId::V5)),
-        case("v5_request_no_known_node_can_hold_warns", Create, None, big, Warn(RuleId::V5)),
-        case("v5_bound_without_pin_accepted", Update, Some(bound(stored(), "node-a")), bound(stored(), "node-a"), Allow),
-        case("v5_bound_pin_equal_to_binding_accepted", Update, Some(bound(pinned("node-a"), "node-a")), bound(pinned("node-a"), "node-a"), Allow),
-        case("v5_bound_pin_removed_accepted", Update, Some(bound(pinned("node-a"), "node-a")), bound(stored(), "node-a"), Allow),
-        case("v5_bound_pin_added_equal_accepted", Update, Some(bound(stored(), "node-a")), bound(pinned("node-a"), "node-a"), Allow),
-        case("v5_bound_pin_to_other_node_rejected", Update, Some(bound(stored(), "node-a")), bound(pinned("node-b"), "node-a"), Reject(RuleId::V5, "spec.nodeName")),
-        case("v5_unbound_pin_change_accepted", Update, Some(pinned("node-a")), pinned("ghost"), Warn(RuleId::V5)),
-        case("v5_unbound_unchanged_update_does_not_recheck_capacity", Update, Some(pinned("small")), pinned("small"), Allow),
+        case(
+            "v5_unbound_pin_to_known_node_accepted",
+            Create,
+            None,
+            pinned("node-a"),
+            Allow,
+        ),
+        case(
+            "v5_pin_to_unknown_node_warns",
+            Create,
+            None,
+            pinned("ghost"),
+            Warn(RuleId::V5),
+        ),
+        case(
+            "v5_pin_to_node_that_can_never_hold_rejected",
+            Create,
+            None,
+            pinned("small"),
+            Reject(RuleId::V5, "spec.nodeName"),
+        ),
+        case(
+            "v5_pin_to_cordoned_node_warns",
+            Create,
+            None,
+            pinned("cordoned"),
+            Warn(RuleId::V5),
+        ),
+        case(
+            "v5_request_no_known_node_can_hold_warns",
+            Create,
+            None,
+            big,
+            Warn(RuleId::V5),
+        ),
+        case(
+            "v5_bound_without_pin_accepted",
+            Update,
+            Some(bound(stored(), "node-a")),
+            bound(stored(), "node-a"),
+            Allow,
+        ),
+        case(
+            "v5_bound_pin_equal_to_binding_accepted",
+            Update,
+            Some(bound(pinned("node-a"), "node-a")),
+            bound(pinned("node-a"), "node-a"),
+            Allow,
+        ),
+        case(
+            "v5_bound_pin_removed_accepted",
+            Update,
+            Some(bound(pinned("node-a"), "node-a")),
+            bound(stored(), "node-a"),
+            Allow,
+        ),
+        case(
+            "v5_bound_pin_added_equal_accepted",
+            Update,
+            Some(bound(stored(), "node-a")),
+            bound(pinned("node-a"), "node-a"),
+            Allow,
+        ),
+        case(
+            "v5_bound_pin_to_other_node_rejected",
+            Update,
+            Some(bound(stored(), "node-a")),
+            bound(pinned("node-b"), "node-a"),
+            Reject(RuleId::V5, "spec.nodeName"),
+        ),
+        case(
+            "v5_unbound_pin_change_accepted",
+            Update,
+            Some(pinned("node-a")),
+            pinned("ghost"),
+            Warn(RuleId::V5),
+        ),
+        case(
+            "v5_unbound_unchanged_update_does_not_recheck_capacity",
+            Update,
+            Some(pinned("small")),
+            pinned("small"),
+            Allow,
+        ),
     ]);
     // With no SmolVMNode at all, every create warns.
-    check_with(vec![case("v5_no_nodes_registered_warns", Create, None, stored(), Warn(RuleId::V5))], &Policy::default(), &Vec::new());
+    check_with(
+        vec![case(
+            "v5_no_nodes_registered_warns",
+            Create,
+            None,
+            stored(),
+            Warn(RuleId::V5),
+        )],
+        &Policy::default(),
+        &Vec::new(),
+    );
 }
 
 #[test]
 fn v5_bound_message_says_never_move() {
     let policy = Policy::default();
     let identity = user();
-    let ctx = Context { policy: &policy, nodes: &Vec::<SmolVMNode>::new(), identity: &identity };
+    let ctx = Context {
+        policy: &policy,
+        nodes: &Vec::<SmolVMNode>::new(),
+        identity: &identity,
+    };
     let old = bound(stored(), "node-a");
     let new = with(old.clone(), "/spec/nodeName", json!("node-b"));
     let verdict = validate_smolvm_json(Update, Some(&old), &new, &ctx);
@@ -265,19 +611,104 @@ fn v5_bound_message_says_never_move() {
 fn v6_immutable_after_binding() {
     let b = |o: Value| bound(o, "node-a");
     check(vec![
-        case("v6_unbound_image_change_accepted", Update, Some(stored()), with(stored(), "/spec/image", json!("alpine:3.20")), Allow),
-        case("v6_bound_image_change_rejected", Update, Some(b(stored())), b(with(stored(), "/spec/image", json!("alpine:3.20"))), Reject(RuleId::V6, "spec.image")),
-        case("v6_bound_network_disable_rejected", Update, Some(b(stored())), b(without(with(stored(), "/spec/network/enabled", json!(false)), "/spec/network/ports")), Reject(RuleId::V6, "spec.network.enabled")),
-        case("v6_bound_port_change_rejected", Update, Some(b(stored())), b(ports(json!([{"hostPort": 8081, "guestPort": 80, "protocol": "TCP"}]))), Reject(RuleId::V6, "spec.network.ports")),
-        case("v6_bound_port_reorder_accepted", Update, Some(b(ports(json!([{"hostPort": 8080, "guestPort": 80, "protocol": "TCP"}, {"hostPort": 8081, "guestPort": 81, "protocol": "TCP"}])))), b(ports(json!([{"hostPort": 8081, "guestPort": 81, "protocol": "TCP"}, {"hostPort": 8080, "guestPort": 80, "protocol": "TCP"}]))), Allow),
-        case("v6_bound_cidr_change_rejected", Update, Some(b(stored())), b(with(stored(), "/spec/network/allowedCIDRs", json!(["10.0.0.0/8"]))), Reject(RuleId::V6, "spec.network.allowedCIDRs")),
-        case("v6_bound_storage_grow_accepted", Update, Some(b(stored())), b(with(stored(), "/spec/storage/storageGiB", json!(40))), Allow),
-        case("v6_bound_storage_shrink_rejected", Update, Some(b(stored())), b(with(stored(), "/spec/storage/storageGiB", json!(10))), Reject(RuleId::V6, "spec.storage.storageGiB")),
-        case("v6_bound_overlay_shrink_rejected", Update, Some(b(stored())), b(with(stored(), "/spec/storage/overlayGiB", json!(5))), Reject(RuleId::V6, "spec.storage.overlayGiB")),
-        case("v6_bound_cpu_change_within_bounds_warns_resize", Update, Some(b(stored())), b(with(stored(), "/spec/resources/cpus", json!(4))), Warn(RuleId::V6)),
-        case("v6_bound_cpu_change_beyond_bounds_rejected", Update, Some(b(stored())), b(with(stored(), "/spec/resources/cpus", json!(64))), Reject(RuleId::V2, "spec.resources.cpus")),
-        case("v6_bound_running_toggle_accepted", Update, Some(b(stored())), b(with(stored(), "/spec/running", json!(false))), Allow),
-        case("v6_bound_defaults_filled_in_accepted", Update, Some(b(smolvm("a", json!({"image": "alpine"})))), b(defaulted(smolvm("a", json!({"image": "alpine"})))), Allow),
+        case(
+            "v6_unbound_image_change_accepted",
+            Update,
+            Some(stored()),
+            with(stored(), "/spec/image", json!("alpine:3.20")),
+            Allow,
+        ),
+        case(
+            "v6_bound_image_change_rejected",
+            Update,
+            Some(b(stored())),
+            b(with(stored(), "/spec/image", json!("alpine:3.20"))),
+            Reject(RuleId::V6, "spec.image"),
+        ),
+        case(
+            "v6_bound_network_disable_rejected",
+            Update,
+            Some(b(stored())),
+            b(without(
+                with(stored(), "/spec/network/enabled", json!(false)),
+                "/spec/network/ports",
+            )),
+            Reject(RuleId::V6, "spec.network.enabled"),
+        ),
+        case(
+            "v6_bound_port_change_rejected",
+            Update,
+            Some(b(stored())),
+            b(ports(json!([{"hostPort": 8081, "guestPort": 80, "protocol": "TCP"}]))),
+            Reject(RuleId::V6, "spec.network.ports"),
+        ),
+        case(
+            "v6_bound_port_reorder_accepted",
+            Update,
+            Some(b(ports(
+                json!([{"hostPort": 8080, "guestPort": 80, "protocol": "TCP"}, {"hostPort": 8081, "guestPort": 81, "protocol": "TCP"}]),
+            ))),
+            b(ports(
+                json!([{"hostPort": 8081, "guestPort": 81, "protocol": "TCP"}, {"hostPort": 8080, "guestPort": 80, "protocol": "TCP"}]),
+            )),
+            Allow,
+        ),
+        case(
+            "v6_bound_cidr_change_rejected",
+            Update,
+            Some(b(stored())),
+            b(with(stored(), "/spec/network/allowedCIDRs", json!(["10.0.0.0/8"]))),
+            Reject(RuleId::V6, "spec.network.allowedCIDRs"),
+        ),
+        case(
+            "v6_bound_storage_grow_accepted",
+            Update,
+            Some(b(stored())),
+            b(with(stored(), "/spec/storage/storageGiB", json!(40))),
+            Allow,
+        ),
+        case(
+            "v6_bound_storage_shrink_rejected",
+            Update,
+            Some(b(stored())),
+            b(with(stored(), "/spec/storage/storageGiB", json!(10))),
+            Reject(RuleId::V6, "spec.storage.storageGiB"),
+        ),
+        case(
+            "v6_bound_overlay_shrink_rejected",
+            Update,
+            Some(b(stored())),
+            b(with(stored(), "/spec/storage/overlayGiB", json!(5))),
+            Reject(RuleId::V6, "spec.storage.overlayGiB"),
+        ),
+        case(
+            "v6_bound_cpu_change_within_bounds_warns_resize",
+            Update,
+            Some(b(stored())),
+            b(with(stored(), "/spec/resources/cpus", json!(4))),
+            Warn(RuleId::V6),
+        ),
+        case(
+            "v6_bound_cpu_change_beyond_bounds_rejected",
+            Update,
+            Some(b(stored())),
+            b(with(stored(), "/spec/resources/cpus", json!(64))),
+            Reject(RuleId::V2, "spec.resources.cpus"),
+        ),
+        case(
+            "v6_bound_running_toggle_accepted",
+            Update,
+            Some(b(stored())),
+            b(with(stored(), "/spec/running", json!(false))),
+            Allow,
+        ),
+        case(
+            "v6_bound_defaults_filled_in_accepted",
+            Update,
+            Some(b(smolvm("a", json!({"image": "alpine"})))),
+            b(defaulted(smolvm("a", json!({"image": "alpine"})))),
+            Allow,
+        ),
     ]);
 }
 
@@ -285,42 +716,121 @@ fn v6_immutable_after_binding() {
 fn v7_force_delete_annotation() {
     let b = |o: Value| bound(o, "node-a");
     check(vec![
-        case("v7_on_create_rejected", Create, None, annotated(stored(), "true"), Reject(RuleId::V7, "metadata.annotations")),
-        case("v7_not_deleting_rejected", Update, Some(b(stored())), annotated(b(stored()), "true"), Reject(RuleId::V7, "metadata.annotations")),
-        case("v7_value_not_exactly_true_rejected", Update, Some(deleting(b(stored()))), annotated(deleting(b(stored())), "True"), Reject(RuleId::V7, "metadata.annotations")),
-        case("v7_deleting_bound_accepted_with_orphan_warning", Update, Some(deleting(b(stored()))), annotated(deleting(b(stored())), "true"), Warn(RuleId::V7)),
-        case("v7_deleting_unbound_accepted_with_warning", Update, Some(deleting(stored())), annotated(deleting(stored()), "true"), Warn(RuleId::V7)),
+        case(
+            "v7_on_create_rejected",
+            Create,
+            None,
+            annotated(stored(), "true"),
+            Reject(RuleId::V7, "metadata.annotations"),
+        ),
+        case(
+            "v7_not_deleting_rejected",
+            Update,
+            Some(b(stored())),
+            annotated(b(stored()), "true"),
+            Reject(RuleId::V7, "metadata.annotations"),
+        ),
+        case(
+            "v7_value_not_exactly_true_rejected",
+            Update,
+            Some(deleting(b(stored()))),
+            annotated(deleting(b(stored())), "True"),
+            Reject(RuleId::V7, "metadata.annotations"),
+        ),
+        case(
+            "v7_deleting_bound_accepted_with_orphan_warning",
+            Update,
+            Some(deleting(b(stored()))),
+            annotated(deleting(b(stored())), "true"),
+            Warn(RuleId::V7),
+        ),
+        case(
+            "v7_deleting_unbound_accepted_with_warning",
+            Update,
+            Some(deleting(stored())),
+            annotated(deleting(stored()), "true"),
+            Warn(RuleId::V7),
+        ),
     ]);
     let policy = Policy::default();
     let identity = user();
-    let ctx = Context { policy: &policy, nodes: &Vec::<SmolVMNode>::new(), identity: &identity };
+    let ctx = Context {
+        policy: &policy,
+        nodes: &Vec::<SmolVMNode>::new(),
+        identity: &identity,
+    };
     let old = deleting(bound(stored(), "node-a"));
     let verdict = validate_smolvm_json(Update, Some(&old), &annotated(old.clone(), "true"), &ctx);
-    assert!(verdict.warnings[0].message.contains("node-a"), "the warning names the node: {verdict:?}");
+    assert!(
+        verdict.warnings[0].message.contains("node-a"),
+        "the warning names the node: {verdict:?}"
+    );
 }
 
 #[test]
 fn v8_deleting_objects_accept_metadata_only() {
-    let policy_tight = Policy { max_cpus: 1, ..Policy::default() };
+    let policy_tight = Policy {
+        max_cpus: 1,
+        ..Policy::default()
+    };
     let old = deleting(bound(with(stored(), "/spec/resources/cpus", json!(8)), "node-a"));
     let finalizer_removed = with(old.clone(), "/metadata/finalizers", json!([]));
     let cases = vec![
-        case("v8_finalizer_removal_accepted_even_when_spec_breaks_policy", Update, Some(old.clone()), finalizer_removed, Allow),
-        case("v8_label_change_accepted", Update, Some(old.clone()), with(old.clone(), "/metadata/labels", json!({"a": "b"})), Allow),
-        case("v8_spec_change_rejected", Update, Some(old.clone()), with(old.clone(), "/spec/running", json!(false)), Reject(RuleId::V8, "spec")),
-        case("v8_unbound_spec_change_rejected", Update, Some(deleting(stored())), with(deleting(stored()), "/spec/image", json!("x")), Reject(RuleId::V8, "spec")),
+        case(
+            "v8_finalizer_removal_accepted_even_when_spec_breaks_policy",
+            Update,
+            Some(old.clone()),
+            finalizer_removed,
+            Allow,
+        ),
+        case(
+            "v8_label_change_accepted",
+            Update,
+            Some(old.clone()),
+            with(old.clone(), "/metadata/labels", json!({"a": "b"})),
+            Allow,
+        ),
+        case(
+            "v8_spec_change_rejected",
+            Update,
+            Some(old.clone()),
+            with(old.clone(), "/spec/running", json!(false)),
+            Reject(RuleId::V8, "spec"),
+        ),
+        case(
+            "v8_unbound_spec_change_rejected",
+            Update,
+            Some(deleting(stored())),
+            with(deleting(stored()), "/spec/image", json!("x")),
+            Reject(RuleId::V8, "spec"),
+        ),
     ];
     check_with(cases, &policy_tight, &nodes());
 }
 
 #[test]
 fn ratcheting_keeps_objects_updatable_when_the_policy_tightens() {
-    let tight = Policy { max_cpus: 2, ..Policy::default() };
+    let tight = Policy {
+        max_cpus: 2,
+        ..Policy::default()
+    };
     let old = bound(with(stored(), "/spec/resources/cpus", json!(8)), "node-a");
     check_with(
         vec![
-            case("v2_unchanged_violation_is_a_warning", Update, Some(old.clone()), with(old.clone(), "/spec/running", json!(false)), Warn(RuleId::V2)),
-            case("v2_changed_violation_is_rejected", Update, Some(old.clone()), with(old.clone(), "/spec/resources/cpus", json!(9)), Reject(RuleId::V2, "spec.resources.cpus")),
+            case(
+                "v2_unchanged_violation_is_a_warning",
+                Update,
+                Some(old.clone()),
+                with(old.clone(), "/spec/running", json!(false)),
+                Warn(RuleId::V2),
+            ),
+            case(
+                "v2_changed_violation_is_rejected",
+                Update,
+                Some(old.clone()),
+                with(old.clone(), "/spec/resources/cpus", json!(9)),
+                Reject(RuleId::V2, "spec.resources.cpus"),
+            ),
         ],
         &tight,
         &nodes(),
@@ -328,7 +838,15 @@ fn ratcheting_keeps_objects_updatable_when_the_policy_tightens() {
 }
 
 fn status_case(name: &'static str, old: Value, new: Value, identity: Identity, expect: Expect) -> Case {
-    Case { name, kind: Kind::VmStatus, op: Update, old: Some(old), new, identity, expect }
+    Case {
+        name,
+        kind: Kind::VmStatus,
+        op: Update,
+        old: Some(old),
+        new,
+        identity,
+        expect,
+    }
 }
 
 #[test]
@@ -337,17 +855,83 @@ fn v9_status_binding() {
     let bound_a = bound(stored(), "node-a");
     let pinned = with(stored(), "/spec/nodeName", json!("node-a"));
     check(vec![
-        status_case("v9_controller_binds", unbound.clone(), bound_a.clone(), controller(), Allow),
-        status_case("v9_user_cannot_bind", unbound.clone(), bound_a.clone(), user(), Reject(RuleId::V9, "status.nodeName")),
-        status_case("v9_runtime_cannot_bind", unbound.clone(), bound_a.clone(), runtime_on("node-a"), Reject(RuleId::V9, "status.nodeName")),
-        status_case("v9_node_name_change_rejected_even_for_controller", bound_a.clone(), bound(stored(), "node-b"), controller(), Reject(RuleId::V9, "status.nodeName")),
-        status_case("v9_node_name_change_rejected_for_admin", bound_a.clone(), with(bound_a.clone(), "/status/nodeName", json!("node-b")), Identity::user("kubernetes-admin"), Reject(RuleId::V9, "status.nodeName")),
-        status_case("v9_node_name_clear_rejected", bound_a.clone(), without(bound_a.clone(), "/status/nodeName"), controller(), Reject(RuleId::V9, "status.nodeName")),
-        status_case("v9_node_uid_change_rejected", bound_a.clone(), with(bound_a.clone(), "/status/nodeUID", json!("other")), controller(), Reject(RuleId::V9, "status.nodeUID")),
-        status_case("v9_binding_must_set_both_fields", unbound.clone(), without(bound_a.clone(), "/status/nodeUID"), controller(), Reject(RuleId::V9, "status.nodeName")),
-        status_case("v9_binding_must_match_pin", pinned.clone(), bound(pinned.clone(), "node-b"), controller(), Reject(RuleId::V9, "status.nodeName")),
-        status_case("v9_binding_matching_pin_accepted", pinned.clone(), bound(pinned, "node-a"), controller(), Allow),
-        status_case("v9_other_status_fields_by_anyone_accepted", bound_a.clone(), with(bound_a.clone(), "/status/phase", json!("Stopped")), user(), Allow),
+        status_case(
+            "v9_controller_binds",
+            unbound.clone(),
+            bound_a.clone(),
+            controller(),
+            Allow,
+        ),
+        status_case(
+            "v9_user_cannot_bind",
+            unbound.clone(),
+            bound_a.clone(),
+            user(),
+            Reject(RuleId::V9, "status.nodeName"),
+        ),
+        status_case(
+            "v9_runtime_cannot_bind",
+            unbound.clone(),
+            bound_a.clone(),
+            runtime_on("node-a"),
+            Reject(RuleId::V9, "status.nodeName"),
+        ),
+        status_case(
+            "v9_node_name_change_rejected_even_for_controller",
+            bound_a.clone(),
+            bound(stored(), "node-b"),
+            controller(),
+            Reject(RuleId::V9, "status.nodeName"),
+        ),
+        status_case(
+            "v9_node_name_change_rejected_for_admin",
+            bound_a.clone(),
+            with(bound_a.clone(), "/status/nodeName", json!("node-b")),
+            Identity::user("kubernetes-admin"),
+            Reject(RuleId::V9, "status.nodeName"),
+        ),
+        status_case(
+            "v9_node_name_clear_rejected",
+            bound_a.clone(),
+            without(bound_a.clone(), "/status/nodeName"),
+            controller(),
+            Reject(RuleId::V9, "status.nodeName"),
+        ),
+        status_case(
+            "v9_node_uid_change_rejected",
+            bound_a.clone(),
+            with(bound_a.clone(), "/status/nodeUID", json!("other")),
+            controller(),
+            Reject(RuleId::V9, "status.nodeUID"),
+        ),
+        status_case(
+            "v9_binding_must_set_both_fields",
+            unbound.clone(),
+            without(bound_a.clone(), "/status/nodeUID"),
+            controller(),
+            Reject(RuleId::V9, "status.nodeName"),
+        ),
+        status_case(
+            "v9_binding_must_match_pin",
+            pinned.clone(),
+            bound(pinned.clone(), "node-b"),
+            controller(),
+            Reject(RuleId::V9, "status.nodeName"),
+        ),
+        status_case(
+            "v9_binding_matching_pin_accepted",
+            pinned.clone(),
+            bound(pinned, "node-a"),
+            controller(),
+            Allow,
+        ),
+        status_case(
+            "v9_other_status_fields_by_anyone_accepted",
+            bound_a.clone(),
+            with(bound_a.clone(), "/status/phase", json!("Stopped")),
+            user(),
+            Allow,
+        ),
     ]);
 }
 
@@ -355,8 +939,24 @@ fn node_json(name: &str, status: Value) -> Value {
     json!({"apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVMNode", "metadata": {"name": name}, "spec": {}, "status": status})
 }
 
-fn node_case(name: &'static str, kind: Kind, op: Operation, old: Option<Value>, new: Value, identity: Identity, expect: Expect) -> Case {
-    Case { name, kind, op, old, new, identity, expect }
+fn node_case(
+    name: &'static str,
+    kind: Kind,
+    op: Operation,
+    old: Option<Value>,
+    new: Value,
+    identity: Identity,
+    expect: Expect,
+) -> Case {
+    Case {
+        name,
+        kind,
+        op,
+        old,
+        new,
+        identity,
+        expect,
+    }
 }
 
 #[test]
@@ -366,18 +966,114 @@ fn v10_smolvm_nodes() {
     let b = node_json("node-b", json!({"nodeUID": "uid-node-b"}));
     let cordoned = with(a.clone(), "/spec/unschedulable", json!(true));
     check(vec![
-        node_case("v10_runtime_creates_own_node", Kind::Node, Create, None, a.clone(), runtime_on("node-a"), Allow),
-        node_case("v10_runtime_creates_other_node_rejected", Kind::Node, Create, None, b.clone(), runtime_on("node-a"), Reject(RuleId::V10, "metadata.name")),
-        node_case("v10_runtime_writes_own_status", Kind::NodeStatus, Update, Some(a.clone()), a.clone(), runtime_on("node-a"), Allow),
-        node_case("v10_runtime_writes_other_status_rejected", Kind::NodeStatus, Update, Some(b.clone()), b.clone(), runtime_on("node-a"), Reject(RuleId::V10, "metadata.name")),
-        node_case("v10_runtime_without_node_claim_rejected", Kind::NodeStatus, Update, Some(a.clone()), a.clone(), Identity::user("system:serviceaccount:smolvm-system:smolvm-runtime"), Reject(RuleId::V10, "metadata.name")),
-        node_case("v10_runtime_wrong_node_uid_rejected", Kind::NodeStatus, Update, Some(a.clone()), with(a.clone(), "/status/nodeUID", json!("forged")), runtime_on("node-a"), Reject(RuleId::V10, "status.nodeUID")),
-        node_case("v10_runtime_cannot_uncordon", Kind::Node, Update, Some(cordoned.clone()), a.clone(), runtime_on("node-a"), Reject(RuleId::V10, "spec.unschedulable")),
-        node_case("v10_admin_cordons_any_node", Kind::Node, Update, Some(a.clone()), cordoned, Identity::user("kubernetes-admin"), Allow),
-        node_case("v10_controller_unaffected", Kind::NodeStatus, Update, Some(b.clone()), b.clone(), controller(), Allow),
-        node_case("v10_bad_endpoint_address_rejected", Kind::NodeStatus, Update, Some(a.clone()), with(a.clone(), "/status/endpoint/address", json!("not an address")), runtime_on("node-a"), Reject(RuleId::V10, "status.endpoint.address")),
-        node_case("v10_bad_endpoint_port_rejected", Kind::NodeStatus, Update, Some(a.clone()), with(a.clone(), "/status/endpoint/port", json!(0)), runtime_on("node-a"), Reject(RuleId::V10, "status.endpoint.port")),
-        node_case("v10_dns_endpoint_accepted", Kind::NodeStatus, Update, Some(a.clone()), with(a.clone(), "/status/endpoint/address", json!("node-a.example.com")), runtime_on("node-a"), Allow),
+        node_case(
+            "v10_runtime_creates_own_node",
+            Kind::Node,
+            Create,
+            None,
+            a.clone(),
+            runtime_on("node-a"),
+            Allow,
+        ),
+        node_case(
+            "v10_runtime_creates_other_node_rejected",
+            Kind::Node,
+            Create,
+            None,
+            b.clone(),
+            runtime_on("node-a"),
+            Reject(RuleId::V10, "metadata.name"),
+        ),
+        node_case(
+            "v10_runtime_writes_own_status",
+            Kind::NodeStatus,
+            Update,
+            Some(a.clone()),
+            a.clone(),
+            runtime_on("node-a"),
+            Allow,
+        ),
+        node_case(
+            "v10_runtime_writes_other_status_rejected",
+            Kind::NodeStatus,
+            Update,
+            Some(b.clone()),
+            b.clone(),
+            runtime_on("node-a"),
+            Reject(RuleId::V10, "metadata.name"),
+        ),
+        node_case(
+            "v10_runtime_without_node_claim_rejected",
+            Kind::NodeStatus,
+            Update,
+            Some(a.clone()),
+            a.clone(),
+            Identity::user("system:serviceaccount:smolvm-system:smolvm-runtime"),
+            Reject(RuleId::V10, "metadata.name"),
+        ),
+        node_case(
+            "v10_runtime_wrong_node_uid_rejected",
+            Kind::NodeStatus,
+            Update,
+            Some(a.clone()),
+            with(a.clone(), "/status/nodeUID", json!("forged")),
+            runtime_on("node-a"),
+            Reject(RuleId::V10, "status.nodeUID"),
+        ),
+        node_case(
+            "v10_runtime_cannot_uncordon",
+            Kind::Node,
+            Update,
+            Some(cordoned.clone()),
+            a.clone(),
+            runtime_on("node-a"),
+            Reject(RuleId::V10, "spec.unschedulable"),
+        ),
+        node_case(
+            "v10_admin_cordons_any_node",
+            Kind::Node,
+            Update,
+            Some(a.clone()),
+            cordoned,
+            Identity::user("kubernetes-admin"),
+            Allow,
+        ),
+        node_case(
+            "v10_controller_unaffected",
+            Kind::NodeStatus,
+            Update,
+            Some(b.clone()),
+            b.clone(),
+            controller(),
+            Allow,
+        ),
+        node_case(
+            "v10_bad_endpoint_address_rejected",
+            Kind::NodeStatus,
+            Update,
+            Some(a.clone()),
+            with(a.clone(), "/status/endpoint/address", json!("not an address")),
+            runtime_on("node-a"),
+            Reject(RuleId::V10, "status.endpoint.address"),
+        ),
+        node_case(
+            "v10_bad_endpoint_port_rejected",
+            Kind::NodeStatus,
+            Update,
+            Some(a.clone()),
+            with(a.clone(), "/status/endpoint/port", json!(0)),
+            runtime_on("node-a"),
+            Reject(RuleId::V10, "status.endpoint.port"),
+        ),
+        node_case(
+            "v10_dns_endpoint_accepted",
+            Kind::NodeStatus,
+            Update,
+            Some(a.clone()),
+            with(a.clone(), "/status/endpoint/address", json!("node-a.example.com")),
+            runtime_on("node-a"),
+            Allow,
+        ),
     ]);
 }
 
@@ -404,7 +1100,11 @@ fn transition_matrix_unbound_bound_deleting_pinned() {
                 let policy = Policy::default();
                 let nodes = nodes();
                 let identity = user();
-                let ctx = Context { policy: &policy, nodes: &nodes, identity: &identity };
+                let ctx = Context {
+                    policy: &policy,
+                    nodes: &nodes,
+                    identity: &identity,
+                };
                 let v = validate_smolvm_json(Update, Some(&old), &meta, &ctx);
                 assert!(v.allowed(), "metadata-only update must pass ({label}): {v:?}");
                 let v = validate_smolvm_json(Update, Some(&old), &image, &ctx);
@@ -415,7 +1115,11 @@ fn transition_matrix_unbound_bound_deleting_pinned() {
                 } else {
                     None
                 };
-                assert_eq!(v.violated_rules().first().copied(), expected_rule, "image change ({label}): {v:?}");
+                assert_eq!(
+                    v.violated_rules().first().copied(),
+                    expected_rule,
+                    "image change ({label}): {v:?}"
+                );
             }
         }
     }
@@ -425,11 +1129,18 @@ fn transition_matrix_unbound_bound_deleting_pinned() {
 fn m1_m2_defaults_then_validates() {
     let object = smolvm("a", json!({"image": "alpine"}));
     let patched = defaulted(object);
-    assert_eq!(patched["metadata"]["finalizers"], json!([smolvm_api::constants::FINALIZER]));
+    assert_eq!(
+        patched["metadata"]["finalizers"],
+        json!([smolvm_api::constants::FINALIZER])
+    );
     let policy = Policy::default();
     let nodes = nodes();
     let identity = user();
-    let ctx = Context { policy: &policy, nodes: &nodes, identity: &identity };
+    let ctx = Context {
+        policy: &policy,
+        nodes: &nodes,
+        identity: &identity,
+    };
     let verdict = validate_smolvm_json(Create, None, &patched, &ctx);
     assert!(verdict.allowed(), "{verdict:?}");
 }
@@ -438,10 +1149,24 @@ fn m1_m2_defaults_then_validates() {
 fn malformed_objects_are_schema_violations() {
     let policy = Policy::default();
     let identity = fixtures::user();
-    let ctx = Context { policy: &policy, nodes: &Vec::<SmolVMNode>::new(), identity: &identity };
-    for bad in [json!(null), json!([]), json!({"spec": 1}), json!({"metadata": {"name": 3}, "spec": {"image": "a"}})] {
+    let ctx = Context {
+        policy: &policy,
+        nodes: &Vec::<SmolVMNode>::new(),
+        identity: &identity,
+    };
+    for bad in [
+        json!(null),
+        json!([]),
+        json!({"spec": 1}),
+        json!({"metadata": {"name": 3}, "spec": {"image": "a"}}),
+    ] {
         let v = validate_smolvm_json(Create, None, &bad, &ctx);
         assert!(!v.allowed(), "{bad}");
-        assert!(v.violations.iter().all(|f| matches!(f.rule, RuleId::Schema | RuleId::V1)), "{v:?}");
+        assert!(
+            v.violations
+                .iter()
+                .all(|f| matches!(f.rule, RuleId::Schema | RuleId::V1)),
+            "{v:?}"
+        );
     }
 }

@@ -1,0 +1,345 @@
+//! Wire types of the node API (JSON over HTTPS with mTLS, version [`API_PREFIX`]).
+//!
+//! Self-contained (serde only) so the controller's client can import them, and so the module
+//! can move into `smolvm-api` unchanged. All field names are camelCase; unknown request fields
+//! are rejected (400 `InvalidRequest`).
+//!
+//! | route | body | success |
+//! | --- | --- | --- |
+//! | `GET /v1/health` | – | 200 [`HealthResponse`] |
+//! | `GET /v1/identity` | – | 200 [`IdentityResponse`] |
+//! | `GET /v1/machines/{name}` | – | 200 [`MachineStatus`] |
+//! | `PUT /v1/machines/{name}` | [`MachineSpec`] | 201 [`MachineStatus`] (created), 200 (identical machine exists) |
+//! | `POST /v1/machines/{name}/ensure-running` | – | 200 [`MachineStatus`] |
+//! | `POST /v1/machines/{name}/stop` | – | 200 [`MachineStatus`] |
+//! | `DELETE /v1/machines/{name}` | – | 200 [`DeleteResponse`] |
+//! | `POST /v1/machines/{name}/resize` | [`ResizeSpec`] | 200 [`MachineStatus`] |
+//!
+//! Every failure is a [`NodeApiError`] body with a stable [`error_code`].
+
+use serde::{Deserialize, Serialize};
+
+/// Path prefix of this protocol version.
+pub const API_PREFIX: &str = "/v1";
+
+/// Longest machine name accepted.
+pub const MAX_MACHINE_NAME_LEN: usize = 63;
+
+/// Stable error codes of [`NodeApiError::code`], with their HTTP statuses.
+pub mod error_code {
+    /// 400: malformed JSON, unknown fields, invalid machine name, or smolvm refused the values.
+    pub const INVALID_REQUEST: &str = "InvalidRequest";
+    /// 401: missing or wrong bearer token.
+    pub const UNAUTHENTICATED: &str = "Unauthenticated";
+    /// 403: authenticated but not allowed.
+    pub const FORBIDDEN: &str = "Forbidden";
+    /// 404: no machine of that name on this node.
+    pub const MACHINE_NOT_FOUND: &str = "MachineNotFound";
+    /// 404: no such route.
+    pub const ROUTE_NOT_FOUND: &str = "RouteNotFound";
+    /// 405: the route exists, the method does not.
+    pub const METHOD_NOT_ALLOWED: &str = "MethodNotAllowed";
+    /// 409: a machine of that name exists with a different spec; `details.fields` names them.
+    pub const MACHINE_SPEC_CONFLICT: &str = "MachineSpecConflict";
+    /// 409: CPU/memory can change only on a running machine; `details.pending` names the
+    /// fields not applied (disk growth in the same request was applied).
+    pub const RESIZE_REQUIRES_RUNNING: &str = "ResizeRequiresRunning";
+    /// 409: a published host port is taken on the node (smolvm's message is kept).
+    pub const HOST_PORT_IN_USE: &str = "HostPortInUse";
+    /// 409: another conflict reported by smolvm.
+    pub const CONFLICT: &str = "Conflict";
+    /// 413: request body larger than the limit.
+    pub const PAYLOAD_TOO_LARGE: &str = "PayloadTooLarge";
+    /// 500: the machine did not start; the message is smolvm's, verbatim.
+    pub const START_FAILED: &str = "StartFailed";
+    /// 500: smolvm failed the request otherwise.
+    pub const RUNTIME_ERROR: &str = "RuntimeError";
+    /// 502: smolvm answered something the agent cannot read.
+    pub const RUNTIME_PROTOCOL_ERROR: &str = "RuntimeProtocolError";
+    /// 503: smolvm is down or restarting.
+    pub const RUNTIME_UNAVAILABLE: &str = "RuntimeUnavailable";
+    /// 504: smolvm did not answer in time; the operation may still complete.
+    pub const RUNTIME_TIMEOUT: &str = "RuntimeTimeout";
+}
+
+/// Body of every error answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeApiError {
+    /// Stable code from [`error_code`].
+    pub code: String,
+    /// Human-readable message; for runtime failures smolvm's own text, verbatim.
+    pub message: String,
+    /// Structured extras (e.g. `{"fields": [...]}` for a spec conflict).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<serde_json::Value>,
+}
+
+/// Transport of a published port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize)]
+pub enum PortProtocol {
+    /// TCP (the default).
+    #[default]
+    #[serde(rename = "TCP")]
+    Tcp,
+    /// UDP.
+    #[serde(rename = "UDP")]
+    Udp,
+}
+
+/// A host port published to a guest port (smolvm binds it on the node's 127.0.0.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PortSpec {
+    /// Port on the node, 1–65535.
+    pub host_port: u16,
+    /// Port in the machine, 1–65535.
+    pub guest_port: u16,
+    /// Transport; TCP when omitted.
+    #[serde(default)]
+    pub protocol: PortProtocol,
+}
+
+/// Network settings of a machine.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NetworkSpec {
+    /// Outbound networking.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Published ports.
+    #[serde(default)]
+    pub ports: Vec<PortSpec>,
+    /// Egress allow-list (CIDRs); empty means unrestricted egress when `enabled`.
+    #[serde(default, rename = "allowedCIDRs")]
+    pub allowed_cidrs: Vec<String>,
+}
+
+/// What `PUT /v1/machines/{name}` creates. All sizes are required (no hidden defaults).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MachineSpec {
+    /// OCI reference, or `local:<name>` for an image in the node's local image directory.
+    pub image: String,
+    /// vCPUs (1–255).
+    pub cpus: u32,
+    /// Memory in MiB (at least 64).
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: u32,
+    /// Storage disk in GiB.
+    #[serde(rename = "storageGiB")]
+    pub storage_gib: u64,
+    /// Overlay disk in GiB.
+    #[serde(rename = "overlayGiB")]
+    pub overlay_gib: u64,
+    /// Network settings.
+    #[serde(default)]
+    pub network: NetworkSpec,
+}
+
+/// Machine lifecycle state as reported by the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MachineState {
+    /// Created, never started.
+    Created,
+    /// Running.
+    Running,
+    /// Stopped (also after a failed start).
+    Stopped,
+    /// Failed.
+    Failed,
+    /// A state word this protocol does not know (smolvm's word is in `runtimeState`).
+    Unknown,
+}
+
+/// A machine as the node reports it (answer of get, create, ensure-running, stop, resize).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineStatus {
+    /// Machine name.
+    pub name: String,
+    /// Lifecycle state.
+    pub state: MachineState,
+    /// smolvm's own state word, verbatim.
+    pub runtime_state: String,
+    /// Image as smolvm reports it (`local-dir:<path>` / `local:<sha256>` for local images).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// vCPUs.
+    pub cpus: u32,
+    /// Memory in MiB.
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: u64,
+    /// Storage disk in GiB, when known.
+    #[serde(default, rename = "storageGiB", skip_serializing_if = "Option::is_none")]
+    pub storage_gib: Option<u64>,
+    /// Overlay disk in GiB, when known.
+    #[serde(default, rename = "overlayGiB", skip_serializing_if = "Option::is_none")]
+    pub overlay_gib: Option<u64>,
+    /// Network settings as applied.
+    pub network: NetworkSpec,
+    /// Host PID of the VMM while running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+}
+
+/// Answer of `DELETE /v1/machines/{name}`: exactly one of the two is true.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeleteResponse {
+    /// The machine existed and was deleted now.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleted: bool,
+    /// There was no such machine (already deleted): cleanup is confirmed all the same.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub missing: bool,
+}
+
+/// Body of `POST /v1/machines/{name}/resize`: target sizes; omitted fields stay. Disks only
+/// grow; CPUs and memory change only while running (else 409 `ResizeRequiresRunning`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResizeSpec {
+    /// Target vCPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
+    /// Target memory in MiB.
+    #[serde(default, rename = "memoryMiB", skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u32>,
+    /// Target storage disk in GiB.
+    #[serde(default, rename = "storageGiB", skip_serializing_if = "Option::is_none")]
+    pub storage_gib: Option<u64>,
+    /// Target overlay disk in GiB.
+    #[serde(default, rename = "overlayGiB", skip_serializing_if = "Option::is_none")]
+    pub overlay_gib: Option<u64>,
+}
+
+/// Answer of `GET /v1/health` (smolvm answered its health check).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthResponse {
+    /// `"ok"`.
+    pub status: String,
+    /// smolvm's version.
+    pub runtime_version: String,
+    /// Node API protocol version (`v1`).
+    pub protocol_version: String,
+    /// Machines smolvm knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machines_total: Option<u64>,
+    /// Machines running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machines_running: Option<u64>,
+}
+
+/// Answer of `GET /v1/identity`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IdentityResponse {
+    /// Kubernetes Node name this agent serves.
+    pub node_name: String,
+    /// Kubernetes Node UID, when known.
+    #[serde(default, rename = "nodeUID", skip_serializing_if = "Option::is_none")]
+    pub node_uid: Option<String>,
+    /// smolvm version, when smolvm answered at least once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_version: Option<String>,
+    /// Node API protocol version (`v1`).
+    pub protocol_version: String,
+    /// Version of the agent binary.
+    pub agent_version: String,
+}
+
+/// Whether `name` is an acceptable machine name: 1–63 characters of lower-case letters, digits
+/// and `-`, starting and ending with a letter or digit (a DNS label).
+pub fn validate_machine_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("machine name must not be empty".to_string());
+    }
+    if name.len() > MAX_MACHINE_NAME_LEN {
+        return Err(format!(
+            "machine name must be at most {MAX_MACHINE_NAME_LEN} characters (got {})",
+            name.len()
+        ));
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
+    {
+        return Err(format!(
+            "machine name {name:?} contains {bad:?}; only a-z, 0-9 and '-' are allowed"
+        ));
+    }
+    if name.starts_with('-') || name.ends_with('-') {
+        return Err(format!(
+            "machine name {name:?} must start and end with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn machine_names() {
+        let long = "a".repeat(64);
+        let max = "a".repeat(63);
+        let cases: [(&str, bool); 10] = [
+            ("vm-3f2a1c9e-8b7d-4e6f-9a0b-1c2d3e4f5a6b", true),
+            ("a", true),
+            (max.as_str(), true),
+            ("", false),
+            (long.as_str(), false),
+            ("-a", false),
+            ("a-", false),
+            ("A", false),
+            ("a.b", false),
+            ("a_b", false),
+        ];
+        for (name, ok) in cases {
+            assert_eq!(validate_machine_name(name).is_ok(), ok, "{name:?}");
+        }
+    }
+
+    #[test]
+    fn spec_wire_format() {
+        let json = r#"{"image":"alpine:3","cpus":1,"memoryMiB":512,"storageGiB":20,"overlayGiB":10,
+            "network":{"enabled":true,"ports":[{"hostPort":8080,"guestPort":80}],"allowedCIDRs":["10.0.0.0/8"]}}"#;
+        let spec: MachineSpec = serde_json::from_str(json).expect("parses");
+        assert_eq!(spec.network.ports[0].protocol, PortProtocol::Tcp);
+        assert_eq!(spec.network.allowed_cidrs, vec!["10.0.0.0/8".to_string()]);
+        let back = serde_json::to_value(&spec).expect("serializes");
+        assert_eq!(back["memoryMiB"], 512);
+        assert_eq!(back["network"]["ports"][0]["protocol"], "TCP");
+        let unknown = r#"{"image":"a","cpus":1,"memoryMiB":1,"storageGiB":1,"overlayGiB":1,"bogus":1}"#;
+        assert!(serde_json::from_str::<MachineSpec>(unknown).is_err());
+        let missing = r#"{"image":"a","cpus":1}"#;
+        assert!(serde_json::from_str::<MachineSpec>(missing).is_err());
+    }
+
+    #[test]
+    fn delete_response_wire_format() {
+        let cases = [
+            (
+                DeleteResponse {
+                    deleted: true,
+                    missing: false,
+                },
+                r#"{"deleted":true}"#,
+            ),
+            (
+                DeleteResponse {
+                    deleted: false,
+                    missing: true,
+                },
+                r#"{"missing":true}"#,
+            ),
+        ];
+        for (value, text) in cases {
+            assert_eq!(serde_json::to_string(&value).expect("json"), text);
+            assert_eq!(serde_json::from_str::<DeleteResponse>(text).expect("parse"), value);
+        }
+    }
+}

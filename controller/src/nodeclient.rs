@@ -1,0 +1,390 @@
+//! The controller's client of the runtime agents' node API: mTLS with the controller's client
+//! certificate, the bearer token, pooled connections per node, and per-call timeouts.
+//!
+//! Requests are addressed to `https://<node>/v1/...`. The connector resolves `<node>` to the
+//! endpoint its SmolVMNode advertises, and verifies that the server's certificate names that
+//! node's runtime (`<node>.runtime.vm.smolvm.dev`, see [`smolvm_certs::runtime_server_name`]), so
+//! a stale or hijacked endpoint can never impersonate another node.
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    pin::Pin,
+    sync::{Arc, RwLock},
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::{Method, Request, StatusCode, Uri};
+use hyper_util::{
+    client::legacy::{
+        Client,
+        connect::{Connected, Connection},
+    },
+    rt::{TokioExecutor, TokioIo},
+};
+use rustls::{ClientConfig, pki_types::ServerName};
+use serde::{Serialize, de::DeserializeOwned};
+use smolvm_api::nodeapi::{
+    DeleteResponse, HealthResponse, IdentityResponse, MachineSpec, MachineStatus, NodeApiError, ResizeSpec, error_code,
+};
+use tokio::net::TcpStream;
+use tokio_rustls::{TlsConnector, client::TlsStream};
+
+/// Largest response body read from a node.
+const MAX_BODY: usize = 4 << 20;
+
+/// Why a node API call failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CallError {
+    /// The node could not be reached (no endpoint, connect or TLS failure, timeout).
+    #[error("node {node} is unreachable: {message}")]
+    Unreachable {
+        /// Node name.
+        node: String,
+        /// What happened.
+        message: String,
+    },
+    /// The node answered with an error body.
+    #[error("node {node} answered {status} {code}: {message}")]
+    Api {
+        /// Node name.
+        node: String,
+        /// HTTP status.
+        status: u16,
+        /// Stable code from [`error_code`].
+        code: String,
+        /// The node's message (smolvm's own text for runtime failures).
+        message: String,
+        /// Structured details.
+        details: Option<serde_json::Value>,
+    },
+    /// The node answered something this client cannot read.
+    #[error("node {node} answered unreadably: {message}")]
+    Protocol {
+        /// Node name.
+        node: String,
+        /// What was wrong.
+        message: String,
+    },
+}
+
+impl CallError {
+    /// Whether the failure means the runtime could not be reached (as opposed to a refusal).
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            CallError::Unreachable { .. } => true,
+            CallError::Api { code, .. } => {
+                code == error_code::RUNTIME_UNAVAILABLE || code == error_code::RUNTIME_TIMEOUT
+            }
+            CallError::Protocol { .. } => false,
+        }
+    }
+
+    /// The node API error code, if the node answered one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            CallError::Api { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+
+    /// The message alone, without the node prefix.
+    pub fn message(&self) -> &str {
+        match self {
+            CallError::Unreachable { message, .. }
+            | CallError::Api { message, .. }
+            | CallError::Protocol { message, .. } => message,
+        }
+    }
+}
+
+/// Where each node's API listens: node name -> (address, port).
+#[derive(Debug, Clone, Default)]
+pub struct Endpoints(Arc<RwLock<HashMap<String, (String, u16)>>>);
+
+impl Endpoints {
+    /// Records (or replaces) a node's endpoint.
+    pub fn set(&self, node: &str, address: &str, port: u16) {
+        let mut map = self.0.write().unwrap_or_else(|e| e.into_inner());
+        map.insert(node.to_string(), (address.to_string(), port));
+    }
+
+    /// Forgets a node.
+    pub fn remove(&self, node: &str) {
+        self.0.write().unwrap_or_else(|e| e.into_inner()).remove(node);
+    }
+
+    fn get(&self, node: &str) -> Option<(String, u16)> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).get(node).cloned()
+    }
+}
+
+/// A TLS stream to a node, as the pooled client sees it.
+pub struct NodeStream(TokioIo<TlsStream<TcpStream>>);
+
+impl Connection for NodeStream {
+    fn connected(&self) -> Connected {
+        let (_, session) = self.0.inner().get_ref();
+        if session.alpn_protocol() == Some(b"h2") {
+            Connected::new().negotiated_h2()
+        } else {
+            Connected::new()
+        }
+    }
+}
+
+impl hyper::rt::Read for NodeStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for NodeStream {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// Connects `https://<node>` to the node's advertised endpoint, verifying the node's identity.
+#[derive(Clone)]
+pub struct NodeConnector {
+    endpoints: Endpoints,
+    tls: TlsConnector,
+    connect_timeout: Duration,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower::Service<Uri> for NodeConnector {
+    type Response = NodeStream;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<NodeStream, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let node = uri.host().ok_or("request has no node name")?.to_string();
+            let (address, port) = this
+                .endpoints
+                .get(&node)
+                .ok_or_else(|| format!("node {node} advertises no endpoint"))?;
+            let server_name = ServerName::try_from(smolvm_certs::runtime_server_name(&node))
+                .map_err(|e| format!("node name {node:?} makes no valid TLS server name: {e}"))?;
+            let tcp = tokio::time::timeout(this.connect_timeout, TcpStream::connect((address.as_str(), port)))
+                .await
+                .map_err(|_| format!("connect to {address}:{port} timed out"))??;
+            tcp.set_nodelay(true)?;
+            let tls = tokio::time::timeout(this.connect_timeout, this.tls.connect(server_name, tcp))
+                .await
+                .map_err(|_| format!("TLS handshake with {address}:{port} timed out"))??;
+            Ok(NodeStream(TokioIo::new(tls)))
+        })
+    }
+}
+
+/// Settings of a [`NodeClient`].
+#[derive(Clone)]
+pub struct ClientSettings {
+    /// rustls config trusting only the runtime CA, with the controller's client certificate.
+    pub tls: Arc<ClientConfig>,
+    /// Bearer token of the `smolvm-runtime-auth` Secret.
+    pub token: Arc<RwLock<String>>,
+    /// Timeout of connect and handshake.
+    pub connect_timeout: Duration,
+    /// Timeout of quick calls (get, health, delete, stop, resize, create).
+    pub call_timeout: Duration,
+    /// Timeout of ensure-running (a start can take minutes).
+    pub start_timeout: Duration,
+}
+
+/// The node API client.
+#[derive(Clone)]
+pub struct NodeClient {
+    client: Client<NodeConnector, Full<Bytes>>,
+    endpoints: Endpoints,
+    settings: ClientSettings,
+}
+
+impl NodeClient {
+    /// A client with pooled connections per node.
+    pub fn new(settings: ClientSettings, endpoints: Endpoints) -> Self {
+        let connector = NodeConnector {
+            endpoints: endpoints.clone(),
+            tls: TlsConnector::from(settings.tls.clone()),
+            connect_timeout: settings.connect_timeout,
+        };
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(4)
+            .build(connector);
+        NodeClient {
+            client,
+            endpoints,
+            settings,
+        }
+    }
+
+    /// The endpoints this client resolves nodes with.
+    pub fn endpoints(&self) -> &Endpoints {
+        &self.endpoints
+    }
+
+    /// `GET /v1/health`.
+    pub async fn health(&self, node: &str) -> Result<HealthResponse, CallError> {
+        self.call(node, Method::GET, "/v1/health", None::<&()>, self.settings.call_timeout)
+            .await
+    }
+
+    /// `GET /v1/identity`.
+    pub async fn identity(&self, node: &str) -> Result<IdentityResponse, CallError> {
+        self.call(
+            node,
+            Method::GET,
+            "/v1/identity",
+            None::<&()>,
+            self.settings.call_timeout,
+        )
+        .await
+    }
+
+    /// `GET /v1/machines/{name}`; `Ok(None)` when the node has no such machine.
+    pub async fn get_machine(&self, node: &str, name: &str) -> Result<Option<MachineStatus>, CallError> {
+        let path = format!("/v1/machines/{name}");
+        match self
+            .call(node, Method::GET, &path, None::<&()>, self.settings.call_timeout)
+            .await
+        {
+            Ok(m) => Ok(Some(m)),
+            Err(CallError::Api { code, .. }) if code == error_code::MACHINE_NOT_FOUND => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `PUT /v1/machines/{name}` (idempotent create).
+    pub async fn create_machine(&self, node: &str, name: &str, spec: &MachineSpec) -> Result<MachineStatus, CallError> {
+        self.call(
+            node,
+            Method::PUT,
+            &format!("/v1/machines/{name}"),
+            Some(spec),
+            self.settings.call_timeout,
+        )
+        .await
+    }
+
+    /// `POST /v1/machines/{name}/ensure-running`.
+    pub async fn ensure_running(&self, node: &str, name: &str) -> Result<MachineStatus, CallError> {
+        let path = format!("/v1/machines/{name}/ensure-running");
+        self.call(node, Method::POST, &path, None::<&()>, self.settings.start_timeout)
+            .await
+    }
+
+    /// `POST /v1/machines/{name}/stop`.
+    pub async fn stop_machine(&self, node: &str, name: &str) -> Result<MachineStatus, CallError> {
+        let path = format!("/v1/machines/{name}/stop");
+        self.call(node, Method::POST, &path, None::<&()>, self.settings.start_timeout)
+            .await
+    }
+
+    /// `POST /v1/machines/{name}/resize`.
+    pub async fn resize_machine(&self, node: &str, name: &str, spec: &ResizeSpec) -> Result<MachineStatus, CallError> {
+        let path = format!("/v1/machines/{name}/resize");
+        self.call(node, Method::POST, &path, Some(spec), self.settings.call_timeout)
+            .await
+    }
+
+    /// `DELETE /v1/machines/{name}`.
+    pub async fn delete_machine(&self, node: &str, name: &str) -> Result<DeleteResponse, CallError> {
+        let path = format!("/v1/machines/{name}");
+        self.call(node, Method::DELETE, &path, None::<&()>, self.settings.start_timeout)
+            .await
+    }
+
+    async fn call<B: Serialize, T: DeserializeOwned>(
+        &self,
+        node: &str,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        timeout: Duration,
+    ) -> Result<T, CallError> {
+        let unreachable = |message: String| CallError::Unreachable {
+            node: node.to_string(),
+            message,
+        };
+        let protocol = |message: String| CallError::Protocol {
+            node: node.to_string(),
+            message,
+        };
+        let uri: Uri = format!("https://{node}{path}")
+            .parse()
+            .map_err(|e| protocol(format!("bad request URI: {e}")))?;
+        let bytes = match body {
+            Some(b) => Bytes::from(serde_json::to_vec(b).map_err(|e| protocol(e.to_string()))?),
+            None => Bytes::new(),
+        };
+        let token = self.settings.token.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .header(hyper::header::ACCEPT, "application/json")
+            .body(Full::new(bytes))
+            .map_err(|e| protocol(e.to_string()))?;
+        let response = tokio::time::timeout(timeout, self.client.request(request))
+            .await
+            .map_err(|_| unreachable(format!("no answer within {timeout:?}")))?
+            .map_err(|e| unreachable(error_chain(&e)))?;
+        let status = response.status();
+        let collected = tokio::time::timeout(timeout, Limited::new(response.into_body(), MAX_BODY).collect())
+            .await
+            .map_err(|_| unreachable(format!("body not received within {timeout:?}")))?
+            .map_err(|e| protocol(format!("reading the body: {e}")))?
+            .to_bytes();
+        if status.is_success() {
+            return serde_json::from_slice(&collected).map_err(|e| protocol(format!("{status}: {e}")));
+        }
+        match serde_json::from_slice::<NodeApiError>(&collected) {
+            Ok(err) => Err(CallError::Api {
+                node: node.to_string(),
+                status: status.as_u16(),
+                code: err.code,
+                message: err.message,
+                details: err.details,
+            }),
+            Err(_) if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::GATEWAY_TIMEOUT => {
+                Err(unreachable(format!("{status}")))
+            }
+            Err(_) => Err(protocol(format!("{status} without an error body"))),
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}

@@ -1,0 +1,393 @@
+//! Placement: which SmolVMNode a SmolVM goes to.
+//!
+//! [`place`] is a pure function of the VM's request, the nodes, the ledger's view of what is
+//! already committed on each node, and the time. [`Ledger::place_and_reserve`] runs it under the
+//! ledger's lock and records the choice before returning, so concurrent reconciles never
+//! over-commit a node even while the informer caches lag behind the bindings just written.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Mutex,
+};
+
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use smolvm_api::{
+    NodeResources, Port, Protocol, SmolVM, SmolVMNode,
+    constants::{PROTOCOL_VERSION, condition},
+};
+
+/// What a VM asks of a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// CPUs, memory and disk (storage plus overlay).
+    pub resources: NodeResources,
+    /// Host ports it forwards, with their protocols.
+    pub host_ports: Vec<(i32, Protocol)>,
+    /// Labels the node must carry.
+    pub node_selector: BTreeMap<String, String>,
+    /// Hard pin, if any.
+    pub pin: Option<String>,
+}
+
+impl Request {
+    /// The request of a SmolVM, defaults applied.
+    pub fn of(vm: &SmolVM) -> Self {
+        Request {
+            resources: vm.spec.request(),
+            host_ports: host_ports(vm.spec.ports()),
+            node_selector: vm.spec.node_selector.clone().unwrap_or_default(),
+            pin: vm.spec.node_name.clone(),
+        }
+    }
+}
+
+fn host_ports(ports: &[Port]) -> Vec<(i32, Protocol)> {
+    ports.iter().map(|p| (p.host_port, p.protocol)).collect()
+}
+
+/// Tunables of placement.
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    /// A heartbeat older than this makes a node ineligible.
+    pub heartbeat_timeout: SignedDuration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            heartbeat_timeout: SignedDuration::from_secs(40),
+        }
+    }
+}
+
+/// Why a node cannot take a VM. The `reason` strings are stable (events, metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Ineligible {
+    /// Ready is not True.
+    NotReady,
+    /// The heartbeat is older than the timeout (or missing).
+    StaleHeartbeat,
+    /// The runtime speaks another node API protocol.
+    ProtocolMismatch,
+    /// `spec.unschedulable` is true.
+    Cordoned,
+    /// The node's labels do not match the VM's nodeSelector.
+    SelectorMismatch,
+    /// No endpoint, node UID or allocatable reported yet.
+    NotReported,
+    /// Not enough free CPUs.
+    InsufficientCpu,
+    /// Not enough free memory.
+    InsufficientMemory,
+    /// Not enough free disk.
+    InsufficientStorage,
+    /// A requested host port is already taken there.
+    HostPortConflict,
+}
+
+impl Ineligible {
+    /// Stable reason string.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Ineligible::NotReady => "NotReady",
+            Ineligible::StaleHeartbeat => "StaleHeartbeat",
+            Ineligible::ProtocolMismatch => "ProtocolMismatch",
+            Ineligible::Cordoned => "Cordoned",
+            Ineligible::SelectorMismatch => "SelectorMismatch",
+            Ineligible::NotReported => "NotReported",
+            Ineligible::InsufficientCpu => "InsufficientCpu",
+            Ineligible::InsufficientMemory => "InsufficientMemory",
+            Ineligible::InsufficientStorage => "InsufficientStorage",
+            Ineligible::HostPortConflict => "HostPortConflict",
+        }
+    }
+
+    fn words(self) -> &'static str {
+        match self {
+            Ineligible::NotReady => "not Ready",
+            Ineligible::StaleHeartbeat => "stale heartbeat",
+            Ineligible::ProtocolMismatch => "incompatible node API protocol",
+            Ineligible::Cordoned => "cordoned (spec.unschedulable)",
+            Ineligible::SelectorMismatch => "labels do not match nodeSelector",
+            Ineligible::NotReported => "not reported yet",
+            Ineligible::InsufficientCpu => "insufficient CPUs",
+            Ineligible::InsufficientMemory => "insufficient memory",
+            Ineligible::InsufficientStorage => "insufficient disk",
+            Ineligible::HostPortConflict => "host port taken",
+        }
+    }
+}
+
+/// A placement that found no node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unplaceable {
+    /// Stable reason: `NoNodes`, `PinnedNodeUnknown`, `PinnedNodeIneligible` or `NoEligibleNode`.
+    pub reason: &'static str,
+    /// For the Scheduled condition, in the style of the Kubernetes scheduler:
+    /// `0/3 nodes can take it: 1 cordoned (spec.unschedulable), 2 insufficient memory`.
+    pub message: String,
+}
+
+/// What the ledger knows of one node: what is committed there.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Sum of the requests of the VMs bound or reserved there.
+    pub used: NodeResources,
+    /// Host ports taken there, with how many VMs hold each (more than one only if bindings made
+    /// elsewhere conflict).
+    pub ports: HashMap<(i32, Protocol), u32>,
+}
+
+/// Read access to per-node usage.
+pub trait UsageView {
+    /// Usage of a node (empty when none).
+    fn usage(&self, node: &str) -> Option<&Usage>;
+}
+
+impl UsageView for HashMap<String, Usage> {
+    fn usage(&self, node: &str) -> Option<&Usage> {
+        self.get(node)
+    }
+}
+
+/// Why `node` cannot take `request` now, or `None` when it can.
+pub fn check_node(
+    node: &SmolVMNode,
+    request: &Request,
+    usage: Option<&Usage>,
+    now: Timestamp,
+    config: &Config,
+) -> Option<Ineligible> {
+    let status = match &node.status {
+        Some(s) => s,
+        None => return Some(Ineligible::NotReported),
+    };
+    let ready = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == condition::READY && c.status == "True");
+    if !ready {
+        return Some(Ineligible::NotReady);
+    }
+    match &status.heartbeat_time {
+        Some(t) if now.duration_since(t.0) <= config.heartbeat_timeout => {}
+        _ => return Some(Ineligible::StaleHeartbeat),
+    }
+    if status.protocol_version.as_deref() != Some(PROTOCOL_VERSION) {
+        return Some(Ineligible::ProtocolMismatch);
+    }
+    if node.spec.unschedulable.unwrap_or(false) {
+        return Some(Ineligible::Cordoned);
+    }
+    if !request.node_selector.is_empty() {
+        let labels = node.metadata.labels.as_ref();
+        let matches = request
+            .node_selector
+            .iter()
+            .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v));
+        if !matches {
+            return Some(Ineligible::SelectorMismatch);
+        }
+    }
+    let (Some(allocatable), Some(_), Some(_)) = (status.allocatable, &status.endpoint, &status.node_uid) else {
+        return Some(Ineligible::NotReported);
+    };
+    let free = match usage {
+        Some(u) => allocatable.minus(&u.used),
+        None => allocatable,
+    };
+    let want = &request.resources;
+    if want.cpus > free.cpus {
+        return Some(Ineligible::InsufficientCpu);
+    }
+    if want.memory_mib > free.memory_mib {
+        return Some(Ineligible::InsufficientMemory);
+    }
+    if want.storage_gib > free.storage_gib {
+        return Some(Ineligible::InsufficientStorage);
+    }
+    if let Some(usage) = usage
+        && request.host_ports.iter().any(|p| usage.ports.contains_key(p))
+    {
+        return Some(Ineligible::HostPortConflict);
+    }
+    None
+}
+
+/// Least-allocated score of placing `request` on `node`: the mean free fraction of CPU and memory
+/// after placement, in parts per million (higher is emptier).
+fn score(node: &SmolVMNode, request: &Request, usage: Option<&Usage>) -> i64 {
+    let Some(allocatable) = node.status.as_ref().and_then(|s| s.allocatable) else {
+        return 0;
+    };
+    let used = usage.map(|u| u.used).unwrap_or_default().plus(&request.resources);
+    let fraction = |total: i64, used: i64| {
+        if total <= 0 {
+            0
+        } else {
+            (total - used).max(0).saturating_mul(1_000_000) / total
+        }
+    };
+    (fraction(allocatable.cpus, used.cpus) + fraction(allocatable.memory_mib, used.memory_mib)) / 2
+}
+
+/// Chooses a node for `request`: an eligible node with the highest least-allocated score, ties
+/// broken by name. A pin restricts the choice to that node and never falls back.
+pub fn place<'n>(
+    request: &Request,
+    nodes: impl IntoIterator<Item = &'n SmolVMNode>,
+    usage: &dyn UsageView,
+    now: Timestamp,
+    config: &Config,
+) -> Result<&'n SmolVMNode, Unplaceable> {
+    let mut best: Option<(&SmolVMNode, i64)> = None;
+    let mut rejected: BTreeMap<Ineligible, usize> = BTreeMap::new();
+    let mut seen = 0usize;
+    for node in nodes {
+        let name = node.metadata.name.as_deref().unwrap_or("");
+        if request.pin.as_deref().is_some_and(|pin| pin != name) {
+            continue;
+        }
+        seen += 1;
+        let node_usage = usage.usage(name);
+        if let Some(why) = check_node(node, request, node_usage, now, config) {
+            *rejected.entry(why).or_default() += 1;
+            continue;
+        }
+        let s = score(node, request, node_usage);
+        let better = match best {
+            None => true,
+            Some((b, bs)) => s > bs || (s == bs && name < b.metadata.name.as_deref().unwrap_or("")),
+        };
+        if better {
+            best = Some((node, s));
+        }
+    }
+    if let Some((node, _)) = best {
+        return Ok(node);
+    }
+    let summary = rejected
+        .iter()
+        .map(|(why, n)| format!("{n} {}", why.words()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Err(match (&request.pin, seen) {
+        (Some(pin), 0) => Unplaceable {
+            reason: "PinnedNodeUnknown",
+            message: format!("pinned node {pin} has no SmolVMNode; waiting for its runtime agent to register it"),
+        },
+        (Some(pin), _) => Unplaceable {
+            reason: "PinnedNodeIneligible",
+            message: format!("pinned node {pin} cannot take it now: {summary}"),
+        },
+        (None, 0) => Unplaceable {
+            reason: "NoNodes",
+            message: "no SmolVMNode is registered".into(),
+        },
+        (None, n) => Unplaceable {
+            reason: "NoEligibleNode",
+            message: format!("0/{n} nodes can take it: {summary}"),
+        },
+    })
+}
+
+/// Everything committed on each node, by the VMs bound there and the reservations of placements
+/// whose binding the caches may not show yet.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    inner: Mutex<LedgerState>,
+}
+
+#[derive(Debug, Default)]
+struct LedgerState {
+    by_node: HashMap<String, Usage>,
+    /// VM uid -> (node, what it holds there).
+    by_vm: HashMap<String, (String, Request)>,
+}
+
+impl LedgerState {
+    fn add(&mut self, uid: &str, node: &str, request: &Request) {
+        if let Some((existing, _)) = self.by_vm.get(uid) {
+            if existing == node {
+                return;
+            }
+            self.remove(uid);
+        }
+        let usage = self.by_node.entry(node.to_string()).or_default();
+        usage.used = usage.used.plus(&request.resources);
+        for p in &request.host_ports {
+            *usage.ports.entry(*p).or_default() += 1;
+        }
+        self.by_vm.insert(uid.to_string(), (node.to_string(), request.clone()));
+    }
+
+    fn remove(&mut self, uid: &str) {
+        let Some((node, request)) = self.by_vm.remove(uid) else {
+            return;
+        };
+        if let Some(usage) = self.by_node.get_mut(&node) {
+            usage.used = usage.used.minus(&request.resources);
+            for p in &request.host_ports {
+                if let Some(count) = usage.ports.get_mut(p) {
+                    *count -= 1;
+                    if *count == 0 {
+                        usage.ports.remove(p);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Ledger {
+    /// An empty ledger.
+    pub fn new() -> Self {
+        Ledger::default()
+    }
+
+    /// Records a VM seen bound to `node` (idempotent; seeds the ledger from the cache).
+    pub fn observe_bound(&self, uid: &str, node: &str, request: &Request) {
+        self.lock().add(uid, node, request);
+    }
+
+    /// Forgets a VM (deleted, or a binding that failed).
+    pub fn release(&self, uid: &str) {
+        self.lock().remove(uid);
+    }
+
+    /// The node a VM holds resources on, if any.
+    pub fn node_of(&self, uid: &str) -> Option<String> {
+        self.lock().by_vm.get(uid).map(|(n, _)| n.clone())
+    }
+
+    /// Places `request` and reserves it on the chosen node, atomically. A VM that already holds
+    /// a reservation gets that node again (a retried reconcile never binds twice elsewhere).
+    pub fn place_and_reserve<'n>(
+        &self,
+        uid: &str,
+        request: &Request,
+        nodes: impl IntoIterator<Item = &'n SmolVMNode>,
+        now: Timestamp,
+        config: &Config,
+    ) -> Result<String, Unplaceable> {
+        let mut state = self.lock();
+        if let Some((node, _)) = state.by_vm.get(uid) {
+            return Ok(node.clone());
+        }
+        let node = place(request, nodes, &state.by_node, now, config)?;
+        let name = node.metadata.name.clone().unwrap_or_default();
+        state.add(uid, &name, request);
+        Ok(name)
+    }
+
+    /// Usage of one node (for status and metrics).
+    pub fn usage(&self, node: &str) -> Usage {
+        self.lock().by_node.get(node).cloned().unwrap_or_default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LedgerState> {
+        // A panic while holding the lock cannot leave the maps half-updated in a way that matters
+        // more than stopping placement altogether, so recover the guard.
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}

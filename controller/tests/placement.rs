@@ -1,0 +1,377 @@
+//! Placement tables (capacity, host ports, selectors, pins, cordons, stale heartbeats, ties) and the
+//! concurrency guarantee: concurrent placements never over-commit a node.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
+
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+    jiff::{SignedDuration, Timestamp},
+};
+use smolvm_api::{
+    Endpoint, NodeResources, Protocol, SmolVMNode, SmolVMNodeSpec, SmolVMNodeStatus,
+    constants::{PROTOCOL_VERSION, condition},
+};
+use smolvm_controller::placement::{Config, Ledger, Request, Usage, check_node, place};
+
+fn now() -> Timestamp {
+    Timestamp::from_second(1_800_000_000).unwrap()
+}
+
+fn node(name: &str, cpus: i64, memory_mib: i64) -> SmolVMNode {
+    let resources = NodeResources {
+        cpus,
+        memory_mib,
+        storage_gib: 4000,
+    };
+    let mut node = SmolVMNode::new(name, SmolVMNodeSpec::default());
+    node.metadata.labels = Some(BTreeMap::from([(
+        "kubernetes.io/arch".to_string(),
+        "amd64".to_string(),
+    )]));
+    node.status = Some(SmolVMNodeStatus {
+        node_uid: Some(format!("uid-{name}")),
+        endpoint: Some(Endpoint {
+            address: "10.0.0.1".into(),
+            port: 9443,
+        }),
+        runtime_version: Some("1.32.2".into()),
+        protocol_version: Some(PROTOCOL_VERSION.into()),
+        heartbeat_time: Some(Time(now() - SignedDuration::from_secs(5))),
+        capacity: Some(resources),
+        allocatable: Some(resources),
+        conditions: vec![Condition {
+            type_: condition::READY.into(),
+            status: "True".into(),
+            reason: "AsExpected".into(),
+            message: String::new(),
+            last_transition_time: Time(now()),
+            observed_generation: None,
+        }],
+    });
+    node
+}
+
+fn request(cpus: i64, memory_mib: i64) -> Request {
+    Request {
+        resources: NodeResources {
+            cpus,
+            memory_mib,
+            storage_gib: 30,
+        },
+        host_ports: vec![],
+        node_selector: BTreeMap::new(),
+        pin: None,
+    }
+}
+
+fn edit(mut n: SmolVMNode, f: impl FnOnce(&mut SmolVMNode)) -> SmolVMNode {
+    f(&mut n);
+    n
+}
+
+#[test]
+fn eligibility_table() {
+    let cfg = Config::default();
+    let mut used = Usage {
+        used: NodeResources {
+            cpus: 7,
+            memory_mib: 1024,
+            storage_gib: 0,
+        },
+        ..Usage::default()
+    };
+    used.ports.insert((8080, Protocol::Tcp), 1);
+    let with_port = Request {
+        host_ports: vec![(8080, Protocol::Tcp)],
+        ..request(1, 512)
+    };
+    let udp_port = Request {
+        host_ports: vec![(8080, Protocol::Udp)],
+        ..request(1, 512)
+    };
+    let selector = |k: &str, v: &str| Request {
+        node_selector: BTreeMap::from([(k.to_string(), v.to_string())]),
+        ..request(1, 512)
+    };
+    type Case<'a> = (&'a str, SmolVMNode, Request, Option<&'a Usage>, Option<&'a str>);
+    let cases: Vec<Case> = vec![
+        ("fits", node("a", 8, 8192), request(1, 512), None, None),
+        ("exactly_fits", node("a", 8, 8192), request(8, 8192), None, None),
+        (
+            "insufficient_cpu",
+            node("a", 8, 8192),
+            request(9, 512),
+            None,
+            Some("InsufficientCpu"),
+        ),
+        (
+            "insufficient_memory",
+            node("a", 8, 8192),
+            request(1, 9000),
+            None,
+            Some("InsufficientMemory"),
+        ),
+        (
+            "insufficient_disk",
+            node("a", 8, 8192),
+            Request {
+                resources: NodeResources {
+                    cpus: 1,
+                    memory_mib: 1,
+                    storage_gib: 5000,
+                },
+                ..request(1, 1)
+            },
+            None,
+            Some("InsufficientStorage"),
+        ),
+        (
+            "used_capacity_counts",
+            node("a", 8, 8192),
+            request(2, 512),
+            Some(&used),
+            Some("InsufficientCpu"),
+        ),
+        (
+            "host_port_taken",
+            node("a", 8, 8192),
+            with_port,
+            Some(&used),
+            Some("HostPortConflict"),
+        ),
+        ("other_protocol_free", node("a", 8, 8192), udp_port, Some(&used), None),
+        (
+            "selector_matches",
+            node("a", 8, 8192),
+            selector("kubernetes.io/arch", "amd64"),
+            None,
+            None,
+        ),
+        (
+            "selector_mismatch",
+            node("a", 8, 8192),
+            selector("kubernetes.io/arch", "arm64"),
+            None,
+            Some("SelectorMismatch"),
+        ),
+        (
+            "cordoned",
+            edit(node("a", 8, 8192), |n| n.spec.unschedulable = Some(true)),
+            request(1, 1),
+            None,
+            Some("Cordoned"),
+        ),
+        (
+            "not_ready",
+            edit(node("a", 8, 8192), |n| {
+                n.status.as_mut().unwrap().conditions[0].status = "False".into()
+            }),
+            request(1, 1),
+            None,
+            Some("NotReady"),
+        ),
+        (
+            "stale_heartbeat",
+            edit(node("a", 8, 8192), |n| {
+                n.status.as_mut().unwrap().heartbeat_time = Some(Time(now() - SignedDuration::from_secs(120)))
+            }),
+            request(1, 1),
+            None,
+            Some("StaleHeartbeat"),
+        ),
+        (
+            "no_heartbeat",
+            edit(node("a", 8, 8192), |n| n.status.as_mut().unwrap().heartbeat_time = None),
+            request(1, 1),
+            None,
+            Some("StaleHeartbeat"),
+        ),
+        (
+            "protocol_mismatch",
+            edit(node("a", 8, 8192), |n| {
+                n.status.as_mut().unwrap().protocol_version = Some("v0".into())
+            }),
+            request(1, 1),
+            None,
+            Some("ProtocolMismatch"),
+        ),
+        (
+            "no_endpoint",
+            edit(node("a", 8, 8192), |n| n.status.as_mut().unwrap().endpoint = None),
+            request(1, 1),
+            None,
+            Some("NotReported"),
+        ),
+        (
+            "no_status",
+            edit(node("a", 8, 8192), |n| n.status = None),
+            request(1, 1),
+            None,
+            Some("NotReported"),
+        ),
+    ];
+    for (name, node, req, usage, expected) in cases {
+        let got = check_node(&node, &req, usage, now(), &cfg).map(|i| i.reason());
+        assert_eq!(got, expected, "{name}");
+    }
+}
+
+#[test]
+fn placement_table() {
+    let cfg = Config::default();
+    let empty: HashMap<String, Usage> = HashMap::new();
+    let nodes = vec![node("b", 8, 8192), node("a", 8, 8192), node("c", 4, 4096)];
+    // Ties break by name: a and b are equal and emptier than c.
+    assert_eq!(
+        place(&request(1, 512), &nodes, &empty, now(), &cfg)
+            .unwrap()
+            .metadata
+            .name
+            .as_deref(),
+        Some("a")
+    );
+    // Least allocated: with a half full, b wins.
+    let mut usage = HashMap::new();
+    usage.insert(
+        "a".to_string(),
+        Usage {
+            used: NodeResources {
+                cpus: 4,
+                memory_mib: 4096,
+                storage_gib: 0,
+            },
+            ..Usage::default()
+        },
+    );
+    assert_eq!(
+        place(&request(1, 512), &nodes, &usage, now(), &cfg)
+            .unwrap()
+            .metadata
+            .name
+            .as_deref(),
+        Some("b")
+    );
+    // A pin goes only to its pin, even when others are emptier.
+    let pinned = Request {
+        pin: Some("c".into()),
+        ..request(1, 512)
+    };
+    assert_eq!(
+        place(&pinned, &nodes, &empty, now(), &cfg)
+            .unwrap()
+            .metadata
+            .name
+            .as_deref(),
+        Some("c")
+    );
+    // A pin never falls back.
+    let pinned_too_big = Request {
+        pin: Some("c".into()),
+        ..request(6, 512)
+    };
+    let err = place(&pinned_too_big, &nodes, &empty, now(), &cfg).unwrap_err();
+    assert_eq!(err.reason, "PinnedNodeIneligible");
+    assert!(err.message.contains("insufficient CPUs"), "{}", err.message);
+    let ghost = Request {
+        pin: Some("ghost".into()),
+        ..request(1, 512)
+    };
+    assert_eq!(
+        place(&ghost, &nodes, &empty, now(), &cfg).unwrap_err().reason,
+        "PinnedNodeUnknown"
+    );
+    // Nothing fits: the message counts the reasons.
+    let err = place(&request(16, 512), &nodes, &empty, now(), &cfg).unwrap_err();
+    assert_eq!(err.reason, "NoEligibleNode");
+    assert_eq!(err.message, "0/3 nodes can take it: 3 insufficient CPUs");
+    let none: Vec<SmolVMNode> = vec![];
+    assert_eq!(
+        place(&request(1, 1), &none, &empty, now(), &cfg).unwrap_err().reason,
+        "NoNodes"
+    );
+    // Deterministic: the same input gives the same node whatever the order.
+    let reversed: Vec<SmolVMNode> = nodes.iter().rev().cloned().collect();
+    assert_eq!(
+        place(&request(1, 512), &reversed, &empty, now(), &cfg)
+            .unwrap()
+            .metadata
+            .name
+            .as_deref(),
+        Some("a")
+    );
+}
+
+#[test]
+fn ledger_reservations_and_release() {
+    let cfg = Config::default();
+    let ledger = Ledger::new();
+    let nodes = vec![node("a", 2, 2048)];
+    let vm = Request {
+        host_ports: vec![(8080, Protocol::Tcp)],
+        ..request(1, 1024)
+    };
+    assert_eq!(
+        ledger.place_and_reserve("uid-1", &vm, &nodes, now(), &cfg).unwrap(),
+        "a"
+    );
+    // Retrying the same VM returns the same node without reserving twice.
+    assert_eq!(
+        ledger.place_and_reserve("uid-1", &vm, &nodes, now(), &cfg).unwrap(),
+        "a"
+    );
+    assert_eq!(ledger.usage("a").used.cpus, 1);
+    // The port is taken for another VM.
+    let err = ledger.place_and_reserve("uid-2", &vm, &nodes, now(), &cfg).unwrap_err();
+    assert!(err.message.contains("host port taken"), "{}", err.message);
+    ledger.release("uid-1");
+    assert_eq!(ledger.usage("a"), Usage::default());
+    assert_eq!(
+        ledger.place_and_reserve("uid-2", &vm, &nodes, now(), &cfg).unwrap(),
+        "a"
+    );
+    // Seeding from the cache is idempotent.
+    ledger.observe_bound("uid-2", "a", &vm);
+    ledger.observe_bound("uid-3", "a", &request(1, 512));
+    assert_eq!(ledger.usage("a").used.cpus, 2);
+    assert_eq!(ledger.node_of("uid-3").as_deref(), Some("a"));
+}
+
+#[test]
+fn concurrent_placements_never_over_commit() {
+    // 100 VMs placed concurrently on 2 nodes with room for 50 each: exactly 50 go on each.
+    let cfg = Config::default();
+    let ledger = Arc::new(Ledger::new());
+    let nodes = Arc::new(vec![node("node-1", 50, 50 * 512), node("node-2", 50, 50 * 512)]);
+    let handles: Vec<_> = (0..100)
+        .map(|i| {
+            let ledger = ledger.clone();
+            let nodes = nodes.clone();
+            std::thread::spawn(move || {
+                ledger
+                    .place_and_reserve(&format!("uid-{i}"), &request(1, 512), nodes.iter(), now(), &cfg)
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for h in handles {
+        *counts.entry(h.join().unwrap()).or_default() += 1;
+    }
+    assert_eq!(
+        counts,
+        BTreeMap::from([("node-1".to_string(), 50), ("node-2".to_string(), 50)])
+    );
+    // The 101st has nowhere to go.
+    let err = ledger
+        .place_and_reserve("uid-100", &request(1, 512), nodes.iter(), now(), &cfg)
+        .unwrap_err();
+    assert_eq!(err.reason, "NoEligibleNode");
+    for n in ["node-1", "node-2"] {
+        let usage = ledger.usage(n);
+        assert_eq!(usage.used.cpus, 50, "{n}");
+        assert_eq!(usage.used.memory_mib, 50 * 512, "{n}");
+    }
+}
