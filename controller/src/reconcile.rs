@@ -1,0 +1,638 @@
+//! The reconcile loop's I/O layer: it observes, asks [`crate::plan`] and [`crate::placement`]
+//! what to do, does it through the API server and the node API, and records what happened in
+//! status conditions and events.
+
+use std::{sync::Arc, time::Duration};
+
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{Patch, PatchParams, PostParams},
+    runtime::{
+        controller::Action,
+        events::{Event, EventType, Recorder},
+        reflector::{ObjectRef, Store},
+    },
+};
+use serde_json::json;
+use smolvm_api::{
+    Phase, SmolVM, SmolVMNode, SmolVMStatus,
+    constants::{FINALIZER, FORCE_DELETE_ANNOTATION, condition, reason},
+    nodeapi::{MachineState, MachineStatus, error_code},
+};
+
+use crate::{
+    nodeclient::{CallError, NodeClient},
+    placement::{self, Ledger, Request},
+    plan::{self, MachineAction, NodeHealth, Step},
+};
+
+/// Errors of the controller. `reason()` is stable, for metrics and conditions.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server refused or failed a call.
+    #[error("API server: {0}")]
+    Kube(#[from] kube::Error),
+    /// The object lacks something every stored object has.
+    #[error("object has no {0}")]
+    MissingField(&'static str),
+    /// A status or patch could not be serialized.
+    #[error("serialization: {0}")]
+    Serialize(#[from] serde_json::Error),
+}
+
+impl Error {
+    /// Stable reason string.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(s)) if s.code == 409 => "Conflict",
+            Error::Kube(_) => "KubeError",
+            Error::MissingField(_) => "MissingField",
+            Error::Serialize(_) => "SerializationError",
+        }
+    }
+}
+
+/// Timings of the reconcile loop.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// A node heartbeat older than this makes the node unreachable.
+    pub heartbeat_timeout: SignedDuration,
+    /// Slow resync of runtime state for a steady VM.
+    pub resync: Duration,
+    /// Retry of a VM whose node cannot be reached or that failed to start.
+    pub retry: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            heartbeat_timeout: SignedDuration::from_secs(40),
+            resync: Duration::from_secs(300),
+            retry: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What the reconciler needs.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// SmolVMNodes, from a reflector.
+    pub nodes: Store<SmolVMNode>,
+    /// What is committed on each node.
+    pub ledger: Ledger,
+    /// Client of the node API.
+    pub node_client: NodeClient,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Timings.
+    pub timing: Timing,
+    /// Placement tunables.
+    pub placement: placement::Config,
+}
+
+/// Reconciles one SmolVM.
+pub async fn reconcile(vm: Arc<SmolVM>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = vm.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let api: Api<SmolVM> = Api::namespaced(ctx.client.clone(), &ns);
+    let uid = vm.uid().ok_or(Error::MissingField("metadata.uid"))?;
+    match plan::next_step(&vm) {
+        Step::Forget => {
+            ctx.ledger.release(&uid);
+            Ok(Action::await_change())
+        }
+        Step::AddFinalizer => {
+            let patch = match &vm.metadata.finalizers {
+                None => json!([{"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}]),
+                Some(_) => json!([{"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}]),
+            };
+            api.patch(
+                &vm.name_any(),
+                &PatchParams::default(),
+                &Patch::Json::<()>(serde_json::from_value(patch)?),
+            )
+            .await?;
+            Ok(Action::await_change())
+        }
+        Step::RemoveFinalizer => {
+            remove_finalizer(&api, &vm).await?;
+            ctx.ledger.release(&uid);
+            Ok(Action::await_change())
+        }
+        Step::DeleteMachine { node, machine, force } => delete(&api, &vm, &ctx, &uid, &node, &machine, force).await,
+        Step::Place => place(&api, &vm, &ctx, &uid).await,
+        Step::Converge { node, machine } => {
+            ctx.ledger.observe_bound(&uid, &node, &Request::of(&vm));
+            converge(&api, &vm, &ctx, &node, &machine).await
+        }
+    }
+}
+
+async fn remove_finalizer(api: &Api<SmolVM>, vm: &SmolVM) -> Result<(), Error> {
+    let Some(index) = vm.metadata.finalizers.iter().flatten().position(|f| f == FINALIZER) else {
+        return Ok(());
+    };
+    let patch = json!([
+        {"op": "test", "path": format!("/metadata/finalizers/{index}"), "value": FINALIZER},
+        {"op": "remove", "path": format!("/metadata/finalizers/{index}")}
+    ]);
+    api.patch(
+        &vm.name_any(),
+        &PatchParams::default(),
+        &Patch::Json::<()>(serde_json::from_value(patch)?),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn publish(ctx: &Context, vm: &SmolVM, type_: EventType, reason: &str, action: &str, note: String) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &vm.object_ref(&())).await {
+        tracing::warn!(error = %e, "could not record event");
+    }
+}
+
+async fn delete(
+    api: &Api<SmolVM>,
+    vm: &SmolVM,
+    ctx: &Context,
+    uid: &str,
+    node: &str,
+    machine: &str,
+    force: bool,
+) -> Result<Action, Error> {
+    sync_endpoint(ctx, node);
+    match ctx.node_client.delete_machine(node, machine).await {
+        Ok(outcome) => {
+            remove_finalizer(api, vm).await?;
+            ctx.ledger.release(uid);
+            let note = if outcome.missing {
+                format!("machine {machine} was already gone from node {node}")
+            } else {
+                format!("deleted machine {machine} on node {node}")
+            };
+            publish(ctx, vm, EventType::Normal, "Deleted", "Delete", note).await;
+            Ok(Action::await_change())
+        }
+        Err(e) if e.is_unreachable() && force => {
+            remove_finalizer(api, vm).await?;
+            ctx.ledger.release(uid);
+            let note = format!(
+                "node {node} is unreachable ({}); finalizer removed because of {FORCE_DELETE_ANNOTATION}; the local state of machine {machine} on {node} may be orphaned",
+                e.message()
+            );
+            publish(ctx, vm, EventType::Warning, reason::FORCE_DELETED, "Delete", note).await;
+            Ok(Action::await_change())
+        }
+        Err(e) => {
+            let (why, message) = if e.is_unreachable() {
+                (
+                    reason::RUNTIME_UNREACHABLE,
+                    format!(
+                        "node {node} cannot confirm that machine {machine} is gone: {}. Deletion waits for it; to give up on the local state, annotate the SmolVM with {FORCE_DELETE_ANNOTATION}=true",
+                        e.message()
+                    ),
+                )
+            } else {
+                (
+                    "RuntimeError",
+                    format!("node {node} failed to delete machine {machine}: {}", e.message()),
+                )
+            };
+            let mut status = vm.status.clone().unwrap_or_default();
+            status.phase = Some(Phase::Deleting);
+            let changed = plan::set_condition(
+                &mut status.conditions,
+                condition::DELETION_BLOCKED,
+                "True",
+                why,
+                &message,
+                vm.metadata.generation,
+                Timestamp::now(),
+            );
+            write_status(api, vm, &status).await?;
+            if changed {
+                publish(ctx, vm, EventType::Warning, "DeletionBlocked", "Delete", message).await;
+            }
+            Ok(Action::requeue(ctx.timing.retry))
+        }
+    }
+}
+
+async fn place(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, uid: &str) -> Result<Action, Error> {
+    let nodes = ctx.nodes.state();
+    let request = Request::of(vm);
+    let now = Timestamp::now();
+    let chosen = ctx
+        .ledger
+        .place_and_reserve(uid, &request, nodes.iter().map(|n| n.as_ref()), now, &ctx.placement);
+    let mut status = vm.status.clone().unwrap_or_default();
+    let node_name = match chosen {
+        Ok(name) => name,
+        Err(unplaceable) => {
+            status.phase = Some(Phase::Pending);
+            let changed = plan::set_condition(
+                &mut status.conditions,
+                condition::SCHEDULED,
+                "False",
+                reason::UNSCHEDULABLE,
+                &unplaceable.message,
+                vm.metadata.generation,
+                now,
+            );
+            write_status(api, vm, &status).await?;
+            if changed {
+                publish(
+                    ctx,
+                    vm,
+                    EventType::Warning,
+                    "FailedScheduling",
+                    "Schedule",
+                    unplaceable.message,
+                )
+                .await;
+            }
+            return Ok(Action::requeue(ctx.timing.retry));
+        }
+    };
+    let node_uid = ctx
+        .nodes
+        .get(&ObjectRef::new(&node_name))
+        .and_then(|n| n.status.as_ref().and_then(|s| s.node_uid.clone()));
+    let Some(node_uid) = node_uid else {
+        ctx.ledger.release(uid);
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    };
+    status.node_name = Some(node_name.clone());
+    status.node_uid = Some(node_uid);
+    status.machine_name = plan::machine_name(vm);
+    status.phase = Some(Phase::Scheduled);
+    status.observed_generation = vm.metadata.generation;
+    plan::set_condition(
+        &mut status.conditions,
+        condition::SCHEDULED,
+        "True",
+        reason::BOUND,
+        &format!("bound to node {node_name}"),
+        vm.metadata.generation,
+        now,
+    );
+    // The binding is written once, with the object's resourceVersion as precondition.
+    let mut bound = vm.clone();
+    bound.status = Some(status);
+    match api.replace_status(&vm.name_any(), &PostParams::default(), &bound).await {
+        Ok(_) => {
+            publish(
+                ctx,
+                vm,
+                EventType::Normal,
+                "Scheduled",
+                "Bind",
+                format!("bound to node {node_name}"),
+            )
+            .await;
+            Ok(Action::requeue(Duration::from_millis(100)))
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            // Someone else changed the object first: forget the reservation and look again.
+            ctx.ledger.release(uid);
+            Ok(Action::requeue(Duration::from_millis(200)))
+        }
+        Err(e) => {
+            ctx.ledger.release(uid);
+            Err(e.into())
+        }
+    }
+}
+
+fn sync_endpoint(ctx: &Context, node: &str) {
+    match ctx
+        .nodes
+        .get(&ObjectRef::new(node))
+        .and_then(|n| n.status.as_ref().and_then(|s| s.endpoint.clone()))
+    {
+        Some(ep) => match u16::try_from(ep.port) {
+            Ok(port) => ctx.node_client.endpoints().set(node, &ep.address, port),
+            Err(_) => ctx.node_client.endpoints().remove(node),
+        },
+        None => ctx.node_client.endpoints().remove(node),
+    }
+}
+
+async fn converge(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, node: &str, machine: &str) -> Result<Action, Error> {
+    let now = Timestamp::now();
+    let generation = vm.metadata.generation;
+    let mut status = vm.status.clone().unwrap_or_default();
+    status.observed_generation = generation;
+    let node_obj = ctx.nodes.get(&ObjectRef::new(node));
+    let health = plan::node_health(vm, node_obj.as_deref(), now, ctx.timing.heartbeat_timeout);
+    let unhealthy = match health {
+        NodeHealth::Healthy => None,
+        NodeHealth::Missing => Some((
+            "Unknown",
+            reason::NODE_MISSING,
+            format!("node {node} has no SmolVMNode; the binding stays"),
+        )),
+        NodeHealth::Replaced { bound, reported } => Some((
+            "False",
+            reason::NODE_REPLACED,
+            format!(
+                "node {node} was replaced (bound to UID {bound}, it now reports {reported}); the machine is not adopted and the binding stays; delete and recreate the SmolVM"
+            ),
+        )),
+        NodeHealth::Unreachable { why } => Some((
+            "Unknown",
+            reason::NODE_UNREACHABLE,
+            format!("node {node} is unreachable: {why}"),
+        )),
+    };
+    if let Some((cond_status, why, message)) = unhealthy {
+        return report_node_problem(api, vm, ctx, status, cond_status, why, message).await;
+    }
+    sync_endpoint(ctx, node);
+    let observed = match ctx.node_client.get_machine(node, machine).await {
+        Ok(m) => m,
+        Err(e) => return report_call_error(api, vm, ctx, status, node, e).await,
+    };
+    let desired = match plan::machine_spec(vm) {
+        Ok(d) => d,
+        Err(message) => {
+            status.phase = Some(Phase::Failed);
+            plan::set_condition(
+                &mut status.conditions,
+                condition::READY,
+                "False",
+                "InvalidSpec",
+                &message,
+                generation,
+                now,
+            );
+            write_status(api, vm, &status).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    let running = vm.spec.running();
+    let action = plan::machine_action(&desired, running, observed.as_ref());
+    let result = match &action {
+        MachineAction::Create(spec) => ctx.node_client.create_machine(node, machine, spec).await.map(Some),
+        MachineAction::EnsureRunning => ctx.node_client.ensure_running(node, machine).await.map(Some),
+        MachineAction::Stop => ctx.node_client.stop_machine(node, machine).await.map(Some),
+        MachineAction::Resize(spec) => ctx.node_client.resize_machine(node, machine, spec).await.map(Some),
+        MachineAction::ResizePending(_) | MachineAction::None => Ok(observed.clone()),
+    };
+    let machine_now = match result {
+        Ok(m) => m,
+        Err(e) if e.code() == Some(error_code::RESIZE_REQUIRES_RUNNING) => {
+            plan::set_condition(
+                &mut status.conditions,
+                condition::RESIZE_PENDING,
+                "True",
+                reason::RESIZE_NOT_APPLIED,
+                e.message(),
+                generation,
+                now,
+            );
+            observed
+        }
+        Err(e) => return report_call_error(api, vm, ctx, status, node, e).await,
+    };
+    match &action {
+        MachineAction::Create(_) => {
+            publish(
+                ctx,
+                vm,
+                EventType::Normal,
+                "Created",
+                "Create",
+                format!("created machine {machine} on node {node}"),
+            )
+            .await
+        }
+        MachineAction::EnsureRunning => {
+            publish(
+                ctx,
+                vm,
+                EventType::Normal,
+                "Started",
+                "Start",
+                format!("machine {machine} runs on node {node}"),
+            )
+            .await
+        }
+        MachineAction::Stop => {
+            publish(
+                ctx,
+                vm,
+                EventType::Normal,
+                "Stopped",
+                "Stop",
+                format!("stopped machine {machine} on node {node}"),
+            )
+            .await
+        }
+        MachineAction::Resize(spec) => {
+            publish(
+                ctx,
+                vm,
+                EventType::Normal,
+                "Resized",
+                "Resize",
+                format!("resized machine {machine}: {spec:?}"),
+            )
+            .await
+        }
+        MachineAction::ResizePending(message) => {
+            plan::set_condition(
+                &mut status.conditions,
+                condition::RESIZE_PENDING,
+                "True",
+                reason::RESIZE_NOT_APPLIED,
+                message,
+                generation,
+                now,
+            );
+        }
+        MachineAction::None => {
+            plan::clear_condition(&mut status.conditions, condition::RESIZE_PENDING);
+        }
+    }
+    apply_machine(&mut status, machine_now.as_ref(), running, generation, now);
+    plan::clear_condition(&mut status.conditions, condition::DELETION_BLOCKED);
+    write_status(api, vm, &status).await?;
+    Ok(match action {
+        MachineAction::None | MachineAction::ResizePending(_) => Action::requeue(ctx.timing.resync),
+        _ => Action::requeue(Duration::from_millis(100)),
+    })
+}
+
+/// Phase, Ready and effective resources from the machine the node reports.
+fn apply_machine(
+    status: &mut SmolVMStatus,
+    machine: Option<&MachineStatus>,
+    running: bool,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let Some(m) = machine else {
+        status.phase = Some(Phase::Creating);
+        plan::set_condition(
+            &mut status.conditions,
+            condition::READY,
+            "False",
+            reason::CREATING,
+            "the machine is being created",
+            generation,
+            now,
+        );
+        return;
+    };
+    let (phase, ready, why, message) = match (&m.state, running) {
+        (MachineState::Running, true) => (Phase::Running, "True", reason::RUNNING, "the machine runs".to_string()),
+        (MachineState::Running, false) => (
+            Phase::Running,
+            "False",
+            reason::STOPPED,
+            "the machine is being stopped".into(),
+        ),
+        (MachineState::Failed, _) => (
+            Phase::Failed,
+            "False",
+            "MachineFailed",
+            format!("smolvm reports the machine as {}", m.runtime_state),
+        ),
+        (_, false) => (
+            Phase::Stopped,
+            "True",
+            reason::STOPPED,
+            "the machine is stopped as asked".into(),
+        ),
+        (_, true) => (
+            Phase::Creating,
+            "False",
+            reason::CREATING,
+            "the machine is starting".into(),
+        ),
+    };
+    status.phase = Some(phase);
+    plan::set_condition(
+        &mut status.conditions,
+        condition::READY,
+        ready,
+        why,
+        &message,
+        generation,
+        now,
+    );
+    status.effective = Some(smolvm_api::EffectiveResources {
+        cpus: i32::try_from(m.cpus).unwrap_or(i32::MAX),
+        memory_mib: i64::try_from(m.memory_mib).unwrap_or(i64::MAX),
+        storage_gib: m.storage_gib.and_then(|s| i64::try_from(s).ok()).unwrap_or_default(),
+        overlay_gib: m.overlay_gib.and_then(|s| i64::try_from(s).ok()).unwrap_or_default(),
+        ports: m
+            .network
+            .ports
+            .iter()
+            .map(|p| smolvm_api::Port {
+                host_port: i32::from(p.host_port),
+                guest_port: i32::from(p.guest_port),
+                protocol: match p.protocol {
+                    smolvm_api::nodeapi::PortProtocol::Tcp => smolvm_api::Protocol::Tcp,
+                    smolvm_api::nodeapi::PortProtocol::Udp => smolvm_api::Protocol::Udp,
+                },
+            })
+            .collect(),
+    });
+}
+
+async fn report_node_problem(
+    api: &Api<SmolVM>,
+    vm: &SmolVM,
+    ctx: &Context,
+    mut status: SmolVMStatus,
+    cond_status: &str,
+    why: &str,
+    message: String,
+) -> Result<Action, Error> {
+    status.phase = Some(Phase::Unknown);
+    let changed = plan::set_condition(
+        &mut status.conditions,
+        condition::READY,
+        cond_status,
+        why,
+        &message,
+        vm.metadata.generation,
+        Timestamp::now(),
+    );
+    write_status(api, vm, &status).await?;
+    if changed {
+        publish(ctx, vm, EventType::Warning, why, "Observe", message).await;
+    }
+    Ok(Action::requeue(ctx.timing.retry))
+}
+
+async fn report_call_error(
+    api: &Api<SmolVM>,
+    vm: &SmolVM,
+    ctx: &Context,
+    mut status: SmolVMStatus,
+    node: &str,
+    e: CallError,
+) -> Result<Action, Error> {
+    if e.is_unreachable() {
+        let message = format!("node {node} is unreachable: {}", e.message());
+        return report_node_problem(api, vm, ctx, status, "Unknown", reason::NODE_UNREACHABLE, message).await;
+    }
+    let (phase, why) = match e.code() {
+        Some(code) if code == error_code::START_FAILED => (Phase::Failed, reason::START_FAILED),
+        _ => (Phase::Failed, reason::CREATE_FAILED),
+    };
+    status.phase = Some(phase);
+    let changed = plan::set_condition(
+        &mut status.conditions,
+        condition::READY,
+        "False",
+        why,
+        e.message(),
+        vm.metadata.generation,
+        Timestamp::now(),
+    );
+    write_status(api, vm, &status).await?;
+    if changed {
+        publish(
+            ctx,
+            vm,
+            EventType::Warning,
+            why,
+            "Converge",
+            format!("node {node}: {}", e.message()),
+        )
+        .await;
+    }
+    Ok(Action::requeue(ctx.timing.retry))
+}
+
+async fn write_status(api: &Api<SmolVM>, vm: &SmolVM, status: &SmolVMStatus) -> Result<(), Error> {
+    if vm.status.as_ref() == Some(status) {
+        return Ok(());
+    }
+    let patch = json!({ "status": status });
+    api.patch_status(&vm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// What the controller does after a failed reconcile.
+pub fn error_policy(_vm: Arc<SmolVM>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(reason = error.reason(), error = %error, "reconcile failed");
+    match error.reason() {
+        "Conflict" => Action::requeue(Duration::from_millis(500)),
+        _ => Action::requeue(ctx.timing.retry),
+    }
+}
