@@ -10,3 +10,4 @@ pub mod nodeclient;
 pub mod placement;
 pub mod plan;
 pub mod reconcile;
+pub mod signer;
