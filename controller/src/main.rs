@@ -6,6 +6,7 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use anyhow::Context as _;
 use clap::Parser;
 use futures::StreamExt;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::{
     Api, Client, ResourceExt,
     runtime::{
@@ -16,11 +17,14 @@ use kube::{
     },
 };
 use smolvm_api::{SmolVM, SmolVMNode, constants::FIELD_MANAGER_CONTROLLER};
+use smolvm_api::{constants::RUNTIME_SIGNER, policy::Policy};
+use smolvm_certs::{CertificateAuthority, RENEWAL_FRACTION, ReloadableResolver};
 use smolvm_controller::{
     lease::{self, LeaseConfig},
-    nodeclient::{ClientSettings, Endpoints, NodeClient},
+    nodeclient::{self, ClientSettings, Endpoints, NodeClient},
     placement::{self, Ledger, Request},
     reconcile::{self, Context, Timing},
+    signer,
 };
 use tokio::sync::watch;
 
@@ -28,18 +32,12 @@ use tokio::sync::watch;
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Flags {
-    /// CA certificate that signed the runtime agents' serving certificates.
-    #[arg(long, env = "RUNTIME_CA_FILE", default_value = "/etc/smolvm/runtime-ca/ca.crt")]
-    runtime_ca: PathBuf,
-    /// The controller's client certificate for the node API.
-    #[arg(long, env = "CLIENT_CERT_FILE", default_value = "/etc/smolvm/client/tls.crt")]
-    client_cert: PathBuf,
-    /// The key of that certificate.
-    #[arg(long, env = "CLIENT_KEY_FILE", default_value = "/etc/smolvm/client/tls.key")]
-    client_key: PathBuf,
     /// The node API bearer token (the mounted smolvm-runtime-auth Secret).
     #[arg(long, env = "RUNTIME_TOKEN_FILE", default_value = "/etc/smolvm/runtime-auth/token")]
     token_file: PathBuf,
+    /// The admission policy file (its runtimeUsernames name who may request runtime certificates).
+    #[arg(long, env = "POLICY_FILE")]
+    policy_file: Option<PathBuf>,
     /// Address of /healthz and /readyz.
     #[arg(long, env = "OPS_ADDR", default_value = "0.0.0.0:8080")]
     ops_addr: SocketAddr,
@@ -67,23 +65,13 @@ async fn main() -> anyhow::Result<()> {
     let flags = Flags::parse();
     let client = Client::try_default().await.context("connecting to the API server")?;
 
-    let read = |p: &PathBuf| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
-    let ca = read(&flags.runtime_ca)?;
-    let cert = read(&flags.client_cert)?;
-    let key = read(&flags.client_key)?;
-    let token = read(&flags.token_file)?.trim().to_string();
-    let tls = smolvm_certs::client_config(&ca, Some((&cert, &key)), &[b"h2", b"http/1.1"])
-        .context("building the node API client TLS config")?;
-    let node_client = NodeClient::new(
-        ClientSettings {
-            tls: Arc::new(tls),
-            token: Arc::new(std::sync::RwLock::new(token)),
-            connect_timeout: Duration::from_secs(5),
-            call_timeout: Duration::from_secs(30),
-            start_timeout: Duration::from_secs(300),
-        },
-        Endpoints::default(),
-    );
+    let token = std::fs::read_to_string(&flags.token_file)
+        .with_context(|| format!("reading the node API token {}", flags.token_file.display()))?
+        .trim()
+        .to_string();
+    if token.is_empty() {
+        anyhow::bail!("the node API token file {} is empty", flags.token_file.display());
+    }
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (leader_tx, mut leader_rx) = watch::channel(false);
@@ -117,6 +105,32 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     tracing::info!(identity = %flags.identity, "leading; starting the controller");
+
+    // The runtime CA (created once, shared by every replica), the controller's client certificate
+    // for the node API (rotated at 2/3 of its life), and the CSR signer.
+    let ca = Arc::new(
+        signer::ensure_runtime_ca(client.clone(), &flags.namespace)
+            .await
+            .context("runtime CA")?,
+    );
+    let issued = ca.issue_client(FIELD_MANAGER_CONTROLLER, signer::LEAF_LIFETIME)?;
+    let client_cert = Arc::new(ReloadableResolver::from_pem(&issued.cert_pem, &issued.key_pem)?);
+    tokio::spawn(rotate_client_cert(ca.clone(), client_cert.clone()));
+    let policy = match &flags.policy_file {
+        Some(path) => Policy::from_file(path)?,
+        None => Policy::default(),
+    };
+    tokio::spawn(run_signer(client.clone(), ca.clone(), policy));
+    let node_client = NodeClient::new(
+        ClientSettings {
+            tls: Arc::new(nodeclient::client_tls(ca.cert_pem(), client_cert)?),
+            token: Arc::new(std::sync::RwLock::new(token)),
+            connect_timeout: Duration::from_secs(5),
+            call_timeout: Duration::from_secs(30),
+            start_timeout: Duration::from_secs(300),
+        },
+        Endpoints::default(),
+    );
 
     let vms: Api<SmolVM> = Api::all(client.clone());
     let nodes_api: Api<SmolVMNode> = Api::all(client.clone());
@@ -191,6 +205,43 @@ async fn main() -> anyhow::Result<()> {
         .await;
     tracing::info!("controller stopped");
     Ok(())
+}
+
+/// Re-issues the controller's client certificate at 2/3 of its lifetime.
+async fn rotate_client_cert(ca: Arc<CertificateAuthority>, current: Arc<ReloadableResolver>) {
+    loop {
+        let info = current.current_cert_info();
+        let lifetime = info.not_after.duration_since(info.not_before).unwrap_or_default();
+        let renew_at = info.not_before + lifetime.mul_f64(RENEWAL_FRACTION);
+        let wait = renew_at
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_default();
+        tokio::time::sleep(wait.max(Duration::from_secs(60))).await;
+        match ca
+            .issue_client(FIELD_MANAGER_CONTROLLER, signer::LEAF_LIFETIME)
+            .and_then(|c| current.swap_pem(&c.cert_pem, &c.key_pem))
+        {
+            Ok(()) => tracing::info!("rotated the node API client certificate"),
+            Err(e) => tracing::error!(error = %e, reason = e.reason(), "client certificate rotation failed; retrying"),
+        }
+    }
+}
+
+/// Approves and signs (or denies) the runtime agents' serving-certificate CSRs.
+async fn run_signer(client: Client, ca: Arc<CertificateAuthority>, policy: Policy) {
+    let api: Api<CertificateSigningRequest> = Api::all(client);
+    let config = watcher::Config::default().fields(&format!("spec.signerName={RUNTIME_SIGNER}"));
+    let mut stream = watcher(api.clone(), config).default_backoff().applied_objects().boxed();
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(csr) => {
+                if let Err(e) = signer::handle_csr(&api, &csr, &ca, &policy).await {
+                    tracing::warn!(csr = %csr.name_any(), error = %e, reason = e.reason(), "CSR handling failed");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "CSR watch error"),
+        }
+    }
 }
 
 async fn serve_ops(addr: SocketAddr, leader: watch::Receiver<bool>) {

@@ -388,3 +388,36 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     }
     out
 }
+
+/// Presents the controller's client certificate, swappable on rotation without a new client.
+#[derive(Debug)]
+pub struct ClientCert(pub Arc<smolvm_certs::ReloadableResolver>);
+
+impl rustls::client::ResolvesClientCert for ClientCert {
+    fn resolve(
+        &self,
+        _hints: &[&[u8]],
+        _schemes: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.current_certified_key())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// A client TLS config that trusts only the runtime CA and presents `cert`.
+pub fn client_tls(
+    ca_pem: &str,
+    cert: Arc<smolvm_certs::ReloadableResolver>,
+) -> Result<ClientConfig, smolvm_certs::Error> {
+    let roots = smolvm_certs::root_store(ca_pem)?;
+    let mut config = ClientConfig::builder_with_provider(smolvm_certs::crypto_provider())
+        .with_safe_default_protocol_versions()
+        .map_err(smolvm_certs::Error::TlsConfig)?
+        .with_root_certificates(roots)
+        .with_client_cert_resolver(Arc::new(ClientCert(cert)));
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}

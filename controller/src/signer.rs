@@ -5,7 +5,7 @@
 //! ServiceAccount, its pod-bound token names the node the CSR asks for, and the CSR asks only for
 //! that node's serving name and the serving usages. Anything else is denied with a reason.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use smolvm_api::{
@@ -107,7 +107,6 @@ pub fn judge(csr: &CertificateSigningRequest, policy: &Policy) -> Judgement {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
 
     use k8s_openapi::{
         ByteString,
@@ -211,4 +210,143 @@ mod tests {
         });
         assert_eq!(judge(&decided, &policy), Judgement::Ignore);
     }
+}
+
+/// Name of the Secret holding the runtime CA (certificate and key); only the controller reads it.
+pub const CA_SECRET: &str = "smolvm-runtime-ca";
+/// Name of the ConfigMap publishing the runtime CA certificate (`ca.crt`) to the runtime agents.
+pub const CA_CONFIGMAP: &str = "smolvm-runtime-ca";
+/// Lifetime of the runtime CA.
+pub const CA_LIFETIME: std::time::Duration = std::time::Duration::from_secs(10 * 365 * 24 * 3600);
+/// Lifetime of the runtime serving certificates and of the controller's client certificate.
+pub const LEAF_LIFETIME: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+
+/// Errors of the signer's I/O.
+#[derive(Debug, thiserror::Error)]
+pub enum SignerError {
+    /// The API server failed a call.
+    #[error("API server: {0}")]
+    Kube(#[from] kube::Error),
+    /// Certificate work failed.
+    #[error("certificates: {0}")]
+    Certs(#[from] smolvm_certs::Error),
+    /// The stored CA Secret is incomplete.
+    #[error("Secret {0} lacks {1}")]
+    Incomplete(&'static str, &'static str),
+}
+
+impl SignerError {
+    /// Stable reason string.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SignerError::Kube(_) => "KubeError",
+            SignerError::Certs(e) => e.reason(),
+            SignerError::Incomplete(..) => "CASecretIncomplete",
+        }
+    }
+}
+
+fn secret_text(secret: &k8s_openapi::api::core::v1::Secret, key: &'static str) -> Result<String, SignerError> {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .and_then(|b| String::from_utf8(b.0.clone()).ok())
+        .ok_or(SignerError::Incomplete(CA_SECRET, key))
+}
+
+/// Loads the runtime CA from its Secret, creating it once if absent. When two replicas race, the
+/// one whose create loses (409) loads the winner's, so every replica converges on one CA. Then
+/// publishes the CA certificate in the ConfigMap the runtimes read.
+pub async fn ensure_runtime_ca(
+    client: kube::Client,
+    namespace: &str,
+) -> Result<smolvm_certs::CertificateAuthority, SignerError> {
+    use k8s_openapi::{
+        ByteString,
+        api::core::v1::{ConfigMap, Secret},
+    };
+    use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let secret = match secrets.get_opt(CA_SECRET).await? {
+        Some(s) => s,
+        None => {
+            let ca = smolvm_certs::CertificateAuthority::generate("smolvm-runtime-ca", CA_LIFETIME)?;
+            let secret = Secret {
+                metadata: ObjectMeta {
+                    name: Some(CA_SECRET.into()),
+                    ..Default::default()
+                },
+                type_: Some("kubernetes.io/tls".into()),
+                data: Some(BTreeMap::from([
+                    ("tls.crt".to_string(), ByteString(ca.cert_pem().as_bytes().to_vec())),
+                    ("tls.key".to_string(), ByteString(ca.key_pem().as_bytes().to_vec())),
+                ])),
+                ..Default::default()
+            };
+            match secrets.create(&PostParams::default(), &secret).await {
+                Ok(created) => created,
+                Err(kube::Error::Api(s)) if s.code == 409 => secrets.get(CA_SECRET).await?,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    let ca = smolvm_certs::CertificateAuthority::from_pem(
+        &secret_text(&secret, "tls.crt")?,
+        &secret_text(&secret, "tls.key")?,
+    )?;
+    let configmaps: Api<ConfigMap> = Api::namespaced(client, namespace);
+    let cm = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": CA_CONFIGMAP},
+        "data": {"ca.crt": ca.cert_pem()}
+    });
+    configmaps
+        .patch(
+            CA_CONFIGMAP,
+            &PatchParams::apply(smolvm_api::constants::FIELD_MANAGER_CONTROLLER).force(),
+            &Patch::Apply(&cm),
+        )
+        .await?;
+    Ok(ca)
+}
+
+/// Acts on one CSR: approves and signs, or denies, as [`judge`] decides.
+pub async fn handle_csr(
+    api: &kube::Api<CertificateSigningRequest>,
+    csr: &CertificateSigningRequest,
+    ca: &smolvm_certs::CertificateAuthority,
+    policy: &Policy,
+) -> Result<Judgement, SignerError> {
+    use kube::api::{Patch, PatchParams};
+    let judgement = judge(csr, policy);
+    let name = csr.metadata.name.clone().unwrap_or_default();
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let condition = |type_: &str, reason: &str, message: &str| {
+        serde_json::json!({"status": {"conditions": [{
+            "type": type_, "status": "True", "reason": reason, "message": message,
+            "lastUpdateTime": now, "lastTransitionTime": now
+        }]}})
+    };
+    match &judgement {
+        Judgement::Ignore => {}
+        Judgement::Deny { reason, message } => {
+            let patch = condition("Denied", reason, message);
+            api.patch_subresource("approval", &name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            tracing::warn!(csr = %name, reason, message = %message, "denied runtime CSR");
+        }
+        Judgement::Approve { node } => {
+            let message = format!("runtime serving certificate for node {node}, requested by its own agent");
+            let patch = condition("Approved", "RuntimeNodeVerified", &message);
+            api.patch_subresource("approval", &name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            let cert = ca.sign_csr(&csr.spec.request.0, LEAF_LIFETIME, smolvm_certs::LeafUsage::Server)?;
+            let patch = serde_json::json!({"status": {"certificate": k8s_openapi::ByteString(cert.into_bytes())}});
+            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            tracing::info!(csr = %name, node = %node, "signed runtime serving certificate");
+        }
+    }
+    Ok(judgement)
 }
