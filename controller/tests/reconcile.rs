@@ -1,0 +1,474 @@
+//! Reconcile tests against a tower-test mock of the API server (a test double: the unit tier has
+//! no kube-apiserver; the e2e tier repeats these on a real one). Each case asserts the exact API
+//! calls the reconcile makes, in order.
+
+use std::{sync::Arc, time::Duration};
+
+use http::{Method, Request, Response};
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+    jiff::Timestamp,
+};
+use kube::{
+    Client,
+    client::Body,
+    runtime::{
+        events::{Recorder, Reporter},
+        reflector::{self, store::Writer},
+        watcher,
+    },
+};
+use serde_json::{Value, json};
+use smolvm_api::{
+    SmolVM, SmolVMNode,
+    constants::{FINALIZER, FORCE_DELETE_ANNOTATION, condition},
+    fixtures,
+};
+use smolvm_controller::{
+    nodeclient::{ClientSettings, Endpoints, NodeClient},
+    placement::{self, Ledger},
+    reconcile::{Context, Timing, reconcile},
+};
+use tower_test::mock;
+
+type Handle = mock::Handle<Request<Body>, Response<Body>>;
+
+/// One expected call: method, path (without query), and a check of the JSON body.
+struct Expect {
+    method: Method,
+    path: &'static str,
+    check: Box<dyn Fn(&Value) + Send>,
+}
+
+fn expect(method: Method, path: &'static str, check: impl Fn(&Value) + Send + 'static) -> Expect {
+    Expect {
+        method,
+        path,
+        check: Box::new(check),
+    }
+}
+
+const VM_PATH: &str = "/apis/vm.smolvm.dev/v1alpha1/namespaces/default/smolvms/alpine";
+const VM_STATUS_PATH: &str = "/apis/vm.smolvm.dev/v1alpha1/namespaces/default/smolvms/alpine/status";
+const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+
+/// Serves the expected calls in order, answering each with the object (for SmolVM writes) or the
+/// request body echoed, and fails on any unexpected call.
+async fn serve(mut handle: Handle, calls: Vec<Expect>, object: Value, object_path: &str) -> usize {
+    let mut served = 0;
+    for e in calls {
+        let next = tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await;
+        let Ok(Some((request, send))) = next else {
+            panic!("expected {} {}, got no request", e.method, e.path)
+        };
+        assert_eq!(
+            request.method(),
+            &e.method,
+            "method of call {served}: {}",
+            request.uri()
+        );
+        assert_eq!(request.uri().path(), e.path, "path of call {served}");
+        let bytes = http_body_util::BodyExt::collect(request.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (e.check)(&body);
+        // Writes to the SmolVM answer with the object; anything else (events) echoes the body.
+        let reply = if e.path.starts_with(object_path) {
+            object.clone()
+        } else {
+            body.clone()
+        };
+        send.send_response(
+            Response::builder()
+                .status(200)
+                .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+                .unwrap(),
+        );
+        served += 1;
+    }
+    // Nothing else may be called.
+    if let Ok(Some((request, _))) = tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await {
+        panic!("unexpected call {} {}", request.method(), request.uri());
+    }
+    served
+}
+
+fn context(client: Client, nodes: Vec<SmolVMNode>) -> Arc<Context> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (store, mut writer): (_, Writer<SmolVMNode>) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for n in nodes {
+        writer.apply_watcher_event(&watcher::Event::InitApply(n));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    let ca = smolvm_certs::CertificateAuthority::generate("test-runtime-ca", Duration::from_secs(3600)).unwrap();
+    let tls = smolvm_certs::client_config(ca.cert_pem(), None, &[b"h2"]).unwrap();
+    let node_client = NodeClient::new(
+        ClientSettings {
+            tls: Arc::new(tls),
+            token: Arc::new(std::sync::RwLock::new("t".into())),
+            connect_timeout: Duration::from_millis(500),
+            call_timeout: Duration::from_secs(2),
+            start_timeout: Duration::from_secs(2),
+        },
+        Endpoints::default(),
+    );
+    Arc::new(Context {
+        client: client.clone(),
+        nodes: store,
+        ledger: Ledger::new(),
+        node_client,
+        recorder: Recorder::new(
+            client,
+            Reporter {
+                controller: "smolvm-controller".into(),
+                instance: None,
+            },
+        ),
+        timing: Timing::default(),
+        placement: placement::Config::default(),
+    })
+}
+
+fn ready_node(name: &str, uid: &str, heartbeat_age_secs: i64) -> SmolVMNode {
+    let mut node = fixtures::node(name, 8, 16384, 500);
+    let status = node.status.as_mut().unwrap();
+    status.node_uid = Some(uid.into());
+    status.protocol_version = Some("v1".into());
+    // An endpoint nobody listens on: a closed loopback port.
+    status.endpoint = Some(smolvm_api::Endpoint {
+        address: "127.0.0.1".into(),
+        port: 1,
+    });
+    status.heartbeat_time = Some(Time(
+        Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(heartbeat_age_secs),
+    ));
+    status.conditions = vec![Condition {
+        type_: condition::READY.into(),
+        status: "True".into(),
+        reason: "AsExpected".into(),
+        message: String::new(),
+        last_transition_time: Time(Timestamp::now()),
+        observed_generation: None,
+    }];
+    node.metadata.labels = Some([("kubernetes.io/arch".to_string(), "amd64".to_string())].into());
+    node
+}
+
+fn vm(object: Value) -> SmolVM {
+    let mut object = object;
+    object["metadata"]["resourceVersion"] = json!("7");
+    object["metadata"]["generation"] = json!(1);
+    serde_json::from_value(object).unwrap()
+}
+
+fn with_finalizer(mut object: Value) -> Value {
+    object["metadata"]["finalizers"] = json!([FINALIZER]);
+    object
+}
+
+async fn run_case(object: SmolVM, nodes: Vec<SmolVMNode>, calls: Vec<Expect>) {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let ctx = context(client, nodes);
+    let expected = calls.len();
+    let server = tokio::spawn(serve(handle, calls, serde_json::to_value(&object).unwrap(), VM_PATH));
+    let result = reconcile(Arc::new(object), ctx).await;
+    assert!(result.is_ok(), "reconcile failed: {result:?}");
+    assert_eq!(server.await.unwrap(), expected);
+}
+
+fn condition_of<'a>(body: &'a Value, type_: &str) -> &'a Value {
+    body["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == type_))
+        .unwrap_or_else(|| panic!("no {type_} condition in {body}"))
+}
+
+#[tokio::test]
+async fn add_finalizer() {
+    run_case(
+        vm(fixtures::alpine()),
+        vec![],
+        vec![expect(Method::PATCH, VM_PATH, |body| {
+            assert_eq!(
+                body,
+                &json!([{"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}])
+            );
+        })],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn bind_writes_the_binding_once_with_a_precondition() {
+    run_case(
+        vm(with_finalizer(fixtures::alpine())),
+        vec![ready_node("node-a", "uid-a", 5)],
+        vec![
+            expect(Method::PUT, VM_STATUS_PATH, |body| {
+                assert_eq!(body["metadata"]["resourceVersion"], "7", "optimistic concurrency");
+                assert_eq!(body["status"]["nodeName"], "node-a");
+                assert_eq!(body["status"]["nodeUID"], "uid-a");
+                assert_eq!(body["status"]["phase"], "Scheduled");
+                assert_eq!(condition_of(body, "Scheduled")["status"], "True");
+            }),
+            expect(Method::POST, EVENTS_PATH, |body| {
+                assert_eq!(body["reason"], "Scheduled")
+            }),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn unplaceable_vm_stays_pending_with_the_reason() {
+    run_case(
+        vm(with_finalizer(fixtures::alpine())),
+        vec![ready_node("node-a", "uid-a", 600)],
+        vec![
+            expect(Method::PATCH, VM_STATUS_PATH, |body| {
+                assert_eq!(body["status"]["phase"], "Pending");
+                let c = condition_of(body, "Scheduled");
+                assert_eq!(c["reason"], "Unschedulable");
+                assert_eq!(c["message"], "0/1 nodes can take it: 1 stale heartbeat");
+            }),
+            expect(Method::POST, EVENTS_PATH, |body| {
+                assert_eq!(body["reason"], "FailedScheduling")
+            }),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn unbound_delete_removes_the_finalizer_at_once() {
+    run_case(
+        vm(fixtures::deleting(fixtures::alpine())),
+        vec![],
+        vec![expect(Method::PATCH, VM_PATH, |body| {
+            assert_eq!(body[1], json!({"op": "remove", "path": "/metadata/finalizers/0"}));
+            assert_eq!(body[0]["op"], "test");
+        })],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn blocked_delete_names_the_node_and_the_annotation() {
+    run_case(
+        vm(fixtures::deleting(fixtures::bound(fixtures::alpine(), "node-a"))),
+        vec![ready_node("node-a", "uid-node-a", 5)],
+        vec![
+            expect(Method::PATCH, VM_STATUS_PATH, |body| {
+                assert_eq!(body["status"]["phase"], "Deleting");
+                let c = condition_of(body, "DeletionBlocked");
+                assert_eq!(c["status"], "True");
+                assert_eq!(c["reason"], "RuntimeUnreachable");
+                let message = c["message"].as_str().unwrap();
+                assert!(
+                    message.contains("node-a") && message.contains(FORCE_DELETE_ANNOTATION),
+                    "{message}"
+                );
+            }),
+            expect(Method::POST, EVENTS_PATH, |body| {
+                assert_eq!(body["reason"], "DeletionBlocked")
+            }),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn force_delete_removes_the_finalizer_and_warns_of_orphans() {
+    let mut object = fixtures::deleting(fixtures::bound(fixtures::alpine(), "node-a"));
+    object["metadata"]["annotations"] = json!({ FORCE_DELETE_ANNOTATION: "true" });
+    run_case(
+        vm(object),
+        vec![ready_node("node-a", "uid-node-a", 5)],
+        vec![
+            expect(Method::PATCH, VM_PATH, |body| assert_eq!(body[1]["op"], "remove")),
+            expect(Method::POST, EVENTS_PATH, |body| {
+                assert_eq!(body["type"], "Warning");
+                assert_eq!(body["reason"], "ForceDeleted");
+                assert!(body["note"].as_str().unwrap().contains("orphaned"));
+            }),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn node_unreachable_keeps_the_binding() {
+    run_case(
+        vm(with_finalizer(fixtures::bound(fixtures::alpine(), "node-a"))),
+        vec![ready_node("node-a", "uid-node-a", 600)],
+        vec![
+            expect(Method::PATCH, VM_STATUS_PATH, |body| {
+                assert_eq!(body["status"]["phase"], "Unknown");
+                assert_eq!(body["status"]["nodeName"], "node-a", "the binding stays");
+                let c = condition_of(body, "Ready");
+                assert_eq!(
+                    (c["status"].as_str(), c["reason"].as_str()),
+                    (Some("Unknown"), Some("NodeUnreachable"))
+                );
+            }),
+            expect(Method::POST, EVENTS_PATH, |body| {
+                assert_eq!(body["reason"], "NodeUnreachable")
+            }),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn node_replaced_is_reported_not_adopted() {
+    run_case(
+        vm(with_finalizer(fixtures::bound(fixtures::alpine(), "node-a"))),
+        vec![ready_node("node-a", "uid-new", 5)],
+        vec![
+            expect(Method::PATCH, VM_STATUS_PATH, |body| {
+                assert_eq!(body["status"]["nodeUID"], "uid-node-a", "the binding stays");
+                let c = condition_of(body, "Ready");
+                assert_eq!(
+                    (c["status"].as_str(), c["reason"].as_str()),
+                    (Some("False"), Some("NodeReplaced"))
+                );
+            }),
+            expect(Method::POST, EVENTS_PATH, |body| {
+                assert_eq!(body["reason"], "NodeReplaced")
+            }),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn runtime_unreachable_while_node_looks_healthy() {
+    // Fresh heartbeat, but the node API port is closed: NodeUnreachable from the call itself.
+    run_case(
+        vm(with_finalizer(fixtures::bound(fixtures::alpine(), "node-a"))),
+        vec![ready_node("node-a", "uid-node-a", 5)],
+        vec![
+            expect(Method::PATCH, VM_STATUS_PATH, |body| {
+                let c = condition_of(body, "Ready");
+                assert_eq!(c["reason"], "NodeUnreachable");
+                assert!(c["message"].as_str().unwrap().contains("node-a"));
+            }),
+            expect(Method::POST, EVENTS_PATH, |body| {
+                assert_eq!(body["reason"], "NodeUnreachable")
+            }),
+        ],
+    )
+    .await;
+}
+
+mod csr {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::{
+        ByteString,
+        api::certificates::v1::{CertificateSigningRequest, CertificateSigningRequestSpec},
+    };
+    use kube::Api;
+    use smolvm_api::{
+        constants::{EXTRA_NODE_NAME, RUNTIME_SIGNER},
+        policy::Policy,
+    };
+    use smolvm_controller::signer::{Judgement, handle_csr};
+
+    use super::*;
+
+    const CSR_PATH: &str = "/apis/certificates.k8s.io/v1/certificatesigningrequests/runtime-node-a";
+
+    fn csr(node_claim: &str) -> CertificateSigningRequest {
+        let key = smolvm_certs::generate_key_pair().unwrap();
+        let sans = smolvm_certs::runtime_serving_sans("node-a");
+        let pem = smolvm_certs::build_csr(&key, &sans[0], &sans).unwrap();
+        CertificateSigningRequest {
+            metadata: kube::api::ObjectMeta {
+                name: Some("runtime-node-a".into()),
+                ..Default::default()
+            },
+            spec: CertificateSigningRequestSpec {
+                signer_name: RUNTIME_SIGNER.into(),
+                request: ByteString(pem.into_bytes()),
+                username: Some("system:serviceaccount:smolvm-system:smolvm-runtime".into()),
+                extra: Some(BTreeMap::from([(
+                    EXTRA_NODE_NAME.to_string(),
+                    vec![node_claim.to_string()],
+                )])),
+                usages: Some(vec![
+                    "digital signature".into(),
+                    "key encipherment".into(),
+                    "server auth".into(),
+                ]),
+                ..Default::default()
+            },
+            status: None,
+        }
+    }
+
+    async fn run(object: CertificateSigningRequest, calls: Vec<Expect>) -> Judgement {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let api: Api<CertificateSigningRequest> = Api::all(Client::new(service, "default"));
+        let expected = calls.len();
+        let server = tokio::spawn(serve(handle, calls, serde_json::to_value(&object).unwrap(), CSR_PATH));
+        let ca = smolvm_certs::CertificateAuthority::generate("ca", Duration::from_secs(3600)).unwrap();
+        let judgement = handle_csr(&api, &object, &ca, &Policy::default()).await.unwrap();
+        assert_eq!(server.await.unwrap(), expected);
+        judgement
+    }
+
+    #[tokio::test]
+    async fn csr_approved_and_signed_for_the_requesters_own_node() {
+        let judgement = run(
+            csr("node-a"),
+            vec![
+                expect(
+                    Method::PATCH,
+                    "/apis/certificates.k8s.io/v1/certificatesigningrequests/runtime-node-a/approval",
+                    |body| {
+                        assert_eq!(body["status"]["conditions"][0]["type"], "Approved");
+                    },
+                ),
+                expect(
+                    Method::PATCH,
+                    "/apis/certificates.k8s.io/v1/certificatesigningrequests/runtime-node-a/status",
+                    |body| {
+                        let cert = body["status"]["certificate"].as_str().unwrap();
+                        assert!(!cert.is_empty());
+                    },
+                ),
+            ],
+        )
+        .await;
+        assert_eq!(judgement, Judgement::Approve { node: "node-a".into() });
+    }
+
+    #[tokio::test]
+    async fn csr_denied_when_the_token_names_another_node() {
+        let judgement = run(
+            csr("node-b"),
+            vec![expect(
+                Method::PATCH,
+                "/apis/certificates.k8s.io/v1/certificatesigningrequests/runtime-node-a/approval",
+                |body| {
+                    assert_eq!(body["status"]["conditions"][0]["type"], "Denied");
+                    assert_eq!(body["status"]["conditions"][0]["reason"], "NamesNotAllowed");
+                },
+            )],
+        )
+        .await;
+        assert!(matches!(
+            judgement,
+            Judgement::Deny {
+                reason: "NamesNotAllowed",
+                ..
+            }
+        ));
+    }
+}
