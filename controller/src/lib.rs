@@ -6,6 +6,7 @@
 //! - [`nodeclient`]: the mTLS client of the runtime agents' node API.
 
 pub mod lease;
+pub mod metrics;
 pub mod nodeclient;
 pub mod placement;
 pub mod plan;

@@ -21,6 +21,7 @@ use smolvm_api::{constants::RUNTIME_SIGNER, policy::Policy};
 use smolvm_certs::{CertificateAuthority, RENEWAL_FRACTION, ReloadableResolver};
 use smolvm_controller::{
     lease::{self, LeaseConfig},
+    metrics::Metrics,
     nodeclient::{self, ClientSettings, Endpoints, NodeClient},
     placement::{self, Ledger, Request},
     reconcile::{self, Context, Timing},
@@ -87,7 +88,14 @@ async fn main() -> anyhow::Result<()> {
         leader_tx,
         shutdown_rx.clone(),
     ));
-    tokio::spawn(serve_ops(flags.ops_addr, leader_rx.clone()));
+    let metrics = Arc::new(Metrics::default());
+    let vm_store_slot: VmStoreSlot = Arc::new(std::sync::RwLock::new(None));
+    tokio::spawn(serve_ops(
+        flags.ops_addr,
+        leader_rx.clone(),
+        metrics.clone(),
+        vm_store_slot.clone(),
+    ));
     tokio::spawn(async move {
         let _ = tokio::signal::ctrl_c().await;
         let _ = shutdown_tx.send(true);
@@ -174,9 +182,11 @@ async fn main() -> anyhow::Result<()> {
             retry: Duration::from_secs(30),
         },
         placement: placement::Config::default(),
+        metrics: metrics.clone(),
     });
     let controller = Controller::new(vms, watcher::Config::default());
     let vm_store = controller.store();
+    *vm_store_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(vm_store.clone());
     let mut lost = leader_rx.clone();
     let mut stop = shutdown_rx.clone();
     controller
@@ -244,18 +254,44 @@ async fn run_signer(client: Client, ca: Arc<CertificateAuthority>, policy: Polic
     }
 }
 
-async fn serve_ops(addr: SocketAddr, leader: watch::Receiver<bool>) {
+type VmStoreSlot = Arc<std::sync::RwLock<Option<reflector::Store<SmolVM>>>>;
+
+async fn serve_ops(addr: SocketAddr, leader: watch::Receiver<bool>, metrics: Arc<Metrics>, vms: VmStoreSlot) {
     use axum::{Router, http::StatusCode, routing::get};
-    let app = Router::new().route("/healthz", get(|| async { "ok" })).route(
-        "/readyz",
-        get(move || {
-            let leader = *leader.borrow();
-            async move {
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let leader = *leader.borrow();
                 // Standby replicas are ready too: they serve health and wait for the lease.
-                (StatusCode::OK, if leader { "ok (leader)" } else { "ok (standby)" })
-            }
-        }),
-    );
+                async move { (StatusCode::OK, if leader { "ok (leader)" } else { "ok (standby)" }) }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let store = vms.read().unwrap_or_else(|e| e.into_inner()).clone();
+                if let Some(store) = store {
+                    let mut counts: std::collections::BTreeMap<&'static str, i64> = Default::default();
+                    for vm in store.state() {
+                        let phase = vm.status.as_ref().and_then(|s| s.phase).unwrap_or_default();
+                        *counts.entry(phase.as_str()).or_default() += 1;
+                    }
+                    metrics.set_phases(counts);
+                }
+                let body = metrics.encode();
+                async move {
+                    (
+                        [(
+                            "content-type",
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        body,
+                    )
+                }
+            }),
+        );
     match tokio::net::TcpListener::bind(addr).await {
         Ok(listener) => {
             if let Err(e) = axum::serve(listener, app).await {

@@ -90,10 +90,33 @@ pub struct Context {
     pub timing: Timing,
     /// Placement tunables.
     pub placement: placement::Config,
+    /// Metrics.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
-/// Reconciles one SmolVM.
+/// Times a node API call into the latency histogram.
+async fn timed<T>(ctx: &Context, operation: &str, call: impl std::future::Future<Output = T>) -> T {
+    let start = std::time::Instant::now();
+    let out = call.await;
+    ctx.metrics.runtime_call(operation, start.elapsed());
+    out
+}
+
+/// Reconciles one SmolVM, recording the outcome and duration.
 pub async fn reconcile(vm: Arc<SmolVM>, ctx: Arc<Context>) -> Result<Action, Error> {
+    use tracing::Instrument;
+    let span = tracing::info_span!("reconcile", namespace = %vm.namespace().unwrap_or_default(), name = %vm.name_any());
+    let start = std::time::Instant::now();
+    let result = reconcile_inner(vm, ctx.clone()).instrument(span).await;
+    let label = match &result {
+        Ok(_) => "ok",
+        Err(e) => e.reason(),
+    };
+    ctx.metrics.reconciled(label, start.elapsed());
+    result
+}
+
+async fn reconcile_inner(vm: Arc<SmolVM>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = vm.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<SmolVM> = Api::namespaced(ctx.client.clone(), &ns);
     let uid = vm.uid().ok_or(Error::MissingField("metadata.uid"))?;
@@ -169,7 +192,7 @@ async fn delete(
     force: bool,
 ) -> Result<Action, Error> {
     sync_endpoint(ctx, node);
-    match ctx.node_client.delete_machine(node, machine).await {
+    match timed(ctx, "DeleteMachine", ctx.node_client.delete_machine(node, machine)).await {
         Ok(outcome) => {
             remove_finalizer(api, vm).await?;
             ctx.ledger.release(uid);
@@ -237,6 +260,12 @@ async fn place(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, uid: &str) -> Resu
     let node_name = match chosen {
         Ok(name) => name,
         Err(unplaceable) => {
+            ctx.metrics
+                .placement_failures
+                .get_or_create(&crate::metrics::ReasonLabel {
+                    reason: unplaceable.reason.into(),
+                })
+                .inc();
             status.phase = Some(Phase::Pending);
             let changed = plan::set_condition(
                 &mut status.conditions,
@@ -357,7 +386,7 @@ async fn converge(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, node: &str, mac
         return report_node_problem(api, vm, ctx, status, cond_status, why, message).await;
     }
     sync_endpoint(ctx, node);
-    let observed = match ctx.node_client.get_machine(node, machine).await {
+    let observed = match timed(ctx, "GetMachine", ctx.node_client.get_machine(node, machine)).await {
         Ok(m) => m,
         Err(e) => return report_call_error(api, vm, ctx, status, node, e).await,
     };
@@ -381,10 +410,30 @@ async fn converge(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, node: &str, mac
     let running = vm.spec.running();
     let action = plan::machine_action(&desired, running, observed.as_ref());
     let result = match &action {
-        MachineAction::Create(spec) => ctx.node_client.create_machine(node, machine, spec).await.map(Some),
-        MachineAction::EnsureRunning => ctx.node_client.ensure_running(node, machine).await.map(Some),
-        MachineAction::Stop => ctx.node_client.stop_machine(node, machine).await.map(Some),
-        MachineAction::Resize(spec) => ctx.node_client.resize_machine(node, machine, spec).await.map(Some),
+        MachineAction::Create(spec) => timed(
+            ctx,
+            "CreateMachine",
+            ctx.node_client.create_machine(node, machine, spec),
+        )
+        .await
+        .map(Some),
+        MachineAction::EnsureRunning => timed(
+            ctx,
+            "EnsureMachineRunning",
+            ctx.node_client.ensure_running(node, machine),
+        )
+        .await
+        .map(Some),
+        MachineAction::Stop => timed(ctx, "StopMachine", ctx.node_client.stop_machine(node, machine))
+            .await
+            .map(Some),
+        MachineAction::Resize(spec) => timed(
+            ctx,
+            "ResizeMachine",
+            ctx.node_client.resize_machine(node, machine, spec),
+        )
+        .await
+        .map(Some),
         MachineAction::ResizePending(_) | MachineAction::None => Ok(observed.clone()),
     };
     let machine_now = match result {

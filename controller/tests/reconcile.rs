@@ -129,6 +129,7 @@ fn context(client: Client, nodes: Vec<SmolVMNode>) -> Arc<Context> {
         ),
         timing: Timing::default(),
         placement: placement::Config::default(),
+        metrics: Arc::new(smolvm_controller::metrics::Metrics::default()),
     })
 }
 
