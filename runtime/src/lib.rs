@@ -1,1 +1,20 @@
 //! The node-local runtime agent: supervises smolvm serve and serves the node API over mTLS.
+
+pub mod agent;
+pub mod error;
+pub mod host;
+pub mod metrics;
+pub mod nodeapi;
+pub mod ops;
+pub mod report;
+pub mod serving_cert;
+pub mod supervisor;
+pub mod vmm;
+pub mod watch;
+
+pub use error::{Error, Result};
+
+/// Installs ring as rustls' process-wide crypto provider (ignored when one is installed).
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,165 @@
+//! The agent assembled: supervised smolvm, node API over mTLS, ops port. Used by `main` and by
+//! the integration tests (which run it in-process against a real `smolvm serve`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use smolvm_certs::ReloadableResolver;
+
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::nodeapi::auth::TokenAuth;
+use crate::nodeapi::tls::{MtlsServer, PlainServer};
+use crate::nodeapi::{Identity, NodeApiState, router};
+use crate::supervisor::{Supervisor, SupervisorConfig};
+use crate::vmm::{SmolvmClient, SmolvmConfig, Vmm};
+
+/// Where the trusted client CA comes from.
+#[derive(Debug, Clone)]
+pub enum ClientCa {
+    /// A fixed PEM bundle.
+    Pem(String),
+    /// A file (the CA ConfigMap's `ca.crt`), re-read on change.
+    File(PathBuf),
+}
+
+/// Everything the agent needs to start.
+pub struct AgentOptions {
+    /// Kubernetes Node name.
+    pub node_name: String,
+    /// smolvm supervision.
+    pub supervisor: SupervisorConfig,
+    /// smolvm's local image directory (for `local:<name>` images).
+    pub local_image_dir: Option<PathBuf>,
+    /// Listener of the node API (mTLS).
+    pub node_api_listener: std::net::TcpListener,
+    /// Listener of the ops port (plain HTTP), if any.
+    pub ops_listener: Option<std::net::TcpListener>,
+    /// Serving certificate (swap it to renew).
+    pub resolver: Arc<ReloadableResolver>,
+    /// Serving certificate files to re-read on change (`--tls-cert/--tls-key` mode).
+    pub serving_files: Option<(PathBuf, PathBuf)>,
+    /// Trusted client CA.
+    pub client_ca: ClientCa,
+    /// Bearer token check.
+    pub auth: Arc<TokenAuth>,
+    /// Poll interval for changed files.
+    pub file_poll_interval: Duration,
+}
+
+/// A running agent.
+pub struct Agent {
+    node_api: MtlsServer,
+    ops: Option<PlainServer>,
+    supervisor: Supervisor,
+    metrics: Arc<Metrics>,
+    identity: Arc<Identity>,
+    vmm: Arc<dyn Vmm>,
+}
+
+impl Agent {
+    /// Starts supervision and both servers.
+    pub async fn start(options: AgentOptions) -> Result<Self> {
+        let metrics = Arc::new(Metrics::default());
+        let identity = Identity::new(options.node_name.clone());
+        let mut smolvm_config = SmolvmConfig::new(&options.supervisor.socket);
+        if let Some(dir) = &options.local_image_dir {
+            smolvm_config = smolvm_config.with_local_image_dir(dir);
+        }
+        let vmm: Arc<dyn Vmm> = Arc::new(SmolvmClient::new(smolvm_config));
+        let supervisor = Supervisor::start(options.supervisor, metrics.clone(), identity.clone());
+
+        let state = NodeApiState::new(
+            vmm.clone(),
+            options.auth,
+            identity.clone(),
+            metrics.clone(),
+            options.local_image_dir,
+        );
+        let client_ca_pem = match &options.client_ca {
+            ClientCa::Pem(pem) => pem.clone(),
+            ClientCa::File(path) => {
+                std::fs::read_to_string(path).map_err(|e| Error::io("reading the client CA", path, e))?
+            }
+        };
+        let mut node_api = MtlsServer::start(
+            options.node_api_listener,
+            router(state),
+            options.resolver,
+            &client_ca_pem,
+        )?;
+        metrics.set_serving_cert_loaded(true);
+        if let ClientCa::File(path) = options.client_ca {
+            node_api.watch_client_ca(path, options.file_poll_interval);
+        }
+        if let Some((cert, key)) = options.serving_files {
+            node_api.watch_serving_files(cert, key, options.file_poll_interval);
+        }
+        let ops = match options.ops_listener {
+            Some(listener) => Some(PlainServer::start(
+                listener,
+                crate::ops::router(crate::ops::OpsState {
+                    metrics: metrics.clone(),
+                    runtime: supervisor.status(),
+                }),
+            )?),
+            None => None,
+        };
+        tracing::info!(node_api = %node_api.local_addr(), "node API serving");
+        Ok(Self {
+            node_api,
+            ops,
+            supervisor,
+            metrics,
+            identity,
+            vmm,
+        })
+    }
+
+    /// Address of the node API.
+    pub fn node_api_addr(&self) -> SocketAddr {
+        self.node_api.local_addr()
+    }
+
+    /// Address of the ops port.
+    pub fn ops_addr(&self) -> Option<SocketAddr> {
+        self.ops.as_ref().map(PlainServer::local_addr)
+    }
+
+    /// The supervisor.
+    pub fn supervisor(&self) -> &Supervisor {
+        &self.supervisor
+    }
+
+    /// Metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Identity (node UID is filled in by the reporter).
+    pub fn identity(&self) -> &Arc<Identity> {
+        &self.identity
+    }
+
+    /// The runtime client the node API uses.
+    pub fn vmm(&self) -> &Arc<dyn Vmm> {
+        &self.vmm
+    }
+
+    /// The node API server (serving certificate and client CA reload).
+    pub fn node_api(&self) -> &MtlsServer {
+        &self.node_api
+    }
+
+    /// Stops the servers, then smolvm.
+    pub async fn shutdown(self) {
+        let grace = Duration::from_secs(2);
+        self.node_api.shutdown(grace).await;
+        if let Some(ops) = self.ops {
+            ops.shutdown(grace).await;
+        }
+        self.supervisor.shutdown().await;
+    }
+}

@@ -1,0 +1,212 @@
+//! Facts about this host: KVM usability and machine capacity. Parsing and arithmetic are pure
+//! functions; the thin I/O wrappers read `/dev/kvm`, `/proc/meminfo` and `statvfs`.
+
+use std::path::Path;
+
+use smolvm_api::types::NodeResources;
+
+/// `KVM_GET_API_VERSION` = `_IO(KVMIO, 0x00)` with `KVMIO` = 0xAE.
+pub const KVM_GET_API_VERSION: u64 = 0xAE00;
+/// The only stable KVM API version.
+pub const KVM_API_VERSION: i32 = 12;
+
+/// Whether KVM can be used, with the reason when not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvmStatus {
+    /// `/dev/kvm` opened and answered version 12.
+    pub available: bool,
+    /// What was found.
+    pub message: String,
+}
+
+/// Interprets the result of `KVM_GET_API_VERSION`.
+pub fn kvm_status_from_version(version: Result<i32, String>) -> KvmStatus {
+    match version {
+        Ok(KVM_API_VERSION) => KvmStatus {
+            available: true,
+            message: format!("KVM API version {KVM_API_VERSION}"),
+        },
+        Ok(other) => KvmStatus {
+            available: false,
+            message: format!("KVM API version {other}, expected {KVM_API_VERSION}"),
+        },
+        Err(error) => KvmStatus {
+            available: false,
+            message: error,
+        },
+    }
+}
+
+/// Opens `path` (normally `/dev/kvm`) and asks its API version.
+pub fn check_kvm(path: &Path) -> KvmStatus {
+    use std::os::fd::AsRawFd;
+    let version = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))
+        .and_then(|file| {
+            // SAFETY: ioctl on an fd we own; KVM_GET_API_VERSION takes no argument.
+            let result = unsafe { libc::ioctl(file.as_raw_fd(), KVM_GET_API_VERSION as _, 0) };
+            if result < 0 {
+                Err(format!(
+                    "KVM_GET_API_VERSION on {}: {}",
+                    path.display(),
+                    std::io::Error::last_os_error()
+                ))
+            } else {
+                Ok(result)
+            }
+        });
+    kvm_status_from_version(version)
+}
+
+/// `MemTotal` from `/proc/meminfo` text, in MiB.
+pub fn parse_meminfo_total_mib(text: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix("MemTotal:")?;
+        let mut parts = rest.split_whitespace();
+        let value: u64 = parts.next()?.parse().ok()?;
+        match parts.next() {
+            Some("kB") | None => Some(value / 1024),
+            _ => None,
+        }
+    })
+}
+
+/// Reservations subtracted from capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Reservations {
+    /// CPUs kept for the host.
+    pub cpus: i64,
+    /// Memory in MiB kept for the host.
+    pub memory_mib: i64,
+    /// Storage in GiB kept for the host.
+    pub storage_gib: i64,
+}
+
+/// Capacity minus reservations, never negative.
+pub fn allocatable(capacity: NodeResources, reserved: Reservations) -> NodeResources {
+    NodeResources {
+        cpus: capacity.cpus.saturating_sub(reserved.cpus).max(0),
+        memory_mib: capacity.memory_mib.saturating_sub(reserved.memory_mib).max(0),
+        storage_gib: capacity.storage_gib.saturating_sub(reserved.storage_gib).max(0),
+    }
+}
+
+/// Total bytes of the filesystem holding `path`.
+pub fn filesystem_total_bytes(path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains NUL"))?;
+    // SAFETY: statvfs writes into the zeroed struct we pass; the path is NUL-terminated.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    let result = unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) };
+    if result != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    #[allow(clippy::unnecessary_cast)]
+    Ok((stat.f_blocks as u64).saturating_mul(stat.f_frsize as u64))
+}
+
+/// Capacity of this host: CPUs available to the process, MemTotal, and the size of the
+/// filesystem holding `state_dir` (the nearest existing ancestor when it does not exist yet).
+pub fn host_capacity(state_dir: &Path) -> crate::error::Result<NodeResources> {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let meminfo =
+        std::fs::read_to_string("/proc/meminfo").map_err(|e| crate::error::Error::io("reading", "/proc/meminfo", e))?;
+    let memory_mib = parse_meminfo_total_mib(&meminfo)
+        .ok_or_else(|| crate::error::Error::Config("/proc/meminfo has no MemTotal line".into()))?;
+    let existing = state_dir.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
+    let bytes = filesystem_total_bytes(existing).map_err(|e| crate::error::Error::io("statvfs", existing, e))?;
+    Ok(NodeResources {
+        cpus: i64::try_from(cpus).unwrap_or(i64::MAX),
+        memory_mib: i64::try_from(memory_mib).unwrap_or(i64::MAX),
+        storage_gib: i64::try_from(bytes / (1024 * 1024 * 1024)).unwrap_or(i64::MAX),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meminfo_total() {
+        let cases = [
+            ("MemTotal:       24684532 kB\nMemFree:  1 kB\n", Some(24105)),
+            ("MemFree: 1 kB\nMemTotal: 2048 kB\n", Some(2)),
+            ("MemTotal: 1048576\n", Some(1024)),
+            ("MemFree: 1 kB\n", None),
+            ("MemTotal: lots kB\n", None),
+            ("MemTotal: 5 MB\n", None),
+            ("", None),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(parse_meminfo_total_mib(text), expected, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn allocatable_is_capacity_minus_reservations_never_negative() {
+        let cap = NodeResources {
+            cpus: 8,
+            memory_mib: 16384,
+            storage_gib: 100,
+        };
+        let cases = [
+            (Reservations::default(), (8, 16384, 100)),
+            (
+                Reservations {
+                    cpus: 1,
+                    memory_mib: 1024,
+                    storage_gib: 10,
+                },
+                (7, 15360, 90),
+            ),
+            (
+                Reservations {
+                    cpus: 16,
+                    memory_mib: 99999,
+                    storage_gib: 101,
+                },
+                (0, 0, 0),
+            ),
+        ];
+        for (reserved, (cpus, memory_mib, storage_gib)) in cases {
+            assert_eq!(
+                allocatable(cap, reserved),
+                NodeResources {
+                    cpus,
+                    memory_mib,
+                    storage_gib
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn kvm_versions() {
+        let cases = [
+            (Ok(12), true),
+            (Ok(11), false),
+            (Err("cannot open /dev/kvm: No such file".to_string()), false),
+        ];
+        for (version, available) in cases {
+            assert_eq!(
+                kvm_status_from_version(version.clone()).available,
+                available,
+                "{version:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn real_host_facts_are_readable() {
+        let capacity = host_capacity(Path::new("/nonexistent/state")).expect("capacity");
+        assert!(capacity.cpus >= 1 && capacity.memory_mib > 0);
+        let kvm = check_kvm(Path::new("/dev/kvm"));
+        println!("KVM on this host: {kvm:?}");
+        let missing = check_kvm(Path::new("/nonexistent/kvm"));
+        assert!(!missing.available && missing.message.contains("cannot open"));
+    }
+}

@@ -1,0 +1,440 @@
+//! Pure mapping between node API types and the VMM: spec conversion, spec comparison, resize
+//! planning and error mapping. No I/O here.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use super::types::{
+    MachineSpec, MachineState, MachineStatus, NetworkSpec, NodeApiError, PortProtocol, PortSpec, ResizeSpec, error_code,
+};
+use crate::vmm::{self, Machine, PortMapping, ResizeRequest, VmmError};
+
+/// An HTTP status and the JSON error body that goes with it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiFailure {
+    /// HTTP status code.
+    pub status: u16,
+    /// The body.
+    pub body: NodeApiError,
+}
+
+impl ApiFailure {
+    /// A failure without details.
+    pub fn new(status: u16, code: &str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            body: NodeApiError {
+                code: code.to_string(),
+                message: message.into(),
+                details: None,
+            },
+        }
+    }
+
+    /// Adds details.
+    pub fn with_details(mut self, details: serde_json::Value) -> Self {
+        self.body.details = Some(details);
+        self
+    }
+}
+
+/// Maps a runtime failure to the node API's status and code; smolvm's message is kept verbatim.
+pub fn map_vmm_error(error: &VmmError) -> ApiFailure {
+    let message = error.message().to_string();
+    match error {
+        VmmError::NotFound { .. } => ApiFailure::new(404, error_code::MACHINE_NOT_FOUND, message),
+        VmmError::Conflict { message } if message.contains("Address already in use") => {
+            ApiFailure::new(409, error_code::HOST_PORT_IN_USE, message.clone())
+        }
+        VmmError::Conflict { .. } => ApiFailure::new(409, error_code::CONFLICT, message),
+        VmmError::BadRequest { message } if message.contains("requires a running machine") => {
+            ApiFailure::new(409, error_code::RESIZE_REQUIRES_RUNNING, message.clone())
+        }
+        VmmError::BadRequest { .. } => ApiFailure::new(400, error_code::INVALID_REQUEST, message),
+        VmmError::StartFailed { .. } => ApiFailure::new(500, error_code::START_FAILED, message),
+        VmmError::Unavailable { .. } => ApiFailure::new(503, error_code::RUNTIME_UNAVAILABLE, error.to_string()),
+        VmmError::Timeout { .. } => ApiFailure::new(504, error_code::RUNTIME_TIMEOUT, message),
+        VmmError::Internal { .. } => ApiFailure::new(500, error_code::RUNTIME_ERROR, message),
+        VmmError::Protocol(_) => ApiFailure::new(502, error_code::RUNTIME_PROTOCOL_ERROR, message),
+    }
+}
+
+fn to_vmm_port(port: &PortSpec) -> PortMapping {
+    PortMapping {
+        host_port: port.host_port,
+        guest_port: port.guest_port,
+        protocol: match port.protocol {
+            PortProtocol::Tcp => vmm::PortProtocol::Tcp,
+            PortProtocol::Udp => vmm::PortProtocol::Udp,
+        },
+    }
+}
+
+fn from_vmm_port(port: &PortMapping) -> PortSpec {
+    PortSpec {
+        host_port: port.host_port,
+        guest_port: port.guest_port,
+        protocol: match port.protocol {
+            vmm::PortProtocol::Tcp => PortProtocol::Tcp,
+            vmm::PortProtocol::Udp => PortProtocol::Udp,
+        },
+    }
+}
+
+/// The VMM create request for a node API spec. An empty allow-list means unrestricted egress.
+pub fn to_vmm_spec(name: &str, spec: &MachineSpec) -> vmm::MachineSpec {
+    let mut out = vmm::MachineSpec::new(name, spec.cpus, spec.memory_mib);
+    out.image = Some(spec.image.clone());
+    out.storage_gib = Some(spec.storage_gib);
+    out.overlay_gib = Some(spec.overlay_gib);
+    out.network = spec.network.enabled;
+    out.ports = spec.network.ports.iter().map(to_vmm_port).collect();
+    out.allowed_cidrs = if spec.network.allowed_cidrs.is_empty() {
+        None
+    } else {
+        Some(spec.network.allowed_cidrs.clone())
+    };
+    out
+}
+
+fn allowed_cidrs_of(machine: &Machine) -> Vec<String> {
+    machine
+        .raw
+        .get("allowedCidrs")
+        .and_then(|v| v.as_array())
+        .map(|list| list.iter().filter_map(|c| c.as_str().map(str::to_string)).collect())
+        .unwrap_or_default()
+}
+
+/// A machine as the node API reports it.
+pub fn to_status(machine: &Machine) -> MachineStatus {
+    let state = match machine.state {
+        vmm::MachineState::Created => MachineState::Created,
+        vmm::MachineState::Running => MachineState::Running,
+        vmm::MachineState::Stopped => MachineState::Stopped,
+        vmm::MachineState::Failed => MachineState::Failed,
+        vmm::MachineState::Unknown(_) => MachineState::Unknown,
+    };
+    MachineStatus {
+        name: machine.name.clone(),
+        state,
+        runtime_state: machine.state.as_str().to_string(),
+        image: machine.image.clone(),
+        cpus: machine.cpus,
+        memory_mib: machine.memory_mib,
+        storage_gib: machine.storage_gib,
+        overlay_gib: machine.overlay_gib,
+        network: NetworkSpec {
+            enabled: machine.network,
+            ports: machine.ports.iter().map(from_vmm_port).collect(),
+            allowed_cidrs: allowed_cidrs_of(machine),
+        },
+        pid: machine.pid,
+    }
+}
+
+/// Whether the image smolvm reports matches the requested one. `local:<name>` is reported as
+/// `local-dir:<dir>/<name>` (a rootfs directory) or `local:<sha256>` (an archive at that path).
+pub fn image_matches(requested: &str, reported: Option<&str>, local_image_dir: Option<&Path>) -> bool {
+    let Some(reported) = reported else {
+        return false;
+    };
+    match (requested.strip_prefix("local:"), local_image_dir) {
+        (Some(name), Some(dir)) => {
+            let path = dir.join(name);
+            match reported.strip_prefix("local-dir:") {
+                Some(reported_path) => Path::new(reported_path) == path,
+                // An archive is reported by its digest; the name cannot be compared.
+                None => reported.starts_with("local:") && path.is_file(),
+            }
+        }
+        _ => requested == reported,
+    }
+}
+
+/// The spec fields (wire names) in which an existing machine differs from the requested spec.
+pub fn spec_differences(spec: &MachineSpec, machine: &Machine, local_image_dir: Option<&Path>) -> Vec<&'static str> {
+    let mut fields = Vec::new();
+    if !image_matches(&spec.image, machine.image.as_deref(), local_image_dir) {
+        fields.push("image");
+    }
+    if spec.cpus != machine.cpus {
+        fields.push("cpus");
+    }
+    if u64::from(spec.memory_mib) != machine.memory_mib {
+        fields.push("memoryMiB");
+    }
+    if machine.storage_gib.is_some_and(|s| s != spec.storage_gib) {
+        fields.push("storageGiB");
+    }
+    if machine.overlay_gib.is_some_and(|s| s != spec.overlay_gib) {
+        fields.push("overlayGiB");
+    }
+    if spec.network.enabled != machine.network {
+        fields.push("network.enabled");
+    }
+    let wanted: BTreeSet<PortSpec> = spec.network.ports.iter().copied().collect();
+    let have: BTreeSet<PortSpec> = machine.ports.iter().map(from_vmm_port).collect();
+    if wanted != have {
+        fields.push("network.ports");
+    }
+    let wanted: BTreeSet<&str> = spec.network.allowed_cidrs.iter().map(String::as_str).collect();
+    let have_list = allowed_cidrs_of(machine);
+    let have: BTreeSet<&str> = have_list.iter().map(String::as_str).collect();
+    if wanted != have {
+        fields.push("network.allowedCIDRs");
+    }
+    fields
+}
+
+/// What a resize has to do against a machine's current sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ResizePlan {
+    /// Disk changes to send (any state); `None` when the disks already have the asked sizes.
+    pub disks: Option<ResizeRequest>,
+    /// CPU / memory changes to send (running machines only); `None` when already so.
+    pub live: Option<ResizeRequest>,
+}
+
+/// Plans a resize: only fields that differ from the machine are sent.
+pub fn plan_resize(request: &ResizeSpec, machine: &Machine) -> ResizePlan {
+    let storage = request.storage_gib.filter(|s| machine.storage_gib != Some(*s));
+    let overlay = request.overlay_gib.filter(|s| machine.overlay_gib != Some(*s));
+    let cpus = request.cpus.filter(|c| *c != machine.cpus);
+    let memory = request.memory_mib.filter(|m| u64::from(*m) != machine.memory_mib);
+    let disks = (storage.is_some() || overlay.is_some()).then_some(ResizeRequest {
+        storage_gib: storage,
+        overlay_gib: overlay,
+        ..ResizeRequest::default()
+    });
+    let live = (cpus.is_some() || memory.is_some()).then_some(ResizeRequest {
+        cpus,
+        memory_mib: memory,
+        ..ResizeRequest::default()
+    });
+    ResizePlan { disks, live }
+}
+
+/// Wire names of the live fields a plan could not apply.
+pub fn pending_live_fields(live: &ResizeRequest) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if live.cpus.is_some() {
+        out.push("cpus");
+    }
+    if live.memory_mib.is_some() {
+        out.push("memoryMiB");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine() -> Machine {
+        let raw = serde_json::json!({"name":"m","image":"alpine:3","state":"created","cpus":1,"memoryMb":512,
+            "ports":[{"host":8080,"guest":80}],"network":true,"allowedCidrs":["10.0.0.0/8"],"storageGb":20,"overlayGb":10});
+        crate::vmm::smolvm::machine_from_json(raw).expect("machine")
+    }
+
+    fn spec() -> MachineSpec {
+        MachineSpec {
+            image: "alpine:3".into(),
+            cpus: 1,
+            memory_mib: 512,
+            storage_gib: 20,
+            overlay_gib: 10,
+            network: NetworkSpec {
+                enabled: true,
+                ports: vec![PortSpec {
+                    host_port: 8080,
+                    guest_port: 80,
+                    protocol: PortProtocol::Tcp,
+                }],
+                allowed_cidrs: vec!["10.0.0.0/8".into()],
+            },
+        }
+    }
+
+    #[test]
+    fn spec_differences_name_each_field() {
+        type Edit = fn(&mut MachineSpec);
+        let cases: Vec<(Edit, Vec<&str>)> = vec![
+            (|_| {}, vec![]),
+            (|s| s.image = "alpine:4".into(), vec!["image"]),
+            (|s| s.cpus = 2, vec!["cpus"]),
+            (|s| s.memory_mib = 1024, vec!["memoryMiB"]),
+            (|s| s.storage_gib = 30, vec!["storageGiB"]),
+            (|s| s.overlay_gib = 11, vec!["overlayGiB"]),
+            (|s| s.network.enabled = false, vec!["network.enabled"]),
+            (|s| s.network.ports[0].guest_port = 81, vec!["network.ports"]),
+            (
+                |s| s.network.ports[0].protocol = PortProtocol::Udp,
+                vec!["network.ports"],
+            ),
+            (|s| s.network.allowed_cidrs.clear(), vec!["network.allowedCIDRs"]),
+            (
+                |s| {
+                    s.cpus = 4;
+                    s.image = "x".into()
+                },
+                vec!["image", "cpus"],
+            ),
+        ];
+        for (edit, expected) in cases {
+            let mut s = spec();
+            edit(&mut s);
+            assert_eq!(spec_differences(&s, &machine(), None), expected, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn local_images_compare_by_path() {
+        let dir = Path::new("/images");
+        let cases = [
+            ("local:tiny", Some("local-dir:/images/tiny"), true),
+            ("local:tiny", Some("local-dir:/images/other"), false),
+            ("alpine:3", Some("alpine:3"), true),
+            ("alpine:3", Some("alpine:4"), false),
+            ("alpine:3", None, false),
+            // An archive's digest cannot be compared with a name that is not a file here.
+            ("local:none", Some("local:abc"), false),
+        ];
+        for (requested, reported, ok) in cases {
+            assert_eq!(
+                image_matches(requested, reported, Some(dir)),
+                ok,
+                "{requested} {reported:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn resize_plans_only_differences() {
+        let m = machine();
+        let cases = [
+            (ResizeSpec::default(), None, None),
+            (
+                ResizeSpec {
+                    storage_gib: Some(20),
+                    cpus: Some(1),
+                    ..ResizeSpec::default()
+                },
+                None,
+                None,
+            ),
+            (
+                ResizeSpec {
+                    storage_gib: Some(30),
+                    ..ResizeSpec::default()
+                },
+                Some(ResizeRequest {
+                    storage_gib: Some(30),
+                    ..ResizeRequest::default()
+                }),
+                None,
+            ),
+            (
+                ResizeSpec {
+                    overlay_gib: Some(12),
+                    memory_mib: Some(1024),
+                    ..ResizeSpec::default()
+                },
+                Some(ResizeRequest {
+                    overlay_gib: Some(12),
+                    ..ResizeRequest::default()
+                }),
+                Some(ResizeRequest {
+                    memory_mib: Some(1024),
+                    ..ResizeRequest::default()
+                }),
+            ),
+        ];
+        for (request, disks, live) in cases {
+            assert_eq!(plan_resize(&request, &m), ResizePlan { disks, live }, "{request:?}");
+        }
+    }
+
+    #[test]
+    fn vmm_errors_map_to_statuses_and_codes() {
+        let m = |s: &str| s.to_string();
+        let cases = [
+            (
+                VmmError::NotFound {
+                    message: m("machine 'x' not found"),
+                },
+                404,
+                "MachineNotFound",
+            ),
+            (
+                VmmError::Conflict {
+                    message: m("machine 'x' already exists"),
+                },
+                409,
+                "Conflict",
+            ),
+            (
+                VmmError::Conflict {
+                    message: m("cannot publish host TCP 127.0.0.1:1: Address already in use (os error 98)"),
+                },
+                409,
+                "HostPortInUse",
+            ),
+            (
+                VmmError::BadRequest {
+                    message: m("live CPU/RAM resize requires a running machine; use update"),
+                },
+                409,
+                "ResizeRequiresRunning",
+            ),
+            (
+                VmmError::BadRequest {
+                    message: m("port 0 is not valid"),
+                },
+                400,
+                "InvalidRequest",
+            ),
+            (
+                VmmError::StartFailed {
+                    message: m("failed to start machine: x"),
+                },
+                500,
+                "StartFailed",
+            ),
+            (VmmError::Unavailable { message: m("gone") }, 503, "RuntimeUnavailable"),
+            (VmmError::Timeout { message: m("slow") }, 504, "RuntimeTimeout"),
+            (
+                VmmError::Internal {
+                    status: 500,
+                    message: m("boom"),
+                },
+                500,
+                "RuntimeError",
+            ),
+            (VmmError::Protocol(m("garbage")), 502, "RuntimeProtocolError"),
+        ];
+        for (error, status, code) in cases {
+            let failure = map_vmm_error(&error);
+            assert_eq!(
+                (failure.status, failure.body.code.as_str()),
+                (status, code),
+                "{error:?}"
+            );
+            assert!(failure.body.message.contains(error.message()));
+        }
+    }
+
+    #[test]
+    fn spec_converts_to_smolvm_create() {
+        let converted = to_vmm_spec("m", &spec());
+        assert_eq!(converted.image.as_deref(), Some("alpine:3"));
+        assert_eq!((converted.storage_gib, converted.overlay_gib), (Some(20), Some(10)));
+        assert_eq!(converted.allowed_cidrs, Some(vec!["10.0.0.0/8".to_string()]));
+        let mut open = spec();
+        open.network.allowed_cidrs.clear();
+        assert_eq!(to_vmm_spec("m", &open).allowed_cidrs, None);
+        let status = to_status(&machine());
+        assert_eq!(status.state, MachineState::Created);
+        assert_eq!(status.network, spec().network);
+    }
+}

@@ -1,0 +1,506 @@
+//! The node API's axum router: authentication, metrics, and one handler per operation.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::auth::TokenAuth;
+use super::logic::{self, ApiFailure};
+use super::types::{
+    DeleteResponse, HealthResponse, IdentityResponse, MachineSpec, MachineState, ResizeSpec, error_code,
+    validate_machine_name,
+};
+use crate::metrics::Metrics;
+use crate::vmm::{DeleteOutcome, Vmm, VmmError};
+
+/// Largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// What the agent knows about itself, shared with the supervisor and the reporter.
+#[derive(Debug)]
+pub struct Identity {
+    /// Kubernetes Node name.
+    pub node_name: String,
+    /// Kubernetes Node UID once known.
+    pub node_uid: RwLock<Option<String>>,
+    /// smolvm's version once it answered.
+    pub runtime_version: RwLock<Option<String>>,
+}
+
+impl Identity {
+    /// An identity with only the node name known.
+    pub fn new(node_name: impl Into<String>) -> Arc<Self> {
+        Arc::new(Self {
+            node_name: node_name.into(),
+            node_uid: RwLock::new(None),
+            runtime_version: RwLock::new(None),
+        })
+    }
+
+    /// Records the node UID.
+    pub fn set_node_uid(&self, uid: Option<String>) {
+        if let Ok(mut slot) = self.node_uid.write() {
+            *slot = uid;
+        }
+    }
+
+    /// Records smolvm's version.
+    pub fn set_runtime_version(&self, version: Option<String>) {
+        if let Ok(mut slot) = self.runtime_version.write() {
+            *slot = version;
+        }
+    }
+
+    fn snapshot(&self) -> (Option<String>, Option<String>) {
+        (
+            self.node_uid.read().ok().and_then(|v| v.clone()),
+            self.runtime_version.read().ok().and_then(|v| v.clone()),
+        )
+    }
+}
+
+/// Everything the handlers share.
+#[derive(Clone)]
+pub struct NodeApiState {
+    /// The machine runtime.
+    pub vmm: Arc<dyn Vmm>,
+    /// Bearer token check.
+    pub auth: Arc<TokenAuth>,
+    /// Who we are.
+    pub identity: Arc<Identity>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// smolvm's local image directory (to compare `local:` images).
+    pub local_image_dir: Option<PathBuf>,
+    locks: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+}
+
+impl NodeApiState {
+    /// State for a runtime.
+    pub fn new(
+        vmm: Arc<dyn Vmm>,
+        auth: Arc<TokenAuth>,
+        identity: Arc<Identity>,
+        metrics: Arc<Metrics>,
+        local_image_dir: Option<PathBuf>,
+    ) -> Self {
+        Self {
+            vmm,
+            auth,
+            identity,
+            metrics,
+            local_image_dir,
+            locks: Arc::default(),
+        }
+    }
+
+    /// Serializes mutating operations per machine name.
+    async fn lock(&self, name: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = match self.locks.lock() {
+            Ok(mut locks) => locks.entry(name.to_string()).or_default().clone(),
+            Err(_) => Arc::default(),
+        };
+        lock.lock_owned().await
+    }
+
+    fn forget_lock(&self, name: &str) {
+        if let Ok(mut locks) = self.locks.lock() {
+            locks.remove(name);
+        }
+    }
+}
+
+/// The stable code of a response, for metrics.
+#[derive(Debug, Clone, Copy)]
+struct ResponseCode(&'static str);
+
+/// A handler failure: rendered as JSON with the failure's status.
+#[derive(Debug)]
+pub struct ApiError(pub ApiFailure);
+
+impl From<ApiFailure> for ApiError {
+    fn from(failure: ApiFailure) -> Self {
+        Self(failure)
+    }
+}
+
+impl From<VmmError> for ApiError {
+    fn from(error: VmmError) -> Self {
+        Self(logic::map_vmm_error(&error))
+    }
+}
+
+fn static_code(code: &str) -> &'static str {
+    const CODES: [&str; 17] = [
+        error_code::INVALID_REQUEST,
+        error_code::UNAUTHENTICATED,
+        error_code::FORBIDDEN,
+        error_code::MACHINE_NOT_FOUND,
+        error_code::ROUTE_NOT_FOUND,
+        error_code::METHOD_NOT_ALLOWED,
+        error_code::MACHINE_SPEC_CONFLICT,
+        error_code::RESIZE_REQUIRES_RUNNING,
+        error_code::HOST_PORT_IN_USE,
+        error_code::CONFLICT,
+        error_code::PAYLOAD_TOO_LARGE,
+        error_code::START_FAILED,
+        error_code::RUNTIME_ERROR,
+        error_code::RUNTIME_PROTOCOL_ERROR,
+        error_code::RUNTIME_UNAVAILABLE,
+        error_code::RUNTIME_TIMEOUT,
+        "OK",
+    ];
+    CODES.iter().find(|c| **c == code).copied().unwrap_or("Other")
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let code = static_code(&self.0.body.code);
+        let mut response = json_response(status, &self.0.body);
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response.extensions_mut().insert(ResponseCode(code));
+        response
+    }
+}
+
+fn json_response<T: Serialize>(status: StatusCode, body: &T) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(bytes) => {
+            let mut response = Response::new(Body::from(bytes));
+            *response.status_mut() = status;
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            response
+        }
+        Err(_) => {
+            let mut response = Response::new(Body::from(
+                r#"{"code":"RuntimeError","message":"cannot serialize the answer"}"#,
+            ));
+            *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            response
+        }
+    }
+}
+
+fn ok<T: Serialize>(status: StatusCode, body: &T) -> Response {
+    let mut response = json_response(status, body);
+    response.extensions_mut().insert(ResponseCode("OK"));
+    response
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = body.map_err(|rejection| {
+        let status = rejection.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiFailure::new(
+                413,
+                error_code::PAYLOAD_TOO_LARGE,
+                format!("request body exceeds {MAX_BODY_BYTES} bytes"),
+            )
+        } else {
+            ApiFailure::new(400, error_code::INVALID_REQUEST, rejection.body_text())
+        }
+    })?;
+    let invalid = |why: String| ApiError(ApiFailure::new(400, error_code::INVALID_REQUEST, why));
+    let value: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| invalid(format!("invalid JSON body: {e}")))?;
+    // serde would read a struct from an array too; the protocol speaks objects only.
+    if !value.is_object() {
+        return Err(invalid("invalid JSON body: expected a JSON object".into()));
+    }
+    serde_json::from_value(value).map_err(|e| invalid(format!("invalid JSON body: {e}")))
+}
+
+fn check_name(name: &str) -> Result<(), ApiError> {
+    validate_machine_name(name).map_err(|message| ApiFailure::new(400, error_code::INVALID_REQUEST, message).into())
+}
+
+/// The operation name of a request, for metrics and logs.
+pub fn operation_name(method: &Method, path: &str) -> &'static str {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match (method.as_str(), segments.as_slice()) {
+        ("GET", ["v1", "health"]) => "Health",
+        ("GET", ["v1", "identity"]) => "Identity",
+        ("GET", ["v1", "machines", _]) => "GetMachine",
+        ("PUT", ["v1", "machines", _]) => "CreateMachine",
+        ("DELETE", ["v1", "machines", _]) => "DeleteMachine",
+        ("POST", ["v1", "machines", _, "ensure-running"]) => "EnsureMachineRunning",
+        ("POST", ["v1", "machines", _, "stop"]) => "StopMachine",
+        ("POST", ["v1", "machines", _, "resize"]) => "ResizeMachine",
+        _ => "Unknown",
+    }
+}
+
+async fn metrics_layer(State(state): State<NodeApiState>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let operation = operation_name(request.method(), request.uri().path());
+    let response = next.run(request).await;
+    let code = response
+        .extensions()
+        .get::<ResponseCode>()
+        .map(|c| c.0)
+        .unwrap_or("Other");
+    let elapsed = started.elapsed();
+    state.metrics.observe_request(operation, code, elapsed);
+    tracing::debug!(
+        operation,
+        code,
+        status = response.status().as_u16(),
+        elapsed_us = elapsed.as_micros() as u64,
+        "node API request"
+    );
+    response
+}
+
+async fn auth_layer(State(state): State<NodeApiState>, request: Request, next: Next) -> Response {
+    let header = request.headers().get(header::AUTHORIZATION).map(HeaderValue::as_bytes);
+    if state.auth.check_header(header) {
+        next.run(request).await
+    } else {
+        ApiError(ApiFailure::new(
+            401,
+            error_code::UNAUTHENTICATED,
+            "a valid bearer token is required",
+        ))
+        .into_response()
+    }
+}
+
+/// The node API router (routes under `/v1`, JSON errors everywhere, bearer token on every call).
+pub fn router(state: NodeApiState) -> Router {
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/v1/identity", get(identity))
+        .route(
+            "/v1/machines/{name}",
+            get(get_machine).put(create_machine).delete(delete_machine),
+        )
+        .route("/v1/machines/{name}/ensure-running", post(ensure_running))
+        .route("/v1/machines/{name}/stop", post(stop_machine))
+        .route("/v1/machines/{name}/resize", post(resize_machine))
+        .fallback(route_not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(state.clone(), auth_layer))
+        .layer(middleware::from_fn_with_state(state.clone(), metrics_layer))
+        .with_state(state)
+}
+
+async fn route_not_found(request: Request) -> ApiError {
+    ApiError(ApiFailure::new(
+        404,
+        error_code::ROUTE_NOT_FOUND,
+        format!("no route {} {}", request.method(), request.uri().path()),
+    ))
+}
+
+async fn method_not_allowed(request: Request) -> ApiError {
+    ApiError(ApiFailure::new(
+        405,
+        error_code::METHOD_NOT_ALLOWED,
+        format!("method {} is not allowed on {}", request.method(), request.uri().path()),
+    ))
+}
+
+async fn health(State(state): State<NodeApiState>) -> ApiResult {
+    let health = state.vmm.health().await?;
+    state.identity.set_runtime_version(Some(health.version.clone()));
+    Ok(ok(
+        StatusCode::OK,
+        &HealthResponse {
+            status: health.status,
+            runtime_version: health.version,
+            protocol_version: smolvm_api::constants::PROTOCOL_VERSION.to_string(),
+            machines_total: health.machines_total,
+            machines_running: health.machines_running,
+        },
+    ))
+}
+
+async fn identity(State(state): State<NodeApiState>) -> ApiResult {
+    let (node_uid, runtime_version) = state.identity.snapshot();
+    Ok(ok(
+        StatusCode::OK,
+        &IdentityResponse {
+            node_name: state.identity.node_name.clone(),
+            node_uid,
+            runtime_version,
+            protocol_version: smolvm_api::constants::PROTOCOL_VERSION.to_string(),
+            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+        },
+    ))
+}
+
+fn not_found(name: &str) -> ApiError {
+    ApiError(ApiFailure::new(
+        404,
+        error_code::MACHINE_NOT_FOUND,
+        format!("machine '{name}' not found"),
+    ))
+}
+
+async fn get_machine(State(state): State<NodeApiState>, Path(name): Path<String>) -> ApiResult {
+    check_name(&name)?;
+    match state.vmm.get(&name).await? {
+        Some(machine) => Ok(ok(StatusCode::OK, &logic::to_status(&machine))),
+        None => Err(not_found(&name)),
+    }
+}
+
+async fn create_machine(
+    State(state): State<NodeApiState>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    check_name(&name)?;
+    let spec: MachineSpec = parse_body(body)?;
+    let _guard = state.lock(&name).await;
+    let compare = |machine: &crate::vmm::Machine| -> ApiResult {
+        let fields = logic::spec_differences(&spec, machine, state.local_image_dir.as_deref());
+        if fields.is_empty() {
+            Ok(ok(StatusCode::OK, &logic::to_status(machine)))
+        } else {
+            Err(ApiFailure::new(
+                409,
+                error_code::MACHINE_SPEC_CONFLICT,
+                format!("machine '{name}' exists with a different spec: {}", fields.join(", ")),
+            )
+            .with_details(serde_json::json!({ "fields": fields }))
+            .into())
+        }
+    };
+    if let Some(existing) = state.vmm.get(&name).await? {
+        return compare(&existing);
+    }
+    match state.vmm.create(&logic::to_vmm_spec(&name, &spec)).await {
+        Ok(machine) => Ok(ok(StatusCode::CREATED, &logic::to_status(&machine))),
+        // Created between our get and create by someone else: compare with what is there.
+        Err(VmmError::Conflict { message }) => match state.vmm.get(&name).await? {
+            Some(existing) => compare(&existing),
+            None => Err(VmmError::Conflict { message }.into()),
+        },
+        Err(error) => Err(error.into()),
+    }
+}
+
+async fn ensure_running(State(state): State<NodeApiState>, Path(name): Path<String>) -> ApiResult {
+    check_name(&name)?;
+    let _guard = state.lock(&name).await;
+    let Some(machine) = state.vmm.get(&name).await? else {
+        return Err(not_found(&name));
+    };
+    if machine.state == crate::vmm::MachineState::Running {
+        return Ok(ok(StatusCode::OK, &logic::to_status(&machine)));
+    }
+    let started = state.vmm.start(&name).await?;
+    Ok(ok(StatusCode::OK, &logic::to_status(&started)))
+}
+
+async fn stop_machine(State(state): State<NodeApiState>, Path(name): Path<String>) -> ApiResult {
+    check_name(&name)?;
+    let _guard = state.lock(&name).await;
+    let stopped = state.vmm.stop(&name).await?;
+    Ok(ok(StatusCode::OK, &logic::to_status(&stopped)))
+}
+
+async fn delete_machine(State(state): State<NodeApiState>, Path(name): Path<String>) -> ApiResult {
+    check_name(&name)?;
+    let guard = state.lock(&name).await;
+    let outcome = state.vmm.delete(&name).await?;
+    drop(guard);
+    state.forget_lock(&name);
+    let body = match outcome {
+        DeleteOutcome::Deleted => DeleteResponse {
+            deleted: true,
+            missing: false,
+        },
+        DeleteOutcome::Missing => DeleteResponse {
+            deleted: false,
+            missing: true,
+        },
+    };
+    Ok(ok(StatusCode::OK, &body))
+}
+
+async fn resize_machine(
+    State(state): State<NodeApiState>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    check_name(&name)?;
+    let request: ResizeSpec = parse_body(body)?;
+    let _guard = state.lock(&name).await;
+    let Some(mut machine) = state.vmm.get(&name).await? else {
+        return Err(not_found(&name));
+    };
+    let plan = logic::plan_resize(&request, &machine);
+    if let Some(disks) = plan.disks {
+        machine = state.vmm.resize(&name, &disks).await?;
+    }
+    if let Some(live) = plan.live {
+        if logic::to_status(&machine).state != MachineState::Running {
+            let pending = logic::pending_live_fields(&live);
+            return Err(ApiFailure::new(
+                409,
+                error_code::RESIZE_REQUIRES_RUNNING,
+                format!(
+                    "machine '{name}' is not running: {} can change only on a running machine{}",
+                    pending.join(" and "),
+                    if plan.disks.is_some() {
+                        " (disk growth was applied)"
+                    } else {
+                        ""
+                    }
+                ),
+            )
+            .with_details(serde_json::json!({ "pending": pending, "machine": logic::to_status(&machine) }))
+            .into());
+        }
+        machine = state.vmm.resize(&name, &live).await?;
+    }
+    Ok(ok(StatusCode::OK, &logic::to_status(&machine)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operation_names() {
+        let cases = [
+            (Method::GET, "/v1/health", "Health"),
+            (Method::GET, "/v1/identity", "Identity"),
+            (Method::GET, "/v1/machines/a", "GetMachine"),
+            (Method::PUT, "/v1/machines/a", "CreateMachine"),
+            (Method::DELETE, "/v1/machines/a", "DeleteMachine"),
+            (Method::POST, "/v1/machines/a/ensure-running", "EnsureMachineRunning"),
+            (Method::POST, "/v1/machines/a/stop", "StopMachine"),
+            (Method::POST, "/v1/machines/a/resize", "ResizeMachine"),
+            (Method::POST, "/v1/machines/a", "Unknown"),
+            (Method::GET, "/nope", "Unknown"),
+        ];
+        for (method, path, name) in cases {
+            assert_eq!(operation_name(&method, path), name, "{method} {path}");
+        }
+    }
+}

@@ -1,0 +1,523 @@
+//! Keeping this node's `SmolVMNode` current: created if missing (owned by the Node), labels
+//! mirrored from the Node without erasing admin-set labels, and status applied server-side
+//! (field manager [`FIELD_MANAGER_RUNTIME`], forced) with a heartbeat.
+//!
+//! The merge and status-building rules are pure functions; [`Reporter`] is the thin I/O.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use smolvm_api::constants::{
+    ANNOTATION_MIRRORED_LABELS, API_VERSION, FIELD_MANAGER_RUNTIME, KIND_SMOLVM_NODE, LABEL_NODE, PROTOCOL_VERSION,
+    condition, reason,
+};
+use smolvm_api::types::{Endpoint, NodeResources, SmolVMNode, SmolVMNodeSpec, SmolVMNodeStatus};
+
+use crate::error::Result;
+
+/// Parses the mirrored-labels annotation (comma-separated label keys).
+pub fn parse_mirrored(annotation: Option<&str>) -> BTreeSet<String> {
+    annotation
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Renders the mirrored-labels annotation: sorted keys joined by commas.
+pub fn render_mirrored(keys: &BTreeSet<String>) -> String {
+    keys.iter().cloned().collect::<Vec<_>>().join(",")
+}
+
+/// The result of mirroring Node labels onto a SmolVMNode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelMerge {
+    /// The SmolVMNode's labels afterwards.
+    pub labels: BTreeMap<String, String>,
+    /// Keys now mirrored from the Node (for [`ANNOTATION_MIRRORED_LABELS`]).
+    pub mirrored: BTreeSet<String>,
+}
+
+/// Mirrors `node_labels` onto `current`: every Node label is set; a key mirrored before
+/// (`previously_mirrored`) and gone from the Node is removed; every other label (set by an
+/// admin) is kept. [`LABEL_NODE`] always names the node.
+pub fn merge_labels(
+    current: &BTreeMap<String, String>,
+    previously_mirrored: &BTreeSet<String>,
+    node_labels: &BTreeMap<String, String>,
+    node_name: &str,
+) -> LabelMerge {
+    let mut labels = current.clone();
+    for key in previously_mirrored {
+        if !node_labels.contains_key(key) {
+            labels.remove(key);
+        }
+    }
+    for (key, value) in node_labels {
+        labels.insert(key.clone(), value.clone());
+    }
+    labels.insert(LABEL_NODE.to_string(), node_name.to_string());
+    LabelMerge {
+        labels,
+        mirrored: node_labels.keys().cloned().collect(),
+    }
+}
+
+/// The JSON merge patch turning `current` labels and annotation into `merge`, or `None` when
+/// nothing changes.
+pub fn label_patch(
+    current: &BTreeMap<String, String>,
+    current_annotation: Option<&str>,
+    merge: &LabelMerge,
+) -> Option<serde_json::Value> {
+    let mut labels = serde_json::Map::new();
+    for key in current.keys() {
+        if !merge.labels.contains_key(key) {
+            labels.insert(key.clone(), serde_json::Value::Null);
+        }
+    }
+    for (key, value) in &merge.labels {
+        if current.get(key) != Some(value) {
+            labels.insert(key.clone(), serde_json::Value::String(value.clone()));
+        }
+    }
+    let annotation = render_mirrored(&merge.mirrored);
+    let annotation_changed = current_annotation.unwrap_or("") != annotation;
+    if labels.is_empty() && !annotation_changed {
+        return None;
+    }
+    let mut metadata = serde_json::Map::new();
+    if !labels.is_empty() {
+        metadata.insert("labels".into(), serde_json::Value::Object(labels));
+    }
+    if annotation_changed {
+        metadata.insert(
+            "annotations".into(),
+            serde_json::json!({ ANNOTATION_MIRRORED_LABELS: annotation }),
+        );
+    }
+    Some(serde_json::json!({ "metadata": metadata }))
+}
+
+/// A condition, keeping `lastTransitionTime` from `previous` when the status did not change.
+pub fn next_condition(
+    previous: &[Condition],
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    now: &Time,
+) -> Condition {
+    let status = if status { "True" } else { "False" };
+    let last_transition_time = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    Condition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message: message.to_string(),
+        last_transition_time,
+        observed_generation: None,
+    }
+}
+
+/// What the agent observed, for one status report.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    /// The Node's UID.
+    pub node_uid: String,
+    /// Where the node API listens.
+    pub endpoint: Endpoint,
+    /// smolvm's version, once seen.
+    pub runtime_version: Option<String>,
+    /// smolvm answers its health check.
+    pub runtime_ready: bool,
+    /// Why not (when not ready).
+    pub runtime_message: String,
+    /// KVM usable.
+    pub kvm_available: bool,
+    /// KVM check's message.
+    pub kvm_message: String,
+    /// Host capacity.
+    pub capacity: NodeResources,
+    /// Capacity minus reservations.
+    pub allocatable: NodeResources,
+}
+
+/// The status to apply, given the previous conditions.
+pub fn build_status(obs: &Observation, previous: &[Condition], now: &Time) -> SmolVMNodeStatus {
+    let kvm = if obs.kvm_available {
+        next_condition(
+            previous,
+            condition::KVM_AVAILABLE,
+            true,
+            reason::AS_EXPECTED,
+            &obs.kvm_message,
+            now,
+        )
+    } else {
+        next_condition(
+            previous,
+            condition::KVM_AVAILABLE,
+            false,
+            reason::KVM_UNAVAILABLE,
+            &obs.kvm_message,
+            now,
+        )
+    };
+    let runtime = if obs.runtime_ready {
+        let message = format!(
+            "smolvm {} is serving",
+            obs.runtime_version.as_deref().unwrap_or("(unknown version)")
+        );
+        next_condition(
+            previous,
+            condition::RUNTIME_READY,
+            true,
+            reason::AS_EXPECTED,
+            &message,
+            now,
+        )
+    } else {
+        next_condition(
+            previous,
+            condition::RUNTIME_READY,
+            false,
+            reason::RUNTIME_DOWN,
+            &obs.runtime_message,
+            now,
+        )
+    };
+    let ready = match (obs.kvm_available, obs.runtime_ready) {
+        (true, true) => next_condition(
+            previous,
+            condition::READY,
+            true,
+            reason::AS_EXPECTED,
+            "the node can run SmolVMs",
+            now,
+        ),
+        (false, _) => next_condition(
+            previous,
+            condition::READY,
+            false,
+            reason::KVM_UNAVAILABLE,
+            &obs.kvm_message,
+            now,
+        ),
+        (true, false) => next_condition(
+            previous,
+            condition::READY,
+            false,
+            reason::RUNTIME_DOWN,
+            &obs.runtime_message,
+            now,
+        ),
+    };
+    SmolVMNodeStatus {
+        node_uid: Some(obs.node_uid.clone()),
+        endpoint: Some(obs.endpoint.clone()),
+        runtime_version: obs.runtime_version.clone(),
+        protocol_version: Some(PROTOCOL_VERSION.to_string()),
+        heartbeat_time: Some(now.clone()),
+        capacity: Some(obs.capacity),
+        allocatable: Some(obs.allocatable),
+        conditions: vec![ready, kvm, runtime],
+    }
+}
+
+/// The server-side-apply body for the status subresource.
+pub fn status_apply_body(node_name: &str, status: &SmolVMNodeStatus) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": API_VERSION,
+        "kind": KIND_SMOLVM_NODE,
+        "metadata": { "name": node_name },
+        "status": status,
+    })
+}
+
+/// The SmolVMNode to create for a Node (owned by it, labels mirrored).
+pub fn new_smolvm_node(node: &Node, node_name: &str) -> SmolVMNode {
+    let node_labels = node.metadata.labels.clone().unwrap_or_default();
+    let merge = merge_labels(&BTreeMap::new(), &BTreeSet::new(), &node_labels, node_name);
+    let mut annotations = BTreeMap::new();
+    annotations.insert(ANNOTATION_MIRRORED_LABELS.to_string(), render_mirrored(&merge.mirrored));
+    SmolVMNode {
+        metadata: ObjectMeta {
+            name: Some(node_name.to_string()),
+            labels: Some(merge.labels),
+            annotations: Some(annotations),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: node_name.to_string(),
+                uid: node.metadata.uid.clone().unwrap_or_default(),
+                controller: None,
+                block_owner_deletion: None,
+            }]),
+            ..ObjectMeta::default()
+        },
+        spec: SmolVMNodeSpec::default(),
+        status: None,
+    }
+}
+
+/// Talks to the API server for one node.
+pub struct Reporter {
+    nodes: Api<Node>,
+    smolvm_nodes: Api<SmolVMNode>,
+    node_name: String,
+}
+
+impl Reporter {
+    /// A reporter for `node_name`.
+    pub fn new(client: kube::Client, node_name: impl Into<String>) -> Self {
+        Self {
+            nodes: Api::all(client.clone()),
+            smolvm_nodes: Api::all(client),
+            node_name: node_name.into(),
+        }
+    }
+
+    /// The Node (for its UID and labels).
+    pub async fn node(&self) -> Result<Node> {
+        Ok(self.nodes.get(&self.node_name).await?)
+    }
+
+    /// One report: ensures the SmolVMNode exists, mirrors labels, applies status. `observe`
+    /// gets the Node's UID and returns what to report.
+    pub async fn report_once<F>(&self, now: Time, observe: F) -> Result<SmolVMNodeStatus>
+    where
+        F: FnOnce(&str) -> Observation,
+    {
+        let node = self.node().await?;
+        let node_uid = node.metadata.uid.clone().unwrap_or_default();
+        let existing = match self.smolvm_nodes.get_opt(&self.node_name).await? {
+            Some(existing) => existing,
+            None => {
+                tracing::info!(node = %self.node_name, "creating SmolVMNode");
+                match self
+                    .smolvm_nodes
+                    .create(&PostParams::default(), &new_smolvm_node(&node, &self.node_name))
+                    .await
+                {
+                    Ok(created) => created,
+                    Err(kube::Error::Api(status)) if status.code == 409 => {
+                        self.smolvm_nodes.get(&self.node_name).await?
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+        };
+        let current_labels = existing.metadata.labels.clone().unwrap_or_default();
+        let annotation = existing
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_MIRRORED_LABELS))
+            .cloned();
+        let merge = merge_labels(
+            &current_labels,
+            &parse_mirrored(annotation.as_deref()),
+            &node.metadata.labels.clone().unwrap_or_default(),
+            &self.node_name,
+        );
+        if let Some(patch) = label_patch(&current_labels, annotation.as_deref(), &merge) {
+            self.smolvm_nodes
+                .patch(&self.node_name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+        let previous = existing.status.map(|s| s.conditions).unwrap_or_default();
+        let status = build_status(&observe(&node_uid), &previous, &now);
+        let params = PatchParams::apply(FIELD_MANAGER_RUNTIME).force();
+        self.smolvm_nodes
+            .patch_status(
+                &self.node_name,
+                &params,
+                &Patch::Apply(status_apply_body(&self.node_name, &status)),
+            )
+            .await?;
+        Ok(status)
+    }
+}
+
+/// Reports every `interval` until the task is aborted; failures are logged and retried.
+pub fn spawn_reporter<F>(reporter: Reporter, interval: Duration, mut observe: F) -> tokio::task::JoinHandle<()>
+where
+    F: FnMut(&str) -> Observation + Send + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            let now = Time(k8s_openapi::jiff::Timestamp::now());
+            match reporter.report_once(now, &mut observe).await {
+                Ok(_) => tracing::debug!("SmolVMNode status reported"),
+                Err(error) => tracing::warn!(%error, reason = error.reason(), "reporting SmolVMNode failed"),
+            }
+            tokio::time::sleep(interval).await;
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn set(keys: &[&str]) -> BTreeSet<String> {
+        keys.iter().map(|k| k.to_string()).collect()
+    }
+
+    #[test]
+    fn label_merge_keeps_admin_labels() {
+        struct Case {
+            name: &'static str,
+            current: BTreeMap<String, String>,
+            mirrored: BTreeSet<String>,
+            node: BTreeMap<String, String>,
+            labels: BTreeMap<String, String>,
+            now_mirrored: BTreeSet<String>,
+        }
+        let cases = [
+            Case {
+                name: "fresh",
+                current: map(&[]),
+                mirrored: set(&[]),
+                node: map(&[("zone", "a")]),
+                labels: map(&[("zone", "a"), (LABEL_NODE, "n1")]),
+                now_mirrored: set(&["zone"]),
+            },
+            Case {
+                name: "admin label kept, removed node label dropped",
+                current: map(&[("zone", "a"), ("gpu", "yes"), ("team", "x"), (LABEL_NODE, "n1")]),
+                mirrored: set(&["zone", "gpu"]),
+                node: map(&[("zone", "b")]),
+                labels: map(&[("zone", "b"), ("team", "x"), (LABEL_NODE, "n1")]),
+                now_mirrored: set(&["zone"]),
+            },
+            Case {
+                name: "admin label with a key the node now has becomes mirrored",
+                current: map(&[("team", "x")]),
+                mirrored: set(&[]),
+                node: map(&[("team", "y")]),
+                labels: map(&[("team", "y"), (LABEL_NODE, "n1")]),
+                now_mirrored: set(&["team"]),
+            },
+            Case {
+                name: "node lost all labels",
+                current: map(&[("zone", "a"), ("team", "x"), (LABEL_NODE, "n1")]),
+                mirrored: set(&["zone"]),
+                node: map(&[]),
+                labels: map(&[("team", "x"), (LABEL_NODE, "n1")]),
+                now_mirrored: set(&[]),
+            },
+        ];
+        for case in cases {
+            let merged = merge_labels(&case.current, &case.mirrored, &case.node, "n1");
+            assert_eq!(merged.labels, case.labels, "{}", case.name);
+            assert_eq!(merged.mirrored, case.now_mirrored, "{}", case.name);
+        }
+    }
+
+    #[test]
+    fn label_patch_sets_removes_and_is_empty_when_equal() {
+        let current = map(&[("zone", "a"), ("gpu", "yes"), (LABEL_NODE, "n1")]);
+        let merged = merge_labels(&current, &set(&["zone", "gpu"]), &map(&[("zone", "b")]), "n1");
+        let patch = label_patch(&current, Some("gpu,zone"), &merged).expect("patch");
+        assert_eq!(
+            patch,
+            serde_json::json!({"metadata": {"labels": {"gpu": null, "zone": "b"},
+                "annotations": {ANNOTATION_MIRRORED_LABELS: "zone"}}})
+        );
+        let after = merged.labels.clone();
+        assert_eq!(label_patch(&after, Some("zone"), &merged), None);
+        assert_eq!(parse_mirrored(Some("b, a,,")), set(&["a", "b"]));
+        assert_eq!(render_mirrored(&set(&["b", "a"])), "a,b");
+    }
+
+    fn time(secs: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(secs).expect("time"))
+    }
+
+    fn observation(runtime_ready: bool, kvm_available: bool) -> Observation {
+        Observation {
+            node_uid: "uid-1".into(),
+            endpoint: Endpoint {
+                address: "10.0.0.5".into(),
+                port: 10250,
+            },
+            runtime_version: Some("1.32.2".into()),
+            runtime_ready,
+            runtime_message: if runtime_ready { String::new() } else { "exited".into() },
+            kvm_available,
+            kvm_message: if kvm_available {
+                "KVM API version 12".into()
+            } else {
+                "cannot open /dev/kvm".into()
+            },
+            capacity: NodeResources {
+                cpus: 8,
+                memory_mib: 16384,
+                storage_gib: 100,
+            },
+            allocatable: NodeResources {
+                cpus: 7,
+                memory_mib: 15360,
+                storage_gib: 90,
+            },
+        }
+    }
+
+    #[test]
+    fn conditions_keep_transition_time_while_unchanged() {
+        let first = build_status(&observation(true, true), &[], &time(100));
+        let second = build_status(&observation(true, true), &first.conditions, &time(200));
+        for c in &second.conditions {
+            assert_eq!(c.last_transition_time, time(100), "{}", c.type_);
+            assert_eq!(c.status, "True");
+        }
+        assert_eq!(second.heartbeat_time, Some(time(200)));
+        let third = build_status(&observation(false, true), &second.conditions, &time(300));
+        let by_type = |t: &str| {
+            third
+                .conditions
+                .iter()
+                .find(|c| c.type_ == t)
+                .cloned()
+                .expect("condition")
+        };
+        assert_eq!(by_type(condition::READY).status, "False");
+        assert_eq!(by_type(condition::READY).reason, reason::RUNTIME_DOWN);
+        assert_eq!(by_type(condition::READY).last_transition_time, time(300));
+        assert_eq!(by_type(condition::KVM_AVAILABLE).last_transition_time, time(100));
+        assert_eq!(by_type(condition::RUNTIME_READY).message, "exited");
+    }
+
+    #[test]
+    fn ready_table() {
+        let cases = [
+            (true, true, "True", reason::AS_EXPECTED),
+            (true, false, "False", reason::KVM_UNAVAILABLE),
+            (false, true, "False", reason::RUNTIME_DOWN),
+            (false, false, "False", reason::KVM_UNAVAILABLE),
+        ];
+        for (runtime, kvm, status, why) in cases {
+            let s = build_status(&observation(runtime, kvm), &[], &time(1));
+            let ready = &s.conditions[0];
+            assert_eq!(
+                (ready.type_.as_str(), ready.status.as_str(), ready.reason.as_str()),
+                (condition::READY, status, why)
+            );
+        }
+    }
+}

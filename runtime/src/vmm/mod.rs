@@ -1,0 +1,356 @@
+//! The VMM abstraction the runtime agent drives: one machine runtime on this node.
+//!
+//! [`Vmm`] is what the agent's node API calls; [`SmolvmClient`] implements it against
+//! `smolvm serve` over its Unix socket. The trait is object safe (`Arc<dyn Vmm>`), so tests
+//! and other runtimes can stand in for smolvm.
+//!
+//! Semantics follow smolvm's own (see `docs/smolvm-api.md`): `create` of an existing name is a
+//! [`VmmError::Conflict`], `stop` of a stopped machine succeeds, `delete` of a missing machine
+//! reports [`DeleteOutcome::Missing`], `get` of a missing machine is `None`. Errors keep smolvm's
+//! own message text and carry a stable [`VmmError::code`].
+
+use std::fmt;
+
+use async_trait::async_trait;
+
+pub mod smolvm;
+
+pub use smolvm::{SmolvmClient, SmolvmConfig};
+
+/// A machine runtime on this node (smolvm, or a stand-in in tests).
+#[async_trait]
+pub trait Vmm: Send + Sync {
+    /// Liveness and version of the runtime.
+    async fn health(&self) -> Result<VmmHealth, VmmError>;
+
+    /// Every machine the runtime knows, in the runtime's order.
+    async fn list(&self) -> Result<Vec<Machine>, VmmError>;
+
+    /// One machine, or `None` when the runtime has no machine of that name.
+    async fn get(&self, name: &str) -> Result<Option<Machine>, VmmError>;
+
+    /// Creates a machine (not started). An existing name is a [`VmmError::Conflict`].
+    async fn create(&self, spec: &MachineSpec) -> Result<Machine, VmmError>;
+
+    /// Boots a machine and returns it as the runtime then reports it. A boot that fails is a
+    /// [`VmmError::StartFailed`] carrying the runtime's message.
+    async fn start(&self, name: &str) -> Result<Machine, VmmError>;
+
+    /// Stops a machine; stopping a stopped (or never started) machine succeeds.
+    async fn stop(&self, name: &str) -> Result<Machine, VmmError>;
+
+    /// Deletes a machine and its disks; a machine that is already gone is `Missing`, not an error.
+    async fn delete(&self, name: &str) -> Result<DeleteOutcome, VmmError>;
+
+    /// Grows disks (any state) or changes CPUs / memory live (running machines only, as smolvm
+    /// allows). Asking for the current size again succeeds.
+    async fn resize(&self, name: &str, request: &ResizeRequest) -> Result<Machine, VmmError>;
+}
+
+/// What the runtime says about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmmHealth {
+    /// The runtime's own status word (`"ok"` for smolvm).
+    pub status: String,
+    /// The runtime's version, e.g. `"1.32.2"`.
+    pub version: String,
+    /// Whether the runtime runs nested-virtualization machines.
+    pub nested_virt: bool,
+    /// Machines the runtime knows, when it says.
+    pub machines_total: Option<u64>,
+    /// Machines currently running, when it says.
+    pub machines_running: Option<u64>,
+    /// Seconds since the runtime server started, when it says.
+    pub uptime_seconds: Option<u64>,
+}
+
+/// A machine's lifecycle state as the runtime reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum MachineState {
+    /// Created and never started (smolvm `created`).
+    Created,
+    /// Its VMM process is up (smolvm `running`).
+    Running,
+    /// Stopped, or a start that failed (smolvm `stopped`).
+    Stopped,
+    /// The runtime marks it failed (`failed` / `error`).
+    Failed,
+    /// Any other state word, kept verbatim.
+    Unknown(String),
+}
+
+impl MachineState {
+    /// Reads a runtime state word (case-insensitive).
+    pub fn parse(state: &str) -> Self {
+        match state.to_ascii_lowercase().as_str() {
+            "created" => Self::Created,
+            "running" => Self::Running,
+            "stopped" => Self::Stopped,
+            "failed" | "error" => Self::Failed,
+            _ => Self::Unknown(state.to_string()),
+        }
+    }
+
+    /// The state word.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Created => "created",
+            Self::Running => "running",
+            Self::Stopped => "stopped",
+            Self::Failed => "failed",
+            Self::Unknown(other) => other,
+        }
+    }
+}
+
+impl fmt::Display for MachineState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Transport of a published port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PortProtocol {
+    /// TCP (the default).
+    #[default]
+    Tcp,
+    /// UDP.
+    Udp,
+}
+
+impl PortProtocol {
+    /// Lower-case name as smolvm spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Udp => "udp",
+        }
+    }
+}
+
+/// A host port published to a guest port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PortMapping {
+    /// Port on the host (smolvm binds it on 127.0.0.1).
+    pub host_port: u16,
+    /// Port inside the machine.
+    pub guest_port: u16,
+    /// Transport.
+    pub protocol: PortProtocol,
+}
+
+/// A machine as the runtime reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Machine {
+    /// Machine name (unique on the node).
+    pub name: String,
+    /// Lifecycle state.
+    pub state: MachineState,
+    /// vCPUs.
+    pub cpus: u32,
+    /// Memory in MiB.
+    pub memory_mib: u64,
+    /// Storage disk size in GiB, when reported.
+    pub storage_gib: Option<u64>,
+    /// Overlay disk size in GiB, when reported.
+    pub overlay_gib: Option<u64>,
+    /// The image as the runtime reports it: an OCI reference as given, `local-dir:<path>` for a
+    /// local rootfs directory, `local:<sha256>` for a local image archive; `None` without image.
+    pub image: Option<String>,
+    /// Published ports.
+    pub ports: Vec<PortMapping>,
+    /// Whether outbound networking is enabled.
+    pub network: bool,
+    /// Host PID of the machine's VMM process while running.
+    pub pid: Option<u32>,
+    /// The runtime's whole JSON object for this machine, for fields not modelled here.
+    pub raw: serde_json::Value,
+}
+
+/// What to create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineSpec {
+    /// Machine name: letters, digits, `-` and `_`, starting with a letter or digit.
+    pub name: String,
+    /// OCI reference (pulled on first start, not on create), or `local:<name>` for an archive or
+    /// rootfs directory in the runtime's local image directory; `None` boots smolvm's own
+    /// minimal agent rootfs.
+    pub image: Option<String>,
+    /// vCPUs (smolvm: 1–255).
+    pub cpus: u32,
+    /// Memory in MiB (smolvm: at least 64).
+    pub memory_mib: u32,
+    /// Storage disk in GiB (smolvm default 20).
+    pub storage_gib: Option<u64>,
+    /// Overlay disk in GiB (smolvm default 10).
+    pub overlay_gib: Option<u64>,
+    /// Outbound network access.
+    pub network: bool,
+    /// Published ports.
+    pub ports: Vec<PortMapping>,
+    /// Egress allow-list; `None` leaves egress unrestricted, an empty list denies all.
+    pub allowed_cidrs: Option<Vec<String>>,
+}
+
+impl MachineSpec {
+    /// A spec with the given name and size, no image, no disks sizes, no network.
+    pub fn new(name: impl Into<String>, cpus: u32, memory_mib: u32) -> Self {
+        Self {
+            name: name.into(),
+            image: None,
+            cpus,
+            memory_mib,
+            storage_gib: None,
+            overlay_gib: None,
+            network: false,
+            ports: Vec::new(),
+            allowed_cidrs: None,
+        }
+    }
+}
+
+/// A resize; fields left `None` are unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ResizeRequest {
+    /// Target online vCPUs (live; running machines only).
+    pub cpus: Option<u32>,
+    /// Target memory in MiB (live growth; running machines only).
+    pub memory_mib: Option<u32>,
+    /// Storage disk in GiB (grow only).
+    pub storage_gib: Option<u64>,
+    /// Overlay disk in GiB (grow only).
+    pub overlay_gib: Option<u64>,
+}
+
+/// Result of a delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteOutcome {
+    /// The machine existed and is now deleted.
+    Deleted,
+    /// There was no machine of that name.
+    Missing,
+}
+
+/// A runtime failure, with smolvm's own message text where smolvm gave one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VmmError {
+    /// The machine does not exist (smolvm 404 `NOT_FOUND`).
+    #[error("{message}")]
+    NotFound { message: String },
+    /// The request conflicts with existing state: the name is taken, a host port is in use
+    /// (smolvm 409 `CONFLICT` / `PORT_IN_USE`).
+    #[error("{message}")]
+    Conflict { message: String },
+    /// The runtime refused the request as invalid (smolvm 400, 403, 415, 422), or the request
+    /// could not be expressed for it (for example `local:` without a local image directory).
+    #[error("{message}")]
+    BadRequest { message: String },
+    /// A start failed: boot failure, image pull failure (smolvm 5xx on start).
+    #[error("{message}")]
+    StartFailed { message: String },
+    /// The runtime cannot be reached: socket missing, connection refused or dropped, or smolvm
+    /// answered 503.
+    #[error("smolvm is unavailable: {message}")]
+    Unavailable { message: String },
+    /// The runtime did not answer within the call's time limit; the operation may still finish.
+    #[error("{message}")]
+    Timeout { message: String },
+    /// The runtime failed the request (smolvm 5xx other than on start, or an unexpected status).
+    #[error("smolvm failed (HTTP {status}): {message}")]
+    Internal { status: u16, message: String },
+    /// The runtime answered something this client cannot read (unknown route, bad JSON).
+    #[error("unexpected answer from smolvm: {0}")]
+    Protocol(String),
+}
+
+impl VmmError {
+    /// Stable code for node API errors and conditions.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::NotFound { .. } => "NotFound",
+            Self::Conflict { .. } => "Conflict",
+            Self::BadRequest { .. } => "InvalidRequest",
+            Self::StartFailed { .. } => "StartFailed",
+            Self::Unavailable { .. } => "RuntimeUnavailable",
+            Self::Timeout { .. } => "RuntimeTimeout",
+            Self::Internal { .. } => "RuntimeError",
+            Self::Protocol(_) => "RuntimeProtocolError",
+        }
+    }
+
+    /// The message alone, without the variant's prefix.
+    pub fn message(&self) -> &str {
+        match self {
+            Self::NotFound { message }
+            | Self::Conflict { message }
+            | Self::BadRequest { message }
+            | Self::StartFailed { message }
+            | Self::Unavailable { message }
+            | Self::Timeout { message }
+            | Self::Internal { message, .. } => message,
+            Self::Protocol(message) => message,
+        }
+    }
+
+    /// Whether the same call may succeed later without a change of request.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::Unavailable { .. } | Self::Timeout { .. } | Self::Internal { .. }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_words_round_trip() {
+        for (word, state) in [
+            ("created", MachineState::Created),
+            ("running", MachineState::Running),
+            ("stopped", MachineState::Stopped),
+            ("failed", MachineState::Failed),
+            ("Running", MachineState::Running),
+        ] {
+            assert_eq!(MachineState::parse(word), state);
+        }
+        assert_eq!(MachineState::parse("error"), MachineState::Failed);
+        let other = MachineState::parse("pausing");
+        assert_eq!(other, MachineState::Unknown("pausing".into()));
+        assert_eq!(other.to_string(), "pausing");
+    }
+
+    #[test]
+    fn codes_are_stable() {
+        let m = || "m".to_string();
+        let cases = [
+            (VmmError::NotFound { message: m() }, "NotFound"),
+            (VmmError::Conflict { message: m() }, "Conflict"),
+            (VmmError::BadRequest { message: m() }, "InvalidRequest"),
+            (VmmError::StartFailed { message: m() }, "StartFailed"),
+            (VmmError::Unavailable { message: m() }, "RuntimeUnavailable"),
+            (VmmError::Timeout { message: m() }, "RuntimeTimeout"),
+            (
+                VmmError::Internal {
+                    status: 500,
+                    message: m(),
+                },
+                "RuntimeError",
+            ),
+            (VmmError::Protocol(m()), "RuntimeProtocolError"),
+        ];
+        for (error, code) in cases {
+            assert_eq!(error.code(), code);
+            assert_eq!(error.message(), "m");
+        }
+    }
+
+    #[test]
+    fn vmm_is_object_safe() {
+        fn takes(_: Option<std::sync::Arc<dyn Vmm>>) {}
+        takes(None);
+    }
+}

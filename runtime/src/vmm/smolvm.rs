@@ -1,0 +1,769 @@
+//! [`Vmm`] over `smolvm serve`'s HTTP/1.1 JSON API on a Unix socket.
+//!
+//! Each call opens its own connection (a Unix socket connect is cheap, and no pooled
+//! connection can go stale across a `smolvm serve` restart), sends one request, reads the
+//! whole answer under a size cap, and runs under the call's time limit.
+
+use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::header::{CONTENT_TYPE, HOST};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::{Deserialize, Serialize};
+use tokio::net::UnixStream;
+use tokio::task::JoinHandle;
+
+use super::{
+    DeleteOutcome, Machine, MachineSpec, MachineState, PortMapping, PortProtocol, ResizeRequest, Vmm, VmmError,
+    VmmHealth,
+};
+
+/// Where smolvm listens and how long each kind of call may take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SmolvmConfig {
+    /// The Unix socket `smolvm serve start --listen unix://<path>` listens on.
+    pub socket_path: PathBuf,
+    /// The `--local-image-dir` smolvm was started with; `local:<name>` images resolve inside
+    /// it. `None`: `local:` images are refused.
+    pub local_image_dir: Option<PathBuf>,
+    /// Limit for connecting to the socket.
+    pub connect_timeout: Duration,
+    /// Limit for health, list, get, create and resize.
+    pub request_timeout: Duration,
+    /// Limit for start. smolvm serializes starts and waits up to 30 s (60 s for archive images)
+    /// for the guest agent, so this is long.
+    pub start_timeout: Duration,
+    /// Limit for stop.
+    pub stop_timeout: Duration,
+    /// Limit for delete (stops the machine first when it runs).
+    pub delete_timeout: Duration,
+    /// Largest answer body accepted.
+    pub max_response_bytes: usize,
+}
+
+impl SmolvmConfig {
+    /// Defaults for a socket path: 5 s connect, 30 s requests, 300 s start, 120 s stop and delete.
+    pub fn new(socket_path: impl Into<PathBuf>) -> Self {
+        Self {
+            socket_path: socket_path.into(),
+            local_image_dir: None,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(30),
+            start_timeout: Duration::from_secs(300),
+            stop_timeout: Duration::from_secs(120),
+            delete_timeout: Duration::from_secs(120),
+            max_response_bytes: 16 * 1024 * 1024,
+        }
+    }
+
+    /// Sets the local image directory.
+    pub fn with_local_image_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.local_image_dir = Some(dir.into());
+        self
+    }
+}
+
+/// Client for one `smolvm serve`.
+#[derive(Debug, Clone)]
+pub struct SmolvmClient {
+    config: SmolvmConfig,
+}
+
+/// Which API call a response belongs to; error mapping depends on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Health,
+    List,
+    Get,
+    Create,
+    Start,
+    Stop,
+    Delete,
+    Resize,
+}
+
+impl SmolvmClient {
+    /// A client for the given configuration. Nothing is contacted until the first call.
+    pub fn new(config: SmolvmConfig) -> Self {
+        Self { config }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SmolvmConfig {
+        &self.config
+    }
+
+    /// Turns a spec image into what smolvm's `image` field takes: `local:<name>` becomes the
+    /// absolute path `<local_image_dir>/<name>`; anything else is passed through unchanged.
+    pub fn resolve_image(&self, image: &str) -> Result<String, VmmError> {
+        let Some(name) = image.strip_prefix("local:") else {
+            return Ok(image.to_string());
+        };
+        let bad = |why: &str| VmmError::BadRequest {
+            message: format!("image {image:?}: {why}"),
+        };
+        let Some(dir) = &self.config.local_image_dir else {
+            return Err(bad("this runtime has no local image directory"));
+        };
+        let mut components = Path::new(name).components();
+        match (components.next(), components.next()) {
+            (Some(Component::Normal(_)), None) if !name.contains('\0') => {}
+            _ => return Err(bad("a local image name is one file or directory name")),
+        }
+        let path = dir.join(name);
+        path.to_str()
+            .map(str::to_string)
+            .ok_or_else(|| bad("the local image path is not valid UTF-8"))
+    }
+
+    fn timeout_for(&self, operation: Operation) -> Duration {
+        match operation {
+            Operation::Start => self.config.start_timeout,
+            Operation::Stop => self.config.stop_timeout,
+            Operation::Delete => self.config.delete_timeout,
+            _ => self.config.request_timeout,
+        }
+    }
+
+    /// Sends one request and returns the status and body, or an error for transport failures
+    /// and time-outs. HTTP error statuses are returned, not mapped.
+    async fn call(
+        &self,
+        operation: Operation,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, Bytes), VmmError> {
+        let limit = self.timeout_for(operation);
+        let started = Instant::now();
+        let result = tokio::time::timeout(limit, self.exchange(method.clone(), path, body)).await;
+        let result = match result {
+            Ok(result) => result,
+            Err(_) => Err(VmmError::Timeout {
+                message: format!("smolvm did not answer {method} {path} within {}s", limit.as_secs_f64()),
+            }),
+        };
+        match &result {
+            Ok((status, _)) => tracing::debug!(
+                ?operation, %method, path, status = status.as_u16(),
+                elapsed_ms = started.elapsed().as_millis() as u64, "smolvm call"
+            ),
+            Err(error) => tracing::debug!(
+                ?operation, %method, path, code = error.code(), %error,
+                elapsed_ms = started.elapsed().as_millis() as u64, "smolvm call failed"
+            ),
+        }
+        result
+    }
+
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, Bytes), VmmError> {
+        let socket = &self.config.socket_path;
+        let unavailable = |what: String| VmmError::Unavailable { message: what };
+        let stream = match tokio::time::timeout(self.config.connect_timeout, UnixStream::connect(socket)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(error)) => {
+                return Err(unavailable(format!("cannot connect to {}: {error}", socket.display())));
+            }
+            Err(_) => {
+                return Err(unavailable(format!(
+                    "connecting to {} took longer than {}s",
+                    socket.display(),
+                    self.config.connect_timeout.as_secs_f64()
+                )));
+            }
+        };
+        let (mut sender, connection) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream))
+            .await
+            .map_err(|error| unavailable(format!("HTTP handshake with smolvm: {error}")))?;
+        let _connection = AbortOnDrop(tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::trace!(%error, "smolvm connection ended with an error");
+            }
+        }));
+
+        let builder = Request::builder()
+            .method(method.clone())
+            .uri(path)
+            .header(HOST, "localhost");
+        let request = match body {
+            Some(body) => builder
+                .header(CONTENT_TYPE, "application/json")
+                .body(Full::new(Bytes::from(body))),
+            None => builder.body(Full::new(Bytes::new())),
+        }
+        .map_err(|error| VmmError::Protocol(format!("cannot build {method} {path}: {error}")))?;
+
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|error| unavailable(format!("{method} {path}: connection to smolvm failed: {error}")))?;
+        let status = response.status();
+        let max = self.config.max_response_bytes;
+        let body = Limited::new(response.into_body(), max)
+            .collect()
+            .await
+            .map_err(|error| {
+                if error.is::<http_body_util::LengthLimitError>() {
+                    VmmError::Protocol(format!("answer to {method} {path} is larger than {max} bytes"))
+                } else {
+                    unavailable(format!(
+                        "{method} {path}: connection to smolvm broke while reading the answer: {error}"
+                    ))
+                }
+            })?
+            .to_bytes();
+        Ok((status, body))
+    }
+
+    /// A call whose success body is a machine.
+    async fn machine_call(
+        &self,
+        operation: Operation,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Machine, VmmError> {
+        let (status, bytes) = self.call(operation, method, path, body).await?;
+        if !status.is_success() {
+            return Err(map_error(operation, status, &bytes));
+        }
+        parse_machine_bytes(&bytes)
+    }
+
+    /// Start and stop: smolvm's stop answers with the machine; start is documented to answer
+    /// `{"started": name}`. Either way the caller gets the machine.
+    async fn lifecycle_call(&self, operation: Operation, name: &str, verb: &str) -> Result<Machine, VmmError> {
+        let path = format!("{}/{verb}", machine_path(name));
+        let (status, bytes) = self.call(operation, Method::POST, &path, None).await?;
+        if !status.is_success() {
+            return Err(map_error(operation, status, &bytes));
+        }
+        if let Ok(machine) = parse_machine_bytes(&bytes) {
+            return Ok(machine);
+        }
+        match self.get(name).await? {
+            Some(machine) => Ok(machine),
+            None => Err(VmmError::NotFound {
+                message: format!("machine '{name}' not found after {verb}"),
+            }),
+        }
+    }
+}
+
+#[async_trait]
+impl Vmm for SmolvmClient {
+    async fn health(&self) -> Result<VmmHealth, VmmError> {
+        let (status, bytes) = self.call(Operation::Health, Method::GET, "/health", None).await?;
+        if !status.is_success() {
+            return Err(map_error(Operation::Health, status, &bytes));
+        }
+        let wire: HealthWire = parse_json(&bytes, "health")?;
+        Ok(VmmHealth {
+            status: wire.status,
+            version: wire.version,
+            nested_virt: wire.nested_virt,
+            machines_total: wire.machines.as_ref().map(|m| m.total),
+            machines_running: wire.machines.as_ref().map(|m| m.running),
+            uptime_seconds: wire.uptime_seconds,
+        })
+    }
+
+    async fn list(&self) -> Result<Vec<Machine>, VmmError> {
+        let (status, bytes) = self.call(Operation::List, Method::GET, MACHINES, None).await?;
+        if !status.is_success() {
+            return Err(map_error(Operation::List, status, &bytes));
+        }
+        let wire: ListWire = parse_json(&bytes, "machine list")?;
+        wire.machines.into_iter().map(machine_from_json).collect()
+    }
+
+    async fn get(&self, name: &str) -> Result<Option<Machine>, VmmError> {
+        match self
+            .machine_call(Operation::Get, Method::GET, &machine_path(name), None)
+            .await
+        {
+            Ok(machine) => Ok(Some(machine)),
+            Err(VmmError::NotFound { .. }) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn create(&self, spec: &MachineSpec) -> Result<Machine, VmmError> {
+        let image = spec
+            .image
+            .as_deref()
+            .map(|image| self.resolve_image(image))
+            .transpose()?;
+        let wire = CreateWire {
+            name: &spec.name,
+            image,
+            cpus: spec.cpus,
+            memory_mb: spec.memory_mib,
+            storage_gb: spec.storage_gib,
+            overlay_gb: spec.overlay_gib,
+            network: spec.network,
+            ports: spec
+                .ports
+                .iter()
+                .map(|port| PortWireOut {
+                    host: port.host_port,
+                    guest: port.guest_port,
+                    protocol: port.protocol.as_str(),
+                })
+                .collect(),
+            allowed_cidrs: spec.allowed_cidrs.as_deref(),
+        };
+        let body = to_json(&wire)?;
+        self.machine_call(Operation::Create, Method::POST, MACHINES, Some(body))
+            .await
+    }
+
+    async fn start(&self, name: &str) -> Result<Machine, VmmError> {
+        self.lifecycle_call(Operation::Start, name, "start").await
+    }
+
+    async fn stop(&self, name: &str) -> Result<Machine, VmmError> {
+        self.lifecycle_call(Operation::Stop, name, "stop").await
+    }
+
+    async fn delete(&self, name: &str) -> Result<DeleteOutcome, VmmError> {
+        let (status, bytes) = self
+            .call(Operation::Delete, Method::DELETE, &machine_path(name), None)
+            .await?;
+        if status.is_success() {
+            return Ok(DeleteOutcome::Deleted);
+        }
+        match map_error(Operation::Delete, status, &bytes) {
+            VmmError::NotFound { .. } => Ok(DeleteOutcome::Missing),
+            error => Err(error),
+        }
+    }
+
+    async fn resize(&self, name: &str, request: &ResizeRequest) -> Result<Machine, VmmError> {
+        let wire = ResizeWire {
+            cpus: request.cpus,
+            memory_mb: request.memory_mib,
+            storage_gb: request.storage_gib,
+            overlay_gb: request.overlay_gib,
+        };
+        let body = to_json(&wire)?;
+        let path = format!("{}/resize", machine_path(name));
+        self.machine_call(Operation::Resize, Method::POST, &path, Some(body))
+            .await
+    }
+}
+
+const MACHINES: &str = "/api/v1/machines";
+
+fn machine_path(name: &str) -> String {
+    format!("{MACHINES}/{}", encode_segment(name))
+}
+
+/// Percent-encodes everything but letters, digits, `-`, `_` and `~` (dots too), so a name can
+/// never add a path segment, a dot segment or a query.
+fn encode_segment(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for byte in segment.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// Maps a non-success answer to a [`VmmError`], keeping smolvm's message.
+///
+/// smolvm's own errors are `{"error": "<message>", "code": "<CODE>"}`; its request-parsing
+/// layer answers 400/415/422 with plain text; unknown routes answer 404 or 405 with no body.
+pub fn map_error(operation: Operation, status: StatusCode, body: &[u8]) -> VmmError {
+    let api_error = serde_json::from_slice::<ErrorWire>(body).ok();
+    let message = match &api_error {
+        Some(error) => error.error.clone(),
+        None => {
+            let text = String::from_utf8_lossy(body).trim().to_string();
+            if text.is_empty() {
+                format!(
+                    "HTTP {status} with an empty body ({operation:?})",
+                    status = status.as_u16()
+                )
+            } else {
+                text
+            }
+        }
+    };
+    let code = api_error.as_ref().map(|error| error.code.as_str());
+    match status.as_u16() {
+        404 if api_error.is_some() => VmmError::NotFound { message },
+        404 | 405 => VmmError::Protocol(format!(
+            "smolvm has no such route for {operation:?} (HTTP {}): {message}",
+            status.as_u16()
+        )),
+        409 => VmmError::Conflict { message },
+        400 | 403 | 413 | 415 | 422 => VmmError::BadRequest { message },
+        503 => VmmError::Unavailable { message },
+        500..=599 if operation == Operation::Start => VmmError::StartFailed { message },
+        _ => {
+            if code == Some("NOT_FOUND") {
+                VmmError::NotFound { message }
+            } else {
+                VmmError::Internal {
+                    status: status.as_u16(),
+                    message,
+                }
+            }
+        }
+    }
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, VmmError> {
+    serde_json::from_slice(bytes).map_err(|error| {
+        VmmError::Protocol(format!(
+            "cannot read the {what} smolvm sent ({error}): {}",
+            snippet(bytes)
+        ))
+    })
+}
+
+fn snippet(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let mut end = text.len().min(200);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
+}
+
+fn to_json<T: Serialize>(value: &T) -> Result<Vec<u8>, VmmError> {
+    serde_json::to_vec(value).map_err(|error| VmmError::Protocol(format!("cannot encode request: {error}")))
+}
+
+fn parse_machine_bytes(bytes: &[u8]) -> Result<Machine, VmmError> {
+    let value: serde_json::Value = parse_json(bytes, "machine")?;
+    machine_from_json(value)
+}
+
+/// Reads one machine object as smolvm reports it (`MachineInfo`), keeping the raw JSON.
+pub fn machine_from_json(value: serde_json::Value) -> Result<Machine, VmmError> {
+    let wire: MachineWire = serde_json::from_value(value.clone())
+        .map_err(|error| VmmError::Protocol(format!("cannot read a machine smolvm sent: {error}")))?;
+    let ports = wire
+        .ports
+        .iter()
+        .map(|port| {
+            let host_port = u16::try_from(port.host).ok();
+            let guest_port = u16::try_from(port.guest).ok();
+            let protocol = match port.protocol.as_deref() {
+                None | Some("tcp") => Some(PortProtocol::Tcp),
+                Some("udp") => Some(PortProtocol::Udp),
+                Some(_) => None,
+            };
+            match (host_port, guest_port, protocol) {
+                (Some(host_port), Some(guest_port), Some(protocol)) => Ok(PortMapping {
+                    host_port,
+                    guest_port,
+                    protocol,
+                }),
+                _ => Err(VmmError::Protocol(format!(
+                    "machine '{}' has a port smolvm reports as {}:{}/{}",
+                    wire.name,
+                    port.host,
+                    port.guest,
+                    port.protocol.as_deref().unwrap_or("tcp")
+                ))),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Machine {
+        state: MachineState::parse(&wire.state),
+        name: wire.name,
+        cpus: wire.cpus,
+        memory_mib: wire.memory_mb,
+        storage_gib: wire.storage_gb,
+        overlay_gib: wire.overlay_gb,
+        image: wire.image,
+        ports,
+        network: wire.network,
+        pid: wire.pid,
+        raw: value,
+    })
+}
+
+/// Aborts the connection task when the call ends (or is cancelled by its time limit).
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct ErrorWire {
+    error: String,
+    code: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct HealthWire {
+    status: String,
+    version: String,
+    #[serde(default)]
+    nested_virt: bool,
+    #[serde(default)]
+    machines: Option<CountsWire>,
+    #[serde(default)]
+    uptime_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct CountsWire {
+    total: u64,
+    running: u64,
+}
+
+#[derive(Debug, Deserialize)]
+struct ListWire {
+    machines: Vec<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MachineWire {
+    name: String,
+    state: String,
+    #[serde(default)]
+    cpus: u32,
+    #[serde(default)]
+    memory_mb: u64,
+    #[serde(default)]
+    storage_gb: Option<u64>,
+    #[serde(default)]
+    overlay_gb: Option<u64>,
+    #[serde(default)]
+    image: Option<String>,
+    #[serde(default)]
+    ports: Vec<PortWireIn>,
+    #[serde(default)]
+    network: bool,
+    #[serde(default)]
+    pid: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+struct PortWireIn {
+    host: u64,
+    guest: u64,
+    #[serde(default)]
+    protocol: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CreateWire<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    image: Option<String>,
+    cpus: u32,
+    memory_mb: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    storage_gb: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    overlay_gb: Option<u64>,
+    network: bool,
+    ports: Vec<PortWireOut>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    allowed_cidrs: Option<&'a [String]>,
+}
+
+#[derive(Debug, Serialize)]
+struct PortWireOut {
+    host: u16,
+    guest: u16,
+    protocol: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ResizeWire {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpus: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory_mb: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    storage_gb: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    overlay_gb: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Bodies below were observed from smolvm 1.32.2 (see docs/smolvm-api.md).
+
+    #[test]
+    fn api_errors_keep_smolvm_messages() {
+        let cases: &[(Operation, u16, &str, &str)] = &[
+            (
+                Operation::Get,
+                404,
+                r#"{"error":"machine 'nope' not found","code":"NOT_FOUND"}"#,
+                "NotFound",
+            ),
+            (
+                Operation::Create,
+                409,
+                r#"{"error":"machine 'm1' already exists","code":"CONFLICT"}"#,
+                "Conflict",
+            ),
+            (
+                Operation::Create,
+                400,
+                r#"{"error":"machine name contains invalid character: '.'","code":"BAD_REQUEST"}"#,
+                "InvalidRequest",
+            ),
+            (
+                Operation::Start,
+                500,
+                r#"{"error":"failed to start machine: agent operation failed: wait for ready: agent did not become ready within 30 seconds: no boot progress for 30 seconds","code":"INTERNAL_ERROR"}"#,
+                "StartFailed",
+            ),
+            (
+                Operation::Start,
+                409,
+                r#"{"error":"failed to start machine: ... Address already in use (os error 98) (boot process exited (code 1) before the agent was ready)","code":"PORT_IN_USE"}"#,
+                "Conflict",
+            ),
+            (
+                Operation::Delete,
+                500,
+                r#"{"error":"failed to delete","code":"INTERNAL_ERROR"}"#,
+                "RuntimeError",
+            ),
+        ];
+        for (operation, status, body, code) in cases {
+            let status = StatusCode::from_u16(*status).expect("valid status");
+            let error = map_error(*operation, status, body.as_bytes());
+            assert_eq!(error.code(), *code, "{operation:?} {status}: {error:?}");
+            let expected: ErrorWire = serde_json::from_str(body).expect("valid body");
+            assert_eq!(error.message(), expected.error);
+        }
+    }
+
+    #[test]
+    fn plain_text_and_empty_bodies() {
+        let error = map_error(
+            Operation::Create,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            b"Failed to deserialize the JSON body into the target type: cpus: invalid value: integer `1000`, expected u8 at line 1 column 24",
+        );
+        assert!(matches!(error, VmmError::BadRequest { .. }));
+        assert!(error.message().contains("expected u8"));
+
+        let error = map_error(Operation::Get, StatusCode::NOT_FOUND, b"");
+        assert_eq!(error.code(), "RuntimeProtocolError");
+        let error = map_error(Operation::Create, StatusCode::METHOD_NOT_ALLOWED, b"");
+        assert_eq!(error.code(), "RuntimeProtocolError");
+        let error = map_error(Operation::List, StatusCode::INTERNAL_SERVER_ERROR, b"boom");
+        assert_eq!(
+            error,
+            VmmError::Internal {
+                status: 500,
+                message: "boom".into()
+            }
+        );
+        let error = map_error(Operation::Start, StatusCode::SERVICE_UNAVAILABLE, b"");
+        assert_eq!(error.code(), "RuntimeUnavailable");
+    }
+
+    #[test]
+    fn reads_observed_machine() {
+        let body = r#"{"diskChainDepth":1,"name":"m4","image":"local-dir:/tmp/x/images/mini","state":"created","cpus":1,"memoryMb":512,"mounts":[],"ports":[{"host":18081,"guest":80},{"host":18095,"guest":53,"protocol":"udp"}],"network":false,"gpu":false,"cuda":false,"storageGb":21,"overlayGb":10,"blockIo":"sync","diskDurability":"full","branchable":false,"forkable":false,"branchpointHeld":false,"forkpointHeld":false,"diskUsedMb":0,"createdAt":1795305169}"#;
+        let machine = parse_machine_bytes(body.as_bytes()).expect("machine");
+        assert_eq!(machine.name, "m4");
+        assert_eq!(machine.state, MachineState::Created);
+        assert_eq!((machine.cpus, machine.memory_mib), (1, 512));
+        assert_eq!((machine.storage_gib, machine.overlay_gib), (Some(21), Some(10)));
+        assert_eq!(machine.image.as_deref(), Some("local-dir:/tmp/x/images/mini"));
+        assert_eq!(
+            machine.ports,
+            vec![
+                PortMapping {
+                    host_port: 18081,
+                    guest_port: 80,
+                    protocol: PortProtocol::Tcp
+                },
+                PortMapping {
+                    host_port: 18095,
+                    guest_port: 53,
+                    protocol: PortProtocol::Udp
+                }
+            ]
+        );
+        assert_eq!(machine.raw["diskChainDepth"], 1);
+
+        let started = parse_machine_bytes(br#"{"started":"m4"}"#);
+        assert!(started.is_err());
+        let bad_port = parse_machine_bytes(br#"{"name":"x","state":"running","ports":[{"host":70000,"guest":80}]}"#);
+        assert!(matches!(bad_port, Err(VmmError::Protocol(_))));
+    }
+
+    #[test]
+    fn local_images_resolve_inside_the_directory() {
+        let client =
+            SmolvmClient::new(SmolvmConfig::new("/run/smolvm.sock").with_local_image_dir("/var/lib/smolvm/images"));
+        assert_eq!(
+            client.resolve_image("local:tiny").expect("resolves"),
+            "/var/lib/smolvm/images/tiny"
+        );
+        assert_eq!(client.resolve_image("alpine:latest").expect("passes"), "alpine:latest");
+        for bad in ["local:", "local:../etc", "local:a/b", "local:.", "local:/etc"] {
+            let error = client.resolve_image(bad).expect_err(bad);
+            assert_eq!(error.code(), "InvalidRequest", "{bad}");
+        }
+        let without_dir = SmolvmClient::new(SmolvmConfig::new("/run/smolvm.sock"));
+        assert!(without_dir.resolve_image("local:tiny").is_err());
+    }
+
+    #[test]
+    fn names_cannot_escape_their_path_segment() {
+        assert_eq!(machine_path("vm-1_a"), "/api/v1/machines/vm-1_a");
+        assert_eq!(machine_path("../x?y=1"), "/api/v1/machines/%2E%2E%2Fx%3Fy%3D1");
+    }
+
+    #[test]
+    fn create_body_matches_smolvm_fields() {
+        let wire = CreateWire {
+            name: "m",
+            image: None,
+            cpus: 1,
+            memory_mb: 256,
+            storage_gb: Some(20),
+            overlay_gb: None,
+            network: false,
+            ports: vec![PortWireOut {
+                host: 8080,
+                guest: 80,
+                protocol: "tcp",
+            }],
+            allowed_cidrs: None,
+        };
+        let json: serde_json::Value = serde_json::from_slice(&to_json(&wire).expect("encodes")).expect("json");
+        assert_eq!(
+            json,
+            serde_json::json!({"name":"m","cpus":1,"memoryMb":256,"storageGb":20,"network":false,
+                "ports":[{"host":8080,"guest":80,"protocol":"tcp"}]})
+        );
+    }
+}

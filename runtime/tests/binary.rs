@@ -1,0 +1,136 @@
+//! The `smolvm-runtime` binary end to end in `--standalone` mode (no Kubernetes): flags,
+//! serving certificate and client CA from files, a real `smolvm serve` child, the node API over
+//! mTLS, the ops port, and SIGTERM stopping the agent and its child.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+mod common;
+use common::{NODE, Pki, TOKEN, free_port, http_get, smolvm_install};
+
+/// Processes whose command line mentions `needle`.
+fn processes_mentioning(needle: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(needle))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn standalone_binary_serves_and_stops_its_child_on_sigterm() {
+    common::init();
+    let install = match smolvm_install() {
+        Ok(install) => install,
+        Err(reason) => {
+            println!("skipped: standalone_binary_serves_and_stops_its_child_on_sigterm: smolvm unavailable: {reason}");
+            return;
+        }
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("smolvm-bin-")
+        .tempdir()
+        .expect("temp dir");
+    let path = |name: &str| dir.path().join(name);
+    let pki = Arc::new(Pki::new());
+    std::fs::write(path("tls.crt"), &pki.server_cert).expect("write");
+    std::fs::write(path("tls.key"), &pki.server_key).expect("write");
+    std::fs::write(path("ca.crt"), pki.ca.cert_pem()).expect("write");
+    std::fs::write(path("token"), TOKEN).expect("write");
+    let (api_port, ops_port) = (free_port(), free_port());
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_smolvm-runtime"));
+    command
+        .args(["--standalone", "--node-name", NODE, "--listen-address", "127.0.0.1"])
+        .args(["--port", &api_port.to_string()])
+        .args(["--ops-address", &format!("127.0.0.1:{ops_port}")])
+        .arg("--tls-cert")
+        .arg(path("tls.crt"))
+        .arg("--tls-key")
+        .arg(path("tls.key"))
+        .arg("--client-ca")
+        .arg(path("ca.crt"))
+        .arg("--token-file")
+        .arg(path("token"))
+        .arg("--state-dir")
+        .arg(path("lib"))
+        .arg("--run-dir")
+        .arg(path("run"))
+        .arg("--smolvm-bin")
+        .arg(&install.bin)
+        .args(["--guest-rollout-port", &free_port().to_string()])
+        .args(["--smolvm-env", "SMOLVM_VM_UID_DROP=off"])
+        .envs(install.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(path("agent.log")).expect("log"))
+        .kill_on_drop(true);
+    let mut agent = command.spawn().expect("spawn the agent");
+    let log = || std::fs::read_to_string(path("agent.log")).unwrap_or_default();
+
+    let ops = std::net::SocketAddr::from(([127, 0, 0, 1], ops_port));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = match tokio::net::TcpStream::connect(ops).await {
+            Ok(_) => http_get(ops, "/readyz").await.0 == 200,
+            Err(_) => false,
+        };
+        if ready {
+            break;
+        }
+        if let Ok(Some(status)) = agent.try_wait() {
+            panic!("agent exited ({status}):\n{}", log());
+        }
+        assert!(tokio::time::Instant::now() < deadline, "agent never ready:\n{}", log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let agent_pid = agent.id().expect("pid");
+    let children: Vec<u32> = processes_mentioning(&path("lib").join("state").display().to_string())
+        .into_iter()
+        .filter(|p| *p != agent_pid)
+        .collect();
+    assert!(!children.is_empty(), "no smolvm serve child found");
+
+    let mut client = common::NodeClient::connect(
+        std::net::SocketAddr::from(([127, 0, 0, 1], api_port)),
+        &smolvm_certs::runtime_server_name(NODE),
+        pki.client_tls(),
+        Some(TOKEN),
+    )
+    .await
+    .expect("connect");
+    let health = client.call("GET", "/v1/health", None).await;
+    assert_eq!(health.status, 200, "{health:?}");
+    assert_eq!(health.body["runtimeVersion"], "1.32.2");
+    let (_, metrics) = http_get(ops, "/metrics").await;
+    assert!(metrics.contains("smolvm_runtime_runtime_ready 1"), "{metrics}");
+    // JSON logs.
+    assert!(
+        log()
+            .lines()
+            .any(|l| l.starts_with('{') && l.contains("node API serving")),
+        "{}",
+        log()
+    );
+    drop(client);
+
+    let pid = agent_pid as i32;
+    // SAFETY: SIGTERM to the agent process this test started.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    let status = tokio::time::timeout(Duration::from_secs(30), agent.wait())
+        .await
+        .expect("agent stops after SIGTERM")
+        .expect("wait");
+    assert!(status.success(), "{status}:\n{}", log());
+    let left = processes_mentioning(&path("lib").display().to_string());
+    assert!(left.is_empty(), "smolvm serve left running: {left:?}");
+}

@@ -1,0 +1,401 @@
+//! Shared harness of the runtime's integration tests: finding smolvm, a test PKI, an mTLS
+//! node API client and an in-process agent running a real `smolvm serve`.
+//!
+//! The one test double anywhere in these tests is the Kubernetes API server of the reporter
+//! tests (a `tower-test` mock); everything here is real.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use smolvm_certs::{CertificateAuthority, LeafUsage, ReloadableResolver, Validity};
+use smolvm_runtime::agent::{Agent, AgentOptions, ClientCa};
+use smolvm_runtime::nodeapi::auth::TokenAuth;
+use smolvm_runtime::supervisor::{SpawnConfig, SupervisorConfig};
+use tokio_rustls::TlsConnector;
+
+pub const NODE: &str = "node-a";
+pub const TOKEN: &str = "test-token-0123456789";
+
+/// The smolvm binary and the environment `smolvm serve` needs.
+#[derive(Debug, Clone)]
+pub struct SmolvmInstall {
+    pub bin: PathBuf,
+    pub env: Vec<(String, String)>,
+}
+
+/// Finds (or installs, once per test binary) smolvm. `Err` is the reason to skip.
+pub fn smolvm_install() -> Result<SmolvmInstall, String> {
+    static INSTALL: OnceLock<Result<SmolvmInstall, String>> = OnceLock::new();
+    INSTALL.get_or_init(locate_smolvm).clone()
+}
+
+fn locate_smolvm() -> Result<SmolvmInstall, String> {
+    const VARS: [&str; 4] = [
+        "SMOLVM_BIN",
+        "SMOLVM_LIB_DIR",
+        "SMOLVM_AGENT_ROOTFS_TAR",
+        "SMOLVM_BOOT_BINARY",
+    ];
+    let mut vars: Vec<(String, String)> = VARS
+        .iter()
+        .filter_map(|name| std::env::var(name).ok().map(|value| (name.to_string(), value)))
+        .collect();
+    if !vars.iter().any(|(name, _)| name == "SMOLVM_BIN") {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/install-smolvm.sh");
+        if !script.exists() {
+            return Err(format!("SMOLVM_BIN is unset and {} is missing", script.display()));
+        }
+        eprintln!("SMOLVM_BIN unset; running {}", script.display());
+        let output = std::process::Command::new("bash")
+            .arg(&script)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|error| format!("cannot run {}: {error}", script.display()))?;
+        if !output.status.success() {
+            return Err(format!(
+                "{} failed ({}): {}",
+                script.display(),
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            ));
+        }
+        vars = parse_exports(&String::from_utf8_lossy(&output.stdout))?;
+    }
+    let bin = vars
+        .iter()
+        .find(|(name, _)| name == "SMOLVM_BIN")
+        .map(|(_, value)| PathBuf::from(value))
+        .ok_or("the install script printed no SMOLVM_BIN")?;
+    if !bin.is_file() {
+        return Err(format!("SMOLVM_BIN {} is not a file", bin.display()));
+    }
+    let env = vars
+        .into_iter()
+        .filter(|(name, _)| VARS[1..].contains(&name.as_str()))
+        .collect();
+    Ok(SmolvmInstall { bin, env })
+}
+
+/// Reads `export NAME=VALUE` lines (values as bash's `printf %q` writes plain paths).
+pub fn parse_exports(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut vars = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("export ") else {
+            continue;
+        };
+        let Some((name, value)) = rest.split_once('=') else {
+            return Err(format!("unreadable line from the install script: {line}"));
+        };
+        if value.starts_with("$'") {
+            return Err(format!("cannot read the quoted value in: {line}"));
+        }
+        let mut unquoted = String::new();
+        let mut chars = value.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => unquoted.extend(chars.next()),
+                '\'' | '"' => {}
+                c => unquoted.push(c),
+            }
+        }
+        vars.push((name.to_string(), unquoted));
+    }
+    Ok(vars)
+}
+
+pub fn free_port() -> u16 {
+    match std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
+        Ok(addr) => addr.port(),
+        Err(error) => panic!("no free port: {error}"),
+    }
+}
+
+pub fn init() {
+    smolvm_runtime::install_crypto_provider();
+}
+
+/// A runtime CA with a serving certificate for [`NODE`] obtained the way the agent does (key
+/// generated here, CSR signed by the CA) and a controller client certificate.
+pub struct Pki {
+    pub ca: CertificateAuthority,
+    pub server_cert: String,
+    pub server_key: String,
+    pub client_cert: String,
+    pub client_key: String,
+}
+
+impl Pki {
+    pub fn new() -> Self {
+        let day = Validity::from_now(Duration::from_secs(86_400));
+        let ca = CertificateAuthority::generate("smolvm-runtime-ca", day).expect("CA");
+        let (server_cert, server_key) = Self::serving_pair(&ca, NODE);
+        let client = ca.issue_client("smolvm-controller", day).expect("client cert");
+        Self {
+            ca,
+            server_cert,
+            server_key,
+            client_cert: client.cert_pem.clone(),
+            client_key: client.key_pem.clone(),
+        }
+    }
+
+    /// A serving pair through a CSR, as the agent obtains it (the controller's signer comes later).
+    pub fn serving_pair(ca: &CertificateAuthority, node: &str) -> (String, String) {
+        let key = smolvm_certs::generate_key_pair().expect("key");
+        let csr = smolvm_certs::build_csr(
+            &key,
+            &smolvm_certs::runtime_server_name(node),
+            &smolvm_certs::runtime_serving_sans(node),
+        )
+        .expect("csr");
+        let cert = ca
+            .sign_csr(csr, Validity::from_now(Duration::from_secs(86_400)), LeafUsage::Server)
+            .expect("sign");
+        (cert, key)
+    }
+
+    pub fn client_tls(&self) -> Arc<rustls::ClientConfig> {
+        Arc::new(
+            smolvm_certs::client_config(
+                self.ca.cert_pem(),
+                Some((&self.client_cert, &self.client_key)),
+                &[b"http/1.1"],
+            )
+            .expect("client config"),
+        )
+    }
+}
+
+/// An error with its sources, `: `-separated.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text
+}
+
+/// An HTTP/1.1 keep-alive connection to the node API over mTLS.
+pub struct NodeClient {
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    task: tokio::task::JoinHandle<()>,
+    pub token: Option<String>,
+}
+
+impl Drop for NodeClient {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What a node API call answered.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub body: serde_json::Value,
+    pub raw: Bytes,
+}
+
+impl NodeClient {
+    /// Connects and completes the TLS handshake; `Err` carries the TLS or I/O error text.
+    pub async fn connect(
+        addr: SocketAddr,
+        server_name: &str,
+        tls: Arc<rustls::ClientConfig>,
+        token: Option<&str>,
+    ) -> Result<Self, String> {
+        let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+        tcp.set_nodelay(true).map_err(|e| e.to_string())?;
+        let name = rustls::pki_types::ServerName::try_from(server_name.to_string()).map_err(|e| e.to_string())?;
+        let stream = TlsConnector::from(tls)
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("TLS handshake: {e}"))?;
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+        let task = tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(Self {
+            sender,
+            task,
+            token: token.map(str::to_string),
+        })
+    }
+
+    /// Sends raw bytes; `Err` is the transport error text.
+    pub async fn send_raw(&mut self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<Answer, String> {
+        let mut builder = Request::builder().method(method).uri(path).header("host", "node");
+        if let Some(token) = &self.token {
+            builder = builder.header("authorization", format!("Bearer {token}"));
+        }
+        if body.is_some() {
+            builder = builder.header("content-type", "application/json");
+        }
+        let request = builder
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| e.to_string())?;
+        self.sender.ready().await.map_err(|e| e.to_string())?;
+        let response = self.sender.send_request(request).await.map_err(|e| error_chain(&e))?;
+        let status = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let raw = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        let body = serde_json::from_slice(&raw).unwrap_or(serde_json::Value::Null);
+        Ok(Answer {
+            status,
+            content_type,
+            body,
+            raw,
+        })
+    }
+
+    pub async fn call(&mut self, method: &str, path: &str, body: Option<serde_json::Value>) -> Answer {
+        let bytes = body.map(|b| serde_json::to_vec(&b).expect("json"));
+        match self.send_raw(method, path, bytes).await {
+            Ok(answer) => answer,
+            Err(error) => panic!("{method} {path}: {error}"),
+        }
+    }
+}
+
+/// The agent under test with its private directories.
+pub struct TestAgent {
+    pub agent: Agent,
+    pub pki: Arc<Pki>,
+    pub dir: PathBuf,
+    pub token_file: PathBuf,
+}
+
+impl TestAgent {
+    /// Starts an agent supervising a real `smolvm serve` with state under `dir`, or `None`
+    /// (after printing `skipped: …`) when smolvm is unavailable.
+    pub async fn with_smolvm(test: &str, dir: &Path, pki: Arc<Pki>) -> Option<Self> {
+        let install = match smolvm_install() {
+            Ok(install) => install,
+            Err(reason) => {
+                println!("skipped: {test}: smolvm unavailable: {reason}");
+                return None;
+            }
+        };
+        let mut env = install.env.clone();
+        // Tests run as root and /dev/kvm is 0600: VMs cannot run under per-VM uids.
+        env.push(("SMOLVM_VM_UID_DROP".into(), "off".into()));
+        let spawn = SpawnConfig {
+            bin: install.bin.clone(),
+            state_dir: dir.join("state"),
+            local_image_dir: dir.join("images"),
+            guest_rollout_port: free_port(),
+            env,
+            log_file: Some(dir.join("serve.log")),
+        };
+        let mut supervisor = SupervisorConfig::new(dir.join("run/smolvm.sock"), Some(spawn));
+        supervisor.health_interval = Duration::from_millis(300);
+        supervisor.backoff_initial = Duration::from_millis(200);
+        supervisor.stop_grace = Duration::from_secs(5);
+        let agent = Self::start(dir, pki, supervisor, Some(dir.join("images"))).await;
+        if agent
+            .agent
+            .supervisor()
+            .wait_ready(1, Duration::from_secs(60))
+            .await
+            .is_none()
+        {
+            panic!("{test}: smolvm serve never became ready; log:\n{}", agent.log());
+        }
+        Some(agent)
+    }
+
+    /// Starts an agent attached to a socket nobody serves (for tests that need no smolvm).
+    pub async fn without_smolvm(dir: &Path, pki: Arc<Pki>) -> Self {
+        let mut supervisor = SupervisorConfig::new(dir.join("absent.sock"), None);
+        supervisor.health_interval = Duration::from_millis(200);
+        Self::start(dir, pki, supervisor, None).await
+    }
+
+    async fn start(dir: &Path, pki: Arc<Pki>, supervisor: SupervisorConfig, images: Option<PathBuf>) -> Self {
+        let token_file = dir.join("token");
+        if !token_file.exists() {
+            std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token file");
+        }
+        let (auth, _watch) = TokenAuth::from_file(token_file.clone(), Duration::from_millis(100)).expect("token");
+        let resolver = Arc::new(ReloadableResolver::from_pem(&pki.server_cert, &pki.server_key).expect("resolver"));
+        let agent = Agent::start(AgentOptions {
+            node_name: NODE.into(),
+            supervisor,
+            local_image_dir: images,
+            node_api_listener: std::net::TcpListener::bind("127.0.0.1:0").expect("bind"),
+            ops_listener: Some(std::net::TcpListener::bind("127.0.0.1:0").expect("bind")),
+            resolver,
+            serving_files: None,
+            client_ca: ClientCa::Pem(pki.ca.cert_pem().to_string()),
+            auth,
+            file_poll_interval: Duration::from_millis(100),
+        })
+        .await
+        .expect("agent starts");
+        Self {
+            agent,
+            pki,
+            dir: dir.to_path_buf(),
+            token_file,
+        }
+    }
+
+    pub async fn client(&self) -> NodeClient {
+        NodeClient::connect(
+            self.agent.node_api_addr(),
+            &smolvm_certs::runtime_server_name(NODE),
+            self.pki.client_tls(),
+            Some(TOKEN),
+        )
+        .await
+        .expect("connect to the node API")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default()
+    }
+}
+
+/// A plain HTTP GET (ops port); returns status and body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, connection) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(tcp))
+        .await
+        .expect("handshake");
+    let task = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let request = Request::builder()
+        .uri(path)
+        .header("host", "ops")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let response = sender.send_request(request).await.expect("send");
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.expect("body").to_bytes();
+    task.abort();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}

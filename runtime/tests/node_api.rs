@@ -1,0 +1,549 @@
+//! The node API over real mTLS on 127.0.0.1, in front of a real `smolvm serve` supervised by
+//! the agent. Tests that need smolvm print `skipped: <reason>` when it cannot be had.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+mod common;
+use common::{NODE, NodeClient, Pki, TOKEN, TestAgent, http_get};
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("smolvm-agent-")
+        .tempdir()
+        .expect("temp dir")
+}
+
+fn small_spec(image: &str) -> serde_json::Value {
+    json!({"image": image, "cpus": 1, "memoryMiB": 256, "storageGiB": 2, "overlayGiB": 1})
+}
+
+fn assert_error(answer: &common::Answer, status: u16, code: &str) {
+    assert_eq!(answer.status, status, "{answer:?}");
+    assert_eq!(answer.content_type.as_deref(), Some("application/json"), "{answer:?}");
+    assert_eq!(answer.body["code"], code, "{answer:?}");
+    assert!(
+        answer.body["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{answer:?}"
+    );
+}
+
+/// The mTLS and token matrix, each case over a real handshake.
+#[tokio::test]
+async fn mtls_and_token_matrix() {
+    common::init();
+    let dir = tempdir();
+    let pki = Arc::new(Pki::new());
+    let agent = TestAgent::without_smolvm(dir.path(), pki.clone()).await;
+    let addr = agent.agent.node_api_addr();
+    let name = smolvm_certs::runtime_server_name(NODE);
+
+    // No client certificate: the server refuses during the handshake (TLS 1.3 reports the
+    // alert on the first read), and no HTTP answer ever arrives.
+    let anonymous = Arc::new(smolvm_certs::client_config(pki.ca.cert_pem(), None, &[b"http/1.1"]).expect("config"));
+    // A client certificate from another CA.
+    let other_ca = smolvm_certs::CertificateAuthority::generate(
+        "other-ca",
+        smolvm_certs::Validity::from_now(Duration::from_secs(3600)),
+    )
+    .expect("ca");
+    let stranger = other_ca
+        .issue_client(
+            "smolvm-controller",
+            smolvm_certs::Validity::from_now(Duration::from_secs(3600)),
+        )
+        .expect("cert");
+    let foreign = Arc::new(
+        smolvm_certs::client_config(
+            pki.ca.cert_pem(),
+            Some((&stranger.cert_pem, &stranger.key_pem)),
+            &[b"http/1.1"],
+        )
+        .expect("config"),
+    );
+    for (case, tls) in [
+        ("no client certificate", anonymous),
+        ("certificate from another CA", foreign),
+    ] {
+        let outcome = match NodeClient::connect(addr, &name, tls, Some(TOKEN)).await {
+            Err(error) => Err(error),
+            Ok(mut client) => client.send_raw("GET", "/v1/identity", None).await.map(|a| a.status),
+        };
+        let error = outcome.expect_err(case);
+        println!("{case}: refused: {error}");
+        assert!(
+            error.contains("CertificateRequired") || error.contains("UnknownCA") || error.contains("alert"),
+            "{case}: {error}"
+        );
+    }
+
+    // The client never skips verification: a different server name fails on the client.
+    let wrong_name = NodeClient::connect(addr, "other.runtime.vm.smolvm.dev", pki.client_tls(), Some(TOKEN)).await;
+    assert!(
+        wrong_name.is_err(),
+        "server certificate for another node must be refused"
+    );
+
+    // Right certificate, wrong or missing token: 401 with a JSON body.
+    for token in [Some("wrong-token"), None, Some("")] {
+        let mut client = NodeClient::connect(addr, &name, pki.client_tls(), token)
+            .await
+            .expect("connect");
+        for path in ["/v1/identity", "/v1/machines/m1", "/v1/nope"] {
+            let answer = client.call("GET", path, None).await;
+            assert_error(&answer, 401, "Unauthenticated");
+        }
+    }
+
+    // Both right: 200.
+    let mut client = agent.client().await;
+    for _ in 0..2 {
+        let answer = client.call("GET", "/v1/identity", None).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+        assert_eq!(answer.body["nodeName"], NODE);
+        assert_eq!(answer.body["protocolVersion"], "v1");
+    }
+    // smolvm is absent here: health is 503 RuntimeUnavailable, with JSON.
+    let answer = client.call("GET", "/v1/health", None).await;
+    assert_error(&answer, 503, "RuntimeUnavailable");
+    let answer = client.call("GET", "/v1/machines/m1", None).await;
+    assert_error(&answer, 503, "RuntimeUnavailable");
+    agent.agent.shutdown().await;
+}
+
+/// Malformed requests get 400 (or 404/405/413) with a JSON body, never plain text.
+#[tokio::test]
+async fn malformed_requests_get_json_errors() {
+    common::init();
+    let dir = tempdir();
+    let agent = TestAgent::without_smolvm(dir.path(), Arc::new(Pki::new())).await;
+    let mut client = agent.client().await;
+    let big = vec![b' '; 70 * 1024];
+    let long_name = format!("/v1/machines/{}", "a".repeat(64));
+    type Case<'a> = (&'a str, &'a str, Option<Vec<u8>>, u16, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            "PUT",
+            "/v1/machines/m1",
+            Some(b"not json".to_vec()),
+            400,
+            "InvalidRequest",
+        ),
+        ("PUT", "/v1/machines/m1", Some(b"".to_vec()), 400, "InvalidRequest"),
+        ("PUT", "/v1/machines/m1", None, 400, "InvalidRequest"),
+        (
+            "PUT",
+            "/v1/machines/m1",
+            Some(br#"{"image":"a"}"#.to_vec()),
+            400,
+            "InvalidRequest",
+        ),
+        (
+            "PUT",
+            "/v1/machines/m1",
+            Some(br#"{"image":"a","cpus":1,"memoryMiB":256,"storageGiB":1,"overlayGiB":1,"bogus":1}"#.to_vec()),
+            400,
+            "InvalidRequest",
+        ),
+        (
+            "PUT",
+            "/v1/machines/m1",
+            Some(br#"{"image":"a","cpus":-1,"memoryMiB":256,"storageGiB":1,"overlayGiB":1}"#.to_vec()),
+            400,
+            "InvalidRequest",
+        ),
+        (
+            "PUT",
+            "/v1/machines/Bad_Name",
+            Some(serde_json::to_vec(&small_spec("a")).expect("json")),
+            400,
+            "InvalidRequest",
+        ),
+        ("GET", long_name.as_str(), None, 400, "InvalidRequest"),
+        ("GET", "/v1/machines/-x", None, 400, "InvalidRequest"),
+        (
+            "POST",
+            "/v1/machines/m1/resize",
+            Some(b"[1,2]".to_vec()),
+            400,
+            "InvalidRequest",
+        ),
+        (
+            "POST",
+            "/v1/machines/m1/resize",
+            Some(br#"{"cpus":"two"}"#.to_vec()),
+            400,
+            "InvalidRequest",
+        ),
+        ("PUT", "/v1/machines/m1", Some(big), 413, "PayloadTooLarge"),
+        ("GET", "/v1/nothing", None, 404, "RouteNotFound"),
+        ("GET", "/", None, 404, "RouteNotFound"),
+        ("PATCH", "/v1/machines/m1", None, 405, "MethodNotAllowed"),
+        ("GET", "/v1/machines/m1/stop", None, 405, "MethodNotAllowed"),
+    ];
+    for (method, path, body, status, code) in cases {
+        for _ in 0..2 {
+            let answer = client.send_raw(method, path, body.clone()).await.expect("answer");
+            assert_eq!(answer.status, status, "{method} {path}: {answer:?}");
+            assert_error(&answer, status, code);
+        }
+    }
+    agent.agent.shutdown().await;
+}
+
+/// The token file is re-read on change: the old token stops working, the new one works.
+#[tokio::test]
+async fn token_file_is_reloaded() {
+    common::init();
+    let dir = tempdir();
+    let pki = Arc::new(Pki::new());
+    let agent = TestAgent::without_smolvm(dir.path(), pki.clone()).await;
+    let mut old = agent.client().await;
+    assert_eq!(old.call("GET", "/v1/identity", None).await.status, 200);
+    std::fs::write(&agent.token_file, "rotated-token-xyz\n").expect("rotate");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = old.call("GET", "/v1/identity", None).await;
+        if answer.status == 401 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "token never reloaded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let name = smolvm_certs::runtime_server_name(NODE);
+    let mut new = NodeClient::connect(
+        agent.agent.node_api_addr(),
+        &name,
+        pki.client_tls(),
+        Some("rotated-token-xyz"),
+    )
+    .await
+    .expect("connect");
+    assert_eq!(new.call("GET", "/v1/identity", None).await.status, 200);
+    agent.agent.shutdown().await;
+}
+
+/// A renewed serving certificate is used by new connections without a restart; a new
+/// client CA is trusted after reload.
+#[tokio::test]
+async fn serving_certificate_and_client_ca_swap_without_restart() {
+    common::init();
+    let dir = tempdir();
+    let pki = Arc::new(Pki::new());
+    let agent = TestAgent::without_smolvm(dir.path(), pki.clone()).await;
+    let (cert, key) = Pki::serving_pair(&pki.ca, NODE);
+    let before = agent.agent.node_api().resolver().current_cert_info();
+    agent.agent.node_api().resolver().swap_pem(&cert, &key).expect("swap");
+    let after = agent.agent.node_api().resolver().current_cert_info();
+    assert_ne!(before, after);
+    let mut client = agent.client().await;
+    assert_eq!(client.call("GET", "/v1/identity", None).await.status, 200);
+
+    // Trust a new CA: clients of the old CA are refused, clients of the new one accepted.
+    let new_pki = Pki::new();
+    agent
+        .agent
+        .node_api()
+        .reload_client_ca(new_pki.ca.cert_pem())
+        .expect("reload CA");
+    let name = smolvm_certs::runtime_server_name(NODE);
+    let old = match NodeClient::connect(agent.agent.node_api_addr(), &name, pki.client_tls(), Some(TOKEN)).await {
+        Err(e) => Err(e),
+        Ok(mut c) => c.send_raw("GET", "/v1/identity", None).await.map(|a| a.status),
+    };
+    assert!(old.is_err(), "old CA must be refused: {old:?}");
+    let tls = Arc::new(
+        smolvm_certs::client_config(
+            pki.ca.cert_pem(),
+            Some((&new_pki.client_cert, &new_pki.client_key)),
+            &[b"http/1.1"],
+        )
+        .expect("config"),
+    );
+    let mut fresh = NodeClient::connect(agent.agent.node_api_addr(), &name, tls, Some(TOKEN))
+        .await
+        .expect("connect");
+    assert_eq!(fresh.call("GET", "/v1/identity", None).await.status, 200);
+    agent.agent.shutdown().await;
+}
+
+/// Every operation against a real smolvm through the node API, each twice.
+#[tokio::test]
+async fn every_operation_against_real_smolvm_twice() {
+    common::init();
+    let dir = tempdir();
+    let Some(agent) = TestAgent::with_smolvm(
+        "every_operation_against_real_smolvm_twice",
+        dir.path(),
+        Arc::new(Pki::new()),
+    )
+    .await
+    else {
+        return;
+    };
+    let mut c = agent.client().await;
+
+    for _ in 0..2 {
+        let health = c.call("GET", "/v1/health", None).await;
+        assert_eq!(health.status, 200, "{health:?}");
+        assert_eq!(health.body["runtimeVersion"], "1.32.2");
+        assert_eq!(health.body["protocolVersion"], "v1");
+        let identity = c.call("GET", "/v1/identity", None).await;
+        assert_eq!(identity.body["runtimeVersion"], "1.32.2");
+    }
+
+    // Create: 201, then 200 with the same machine (idempotent).
+    let name = "vm-3f2a1c9e-8b7d-4e6f-9a0b-1c2d3e4f5a6b";
+    let port = common::free_port();
+    let mut spec = small_spec("localhost:1/none:latest");
+    spec["network"] =
+        json!({"enabled": true, "ports": [{"hostPort": port, "guestPort": 80}], "allowedCIDRs": ["10.0.0.0/8"]});
+    let path = format!("/v1/machines/{name}");
+    let first = c.call("PUT", &path, Some(spec.clone())).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    assert_eq!(first.body["state"], "Created");
+    assert_eq!(first.body["runtimeState"], "created");
+    assert_eq!(first.body["network"]["ports"][0]["protocol"], "TCP");
+    assert_eq!(first.body["network"]["allowedCIDRs"][0], "10.0.0.0/8");
+    let second = c.call("PUT", &path, Some(spec.clone())).await;
+    assert_eq!(second.status, 200, "{second:?}");
+    assert_eq!(second.body, first.body);
+
+    // A conflicting spec: 409 naming the fields.
+    let mut other = spec.clone();
+    other["cpus"] = json!(2);
+    other["image"] = json!("alpine:3");
+    for _ in 0..2 {
+        let answer = c.call("PUT", &path, Some(other.clone())).await;
+        assert_error(&answer, 409, "MachineSpecConflict");
+        assert_eq!(answer.body["details"]["fields"], json!(["image", "cpus"]));
+    }
+
+    for _ in 0..2 {
+        let got = c.call("GET", &path, None).await;
+        assert_eq!(got.status, 200);
+        assert_eq!(got.body["name"], name);
+        let missing = c.call("GET", "/v1/machines/no-such-machine", None).await;
+        assert_error(&missing, 404, "MachineNotFound");
+        assert_eq!(missing.body["message"], "machine 'no-such-machine' not found");
+    }
+
+    // Stop: idempotent.
+    for _ in 0..2 {
+        let stopped = c.call("POST", &format!("{path}/stop"), None).await;
+        assert_eq!(stopped.status, 200, "{stopped:?}");
+        assert_eq!(stopped.body["state"], "Created");
+        assert_error(
+            &c.call("POST", "/v1/machines/nope/stop", None).await,
+            404,
+            "MachineNotFound",
+        );
+    }
+
+    // Resize: disks grow (repeat is a no-op 200); CPU on a stopped machine is 409
+    // ResizeRequiresRunning; shrinking is 400 with smolvm's message.
+    for _ in 0..2 {
+        let grown = c
+            .call(
+                "POST",
+                &format!("{path}/resize"),
+                Some(json!({"storageGiB": 3, "overlayGiB": 2})),
+            )
+            .await;
+        assert_eq!(grown.status, 200, "{grown:?}");
+        assert_eq!(
+            (grown.body["storageGiB"].as_u64(), grown.body["overlayGiB"].as_u64()),
+            (Some(3), Some(2))
+        );
+        let live = c
+            .call(
+                "POST",
+                &format!("{path}/resize"),
+                Some(json!({"cpus": 2, "memoryMiB": 512})),
+            )
+            .await;
+        assert_error(&live, 409, "ResizeRequiresRunning");
+        assert_eq!(live.body["details"]["pending"], json!(["cpus", "memoryMiB"]));
+        let shrink = c
+            .call("POST", &format!("{path}/resize"), Some(json!({"storageGiB": 2})))
+            .await;
+        assert_error(&shrink, 400, "InvalidRequest");
+        assert_eq!(
+            shrink.body["message"],
+            "storageGb cannot be smaller than current size (3 GiB)"
+        );
+        let noop = c.call("POST", &format!("{path}/resize"), Some(json!({}))).await;
+        assert_eq!(noop.status, 200);
+        assert_error(
+            &c.call("POST", "/v1/machines/nope/resize", Some(json!({"cpus": 1})))
+                .await,
+            404,
+            "MachineNotFound",
+        );
+    }
+
+    // Ensure running: the image pull fails at once (nothing on localhost:1): 500 StartFailed
+    // carrying smolvm's own message.
+    for _ in 0..2 {
+        let answer = c.call("POST", &format!("{path}/ensure-running"), None).await;
+        assert_error(&answer, 500, "StartFailed");
+        let message = answer.body["message"].as_str().unwrap_or_default();
+        assert!(message.contains("localhost:1/v2/none/manifests/latest"), "{message}");
+        println!("StartFailed carried smolvm's message: {message}");
+        assert_error(
+            &c.call("POST", "/v1/machines/nope/ensure-running", None).await,
+            404,
+            "MachineNotFound",
+        );
+    }
+
+    // Delete: deleted, then missing.
+    let deleted = c.call("DELETE", &path, None).await;
+    assert_eq!((deleted.status, deleted.body.clone()), (200, json!({"deleted": true})));
+    let again = c.call("DELETE", &path, None).await;
+    assert_eq!((again.status, again.body.clone()), (200, json!({"missing": true})));
+    assert_error(&c.call("GET", &path, None).await, 404, "MachineNotFound");
+
+    // Local rootfs directory images compare by path: a repeated PUT is 200.
+    let rootfs = agent.dir.join("images/tiny");
+    std::fs::create_dir_all(rootfs.join("etc")).expect("mkdir");
+    std::fs::write(rootfs.join("etc/hostname"), "tiny\n").expect("write");
+    let local = small_spec("local:tiny");
+    assert_eq!(
+        c.call("PUT", "/v1/machines/local1", Some(local.clone())).await.status,
+        201
+    );
+    assert_eq!(c.call("PUT", "/v1/machines/local1", Some(local)).await.status, 200);
+    let bad = c
+        .call("PUT", "/v1/machines/local2", Some(small_spec("local:missing")))
+        .await;
+    assert_error(&bad, 400, "InvalidRequest");
+    assert_eq!(
+        c.call("DELETE", "/v1/machines/local1", None).await.body,
+        json!({"deleted": true})
+    );
+
+    // Metrics counted by operation and code.
+    let ops = agent.agent.ops_addr().expect("ops");
+    let (status, text) = http_get(ops, "/metrics").await;
+    assert_eq!(status, 200);
+    for line in [
+        "smolvm_runtime_node_api_requests_total{operation=\"CreateMachine\",code=\"MachineSpecConflict\"} 2",
+        "smolvm_runtime_node_api_requests_total{operation=\"EnsureMachineRunning\",code=\"StartFailed\"} 2",
+        "smolvm_runtime_runtime_ready 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
+    }
+    assert_eq!(http_get(ops, "/readyz").await.0, 200);
+    assert_eq!(http_get(ops, "/healthz").await.0, 200);
+    agent.agent.shutdown().await;
+}
+
+/// Boot probe through the node API: where guests boot, the running lifecycle; where they
+/// cannot (nested KVM), the 500 StartFailed carrying smolvm's message (about 30 s per start).
+#[tokio::test]
+async fn ensure_running_boot_probe() {
+    common::init();
+    let dir = tempdir();
+    let Some(agent) = TestAgent::with_smolvm("ensure_running_boot_probe", dir.path(), Arc::new(Pki::new())).await
+    else {
+        return;
+    };
+    // A machine on smolvm's own agent rootfs (no image) is the plainest boot there is; the node
+    // API always asks for an image, so this one is created on smolvm directly.
+    let mut spec = smolvm_runtime::vmm::MachineSpec::new("boot1", 1, 256);
+    spec.storage_gib = Some(2);
+    spec.overlay_gib = Some(1);
+    agent.agent.vmm().create(&spec).await.expect("create");
+    let mut c = agent.client().await;
+    let first = c.call("POST", "/v1/machines/boot1/ensure-running", None).await;
+    if first.status == 200 {
+        println!("guests boot here: running the happy path");
+        assert_eq!(first.body["state"], "Running");
+        let again = c.call("POST", "/v1/machines/boot1/ensure-running", None).await;
+        assert_eq!((again.status, again.body["state"].clone()), (200, json!("Running")));
+        for _ in 0..2 {
+            let stopped = c.call("POST", "/v1/machines/boot1/stop", None).await;
+            assert_eq!((stopped.status, stopped.body["state"].clone()), (200, json!("Stopped")));
+        }
+    } else {
+        assert_error(&first, 500, "StartFailed");
+        let message = first.body["message"].as_str().unwrap_or_default().to_string();
+        assert!(message.starts_with("failed to start machine"), "{message}");
+        let second = c.call("POST", "/v1/machines/boot1/ensure-running", None).await;
+        assert_error(&second, 500, "StartFailed");
+        assert_eq!(second.body["message"], first.body["message"]);
+        println!("happy start path skipped: guests cannot boot on this machine; smolvm said: {message}");
+    }
+    assert_eq!(
+        c.call("DELETE", "/v1/machines/boot1", None).await.body,
+        json!({"deleted": true})
+    );
+    agent.agent.shutdown().await;
+}
+
+/// Kill `smolvm serve`: the agent restarts it and the machines are still there; restart the
+/// agent on the same state: the same machines.
+#[tokio::test]
+async fn smolvm_restart_and_agent_restart_keep_machines() {
+    common::init();
+    let dir = tempdir();
+    let pki = Arc::new(Pki::new());
+    let test = "smolvm_restart_and_agent_restart_keep_machines";
+    let Some(agent) = TestAgent::with_smolvm(test, dir.path(), pki.clone()).await else {
+        return;
+    };
+    let mut c = agent.client().await;
+    for name in ["keep-1", "keep-2"] {
+        let created = c
+            .call(
+                "PUT",
+                &format!("/v1/machines/{name}"),
+                Some(small_spec("localhost:1/none:latest")),
+            )
+            .await;
+        assert_eq!(created.status, 201, "{created:?}");
+    }
+    let status = agent.agent.supervisor().status().borrow().clone();
+    let pid = status.pid.expect("child pid");
+    assert_eq!(status.generation, 1);
+    // SAFETY: SIGKILL to the smolvm serve child this test's agent started.
+    let killed = unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    assert_eq!(killed, 0);
+    let restarted = agent
+        .agent
+        .supervisor()
+        .wait_ready(2, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|| panic!("smolvm serve was not restarted; log:\n{}", agent.log()));
+    assert_ne!(restarted.pid, Some(pid));
+    assert_eq!(restarted.restarts, 1);
+    assert_eq!(restarted.machines, vec!["keep-1".to_string(), "keep-2".to_string()]);
+    assert_eq!(agent.agent.metrics().smolvm_restarts(), 1);
+    let mut c = agent.client().await;
+    for name in ["keep-1", "keep-2"] {
+        assert_eq!(c.call("GET", &format!("/v1/machines/{name}"), None).await.status, 200);
+    }
+    agent.agent.shutdown().await;
+    // The child is gone after shutdown.
+    let alive = unsafe { libc::kill(restarted.pid.expect("pid") as i32, 0) };
+    assert_ne!(alive, 0, "smolvm serve still running after agent shutdown");
+
+    let Some(agent) = TestAgent::with_smolvm(test, dir.path(), pki).await else {
+        return;
+    };
+    let status = agent.agent.supervisor().status().borrow().clone();
+    assert_eq!(status.machines, vec!["keep-1".to_string(), "keep-2".to_string()]);
+    let mut c = agent.client().await;
+    for name in ["keep-1", "keep-2"] {
+        let got = c.call("GET", &format!("/v1/machines/{name}"), None).await;
+        assert_eq!(got.status, 200, "{got:?}");
+        assert_eq!(
+            c.call("DELETE", &format!("/v1/machines/{name}"), None).await.body,
+            json!({"deleted": true})
+        );
+    }
+    agent.agent.shutdown().await;
+}

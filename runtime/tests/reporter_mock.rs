@@ -1,0 +1,357 @@
+//! SmolVMNode reporting against a TEST DOUBLE of the Kubernetes API server: a `tower-test`
+//! mock service behind a real `kube::Client`. No API server runs here; the double answers each
+//! expected call and the test asserts the exact method, path, query, content type and body.
+
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::client::Body;
+use serde_json::{Value, json};
+use smolvm_api::types::{Endpoint, NodeResources};
+use smolvm_runtime::report::{Observation, Reporter};
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+fn double() -> (kube::Client, Handle) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    (kube::Client::new(service, "default"), handle)
+}
+
+/// Takes the next request; asserts method, path and query; returns content type and JSON body.
+async fn expect(
+    handle: &mut Handle,
+    method: &str,
+    path_and_query: &str,
+    answer: (StatusCode, Value),
+) -> (Option<String>, Value) {
+    let (request, respond) = handle.next_request().await.expect("the reporter made a call");
+    assert_eq!(request.method().as_str(), method, "{}", request.uri());
+    assert_eq!(
+        request.uri().path_and_query().map(|p| p.as_str()),
+        Some(path_and_query),
+        "{method}"
+    );
+    let content_type = request
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let bytes = request.into_body().collect().await.expect("body").to_bytes();
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).expect("JSON request body")
+    };
+    let response = Response::builder()
+        .status(answer.0)
+        .header("content-type", "application/json")
+        .body(Body::from(serde_json::to_vec(&answer.1).expect("json")))
+        .expect("response");
+    respond.send_response(response);
+    (content_type, body)
+}
+
+fn node() -> Value {
+    json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "node-a", "uid": "uid-node-a",
+            "labels": {"kubernetes.io/hostname": "node-a", "zone": "z1"}}})
+}
+
+fn not_found() -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "smolvmnodes.vm.smolvm.dev \"node-a\" not found", "reason": "NotFound", "code": 404})
+}
+
+fn observation(uid: &str) -> Observation {
+    Observation {
+        node_uid: uid.to_string(),
+        endpoint: Endpoint {
+            address: "10.0.0.5".into(),
+            port: 10443,
+        },
+        runtime_version: Some("1.32.2".into()),
+        runtime_ready: true,
+        runtime_message: String::new(),
+        kvm_available: false,
+        kvm_message: "cannot open /dev/kvm".into(),
+        capacity: NodeResources {
+            cpus: 8,
+            memory_mib: 16384,
+            storage_gib: 100,
+        },
+        allocatable: NodeResources {
+            cpus: 7,
+            memory_mib: 15360,
+            storage_gib: 90,
+        },
+    }
+}
+
+fn at(secs: i64) -> Time {
+    Time(k8s_openapi::jiff::Timestamp::from_second(secs).expect("time"))
+}
+
+const SVMN: &str = "/apis/vm.smolvm.dev/v1alpha1/smolvmnodes";
+
+#[tokio::test]
+async fn creates_the_smolvmnode_owned_by_the_node_then_applies_status() {
+    smolvm_runtime::install_crypto_provider();
+    let (client, mut handle) = double();
+    let reporter = Reporter::new(client, "node-a");
+    let task = tokio::spawn(async move { reporter.report_once(at(1_800_000_000), observation).await });
+
+    expect(&mut handle, "GET", "/api/v1/nodes/node-a", (StatusCode::OK, node())).await;
+    expect(
+        &mut handle,
+        "GET",
+        &format!("{SVMN}/node-a"),
+        (StatusCode::NOT_FOUND, not_found()),
+    )
+    .await;
+    let created = json!({"apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVMNode",
+        "metadata": {"name": "node-a", "uid": "svmn-uid", "resourceVersion": "1",
+            "labels": {"kubernetes.io/hostname": "node-a", "zone": "z1", "vm.smolvm.dev/node": "node-a"},
+            "annotations": {"vm.smolvm.dev/mirrored-labels": "kubernetes.io/hostname,zone"}},
+        "spec": {}});
+    let (content_type, body) = expect(&mut handle, "POST", &format!("{SVMN}?"), (StatusCode::CREATED, created)).await;
+    assert_eq!(content_type.as_deref(), Some("application/json"));
+    assert_eq!(
+        body["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "uid-node-a"}])
+    );
+    assert_eq!(
+        body["metadata"]["labels"],
+        json!({"kubernetes.io/hostname": "node-a", "zone": "z1", "vm.smolvm.dev/node": "node-a"})
+    );
+    assert_eq!(
+        body["metadata"]["annotations"]["vm.smolvm.dev/mirrored-labels"],
+        "kubernetes.io/hostname,zone"
+    );
+    // Labels already match: no label patch; next is the server-side apply of the status.
+    let (content_type, body) = expect(
+        &mut handle,
+        "PATCH",
+        &format!("{SVMN}/node-a/status?&force=true&fieldManager=smolvm-runtime"),
+        (
+            StatusCode::OK,
+            json!({"apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVMNode",
+            "metadata": {"name": "node-a"}, "spec": {}}),
+        ),
+    )
+    .await;
+    assert_eq!(content_type.as_deref(), Some("application/apply-patch+yaml"));
+    assert_eq!(body["apiVersion"], "vm.smolvm.dev/v1alpha1");
+    assert_eq!(body["kind"], "SmolVMNode");
+    assert_eq!(body["metadata"], json!({"name": "node-a"}));
+    let status = &body["status"];
+    assert_eq!(status["nodeUID"], "uid-node-a");
+    assert_eq!(status["endpoint"], json!({"address": "10.0.0.5", "port": 10443}));
+    assert_eq!(status["runtimeVersion"], "1.32.2");
+    assert_eq!(status["protocolVersion"], "v1");
+    assert_eq!(status["heartbeatTime"], "2027-01-15T08:00:00Z");
+    assert_eq!(
+        status["capacity"],
+        json!({"cpus": 8, "memoryMiB": 16384, "storageGiB": 100})
+    );
+    assert_eq!(
+        status["allocatable"],
+        json!({"cpus": 7, "memoryMiB": 15360, "storageGiB": 90})
+    );
+    let conditions: Vec<(String, String, String)> = status["conditions"]
+        .as_array()
+        .expect("conditions")
+        .iter()
+        .map(|c| {
+            (
+                c["type"].as_str().unwrap_or("").to_string(),
+                c["status"].as_str().unwrap_or("").to_string(),
+                c["reason"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        conditions,
+        vec![
+            ("Ready".into(), "False".into(), "KVMUnavailable".into()),
+            ("KVMAvailable".into(), "False".into(), "KVMUnavailable".into()),
+            ("RuntimeReady".into(), "True".into(), "AsExpected".into()),
+        ]
+    );
+    task.await.expect("task").expect("report succeeded");
+}
+
+#[tokio::test]
+async fn mirrors_labels_without_erasing_admin_labels_and_keeps_transition_times() {
+    smolvm_runtime::install_crypto_provider();
+    let (client, mut handle) = double();
+    let reporter = Reporter::new(client, "node-a");
+    let task = tokio::spawn(async move { reporter.report_once(at(1_800_000_100), observation).await });
+
+    expect(&mut handle, "GET", "/api/v1/nodes/node-a", (StatusCode::OK, node())).await;
+    let existing = json!({"apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVMNode",
+        "metadata": {"name": "node-a", "resourceVersion": "7",
+            "labels": {"kubernetes.io/hostname": "node-a", "zone": "z0", "gpu": "yes",
+                "team": "admins", "vm.smolvm.dev/node": "node-a"},
+            "annotations": {"vm.smolvm.dev/mirrored-labels": "gpu,kubernetes.io/hostname,zone"}},
+        "spec": {},
+        "status": {"conditions": [
+            {"type": "RuntimeReady", "status": "True", "reason": "AsExpected", "message": "",
+             "lastTransitionTime": "2027-01-01T00:00:00Z"},
+            {"type": "KVMAvailable", "status": "True", "reason": "AsExpected", "message": "",
+             "lastTransitionTime": "2027-01-01T00:00:00Z"}]}});
+    expect(
+        &mut handle,
+        "GET",
+        &format!("{SVMN}/node-a"),
+        (StatusCode::OK, existing.clone()),
+    )
+    .await;
+    let (content_type, body) = expect(
+        &mut handle,
+        "PATCH",
+        &format!("{SVMN}/node-a?"),
+        (StatusCode::OK, existing),
+    )
+    .await;
+    assert_eq!(content_type.as_deref(), Some("application/merge-patch+json"));
+    // `gpu` was mirrored and left the Node: removed. `team` (admin) stays untouched.
+    assert_eq!(
+        body,
+        json!({"metadata": {"labels": {"gpu": null, "zone": "z1"},
+            "annotations": {"vm.smolvm.dev/mirrored-labels": "kubernetes.io/hostname,zone"}}})
+    );
+    let (_, body) = expect(
+        &mut handle,
+        "PATCH",
+        &format!("{SVMN}/node-a/status?&force=true&fieldManager=smolvm-runtime"),
+        (
+            StatusCode::OK,
+            json!({"apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVMNode",
+            "metadata": {"name": "node-a"}, "spec": {}}),
+        ),
+    )
+    .await;
+    let conditions = body["status"]["conditions"].as_array().expect("conditions").clone();
+    let find = |t: &str| conditions.iter().find(|c| c["type"] == t).cloned().expect("condition");
+    // Unchanged status keeps its time; a changed one (KVM now False) and a new one get `now`.
+    assert_eq!(find("RuntimeReady")["lastTransitionTime"], "2027-01-01T00:00:00Z");
+    assert_eq!(find("KVMAvailable")["lastTransitionTime"], "2027-01-15T08:01:40Z");
+    assert_eq!(find("Ready")["lastTransitionTime"], "2027-01-15T08:01:40Z");
+    task.await.expect("task").expect("report succeeded");
+}
+
+const CSRS: &str = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
+
+fn csr_answer(name: &str, status: Value) -> Value {
+    json!({"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+        "metadata": {"name": name},
+        "spec": {"request": "", "signerName": "vm.smolvm.dev/runtime-serving"},
+        "status": status})
+}
+
+/// The serving key is generated by the agent, the CSR filed with the runtime signer, and the
+/// certificate (signed here with smolvm-certs, standing in for the controller's signer) used.
+#[tokio::test]
+async fn files_a_csr_and_uses_the_signed_certificate() {
+    smolvm_runtime::install_crypto_provider();
+    let ca = smolvm_certs::CertificateAuthority::generate(
+        "runtime-ca",
+        smolvm_certs::Validity::from_now(std::time::Duration::from_secs(3600)),
+    )
+    .expect("ca");
+    let (client, mut handle) = double();
+    let task = tokio::spawn(async move {
+        smolvm_runtime::serving_cert::request_serving_cert(
+            client,
+            "node-a",
+            std::time::Duration::from_millis(10),
+            std::time::Duration::from_secs(10),
+        )
+        .await
+    });
+    let (request, respond) = handle.next_request().await.expect("create CSR");
+    assert_eq!((request.method().as_str(), request.uri().path()), ("POST", CSRS));
+    let bytes = request.into_body().collect().await.expect("body").to_bytes();
+    let body: Value = serde_json::from_slice(&bytes).expect("json");
+    let name = body["metadata"]["name"].as_str().expect("name").to_string();
+    assert!(name.starts_with("smolvm-runtime-node-a-"), "{name}");
+    assert_eq!(body["spec"]["signerName"], "vm.smolvm.dev/runtime-serving");
+    assert_eq!(
+        body["spec"]["usages"],
+        json!(["digital signature", "key encipherment", "server auth"])
+    );
+    let csr: k8s_openapi::ByteString = serde_json::from_value(body["spec"]["request"].clone()).expect("base64");
+    let info = smolvm_certs::parse_csr(&csr.0).expect("csr");
+    smolvm_certs::validate_runtime_serving_csr(&info, "node-a").expect("names the node");
+    respond.send_response(
+        Response::builder()
+            .status(StatusCode::CREATED)
+            .body(Body::from(
+                serde_json::to_vec(&csr_answer(&name, json!({}))).expect("json"),
+            ))
+            .expect("response"),
+    );
+    let path = format!("{CSRS}/{name}");
+    expect(
+        &mut handle,
+        "GET",
+        &path,
+        (StatusCode::OK, csr_answer(&name, json!({}))),
+    )
+    .await;
+    let cert = ca
+        .sign_csr(
+            &csr.0,
+            smolvm_certs::Validity::from_now(std::time::Duration::from_secs(3600)),
+            smolvm_certs::LeafUsage::Server,
+        )
+        .expect("sign");
+    let issued = json!({"certificate": serde_json::to_value(k8s_openapi::ByteString(cert.clone().into_bytes())).expect("b64"),
+        "conditions": [{"type": "Approved", "status": "True", "reason": "NodeMatches", "message": ""}]});
+    expect(&mut handle, "GET", &path, (StatusCode::OK, csr_answer(&name, issued))).await;
+    let pair = task.await.expect("task").expect("certificate issued");
+    assert_eq!(pair.cert_pem, cert);
+    // The key stayed with the agent and matches the certificate.
+    smolvm_certs::ReloadableResolver::from_pem(&pair.cert_pem, &pair.key_pem).expect("key matches");
+}
+
+#[tokio::test]
+async fn a_denied_csr_is_an_error_naming_it() {
+    smolvm_runtime::install_crypto_provider();
+    let (client, mut handle) = double();
+    let task = tokio::spawn(async move {
+        smolvm_runtime::serving_cert::request_serving_cert(
+            client,
+            "node-a",
+            std::time::Duration::from_millis(10),
+            std::time::Duration::from_secs(10),
+        )
+        .await
+    });
+    let (request, respond) = handle.next_request().await.expect("create CSR");
+    let bytes = request.into_body().collect().await.expect("body").to_bytes();
+    let body: Value = serde_json::from_slice(&bytes).expect("json");
+    let name = body["metadata"]["name"].as_str().expect("name").to_string();
+    respond.send_response(
+        Response::builder()
+            .status(StatusCode::CREATED)
+            .body(Body::from(
+                serde_json::to_vec(&csr_answer(&name, json!({}))).expect("json"),
+            ))
+            .expect("response"),
+    );
+    let denied = json!({"conditions": [{"type": "Denied", "status": "True", "reason": "WrongNode", "message": "node mismatch"}]});
+    expect(
+        &mut handle,
+        "GET",
+        &format!("{CSRS}/{name}"),
+        (StatusCode::OK, csr_answer(&name, denied)),
+    )
+    .await;
+    let error = task.await.expect("task").expect_err("denied");
+    assert_eq!(error.reason(), "CsrRejected");
+    assert!(
+        error.to_string().contains(&name) && error.to_string().contains("WrongNode"),
+        "{error}"
+    );
+}
