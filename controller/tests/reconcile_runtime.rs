@@ -1,0 +1,146 @@
+//! Reconcile against the real runtime agent and real `smolvm serve` (over mTLS on loopback), with
+//! the API server played by the tower-test double of `support` (the unit tier has no
+//! kube-apiserver). Each case asserts the exact API writes: create, run (a start failure here,
+//! where guests cannot boot), stop and resize.
+
+#[path = "../../runtime/tests/common/mod.rs"]
+mod common;
+mod support;
+
+use std::sync::Arc;
+
+use common::{NODE, Pki, TOKEN, TestAgent};
+use http::Method;
+use serde_json::{Value, json};
+use smolvm_api::{SmolVM, fixtures};
+use smolvm_certs::ReloadableResolver;
+use smolvm_controller::nodeclient::{ClientSettings, Endpoints, NodeClient, client_tls};
+use support::*;
+
+fn node_client(pki: &Pki, agent: &TestAgent) -> NodeClient {
+    let cert = Arc::new(ReloadableResolver::from_pem(&pki.client_cert, &pki.client_key).unwrap());
+    let endpoints = Endpoints::default();
+    let addr = agent.agent.node_api_addr();
+    endpoints.set(NODE, &addr.ip().to_string(), addr.port());
+    NodeClient::new(
+        ClientSettings {
+            tls: Arc::new(client_tls(pki.ca.cert_pem(), cert).unwrap()),
+            token: Arc::new(std::sync::RwLock::new(TOKEN.to_string())),
+            connect_timeout: std::time::Duration::from_secs(5),
+            call_timeout: std::time::Duration::from_secs(60),
+            start_timeout: std::time::Duration::from_secs(180),
+        },
+        endpoints,
+    )
+}
+
+/// A SmolVM bound to the agent's node, with the finalizer, and an image that cannot be pulled here.
+fn bound_vm(uid: &str, running: bool, storage_gib: i64) -> SmolVM {
+    let mut object = fixtures::bound(fixtures::alpine(), NODE);
+    object["metadata"]["uid"] = json!(uid);
+    object["spec"]["image"] = json!("localhost:1/none:latest");
+    object["spec"]["running"] = json!(running);
+    object["spec"]["network"] = json!({"enabled": false});
+    object["spec"]["storage"] = json!({"storageGiB": storage_gib, "overlayGiB": 1});
+    vm(with_finalizer(object))
+}
+
+fn node_for(agent: &TestAgent) -> smolvm_api::SmolVMNode {
+    let mut node = ready_node(NODE, &format!("uid-{NODE}"), 5);
+    let addr = agent.agent.node_api_addr();
+    node.status.as_mut().unwrap().endpoint = Some(smolvm_api::Endpoint {
+        address: addr.ip().to_string(),
+        port: i32::from(addr.port()),
+    });
+    node
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_run_stop_resize_against_the_real_runtime() {
+    common::init();
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Arc::new(Pki::new());
+    let Some(agent) = TestAgent::with_smolvm("create_run_stop_resize", dir.path(), pki.clone()).await else {
+        return;
+    };
+    let nodes = || vec![node_for(&agent)];
+    let uid = "3c2b1a09-8f7e-4d6c-9b5a-4f3e2d1c0b9a";
+    let machine = format!("svm-{uid}");
+
+    // create: the machine does not exist; the controller creates it and reports Creating.
+    run_case_with(
+        bound_vm(uid, true, 2),
+        nodes(),
+        Some(node_client(&pki, &agent)),
+        vec![
+            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Created")),
+            expect(Method::PATCH, VM_STATUS_PATH, |body| {
+                assert_eq!(body["status"]["phase"], "Creating");
+                assert_eq!(body["status"]["effective"]["storageGiB"], 2);
+            }),
+        ],
+    )
+    .await;
+    let listed = agent.agent.vmm().get(&machine).await.unwrap();
+    assert!(listed.is_some(), "the machine is in smolvm's own list");
+
+    // stop: with running=false and the machine not running, the VM is Stopped and Ready.
+    run_case_with(
+        bound_vm(uid, false, 2),
+        nodes(),
+        Some(node_client(&pki, &agent)),
+        vec![expect(Method::PATCH, VM_STATUS_PATH, |body| {
+            assert_eq!(body["status"]["phase"], "Stopped");
+            let ready = condition_of(body, "Ready");
+            assert_eq!(
+                (ready["status"].as_str(), ready["reason"].as_str()),
+                (Some("True"), Some("Stopped"))
+            );
+        })],
+    )
+    .await;
+
+    // resize: storage grows on the node.
+    run_case_with(
+        bound_vm(uid, false, 3),
+        nodes(),
+        Some(node_client(&pki, &agent)),
+        vec![
+            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Resized")),
+            expect(Method::PATCH, VM_STATUS_PATH, |body| {
+                assert_eq!(body["status"]["effective"]["storageGiB"], 3)
+            }),
+        ],
+    )
+    .await;
+    let resized = agent.agent.vmm().get(&machine).await.unwrap().unwrap();
+    assert_eq!(resized.storage_gib, Some(3), "the resize reached smolvm");
+
+    // run: the start fails here (guests cannot boot); Ready=False, StartFailed, smolvm's message.
+    run_case_with(
+        bound_vm(uid, true, 3),
+        nodes(),
+        Some(node_client(&pki, &agent)),
+        vec![
+            expect(Method::PATCH, VM_STATUS_PATH, |body: &Value| {
+                let ready = condition_of(body, "Ready");
+                if ready["status"] == "True" {
+                    println!("guests boot on this machine: the machine runs");
+                    return;
+                }
+                assert_eq!(body["status"]["phase"], "Failed");
+                assert_eq!(ready["reason"], "StartFailed");
+                assert!(
+                    !ready["message"].as_str().unwrap_or("").is_empty(),
+                    "smolvm's message is carried: {ready}"
+                );
+                println!("start failed as expected here: {}", ready["message"]);
+            }),
+            expect(Method::POST, EVENTS_PATH, |body| {
+                assert!(body["reason"] == "StartFailed" || body["reason"] == "Started", "{body}")
+            }),
+        ],
+    )
+    .await;
+    agent.agent.shutdown().await;
+}
