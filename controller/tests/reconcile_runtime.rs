@@ -142,5 +142,30 @@ async fn create_run_stop_resize_against_the_real_runtime() {
         ],
     )
     .await;
+
+    // delete: the node deletes the machine, then the finalizer goes; a second pass finds it missing.
+    for (attempt, note) in [(0, "deleted machine"), (1, "already gone")] {
+        let mut deleting = bound_vm(uid, true, 3);
+        deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        ));
+        run_case_with(
+            deleting,
+            nodes(),
+            Some(node_client(&pki, &agent)),
+            vec![
+                expect(Method::PATCH, VM_PATH, |body| assert_eq!(body[1]["op"], "remove")),
+                expect(Method::POST, EVENTS_PATH, move |body| {
+                    assert_eq!(body["reason"], "Deleted", "attempt {attempt}");
+                    assert!(body["note"].as_str().unwrap_or("").contains(note), "{body}");
+                }),
+            ],
+        )
+        .await;
+    }
+    assert!(
+        agent.agent.vmm().get(&machine).await.unwrap().is_none(),
+        "the machine is gone from smolvm"
+    );
     agent.agent.shutdown().await;
 }
