@@ -93,3 +93,33 @@ pub fn user() -> Identity {
 pub fn policy() -> Policy {
     Policy::default()
 }
+
+/// A SmolVMNode as a healthy runtime agent reports it: Ready, heartbeat at `heartbeat`, the
+/// current protocol, an endpoint, the node UID `uid-<name>`, the label `kubernetes.io/arch: amd64`
+/// and `resources` as capacity and allocatable.
+pub fn ready_node(name: &str, resources: NodeResources, heartbeat: k8s_openapi::jiff::Timestamp) -> SmolVMNode {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    let mut node = SmolVMNode::new(name, SmolVMNodeSpec::default());
+    node.metadata.labels = Some([("kubernetes.io/arch".to_string(), "amd64".to_string())].into());
+    node.status = Some(SmolVMNodeStatus {
+        node_uid: Some(format!("uid-{name}")),
+        endpoint: Some(crate::types::Endpoint {
+            address: "10.0.0.1".into(),
+            port: 10443,
+        }),
+        runtime_version: Some("1.32.2".into()),
+        protocol_version: Some(crate::constants::PROTOCOL_VERSION.into()),
+        heartbeat_time: Some(Time(heartbeat)),
+        capacity: Some(resources),
+        allocatable: Some(resources),
+        conditions: vec![Condition {
+            type_: crate::constants::condition::READY.into(),
+            status: "True".into(),
+            reason: crate::constants::reason::AS_EXPECTED.into(),
+            message: String::new(),
+            last_transition_time: Time(heartbeat),
+            observed_generation: None,
+        }],
+    });
+    node
+}

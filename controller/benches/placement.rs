@@ -5,14 +5,8 @@
 use std::collections::BTreeMap;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use k8s_openapi::{
-    apimachinery::pkg::apis::meta::v1::{Condition, Time},
-    jiff::Timestamp,
-};
-use smolvm_api::{
-    Endpoint, NodeResources, Protocol, SmolVMNode, SmolVMNodeSpec, SmolVMNodeStatus,
-    constants::{PROTOCOL_VERSION, condition},
-};
+use k8s_openapi::jiff::Timestamp;
+use smolvm_api::{NodeResources, Protocol, SmolVMNode, fixtures};
 use smolvm_controller::placement::{Config, Ledger, Request};
 
 fn node(i: usize, now: Timestamp) -> SmolVMNode {
@@ -21,31 +15,10 @@ fn node(i: usize, now: Timestamp) -> SmolVMNode {
         memory_mib: 256 * 1024,
         storage_gib: 4000,
     };
-    let mut node = SmolVMNode::new(&format!("node-{i:04}"), SmolVMNodeSpec::default());
-    node.metadata.labels = Some(BTreeMap::from([
-        ("kubernetes.io/arch".to_string(), "amd64".to_string()),
-        ("topology.kubernetes.io/zone".to_string(), format!("zone-{}", i % 3)),
-    ]));
-    node.status = Some(SmolVMNodeStatus {
-        node_uid: Some(format!("uid-{i}")),
-        endpoint: Some(Endpoint {
-            address: "10.0.0.1".into(),
-            port: 9443,
-        }),
-        protocol_version: Some(PROTOCOL_VERSION.into()),
-        heartbeat_time: Some(Time(now)),
-        capacity: Some(resources),
-        allocatable: Some(resources),
-        conditions: vec![Condition {
-            type_: condition::READY.into(),
-            status: "True".into(),
-            reason: "AsExpected".into(),
-            message: String::new(),
-            last_transition_time: Time(now),
-            observed_generation: None,
-        }],
-        ..Default::default()
-    });
+    let mut node = fixtures::ready_node(&format!("node-{i:04}"), resources, now);
+    if let Some(labels) = node.metadata.labels.as_mut() {
+        labels.insert("topology.kubernetes.io/zone".to_string(), format!("zone-{}", i % 3));
+    }
     node
 }
 

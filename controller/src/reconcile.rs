@@ -452,51 +452,15 @@ async fn converge(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, node: &str, mac
         }
         Err(e) => return report_call_error(api, vm, ctx, status, node, e).await,
     };
-    match &action {
-        MachineAction::Create(_) => {
-            publish(
-                ctx,
-                vm,
-                EventType::Normal,
-                "Created",
-                "Create",
-                format!("created machine {machine} on node {node}"),
-            )
-            .await
-        }
-        MachineAction::EnsureRunning => {
-            publish(
-                ctx,
-                vm,
-                EventType::Normal,
-                "Started",
-                "Start",
-                format!("machine {machine} runs on node {node}"),
-            )
-            .await
-        }
-        MachineAction::Stop => {
-            publish(
-                ctx,
-                vm,
-                EventType::Normal,
-                "Stopped",
-                "Stop",
-                format!("stopped machine {machine} on node {node}"),
-            )
-            .await
-        }
-        MachineAction::Resize(spec) => {
-            publish(
-                ctx,
-                vm,
-                EventType::Normal,
-                "Resized",
-                "Resize",
-                format!("resized machine {machine}: {spec:?}"),
-            )
-            .await
-        }
+    let event = match &action {
+        MachineAction::Create(_) => Some(("Created", "Create", format!("created machine {machine} on node {node}"))),
+        MachineAction::EnsureRunning => Some(("Started", "Start", format!("machine {machine} runs on node {node}"))),
+        MachineAction::Stop => Some(("Stopped", "Stop", format!("stopped machine {machine} on node {node}"))),
+        MachineAction::Resize(spec) => Some((
+            "Resized",
+            "Resize",
+            format!("resized machine {machine} on node {node} to {}", describe(spec)),
+        )),
         MachineAction::ResizePending(message) => {
             plan::set_condition(
                 &mut status.conditions,
@@ -507,10 +471,15 @@ async fn converge(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, node: &str, mac
                 generation,
                 now,
             );
+            None
         }
         MachineAction::None => {
             plan::clear_condition(&mut status.conditions, condition::RESIZE_PENDING);
+            None
         }
+    };
+    if let Some((why, verb, note)) = event {
+        publish(ctx, vm, EventType::Normal, why, verb, note).await;
     }
     apply_machine(&mut status, machine_now.as_ref(), running, generation, now);
     plan::clear_condition(&mut status.conditions, condition::DELETION_BLOCKED);
@@ -519,6 +488,20 @@ async fn converge(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, node: &str, mac
         MachineAction::None | MachineAction::ResizePending(_) => Action::requeue(ctx.timing.resync),
         _ => Action::requeue(Duration::from_millis(100)),
     })
+}
+
+/// A resize in words: `4 CPUs, 30 GiB storage`.
+fn describe(spec: &smolvm_api::nodeapi::ResizeSpec) -> String {
+    let parts: Vec<String> = [
+        spec.cpus.map(|c| format!("{c} CPUs")),
+        spec.memory_mib.map(|m| format!("{m} MiB memory")),
+        spec.storage_gib.map(|s| format!("{s} GiB storage")),
+        spec.overlay_gib.map(|o| format!("{o} GiB overlay")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    parts.join(", ")
 }
 
 /// Phase, Ready and effective resources from the machine the node reports.

@@ -7,13 +7,10 @@ use std::{
 };
 
 use k8s_openapi::{
-    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+    apimachinery::pkg::apis::meta::v1::Time,
     jiff::{SignedDuration, Timestamp},
 };
-use smolvm_api::{
-    Endpoint, NodeResources, Protocol, SmolVMNode, SmolVMNodeSpec, SmolVMNodeStatus,
-    constants::{PROTOCOL_VERSION, condition},
-};
+use smolvm_api::{NodeResources, Protocol, SmolVMNode, fixtures};
 use smolvm_controller::placement::{Config, Ledger, Request, Usage, check_node, place};
 
 fn now() -> Timestamp {
@@ -26,32 +23,7 @@ fn node(name: &str, cpus: i64, memory_mib: i64) -> SmolVMNode {
         memory_mib,
         storage_gib: 4000,
     };
-    let mut node = SmolVMNode::new(name, SmolVMNodeSpec::default());
-    node.metadata.labels = Some(BTreeMap::from([(
-        "kubernetes.io/arch".to_string(),
-        "amd64".to_string(),
-    )]));
-    node.status = Some(SmolVMNodeStatus {
-        node_uid: Some(format!("uid-{name}")),
-        endpoint: Some(Endpoint {
-            address: "10.0.0.1".into(),
-            port: 9443,
-        }),
-        runtime_version: Some("1.32.2".into()),
-        protocol_version: Some(PROTOCOL_VERSION.into()),
-        heartbeat_time: Some(Time(now() - SignedDuration::from_secs(5))),
-        capacity: Some(resources),
-        allocatable: Some(resources),
-        conditions: vec![Condition {
-            type_: condition::READY.into(),
-            status: "True".into(),
-            reason: "AsExpected".into(),
-            message: String::new(),
-            last_transition_time: Time(now()),
-            observed_generation: None,
-        }],
-    });
-    node
+    fixtures::ready_node(name, resources, now() - SignedDuration::from_secs(5))
 }
 
 fn request(cpus: i64, memory_mib: i64) -> Request {
