@@ -1,1 +1,22 @@
 //! The mutating and validating admission webhook server (axum, axum-server, rustls).
+//!
+//! - [`review`]: pure AdmissionReview v1 handling (parse, rules, encode), no I/O.
+//! - [`server`]: the HTTPS admission router and the plain ops router.
+//! - [`state`]: policy handle, SmolVMNode catalog over a reflector store, readiness.
+//! - [`reload`]: policy and certificate file reloading.
+//! - [`selfsigned`]: the self-signed TLS mode (one shared Secret, caBundle injection, rotation).
+//! - [`metrics`]: Prometheus metrics.
+//! - [`cli`]: the command-line flags.
+//! - [`client`]: an HTTPS client for tests and the benchmark (verifies certificates).
+
+pub mod cli;
+pub mod client;
+pub mod error;
+pub mod metrics;
+pub mod reload;
+pub mod review;
+pub mod selfsigned;
+pub mod server;
+pub mod state;
+
+pub use error::{Error, Result};

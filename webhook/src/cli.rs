@@ -1,0 +1,160 @@
+//! Command-line flags (each with an environment variable fallback).
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::{Parser, ValueEnum};
+
+use crate::{
+    error::{Error, Result},
+    selfsigned::SelfSignedConfig,
+};
+
+/// Where the serving certificate comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TlsMode {
+    /// `--tls-cert` and `--tls-key` files (a cert-manager Certificate's Secret mounted as a
+    /// volume); reloaded when they change.
+    Files,
+    /// A CA and serving certificate generated once into a shared Secret, caBundle injected,
+    /// rotated before expiry.
+    SelfSigned,
+}
+
+/// The smolvm admission webhook.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "smolvm-webhook", version, about)]
+pub struct Args {
+    /// HTTPS address of the admission endpoints.
+    #[arg(long, env = "SMOLVM_WEBHOOK_LISTEN", default_value = "0.0.0.0:9443")]
+    pub listen: SocketAddr,
+    /// Plain-HTTP address of /healthz, /readyz and /metrics.
+    #[arg(long, env = "SMOLVM_WEBHOOK_OPS_LISTEN", default_value = "0.0.0.0:8080")]
+    pub ops_listen: SocketAddr,
+    /// Where the serving certificate comes from.
+    #[arg(long, env = "SMOLVM_WEBHOOK_TLS_MODE", value_enum, default_value = "files")]
+    pub tls_mode: TlsMode,
+    /// PEM certificate chain (files mode).
+    #[arg(long, env = "SMOLVM_WEBHOOK_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key (files mode).
+    #[arg(long, env = "SMOLVM_WEBHOOK_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Policy file (YAML); built-in defaults when absent. Reloaded when it changes.
+    #[arg(long, env = "SMOLVM_WEBHOOK_POLICY")]
+    pub policy: Option<PathBuf>,
+    /// How often the policy and certificate files are checked, in seconds.
+    #[arg(long, env = "SMOLVM_WEBHOOK_RELOAD_INTERVAL_SECONDS", default_value_t = 5)]
+    pub reload_interval_seconds: u64,
+    /// Namespace of the Service and the self-signed Secret.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "smolvm-system")]
+    pub namespace: String,
+    /// The webhook's Service name (its DNS names go into the self-signed certificate).
+    #[arg(long, env = "SMOLVM_WEBHOOK_SERVICE", default_value = "smolvm-webhook")]
+    pub service_name: String,
+    /// Secret holding the self-signed CA and serving pair.
+    #[arg(long, env = "SMOLVM_WEBHOOK_SECRET", default_value = "smolvm-webhook-tls")]
+    pub secret_name: String,
+    /// MutatingWebhookConfiguration to inject the caBundle into (self-signed mode).
+    #[arg(
+        long,
+        env = "SMOLVM_WEBHOOK_MUTATING_CONFIGURATION",
+        default_value = "smolvm-webhook"
+    )]
+    pub mutating_configuration: String,
+    /// ValidatingWebhookConfiguration to inject the caBundle into (self-signed mode).
+    #[arg(
+        long,
+        env = "SMOLVM_WEBHOOK_VALIDATING_CONFIGURATION",
+        default_value = "smolvm-webhook"
+    )]
+    pub validating_configuration: String,
+    /// Self-signed CA lifetime, in days.
+    #[arg(long, env = "SMOLVM_WEBHOOK_CA_DAYS", default_value_t = 3650)]
+    pub ca_days: u64,
+    /// Self-signed serving certificate lifetime, in days (renewed after two thirds).
+    #[arg(long, env = "SMOLVM_WEBHOOK_CERT_DAYS", default_value_t = 90)]
+    pub cert_days: u64,
+    /// How often the self-signed Secret is re-checked for renewal, in seconds.
+    #[arg(long, env = "SMOLVM_WEBHOOK_ROTATION_CHECK_SECONDS", default_value_t = 3600)]
+    pub rotation_check_seconds: u64,
+    /// Largest accepted request body, in bytes.
+    #[arg(long, env = "SMOLVM_WEBHOOK_BODY_LIMIT", default_value_t = 1024 * 1024)]
+    pub body_limit: usize,
+    /// How long a request body may take to arrive, in seconds.
+    #[arg(long, env = "SMOLVM_WEBHOOK_BODY_TIMEOUT_SECONDS", default_value_t = 10)]
+    pub body_timeout_seconds: u64,
+    /// Run without a Kubernetes API server: no SmolVMNode cache (rule V5's capacity checks then
+    /// only warn), `files` TLS mode only. For local testing and benchmarks, not for clusters.
+    #[arg(long, env = "SMOLVM_WEBHOOK_WITHOUT_CLUSTER", default_value_t = false)]
+    pub without_cluster: bool,
+    /// Worker threads of the async runtime (0: one per core).
+    #[arg(long, env = "SMOLVM_WEBHOOK_WORKERS", default_value_t = 0)]
+    pub workers: usize,
+}
+
+impl Args {
+    /// The certificate and key paths of files mode, checked.
+    pub fn tls_files(&self) -> Result<(PathBuf, PathBuf)> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(c), Some(k)) => Ok((c.clone(), k.clone())),
+            _ => Err(Error::Config("--tls-mode files needs --tls-cert and --tls-key".into())),
+        }
+    }
+
+    /// Checks flag combinations that cannot work.
+    pub fn check(&self) -> Result<()> {
+        if self.without_cluster && self.tls_mode == TlsMode::SelfSigned {
+            return Err(Error::Config("--without-cluster needs --tls-mode files".into()));
+        }
+        if self.tls_mode == TlsMode::Files {
+            self.tls_files()?;
+        }
+        Ok(())
+    }
+
+    /// The self-signed mode's settings.
+    pub fn self_signed(&self) -> SelfSignedConfig {
+        SelfSignedConfig {
+            namespace: self.namespace.clone(),
+            secret_name: self.secret_name.clone(),
+            service_name: self.service_name.clone(),
+            mutating_configuration: self.mutating_configuration.clone(),
+            validating_configuration: self.validating_configuration.clone(),
+            ca_lifetime: Duration::from_secs(self.ca_days.max(1) * 86_400),
+            cert_lifetime: Duration::from_secs(self.cert_days.max(1) * 86_400),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags() {
+        let table: &[(&[&str], Option<TlsMode>, bool)] = &[
+            (&["w", "--tls-cert", "c", "--tls-key", "k"], Some(TlsMode::Files), true),
+            (&["w"], Some(TlsMode::Files), false),
+            (&["w", "--tls-mode", "self-signed"], Some(TlsMode::SelfSigned), false),
+            (&["w", "--tls-mode", "cert-manager"], None, false),
+            (
+                &["w", "--tls-mode", "self-signed", "--without-cluster"],
+                Some(TlsMode::SelfSigned),
+                false,
+            ),
+        ];
+        for (argv, mode, files_ok) in table {
+            let parsed = Args::try_parse_from(*argv);
+            assert_eq!(parsed.as_ref().ok().map(|a| a.tls_mode), *mode, "{argv:?}");
+            if let Ok(a) = parsed {
+                assert_eq!(a.tls_files().is_ok(), *files_ok, "{argv:?}");
+                let valid = match a.tls_mode {
+                    TlsMode::Files => *files_ok,
+                    TlsMode::SelfSigned => !a.without_cluster,
+                };
+                assert_eq!(a.check().is_ok(), valid, "{argv:?}");
+                assert_eq!(a.self_signed().dns_names()[0], "smolvm-webhook");
+            }
+        }
+    }
+}

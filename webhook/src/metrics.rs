@@ -1,0 +1,216 @@
+//! Prometheus metrics (prometheus-client), served as text on the ops port's `/metrics`.
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+
+use crate::review::{Outcome, RequestError, Route};
+
+/// Labels of `smolvm_webhook_requests`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// `mutate` or `validate`.
+    pub webhook: &'static str,
+    /// `smolvms`, `smolvms/status`, `smolvmnodes`, `smolvmnodes/status`.
+    pub resource: String,
+    /// `CREATE`, `UPDATE`, ...
+    pub operation: &'static str,
+    /// `allowed`, `denied`, or `error`.
+    pub verdict: &'static str,
+}
+
+/// Labels of the latency histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    /// The URL path.
+    pub path: &'static str,
+}
+
+/// Labels of `smolvm_webhook_rejections`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabels {
+    /// The rule id (`V1` ... `V10`, `schema`).
+    pub rule: &'static str,
+}
+
+/// Labels of counters keyed by an error reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// A stable reason string.
+    pub reason: &'static str,
+}
+
+type HistogramFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 50 µs .. ~0.8 s.
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 15))
+}
+
+/// The webhook's metrics.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: HistogramFamily,
+    rejections: Family<RuleLabels, Counter>,
+    bad_requests: Family<ReasonLabels, Counter>,
+    policy_reload_errors: Counter,
+    policy_reloads: Counter,
+    cert_reload_errors: Family<ReasonLabels, Counter>,
+    cert_reloads: Counter,
+    cert_not_after: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("smolvm_webhook");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency: HistogramFamily = Family::new_with_constructor(latency_histogram);
+        let rejections = Family::<RuleLabels, Counter>::default();
+        let bad_requests = Family::<ReasonLabels, Counter>::default();
+        let policy_reload_errors = Counter::default();
+        let policy_reloads = Counter::default();
+        let cert_reload_errors = Family::<ReasonLabels, Counter>::default();
+        let cert_reloads = Counter::default();
+        let cert_not_after = Gauge::default();
+        registry.register(
+            "requests",
+            "Admission reviews by webhook, resource, operation and verdict",
+            requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Time to answer an admission request, body read included",
+            latency.clone(),
+        );
+        registry.register(
+            "rejections",
+            "Rejected admission requests by violated rule",
+            rejections.clone(),
+        );
+        registry.register(
+            "bad_requests",
+            "Requests answered with an HTTP error, by reason",
+            bad_requests.clone(),
+        );
+        registry.register(
+            "policy_reload_errors",
+            "Policy file reloads that failed (the last good policy stays)",
+            policy_reload_errors.clone(),
+        );
+        registry.register("policy_reloads", "Policy file reloads applied", policy_reloads.clone());
+        registry.register(
+            "certificate_reload_errors",
+            "Serving certificate reloads that failed (the current certificate stays)",
+            cert_reload_errors.clone(),
+        );
+        registry.register(
+            "certificate_reloads",
+            "Serving certificates swapped in",
+            cert_reloads.clone(),
+        );
+        registry.register(
+            "certificate_not_after_seconds",
+            "Expiry of the serving certificate, Unix seconds",
+            cert_not_after.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            latency,
+            rejections,
+            bad_requests,
+            policy_reload_errors,
+            policy_reloads,
+            cert_reload_errors,
+            cert_reloads,
+            cert_not_after,
+        }
+    }
+
+    /// Records a reviewed request.
+    pub fn observe(&self, route: Route, outcome: &Outcome, seconds: f64) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                webhook: route.kind(),
+                resource: outcome.resource.clone(),
+                operation: outcome.operation,
+                verdict: outcome.verdict,
+            })
+            .inc();
+        for rule in &outcome.rules {
+            self.rejections.get_or_create(&RuleLabels { rule: rule.as_str() }).inc();
+        }
+        self.latency
+            .get_or_create(&RouteLabels { path: route.path() })
+            .observe(seconds);
+    }
+
+    /// Records a request answered with an HTTP error.
+    pub fn observe_error(&self, route: Route, error: &RequestError, seconds: f64) {
+        self.bad_requests
+            .get_or_create(&ReasonLabels { reason: error.reason() })
+            .inc();
+        self.requests
+            .get_or_create(&RequestLabels {
+                webhook: route.kind(),
+                resource: route.resource().to_string(),
+                operation: "",
+                verdict: "error",
+            })
+            .inc();
+        self.latency
+            .get_or_create(&RouteLabels { path: route.path() })
+            .observe(seconds);
+    }
+
+    /// Records a policy reload.
+    pub fn policy_reloaded(&self, ok: bool) {
+        if ok {
+            self.policy_reloads.inc();
+        } else {
+            self.policy_reload_errors.inc();
+        }
+    }
+
+    /// Records a certificate reload: `Ok(not_after_unix)` or the error's reason.
+    pub fn certificate_reloaded(&self, result: Result<i64, &'static str>) {
+        match result {
+            Ok(not_after) => {
+                self.cert_reloads.inc();
+                self.cert_not_after.set(not_after);
+            }
+            Err(reason) => {
+                self.cert_reload_errors.get_or_create(&ReasonLabels { reason }).inc();
+            }
+        }
+    }
+
+    /// Sets the expiry gauge without counting a reload (initial load).
+    pub fn set_certificate_not_after(&self, not_after_unix: i64) {
+        self.cert_not_after.set(not_after_unix);
+    }
+
+    /// The text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

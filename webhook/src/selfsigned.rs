@@ -1,0 +1,499 @@
+//! `--tls-mode self-signed`: a CA and a serving certificate for the Service's DNS names, kept in
+//! ONE Secret shared by every replica, the CA injected as `caBundle` into the named
+//! MutatingWebhookConfiguration and ValidatingWebhookConfiguration, and the serving certificate
+//! renewed (same CA) before expiry and hot-swapped.
+//!
+//! Concurrency between replicas is settled by the API server: the Secret is created only if
+//! absent (a `409 AlreadyExists` means another replica won: load the winner), and a renewal is
+//! a `replace` carrying the `resourceVersion` read (a `409 Conflict` means someone else renewed:
+//! load theirs). The CA is never replaced by this code; its lifetime defaults to ten years
+//! (delete the Secret to start over with a new CA).
+
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use json_patch::{AddOperation, Patch, PatchOperation, TestOperation, jsonptr::PointerBuf};
+use k8s_openapi::{
+    ByteString,
+    api::{
+        admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
+        core::v1::Secret,
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kube::{
+    Api, Client,
+    api::{Patch as KubePatch, PatchParams, PostParams},
+};
+use rustls::{
+    client::{WebPkiServerVerifier, danger::ServerCertVerifier},
+    pki_types::{ServerName, UnixTime},
+};
+use serde_json::Value;
+use smolvm_certs::{CertificateAuthority, RENEWAL_FRACTION, ReloadableResolver, needs_renewal, parse_cert_pem};
+
+use crate::{
+    error::{Error, Result},
+    metrics::Metrics,
+    reload::unix_seconds,
+};
+
+/// Secret key of the CA certificate.
+pub const KEY_CA_CERT: &str = "ca.crt";
+/// Secret key of the CA private key.
+pub const KEY_CA_KEY: &str = "ca.key";
+/// Secret key of the serving certificate.
+pub const KEY_TLS_CERT: &str = "tls.crt";
+/// Secret key of the serving key.
+pub const KEY_TLS_KEY: &str = "tls.key";
+
+/// What the self-signed mode needs to know.
+#[derive(Debug, Clone)]
+pub struct SelfSignedConfig {
+    /// Namespace of the Secret and the Service.
+    pub namespace: String,
+    /// Name of the Secret holding CA and serving pair.
+    pub secret_name: String,
+    /// Name of the Service in front of the webhook (its DNS names go into the certificate).
+    pub service_name: String,
+    /// Name of the MutatingWebhookConfiguration to inject the CA into.
+    pub mutating_configuration: String,
+    /// Name of the ValidatingWebhookConfiguration to inject the CA into.
+    pub validating_configuration: String,
+    /// CA lifetime.
+    pub ca_lifetime: Duration,
+    /// Serving certificate lifetime (renewed after [`RENEWAL_FRACTION`] of it).
+    pub cert_lifetime: Duration,
+}
+
+impl SelfSignedConfig {
+    /// The serving certificate's DNS names.
+    pub fn dns_names(&self) -> Vec<String> {
+        smolvm_certs::webhook_service_dns_names(&self.service_name, &self.namespace)
+    }
+}
+
+/// The CA and serving pair, as PEM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Material {
+    /// CA certificate (the caBundle).
+    pub ca_cert_pem: String,
+    /// CA key.
+    pub ca_key_pem: String,
+    /// Serving certificate.
+    pub cert_pem: String,
+    /// Serving key.
+    pub key_pem: String,
+}
+
+/// A fresh CA and serving certificate.
+pub fn generate(cfg: &SelfSignedConfig) -> Result<Material> {
+    let ca = CertificateAuthority::generate(&format!("{}-ca", cfg.service_name), cfg.ca_lifetime)?;
+    let leaf = ca.issue_server(&cfg.dns_names(), &[], cfg.cert_lifetime)?;
+    Ok(Material {
+        ca_cert_pem: ca.cert_pem().to_string(),
+        ca_key_pem: ca.key_pem().to_string(),
+        cert_pem: leaf.cert_pem,
+        key_pem: leaf.key_pem,
+    })
+}
+
+/// A new serving certificate from the same CA.
+pub fn reissue_leaf(material: &Material, cfg: &SelfSignedConfig) -> Result<Material> {
+    let ca = CertificateAuthority::from_pem(&material.ca_cert_pem, &material.ca_key_pem)?;
+    let leaf = ca.issue_server(&cfg.dns_names(), &[], cfg.cert_lifetime)?;
+    Ok(Material {
+        cert_pem: leaf.cert_pem,
+        key_pem: leaf.key_pem,
+        ..material.clone()
+    })
+}
+
+fn secret_text(data: &BTreeMap<String, ByteString>, key: &str, name: &str) -> Result<String> {
+    let bytes = data.get(key).ok_or_else(|| Error::BadSecret {
+        name: name.to_string(),
+        message: format!("missing key {key}"),
+    })?;
+    String::from_utf8(bytes.0.clone()).map_err(|_| Error::BadSecret {
+        name: name.to_string(),
+        message: format!("key {key} is not UTF-8 PEM"),
+    })
+}
+
+/// Reads the material out of a Secret (all four keys required).
+pub fn material_from_secret(secret: &Secret) -> Result<Material> {
+    let name = secret.metadata.name.clone().unwrap_or_default();
+    let empty = BTreeMap::new();
+    let data = secret.data.as_ref().unwrap_or(&empty);
+    Ok(Material {
+        ca_cert_pem: secret_text(data, KEY_CA_CERT, &name)?,
+        ca_key_pem: secret_text(data, KEY_CA_KEY, &name)?,
+        cert_pem: secret_text(data, KEY_TLS_CERT, &name)?,
+        key_pem: secret_text(data, KEY_TLS_KEY, &name)?,
+    })
+}
+
+/// The Secret holding `material`.
+pub fn secret_for(cfg: &SelfSignedConfig, material: &Material) -> Secret {
+    let data = [
+        (KEY_CA_CERT, &material.ca_cert_pem),
+        (KEY_CA_KEY, &material.ca_key_pem),
+        (KEY_TLS_CERT, &material.cert_pem),
+        (KEY_TLS_KEY, &material.key_pem),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+    .collect();
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(cfg.secret_name.clone()),
+            namespace: Some(cfg.namespace.clone()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_string(),
+                "smolvm-webhook".to_string(),
+            )])),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/tls".to_string()),
+        data: Some(data),
+        ..Default::default()
+    }
+}
+
+/// Whether the serving certificate must be (re)issued: it does not load, does not chain to
+/// the CA for every Service DNS name, or has passed [`RENEWAL_FRACTION`] of its lifetime.
+/// An error means the CA itself is unusable.
+pub fn leaf_needs_reissue(material: &Material, cfg: &SelfSignedConfig, now: SystemTime) -> Result<bool> {
+    let roots = smolvm_certs::root_store(&material.ca_cert_pem)?;
+    CertificateAuthority::from_pem(&material.ca_cert_pem, &material.ca_key_pem)?;
+    if ReloadableResolver::from_pem(&material.cert_pem, &material.key_pem).is_err() {
+        return Ok(true);
+    }
+    let Ok(info) = parse_cert_pem(&material.cert_pem) else {
+        return Ok(true);
+    };
+    if needs_renewal(&info, now, RENEWAL_FRACTION) {
+        return Ok(true);
+    }
+    let verifier = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), smolvm_certs::crypto_provider())
+        .build()
+        .map_err(|e| Error::Config(format!("verifier: {e}")))?;
+    let chain = smolvm_certs::parse_pem_chain(&material.cert_pem)?;
+    let Some((leaf, intermediates)) = chain.split_first() else {
+        return Ok(true);
+    };
+    let unix = UnixTime::since_unix_epoch(now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default());
+    for dns in cfg.dns_names() {
+        let Ok(name) = ServerName::try_from(dns) else {
+            return Ok(true);
+        };
+        if verifier
+            .verify_server_cert(leaf, intermediates, &name, &[], unix)
+            .is_err()
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+fn is_status(error: &kube::Error, code: u16) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == code)
+}
+
+/// Makes sure the Secret exists and holds a current serving certificate; returns its material.
+///
+/// Created only if absent; on `409` the winner is read and used. A serving certificate due for
+/// renewal is reissued from the same CA and written with the `resourceVersion` read; on `409`
+/// the other writer's certificate is read and used.
+pub async fn ensure_secret(api: &Api<Secret>, cfg: &SelfSignedConfig, now: SystemTime) -> Result<Material> {
+    for attempt in 0..5 {
+        match api.get_opt(&cfg.secret_name).await? {
+            None => {
+                let material = generate(cfg)?;
+                match api.create(&PostParams::default(), &secret_for(cfg, &material)).await {
+                    Ok(_) => {
+                        tracing::info!(secret = %cfg.secret_name, "created the webhook CA and serving certificate");
+                        return Ok(material);
+                    }
+                    Err(e) if is_status(&e, 409) => {
+                        tracing::info!(secret = %cfg.secret_name, attempt, "another replica created the Secret first; loading it");
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Some(secret) => {
+                let material = material_from_secret(&secret)?;
+                if !leaf_needs_reissue(&material, cfg, now)? {
+                    return Ok(material);
+                }
+                let renewed = reissue_leaf(&material, cfg)?;
+                let mut next = secret_for(cfg, &renewed);
+                next.metadata.resource_version = secret.metadata.resource_version.clone();
+                match api.replace(&cfg.secret_name, &PostParams::default(), &next).await {
+                    Ok(_) => {
+                        tracing::info!(secret = %cfg.secret_name, "renewed the serving certificate");
+                        return Ok(renewed);
+                    }
+                    Err(e) if is_status(&e, 409) => {
+                        tracing::info!(secret = %cfg.secret_name, attempt, "another replica renewed first; loading theirs");
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+    Err(Error::BadSecret {
+        name: cfg.secret_name.clone(),
+        message: "kept changing under concurrent writers; giving up for now".into(),
+    })
+}
+
+/// The base64 text of `caBundle` for a PEM CA.
+pub fn ca_bundle_value(ca_pem: &str) -> Value {
+    serde_json::to_value(ByteString(ca_pem.as_bytes().to_vec())).unwrap_or(Value::Null)
+}
+
+/// A JSON patch touching only `webhooks[*].clientConfig.caBundle`, for the webhooks whose
+/// caBundle differs. Each write is guarded by a `test` of that webhook's name so that a
+/// concurrent reordering fails the patch instead of writing into the wrong entry.
+/// `webhooks` is `(name, has clientConfig, current caBundle)` in order.
+pub fn ca_bundle_patch(webhooks: &[(String, Option<ByteString>)], ca_pem: &str) -> Patch {
+    let want = ByteString(ca_pem.as_bytes().to_vec());
+    let value = ca_bundle_value(ca_pem);
+    let mut ops = Vec::new();
+    for (i, (name, current)) in webhooks.iter().enumerate() {
+        if current.as_ref() == Some(&want) {
+            continue;
+        }
+        let index = i.to_string();
+        ops.push(PatchOperation::Test(TestOperation {
+            path: PointerBuf::from_tokens(["webhooks", index.as_str(), "name"]),
+            value: Value::String(name.clone()),
+        }));
+        ops.push(PatchOperation::Add(AddOperation {
+            path: PointerBuf::from_tokens(["webhooks", index.as_str(), "clientConfig", "caBundle"]),
+            value: value.clone(),
+        }));
+    }
+    Patch(ops)
+}
+
+async fn patch_if_needed<K>(
+    api: Api<K>,
+    name: &str,
+    webhooks: Vec<(String, Option<ByteString>)>,
+    ca_pem: &str,
+) -> Result<bool>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let patch = ca_bundle_patch(&webhooks, ca_pem);
+    if patch.0.is_empty() {
+        return Ok(false);
+    }
+    api.patch(name, &PatchParams::default(), &KubePatch::<()>::Json(patch))
+        .await?;
+    Ok(true)
+}
+
+/// Injects the CA into both webhook configurations (only the caBundle fields). A missing
+/// configuration is logged and skipped (it may be applied later; the next check retries).
+pub async fn inject_ca_bundle(client: &Client, cfg: &SelfSignedConfig, ca_pem: &str) -> Result<()> {
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    match mutating.get_opt(&cfg.mutating_configuration).await? {
+        Some(c) => {
+            let hooks = c
+                .webhooks
+                .unwrap_or_default()
+                .into_iter()
+                .map(|w| (w.name, w.client_config.ca_bundle))
+                .collect();
+            if patch_if_needed(mutating, &cfg.mutating_configuration, hooks, ca_pem).await? {
+                tracing::info!(name = %cfg.mutating_configuration, "caBundle injected");
+            }
+        }
+        None => {
+            tracing::warn!(name = %cfg.mutating_configuration, "MutatingWebhookConfiguration not found; caBundle not injected")
+        }
+    }
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    match validating.get_opt(&cfg.validating_configuration).await? {
+        Some(c) => {
+            let hooks = c
+                .webhooks
+                .unwrap_or_default()
+                .into_iter()
+                .map(|w| (w.name, w.client_config.ca_bundle))
+                .collect();
+            if patch_if_needed(validating, &cfg.validating_configuration, hooks, ca_pem).await? {
+                tracing::info!(name = %cfg.validating_configuration, "caBundle injected");
+            }
+        }
+        None => {
+            tracing::warn!(name = %cfg.validating_configuration, "ValidatingWebhookConfiguration not found; caBundle not injected")
+        }
+    }
+    Ok(())
+}
+
+/// One bootstrap: the Secret's material, with the caBundle injected.
+pub async fn bootstrap(client: &Client, cfg: &SelfSignedConfig) -> Result<Material> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &cfg.namespace);
+    let material = ensure_secret(&secrets, cfg, SystemTime::now()).await?;
+    inject_ca_bundle(client, cfg, &material.ca_cert_pem).await?;
+    Ok(material)
+}
+
+/// Re-checks every `interval`: renews the serving certificate when due (or picks up another
+/// replica's renewal), swaps it into `resolver` (new handshakes get it; open connections
+/// continue), and re-injects the caBundle if something reset it.
+pub async fn rotate_forever(
+    client: Client,
+    cfg: SelfSignedConfig,
+    resolver: Arc<ReloadableResolver>,
+    metrics: Arc<Metrics>,
+    mut serving: Material,
+    interval: Duration,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        match bootstrap(&client, &cfg).await {
+            Ok(material) => {
+                if material.cert_pem != serving.cert_pem {
+                    match resolver.swap_pem(&material.cert_pem, &material.key_pem) {
+                        Ok(()) => {
+                            metrics.certificate_reloaded(Ok(unix_seconds(resolver.current_not_after())));
+                            tracing::info!("serving certificate rotated");
+                            serving = material;
+                        }
+                        Err(e) => {
+                            metrics.certificate_reloaded(Err(e.reason()));
+                            tracing::error!(reason = e.reason(), error = %e, "rotated certificate rejected; keeping the current one");
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(reason = e.reason(), error = %e, "self-signed certificate check failed; retrying")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn cfg(cert_lifetime: Duration) -> SelfSignedConfig {
+        SelfSignedConfig {
+            namespace: "smolvm-system".into(),
+            secret_name: "smolvm-webhook-tls".into(),
+            service_name: "smolvm-webhook".into(),
+            mutating_configuration: "smolvm-webhook".into(),
+            validating_configuration: "smolvm-webhook".into(),
+            ca_lifetime: Duration::from_secs(10 * 365 * 86_400),
+            cert_lifetime,
+        }
+    }
+
+    #[test]
+    fn reissue_decisions() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let c = cfg(Duration::from_secs(86_400));
+        let m = generate(&c).unwrap_or_else(|e| panic!("{e}"));
+        let other = generate(&c).unwrap_or_else(|e| panic!("{e}"));
+        let now = SystemTime::now();
+        let mut wrong_names = c.clone();
+        wrong_names.service_name = "other".into();
+        let foreign_leaf = Material {
+            cert_pem: other.cert_pem.clone(),
+            key_pem: other.key_pem.clone(),
+            ..m.clone()
+        };
+        let table: Vec<(&str, Material, SelfSignedConfig, SystemTime, bool)> = vec![
+            ("fresh", m.clone(), c.clone(), now, false),
+            (
+                "past 2/3 of lifetime",
+                m.clone(),
+                c.clone(),
+                now + Duration::from_secs(60_000),
+                true,
+            ),
+            ("other service names", m.clone(), wrong_names, now, true),
+            ("leaf from another CA", foreign_leaf, c.clone(), now, true),
+            (
+                "garbage leaf",
+                Material {
+                    cert_pem: "x".into(),
+                    ..m.clone()
+                },
+                c.clone(),
+                now,
+                true,
+            ),
+        ];
+        for (what, material, config, at, want) in table {
+            let got = leaf_needs_reissue(&material, &config, at).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(got, want, "{what}");
+        }
+        let renewed = reissue_leaf(&m, &c).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(renewed.ca_cert_pem, m.ca_cert_pem);
+        assert_ne!(renewed.cert_pem, m.cert_pem);
+        assert!(!leaf_needs_reissue(&renewed, &c, now).unwrap_or(true));
+        let bad_ca = Material {
+            ca_key_pem: "x".into(),
+            ..m
+        };
+        assert!(leaf_needs_reissue(&bad_ca, &c, now).is_err());
+    }
+
+    #[test]
+    fn secret_round_trip_and_missing_keys() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let c = cfg(Duration::from_secs(86_400));
+        let m = generate(&c).unwrap_or_else(|e| panic!("{e}"));
+        let s = secret_for(&c, &m);
+        assert_eq!(material_from_secret(&s).ok(), Some(m.clone()));
+        for key in [KEY_CA_CERT, KEY_CA_KEY, KEY_TLS_CERT, KEY_TLS_KEY] {
+            let mut broken = s.clone();
+            if let Some(d) = broken.data.as_mut() {
+                d.remove(key);
+            }
+            assert_eq!(
+                material_from_secret(&broken).err().map(|e| e.reason()),
+                Some("BadSecret"),
+                "{key}"
+            );
+        }
+    }
+
+    #[test]
+    fn ca_bundle_patch_touches_only_stale_bundles() {
+        let ca = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        let hooks = vec![
+            ("m.vm.smolvm.dev".to_string(), None),
+            ("v.vm.smolvm.dev".to_string(), Some(ByteString(ca.as_bytes().to_vec()))),
+            ("n.vm.smolvm.dev".to_string(), Some(ByteString(b"old".to_vec()))),
+        ];
+        let patch = ca_bundle_patch(&hooks, ca);
+        let json = serde_json::to_value(&patch).unwrap_or_default();
+        let b64 = ca_bundle_value(ca);
+        assert_eq!(
+            json,
+            serde_json::json!([
+                {"op": "test", "path": "/webhooks/0/name", "value": "m.vm.smolvm.dev"},
+                {"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": b64},
+                {"op": "test", "path": "/webhooks/2/name", "value": "n.vm.smolvm.dev"},
+                {"op": "add", "path": "/webhooks/2/clientConfig/caBundle", "value": b64},
+            ])
+        );
+        assert!(ca_bundle_patch(&hooks[1..2], ca).0.is_empty());
+    }
+}

@@ -1,0 +1,254 @@
+//! Thin I/O: the HTTPS admission router, the plain ops router, and serving them.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration, time::Instant};
+
+use axum::{
+    Router,
+    body::Body,
+    extract::State,
+    http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::{any, get},
+};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper_util::rt::TokioTimer;
+use smolvm_certs::ReloadableResolver;
+use tower_http::{catch_panic::CatchPanicLayer, timeout::TimeoutLayer};
+
+use crate::{
+    error::{Error, Result},
+    review::{RequestError, Route, review},
+    state::AppState,
+};
+
+/// The whole-request deadline of the admission router (the API server gives up after at most
+/// 30 s, and the shipped configuration after 5 s).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+
+fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn error_response(error: &RequestError) -> Response {
+    let status = StatusCode::from_u16(error.status()).unwrap_or(StatusCode::BAD_REQUEST);
+    json_response(status, error.to_json())
+}
+
+/// Whether a Content-Type header names JSON (`application/json`, parameters allowed).
+pub fn is_json_content_type(value: Option<&HeaderValue>) -> std::result::Result<(), RequestError> {
+    let text = value.and_then(|v| v.to_str().ok()).unwrap_or("");
+    let essence = text.split(';').next().unwrap_or("").trim();
+    if essence.eq_ignore_ascii_case("application/json") {
+        Ok(())
+    } else {
+        Err(RequestError::UnsupportedMediaType(text.to_string()))
+    }
+}
+
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
+async fn read_body(state: &AppState, request: Request<Body>) -> std::result::Result<bytes::Bytes, RequestError> {
+    if request.method() != Method::POST {
+        return Err(RequestError::MethodNotAllowed(request.method().to_string()));
+    }
+    is_json_content_type(request.headers().get(header::CONTENT_TYPE))?;
+    let limit = state.body_limit;
+    if declared_length(request.headers()).is_some_and(|n| n > limit as u64) {
+        return Err(RequestError::TooLarge { limit });
+    }
+    let body = Limited::new(request.into_body(), limit);
+    match tokio::time::timeout(state.body_timeout, body.collect()).await {
+        Err(_) => Err(RequestError::Timeout(state.body_timeout)),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(RequestError::TooLarge { limit }),
+        Ok(Err(e)) => Err(RequestError::Body(e.to_string())),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+    }
+}
+
+async fn admit(state: AppState, route: Route, request: Request<Body>) -> Response {
+    let start = Instant::now();
+    let result = match read_body(&state, request).await {
+        Ok(body) => {
+            let policy = state.policy.current();
+            review(route, &body, &policy, state.nodes.as_ref())
+        }
+        Err(e) => Err(e),
+    };
+    let seconds = start.elapsed().as_secs_f64();
+    match result {
+        Ok(reviewed) => {
+            state.metrics.observe(route, &reviewed.outcome, seconds);
+            tracing::debug!(
+                uid = %reviewed.outcome.uid,
+                path = route.path(),
+                resource = %reviewed.outcome.resource,
+                operation = reviewed.outcome.operation,
+                verdict = reviewed.outcome.verdict,
+                patched = reviewed.outcome.patched,
+                "admission review"
+            );
+            json_response(StatusCode::OK, reviewed.body)
+        }
+        Err(error) => {
+            state.metrics.observe_error(route, &error, seconds);
+            tracing::info!(path = route.path(), reason = error.reason(), error = %error, "bad admission request");
+            error_response(&error)
+        }
+    }
+}
+
+fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    tracing::error!("a request handler panicked; answered 500");
+    error_response(&RequestError::Internal("the handler panicked".into()))
+}
+
+async fn not_found() -> Response {
+    json_response(
+        StatusCode::NOT_FOUND,
+        serde_json::to_vec(&serde_json::json!({
+            "apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 404, "reason": "NotFound",
+            "message": "no such endpoint; use /mutate/smolvms, /validate/smolvms or /validate/smolvmnodes"
+        }))
+        .unwrap_or_default(),
+    )
+}
+
+/// The admission router: `/mutate/smolvms`, `/validate/smolvms`, `/validate/smolvmnodes`.
+pub fn admission_router(state: AppState) -> Router {
+    let mut router = Router::new();
+    for route in Route::ALL {
+        let state = state.clone();
+        router = router.route(
+            route.path(),
+            any(move |request: Request<Body>| admit(state.clone(), route, request)),
+        );
+    }
+    router
+        .fallback(not_found)
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            REQUEST_TIMEOUT,
+        ))
+        .layer(CatchPanicLayer::custom(panic_response))
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    let missing = state.readiness.missing();
+    if missing.is_empty() {
+        (StatusCode::OK, "ok\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {}\n", missing.join(", ")),
+        )
+            .into_response()
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let mut response = state.metrics.encode().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    response
+}
+
+/// The plain-HTTP ops router: `/healthz`, `/readyz`, `/metrics`.
+pub fn ops_router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+        .layer(CatchPanicLayer::new())
+}
+
+/// Serves `router` over TLS (HTTP/2 and HTTP/1.1 by ALPN) on `listener`, with the certificate
+/// from `resolver` (swapped in place on rotation), until `handle` shuts it down.
+pub async fn serve_tls(
+    listener: std::net::TcpListener,
+    router: Router,
+    resolver: Arc<ReloadableResolver>,
+    handle: axum_server::Handle<SocketAddr>,
+) -> Result<()> {
+    listener.set_nonblocking(true).map_err(|source| Error::Serve {
+        what: "webhook",
+        source,
+    })?;
+    let config = smolvm_certs::server_config(resolver)?;
+    let tls = axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(config));
+    let mut server = axum_server::from_tcp_rustls(listener, tls)
+        .map_err(|source| Error::Serve {
+            what: "webhook",
+            source,
+        })?
+        .handle(handle);
+    {
+        let builder = server.http_builder();
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(10));
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(10));
+    }
+    server
+        .serve(router.into_make_service())
+        .await
+        .map_err(|source| Error::Serve {
+            what: "webhook",
+            source,
+        })
+}
+
+/// Serves the ops router over plain HTTP on `listener` until `shutdown` resolves.
+pub async fn serve_ops(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    axum::serve(listener, ops_router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|source| Error::Serve { what: "ops", source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_types() {
+        let table: &[(Option<&str>, bool)] = &[
+            (Some("application/json"), true),
+            (Some("application/json; charset=utf-8"), true),
+            (Some("Application/JSON"), true),
+            (Some("text/plain"), false),
+            (Some("application/yaml"), false),
+            (Some(""), false),
+            (None, false),
+        ];
+        for (value, ok) in table {
+            let header = value.map(|v| HeaderValue::from_str(v).unwrap_or(HeaderValue::from_static("x")));
+            assert_eq!(is_json_content_type(header.as_ref()).is_ok(), *ok, "{value:?}");
+        }
+    }
+}

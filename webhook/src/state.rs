@@ -1,0 +1,157 @@
+//! Shared server state: the current policy, the SmolVMNode catalog, readiness and metrics.
+
+use std::sync::{
+    Arc, RwLock,
+    atomic::{AtomicBool, Ordering},
+};
+
+use kube::runtime::reflector::{ObjectRef, Store};
+use smolvm_api::{
+    Policy, SmolVMNode,
+    types::NodeResources,
+    validate::{NodeCatalog, NodeFacts},
+};
+
+use crate::metrics::Metrics;
+
+/// The policy in force; replaced atomically when the file changes.
+#[derive(Clone, Default)]
+pub struct PolicyHandle(Arc<RwLock<Arc<Policy>>>);
+
+impl PolicyHandle {
+    /// A handle holding `policy`.
+    pub fn new(policy: Policy) -> Self {
+        PolicyHandle(Arc::new(RwLock::new(Arc::new(policy))))
+    }
+
+    /// The current policy.
+    pub fn current(&self) -> Arc<Policy> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the policy.
+    pub fn replace(&self, policy: Policy) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
+    }
+}
+
+/// The conditions of `/readyz`.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    nodes_synced: AtomicBool,
+    tls_loaded: AtomicBool,
+}
+
+impl Readiness {
+    /// Marks the SmolVMNode cache as synced.
+    pub fn set_nodes_synced(&self) {
+        self.nodes_synced.store(true, Ordering::Release);
+    }
+
+    /// Marks the serving certificate as loaded.
+    pub fn set_tls_loaded(&self) {
+        self.tls_loaded.store(true, Ordering::Release);
+    }
+
+    /// What is still missing (empty when ready).
+    pub fn missing(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if !self.nodes_synced.load(Ordering::Acquire) {
+            out.push("smolvmnode cache not synced");
+        }
+        if !self.tls_loaded.load(Ordering::Acquire) {
+            out.push("serving certificate not loaded");
+        }
+        out
+    }
+}
+
+/// The known SmolVMNodes as a kube reflector store sees them (hash lookups by name).
+#[derive(Clone)]
+pub struct StoreCatalog(pub Store<SmolVMNode>);
+
+impl NodeCatalog for StoreCatalog {
+    fn node(&self, name: &str) -> Option<NodeFacts> {
+        self.0.get(&ObjectRef::new(name)).map(|n| NodeFacts::of(&n))
+    }
+    fn any_allocatable(&self, pred: &mut dyn FnMut(&NodeResources) -> bool) -> bool {
+        self.0
+            .state()
+            .iter()
+            .filter_map(|n| n.status.as_ref().and_then(|s| s.allocatable))
+            .any(|a| pred(&a))
+    }
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Everything a request handler needs.
+#[derive(Clone)]
+pub struct AppState {
+    /// The policy in force.
+    pub policy: PolicyHandle,
+    /// The SmolVMNode catalog (a reflector store in production).
+    pub nodes: Arc<dyn NodeCatalog + Send + Sync>,
+    /// Readiness conditions.
+    pub readiness: Arc<Readiness>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Largest accepted body, bytes.
+    pub body_limit: usize,
+    /// How long a request body may take to arrive.
+    pub body_timeout: std::time::Duration,
+}
+
+impl AppState {
+    /// State with the given policy and catalog, default limits (1 MiB, 10 s).
+    pub fn new(policy: PolicyHandle, nodes: Arc<dyn NodeCatalog + Send + Sync>) -> Self {
+        AppState {
+            policy,
+            nodes,
+            readiness: Arc::new(Readiness::default()),
+            metrics: Arc::new(Metrics::new()),
+            body_limit: 1024 * 1024,
+            body_timeout: std::time::Duration::from_secs(10),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::{reflector, watcher};
+    use smolvm_api::fixtures;
+
+    #[test]
+    fn store_catalog_matches_vec_catalog() {
+        let (reader, mut writer) = reflector::store::<SmolVMNode>();
+        let nodes = vec![fixtures::node("n1", 4, 4096, 100), fixtures::node("n2", 2, 1024, 10)];
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for n in &nodes {
+            writer.apply_watcher_event(&watcher::Event::InitApply(n.clone()));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let store = StoreCatalog(reader);
+        for name in ["n1", "n2", "n3"] {
+            assert_eq!(store.node(name), nodes.node(name), "{name}");
+        }
+        for cpus in [1, 4, 5] {
+            assert_eq!(
+                store.any_allocatable(&mut |a| a.cpus >= cpus),
+                nodes.any_allocatable(&mut |a| a.cpus >= cpus)
+            );
+        }
+        assert!(!NodeCatalog::is_empty(&store));
+    }
+
+    #[test]
+    fn readiness_needs_both() {
+        let r = Readiness::default();
+        assert_eq!(r.missing().len(), 2);
+        r.set_tls_loaded();
+        assert_eq!(r.missing(), vec!["smolvmnode cache not synced"]);
+        r.set_nodes_synced();
+        assert!(r.missing().is_empty());
+    }
+}

@@ -1,0 +1,316 @@
+//! The self-signed bootstrap of two replicas racing against one API server.
+//!
+//! The kube API server cannot run here, so it is replaced by a TEST DOUBLE (`FakeApiServer`)
+//! behind tower-test mock services: it stores Secrets and webhook configurations, answers
+//! `409 AlreadyExists` to a second create and `409 Conflict` to a stale replace, and applies
+//! JSON patches. It makes both replicas read "no Secret" (or the same stale Secret) before
+//! either writes, so the race really happens.
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
+};
+
+use http::{Method, Request, Response};
+use http_body_util::BodyExt;
+use kube::client::Body;
+use serde_json::{Value, json};
+use smolvm_webhook::selfsigned::{self, Material, SelfSignedConfig, ca_bundle_value};
+use tokio::sync::Barrier;
+
+const NS: &str = "smolvm-system";
+const SECRET: &str = "smolvm-webhook-tls";
+const SECRETS: &str = "/api/v1/namespaces/smolvm-system/secrets";
+const MWC: &str = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/smolvm-webhook";
+const VWC: &str = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/smolvm-webhook";
+
+fn ok<T, E: std::fmt::Display>(r: Result<T, E>) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn cfg() -> SelfSignedConfig {
+    SelfSignedConfig {
+        namespace: NS.into(),
+        secret_name: SECRET.into(),
+        service_name: "smolvm-webhook".into(),
+        mutating_configuration: "smolvm-webhook".into(),
+        validating_configuration: "smolvm-webhook".into(),
+        ca_lifetime: Duration::from_secs(3650 * 86_400),
+        cert_lifetime: Duration::from_secs(3 * 86_400),
+    }
+}
+
+#[derive(Default)]
+struct Store {
+    secret: Option<Value>,
+    resource_version: u64,
+    objects: BTreeMap<&'static str, Value>,
+    creates_ok: u32,
+    creates_conflict: u32,
+    replaces_ok: u32,
+    replaces_conflict: u32,
+    patches: Vec<(String, Value)>,
+    secret_gets: u32,
+}
+
+/// TEST DOUBLE of kube-apiserver for Secrets and webhook configurations.
+#[derive(Clone)]
+struct FakeApiServer {
+    store: Arc<Mutex<Store>>,
+    /// The first two Secret GETs wait for each other, so both replicas see the same state.
+    barrier: Arc<Barrier>,
+}
+
+fn status(code: u16, reason: &str, message: &str) -> (u16, Value) {
+    (
+        code,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code}),
+    )
+}
+
+fn webhook_configuration(kind: &str, hooks: &[&str]) -> Value {
+    let webhooks: Vec<Value> = hooks
+        .iter()
+        .map(|name| {
+            json!({
+                "name": name,
+                "clientConfig": {"service": {"name": "smolvm-webhook", "namespace": NS, "path": "/x", "port": 443}},
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+            })
+        })
+        .collect();
+    json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind, "metadata": {"name": "smolvm-webhook", "resourceVersion": "1"}, "webhooks": webhooks})
+}
+
+impl FakeApiServer {
+    fn new(secret: Option<Value>) -> Self {
+        let mut store = Store {
+            resource_version: 10,
+            ..Default::default()
+        };
+        if let Some(mut s) = secret {
+            s["metadata"]["resourceVersion"] = json!("10");
+            store.secret = Some(s);
+        }
+        store.objects.insert(
+            MWC,
+            webhook_configuration("MutatingWebhookConfiguration", &["mutate.smolvms.vm.smolvm.dev"]),
+        );
+        store.objects.insert(
+            VWC,
+            webhook_configuration(
+                "ValidatingWebhookConfiguration",
+                &["validate.smolvms.vm.smolvm.dev", "validate.smolvmnodes.vm.smolvm.dev"],
+            ),
+        );
+        FakeApiServer {
+            store: Arc::new(Mutex::new(store)),
+            barrier: Arc::new(Barrier::new(2)),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn handle(&self, method: Method, path: String, body: Vec<u8>) -> (u16, Value) {
+        let secret_path = format!("{SECRETS}/{SECRET}");
+        if method == Method::GET && path == secret_path {
+            let first_two = {
+                let mut s = self.lock();
+                s.secret_gets += 1;
+                s.secret_gets <= 2
+            };
+            // Read the state, then (for the first two reads) wait until the other replica
+            // has read too before answering.
+            let answer = match self.lock().secret.clone() {
+                Some(secret) => (200, secret),
+                None => status(404, "NotFound", "secrets \"smolvm-webhook-tls\" not found"),
+            };
+            if first_two {
+                self.barrier.wait().await;
+            }
+            return answer;
+        }
+        let mut s = self.lock();
+        let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        match (method, path.as_str()) {
+            (Method::POST, SECRETS) => {
+                if s.secret.is_some() {
+                    s.creates_conflict += 1;
+                    return status(409, "AlreadyExists", "secrets \"smolvm-webhook-tls\" already exists");
+                }
+                s.creates_ok += 1;
+                s.resource_version += 1;
+                let mut secret = parsed;
+                secret["metadata"]["resourceVersion"] = json!(s.resource_version.to_string());
+                s.secret = Some(secret.clone());
+                (201, secret)
+            }
+            (Method::PUT, p) if p == secret_path => {
+                let current = s.resource_version.to_string();
+                if parsed["metadata"]["resourceVersion"] != json!(current) {
+                    s.replaces_conflict += 1;
+                    return status(409, "Conflict", "the object has been modified");
+                }
+                s.replaces_ok += 1;
+                s.resource_version += 1;
+                let mut secret = parsed;
+                secret["metadata"]["resourceVersion"] = json!(s.resource_version.to_string());
+                s.secret = Some(secret.clone());
+                (200, secret)
+            }
+            (Method::GET, p) if p == MWC || p == VWC => {
+                let key = if p == MWC { MWC } else { VWC };
+                (200, s.objects.get(key).cloned().unwrap_or(Value::Null))
+            }
+            (Method::PATCH, p) if p == MWC || p == VWC => {
+                let key = if p == MWC { MWC } else { VWC };
+                s.patches.push((key.to_string(), parsed.clone()));
+                let patch: json_patch::Patch = match serde_json::from_value(parsed) {
+                    Ok(p) => p,
+                    Err(e) => return status(400, "BadRequest", &e.to_string()),
+                };
+                let Some(object) = s.objects.get_mut(key) else {
+                    return status(404, "NotFound", "no such configuration");
+                };
+                let mut next = object.clone();
+                if let Err(e) = json_patch::patch(&mut next, &patch) {
+                    return status(422, "Invalid", &e.to_string());
+                }
+                *object = next.clone();
+                (200, next)
+            }
+            (m, p) => status(404, "NotFound", &format!("the double does not serve {m} {p}")),
+        }
+    }
+
+    /// Serves one replica's mock handle until the client is dropped.
+    fn serve(&self, mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>) {
+        let fake = self.clone();
+        tokio::spawn(async move {
+            while let Some((request, send)) = handle.next_request().await {
+                let fake = fake.clone();
+                tokio::spawn(async move {
+                    let (parts, body) = request.into_parts();
+                    let bytes = body.collect().await.map(|c| c.to_bytes().to_vec()).unwrap_or_default();
+                    let (code, value) = fake.handle(parts.method, parts.uri.path().to_string(), bytes).await;
+                    let response = Response::builder()
+                        .status(code)
+                        .header("content-type", "application/json")
+                        .body(Body::from(serde_json::to_vec(&value).unwrap_or_default()));
+                    if let Ok(r) = response {
+                        send.send_response(r);
+                    }
+                });
+            }
+        });
+    }
+
+    fn client(&self) -> kube::Client {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        self.serve(handle);
+        kube::Client::new(service, NS)
+    }
+}
+
+fn stored_material(fake: &FakeApiServer) -> Option<Material> {
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(fake.lock().secret.clone()?).ok()?;
+    selfsigned::material_from_secret(&secret).ok()
+}
+
+fn bundles(fake: &FakeApiServer) -> Vec<Value> {
+    let s = fake.lock();
+    s.objects
+        .values()
+        .flat_map(|o| o["webhooks"].as_array().cloned().unwrap_or_default())
+        .map(|w| w["clientConfig"]["caBundle"].clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_bootstrap_to_one_ca() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = FakeApiServer::new(None);
+    let (a, b) = (fake.client(), fake.client());
+    let c = cfg();
+    let (ra, rb) = tokio::join!(selfsigned::bootstrap(&a, &c), selfsigned::bootstrap(&b, &c));
+    let (ma, mb) = (ok(ra), ok(rb));
+    {
+        let s = fake.lock();
+        assert_eq!(
+            (s.creates_ok, s.creates_conflict),
+            (1, 1),
+            "both tried to create; one won"
+        );
+    }
+    assert_eq!(ma, mb, "both replicas serve the winner's CA and certificate");
+    assert_eq!(stored_material(&fake).as_ref(), Some(&ma));
+    // Every webhook of both configurations carries the winner's CA, and only caBundle changed.
+    let want = ca_bundle_value(&ma.ca_cert_pem);
+    assert_eq!(bundles(&fake), vec![want.clone(), want.clone(), want]);
+    for (_, patch) in fake.lock().patches.iter() {
+        for op in patch.as_array().cloned().unwrap_or_default() {
+            let path = op["path"].as_str().unwrap_or("");
+            assert!(
+                path.ends_with("/clientConfig/caBundle") || path.ends_with("/name"),
+                "{path}"
+            );
+            assert!(op["op"] == "add" || op["op"] == "test", "{op}");
+        }
+    }
+    // A later check is a no-op: no new Secret, no patch.
+    let patches_before = fake.lock().patches.len();
+    let again = ok(selfsigned::bootstrap(&a, &c).await);
+    assert_eq!(again, ma);
+    assert_eq!(fake.lock().patches.len(), patches_before);
+    assert_eq!(fake.lock().creates_ok, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_renew_to_one_certificate() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let c = cfg();
+    // A Secret whose serving certificate is past two thirds of its lifetime.
+    let ca = ok(smolvm_certs::CertificateAuthority::generate(
+        "smolvm-webhook-ca",
+        c.ca_lifetime,
+    ));
+    let now = SystemTime::now();
+    let day = Duration::from_secs(86_400);
+    let old_leaf = ok(ca.issue_server(
+        &c.dns_names(),
+        &[],
+        smolvm_certs::Validity::between(now - 5 * day / 2, now + day / 2),
+    ));
+    let old = Material {
+        ca_cert_pem: ca.cert_pem().to_string(),
+        ca_key_pem: ca.key_pem().to_string(),
+        cert_pem: old_leaf.cert_pem,
+        key_pem: old_leaf.key_pem,
+    };
+    assert!(ok(selfsigned::leaf_needs_reissue(&old, &c, now)));
+    let fake = FakeApiServer::new(Some(ok(serde_json::to_value(selfsigned::secret_for(&c, &old)))));
+    let (a, b) = (fake.client(), fake.client());
+    let (ra, rb) = tokio::join!(selfsigned::bootstrap(&a, &c), selfsigned::bootstrap(&b, &c));
+    let (ma, mb) = (ok(ra), ok(rb));
+    {
+        let s = fake.lock();
+        assert_eq!(
+            (s.replaces_ok, s.replaces_conflict),
+            (1, 1),
+            "both tried to renew; one won"
+        );
+        assert_eq!(s.creates_ok, 0);
+    }
+    assert_eq!(ma, mb);
+    assert_eq!(ma.ca_cert_pem, old.ca_cert_pem, "the CA is kept");
+    assert_ne!(ma.cert_pem, old.cert_pem, "the serving certificate is renewed");
+    assert!(!ok(selfsigned::leaf_needs_reissue(&ma, &c, SystemTime::now())));
+    assert_eq!(stored_material(&fake).as_ref(), Some(&ma));
+}
