@@ -13,9 +13,10 @@
 //! 403 `Forbidden`. The message lists every violation ([`Verdict::message`]); every warning
 //! finding becomes one entry of `warnings`.
 
+use k8s_openapi::api::authentication::v1::UserInfo;
 use kube::core::{
-    DynamicObject, Status,
-    admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation as WireOperation},
+    GroupVersionResource, Status, TypeMeta,
+    admission::{AdmissionResponse, Operation as WireOperation},
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -193,6 +194,42 @@ pub struct Reviewed {
     pub outcome: Outcome,
 }
 
+/// An AdmissionReview as the API server sends it, read in one pass: the objects stay raw JSON
+/// (the rules decode them once, into the typed SmolVM or SmolVMNode), and fields the webhook does
+/// not use are skipped.
+#[derive(Deserialize)]
+struct WireReview {
+    #[serde(rename = "apiVersion")]
+    api_version: String,
+    kind: String,
+    #[serde(default)]
+    request: Option<WireRequest>,
+}
+
+/// The `request` of an AdmissionReview.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WireRequest {
+    /// Echoed in the response.
+    pub uid: String,
+    /// The resource the request is for.
+    pub resource: GroupVersionResource,
+    /// The subresource (`status`), if any.
+    #[serde(default)]
+    pub sub_resource: Option<String>,
+    /// The operation.
+    pub operation: WireOperation,
+    /// The requester.
+    #[serde(default)]
+    pub user_info: UserInfo,
+    /// The new object (CREATE, UPDATE).
+    #[serde(default)]
+    pub object: Option<Value>,
+    /// The stored object (UPDATE, DELETE).
+    #[serde(default)]
+    pub old_object: Option<Value>,
+}
+
 /// Only what is needed to classify a body that failed to deserialize as an AdmissionReview.
 #[derive(Deserialize)]
 struct Probe {
@@ -213,16 +250,20 @@ fn as_text(value: &Option<Value>) -> String {
 }
 
 /// Parses an AdmissionReview v1 body and returns its request.
-pub fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, RequestError> {
-    match serde_json::from_slice::<AdmissionReview<DynamicObject>>(body) {
+pub fn parse(body: &[u8]) -> Result<WireRequest, RequestError> {
+    match serde_json::from_slice::<WireReview>(body) {
         Ok(review) => {
-            if review.types.kind != ADMISSION_KIND || review.types.api_version != ADMISSION_API_VERSION {
+            if review.kind != ADMISSION_KIND || review.api_version != ADMISSION_API_VERSION {
                 return Err(RequestError::WrongKind {
-                    kind: review.types.kind,
-                    api_version: review.types.api_version,
+                    kind: review.kind,
+                    api_version: review.api_version,
                 });
             }
-            review.try_into().map_err(|_| RequestError::MissingRequest)
+            let request = review.request.ok_or(RequestError::MissingRequest)?;
+            for (field, object) in [("object", &request.object), ("oldObject", &request.old_object)] {
+                check_envelope(field, object.as_ref())?;
+            }
+            Ok(request)
         }
         Err(e) if e.is_syntax() || e.is_eof() || e.is_io() => Err(RequestError::NotJson(e.to_string())),
         Err(e) => {
@@ -269,10 +310,47 @@ pub fn operation_of(op: &WireOperation) -> Operation {
     }
 }
 
-fn object_json(object: Option<DynamicObject>) -> Result<Option<Value>, RequestError> {
-    object
-        .map(|o| serde_json::to_value(o).map_err(|e| RequestError::Malformed(format!("object: {e}"))))
-        .transpose()
+/// An object of a request must be a Kubernetes object: a JSON object whose `metadata`, if any, is
+/// an object. Anything else is a malformed review, not a rule violation.
+fn check_envelope(field: &str, object: Option<&Value>) -> Result<(), RequestError> {
+    match object {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Object(map)) => match map.get("metadata") {
+            None | Some(Value::Null) | Some(Value::Object(_)) => Ok(()),
+            Some(other) => Err(RequestError::Malformed(format!(
+                "request.{field}.metadata: expected an object, got {}",
+                kind_of(other)
+            ))),
+        },
+        Some(other) => Err(RequestError::Malformed(format!(
+            "request.{field}: expected an object, got {}",
+            kind_of(other)
+        ))),
+    }
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The response skeleton for `request`: allowed, uid echoed.
+fn response_to(request: &WireRequest) -> AdmissionResponse {
+    let mut response = AdmissionResponse::invalid("");
+    response.types = TypeMeta {
+        api_version: ADMISSION_API_VERSION.into(),
+        kind: ADMISSION_KIND.into(),
+    };
+    response.uid = request.uid.clone();
+    response.allowed = true;
+    response.result = Status::default();
+    response
 }
 
 /// The status code and reason of a denial: 403 `Forbidden` when every violation is an
@@ -318,7 +396,7 @@ pub fn review(route: Route, body: &[u8], policy: &Policy, nodes: &dyn NodeCatalo
         rules: Vec::new(),
         uid: request.uid.clone(),
     };
-    let base = AdmissionResponse::from(&request);
+    let base = response_to(&request);
 
     // A request for another resource (a misconfigured webhook rule) is denied, not guessed at.
     if request.resource.group != GROUP || request.resource.resource != route.resource() {
@@ -355,9 +433,11 @@ pub fn review(route: Route, body: &[u8], policy: &Policy, nodes: &dyn NodeCatalo
         });
     }
     let identity = identity_of(&request.user_info);
-    let new = object_json(request.object)?
+    let new = request
+        .object
+        .filter(|o| !o.is_null())
         .ok_or_else(|| RequestError::Malformed(format!("request.object is required for {}", operation.as_str())))?;
-    let old = object_json(request.old_object)?;
+    let old = request.old_object.filter(|o| !o.is_null());
 
     let response = match route {
         Route::MutateSmolVM => {

@@ -606,7 +606,7 @@ async fn malformed_inputs_get_json_errors() {
             .write_all(b"POST /validate/smolvms HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"apiVersion\"")
             .await);
         let mut buf = vec![0u8; 4096];
-        let n = ok(tokio::time::timeout(Duration::from_secs(5), tls.read(&mut buf))
+        let n = ok(tokio::time::timeout(Duration::from_secs(30), tls.read(&mut buf))
             .await
             .map_err(|_| "hung"));
         let text = String::from_utf8_lossy(&buf[..n.unwrap_or(0)]).to_string();
