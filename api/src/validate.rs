@@ -296,6 +296,11 @@ fn render<T: serde::Serialize + ?Sized>(value: &T) -> String {
 
 /// Deserializes an object, turning a failure into a finding that names the path.
 pub fn decode<T: DeserializeOwned>(object: &Value) -> Result<T, Finding> {
+    // The common case, valid input, takes the fast path; only a failure is decoded again with
+    // path tracking, to name the field.
+    if let Ok(value) = T::deserialize(object) {
+        return Ok(value);
+    }
     serde_path_to_error::deserialize::<_, T>(object).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner().to_string();
@@ -320,10 +325,82 @@ pub fn decode<T: DeserializeOwned>(object: &Value) -> Result<T, Finding> {
     })
 }
 
+/// The metadata the rules read. Decoding only these skips what they never look at (notably
+/// `managedFields`, often the largest part of an object).
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct RuleMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    generation: Option<i64>,
+    labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
+    finalizers: Option<Vec<String>>,
+    deletion_timestamp: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+}
+
+/// An object as the rules see it.
+#[derive(serde::Deserialize)]
+struct RuleObject<S, T> {
+    #[serde(default)]
+    metadata: RuleMeta,
+    spec: S,
+    #[serde(default = "none")]
+    status: Option<T>,
+}
+
+fn none<T>() -> Option<T> {
+    None
+}
+
+impl RuleMeta {
+    fn into_object_meta(self) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: self.name,
+            namespace: self.namespace,
+            uid: self.uid,
+            generation: self.generation,
+            labels: self.labels,
+            annotations: self.annotations,
+            finalizers: self.finalizers,
+            deletion_timestamp: self.deletion_timestamp,
+            ..Default::default()
+        }
+    }
+}
+
+/// Objects the rules decode through [`RuleObject`].
+trait RuleDecode: Sized {
+    fn decode_for_rules(object: &Value) -> Result<Self, Finding>;
+}
+
+impl RuleDecode for SmolVM {
+    fn decode_for_rules(object: &Value) -> Result<Self, Finding> {
+        let o = decode::<RuleObject<crate::types::SmolVMSpec, crate::types::SmolVMStatus>>(object)?;
+        Ok(SmolVM {
+            metadata: o.metadata.into_object_meta(),
+            spec: o.spec,
+            status: o.status,
+        })
+    }
+}
+
+impl RuleDecode for SmolVMNode {
+    fn decode_for_rules(object: &Value) -> Result<Self, Finding> {
+        let o = decode::<RuleObject<crate::types::SmolVMNodeSpec, crate::types::SmolVMNodeStatus>>(object)?;
+        Ok(SmolVMNode {
+            metadata: o.metadata.into_object_meta(),
+            spec: o.spec,
+            status: o.status,
+        })
+    }
+}
+
 /// Decodes the new and old objects of a request; a failure becomes the single violation.
-fn decode_pair<T: DeserializeOwned>(old: Option<&Value>, new: &Value) -> Result<(Option<T>, T), Finding> {
-    let new = decode::<T>(new)?;
-    let old = old.map(decode::<T>).transpose().map_err(|finding| Finding {
+fn decode_pair<T: RuleDecode>(old: Option<&Value>, new: &Value) -> Result<(Option<T>, T), Finding> {
+    let new = T::decode_for_rules(new)?;
+    let old = old.map(T::decode_for_rules).transpose().map_err(|finding| Finding {
         message: format!(
             "the stored object does not decode ({}); refusing a transition that cannot be checked",
             finding.message

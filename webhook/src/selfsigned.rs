@@ -304,38 +304,58 @@ where
 /// configuration is logged and skipped (it may be applied later; the next check retries).
 pub async fn inject_ca_bundle(client: &Client, cfg: &SelfSignedConfig, ca_pem: &str) -> Result<()> {
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    match mutating.get_opt(&cfg.mutating_configuration).await? {
-        Some(c) => {
-            let hooks = c
-                .webhooks
-                .unwrap_or_default()
-                .into_iter()
-                .map(|w| (w.name, w.client_config.ca_bundle))
-                .collect();
-            if patch_if_needed(mutating, &cfg.mutating_configuration, hooks, ca_pem).await? {
-                tracing::info!(name = %cfg.mutating_configuration, "caBundle injected");
-            }
-        }
-        None => {
-            tracing::warn!(name = %cfg.mutating_configuration, "MutatingWebhookConfiguration not found; caBundle not injected")
-        }
-    }
+    let hooks = mutating.get_opt(&cfg.mutating_configuration).await?.map(|c| {
+        let webhooks = c.webhooks.unwrap_or_default();
+        webhooks
+            .into_iter()
+            .map(|w| (w.name, w.client_config.ca_bundle))
+            .collect()
+    });
+    inject_into(
+        mutating,
+        "MutatingWebhookConfiguration",
+        &cfg.mutating_configuration,
+        hooks,
+        ca_pem,
+    )
+    .await?;
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    match validating.get_opt(&cfg.validating_configuration).await? {
-        Some(c) => {
-            let hooks = c
-                .webhooks
-                .unwrap_or_default()
-                .into_iter()
-                .map(|w| (w.name, w.client_config.ca_bundle))
-                .collect();
-            if patch_if_needed(validating, &cfg.validating_configuration, hooks, ca_pem).await? {
-                tracing::info!(name = %cfg.validating_configuration, "caBundle injected");
+    let hooks = validating.get_opt(&cfg.validating_configuration).await?.map(|c| {
+        let webhooks = c.webhooks.unwrap_or_default();
+        webhooks
+            .into_iter()
+            .map(|w| (w.name, w.client_config.ca_bundle))
+            .collect()
+    });
+    inject_into(
+        validating,
+        "ValidatingWebhookConfiguration",
+        &cfg.validating_configuration,
+        hooks,
+        ca_pem,
+    )
+    .await
+}
+
+/// Patches one configuration's caBundles (`hooks`: its webhooks' names and current bundles), or
+/// logs that it does not exist yet.
+async fn inject_into<K>(
+    api: Api<K>,
+    kind: &str,
+    name: &str,
+    hooks: Option<Vec<(String, Option<ByteString>)>>,
+    ca_pem: &str,
+) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match hooks {
+        Some(hooks) => {
+            if patch_if_needed(api, name, hooks, ca_pem).await? {
+                tracing::info!(%name, kind, "caBundle injected");
             }
         }
-        None => {
-            tracing::warn!(name = %cfg.validating_configuration, "ValidatingWebhookConfiguration not found; caBundle not injected")
-        }
+        None => tracing::warn!(%name, kind, "webhook configuration not found; caBundle not injected"),
     }
     Ok(())
 }
