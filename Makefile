@@ -38,8 +38,10 @@ test: ## Run every test tier (installs smolvm for the runtime's tests on first u
 	$(SMOLVM_ENV) && $(CARGO) test --workspace
 
 .PHONY: bench
-bench: ## Run the micro-benchmarks and print their figures.
+bench: ## Run the benchmarks and print their figures.
 	$(CARGO) bench -p smolvm-api --bench admission
+	$(CARGO) bench -p smolvm-controller --bench placement
+	$(SMOLVM_ENV) && $(CARGO) bench -p smolvm-runtime --bench nodeapi_latency
 
 .PHONY: install
 install: ## Install the CRDs into the cluster of the current KUBECONFIG.
