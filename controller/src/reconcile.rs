@@ -229,22 +229,17 @@ async fn delete(
                     format!("node {node} failed to delete machine {machine}: {}", e.message()),
                 )
             };
-            let mut status = vm.status.clone().unwrap_or_default();
-            status.phase = Some(Phase::Deleting);
-            let changed = plan::set_condition(
-                &mut status.conditions,
-                condition::DELETION_BLOCKED,
-                "True",
-                why,
-                &message,
-                vm.metadata.generation,
-                Timestamp::now(),
-            );
-            write_status(api, vm, &status).await?;
-            if changed {
-                publish(ctx, vm, EventType::Warning, "DeletionBlocked", "Delete", message).await;
-            }
-            Ok(Action::requeue(ctx.timing.retry))
+            let problem = Problem {
+                phase: Phase::Deleting,
+                condition: condition::DELETION_BLOCKED,
+                status: "True",
+                reason: why,
+                message,
+                event_reason: "DeletionBlocked",
+                action: "Delete",
+                note: None,
+            };
+            report(api, vm, ctx, vm.status.clone().unwrap_or_default(), problem).await
         }
     }
 }
@@ -266,29 +261,17 @@ async fn place(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, uid: &str) -> Resu
                     reason: unplaceable.reason.into(),
                 })
                 .inc();
-            status.phase = Some(Phase::Pending);
-            let changed = plan::set_condition(
-                &mut status.conditions,
-                condition::SCHEDULED,
-                "False",
-                reason::UNSCHEDULABLE,
-                &unplaceable.message,
-                vm.metadata.generation,
-                now,
-            );
-            write_status(api, vm, &status).await?;
-            if changed {
-                publish(
-                    ctx,
-                    vm,
-                    EventType::Warning,
-                    "FailedScheduling",
-                    "Schedule",
-                    unplaceable.message,
-                )
-                .await;
-            }
-            return Ok(Action::requeue(ctx.timing.retry));
+            let problem = Problem {
+                phase: Phase::Pending,
+                condition: condition::SCHEDULED,
+                status: "False",
+                reason: reason::UNSCHEDULABLE,
+                message: unplaceable.message,
+                event_reason: "FailedScheduling",
+                action: "Schedule",
+                note: None,
+            };
+            return report(api, vm, ctx, status, problem).await;
         }
     };
     let node_uid = ctx
@@ -587,33 +570,29 @@ async fn report_node_problem(
     api: &Api<SmolVM>,
     vm: &SmolVM,
     ctx: &Context,
-    mut status: SmolVMStatus,
+    status: SmolVMStatus,
     cond_status: &str,
     why: &str,
     message: String,
 ) -> Result<Action, Error> {
-    status.phase = Some(Phase::Unknown);
-    let changed = plan::set_condition(
-        &mut status.conditions,
-        condition::READY,
-        cond_status,
-        why,
-        &message,
-        vm.metadata.generation,
-        Timestamp::now(),
-    );
-    write_status(api, vm, &status).await?;
-    if changed {
-        publish(ctx, vm, EventType::Warning, why, "Observe", message).await;
-    }
-    Ok(Action::requeue(ctx.timing.retry))
+    let problem = Problem {
+        phase: Phase::Unknown,
+        condition: condition::READY,
+        status: cond_status,
+        reason: why,
+        message,
+        event_reason: why,
+        action: "Observe",
+        note: None,
+    };
+    report(api, vm, ctx, status, problem).await
 }
 
 async fn report_call_error(
     api: &Api<SmolVM>,
     vm: &SmolVM,
     ctx: &Context,
-    mut status: SmolVMStatus,
+    status: SmolVMStatus,
     node: &str,
     e: CallError,
 ) -> Result<Action, Error> {
@@ -625,13 +604,47 @@ async fn report_call_error(
         Some(code) if code == error_code::START_FAILED => (Phase::Failed, reason::START_FAILED),
         _ => (Phase::Failed, reason::CREATE_FAILED),
     };
-    status.phase = Some(phase);
+    let problem = Problem {
+        phase,
+        condition: condition::READY,
+        status: "False",
+        reason: why,
+        message: e.message().to_string(),
+        event_reason: why,
+        action: "Converge",
+        note: Some(format!("node {node}: {}", e.message())),
+    };
+    report(api, vm, ctx, status, problem).await
+}
+
+/// A problem to show on a SmolVM: its phase, one condition, and a Warning event when the
+/// condition changed.
+struct Problem<'a> {
+    phase: Phase,
+    condition: &'a str,
+    status: &'a str,
+    reason: &'a str,
+    message: String,
+    event_reason: &'a str,
+    action: &'a str,
+    /// Event note, when it should differ from the condition message.
+    note: Option<String>,
+}
+
+async fn report(
+    api: &Api<SmolVM>,
+    vm: &SmolVM,
+    ctx: &Context,
+    mut status: SmolVMStatus,
+    p: Problem<'_>,
+) -> Result<Action, Error> {
+    status.phase = Some(p.phase);
     let changed = plan::set_condition(
         &mut status.conditions,
-        condition::READY,
-        "False",
-        why,
-        e.message(),
+        p.condition,
+        p.status,
+        p.reason,
+        &p.message,
         vm.metadata.generation,
         Timestamp::now(),
     );
@@ -641,9 +654,9 @@ async fn report_call_error(
             ctx,
             vm,
             EventType::Warning,
-            why,
-            "Converge",
-            format!("node {node}: {}", e.message()),
+            p.event_reason,
+            p.action,
+            p.note.unwrap_or(p.message),
         )
         .await;
     }
