@@ -5,7 +5,7 @@
 //! every violation and every warning at once. Each [`Finding`] names the field path, the value and
 //! the rule, so the message a user reads tells them what to fix.
 
-use std::{collections::BTreeMap, fmt, sync::Arc};
+use std::{borrow::Borrow, collections::BTreeMap, fmt};
 
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -245,27 +245,17 @@ fn name_of(node: &SmolVMNode) -> &str {
     node.metadata.name.as_deref().unwrap_or("")
 }
 
-impl NodeCatalog for Vec<SmolVMNode> {
+/// A list of nodes, owned or shared (`Vec<SmolVMNode>`, `Vec<Arc<SmolVMNode>>`).
+impl<T: Borrow<SmolVMNode>> NodeCatalog for Vec<T> {
     fn node(&self, name: &str) -> Option<NodeFacts> {
-        self.iter().find(|n| name_of(n) == name).map(NodeFacts::of)
+        self.iter()
+            .map(Borrow::borrow)
+            .find(|n| name_of(n) == name)
+            .map(NodeFacts::of)
     }
     fn any_allocatable(&self, pred: &mut dyn FnMut(&NodeResources) -> bool) -> bool {
         self.iter()
-            .filter_map(|n| n.status.as_ref().and_then(|s| s.allocatable))
-            .any(|a| pred(&a))
-    }
-    fn is_empty(&self) -> bool {
-        Vec::is_empty(self)
-    }
-}
-
-impl NodeCatalog for Vec<Arc<SmolVMNode>> {
-    fn node(&self, name: &str) -> Option<NodeFacts> {
-        self.iter().find(|n| name_of(n) == name).map(|n| NodeFacts::of(n))
-    }
-    fn any_allocatable(&self, pred: &mut dyn FnMut(&NodeResources) -> bool) -> bool {
-        self.iter()
-            .filter_map(|n| n.status.as_ref().and_then(|s| s.allocatable))
+            .filter_map(|n| n.borrow().status.as_ref().and_then(|s| s.allocatable))
             .any(|a| pred(&a))
     }
     fn is_empty(&self) -> bool {
