@@ -46,6 +46,10 @@ pub const RUNTIME_SIGNER: &str = "vm.smolvm.dev/runtime-serving";
 /// Node API protocol version spoken by this build.
 pub const PROTOCOL_VERSION: &str = "v1";
 
+/// The Secret holding the node API bearer token (key `token`), in the operator's namespace.
+pub const RUNTIME_AUTH_SECRET: &str = "smolvm-runtime-auth";
+/// The runtime CA: a Secret only the controller reads, and a public ConfigMap (key `ca.crt`).
+pub const RUNTIME_CA: &str = "smolvm-runtime-ca";
 /// Field manager of the controller.
 pub const FIELD_MANAGER_CONTROLLER: &str = "smolvm-controller";
 /// Field manager of the runtime agent.

@@ -11,4 +11,5 @@ pub mod nodeclient;
 pub mod placement;
 pub mod plan;
 pub mod reconcile;
+pub mod runtime_auth;
 pub mod signer;

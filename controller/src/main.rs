@@ -6,7 +6,7 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use anyhow::Context as _;
 use clap::Parser;
 use futures::StreamExt;
-use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::{certificates::v1::CertificateSigningRequest, core::v1::Secret};
 use kube::{
     Api, Client, ResourceExt,
     runtime::{
@@ -25,7 +25,7 @@ use smolvm_controller::{
     nodeclient::{self, ClientSettings, Endpoints, NodeClient},
     placement::{self, Ledger, Request},
     reconcile::{self, Context, Timing},
-    signer,
+    runtime_auth, signer,
 };
 use tokio::sync::watch;
 
@@ -33,9 +33,14 @@ use tokio::sync::watch;
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Flags {
-    /// The node API bearer token (the mounted smolvm-runtime-auth Secret).
-    #[arg(long, env = "RUNTIME_TOKEN_FILE", default_value = "/etc/smolvm/runtime-auth/token")]
-    token_file: PathBuf,
+    /// The node API bearer token from a file instead of the Secret (local runs and tests). Without
+    /// it the token is read from --runtime-auth-secret, which is created with a random token when
+    /// absent and re-read every 30 s, so a replaced token takes effect without a restart.
+    #[arg(long, env = "RUNTIME_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// The Secret (in --namespace) holding the node API bearer token under the key `token`.
+    #[arg(long, env = "RUNTIME_AUTH_SECRET", default_value = smolvm_api::constants::RUNTIME_AUTH_SECRET)]
+    runtime_auth_secret: String,
     /// The admission policy file (its runtimeUsernames name who may request runtime certificates).
     #[arg(long, env = "POLICY_FILE")]
     policy_file: Option<PathBuf>,
@@ -65,14 +70,6 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let flags = Flags::parse();
     let client = Client::try_default().await.context("connecting to the API server")?;
-
-    let token = std::fs::read_to_string(&flags.token_file)
-        .with_context(|| format!("reading the node API token {}", flags.token_file.display()))?
-        .trim()
-        .to_string();
-    if token.is_empty() {
-        anyhow::bail!("the node API token file {} is empty", flags.token_file.display());
-    }
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (leader_tx, mut leader_rx) = watch::channel(false);
@@ -129,10 +126,19 @@ async fn main() -> anyhow::Result<()> {
         None => Policy::default(),
     };
     tokio::spawn(run_signer(client.clone(), ca.clone(), policy));
+    let token = Arc::new(std::sync::RwLock::new(node_api_token(&client, &flags).await?));
+    if flags.token_file.is_none() {
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &flags.namespace);
+        tokio::spawn(runtime_auth::refresh(
+            secrets,
+            flags.runtime_auth_secret.clone(),
+            token.clone(),
+        ));
+    }
     let node_client = NodeClient::new(
         ClientSettings {
             tls: Arc::new(nodeclient::client_tls(ca.cert_pem(), client_cert)?),
-            token: Arc::new(std::sync::RwLock::new(token)),
+            token,
             connect_timeout: Duration::from_secs(5),
             call_timeout: Duration::from_secs(30),
             start_timeout: Duration::from_secs(300),
@@ -215,6 +221,24 @@ async fn main() -> anyhow::Result<()> {
         .await;
     tracing::info!("controller stopped");
     Ok(())
+}
+
+/// The node API token: from --token-file when given, else from the Secret (created when absent).
+async fn node_api_token(client: &Client, flags: &Flags) -> anyhow::Result<String> {
+    if let Some(path) = &flags.token_file {
+        let token = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the node API token {}", path.display()))?
+            .trim()
+            .to_string();
+        if token.is_empty() {
+            anyhow::bail!("the node API token file {} is empty", path.display());
+        }
+        return Ok(token);
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &flags.namespace);
+    runtime_auth::ensure_token(&secrets, &flags.runtime_auth_secret)
+        .await
+        .with_context(|| format!("node API token Secret {}/{}", flags.namespace, flags.runtime_auth_secret))
 }
 
 /// Re-issues the controller's client certificate at 2/3 of its lifetime.

@@ -233,6 +233,12 @@ pub enum SignerError {
     /// The stored CA Secret is incomplete.
     #[error("Secret {0} lacks {1}")]
     Incomplete(&'static str, &'static str),
+    /// The node API token Secret is unusable.
+    #[error("node API token: {0}")]
+    BadToken(String),
+    /// The OS random source failed.
+    #[error("random source: {0}")]
+    Random(String),
 }
 
 impl SignerError {
@@ -242,6 +248,8 @@ impl SignerError {
             SignerError::Kube(_) => "KubeError",
             SignerError::Certs(e) => e.reason(),
             SignerError::Incomplete(..) => "CASecretIncomplete",
+            SignerError::BadToken(_) => "TokenSecretInvalid",
+            SignerError::Random(_) => "RandomSourceFailed",
         }
     }
 }
