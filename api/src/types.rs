@@ -48,7 +48,7 @@ pub const MAX_SELECTOR_ENTRIES: usize = 32;
     namespaced,
     status = "SmolVMStatus",
     shortname = "svm",
-    category = "smolvm",
+    category = "smolvm-all",
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase", description = "Lifecycle phase of the machine"),
     printcolumn(name = "Node", type_ = "string", json_path = ".status.nodeName", description = "Node the machine is bound to"),
     printcolumn(name = "CPUs", type_ = "integer", json_path = ".spec.resources.cpus", description = "Virtual CPUs"),
@@ -340,7 +340,7 @@ pub struct EffectiveResources {
     singular = "smolvmnode",
     status = "SmolVMNodeStatus",
     shortname = "svmn",
-    category = "smolvm",
+    category = "smolvm-all",
     printcolumn(
         name = "Ready",
         type_ = "string",

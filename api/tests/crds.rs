@@ -64,7 +64,8 @@ fn assert_structural(schema: &Value, path: &str) {
 
 #[test]
 fn crds_are_structural_and_documented() {
-    for crd in crd::crds() {
+    let crds = crd::crds();
+    for crd in &crds {
         let name = crd.metadata.name.clone().unwrap_or_default();
         assert_eq!(crd.spec.versions.len(), 1, "{name}");
         let version = &crd.spec.versions[0];
@@ -81,9 +82,24 @@ fn crds_are_structural_and_documented() {
         );
         assert_eq!(
             crd.spec.names.categories.as_deref(),
-            Some(&["smolvm".to_string()][..]),
+            Some(&["smolvm-all".to_string()][..]),
             "{name}: category"
         );
+        // kubectl expands a category before it resolves a resource name: a category spelled like
+        // a singular, plural or short name makes `kubectl delete smolvm x` fail with "you must
+        // specify only one resource" (seen on a real API server).
+        for category in crd.spec.names.categories.iter().flatten() {
+            for crd2 in &crds {
+                let n = &crd2.spec.names;
+                let names = [Some(&n.plural), n.singular.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .chain(n.short_names.iter().flatten());
+                for taken in names {
+                    assert_ne!(category, taken, "{name}: category {category} shadows a resource name");
+                }
+            }
+        }
         let columns: Vec<String> = version
             .additional_printer_columns
             .iter()
