@@ -85,10 +85,30 @@ pub struct Reservations {
     pub storage_gib: i64,
 }
 
-/// Capacity minus reservations, never negative.
-pub fn allocatable(capacity: NodeResources, reserved: Reservations) -> NodeResources {
+/// The largest CPU allocation ratio the agent accepts.
+pub const MAX_CPU_ALLOCATION_RATIO: f64 = 16.0;
+
+/// Checks a CPU allocation ratio: a finite number from 1 to [`MAX_CPU_ALLOCATION_RATIO`].
+pub fn parse_cpu_allocation_ratio(text: &str) -> Result<f64, String> {
+    let ratio: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if !ratio.is_finite() || !(1.0..=MAX_CPU_ALLOCATION_RATIO).contains(&ratio) {
+        return Err(format!("{text:?} must lie between 1 and {MAX_CPU_ALLOCATION_RATIO}"));
+    }
+    Ok(ratio)
+}
+
+/// Capacity minus reservations, never negative. CPUs are first multiplied by
+/// `cpu_allocation_ratio` (vCPUs per host CPU, rounded down; 1 means no overcommit); memory and
+/// storage are never overcommitted.
+pub fn allocatable(capacity: NodeResources, reserved: Reservations, cpu_allocation_ratio: f64) -> NodeResources {
+    // The ratio is validated to 1..=16 and CPU counts are small, so the product fits an i64.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+    let cpus = (capacity.cpus as f64 * cpu_allocation_ratio.clamp(1.0, MAX_CPU_ALLOCATION_RATIO)).floor() as i64;
     NodeResources {
-        cpus: capacity.cpus.saturating_sub(reserved.cpus).max(0),
+        cpus: cpus.saturating_sub(reserved.cpus).max(0),
         memory_mib: capacity.memory_mib.saturating_sub(reserved.memory_mib).max(0),
         storage_gib: capacity.storage_gib.saturating_sub(reserved.storage_gib).max(0),
     }
@@ -147,6 +167,34 @@ mod tests {
     }
 
     #[test]
+    fn cpu_allocation_ratio_multiplies_cpus_only_and_rounds_down() {
+        let cap = NodeResources {
+            cpus: 2,
+            memory_mib: 4096,
+            storage_gib: 50,
+        };
+        let reserved = Reservations {
+            cpus: 1,
+            ..Default::default()
+        };
+        let cases = [(1.0, 1), (1.5, 2), (4.0, 7), (16.0, 31)];
+        for (ratio, cpus) in cases {
+            let got = allocatable(cap, reserved, ratio);
+            assert_eq!(got.cpus, cpus, "ratio {ratio}");
+            assert_eq!((got.memory_mib, got.storage_gib), (4096, 50), "ratio {ratio}");
+        }
+    }
+
+    #[test]
+    fn cpu_allocation_ratio_parsing_names_the_bad_value() {
+        assert_eq!(parse_cpu_allocation_ratio("2.5"), Ok(2.5));
+        for bad in ["0.5", "17", "NaN", "inf", "x", ""] {
+            let err = parse_cpu_allocation_ratio(bad).expect_err(bad);
+            assert!(err.contains(&format!("{bad:?}")), "{err}");
+        }
+    }
+
+    #[test]
     fn allocatable_is_capacity_minus_reservations_never_negative() {
         let cap = NodeResources {
             cpus: 8,
@@ -174,7 +222,7 @@ mod tests {
         ];
         for (reserved, (cpus, memory_mib, storage_gib)) in cases {
             assert_eq!(
-                allocatable(cap, reserved),
+                allocatable(cap, reserved, 1.0),
                 NodeResources {
                     cpus,
                     memory_mib,

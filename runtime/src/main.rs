@@ -112,6 +112,10 @@ struct Flags {
     /// CPUs reserved for the host.
     #[arg(long, default_value_t = 0)]
     reserved_cpus: i64,
+    /// vCPUs the node offers per host CPU (1 to 16; 1 means no overcommit). Memory and storage
+    /// are never overcommitted.
+    #[arg(long, env = "SMOLVM_RUNTIME_CPU_ALLOCATION_RATIO", default_value = "1", value_parser = host::parse_cpu_allocation_ratio)]
+    cpu_allocation_ratio: f64,
     /// Memory (MiB) reserved for the host.
     #[arg(long, default_value_t = 0)]
     reserved_memory_mib: i64,
@@ -237,6 +241,7 @@ async fn run(flags: Flags) -> Result<()> {
             memory_mib: flags.reserved_memory_mib,
             storage_gib: flags.reserved_storage_gib,
         };
+        let cpu_ratio = flags.cpu_allocation_ratio;
         let status = agent.supervisor().status();
         let identity = agent.identity().clone();
         let state_dir = flags.state_dir.clone();
@@ -262,7 +267,7 @@ async fn run(flags: Flags) -> Result<()> {
                     kvm_available: kvm.available,
                     kvm_message: kvm.message,
                     capacity,
-                    allocatable: host::allocatable(capacity, reserved),
+                    allocatable: host::allocatable(capacity, reserved, cpu_ratio),
                 }
             },
         ));
