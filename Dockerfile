@@ -1,55 +1,63 @@
 # syntax=docker/dockerfile:1
-# Two images from one build:
-#   docker build --target operator -t IMG .          (smolvm-controller and smolvm-webhook)
-#   docker build --target runtime  -t RUNTIME_IMG .  (smolvm-runtime with smolvm 1.32.2)
+# Two images from one build (make docker-build IMG=… / make docker-build-runtime RUNTIME_IMG=…):
+#   docker build --target operator -t IMG .          smolvm-controller and smolvm-webhook
+#   docker build --target runtime  -t RUNTIME_IMG .  smolvm-runtime with smolvm 1.32.2 (linux/amd64)
+# The scripts this file runs live in deploy/image/ and are tested outside Docker
+# (tests/tests/deploy.rs).
 
 ARG RUST_VERSION=1.95
 ARG DEBIAN=bookworm
 
-# --- dependencies, cached apart from the sources -------------------------------------------
+# --- dependencies: compiled from the manifests alone --------------------------------------------
+# Placeholder sources (deploy/image/stub-workspace.sh) stand in for the real ones, so this layer,
+# every dependency fetched and compiled, is reused until Cargo.toml or Cargo.lock change.
 FROM rust:${RUST_VERSION}-slim-${DEBIAN} AS deps
 WORKDIR /src
-COPY Cargo.toml Cargo.lock rustfmt.toml ./
+COPY Cargo.toml Cargo.lock ./
 COPY api/Cargo.toml api/Cargo.toml
 COPY certs/Cargo.toml certs/Cargo.toml
 COPY webhook/Cargo.toml webhook/Cargo.toml
 COPY controller/Cargo.toml controller/Cargo.toml
 COPY runtime/Cargo.toml runtime/Cargo.toml
 COPY tests/Cargo.toml tests/Cargo.toml
-# Stub sources so `cargo fetch` and a dependency build can run before the real sources arrive.
-RUN for c in api certs webhook controller runtime tests; do mkdir -p $c/src && echo '' > $c/src/lib.rs; done \
- && cargo fetch --locked
+COPY deploy/image/stub-workspace.sh /usr/local/bin/stub-workspace.sh
+RUN sh /usr/local/bin/stub-workspace.sh . \
+ && cargo build --release --locked --bin smolvm-controller --bin smolvm-webhook --bin smolvm-runtime
 
-# --- build ---------------------------------------------------------------------------------
+# --- build: the real sources over the placeholders ----------------------------------------------
 FROM deps AS build
 COPY . .
-RUN cargo build --release --locked --bins \
+# COPY keeps the sources' own timestamps, which may be older than the placeholder build: touch
+# them so Cargo rebuilds the workspace crates (the dependencies stay compiled).
+RUN find . -path ./target -prune -o -name '*.rs' -exec touch {} + \
+ && cargo build --release --locked --bin smolvm-controller --bin smolvm-webhook --bin smolvm-runtime \
  && mkdir -p /out \
- && for b in smolvm-controller smolvm-webhook smolvm-runtime; do \
-      if [ -f target/release/$b ]; then cp target/release/$b /out/; fi; \
-    done
+ && cp target/release/smolvm-controller target/release/smolvm-webhook target/release/smolvm-runtime /out/
 
-# --- operator image: controller + webhook ------------------------------------------------------
-FROM gcr.io/distroless/cc-debian12:nonroot AS operator
-COPY --from=build /out/ /usr/local/bin/
+# --- smolvm: the pinned smolmachines wheel, checked against its sha256, unpacked ----------------
+FROM python:3.11-slim-${DEBIAN} AS smolvm
+COPY deploy/image/smolmachines.txt deploy/image/unpack-smolvm.sh /tmp/smolvm/
+RUN pip download --no-cache-dir --no-deps --only-binary=:all: --require-hashes \
+      -r /tmp/smolvm/smolmachines.txt -d /tmp/smolvm/wheel \
+ && sh /tmp/smolvm/unpack-smolvm.sh /tmp/smolvm/wheel/smolmachines-*.whl /opt/smolvm
+
+# --- runtime image: the node agent and smolvm ---------------------------------------------------
+# Runs as root, in a privileged container (deploy/base/runtime/daemonset.yaml says why): smolvm
+# needs /dev/kvm and drops each VM to its own unprivileged uid. ca-certificates: smolvm pulls
+# OCI images over HTTPS.
+FROM debian:${DEBIAN}-slim AS runtime
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=smolvm /opt/smolvm /opt/smolvm
+COPY --from=build /out/smolvm-runtime /usr/local/bin/smolvm-runtime
+COPY --chmod=0755 deploy/image/runtime-entrypoint.sh /usr/local/bin/smolvm-runtime-entrypoint
+ENV SMOLVM_DIST=/opt/smolvm
+ENTRYPOINT ["/usr/local/bin/smolvm-runtime-entrypoint"]
+
+# --- operator image: controller and webhook, as a non-root user ---------------------------------
+# The Deployments choose the binary with `command:`; the default is the controller.
+FROM debian:${DEBIAN}-slim AS operator
+COPY --from=build /out/smolvm-controller /out/smolvm-webhook /usr/local/bin/
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/smolvm-controller"]
-
-# --- runtime image: agent + smolvm unpacked from the smolmachines wheel ------------------------
-FROM python:3.11-slim-${DEBIAN} AS smolvm
-RUN pip install --no-cache-dir --no-deps --target /opt/wheel smolmachines==1.32.2 \
- && test -x /opt/wheel/smol/smol-vmm -o -f /opt/wheel/smol/smol-vmm \
- && chmod +x /opt/wheel/smol/smol-vmm
-
-FROM debian:${DEBIAN}-slim AS runtime
-RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
- && rm -rf /var/lib/apt/lists/*
-COPY --from=smolvm /opt/wheel/smol /opt/smolvm
-COPY --from=build /out/smolvm-runtime /usr/local/bin/smolvm-runtime
-ENV SMOLVM_BIN=/opt/smolvm/smol-vmm \
-    SMOLVM_BOOT_BINARY=/opt/smolvm/smol-vmm \
-    SMOLVM_LIB_DIR=/opt/smolvm \
-    SMOLVM_AGENT_ROOTFS_TAR=/opt/smolvm/agent-rootfs.tar.zst
-# The agent owns /dev/kvm, /var/lib/smolvm and /var/run/smolvm on the node; it runs as root in a
-# DaemonSet that grants only the KVM device and those host paths.
-ENTRYPOINT ["/usr/local/bin/smolvm-runtime"]

@@ -1,4 +1,4 @@
-//! The webhook configuration manifests under deploy/webhook: their shape, and their
+//! The webhook configuration manifests (deploy/base/webhook): their shape, and their
 //! matchConditions CEL evaluated offline with kube's `cel` feature (kube-cel). A real API server
 //! remains the final judge of the CEL; this checks the logic on the cases that matter.
 
@@ -11,7 +11,7 @@ use smolvm_api::fixtures;
 fn manifests() -> (MutatingWebhookConfiguration, ValidatingWebhookConfiguration) {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/webhook/webhook-configurations.yaml"
+        "/../deploy/base/webhook/webhook-configurations.yaml"
     );
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let mut docs = serde_yaml::Deserializer::from_str(&text);
