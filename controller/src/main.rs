@@ -73,7 +73,7 @@ async fn main() -> anyhow::Result<()> {
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (leader_tx, mut leader_rx) = watch::channel(false);
-    tokio::spawn(lease::run(
+    let lease_task = tokio::spawn(lease::run(
         client.clone(),
         LeaseConfig {
             namespace: flags.namespace.clone(),
@@ -93,8 +93,10 @@ async fn main() -> anyhow::Result<()> {
         metrics.clone(),
         vm_store_slot.clone(),
     ));
+    // SIGTERM (a Pod being stopped) or Ctrl-C: stop reconciling and release the Lease, so a
+    // standby replica takes over at once instead of waiting for the Lease to expire.
     tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
+        shutdown_signal().await;
         let _ = shutdown_tx.send(true);
     });
 
@@ -220,7 +222,26 @@ async fn main() -> anyhow::Result<()> {
         })
         .await;
     tracing::info!("controller stopped");
+    // Give the election a moment to release the Lease it holds.
+    let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
     Ok(())
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: shutting down"),
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGTERM; only Ctrl-C stops the controller gracefully");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }
 
 /// The node API token: from --token-file when given, else from the Secret (created when absent).
@@ -238,7 +259,12 @@ async fn node_api_token(client: &Client, flags: &Flags) -> anyhow::Result<String
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &flags.namespace);
     runtime_auth::ensure_token(&secrets, &flags.runtime_auth_secret)
         .await
-        .with_context(|| format!("node API token Secret {}/{}", flags.namespace, flags.runtime_auth_secret))
+        .with_context(|| {
+            format!(
+                "node API token Secret {}/{}",
+                flags.namespace, flags.runtime_auth_secret
+            )
+        })
 }
 
 /// Re-issues the controller's client certificate at 2/3 of its lifetime.

@@ -40,7 +40,9 @@ pub fn token_of(secret: &Secret, name: &str) -> Result<String, SignerError> {
         .map_err(|_| SignerError::BadToken(format!("Secret {name} key `{TOKEN_KEY}` is not UTF-8")))?
         .trim();
     if text.is_empty() {
-        return Err(SignerError::BadToken(format!("Secret {name} key `{TOKEN_KEY}` is empty")));
+        return Err(SignerError::BadToken(format!(
+            "Secret {name} key `{TOKEN_KEY}` is empty"
+        )));
     }
     Ok(text.to_string())
 }

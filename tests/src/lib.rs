@@ -1,1 +1,18 @@
-//! End-to-end harness and scenarios against a real kube-apiserver and etcd.
+//! End-to-end harness against a real kube-apiserver and etcd, following envtest's conventions
+//! (`KUBEBUILDER_ASSETS`, `TEST_ASSET_KUBE_APISERVER`, `TEST_ASSET_ETCD`), and the local dev mode
+//! built on it.
+//!
+//! - [`assets`]: finding kube-apiserver, etcd and the operator's binaries.
+//! - [`controlplane`]: etcd plus kube-apiserver on free loopback ports, certificates by rcgen.
+//! - [`env`]: the whole operator on that control plane, each component its own process.
+//! - [`process`]: child processes that log to files and never outlive the harness.
+
+pub mod assets;
+pub mod controlplane;
+pub mod env;
+pub mod process;
+
+/// Installs rustls' ring provider; call first in every harness `main`.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,90 @@
+//! Finding kube-apiserver and etcd the way envtest does: `TEST_ASSET_KUBE_APISERVER` and
+//! `TEST_ASSET_ETCD` first, then the directory `KUBEBUILDER_ASSETS`, then `PATH`, then
+//! `/usr/local/kubebuilder/bin`.
+
+use std::path::{Path, PathBuf};
+
+/// What every e2e test prints when there is no kube-apiserver to run against.
+pub const SKIP_NO_APISERVER: &str = "skipped: no kube-apiserver (set KUBEBUILDER_ASSETS)";
+/// What every e2e test prints when there is no etcd.
+pub const SKIP_NO_ETCD: &str =
+    "skipped: no etcd (set KUBEBUILDER_ASSETS or TEST_ASSET_ETCD, or install Debian's etcd-server)";
+
+/// The control plane binaries.
+#[derive(Debug, Clone)]
+pub struct Assets {
+    /// kube-apiserver.
+    pub kube_apiserver: PathBuf,
+    /// etcd.
+    pub etcd: PathBuf,
+}
+
+/// Where a binary was looked for, in envtest's order.
+fn locate(override_var: &str, name: &str) -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(override_var).map(PathBuf::from) {
+        return is_executable(&path).then_some(path);
+    }
+    if let Some(dir) = std::env::var_os("KUBEBUILDER_ASSETS").map(PathBuf::from) {
+        let path = dir.join(name);
+        return is_executable(&path).then_some(path);
+    }
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).map(|d| d.join(name)).collect::<Vec<_>>())
+        .unwrap_or_default();
+    on_path
+        .into_iter()
+        .chain([Path::new("/usr/local/kubebuilder/bin").join(name)])
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Finds both binaries; `Err` is the line to print when skipping.
+pub fn find() -> Result<Assets, &'static str> {
+    let kube_apiserver = locate("TEST_ASSET_KUBE_APISERVER", "kube-apiserver").ok_or(SKIP_NO_APISERVER)?;
+    let etcd = locate("TEST_ASSET_ETCD", "etcd").ok_or(SKIP_NO_ETCD)?;
+    Ok(Assets { kube_apiserver, etcd })
+}
+
+/// The operator's own binaries, built by `cargo build --bins` next to the running executable.
+#[derive(Debug, Clone)]
+pub struct OperatorBins {
+    /// smolvm-webhook.
+    pub webhook: PathBuf,
+    /// smolvm-controller.
+    pub controller: PathBuf,
+    /// smolvm-runtime.
+    pub runtime: PathBuf,
+}
+
+/// Finds the operator binaries in the target directory of the running test or dev binary.
+pub fn operator_bins() -> anyhow::Result<OperatorBins> {
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/<test> or target/<profile>/<bin>
+    let mut dirs = Vec::new();
+    if let Some(parent) = exe.parent() {
+        dirs.push(parent.to_path_buf());
+        if let Some(grand) = parent.parent() {
+            dirs.push(grand.to_path_buf());
+        }
+    }
+    let find = |name: &str| -> anyhow::Result<PathBuf> {
+        dirs.iter()
+            .map(|d| d.join(name))
+            .find(|p| is_executable(p))
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{name} is not built next to {}; run `cargo build --bins` first (`make e2e` and `make dev` do)",
+                    exe.display()
+                )
+            })
+    };
+    Ok(OperatorBins {
+        webhook: find("smolvm-webhook")?,
+        controller: find("smolvm-controller")?,
+        runtime: find("smolvm-runtime")?,
+    })
+}

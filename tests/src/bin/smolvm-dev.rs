@@ -1,0 +1,78 @@
+//! `make dev`: the whole product on a local control plane (kube-apiserver + etcd, found as envtest
+//! finds them), with the example SmolVM applied. Prints the kubeconfig and how to use kubectl,
+//! then runs until Ctrl-C and stops everything cleanly.
+//!
+//! With KUBECONFIG set, `make dev` runs the operator against that cluster instead (see the
+//! Makefile); this binary is the no-cluster half.
+
+use std::{process::ExitCode, time::Duration};
+
+use smolvm_tests::{
+    assets,
+    env::{Env, Options, kubectl, repo_root},
+};
+
+fn main() -> ExitCode {
+    smolvm_tests::install_crypto_provider();
+    let assets = match assets::find() {
+        Ok(a) => a,
+        Err(reason) => {
+            eprintln!("smolvm-dev: {reason}");
+            eprintln!(
+                "  kube-apiserver and etcd are found through TEST_ASSET_KUBE_APISERVER / TEST_ASSET_ETCD,\n  \
+                 the directory KUBEBUILDER_ASSETS, or PATH. On a machine with internet access,\n  \
+                 `make envtest` fetches pinned, checksummed binaries; or set KUBECONFIG to use a cluster."
+            );
+            return ExitCode::from(2);
+        }
+    };
+    // Everything runs on this thread: the children die with it (PR_SET_PDEATHSIG).
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("smolvm-dev: cannot build the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(assets)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("smolvm-dev: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(assets: assets::Assets) -> anyhow::Result<()> {
+    let bins = assets::operator_bins()?;
+    let dir = tempfile::Builder::new().prefix("smolvm-dev-").tempdir()?;
+    eprintln!("smolvm-dev: starting etcd, kube-apiserver, the webhook, the controller and a runtime agent…");
+    let env = Env::start(&assets, bins, dir.path(), Options::default()).await?;
+    let example = repo_root().join("deploy/examples/alpine.yaml");
+    let out = kubectl(
+        &env.plane.admin_kubeconfig,
+        &["apply", "-f", &example.display().to_string()],
+        None,
+    )?;
+    let applied = String::from_utf8_lossy(if out.status.success() { &out.stdout } else { &out.stderr });
+    let kubeconfig = env.plane.admin_kubeconfig.display();
+    println!(
+        "\nsmolvm-operator is up on a local control plane ({}).\n\n\
+         \x20 export KUBECONFIG={kubeconfig}\n\
+         \x20 kubectl get smolvms,smolvmnodes        # short names: svm, svmn\n\
+         \x20 kubectl describe svm alpine             # conditions and events explain every step\n\
+         \x20 kubectl explain smolvm.spec\n\n\
+         example: {}\
+         logs:    {}/*.log\n\n\
+         Ctrl-C stops everything and removes {}.",
+        env.plane.url,
+        applied.trim_end().to_string() + "\n",
+        dir.path().display(),
+        dir.path().display(),
+    );
+    tokio::signal::ctrl_c().await?;
+    eprintln!("\nsmolvm-dev: stopping…");
+    drop(env);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    Ok(())
+}

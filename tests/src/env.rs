@@ -1,0 +1,734 @@
+//! The whole product on a real control plane: the deployment's own CRDs, namespace,
+//! ServiceAccounts, RBAC and policy (rendered from `deploy/default` by `kubectl kustomize`), the
+//! webhook registered by `clientConfig.url` with a caBundle (as envtest does), the controller,
+//! and a runtime agent over the real `smolvm serve`, each a separate process with its own
+//! ServiceAccount token. The runtime's token is bound to a Pod on a Node, so its node claim is
+//! genuine. With no kube-controller-manager, the harness creates the Node and that Pod itself.
+
+use std::{
+    future::Future,
+    net::{IpAddr, Ipv4Addr},
+    path::{Path, PathBuf},
+    process::Output,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, anyhow, bail};
+use k8s_openapi::{
+    ByteString,
+    api::{
+        admissionregistration::v1::{
+            MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+        },
+        authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
+        core::v1::{ConfigMap, Node, Pod, Secret, ServiceAccount},
+    },
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, PostParams},
+};
+use serde_json::{Value, json};
+use smolvm_api::{SmolVMNode, constants};
+use smolvm_certs::CertificateAuthority;
+
+use crate::{
+    assets::{Assets, OperatorBins},
+    controlplane::{ControlPlane, client_from, write_private},
+    process::{Proc, free_port},
+};
+
+/// The operator's namespace, as in the deployment.
+pub const NAMESPACE: &str = "smolvm-system";
+/// The simulated node the runtime agent claims.
+pub const NODE: &str = "e2e-node-1";
+/// The ServiceAccounts of the deployment.
+pub const SA_WEBHOOK: &str = "smolvm-webhook";
+/// The controller's ServiceAccount.
+pub const SA_CONTROLLER: &str = "smolvm-controller";
+/// The runtime's ServiceAccount.
+pub const SA_RUNTIME: &str = "smolvm-runtime";
+
+/// Knobs of a harness run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The runtime's heartbeat interval.
+    pub heartbeat: Duration,
+    /// The controller's heartbeat timeout (a node is unreachable after it).
+    pub heartbeat_timeout: Duration,
+    /// Start a runtime agent.
+    pub runtime: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            heartbeat: Duration::from_secs(2),
+            heartbeat_timeout: Duration::from_secs(12),
+            runtime: true,
+        }
+    }
+}
+
+/// The webhook's files-mode serving certificate and its CA.
+#[derive(Debug)]
+pub struct WebhookTls {
+    /// The CA that signed the serving certificate (the caBundle).
+    pub ca: CertificateAuthority,
+    /// The serving certificate file.
+    pub cert: PathBuf,
+    /// The serving key file.
+    pub key: PathBuf,
+}
+
+impl WebhookTls {
+    /// Issues a fresh serving certificate for 127.0.0.1 into the files (the webhook reloads them).
+    pub fn rotate(&self) -> anyhow::Result<()> {
+        let leaf = self.ca.issue_server(
+            &["localhost".to_string()],
+            &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
+            Duration::from_secs(24 * 3600),
+        )?;
+        // Key first, then the certificate: the reloader pairs them and rejects a mismatch, so a
+        // half-written pair is skipped, never served.
+        let tmp_key = self.key.with_extension("key.tmp");
+        let tmp_cert = self.cert.with_extension("crt.tmp");
+        write_private(&tmp_key, &leaf.key_pem)?;
+        write_private(&tmp_cert, &leaf.cert_pem)?;
+        std::fs::rename(&tmp_key, &self.key)?;
+        std::fs::rename(&tmp_cert, &self.cert)?;
+        Ok(())
+    }
+}
+
+/// The running product.
+#[derive(Debug)]
+pub struct Env {
+    /// The control plane.
+    pub plane: ControlPlane,
+    /// The operator binaries.
+    pub bins: OperatorBins,
+    /// Objects rendered from `deploy/default`.
+    pub rendered: Vec<Value>,
+    /// The webhook's TLS files.
+    pub webhook_tls: WebhookTls,
+    /// The webhook's HTTPS port.
+    pub webhook_port: u16,
+    /// The webhook process.
+    pub webhook: Option<Proc>,
+    /// The controller process.
+    pub controller: Option<Proc>,
+    /// The runtime process.
+    pub runtime: Option<Proc>,
+    /// The runtime's node API port.
+    pub runtime_port: u16,
+    /// The policy file the webhook and controller read.
+    pub policy_file: PathBuf,
+    options: Options,
+    smolvm_env: Vec<(String, String)>,
+    controller_starts: u32,
+    dir: PathBuf,
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// smolvm's environment, as `.ci/install-smolvm.sh` exports it (`make e2e` evaluates it).
+fn smolvm_env() -> anyhow::Result<Vec<(String, String)>> {
+    let bin = std::env::var("SMOLVM_BIN").map_err(|_| {
+        anyhow!(
+            "SMOLVM_BIN is not set: run through `make e2e`/`make dev`, or first `eval \"$(bash .ci/install-smolvm.sh)\"`"
+        )
+    })?;
+    if !Path::new(&bin).is_file() {
+        bail!("SMOLVM_BIN {bin} is not a file");
+    }
+    Ok(std::env::vars()
+        .filter(|(k, _)| k.starts_with("SMOLVM_") && !k.starts_with("SMOLVM_RUNTIME_"))
+        .chain([("SMOLVM_VM_UID_DROP".to_string(), "off".to_string())])
+        .collect())
+}
+
+/// Runs `kubectl` with a kubeconfig; returns its output whatever the exit status.
+pub fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> anyhow::Result<Output> {
+    use std::io::Write;
+    let mut cmd = std::process::Command::new("kubectl");
+    cmd.env("KUBECONFIG", kubeconfig)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .stdin(if stdin.is_some() {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        });
+    let mut child = cmd.spawn().context("running kubectl (is it installed?)")?;
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(text.as_bytes())?;
+    }
+    Ok(child.wait_with_output()?)
+}
+
+/// Renders a kustomize directory with `kubectl kustomize` into JSON objects.
+pub fn render(dir: &Path) -> anyhow::Result<Vec<Value>> {
+    let out = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .context("running kubectl kustomize (is kubectl installed?)")?;
+    if !out.status.success() {
+        bail!(
+            "kubectl kustomize {} failed: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text = String::from_utf8(out.stdout)?;
+    let mut objects = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value: Value = serde::Deserialize::deserialize(doc)?;
+        if !value.is_null() {
+            objects.push(value);
+        }
+    }
+    Ok(objects)
+}
+
+fn kind(v: &Value) -> &str {
+    v["kind"].as_str().unwrap_or_default()
+}
+
+/// Polls `check` until it yields a value, or fails naming `what` after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<Option<T>>>,
+{
+    let started = Instant::now();
+    let mut last_error = None;
+    loop {
+        match check().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_error = Some(e),
+        }
+        if started.elapsed() > timeout {
+            return Err(match last_error {
+                Some(e) => e.context(format!("timed out after {timeout:?} waiting for {what}")),
+                None => anyhow!("timed out after {timeout:?} waiting for {what}"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+impl Env {
+    /// Starts the control plane and the whole operator under `dir`.
+    pub async fn start(assets: &Assets, bins: OperatorBins, dir: &Path, options: Options) -> anyhow::Result<Self> {
+        let smolvm_env = if options.runtime { smolvm_env()? } else { Vec::new() };
+        let plane = ControlPlane::start(assets, dir).await?;
+        let admin = plane.admin().await?;
+        let rendered = render(&repo_root().join("deploy/default"))?;
+
+        // The deployment's CRDs, namespace, ServiceAccounts, RBAC and ConfigMaps, as rendered.
+        let install: Vec<Value> = rendered
+            .iter()
+            .filter(|o| {
+                matches!(
+                    kind(o),
+                    "CustomResourceDefinition"
+                        | "Namespace"
+                        | "ServiceAccount"
+                        | "Role"
+                        | "ClusterRole"
+                        | "RoleBinding"
+                        | "ClusterRoleBinding"
+                        | "ConfigMap"
+                )
+            })
+            .cloned()
+            .collect();
+        apply(&plane.admin_kubeconfig, &install)?;
+        let out = kubectl(
+            &plane.admin_kubeconfig,
+            &[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/smolvms.vm.smolvm.dev",
+                "crd/smolvmnodes.vm.smolvm.dev",
+            ],
+            None,
+        )?;
+        if !out.status.success() {
+            bail!("CRDs not established: {}", String::from_utf8_lossy(&out.stderr));
+        }
+
+        // The policy, from the deployment's ConfigMap, as the Pods would mount it.
+        let policy_text = rendered
+            .iter()
+            .filter(|o| kind(o) == "ConfigMap")
+            .find_map(|o| {
+                o["data"]
+                    .as_object()
+                    .and_then(|d| d.iter().find(|(k, _)| k.ends_with(".yaml") && k.contains("policy")))
+                    .and_then(|(_, v)| v.as_str().map(str::to_string))
+            })
+            .ok_or_else(|| anyhow!("deploy/default renders no ConfigMap with a policy*.yaml key"))?;
+        let policy_file = dir.join("policy.yaml");
+        write_private(&policy_file, &policy_text)?;
+
+        // The webhook's serving certificate (files mode), for 127.0.0.1.
+        let ca = CertificateAuthority::generate("smolvm-e2e-webhook-ca", Duration::from_secs(7 * 24 * 3600))?;
+        let webhook_tls = WebhookTls {
+            ca,
+            cert: dir.join("webhook-tls.crt"),
+            key: dir.join("webhook-tls.key"),
+        };
+        webhook_tls.rotate()?;
+
+        let mut env = Self {
+            plane,
+            bins,
+            rendered,
+            webhook_tls,
+            webhook_port: free_port()?,
+            webhook: None,
+            controller: None,
+            runtime: None,
+            runtime_port: free_port()?,
+            policy_file,
+            options,
+            smolvm_env,
+            controller_starts: 0,
+            dir: dir.to_path_buf(),
+        };
+        env.start_webhook().await?;
+        env.register_webhooks()?;
+        env.start_controller().await?;
+        if env.options.runtime {
+            env.create_node(&admin).await?;
+            env.start_runtime().await?;
+        }
+        Ok(env)
+    }
+
+    /// The admin client.
+    pub async fn admin(&self) -> anyhow::Result<Client> {
+        self.plane.admin().await
+    }
+
+    /// A client with a ServiceAccount's (unbound) token.
+    pub async fn service_account_client(&self, sa: &str) -> anyhow::Result<(Client, PathBuf)> {
+        let admin = self.admin().await?;
+        let token = token_for(&admin, sa, None).await?;
+        let path = self.plane.kubeconfig_for(sa, &token)?;
+        Ok((client_from(&path).await?, path))
+    }
+
+    /// `kubectl` as the cluster admin.
+    pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> anyhow::Result<Output> {
+        kubectl(&self.plane.admin_kubeconfig, args, stdin)
+    }
+
+    fn log(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.log"))
+    }
+
+    /// Starts the webhook (files mode) and waits for /readyz.
+    pub async fn start_webhook(&mut self) -> anyhow::Result<()> {
+        let token = token_for(&self.admin().await?, SA_WEBHOOK, None).await?;
+        let kubeconfig = self.plane.kubeconfig_for(SA_WEBHOOK, &token)?;
+        let ops = free_port()?;
+        let proc = Proc::spawn(
+            "smolvm-webhook",
+            &self.bins.webhook,
+            [
+                "--listen".to_string(),
+                format!("127.0.0.1:{}", self.webhook_port),
+                "--ops-listen".to_string(),
+                format!("127.0.0.1:{ops}"),
+                "--tls-mode=files".to_string(),
+                format!("--tls-cert={}", self.webhook_tls.cert.display()),
+                format!("--tls-key={}", self.webhook_tls.key.display()),
+                format!("--policy={}", self.policy_file.display()),
+                format!("--namespace={NAMESPACE}"),
+                "--reload-interval-seconds=1".to_string(),
+            ],
+            &[
+                ("KUBECONFIG".into(), kubeconfig.display().to_string()),
+                ("RUST_LOG".into(), "info".into()),
+            ],
+            &self.log("smolvm-webhook"),
+        )?;
+        self.webhook = Some(proc);
+        wait_http_ok(
+            &format!("127.0.0.1:{ops}"),
+            "/readyz",
+            self.webhook.as_mut(),
+            Duration::from_secs(60),
+        )
+        .await
+    }
+
+    /// Registers the deployment's webhook configurations, pointed at the local webhook by URL.
+    pub fn register_webhooks(&self) -> anyhow::Result<()> {
+        let bundle = ByteString(self.webhook_tls.ca.cert_pem().as_bytes().to_vec());
+        let point = |config: &WebhookClientConfig| -> anyhow::Result<WebhookClientConfig> {
+            let path = config
+                .service
+                .as_ref()
+                .and_then(|s| s.path.clone())
+                .ok_or_else(|| anyhow!("a rendered webhook has no service path"))?;
+            Ok(WebhookClientConfig {
+                url: Some(format!("https://127.0.0.1:{}{path}", self.webhook_port)),
+                ca_bundle: Some(bundle.clone()),
+                service: None,
+            })
+        };
+        let mut objects = Vec::new();
+        for o in &self.rendered {
+            match kind(o) {
+                "MutatingWebhookConfiguration" => {
+                    let mut m: MutatingWebhookConfiguration = serde_json::from_value(o.clone())?;
+                    m.metadata.annotations = None;
+                    for w in m.webhooks.iter_mut().flatten() {
+                        w.client_config = point(&w.client_config)?;
+                    }
+                    objects.push(serde_json::to_value(&m)?);
+                }
+                "ValidatingWebhookConfiguration" => {
+                    let mut v: ValidatingWebhookConfiguration = serde_json::from_value(o.clone())?;
+                    v.metadata.annotations = None;
+                    for w in v.webhooks.iter_mut().flatten() {
+                        w.client_config = point(&w.client_config)?;
+                    }
+                    objects.push(serde_json::to_value(&v)?);
+                }
+                _ => {}
+            }
+        }
+        if objects.len() != 2 {
+            bail!(
+                "deploy/default renders {} webhook configurations, expected 2",
+                objects.len()
+            );
+        }
+        apply(&self.plane.admin_kubeconfig, &objects)
+    }
+
+    /// Removes the webhook configurations (the API then relies on the CRDs' CEL rules alone).
+    pub fn unregister_webhooks(&self) -> anyhow::Result<()> {
+        for o in &self.rendered {
+            let k = kind(o);
+            if k.ends_with("WebhookConfiguration") {
+                let name = o["metadata"]["name"].as_str().unwrap_or_default();
+                let out = self.kubectl(&["delete", "--ignore-not-found", &k.to_lowercase(), name], None)?;
+                if !out.status.success() {
+                    bail!("deleting {k} {name}: {}", String::from_utf8_lossy(&out.stderr));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts a controller replica and waits until it leads (its /readyz turns 200).
+    pub async fn start_controller(&mut self) -> anyhow::Result<()> {
+        let token = token_for(&self.admin().await?, SA_CONTROLLER, None).await?;
+        let kubeconfig = self.plane.kubeconfig_for(SA_CONTROLLER, &token)?;
+        let ops = free_port()?;
+        self.controller_starts += 1;
+        let identity = format!("e2e-controller-{}", self.controller_starts);
+        let proc = Proc::spawn(
+            "smolvm-controller",
+            &self.bins.controller,
+            [
+                format!("--policy-file={}", self.policy_file.display()),
+                format!("--ops-addr=127.0.0.1:{ops}"),
+                format!("--namespace={NAMESPACE}"),
+                format!("--identity={identity}"),
+                format!("--heartbeat-timeout-secs={}", self.options.heartbeat_timeout.as_secs()),
+                "--resync-secs=30".to_string(),
+            ],
+            &[
+                ("KUBECONFIG".into(), kubeconfig.display().to_string()),
+                ("RUST_LOG".into(), "info,smolvm_controller=debug".into()),
+            ],
+            &self.log(&format!("smolvm-controller-{}", self.controller_starts)),
+        )?;
+        self.controller = Some(proc);
+        // A new replica waits out the previous holder's Lease (15 s) when that one was killed.
+        wait_http_ok(
+            &format!("127.0.0.1:{ops}"),
+            "/readyz",
+            self.controller.as_mut(),
+            Duration::from_secs(60),
+        )
+        .await
+    }
+
+    /// Kills the controller with SIGKILL (no graceful shutdown), as a crash would.
+    pub fn kill_controller(&mut self) {
+        if let Some(mut p) = self.controller.take() {
+            p.kill();
+        }
+    }
+
+    async fn create_node(&self, admin: &Client) -> anyhow::Result<()> {
+        let nodes: Api<Node> = Api::all(admin.clone());
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE, "topology.kubernetes.io/zone": "e2e-a"}},
+        }))?;
+        match nodes.create(&PostParams::default(), &node).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
+    }
+
+    /// Replaces the Node object with a new one of the same name (a new UID), as a reinstalled
+    /// machine would appear.
+    pub async fn replace_node(&self) -> anyhow::Result<String> {
+        let admin = self.admin().await?;
+        let nodes: Api<Node> = Api::all(admin.clone());
+        let old = nodes.get(NODE).await?.uid().unwrap_or_default();
+        nodes.delete(NODE, &DeleteParams::default()).await?;
+        eventually("the old Node to go", Duration::from_secs(30), || {
+            let nodes = nodes.clone();
+            async move { Ok(nodes.get_opt(NODE).await?.is_none().then_some(())) }
+        })
+        .await?;
+        self.create_node(&admin).await?;
+        let new = nodes.get(NODE).await?.uid().unwrap_or_default();
+        if new == old {
+            bail!("the re-created Node kept its UID {old}");
+        }
+        Ok(new)
+    }
+
+    /// Starts the runtime agent: a Pod on the Node for its bound token, the token and CA files
+    /// (as the kubelet would mount them), then the agent; waits until its SmolVMNode is Ready.
+    pub async fn start_runtime(&mut self) -> anyhow::Result<()> {
+        let admin = self.admin().await?;
+        let pod_name = format!("smolvm-runtime-{NODE}");
+        let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
+        let pod = match pods.get_opt(&pod_name).await? {
+            Some(p) => p,
+            None => {
+                let pod: Pod = serde_json::from_value(json!({
+                    "metadata": {"name": pod_name, "labels": {"app.kubernetes.io/name": "smolvm-runtime"}},
+                    "spec": {
+                        "nodeName": NODE,
+                        "serviceAccountName": SA_RUNTIME,
+                        "automountServiceAccountToken": false,
+                        "containers": [{"name": "runtime", "image": "smolvm-runtime"}],
+                    },
+                }))?;
+                pods.create(&PostParams::default(), &pod).await?
+            }
+        };
+        let token = token_for(&admin, SA_RUNTIME, Some(&pod)).await?;
+        let kubeconfig = self.plane.kubeconfig_for(SA_RUNTIME, &token)?;
+
+        // The kubelet's part: mount the token Secret (created by the controller) and the CA.
+        let secrets: Api<Secret> = Api::namespaced(admin.clone(), NAMESPACE);
+        let auth = eventually(
+            "the controller to create the token Secret",
+            Duration::from_secs(60),
+            || {
+                let secrets = secrets.clone();
+                async move { Ok(secrets.get_opt(constants::RUNTIME_AUTH_SECRET).await?) }
+            },
+        )
+        .await?;
+        let token_bytes = auth
+            .data
+            .as_ref()
+            .and_then(|d| d.get("token"))
+            .ok_or_else(|| anyhow!("the token Secret has no `token` key"))?;
+        let token_file = self.dir.join("runtime-auth-token");
+        write_private(&token_file, &String::from_utf8_lossy(&token_bytes.0))?;
+        let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), NAMESPACE);
+        let ca = eventually(
+            "the controller to publish the runtime CA",
+            Duration::from_secs(60),
+            || {
+                let configmaps = configmaps.clone();
+                async move {
+                    Ok(configmaps
+                        .get_opt(constants::RUNTIME_CA)
+                        .await?
+                        .and_then(|c| c.data.and_then(|d| d.get("ca.crt").cloned())))
+                }
+            },
+        )
+        .await?;
+        let ca_file = self.dir.join("runtime-client-ca.crt");
+        write_private(&ca_file, &ca)?;
+
+        let state = self.dir.join("rt-state");
+        let run = self.dir.join("rt-run");
+        let ops = free_port()?;
+        let mut env = self.smolvm_env.clone();
+        env.push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
+        env.push(("RUST_LOG".into(), "info".into()));
+        env.push(("POD_NAMESPACE".into(), NAMESPACE.into()));
+        let smolvm_bin = env
+            .iter()
+            .find(|(k, _)| k == "SMOLVM_BIN")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default();
+        let proc = Proc::spawn(
+            "smolvm-runtime",
+            &self.bins.runtime,
+            [
+                format!("--node-name={NODE}"),
+                format!("--state-dir={}", state.display()),
+                format!("--run-dir={}", run.display()),
+                format!("--smolvm-bin={smolvm_bin}"),
+                format!("--guest-rollout-port={}", free_port()?),
+                "--listen-address=127.0.0.1".to_string(),
+                format!("--port={}", self.runtime_port),
+                "--advertise-address=127.0.0.1".to_string(),
+                format!("--ops-address=127.0.0.1:{ops}"),
+                format!("--token-file={}", token_file.display()),
+                format!("--client-ca={}", ca_file.display()),
+                format!("--heartbeat-interval={}s", self.options.heartbeat.as_secs().max(1)),
+                "--log-format=text".to_string(),
+                // Eight vCPUs per host CPU: a 2-core machine then holds the scenarios' VMs.
+                "--cpu-allocation-ratio=8".to_string(),
+            ],
+            &env,
+            &self.log("smolvm-runtime"),
+        )?;
+        self.runtime = Some(proc);
+        wait_http_ok(
+            &format!("127.0.0.1:{ops}"),
+            "/readyz",
+            self.runtime.as_mut(),
+            Duration::from_secs(120),
+        )
+        .await?;
+        // Ready from a heartbeat of this agent, not a stale one from before it started.
+        let since = k8s_openapi::jiff::Timestamp::now();
+        let nodes: Api<SmolVMNode> = Api::all(admin.clone());
+        let runtime = &mut self.runtime;
+        eventually("the SmolVMNode to report Ready", Duration::from_secs(120), || {
+            let nodes = nodes.clone();
+            let exited = runtime.as_mut().and_then(|p| p.exited().map(|s| (s, p.log_tail(30))));
+            async move {
+                if let Some((status, log)) = exited {
+                    bail!("smolvm-runtime exited ({status}):\n{log}");
+                }
+                let Some(node) = nodes.get_opt(NODE).await? else {
+                    return Ok(None);
+                };
+                let status = node.status.as_ref();
+                let fresh = status
+                    .and_then(|s| s.heartbeat_time.as_ref())
+                    .is_some_and(|t| t.0 >= since);
+                let ready = status
+                    .and_then(|s| s.conditions.iter().find(|c| c.type_ == constants::condition::READY))
+                    .is_some_and(|c| c.status == "True");
+                Ok((fresh && ready).then_some(()))
+            }
+        })
+        .await
+    }
+
+    /// Stops the runtime agent (SIGTERM; `smolvm serve` stops with it).
+    pub fn stop_runtime(&mut self) {
+        if let Some(mut p) = self.runtime.take() {
+            p.terminate(Duration::from_secs(10));
+        }
+    }
+
+    /// The runtime's smolvm socket, for checking smolvm's own machine list.
+    pub fn smolvm_socket(&self) -> PathBuf {
+        self.dir.join("rt-run").join("smolvm.sock")
+    }
+
+    /// A log file of a component, for failure messages.
+    pub fn log_tail(&self, name: &str, lines: usize) -> String {
+        crate::process::tail(&self.log(name), lines)
+    }
+}
+
+/// A ServiceAccount token from the TokenRequest API; bound to `pod` when given, so the API
+/// server adds the node-name and node-uid extras of the Pod's Node.
+pub async fn token_for(admin: &Client, sa: &str, pod: Option<&Pod>) -> anyhow::Result<String> {
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), NAMESPACE);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: Vec::new(),
+            expiration_seconds: Some(24 * 3600),
+            bound_object_ref: pod.map(|p| BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(p.name_any()),
+                uid: p.uid(),
+            }),
+        },
+        ..Default::default()
+    };
+    let response = sas
+        .create_token_request(sa, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("TokenRequest for ServiceAccount {NAMESPACE}/{sa}"))?;
+    response
+        .status
+        .map(|s| s.token)
+        .ok_or_else(|| anyhow!("TokenRequest for {sa} returned no token"))
+}
+
+/// Server-side applies objects with kubectl as the given kubeconfig.
+pub fn apply(kubeconfig: &Path, objects: &[Value]) -> anyhow::Result<()> {
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
+    let out = kubectl(
+        kubeconfig,
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=smolvm-e2e",
+            "-f",
+            "-",
+        ],
+        Some(&serde_json::to_string(&list)?),
+    )?;
+    if !out.status.success() {
+        bail!("kubectl apply failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+/// Polls a plain-HTTP endpoint until it answers 200; fails early if `proc` exits.
+async fn wait_http_ok(addr: &str, path: &str, mut proc: Option<&mut Proc>, timeout: Duration) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let started = Instant::now();
+    loop {
+        if let Some(p) = proc.as_deref_mut()
+            && let Some(status) = p.exited()
+        {
+            bail!("{} exited ({status}):\n{}", p.name(), p.log_tail(40));
+        }
+        if let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await {
+            let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+            let mut buf = Vec::new();
+            if stream.write_all(req.as_bytes()).await.is_ok()
+                && stream.read_to_end(&mut buf).await.is_ok()
+                && buf.starts_with(b"HTTP/1.1 200")
+            {
+                return Ok(());
+            }
+        }
+        if started.elapsed() > timeout {
+            let log = proc.map(|p| p.log_tail(40)).unwrap_or_default();
+            bail!("http://{addr}{path} not 200 after {timeout:?}:\n{log}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
