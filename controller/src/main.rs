@@ -123,10 +123,13 @@ async fn main() -> anyhow::Result<()> {
     let issued = ca.issue_client(FIELD_MANAGER_CONTROLLER, signer::LEAF_LIFETIME)?;
     let client_cert = Arc::new(ReloadableResolver::from_pem(&issued.cert_pem, &issued.key_pem)?);
     tokio::spawn(rotate_client_cert(ca.clone(), client_cert.clone()));
-    let policy = match &flags.policy_file {
+    let policy = Arc::new(std::sync::RwLock::new(match &flags.policy_file {
         Some(path) => Policy::from_file(path)?,
         None => Policy::default(),
-    };
+    }));
+    if let Some(path) = flags.policy_file.clone() {
+        tokio::spawn(reload_policy(path, policy.clone()));
+    }
     tokio::spawn(run_signer(client.clone(), ca.clone(), policy));
     let token = Arc::new(std::sync::RwLock::new(node_api_token(&client, &flags).await?));
     if flags.token_file.is_none() {
@@ -288,13 +291,38 @@ async fn rotate_client_cert(ca: Arc<CertificateAuthority>, current: Arc<Reloadab
 }
 
 /// Approves and signs (or denies) the runtime agents' serving-certificate CSRs.
-async fn run_signer(client: Client, ca: Arc<CertificateAuthority>, policy: Policy) {
+/// Re-reads the policy file every 10 s and swaps in a changed, valid policy; a broken file keeps
+/// the previous policy and logs the error, which names the field.
+async fn reload_policy(path: PathBuf, slot: Arc<std::sync::RwLock<Policy>>) {
+    let mut last = std::fs::read(&path).ok();
+    let mut tick = tokio::time::interval(Duration::from_secs(10));
+    loop {
+        tick.tick().await;
+        let Ok(bytes) = std::fs::read(&path) else { continue };
+        if last.as_ref() == Some(&bytes) {
+            continue;
+        }
+        last = Some(bytes);
+        match Policy::from_file(&path) {
+            Ok(policy) => {
+                *slot.write().unwrap_or_else(|e| e.into_inner()) = policy;
+                tracing::info!(path = %path.display(), "policy reloaded");
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "policy file rejected; keeping the previous policy")
+            }
+        }
+    }
+}
+
+async fn run_signer(client: Client, ca: Arc<CertificateAuthority>, policy: Arc<std::sync::RwLock<Policy>>) {
     let api: Api<CertificateSigningRequest> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.signerName={RUNTIME_SIGNER}"));
     let mut stream = watcher(api.clone(), config).default_backoff().applied_objects().boxed();
     while let Some(event) = stream.next().await {
         match event {
             Ok(csr) => {
+                let policy = policy.read().unwrap_or_else(|e| e.into_inner()).clone();
                 if let Err(e) = signer::handle_csr(&api, &csr, &ca, &policy).await {
                     tracing::warn!(csr = %csr.name_any(), error = %e, reason = e.reason(), "CSR handling failed");
                 }

@@ -434,7 +434,8 @@ impl Env {
         Ok(())
     }
 
-    /// Starts a controller replica and waits until it leads (its /readyz turns 200).
+    /// Starts a controller replica and waits until it serves /readyz (a standby is ready too;
+    /// after a kill it leads once the previous holder's Lease expires).
     pub async fn start_controller(&mut self) -> anyhow::Result<()> {
         let token = token_for(&self.admin().await?, SA_CONTROLLER, None).await?;
         let kubeconfig = self.plane.kubeconfig_for(SA_CONTROLLER, &token)?;
@@ -459,7 +460,6 @@ impl Env {
             &self.log(&format!("smolvm-controller-{}", self.controller_starts)),
         )?;
         self.controller = Some(proc);
-        // A new replica waits out the previous holder's Lease (15 s) when that one was killed.
         wait_http_ok(
             &format!("127.0.0.1:{ops}"),
             "/readyz",
