@@ -203,6 +203,34 @@ fn expect_rejected(env: &Env, object: &Value, needles: &[&str]) -> anyhow::Resul
     }
 }
 
+/// `kubectl patch smolvm NAME --type=merge -p PATCH`.
+fn patch_vm(env: &Env, name: &str, patch: &str) -> anyhow::Result<std::process::Output> {
+    env.kubectl(&["patch", "smolvm", name, "-n", NS, "--type=merge", "-p", patch], None)
+}
+
+/// The same on the status subresource.
+fn patch_vm_status(env: &Env, name: &str, patch: &str) -> anyhow::Result<std::process::Output> {
+    env.kubectl(
+        &[
+            "patch",
+            "smolvm",
+            name,
+            "-n",
+            NS,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            patch,
+        ],
+        None,
+    )
+}
+
+/// `kubectl annotate smolvm NAME KEY=VALUE`.
+fn annotate_vm(env: &Env, name: &str, annotation: &str) -> anyhow::Result<std::process::Output> {
+    env.kubectl(&["annotate", "smolvm", name, "-n", NS, annotation], None)
+}
+
 async fn vms(env: &Env) -> anyhow::Result<Api<SmolVM>> {
     Ok(Api::namespaced(env.admin().await?, NS))
 }
@@ -537,20 +565,7 @@ async fn v6_image_change_of_a_bound_vm_is_rejected(env: &mut Env) -> anyhow::Res
 }
 
 async fn v9_status_node_name_change_is_rejected_even_for_a_cluster_admin(env: &mut Env) -> anyhow::Result<()> {
-    let out = env.kubectl(
-        &[
-            "patch",
-            "smolvm",
-            "web",
-            "-n",
-            NS,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            r#"{"status":{"nodeName":"elsewhere"}}"#,
-        ],
-        None,
-    )?;
+    let out = patch_vm_status(env, "web", r#"{"status":{"nodeName":"elsewhere"}}"#)?;
     ensure!(!out.status.success(), "an admin moved the binding");
     let stderr = String::from_utf8_lossy(&out.stderr);
     ensure!(stderr.contains("status.nodeName") && stderr.contains("V9"), "{stderr}");
@@ -561,17 +576,7 @@ async fn v7_force_delete_annotation_misuse_is_rejected(env: &mut Env) -> anyhow:
     let mut obj = vm("v7-bad", json!({"image": "alpine:3.20"}));
     obj["metadata"]["annotations"] = json!({(constants::FORCE_DELETE_ANNOTATION): "true"});
     expect_rejected(env, &obj, &[constants::FORCE_DELETE_ANNOTATION, "[V7]"])?;
-    let out = env.kubectl(
-        &[
-            "annotate",
-            "smolvm",
-            "web",
-            "-n",
-            NS,
-            &format!("{}=yes", constants::FORCE_DELETE_ANNOTATION),
-        ],
-        None,
-    )?;
+    let out = annotate_vm(env, "web", &format!("{}=yes", constants::FORCE_DELETE_ANNOTATION))?;
     ensure!(
         !out.status.success(),
         "a force-delete annotation on a live VM was admitted"
@@ -592,19 +597,7 @@ async fn v8_spec_change_of_a_vm_being_deleted_is_rejected(env: &mut Env) -> anyh
     kubectl_apply(env, &obj)?.map_err(|e| anyhow!(e))?;
     let api = vms(env).await?;
     api.delete(name, &DeleteParams::default()).await?;
-    let out = env.kubectl(
-        &[
-            "patch",
-            "smolvm",
-            name,
-            "-n",
-            NS,
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"running":true}}"#,
-        ],
-        None,
-    )?;
+    let out = patch_vm(env, name, r#"{"spec":{"running":true}}"#)?;
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     // Release the hold whatever happened (removing a finalizer is never blocked: V8).
     let current = api.get(name).await?;
@@ -643,19 +636,7 @@ async fn v10_runtime_writing_another_nodes_smolvmnode_is_rejected(env: &mut Env)
 }
 
 async fn running_false_stops_the_machine(env: &mut Env) -> anyhow::Result<()> {
-    let out = env.kubectl(
-        &[
-            "patch",
-            "smolvm",
-            "web",
-            "-n",
-            NS,
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"running":false}}"#,
-        ],
-        None,
-    )?;
+    let out = patch_vm(env, "web", r#"{"spec":{"running":false}}"#)?;
     ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stopped = wait_vm(env, "web", "phase Stopped", Duration::from_secs(90), |v| {
         v.status
@@ -674,18 +655,10 @@ async fn running_false_stops_the_machine(env: &mut Env) -> anyhow::Result<()> {
 }
 
 async fn resize_reaches_smolvm(env: &mut Env) -> anyhow::Result<()> {
-    let out = env.kubectl(
-        &[
-            "patch",
-            "smolvm",
-            "web",
-            "-n",
-            NS,
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"resources":{"cpus":2,"memoryMiB":1024},"storage":{"storageGiB":24}}}"#,
-        ],
-        None,
+    let out = patch_vm(
+        env,
+        "web",
+        r#"{"spec":{"resources":{"cpus":2,"memoryMiB":1024},"storage":{"storageGiB":24}}}"#,
     )?;
     ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let api = vms(env).await?;
@@ -871,17 +844,7 @@ async fn runtime_stopped_blocks_delete_until_the_force_annotation(env: &mut Env)
         message.contains(NODE) && message.contains(constants::FORCE_DELETE_ANNOTATION),
         "DeletionBlocked names neither the node nor the annotation: {message}"
     );
-    let out = env.kubectl(
-        &[
-            "annotate",
-            "smolvm",
-            name,
-            "-n",
-            NS,
-            &format!("{}=true", constants::FORCE_DELETE_ANNOTATION),
-        ],
-        None,
-    )?;
+    let out = annotate_vm(env, name, &format!("{}=true", constants::FORCE_DELETE_ANNOTATION))?;
     ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     ensure!(
         String::from_utf8_lossy(&out.stderr).contains(NODE),
@@ -945,17 +908,7 @@ async fn node_replaced_is_reported_and_the_binding_kept(env: &mut Env) -> anyhow
     // Cleanup: the replaced node's machine cannot be trusted; force the delete.
     let api = vms(env).await?;
     api.delete(name, &DeleteParams::default()).await?;
-    let _ = env.kubectl(
-        &[
-            "annotate",
-            "smolvm",
-            name,
-            "-n",
-            NS,
-            &format!("{}=true", constants::FORCE_DELETE_ANNOTATION),
-        ],
-        None,
-    )?;
+    let _ = annotate_vm(env, name, &format!("{}=true", constants::FORCE_DELETE_ANNOTATION))?;
     wait_gone(env, name, Duration::from_secs(90)).await
 }
 
