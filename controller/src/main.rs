@@ -131,7 +131,7 @@ async fn main() -> anyhow::Result<()> {
         tokio::spawn(reload_policy(path, policy.clone()));
     }
     tokio::spawn(run_signer(client.clone(), ca.clone(), policy));
-    let token = Arc::new(std::sync::RwLock::new(node_api_token(&client, &flags).await?));
+    let token = nodeclient::BearerToken::new(node_api_token(&client, &flags).await?);
     if flags.token_file.is_none() {
         let secrets: Api<Secret> = Api::namespaced(client.clone(), &flags.namespace);
         tokio::spawn(runtime_auth::refresh(

@@ -199,13 +199,59 @@ impl tower::Service<Uri> for NodeConnector {
     }
 }
 
+/// How long a replaced bearer token is still offered to runtimes that have not yet seen the new
+/// one (the kubelet refreshes a mounted Secret within about a minute).
+pub const PREVIOUS_TOKEN_GRACE: Duration = Duration::from_secs(600);
+
+/// The node API bearer token, and the one it replaced while runtimes may still expect that one.
+#[derive(Debug)]
+pub struct BearerToken {
+    inner: RwLock<(String, Option<(String, std::time::Instant)>)>,
+}
+
+impl BearerToken {
+    /// A token with no predecessor.
+    pub fn new(token: impl Into<String>) -> Arc<Self> {
+        Arc::new(Self {
+            inner: RwLock::new((token.into(), None)),
+        })
+    }
+
+    /// The token to send.
+    pub fn current(&self) -> String {
+        self.inner.read().unwrap_or_else(|e| e.into_inner()).0.clone()
+    }
+
+    /// Replaces the token; the old one stays acceptable to retry with for
+    /// [`PREVIOUS_TOKEN_GRACE`]. Returns whether it changed.
+    pub fn replace(&self, token: String) -> bool {
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        if inner.0 == token {
+            return false;
+        }
+        let old = std::mem::replace(&mut inner.0, token);
+        inner.1 = Some((old, std::time::Instant::now() + PREVIOUS_TOKEN_GRACE));
+        true
+    }
+
+    /// The replaced token, while its grace lasts.
+    pub fn previous(&self) -> Option<String> {
+        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        inner
+            .1
+            .as_ref()
+            .filter(|(_, until)| std::time::Instant::now() < *until)
+            .map(|(t, _)| t.clone())
+    }
+}
+
 /// Settings of a [`NodeClient`].
 #[derive(Clone)]
 pub struct ClientSettings {
     /// rustls config trusting only the runtime CA, with the controller's client certificate.
     pub tls: Arc<ClientConfig>,
     /// Bearer token of the `smolvm-runtime-auth` Secret.
-    pub token: Arc<RwLock<String>>,
+    pub token: Arc<BearerToken>,
     /// Timeout of connect and handshake.
     pub connect_timeout: Duration,
     /// Timeout of quick calls (get, health, delete, stop, resize, create).
@@ -340,19 +386,31 @@ impl NodeClient {
             Some(b) => Bytes::from(serde_json::to_vec(b).map_err(|e| protocol(e.to_string()))?),
             None => Bytes::new(),
         };
-        let token = self.settings.token.read().unwrap_or_else(|e| e.into_inner()).clone();
-        let request = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
-            .header(hyper::header::CONTENT_TYPE, "application/json")
-            .header(hyper::header::ACCEPT, "application/json")
-            .body(Full::new(bytes))
-            .map_err(|e| protocol(e.to_string()))?;
-        let response = tokio::time::timeout(timeout, self.client.request(request))
-            .await
-            .map_err(|_| unreachable(format!("no answer within {timeout:?}")))?
-            .map_err(|e| unreachable(error_chain(&e)))?;
+        let send = |token: String| {
+            let request = Request::builder()
+                .method(method.clone())
+                .uri(uri.clone())
+                .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
+                .header(hyper::header::CONTENT_TYPE, "application/json")
+                .header(hyper::header::ACCEPT, "application/json")
+                .body(Full::new(bytes.clone()))
+                .map_err(|e| protocol(e.to_string()));
+            async move {
+                let request = request?;
+                tokio::time::timeout(timeout, self.client.request(request))
+                    .await
+                    .map_err(|_| unreachable(format!("no answer within {timeout:?}")))?
+                    .map_err(|e| unreachable(error_chain(&e)))
+            }
+        };
+        let mut response = send(self.settings.token.current()).await?;
+        // During a token replacement a runtime may still hold the old one for a minute: retry
+        // once with the token it replaced.
+        if response.status() == StatusCode::UNAUTHORIZED
+            && let Some(previous) = self.settings.token.previous()
+        {
+            response = send(previous).await?;
+        }
         let status = response.status();
         let collected = tokio::time::timeout(timeout, Limited::new(response.into_body(), MAX_BODY).collect())
             .await

@@ -4,16 +4,12 @@
 //! The runtimes mount the same Secret as a file and re-read it on change; the controller reads it
 //! through the API, so it needs no volume and sees a replacement within [`REFRESH`].
 
-use std::{
-    collections::BTreeMap,
-    sync::{Arc, RwLock},
-    time::Duration,
-};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use k8s_openapi::{ByteString, api::core::v1::Secret};
 use kube::api::{Api, ObjectMeta, PostParams};
 
-use crate::signer::SignerError;
+use crate::{nodeclient::BearerToken, signer::SignerError};
 
 /// The key of the token in the Secret.
 pub const TOKEN_KEY: &str = "token";
@@ -79,9 +75,10 @@ pub async fn ensure_token(secrets: &Api<Secret>, name: &str) -> Result<String, S
     }
 }
 
-/// Re-reads the Secret every [`REFRESH`] and swaps a replaced token into `slot`. A missing or
-/// broken Secret keeps the previous token and logs why.
-pub async fn refresh(secrets: Api<Secret>, name: String, slot: Arc<RwLock<String>>) {
+/// Re-reads the Secret every [`REFRESH`] and swaps a replaced token into `slot` (which keeps the
+/// old one for runtimes that have not yet seen the new). A missing or broken Secret keeps the
+/// current token and logs why.
+pub async fn refresh(secrets: Api<Secret>, name: String, slot: Arc<BearerToken>) {
     let mut tick = tokio::time::interval(REFRESH);
     tick.tick().await;
     loop {
@@ -93,10 +90,8 @@ pub async fn refresh(secrets: Api<Secret>, name: String, slot: Arc<RwLock<String
         };
         match fresh {
             Ok(token) => {
-                let mut current = slot.write().unwrap_or_else(|e| e.into_inner());
-                if *current != token {
-                    *current = token;
-                    tracing::info!(secret = %name, "node API token replaced");
+                if slot.replace(token) {
+                    tracing::info!(secret = %name, "node API token replaced; the old one is retried for 10 minutes");
                 }
             }
             Err(e) => tracing::warn!(secret = %name, error = %e, "keeping the previous node API token"),

@@ -16,7 +16,7 @@ fn client(pki: &Pki, token: &str, endpoints: Endpoints) -> NodeClient {
     NodeClient::new(
         ClientSettings {
             tls: Arc::new(client_tls(pki.ca.cert_pem(), cert).unwrap()),
-            token: Arc::new(std::sync::RwLock::new(token.to_string())),
+            token: smolvm_controller::nodeclient::BearerToken::new(token.to_string()),
             connect_timeout: Duration::from_secs(5),
             call_timeout: Duration::from_secs(60),
             start_timeout: Duration::from_secs(180),
@@ -139,6 +139,37 @@ async fn node_client_drives_the_real_runtime_over_mtls() {
     match wrong.health(NODE).await {
         Err(CallError::Api { status: 401, code, .. }) => assert_eq!(code, error_code::UNAUTHENTICATED),
         other => panic!("expected 401, got {other:?}"),
+    }
+    // A token replaced in the Secret before this runtime saw it: the client retries with the
+    // token it replaced, so nothing fails during the swap; a token the runtime never had still
+    // fails once the old one is gone from the client too.
+    let settings_token = smolvm_controller::nodeclient::BearerToken::new(TOKEN.to_string());
+    let swapping = NodeClient::new(
+        ClientSettings {
+            tls: Arc::new(
+                client_tls(
+                    pki.ca.cert_pem(),
+                    Arc::new(ReloadableResolver::from_pem(&pki.client_cert, &pki.client_key).unwrap()),
+                )
+                .unwrap(),
+            ),
+            token: settings_token.clone(),
+            connect_timeout: Duration::from_secs(5),
+            call_timeout: Duration::from_secs(60),
+            start_timeout: Duration::from_secs(180),
+        },
+        endpoints.clone(),
+    );
+    assert!(settings_token.replace("the-new-token".into()));
+    assert_eq!(settings_token.previous().as_deref(), Some(TOKEN));
+    swapping
+        .health(NODE)
+        .await
+        .expect("the previous token is retried during the swap");
+    assert!(settings_token.replace("a-third-token".into()));
+    match swapping.health(NODE).await {
+        Err(CallError::Api { status: 401, .. }) => {}
+        other => panic!("neither current nor previous token is the runtime's: expected 401, got {other:?}"),
     }
     // The client verifies that the certificate names the node it meant to reach: the same
     // endpoint reached as another node is refused at the handshake.

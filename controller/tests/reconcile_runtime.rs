@@ -25,7 +25,7 @@ fn node_client(pki: &Pki, agent: &TestAgent) -> NodeClient {
     NodeClient::new(
         ClientSettings {
             tls: Arc::new(client_tls(pki.ca.cert_pem(), cert).unwrap()),
-            token: Arc::new(std::sync::RwLock::new(TOKEN.to_string())),
+            token: smolvm_controller::nodeclient::BearerToken::new(TOKEN.to_string()),
             connect_timeout: std::time::Duration::from_secs(5),
             call_timeout: std::time::Duration::from_secs(60),
             start_timeout: std::time::Duration::from_secs(180),

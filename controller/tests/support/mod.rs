@@ -130,7 +130,7 @@ pub fn unreachable_nodes() -> NodeClient {
     NodeClient::new(
         ClientSettings {
             tls: Arc::new(tls),
-            token: Arc::new(std::sync::RwLock::new("t".into())),
+            token: smolvm_controller::nodeclient::BearerToken::new("t"),
             connect_timeout: Duration::from_millis(500),
             call_timeout: Duration::from_secs(2),
             start_timeout: Duration::from_secs(2),
