@@ -391,86 +391,126 @@ async fn converge(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, node: &str, mac
         }
     };
     let running = vm.spec.running();
-    let action = plan::machine_action(&desired, running, observed.as_ref());
-    let result = match &action {
-        MachineAction::Create(spec) => timed(
-            ctx,
-            "CreateMachine",
-            ctx.node_client.create_machine(node, machine, spec),
-        )
-        .await
-        .map(Some),
-        MachineAction::EnsureRunning => timed(
-            ctx,
-            "EnsureMachineRunning",
-            ctx.node_client.ensure_running(node, machine),
-        )
-        .await
-        .map(Some),
-        MachineAction::Stop => timed(ctx, "StopMachine", ctx.node_client.stop_machine(node, machine))
-            .await
-            .map(Some),
-        MachineAction::Resize(spec) => timed(
-            ctx,
-            "ResizeMachine",
-            ctx.node_client.resize_machine(node, machine, spec),
-        )
-        .await
-        .map(Some),
-        MachineAction::ResizePending(_) | MachineAction::None => Ok(observed.clone()),
-    };
-    let machine_now = match result {
-        Ok(m) => m,
-        Err(e) if e.code() == Some(error_code::RESIZE_REQUIRES_RUNNING) => {
-            plan::set_condition(
-                &mut status.conditions,
-                condition::RESIZE_PENDING,
-                "True",
-                reason::RESIZE_NOT_APPLIED,
-                e.message(),
-                generation,
-                now,
-            );
-            observed
+    // Drive the machine through as many steps as it needs in this pass (create, then start; or
+    // resize, then start), so a new VM costs one status write rather than one per step.
+    let mut machine_now = observed;
+    let mut done: Vec<MachineAction> = Vec::new();
+    let mut settled = false;
+    for _ in 0..MAX_STEPS_PER_PASS {
+        let action = plan::machine_action(&desired, running, machine_now.as_ref());
+        let result = match &action {
+            MachineAction::Create(spec) => {
+                timed(
+                    ctx,
+                    "CreateMachine",
+                    ctx.node_client.create_machine(node, machine, spec),
+                )
+                .await
+            }
+            MachineAction::EnsureRunning => {
+                timed(
+                    ctx,
+                    "EnsureMachineRunning",
+                    ctx.node_client.ensure_running(node, machine),
+                )
+                .await
+            }
+            MachineAction::Stop => timed(ctx, "StopMachine", ctx.node_client.stop_machine(node, machine)).await,
+            MachineAction::Resize(spec) => {
+                timed(
+                    ctx,
+                    "ResizeMachine",
+                    ctx.node_client.resize_machine(node, machine, spec),
+                )
+                .await
+            }
+            MachineAction::ResizePending(message) => {
+                plan::set_condition(
+                    &mut status.conditions,
+                    condition::RESIZE_PENDING,
+                    "True",
+                    reason::RESIZE_NOT_APPLIED,
+                    message,
+                    generation,
+                    now,
+                );
+                settled = true;
+                break;
+            }
+            MachineAction::None => {
+                plan::clear_condition(&mut status.conditions, condition::RESIZE_PENDING);
+                settled = true;
+                break;
+            }
+        };
+        match result {
+            Ok(m) => {
+                machine_now = Some(m);
+                done.push(action);
+            }
+            Err(e) if e.code() == Some(error_code::RESIZE_REQUIRES_RUNNING) => {
+                plan::set_condition(
+                    &mut status.conditions,
+                    condition::RESIZE_PENDING,
+                    "True",
+                    reason::RESIZE_NOT_APPLIED,
+                    e.message(),
+                    generation,
+                    now,
+                );
+                settled = true;
+                break;
+            }
+            Err(e) => {
+                publish_steps(ctx, vm, node, machine, &done).await;
+                return report_call_error(api, vm, ctx, status, node, e).await;
+            }
         }
-        Err(e) => return report_call_error(api, vm, ctx, status, node, e).await,
-    };
-    let event = match &action {
-        MachineAction::Create(_) => Some(("Created", "Create", format!("created machine {machine} on node {node}"))),
-        MachineAction::EnsureRunning => Some(("Started", "Start", format!("machine {machine} runs on node {node}"))),
-        MachineAction::Stop => Some(("Stopped", "Stop", format!("stopped machine {machine} on node {node}"))),
-        MachineAction::Resize(spec) => Some((
-            "Resized",
-            "Resize",
-            format!("resized machine {machine} on node {node} to {}", describe(spec)),
-        )),
-        MachineAction::ResizePending(message) => {
-            plan::set_condition(
-                &mut status.conditions,
-                condition::RESIZE_PENDING,
-                "True",
-                reason::RESIZE_NOT_APPLIED,
-                message,
-                generation,
-                now,
-            );
-            None
-        }
-        MachineAction::None => {
-            plan::clear_condition(&mut status.conditions, condition::RESIZE_PENDING);
-            None
-        }
-    };
-    if let Some((why, verb, note)) = event {
-        publish(ctx, vm, EventType::Normal, why, verb, note).await;
     }
+    publish_steps(ctx, vm, node, machine, &done).await;
     apply_machine(&mut status, machine_now.as_ref(), running, generation, now);
     plan::clear_condition(&mut status.conditions, condition::DELETION_BLOCKED);
     write_status(api, vm, &status).await?;
-    Ok(match action {
-        MachineAction::None | MachineAction::ResizePending(_) => Action::requeue(ctx.timing.resync),
-        _ => Action::requeue(Duration::from_millis(100)),
+    Ok(if settled {
+        Action::requeue(ctx.timing.resync)
+    } else {
+        Action::requeue(Duration::from_millis(100))
     })
+}
+
+/// Machine steps one converge pass may take (create, start, and one spare).
+const MAX_STEPS_PER_PASS: usize = 3;
+
+/// One Normal event per transition a pass made; a create immediately followed by a start is one
+/// transition, "Started", that says both.
+async fn publish_steps(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, done: &[MachineAction]) {
+    let mut i = 0;
+    while i < done.len() {
+        let (why, verb, note) = match (&done[i], done.get(i + 1)) {
+            (MachineAction::Create(_), Some(MachineAction::EnsureRunning)) => {
+                i += 1;
+                (
+                    "Started",
+                    "Start",
+                    format!("created and started machine {machine} on node {node}"),
+                )
+            }
+            (MachineAction::Create(_), _) => ("Created", "Create", format!("created machine {machine} on node {node}")),
+            (MachineAction::EnsureRunning, _) => ("Started", "Start", format!("machine {machine} runs on node {node}")),
+            (MachineAction::Stop, _) => ("Stopped", "Stop", format!("stopped machine {machine} on node {node}")),
+            (MachineAction::Resize(spec), _) => (
+                "Resized",
+                "Resize",
+                format!("resized machine {machine} on node {node} to {}", describe(spec)),
+            ),
+            (MachineAction::ResizePending(_) | MachineAction::None, _) => {
+                i += 1;
+                continue;
+            }
+        };
+        publish(ctx, vm, EventType::Normal, why, verb, note).await;
+        i += 1;
+    }
 }
 
 /// A resize in words: `4 CPUs, 30 GiB storage`.

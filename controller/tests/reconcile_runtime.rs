@@ -67,15 +67,16 @@ async fn create_run_stop_resize_against_the_real_runtime() {
     let uid = "3c2b1a09-8f7e-4d6c-9b5a-4f3e2d1c0b9a";
     let machine = format!("svm-{uid}");
 
-    // create: the machine does not exist; the controller creates it and reports Creating.
+    // create: the machine does not exist; the controller creates it and, as it should not run,
+    // reports it Stopped in the same pass: one event, one status write.
     run_case_with(
-        bound_vm(uid, true, 2),
+        bound_vm(uid, false, 2),
         nodes(),
         Some(node_client(&pki, &agent)),
         vec![
             expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Created")),
             expect(Method::PATCH, VM_STATUS_PATH, |body| {
-                assert_eq!(body["status"]["phase"], "Creating");
+                assert_eq!(body["status"]["phase"], "Stopped");
                 assert_eq!(body["status"]["effective"]["storageGiB"], 2);
             }),
         ],

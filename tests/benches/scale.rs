@@ -183,7 +183,12 @@ async fn writes(admin: &Client) -> anyhow::Result<HashMap<String, f64>> {
             "" => label("resource"),
             sub => format!("{}/{sub}", label("resource")),
         };
-        *by_resource.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+        let value = value.parse::<f64>().unwrap_or(0.0);
+        *by_resource.entry(key.clone()).or_insert(0.0) += value;
+        // The same by verb and code, for the breakdown (409s are retried binds).
+        *by_resource
+            .entry(format!("{key} {} {}", label("verb"), label("code")))
+            .or_insert(0.0) += value;
     }
     Ok(by_resource)
 }
@@ -394,6 +399,15 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
             status_writes / new as f64,
             events / new as f64
         );
+        let mut breakdown: Vec<String> = after
+            .keys()
+            .filter(|k| k.starts_with("smolvms") && k.contains(' '))
+            .map(|k| (k, delta(k)))
+            .filter(|(_, d)| *d > 0.0)
+            .map(|(k, d)| format!("{k}: {d:.0}"))
+            .collect();
+        breakdown.sort();
+        println!("scale:   by verb and code: {}", breakdown.join(", "));
         let _ = peak;
         println!("scale:   controller at {created} VMs: {}", peak_rss_mib(controller_pid));
     }
