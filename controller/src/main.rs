@@ -195,8 +195,16 @@ async fn main() -> anyhow::Result<()> {
         placement: placement::Config::default(),
         metrics: metrics.clone(),
     });
-    let controller = Controller::new(vms, watcher::Config::default());
-    let vm_store = controller.store();
+    // The SmolVM cache drops managedFields as objects arrive: the controller never reads them,
+    // and as JSON trees they were most of each cached object's memory. (A status update built
+    // from a cached object then carries no managedFields, which leaves the server's untouched.)
+    let (vm_store, vm_writer) = reflector::store::<SmolVM>();
+    let vm_events = watcher(vms, watcher::Config::default())
+        .default_backoff()
+        .modify(|vm| vm.metadata.managed_fields = None)
+        .reflect(vm_writer)
+        .touched_objects();
+    let controller = Controller::for_stream(vm_events, vm_store.clone());
     *vm_store_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(vm_store.clone());
     let mut lost = leader_rx.clone();
     let mut stop = shutdown_rx.clone();

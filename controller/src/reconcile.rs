@@ -245,6 +245,12 @@ async fn delete(
 }
 
 async fn place(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, uid: &str) -> Result<Action, Error> {
+    // This VM was bound a moment ago and the cache has not caught up: binding again would only
+    // meet a 409 (and drop the reservation the real binding holds). The watch brings the bound
+    // object soon; look again then.
+    if ctx.ledger.node_of(uid).is_some() {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let nodes = ctx.nodes.state();
     let request = Request::of(vm);
     let now = Timestamp::now();
@@ -310,7 +316,8 @@ async fn place(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, uid: &str) -> Resu
                 format!("bound to node {node_name}"),
             )
             .await;
-            Ok(Action::requeue(Duration::from_millis(100)))
+            // Our own write comes back through the watch and triggers the next step.
+            Ok(Action::await_change())
         }
         Err(kube::Error::Api(s)) if s.code == 409 => {
             // Someone else changed the object first: forget the reservation and look again.

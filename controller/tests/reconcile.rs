@@ -53,6 +53,32 @@ async fn bind_writes_the_binding_once_with_a_precondition() {
 }
 
 #[tokio::test]
+async fn a_stale_cache_right_after_a_bind_does_not_bind_again() {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = context(
+        Client::new(service, "default"),
+        vec![ready_node("node-a", "uid-a", 5)],
+        None,
+    );
+    let object = vm(with_finalizer(fixtures::alpine()));
+    let calls = vec![
+        expect(Method::PUT, VM_STATUS_PATH, |_| {}),
+        expect(Method::POST, EVENTS_PATH, |_| {}),
+    ];
+    let server = tokio::spawn(serve(handle, calls, serde_json::to_value(&object).unwrap(), VM_PATH));
+    let first = smolvm_controller::reconcile::reconcile(std::sync::Arc::new(object.clone()), ctx.clone()).await;
+    assert_eq!(first.unwrap(), kube::runtime::controller::Action::await_change());
+    // The cache still shows the unbound object: no second bind (it would meet a 409 and drop the
+    // reservation the real binding holds), just a look again shortly.
+    let again = smolvm_controller::reconcile::reconcile(std::sync::Arc::new(object), ctx).await;
+    assert_eq!(
+        again.unwrap(),
+        kube::runtime::controller::Action::requeue(Duration::from_secs(1))
+    );
+    assert_eq!(server.await.unwrap(), 2, "exactly one bind and its event");
+}
+
+#[tokio::test]
 async fn unplaceable_vm_stays_pending_with_the_reason() {
     run_case(
         vm(with_finalizer(fixtures::alpine())),
