@@ -5,6 +5,7 @@
 //! - [`plan`]: what to do next for a SmolVM, as pure functions of what was observed.
 //! - [`nodeclient`]: the mTLS client of the runtime agents' node API.
 
+pub mod events;
 pub mod lease;
 pub mod metrics;
 pub mod nodeclient;

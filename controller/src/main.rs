@@ -11,7 +11,7 @@ use kube::{
     Api, Client, ResourceExt,
     runtime::{
         Controller, WatchStreamExt,
-        events::{Recorder, Reporter},
+        events::Reporter,
         reflector::{self, ObjectRef},
         watcher,
     },
@@ -178,7 +178,7 @@ async fn main() -> anyhow::Result<()> {
         nodes: node_store.clone(),
         ledger,
         node_client,
-        recorder: Recorder::new(
+        recorder: smolvm_controller::events::EventSink::new(
             client.clone(),
             Reporter {
                 controller: FIELD_MANAGER_CONTROLLER.into(),

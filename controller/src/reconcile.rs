@@ -10,7 +10,7 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
     runtime::{
         controller::Action,
-        events::{Event, EventType, Recorder},
+        events::{Event, EventType},
         reflector::{ObjectRef, Store},
     },
 };
@@ -84,8 +84,8 @@ pub struct Context {
     pub ledger: Ledger,
     /// Client of the node API.
     pub node_client: NodeClient,
-    /// Event recorder.
-    pub recorder: Recorder,
+    /// Event sink.
+    pub recorder: crate::events::EventSink,
     /// Timings.
     pub timing: Timing,
     /// Placement tunables.

@@ -13,7 +13,7 @@ use kube::{
     Client,
     client::Body,
     runtime::{
-        events::{Recorder, Reporter},
+        events::Reporter,
         reflector::{self, store::Writer},
         watcher,
     },
@@ -109,7 +109,7 @@ pub fn context(client: Client, nodes: Vec<SmolVMNode>, node_client: Option<NodeC
         nodes: store,
         ledger: Ledger::new(),
         node_client,
-        recorder: Recorder::new(
+        recorder: smolvm_controller::events::EventSink::new(
             client,
             Reporter {
                 controller: "smolvm-controller".into(),
