@@ -37,10 +37,12 @@ impl EventSink {
     pub async fn publish(&self, event: &Event, regarding: &ObjectReference) -> Result<(), kube::Error> {
         let namespace = regarding.namespace.clone().unwrap_or_else(|| "default".to_string());
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
-        let name = regarding.name.clone().unwrap_or_default();
         let record = K8sEvent {
             metadata: ObjectMeta {
-                generate_name: Some(format!("{name}.")),
+                name: Some(event_name(
+                    regarding.name.as_deref().unwrap_or("object"),
+                    Timestamp::now(),
+                )),
                 namespace: Some(namespace),
                 ..Default::default()
             },
@@ -70,6 +72,25 @@ impl EventSink {
     }
 }
 
+/// A unique event name, `<object>.<hex nanoseconds><hex sequence>`, as kubectl shows them. The API
+/// server rejects a `generateName` ending in a dot, so the name is made here; the object part is
+/// cut so the whole stays within the 253 characters of a DNS subdomain.
+fn event_name(object: &str, now: Timestamp) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static SEQUENCE: AtomicU32 = AtomicU32::new(0);
+    let suffix = format!(
+        "{:x}{:04x}",
+        now.as_nanosecond(),
+        SEQUENCE.fetch_add(1, Ordering::Relaxed) & 0xffff
+    );
+    let room = 253 - 1 - suffix.len();
+    let object = object
+        .get(..room.min(object.len()))
+        .unwrap_or(object)
+        .trim_end_matches(['.', '-']);
+    format!("{object}.{suffix}")
+}
+
 /// A note cut to [`MAX_NOTE`] bytes on a character boundary.
 fn truncate(note: &str) -> String {
     if note.len() <= MAX_NOTE {
@@ -85,6 +106,25 @@ fn truncate(note: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_names_are_unique_valid_subdomains() {
+        let now = Timestamp::now();
+        let a = event_name("web", now);
+        let b = event_name("web", now);
+        assert_ne!(a, b, "same object, same instant");
+        assert!(a.starts_with("web."), "{a}");
+        let long = event_name(&"x".repeat(253), now);
+        assert!(long.len() <= 253, "{}", long.len());
+        for name in [a, b, long] {
+            assert!(
+                name.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '-'),
+                "{name}"
+            );
+            assert!(!name.ends_with('.') && !name.contains(".."), "{name}");
+        }
+    }
 
     #[test]
     fn notes_are_cut_to_the_api_limit_on_a_character_boundary() {

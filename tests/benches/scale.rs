@@ -184,7 +184,10 @@ async fn writes(admin: &Client) -> anyhow::Result<HashMap<String, f64>> {
             sub => format!("{}/{sub}", label("resource")),
         };
         let value = value.parse::<f64>().unwrap_or(0.0);
-        *by_resource.entry(key.clone()).or_insert(0.0) += value;
+        // Totals count the writes that took effect; refused ones show in the breakdown.
+        if label("code").starts_with('2') {
+            *by_resource.entry(key.clone()).or_insert(0.0) += value;
+        }
         // The same by verb and code, for the breakdown (409s are retried binds).
         *by_resource
             .entry(format!("{key} {} {}", label("verb"), label("code")))
@@ -393,7 +396,7 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
             all_done.as_secs_f64()
         );
         println!(
-            "scale:   API writes per VM by the operator: {:.2} (smolvms {:.2} + smolvms/status {:.2}); events writes per VM {:.2}",
+            "scale:   API writes per VM by the operator (2xx): {:.2} (smolvms {:.2} + smolvms/status {:.2}); events writes per VM {:.2}",
             (object_writes + status_writes) / new as f64,
             object_writes / new as f64,
             status_writes / new as f64,
@@ -401,7 +404,7 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
         );
         let mut breakdown: Vec<String> = after
             .keys()
-            .filter(|k| k.starts_with("smolvms") && k.contains(' '))
+            .filter(|k| (k.starts_with("smolvms") || k.starts_with("events")) && k.contains(' '))
             .map(|k| (k, delta(k)))
             .filter(|(_, d)| *d > 0.0)
             .map(|(k, d)| format!("{k}: {d:.0}"))
