@@ -363,6 +363,30 @@ impl RuleMeta {
 /// Objects the rules decode through [`RuleObject`].
 trait RuleDecode: Sized {
     fn decode_for_rules(object: &Value) -> Result<Self, Finding>;
+
+    /// The same as [`RuleDecode::decode_for_rules`] on the `serde_json::Value` that `text`
+    /// parses to, without building that Value when the text decodes directly.
+    ///
+    /// A direct decode that succeeds yields what decoding the Value yields: both run the same
+    /// visitors over the same tokens, and the Value's last-wins handling of repeated keys only
+    /// matters where the direct decode fails (serde rejects a repeated struct field). Any
+    /// failure goes through the Value, so findings (paths, messages) are those of the Value path.
+    fn decode_for_rules_text(text: &str) -> Result<Self, Finding>;
+}
+
+/// The Value path of [`RuleDecode::decode_for_rules_text`]: parse, then decode the Value.
+fn decode_text_via_value<T: RuleDecode>(text: &str) -> Result<T, Finding> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(value) => T::decode_for_rules(&value),
+        // Callers pass text that parses as a Value; anything else does not match the schema.
+        Err(e) => Err(Finding::new(
+            RuleId::Schema,
+            "object",
+            "/object",
+            String::new(),
+            format!("does not match the API schema: {e}"),
+        )),
+    }
 }
 
 impl RuleDecode for SmolVM {
@@ -374,6 +398,17 @@ impl RuleDecode for SmolVM {
             status: o.status,
         })
     }
+
+    fn decode_for_rules_text(text: &str) -> Result<Self, Finding> {
+        match serde_json::from_str::<RuleObject<crate::types::SmolVMSpec, crate::types::SmolVMStatus>>(text) {
+            Ok(o) => Ok(SmolVM {
+                metadata: o.metadata.into_object_meta(),
+                spec: o.spec,
+                status: o.status,
+            }),
+            Err(_) => decode_text_via_value(text),
+        }
+    }
 }
 
 impl RuleDecode for SmolVMNode {
@@ -384,6 +419,17 @@ impl RuleDecode for SmolVMNode {
             spec: o.spec,
             status: o.status,
         })
+    }
+
+    fn decode_for_rules_text(text: &str) -> Result<Self, Finding> {
+        match serde_json::from_str::<RuleObject<crate::types::SmolVMNodeSpec, crate::types::SmolVMNodeStatus>>(text) {
+            Ok(o) => Ok(SmolVMNode {
+                metadata: o.metadata.into_object_meta(),
+                spec: o.spec,
+                status: o.status,
+            }),
+            Err(_) => decode_text_via_value(text),
+        }
     }
 }
 
@@ -397,6 +443,22 @@ fn decode_pair<T: RuleDecode>(old: Option<&Value>, new: &Value) -> Result<(Optio
         ),
         ..finding
     })?;
+    Ok((old, new))
+}
+
+/// [`decode_pair`] from JSON text.
+fn decode_pair_text<T: RuleDecode>(old: Option<&str>, new: &str) -> Result<(Option<T>, T), Finding> {
+    let new = T::decode_for_rules_text(new)?;
+    let old = old
+        .map(T::decode_for_rules_text)
+        .transpose()
+        .map_err(|finding| Finding {
+            message: format!(
+                "the stored object does not decode ({}); refusing a transition that cannot be checked",
+                finding.message
+            ),
+            ..finding
+        })?;
     Ok((old, new))
 }
 
@@ -432,6 +494,39 @@ pub fn validate_smolvm_node_json(
     ctx: &Context<'_>,
 ) -> Verdict {
     match decode_pair::<SmolVMNode>(old, new) {
+        Ok((old, new)) if status => validate_smolvm_node_status(op, old.as_ref(), &new, ctx),
+        Ok((old, new)) => validate_smolvm_node(op, old.as_ref(), &new, ctx),
+        Err(finding) => rejected(finding),
+    }
+}
+
+/// [`validate_smolvm_json`] on objects given as JSON text (as an AdmissionReview carries them),
+/// with the same verdict. `new` and `old` must each parse as one `serde_json::Value` (the
+/// webhook checks that while reading the review); decoding them does not build that Value.
+pub fn validate_smolvm_text(op: Operation, old: Option<&str>, new: &str, ctx: &Context<'_>) -> Verdict {
+    match decode_pair_text::<SmolVM>(old, new) {
+        Ok((old, new)) => validate_smolvm(op, old.as_ref(), &new, ctx),
+        Err(finding) => rejected(finding),
+    }
+}
+
+/// [`validate_smolvm_status_json`] on objects given as JSON text; see [`validate_smolvm_text`].
+pub fn validate_smolvm_status_text(op: Operation, old: Option<&str>, new: &str, ctx: &Context<'_>) -> Verdict {
+    match decode_pair_text::<SmolVM>(old, new) {
+        Ok((old, new)) => validate_smolvm_status(op, old.as_ref(), &new, ctx),
+        Err(finding) => rejected(finding),
+    }
+}
+
+/// [`validate_smolvm_node_json`] on objects given as JSON text; see [`validate_smolvm_text`].
+pub fn validate_smolvm_node_text(
+    op: Operation,
+    status: bool,
+    old: Option<&str>,
+    new: &str,
+    ctx: &Context<'_>,
+) -> Verdict {
+    match decode_pair_text::<SmolVMNode>(old, new) {
         Ok((old, new)) if status => validate_smolvm_node_status(op, old.as_ref(), &new, ctx),
         Ok((old, new)) => validate_smolvm_node(op, old.as_ref(), &new, ctx),
         Err(finding) => rejected(finding),
@@ -570,13 +665,17 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
         },
     ];
     for b in bounds {
+        let actual = b.value.unwrap_or(b.default);
+        let ((min_name, min), (max_name, max)) = (b.min, b.max);
+        if (min..=max).contains(&actual) {
+            continue; // the common case: nothing to report, nothing to format
+        }
         let path = format!("spec.{}", b.path.replace('/', "."));
         let pointer = format!("/spec/{}", b.path);
-        let (actual, shown) = match b.value {
-            Some(x) => (x, x.to_string()),
-            None => (b.default, format!("{} (the default)", b.default)),
+        let shown = match b.value {
+            Some(x) => x.to_string(),
+            None => format!("{} (the default)", b.default),
         };
-        let ((min_name, min), (max_name, max)) = (b.min, b.max);
         if actual < min {
             let message = format!("{shown} is below the minimum {min} (policy {min_name})");
             v.violation(RuleId::V2, &path, &pointer, actual.to_string(), message);
@@ -709,12 +808,12 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
             );
         }
         for (key, value) in selector {
-            let pointer = format!("/spec/nodeSelector/{}", key.replace('~', "~0").replace('/', "~1"));
+            let pointer = || format!("/spec/nodeSelector/{}", key.replace('~', "~0").replace('/', "~1"));
             if let Err(reason) = syntax::check_label_key(key) {
                 v.violation(
                     RuleId::V4,
                     &format!("spec.nodeSelector[{}]", render(key)),
-                    &pointer,
+                    &pointer(),
                     render(key),
                     format!("key {} {reason}", render(key)),
                 );
@@ -723,7 +822,7 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
                 v.violation(
                     RuleId::V4,
                     &format!("spec.nodeSelector[{}]", render(key)),
-                    &pointer,
+                    &pointer(),
                     render(value),
                     format!("value {} {reason}", render(value)),
                 );

@@ -90,10 +90,7 @@ pub const MAX_CPU_ALLOCATION_RATIO: f64 = 16.0;
 
 /// Checks a CPU allocation ratio: a finite number from 1 to [`MAX_CPU_ALLOCATION_RATIO`].
 pub fn parse_cpu_allocation_ratio(text: &str) -> Result<f64, String> {
-    let ratio: f64 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a number"))?;
+    let ratio: f64 = text.trim().parse().map_err(|_| format!("{text:?} is not a number"))?;
     if !ratio.is_finite() || !(1.0..=MAX_CPU_ALLOCATION_RATIO).contains(&ratio) {
         return Err(format!("{text:?} must lie between 1 and {MAX_CPU_ALLOCATION_RATIO}"));
     }

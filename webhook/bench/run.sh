@@ -11,8 +11,10 @@
 #       directory holding admission-controller-tls.{crt,key}, logging at info to /dev/null.
 #
 # Load: webhook-bench-load (Rust, verifies the certificate) for HTTP/1.1 and HTTP/2, maximum
-# throughput and fixed offered rates with p50/p99/p99.9; plus wrk (HTTP/1.1) and h2load
-# (HTTP/2) maximum throughput when installed (Debian packages wrk and nghttp2-client).
+# throughput and fixed offered rates with p50/p99/p99.9 (open loop, latency from each request's
+# due time); plus, when installed (Debian packages wrk and nghttp2-client), wrk (HTTP/1.1) and
+# h2load (HTTP/2) maximum throughput and h2load fixed-rate latency over both protocols as a
+# second opinion. wrk and h2load do not verify the certificate (they cannot be given a CA).
 # Figures are printed, never asserted.
 #
 # Environment: SERVER_CPU (0), LOAD_CPU (1), SECONDS_PER_RUN (10), RATES ("2000 5000"),
@@ -99,6 +101,31 @@ if command -v wrk >/dev/null; then
   done
 fi
 if command -v h2load >/dev/null; then
+  # Fixed offered rate, as a second opinion on webhook-bench-load's: --rps per connection, up to
+  # 4 requests in flight each, latency from each request's start (h2load's log), the first
+  # 2 seconds left out as warm-up.
+  h2load_latency() {
+    awk -F'\t' 'NR == 1 || $1 < first {first = $1} {start[NR] = $1; us[NR] = $3}
+      END {for (i = 1; i <= NR; i++) if (start[i] >= first + 2000000) print us[i]}' "$1" | sort -n |
+      awk '{v[NR] = $1} END {if (NR == 0) {print "no samples"; exit}
+        printf "requests=%d p50=%.3fms p99=%.3fms p99.9=%.3fms\n", NR,
+          v[int(0.5 * (NR - 1)) + 1] / 1000, v[int(0.99 * (NR - 1)) + 1] / 1000, v[int(0.999 * (NR - 1)) + 1] / 1000}'
+  }
+  for rate in $RATES; do
+    rps=$((rate / CONNS))
+    echo "== h2load: fixed offered load $((rps * CONNS))/s ($CONNS connections x --rps $rps)"
+    for proto in h1 h2; do
+      for t in "${TARGETS[@]}"; do
+        read -r name port path <<<"$t"
+        printf '%-28s %-8s ' "$name" "$([[ $proto == h1 ]] && echo http/1.1 || echo http/2)"
+        rm -f "$WORK/h2load.log"
+        taskset -c "$LOAD_CPU" h2load $([[ $proto == h1 ]] && echo --h1) -t1 -c"$CONNS" -m4 --rps="$rps" -D $((SECS + 2)) \
+          -H 'content-type: application/json' -d "$WORK/review.json" --log-file="$WORK/h2load.log" \
+          "https://localhost:$port$path" >/dev/null 2>&1 || true
+        if [[ -s "$WORK/h2load.log" ]]; then h2load_latency "$WORK/h2load.log"; else echo "no log"; fi
+      done
+    done
+  done
   echo "== h2load (HTTP/2, $CONNS connections, 1 stream each, maximum throughput)"
   for t in "${TARGETS[@]}"; do
     read -r name port path <<<"$t"

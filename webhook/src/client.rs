@@ -102,6 +102,19 @@ pub async fn connect(
 }
 
 impl Connection {
+    /// Another handle on the same HTTP/2 connection (requests on it are concurrent streams);
+    /// `None` for HTTP/1.1, which has one request in flight per connection.
+    pub fn try_clone(&self) -> Option<Connection> {
+        match &self.sender {
+            Sender::H1(_) => None,
+            Sender::H2(s) => Some(Connection {
+                sender: Sender::H2(s.clone()),
+                authority: self.authority.clone(),
+                negotiated: self.negotiated.clone(),
+            }),
+        }
+    }
+
     /// Sends a request; returns the status code and the body.
     pub async fn send(
         &mut self,

@@ -9,6 +9,8 @@
 //! - [`cli`]: the command-line flags.
 //! - [`client`]: an HTTPS client for tests and the benchmark (verifies certificates).
 
+#[doc(hidden)]
+pub mod bench_support;
 pub mod cli;
 pub mod client;
 pub mod error;

@@ -192,11 +192,15 @@ pub async fn serve_tls(
     })?;
     let config = smolvm_certs::server_config(resolver)?;
     let tls = axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(config));
+    // TCP_NODELAY: an HTTP/2 answer can follow a small frame the connection flushed just before
+    // (a WINDOW_UPDATE), and Nagle's algorithm would hold it until the client's delayed ACK,
+    // up to 40 ms later.
     let mut server = axum_server::from_tcp_rustls(listener, tls)
         .map_err(|source| Error::Serve {
             what: "webhook",
             source,
         })?
+        .map(|tls| tls.acceptor(axum_server::accept::NoDelayAcceptor::new()))
         .handle(handle);
     {
         let builder = server.http_builder();

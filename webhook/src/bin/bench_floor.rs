@@ -1,13 +1,12 @@
 //! Benchmark-only: the parse-and-echo floor (SPEC section 9). An axum + axum-server + rustls
 //! server, configured exactly like smolvm-webhook's TLS (same `server_config`, ALPN h2 and
-//! http/1.1), whose handler only parses the AdmissionReview JSON and echoes the uid. Not
-//! deployed; used by `webhook/bench/run.sh`.
+//! http/1.1, TCP_NODELAY), whose handler only parses the AdmissionReview JSON and echoes the uid.
+//! Unlike smolvm-webhook it sets no header-read, request or body timeouts. Not deployed; used by
+//! `webhook/bench/run.sh`.
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
-use axum::{Router, body::Bytes, http::header, response::IntoResponse, routing::post};
 use clap::Parser;
-use serde_json::{Value, json};
 
 #[derive(Parser)]
 struct Args {
@@ -21,19 +20,6 @@ struct Args {
     workers: usize,
 }
 
-async fn echo(body: Bytes) -> axum::response::Response {
-    let uid = serde_json::from_slice::<Value>(&body)
-        .ok()
-        .and_then(|v| v.pointer("/request/uid").cloned())
-        .unwrap_or(Value::Null);
-    let out = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {"uid": uid, "allowed": true}});
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        serde_json::to_vec(&out).unwrap_or_default(),
-    )
-        .into_response()
-}
-
 fn main() -> std::process::ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args = Args::parse();
@@ -42,11 +28,13 @@ fn main() -> std::process::ExitCode {
         let key = std::fs::read_to_string(&args.key).map_err(|e| e.to_string())?;
         let resolver = Arc::new(smolvm_certs::ReloadableResolver::from_pem(&cert, &key).map_err(|e| e.to_string())?);
         let config = smolvm_certs::server_config(resolver).map_err(|e| e.to_string())?;
-        let app = Router::new().route("/echo", post(echo));
+        let app = smolvm_webhook::bench_support::floor_router();
+        // TCP_NODELAY, as smolvm-webhook sets it.
         axum_server::bind_rustls(
             args.listen,
             axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(config)),
         )
+        .map(|tls| tls.acceptor(axum_server::accept::NoDelayAcceptor::new()))
         .serve(app.into_make_service())
         .await
         .map_err(|e| e.to_string())

@@ -2,12 +2,16 @@
 //!
 //! - `gen DIR`: writes a test CA, a serving pair for the Service name and `localhost`, and a
 //!   realistic ~1.8 KB AdmissionReview (`review.json`).
-//! - `run`: keep-alive TLS load over HTTP/1.1 or HTTP/2 with N connections, either closed-loop
-//!   (`--rate 0`: as fast as the server answers) or open-loop at a fixed offered rate, then prints
-//!   reviews/s and p50/p99/p99.9 latency. Latency is measured from the moment a request is sent
-//!   (tokio's timer has 1 ms granularity, so the schedule itself is not used as the start; at the
-//!   offered rates used the interval per connection is far above the latency, so requests do not
-//!   queue behind each other). Every non-200 answer counts as an error.
+//! - `run`: keep-alive TLS load over HTTP/1.1 or HTTP/2 with N connections, then prints
+//!   reviews/s and p50/p99/p99.9 latency. Either closed loop (`--rate 0`: each connection sends
+//!   as soon as its previous answer is in; latency from send to answer), or open loop at a fixed
+//!   offered rate on one global schedule, where latency runs from when a request was *due*, so a
+//!   stall shows up in every request it delays (no coordinated omission). The schedule is kept
+//!   by a thread that sleeps until each due time (tens of microseconds late, where tokio's timer
+//!   would round up to the next millisecond); over HTTP/2 each request is its own stream, so a slow answer
+//!   does not hold back the next request on that connection; over HTTP/1.1 a request waits for
+//!   its connection, and that wait counts. `send-late` reports how late requests went out.
+//!   Every non-200 answer counts as an error.
 //!
 //! It verifies the server certificate against the generated CA, like every client here.
 
@@ -19,8 +23,7 @@ use std::{
 
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
-use serde_json::json;
-use smolvm_webhook::client::{self, Version};
+use smolvm_webhook::client::{self, Connection, Version};
 
 #[derive(Parser)]
 struct Args {
@@ -62,34 +65,6 @@ enum Command {
     },
 }
 
-/// A realistic SmolVM CREATE review, as `kubectl apply` makes the API server send it.
-fn review_json() -> serde_json::Value {
-    let mut object = smolvm_api::fixtures::alpine();
-    let applied = serde_json::to_string(&object).unwrap_or_default();
-    object["metadata"]["annotations"] = json!({"kubectl.kubernetes.io/last-applied-configuration": applied});
-    object["metadata"]["creationTimestamp"] = json!("2026-11-22T00:00:00Z");
-    object["metadata"]["generation"] = json!(1);
-    object["metadata"]["managedFields"] = json!([{
-        "apiVersion": "vm.smolvm.dev/v1alpha1", "fieldsType": "FieldsV1", "manager": "kubectl-client-side-apply",
-        "operation": "Update", "time": "2026-11-22T00:00:00Z",
-        "fieldsV1": {"f:metadata": {"f:annotations": {".": {}, "f:kubectl.kubernetes.io/last-applied-configuration": {}}},
-                     "f:spec": {".": {}, "f:image": {}, "f:network": {".": {}, "f:enabled": {}, "f:ports": {}}, "f:nodeSelector": {}, "f:resources": {}, "f:running": {}, "f:storage": {}}}
-    }]);
-    let gvk = json!({"group": "vm.smolvm.dev", "version": "v1alpha1", "kind": "SmolVM"});
-    let gvr = json!({"group": "vm.smolvm.dev", "version": "v1alpha1", "resource": "smolvms"});
-    json!({
-        "kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1",
-        "request": {
-            "uid": "0c9a8d74-9cb7-44dd-b98e-09fd62def2f4",
-            "kind": gvk, "resource": gvr, "requestKind": gvk, "requestResource": gvr,
-            "name": "alpine", "namespace": "default", "operation": "CREATE",
-            "userInfo": {"username": "alice@example.com", "uid": "f3a1c2d4-0000-4000-8000-000000000001", "groups": ["system:authenticated"]},
-            "object": object, "oldObject": null, "dryRun": false,
-            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
-        }
-    })
-}
-
 fn generate(dir: &std::path::Path) -> Result<(), String> {
     let year = Duration::from_secs(365 * 86_400);
     let ca =
@@ -98,7 +73,7 @@ fn generate(dir: &std::path::Path) -> Result<(), String> {
     names.push("localhost".into());
     let leaf = ca.issue_server(&names, &[], year).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    let body = serde_json::to_vec(&review_json()).map_err(|e| e.to_string())?;
+    let body = serde_json::to_vec(&smolvm_webhook::bench_support::review_json()).map_err(|e| e.to_string())?;
     for (name, content) in [
         ("ca.crt", ca.cert_pem().as_bytes()),
         ("tls.crt", leaf.cert_pem.as_bytes()),
@@ -119,6 +94,145 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
     sorted[idx.min(sorted.len() - 1)] as f64 / 1000.0
 }
 
+/// One finished request: when it was due (open loop) or sent (closed loop), when it was sent,
+/// when its answer was complete, and whether that answer was a 200.
+#[derive(Clone, Copy)]
+struct Sample {
+    due: Instant,
+    sent: Instant,
+    done: Instant,
+    ok: bool,
+}
+
+/// What a run measures.
+struct Window {
+    start: Instant,
+    measure_from: Instant,
+    end: Instant,
+}
+
+/// Closed loop: each connection sends its next request as soon as the previous answer is in.
+async fn closed_loop(conns: Vec<Connection>, path: String, body: Bytes, w: Window) -> Result<Vec<Sample>, String> {
+    let mut tasks = Vec::new();
+    for mut conn in conns {
+        let (path, body) = (path.clone(), body.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut samples = Vec::with_capacity(1 << 16);
+            tokio::time::sleep_until(w.start.into()).await;
+            loop {
+                let sent = Instant::now();
+                if sent >= w.end {
+                    break;
+                }
+                let ok = matches!(conn.post_json(&path, body.clone()).await, Ok((200, _)));
+                if sent >= w.measure_from {
+                    let done = Instant::now();
+                    samples.push(Sample {
+                        due: sent,
+                        sent,
+                        done,
+                        ok,
+                    });
+                }
+            }
+            samples
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.map_err(|e| e.to_string())?);
+    }
+    Ok(all)
+}
+
+/// Open loop at `rate` requests/s across all connections, on one global schedule (request k is
+/// due at `start + k / rate`, on connection k mod n). A request is never held back by a slow
+/// earlier answer: over HTTP/2 each goes out on its own stream at once; over HTTP/1.1 it waits
+/// for its connection to be free, and that wait counts. Latency is measured from when the
+/// request was due, so stalls are not hidden (no coordinated omission).
+async fn open_loop(
+    conns: Vec<Connection>,
+    version: Version,
+    rate: u64,
+    path: String,
+    body: Bytes,
+    w: Window,
+) -> Result<Vec<Sample>, String> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Sample>();
+    let n = conns.len();
+    // HTTP/1.1: one worker per connection, fed in schedule order.
+    let mut queues = Vec::new();
+    let mut workers = Vec::new();
+    let mut h2 = Vec::new();
+    for mut conn in conns {
+        if version == Version::Http2 {
+            h2.push(conn);
+            continue;
+        }
+        let (qtx, mut qrx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+        queues.push(qtx);
+        let (tx, path, body) = (tx.clone(), path.clone(), body.clone());
+        workers.push(tokio::spawn(async move {
+            while let Some(due) = qrx.recv().await {
+                let sent = Instant::now();
+                let ok = matches!(conn.post_json(&path, body.clone()).await, Ok((200, _)));
+                let done = Instant::now();
+                let _ = tx.send(Sample { due, sent, done, ok });
+            }
+        }));
+    }
+    // The schedule runs on its own thread: tokio's timer rounds deadlines up to the next
+    // millisecond, while a thread sleeping until each due time wakes within tens of
+    // microseconds. It does not spin: it shares the load core with the connections' tasks.
+    let period = Duration::from_secs_f64(1.0 / rate as f64);
+    let (due_tx, mut due_rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Instant)>();
+    let end = w.end;
+    let clock = std::thread::spawn(move || {
+        for k in 0u32.. {
+            let due = w.start + period * k;
+            if due >= end {
+                break;
+            }
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            if due_tx.send((k as usize, due)).is_err() {
+                break;
+            }
+        }
+    });
+    while let Some((k, due)) = due_rx.recv().await {
+        let i = k % n;
+        if version == Version::Http2 {
+            let Some(mut stream) = h2[i].try_clone() else {
+                return Err("an HTTP/2 connection could not be shared".into());
+            };
+            let (tx, path, body) = (tx.clone(), path.clone(), body.clone());
+            tokio::spawn(async move {
+                let sent = Instant::now();
+                let ok = matches!(stream.post_json(&path, body).await, Ok((200, _)));
+                let done = Instant::now();
+                let _ = tx.send(Sample { due, sent, done, ok });
+            });
+        } else if queues[i].send(due).is_err() {
+            return Err("a connection worker stopped".into());
+        }
+    }
+    clock.join().map_err(|_| "the schedule thread panicked".to_string())?;
+    drop(queues);
+    drop(tx);
+    for worker in workers {
+        worker.await.map_err(|e| e.to_string())?;
+    }
+    let mut all = Vec::new();
+    while let Some(sample) = rx.recv().await {
+        if sample.due >= w.measure_from {
+            all.push(sample);
+        }
+    }
+    Ok(all)
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn run(
     addr: SocketAddr,
@@ -136,67 +250,51 @@ async fn run(
     let ca_pem = std::fs::read_to_string(&ca).map_err(|e| e.to_string())?;
     let body = Bytes::from(std::fs::read(&body).map_err(|e| e.to_string())?);
     let config = client::tls_config(&ca_pem, version).map_err(|e| e.to_string())?;
+    let mut conns = Vec::new();
+    for _ in 0..connections.max(1) {
+        conns.push(
+            client::connect(addr, &server_name, config.clone(), version)
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+    }
     let start = Instant::now() + Duration::from_millis(200);
     let measure_from = start + Duration::from_secs(warmup);
-    let end = measure_from + Duration::from_secs(seconds);
-    let mut tasks = Vec::new();
-    for i in 0..connections.max(1) {
-        let mut conn = client::connect(addr, &server_name, config.clone(), version)
-            .await
-            .map_err(|e| e.to_string())?;
-        let (path, body) = (path.clone(), body.clone());
-        let interval = if rate == 0 {
-            None
-        } else {
-            Some(Duration::from_secs_f64(connections as f64 / rate as f64))
-        };
-        tasks.push(tokio::spawn(async move {
-            let mut latencies: Vec<u64> = Vec::with_capacity(1 << 16);
-            let mut errors = 0u64;
-            // Spread the connections' schedules over one interval.
-            let mut next = match interval {
-                Some(iv) => start + iv.mul_f64(i as f64 / connections as f64),
-                None => start,
-            };
-            tokio::time::sleep_until(next.into()).await;
-            loop {
-                if let Some(iv) = interval {
-                    tokio::time::sleep_until(next.into()).await;
-                    next += iv;
-                }
-                let sent = Instant::now();
-                if sent >= end {
-                    break;
-                }
-                let ok = matches!(conn.post_json(&path, body.clone()).await, Ok((200, _)));
-                let done = Instant::now();
-                if sent >= measure_from {
-                    if ok {
-                        latencies.push(done.duration_since(sent).as_micros() as u64);
-                    } else {
-                        errors += 1;
-                    }
-                }
-            }
-            (latencies, errors)
-        }));
-    }
-    let mut all = Vec::new();
-    let mut errors = 0;
-    for t in tasks {
-        let (l, e) = t.await.map_err(|e| e.to_string())?;
-        all.extend(l);
-        errors += e;
-    }
-    all.sort_unstable();
-    let throughput = all.len() as f64 / seconds as f64;
+    let w = Window {
+        start,
+        measure_from,
+        end: measure_from + Duration::from_secs(seconds),
+    };
+    let samples = if rate == 0 {
+        closed_loop(conns, path, body, w).await?
+    } else {
+        open_loop(conns, version, rate, path, body, w).await?
+    };
+    let errors = samples.iter().filter(|s| !s.ok).count();
+    let micros = |d: Duration| d.as_micros() as u64;
+    let mut latency: Vec<u64> = samples
+        .iter()
+        .filter(|s| s.ok)
+        .map(|s| micros(s.done.duration_since(s.due)))
+        .collect();
+    latency.sort_unstable();
+    let throughput = latency.len() as f64 / seconds as f64;
+    // How late requests went out against the schedule (open loop): the generator's own precision
+    // plus any wait for a busy HTTP/1.1 connection.
+    let late = if rate == 0 {
+        String::new()
+    } else {
+        let mut late: Vec<u64> = samples.iter().map(|s| micros(s.sent.duration_since(s.due))).collect();
+        late.sort_unstable();
+        format!(" send-late p99={:.3}ms", percentile(&late, 0.99))
+    };
     println!(
-        "{label:<28} http/{} conns={connections:<3} offered={:<6} reviews/s={throughput:>9.0} p50={:.3}ms p99={:.3}ms p99.9={:.3}ms errors={errors}",
+        "{label:<28} http/{} conns={connections:<3} offered={:<6} reviews/s={throughput:>9.0} p50={:.3}ms p99={:.3}ms p99.9={:.3}ms errors={errors}{late}",
         if version == Version::Http2 { "2  " } else { "1.1" },
         if rate == 0 { "max".to_string() } else { rate.to_string() },
-        percentile(&all, 0.50),
-        percentile(&all, 0.99),
-        percentile(&all, 0.999),
+        percentile(&latency, 0.50),
+        percentile(&latency, 0.99),
+        percentile(&latency, 0.999),
     );
     Ok(())
 }
