@@ -84,7 +84,7 @@ pub struct SmolVMSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub running: Option<bool>,
 
-    /// Image the machine boots: an OCI reference such as `alpine:latest` or `ghcr.io/org/app@sha256:...`, or `local:<name>` for an image in the node's local image directory. Immutable once the SmolVM is bound to a node.
+    /// Image the machine boots: an OCI reference such as `alpine:latest` or `registry.example.com/org/app@sha256:...`, or `local:<name>` for an image in the node's local image directory. Immutable once the SmolVM is bound to a node.
     #[schemars(length(min = 1, max = 512))]
     #[x_kube(validation = Rule::new("!self.startsWith('local:') || self.matches('^local:[A-Za-z0-9][A-Za-z0-9._-]{0,127}$')").message("a local image is local:<name>, the name made of letters, digits, '.', '_' and '-' (V1)"))]
     #[x_kube(validation = Rule::new("!self.matches('\\\\s')").message("an image reference has no whitespace (V1)"))]

@@ -124,7 +124,7 @@ fn valid_spec() -> impl Strategy<Value = Value> {
     let image = prop::sample::select(vec![
         "alpine",
         "alpine:3.20",
-        "ghcr.io/org/app:v1",
+        "registry.example.com/org/app:v1",
         "localhost:5000/a/b",
         "local:img",
     ]);

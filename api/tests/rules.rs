@@ -166,7 +166,7 @@ fn v1_image() {
             with(
                 stored(),
                 "/spec/image",
-                json!(format!("ghcr.io/o/a@sha256:{}", "a".repeat(64))),
+                json!(format!("registry.example.com/o/a@sha256:{}", "a".repeat(64))),
             ),
             Allow,
         ),
