@@ -191,9 +191,9 @@ pub struct Reviewed {
     pub outcome: Outcome,
 }
 
-/// An AdmissionReview as the API server sends it, read in one pass: the objects stay raw JSON
-/// (the rules decode them once, into the typed SmolVM or SmolVMNode), and fields the webhook does
-/// not use are skipped.
+/// An AdmissionReview as the API server sends it, read in one pass with the objects as
+/// `serde_json::Value`s (the reference reading; [`TextReview`] is the fast one), and fields the
+/// webhook does not use skipped.
 #[derive(Deserialize)]
 struct WireReview {
     #[serde(rename = "apiVersion")]
@@ -634,6 +634,20 @@ pub fn identity_of(user: &k8s_openapi::api::authentication::v1::UserInfo) -> Ide
     }
 }
 
+/// A finding as its `Display` writes it (`path: message [rule]`), built without the formatting
+/// machinery.
+fn finding_text(finding: &smolvm_api::validate::Finding) -> String {
+    let rule = finding.rule.as_str();
+    let mut text = String::with_capacity(finding.path.len() + finding.message.len() + rule.len() + 5);
+    text.push_str(&finding.path);
+    text.push_str(": ");
+    text.push_str(&finding.message);
+    text.push_str(" [");
+    text.push_str(rule);
+    text.push(']');
+    text
+}
+
 /// The rules' spelling of the operation.
 pub fn operation_of(op: &WireOperation) -> Operation {
     match op {
@@ -1032,7 +1046,11 @@ fn review_request(
             outcome,
         });
     }
-    let identity = identity_of(&request.user_info);
+    let identity = Identity {
+        username: request.user_info.username.unwrap_or_default(),
+        groups: request.user_info.groups.unwrap_or_default(),
+        extra: request.user_info.extra.unwrap_or_default(),
+    };
     let objects = request.objects;
     if !objects.has_new() {
         return Err(RequestError::Malformed(format!(
@@ -1064,7 +1082,7 @@ fn review_request(
             let verdict = objects.validate(route, status, operation, &ctx);
             let mut response = base;
             if !verdict.warnings.is_empty() {
-                response.warnings = Some(verdict.warnings.iter().map(ToString::to_string).collect());
+                response.warnings = Some(verdict.warnings.iter().map(finding_text).collect());
             }
             if verdict.allowed() {
                 response
@@ -1403,6 +1421,28 @@ mod tests {
             response.result = Status::failure(message, reason).with_code(*code);
         }
         serde_json::to_vec(&response.into_review()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn finding_text_is_its_display() {
+        let mut bad = fixtures::alpine();
+        bad["spec"]["image"] = json!("Not An Image");
+        bad["spec"]["resources"]["cpus"] = json!(4096);
+        bad["spec"]["network"]["ports"][0]["hostPort"] = json!(80);
+        let policy = fixtures::policy();
+        let nodes: Vec<smolvm_api::SmolVMNode> = Vec::new();
+        let identity = fixtures::user();
+        let ctx = Context {
+            policy: &policy,
+            nodes: &nodes,
+            identity: &identity,
+        };
+        let verdict = validate_smolvm_json(Operation::Create, None, &bad, &ctx);
+        let findings: Vec<_> = verdict.violations.iter().chain(&verdict.warnings).collect();
+        assert!(findings.len() >= 3, "{findings:?}");
+        for finding in findings {
+            assert_eq!(finding_text(finding), finding.to_string());
+        }
     }
 
     #[test]

@@ -178,6 +178,45 @@ pub fn ops_router(state: AppState) -> Router {
         .layer(CatchPanicLayer::new())
 }
 
+/// Wraps a TLS acceptor: sets TCP_NODELAY on connections that negotiated HTTP/2.
+///
+/// An HTTP/2 answer often follows a small frame the connection flushed just before (a
+/// WINDOW_UPDATE for the request body), and Nagle's algorithm then holds the answer until the
+/// client's delayed ACK, up to 40 ms later. An HTTP/1.1 answer goes out in one write, and
+/// HTTP/1.1 connections keep the default (with TCP_NODELAY, a client still sending a body the
+/// server refused early, as with a 413, more often sees its write fail before it reads the
+/// answer).
+#[derive(Clone, Copy, Debug)]
+pub struct H2NoDelay<A>(pub A);
+
+impl<A, S> axum_server::accept::Accept<tokio::net::TcpStream, S> for H2NoDelay<A>
+where
+    A: axum_server::accept::Accept<
+            tokio::net::TcpStream,
+            S,
+            Stream = tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+        >,
+    A::Future: Send + 'static,
+    A::Service: Send + 'static,
+{
+    type Stream = A::Stream;
+    type Service = A::Service;
+    type Future = futures::future::BoxFuture<'static, std::io::Result<(Self::Stream, Self::Service)>>;
+
+    fn accept(&self, stream: tokio::net::TcpStream, service: S) -> Self::Future {
+        let accepted = self.0.accept(stream, service);
+        Box::pin(async move {
+            let (tls, service) = accepted.await?;
+            let (tcp, session) = tls.get_ref();
+            if session.alpn_protocol() == Some(b"h2") {
+                // Best effort: a socket that refuses the option still serves, only slower.
+                let _ = tcp.set_nodelay(true);
+            }
+            Ok((tls, service))
+        })
+    }
+}
+
 /// Serves `router` over TLS (HTTP/2 and HTTP/1.1 by ALPN) on `listener`, with the certificate
 /// from `resolver` (swapped in place on rotation), until `handle` shuts it down.
 pub async fn serve_tls(
@@ -192,15 +231,12 @@ pub async fn serve_tls(
     })?;
     let config = smolvm_certs::server_config(resolver)?;
     let tls = axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(config));
-    // TCP_NODELAY: an HTTP/2 answer can follow a small frame the connection flushed just before
-    // (a WINDOW_UPDATE), and Nagle's algorithm would hold it until the client's delayed ACK,
-    // up to 40 ms later.
     let mut server = axum_server::from_tcp_rustls(listener, tls)
         .map_err(|source| Error::Serve {
             what: "webhook",
             source,
         })?
-        .map(|tls| tls.acceptor(axum_server::accept::NoDelayAcceptor::new()))
+        .map(H2NoDelay)
         .handle(handle);
     {
         let builder = server.http_builder();

@@ -1,8 +1,8 @@
 //! Benchmark-only: the parse-and-echo floor (SPEC section 9). An axum + axum-server + rustls
 //! server, configured exactly like smolvm-webhook's TLS (same `server_config`, ALPN h2 and
-//! http/1.1, TCP_NODELAY), whose handler only parses the AdmissionReview JSON and echoes the uid.
-//! Unlike smolvm-webhook it sets no header-read, request or body timeouts. Not deployed; used by
-//! `webhook/bench/run.sh`.
+//! http/1.1, TCP_NODELAY on HTTP/2 connections), whose handler only parses the AdmissionReview
+//! JSON and echoes the uid. Unlike smolvm-webhook it sets no header-read, request or body
+//! timeouts. Not deployed; used by `webhook/bench/run.sh`.
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
@@ -29,12 +29,12 @@ fn main() -> std::process::ExitCode {
         let resolver = Arc::new(smolvm_certs::ReloadableResolver::from_pem(&cert, &key).map_err(|e| e.to_string())?);
         let config = smolvm_certs::server_config(resolver).map_err(|e| e.to_string())?;
         let app = smolvm_webhook::bench_support::floor_router();
-        // TCP_NODELAY, as smolvm-webhook sets it.
+        // TCP_NODELAY on HTTP/2 connections, as smolvm-webhook sets it.
         axum_server::bind_rustls(
             args.listen,
             axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(config)),
         )
-        .map(|tls| tls.acceptor(axum_server::accept::NoDelayAcceptor::new()))
+        .map(smolvm_webhook::server::H2NoDelay)
         .serve(app.into_make_service())
         .await
         .map_err(|e| e.to_string())
