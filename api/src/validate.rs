@@ -433,10 +433,15 @@ impl RuleDecode for SmolVMNode {
     }
 }
 
-/// Decodes the new and old objects of a request; a failure becomes the single violation.
-fn decode_pair<T: RuleDecode>(old: Option<&Value>, new: &Value) -> Result<(Option<T>, T), Finding> {
-    let new = T::decode_for_rules(new)?;
-    let old = old.map(T::decode_for_rules).transpose().map_err(|finding| Finding {
+/// Decodes the new and old objects of a request with `decode` (from a Value or from text); a
+/// failure becomes the single violation.
+fn decode_pair_with<I: Copy, T>(
+    old: Option<I>,
+    new: I,
+    decode: impl Fn(I) -> Result<T, Finding>,
+) -> Result<(Option<T>, T), Finding> {
+    let new = decode(new)?;
+    let old = old.map(&decode).transpose().map_err(|finding| Finding {
         message: format!(
             "the stored object does not decode ({}); refusing a transition that cannot be checked",
             finding.message
@@ -446,20 +451,22 @@ fn decode_pair<T: RuleDecode>(old: Option<&Value>, new: &Value) -> Result<(Optio
     Ok((old, new))
 }
 
+/// Decodes the new and old objects of a request given as Values.
+fn decode_pair<T: RuleDecode>(old: Option<&Value>, new: &Value) -> Result<(Option<T>, T), Finding> {
+    decode_pair_with(old, new, T::decode_for_rules)
+}
+
 /// [`decode_pair`] from JSON text.
 fn decode_pair_text<T: RuleDecode>(old: Option<&str>, new: &str) -> Result<(Option<T>, T), Finding> {
-    let new = T::decode_for_rules_text(new)?;
-    let old = old
-        .map(T::decode_for_rules_text)
-        .transpose()
-        .map_err(|finding| Finding {
-            message: format!(
-                "the stored object does not decode ({}); refusing a transition that cannot be checked",
-                finding.message
-            ),
-            ..finding
-        })?;
-    Ok((old, new))
+    decode_pair_with(old, new, T::decode_for_rules_text)
+}
+
+/// Runs `rule` on a decoded pair, or rejects with the decoding finding.
+fn on_decoded<T>(decoded: Result<(Option<T>, T), Finding>, rule: impl FnOnce(Option<&T>, &T) -> Verdict) -> Verdict {
+    match decoded {
+        Ok((old, new)) => rule(old.as_ref(), &new),
+        Err(finding) => rejected(finding),
+    }
 }
 
 fn rejected(finding: Finding) -> Verdict {
@@ -471,18 +478,14 @@ fn rejected(finding: Finding) -> Verdict {
 
 /// Validates a SmolVM given as JSON (as the webhook receives it).
 pub fn validate_smolvm_json(op: Operation, old: Option<&Value>, new: &Value, ctx: &Context<'_>) -> Verdict {
-    match decode_pair::<SmolVM>(old, new) {
-        Ok((old, new)) => validate_smolvm(op, old.as_ref(), &new, ctx),
-        Err(finding) => rejected(finding),
-    }
+    on_decoded(decode_pair::<SmolVM>(old, new), |o, n| validate_smolvm(op, o, n, ctx))
 }
 
 /// Validates a SmolVM status write given as JSON.
 pub fn validate_smolvm_status_json(op: Operation, old: Option<&Value>, new: &Value, ctx: &Context<'_>) -> Verdict {
-    match decode_pair::<SmolVM>(old, new) {
-        Ok((old, new)) => validate_smolvm_status(op, old.as_ref(), &new, ctx),
-        Err(finding) => rejected(finding),
-    }
+    on_decoded(decode_pair::<SmolVM>(old, new), |o, n| {
+        validate_smolvm_status(op, o, n, ctx)
+    })
 }
 
 /// Validates a SmolVMNode given as JSON, for the main resource or (with `status`) its status.
@@ -493,29 +496,25 @@ pub fn validate_smolvm_node_json(
     new: &Value,
     ctx: &Context<'_>,
 ) -> Verdict {
-    match decode_pair::<SmolVMNode>(old, new) {
-        Ok((old, new)) if status => validate_smolvm_node_status(op, old.as_ref(), &new, ctx),
-        Ok((old, new)) => validate_smolvm_node(op, old.as_ref(), &new, ctx),
-        Err(finding) => rejected(finding),
-    }
+    on_decoded(decode_pair::<SmolVMNode>(old, new), |o, n| {
+        node_rule(op, status, o, n, ctx)
+    })
 }
 
 /// [`validate_smolvm_json`] on objects given as JSON text (as an AdmissionReview carries them),
 /// with the same verdict. `new` and `old` must each parse as one `serde_json::Value` (the
 /// webhook checks that while reading the review); decoding them does not build that Value.
 pub fn validate_smolvm_text(op: Operation, old: Option<&str>, new: &str, ctx: &Context<'_>) -> Verdict {
-    match decode_pair_text::<SmolVM>(old, new) {
-        Ok((old, new)) => validate_smolvm(op, old.as_ref(), &new, ctx),
-        Err(finding) => rejected(finding),
-    }
+    on_decoded(decode_pair_text::<SmolVM>(old, new), |o, n| {
+        validate_smolvm(op, o, n, ctx)
+    })
 }
 
 /// [`validate_smolvm_status_json`] on objects given as JSON text; see [`validate_smolvm_text`].
 pub fn validate_smolvm_status_text(op: Operation, old: Option<&str>, new: &str, ctx: &Context<'_>) -> Verdict {
-    match decode_pair_text::<SmolVM>(old, new) {
-        Ok((old, new)) => validate_smolvm_status(op, old.as_ref(), &new, ctx),
-        Err(finding) => rejected(finding),
-    }
+    on_decoded(decode_pair_text::<SmolVM>(old, new), |o, n| {
+        validate_smolvm_status(op, o, n, ctx)
+    })
 }
 
 /// [`validate_smolvm_node_json`] on objects given as JSON text; see [`validate_smolvm_text`].
@@ -526,10 +525,17 @@ pub fn validate_smolvm_node_text(
     new: &str,
     ctx: &Context<'_>,
 ) -> Verdict {
-    match decode_pair_text::<SmolVMNode>(old, new) {
-        Ok((old, new)) if status => validate_smolvm_node_status(op, old.as_ref(), &new, ctx),
-        Ok((old, new)) => validate_smolvm_node(op, old.as_ref(), &new, ctx),
-        Err(finding) => rejected(finding),
+    on_decoded(decode_pair_text::<SmolVMNode>(old, new), |o, n| {
+        node_rule(op, status, o, n, ctx)
+    })
+}
+
+/// The SmolVMNode rule for the main resource or (with `status`) its status.
+fn node_rule(op: Operation, status: bool, old: Option<&SmolVMNode>, new: &SmolVMNode, ctx: &Context<'_>) -> Verdict {
+    if status {
+        validate_smolvm_node_status(op, old, new, ctx)
+    } else {
+        validate_smolvm_node(op, old, new, ctx)
     }
 }
 

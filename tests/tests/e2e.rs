@@ -308,6 +308,13 @@ async fn smolvm_machine(env: &Env, name: &str) -> anyhow::Result<Option<Value>> 
         .find(|m| m["name"] == name))
 }
 
+/// The VM has a node and a machine name: bound, and its machine created on the node.
+fn bound_and_created(v: &SmolVM) -> bool {
+    v.status
+        .as_ref()
+        .is_some_and(|s| s.node_name.is_some() && s.machine_name.is_some())
+}
+
 /// Creates a VM with kubectl and waits until it is bound and its machine exists on the node.
 async fn create_bound(env: &Env, name: &str, spec: Value) -> anyhow::Result<SmolVM> {
     kubectl_apply(env, &vm(name, spec))?.map_err(|e| anyhow!("applying {name}: {e}"))?;
@@ -316,11 +323,7 @@ async fn create_bound(env: &Env, name: &str, spec: Value) -> anyhow::Result<Smol
         name,
         "binding and machine creation",
         Duration::from_secs(60),
-        |v| {
-            v.status
-                .as_ref()
-                .is_some_and(|s| s.node_name.is_some() && s.machine_name.is_some())
-        },
+        bound_and_created,
     )
     .await?;
     Ok(bound)
@@ -788,11 +791,7 @@ async fn controller_killed_mid_reconcile_leaves_no_duplicate_and_no_leaked_final
             &format!("crash-{i}"),
             "bound and created",
             Duration::from_secs(120),
-            |v| {
-                v.status
-                    .as_ref()
-                    .is_some_and(|s| s.machine_name.is_some() && s.node_name.is_some())
-            },
+            bound_and_created,
         )
         .await?;
         machines.push(v.status.and_then(|s| s.machine_name).unwrap_or_default());
