@@ -360,9 +360,17 @@ impl RuleMeta {
     }
 }
 
-/// Objects the rules decode through [`RuleObject`].
+/// Objects the rules decode through [`RuleObject`]: each kind names its spec and status types
+/// and how a decoded [`RuleObject`] becomes the kind; both decode paths are shared.
 trait RuleDecode: Sized {
-    fn decode_for_rules(object: &Value) -> Result<Self, Finding>;
+    type Spec: DeserializeOwned;
+    type Status: DeserializeOwned;
+
+    fn assemble(object: RuleObject<Self::Spec, Self::Status>) -> Self;
+
+    fn decode_for_rules(object: &Value) -> Result<Self, Finding> {
+        decode::<RuleObject<Self::Spec, Self::Status>>(object).map(Self::assemble)
+    }
 
     /// The same as [`RuleDecode::decode_for_rules`] on the `serde_json::Value` that `text`
     /// parses to, without building that Value when the text decodes directly.
@@ -371,7 +379,12 @@ trait RuleDecode: Sized {
     /// visitors over the same tokens, and the Value's last-wins handling of repeated keys only
     /// matters where the direct decode fails (serde rejects a repeated struct field). Any
     /// failure goes through the Value, so findings (paths, messages) are those of the Value path.
-    fn decode_for_rules_text(text: &str) -> Result<Self, Finding>;
+    fn decode_for_rules_text(text: &str) -> Result<Self, Finding> {
+        match serde_json::from_str::<RuleObject<Self::Spec, Self::Status>>(text) {
+            Ok(object) => Ok(Self::assemble(object)),
+            Err(_) => decode_text_via_value(text),
+        }
+    }
 }
 
 /// The Value path of [`RuleDecode::decode_for_rules_text`]: parse, then decode the Value.
@@ -390,58 +403,66 @@ fn decode_text_via_value<T: RuleDecode>(text: &str) -> Result<T, Finding> {
 }
 
 impl RuleDecode for SmolVM {
-    fn decode_for_rules(object: &Value) -> Result<Self, Finding> {
-        let o = decode::<RuleObject<crate::types::SmolVMSpec, crate::types::SmolVMStatus>>(object)?;
-        Ok(SmolVM {
+    type Spec = crate::types::SmolVMSpec;
+    type Status = crate::types::SmolVMStatus;
+
+    fn assemble(o: RuleObject<Self::Spec, Self::Status>) -> Self {
+        SmolVM {
             metadata: o.metadata.into_object_meta(),
             spec: o.spec,
             status: o.status,
-        })
-    }
-
-    fn decode_for_rules_text(text: &str) -> Result<Self, Finding> {
-        match serde_json::from_str::<RuleObject<crate::types::SmolVMSpec, crate::types::SmolVMStatus>>(text) {
-            Ok(o) => Ok(SmolVM {
-                metadata: o.metadata.into_object_meta(),
-                spec: o.spec,
-                status: o.status,
-            }),
-            Err(_) => decode_text_via_value(text),
         }
     }
 }
 
 impl RuleDecode for SmolVMNode {
-    fn decode_for_rules(object: &Value) -> Result<Self, Finding> {
-        let o = decode::<RuleObject<crate::types::SmolVMNodeSpec, crate::types::SmolVMNodeStatus>>(object)?;
-        Ok(SmolVMNode {
+    type Spec = crate::types::SmolVMNodeSpec;
+    type Status = crate::types::SmolVMNodeStatus;
+
+    fn assemble(o: RuleObject<Self::Spec, Self::Status>) -> Self {
+        SmolVMNode {
             metadata: o.metadata.into_object_meta(),
             spec: o.spec,
             status: o.status,
-        })
-    }
-
-    fn decode_for_rules_text(text: &str) -> Result<Self, Finding> {
-        match serde_json::from_str::<RuleObject<crate::types::SmolVMNodeSpec, crate::types::SmolVMNodeStatus>>(text) {
-            Ok(o) => Ok(SmolVMNode {
-                metadata: o.metadata.into_object_meta(),
-                spec: o.spec,
-                status: o.status,
-            }),
-            Err(_) => decode_text_via_value(text),
         }
     }
 }
 
-/// Decodes the new and old objects of a request with `decode` (from a Value or from text); a
-/// failure becomes the single violation.
-fn decode_pair_with<I: Copy, T>(
-    old: Option<I>,
-    new: I,
-    decode: impl Fn(I) -> Result<T, Finding>,
-) -> Result<(Option<T>, T), Finding> {
-    let new = decode(new)?;
-    let old = old.map(&decode).transpose().map_err(|finding| Finding {
+/// A reviewed object as a request carries it: an already parsed Value, or its JSON text (as in
+/// an AdmissionReview). Both give the same verdict; text that decodes directly never builds the
+/// intermediate Value. Text must parse as one `serde_json::Value` (the webhook checks that while
+/// reading the review).
+#[derive(Clone, Copy, Debug)]
+pub enum Raw<'a> {
+    Value(&'a Value),
+    Text(&'a str),
+}
+
+/// Which rules a write is checked against: the resource and, for status writes, its
+/// subresource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// A SmolVM (V1 to V8).
+    SmolVM,
+    /// The status subresource of a SmolVM (V9).
+    SmolVMStatus,
+    /// A SmolVMNode (V10).
+    SmolVMNode,
+    /// The status subresource of a SmolVMNode (V10).
+    SmolVMNodeStatus,
+}
+
+fn decode_raw<T: RuleDecode>(raw: Raw<'_>) -> Result<T, Finding> {
+    match raw {
+        Raw::Value(value) => T::decode_for_rules(value),
+        Raw::Text(text) => T::decode_for_rules_text(text),
+    }
+}
+
+/// Decodes the new and old objects of a request; a failure becomes the single violation.
+fn decode_pair<T: RuleDecode>(old: Option<Raw<'_>>, new: Raw<'_>) -> Result<(Option<T>, T), Finding> {
+    let new = decode_raw(new)?;
+    let old = old.map(decode_raw).transpose().map_err(|finding| Finding {
         message: format!(
             "the stored object does not decode ({}); refusing a transition that cannot be checked",
             finding.message
@@ -451,19 +472,13 @@ fn decode_pair_with<I: Copy, T>(
     Ok((old, new))
 }
 
-/// Decodes the new and old objects of a request given as Values.
-fn decode_pair<T: RuleDecode>(old: Option<&Value>, new: &Value) -> Result<(Option<T>, T), Finding> {
-    decode_pair_with(old, new, T::decode_for_rules)
-}
-
-/// [`decode_pair`] from JSON text.
-fn decode_pair_text<T: RuleDecode>(old: Option<&str>, new: &str) -> Result<(Option<T>, T), Finding> {
-    decode_pair_with(old, new, T::decode_for_rules_text)
-}
-
 /// Runs `rule` on a decoded pair, or rejects with the decoding finding.
-fn on_decoded<T>(decoded: Result<(Option<T>, T), Finding>, rule: impl FnOnce(Option<&T>, &T) -> Verdict) -> Verdict {
-    match decoded {
+fn on_decoded<T: RuleDecode>(
+    old: Option<Raw<'_>>,
+    new: Raw<'_>,
+    rule: impl FnOnce(Option<&T>, &T) -> Verdict,
+) -> Verdict {
+    match decode_pair::<T>(old, new) {
         Ok((old, new)) => rule(old.as_ref(), &new),
         Err(finding) => rejected(finding),
     }
@@ -476,19 +491,29 @@ fn rejected(finding: Finding) -> Verdict {
     }
 }
 
-/// Validates a SmolVM given as JSON (as the webhook receives it).
+/// Validates a write of `target` given as JSON (a Value or text), as the webhook receives it:
+/// decodes the objects (a failure is the single violation) and runs the target's rules.
+pub fn validate_raw(target: Target, op: Operation, old: Option<Raw<'_>>, new: Raw<'_>, ctx: &Context<'_>) -> Verdict {
+    match target {
+        Target::SmolVM => on_decoded(old, new, |o, n| validate_smolvm(op, o, n, ctx)),
+        Target::SmolVMStatus => on_decoded(old, new, |o, n| validate_smolvm_status(op, o, n, ctx)),
+        Target::SmolVMNode => on_decoded(old, new, |o, n| validate_smolvm_node(op, o, n, ctx)),
+        Target::SmolVMNodeStatus => on_decoded(old, new, |o, n| validate_smolvm_node_status(op, o, n, ctx)),
+    }
+}
+
+/// Validates a SmolVM given as a JSON Value; see [`validate_raw`].
 pub fn validate_smolvm_json(op: Operation, old: Option<&Value>, new: &Value, ctx: &Context<'_>) -> Verdict {
-    on_decoded(decode_pair::<SmolVM>(old, new), |o, n| validate_smolvm(op, o, n, ctx))
+    validate_raw(Target::SmolVM, op, old.map(Raw::Value), Raw::Value(new), ctx)
 }
 
-/// Validates a SmolVM status write given as JSON.
+/// Validates a SmolVM status write given as a JSON Value; see [`validate_raw`].
 pub fn validate_smolvm_status_json(op: Operation, old: Option<&Value>, new: &Value, ctx: &Context<'_>) -> Verdict {
-    on_decoded(decode_pair::<SmolVM>(old, new), |o, n| {
-        validate_smolvm_status(op, o, n, ctx)
-    })
+    validate_raw(Target::SmolVMStatus, op, old.map(Raw::Value), Raw::Value(new), ctx)
 }
 
-/// Validates a SmolVMNode given as JSON, for the main resource or (with `status`) its status.
+/// Validates a SmolVMNode given as a JSON Value, for the main resource or (with `status`) its
+/// status; see [`validate_raw`].
 pub fn validate_smolvm_node_json(
     op: Operation,
     status: bool,
@@ -496,47 +521,12 @@ pub fn validate_smolvm_node_json(
     new: &Value,
     ctx: &Context<'_>,
 ) -> Verdict {
-    on_decoded(decode_pair::<SmolVMNode>(old, new), |o, n| {
-        node_rule(op, status, o, n, ctx)
-    })
-}
-
-/// [`validate_smolvm_json`] on objects given as JSON text (as an AdmissionReview carries them),
-/// with the same verdict. `new` and `old` must each parse as one `serde_json::Value` (the
-/// webhook checks that while reading the review); decoding them does not build that Value.
-pub fn validate_smolvm_text(op: Operation, old: Option<&str>, new: &str, ctx: &Context<'_>) -> Verdict {
-    on_decoded(decode_pair_text::<SmolVM>(old, new), |o, n| {
-        validate_smolvm(op, o, n, ctx)
-    })
-}
-
-/// [`validate_smolvm_status_json`] on objects given as JSON text; see [`validate_smolvm_text`].
-pub fn validate_smolvm_status_text(op: Operation, old: Option<&str>, new: &str, ctx: &Context<'_>) -> Verdict {
-    on_decoded(decode_pair_text::<SmolVM>(old, new), |o, n| {
-        validate_smolvm_status(op, o, n, ctx)
-    })
-}
-
-/// [`validate_smolvm_node_json`] on objects given as JSON text; see [`validate_smolvm_text`].
-pub fn validate_smolvm_node_text(
-    op: Operation,
-    status: bool,
-    old: Option<&str>,
-    new: &str,
-    ctx: &Context<'_>,
-) -> Verdict {
-    on_decoded(decode_pair_text::<SmolVMNode>(old, new), |o, n| {
-        node_rule(op, status, o, n, ctx)
-    })
-}
-
-/// The SmolVMNode rule for the main resource or (with `status`) its status.
-fn node_rule(op: Operation, status: bool, old: Option<&SmolVMNode>, new: &SmolVMNode, ctx: &Context<'_>) -> Verdict {
-    if status {
-        validate_smolvm_node_status(op, old, new, ctx)
+    let target = if status {
+        Target::SmolVMNodeStatus
     } else {
-        validate_smolvm_node(op, old, new, ctx)
-    }
+        Target::SmolVMNode
+    };
+    validate_raw(target, op, old.map(Raw::Value), Raw::Value(new), ctx)
 }
 
 /// Validates a SmolVM write on the main resource (rules V1 to V8).

@@ -1,5 +1,6 @@
 //! Property tests: defaulting is idempotent (M1, M2), every defaulted object that obeys the policy
-//! validates, and no input (arbitrary JSON, arbitrary old/new pairs) makes the rules panic.
+//! validates, no input (arbitrary JSON, arbitrary old/new pairs) makes the rules panic, and JSON
+//! text gets the verdict its parsed Value gets.
 
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
@@ -9,7 +10,8 @@ use smolvm_api::{
     fixtures,
     policy::Policy,
     validate::{
-        Context, Identity, Operation, validate_smolvm_json, validate_smolvm_node_json, validate_smolvm_status_json,
+        Context, Identity, Operation, Raw, Target, validate_raw, validate_smolvm_json, validate_smolvm_node_json,
+        validate_smolvm_status_json,
     },
 };
 
@@ -256,6 +258,34 @@ proptest! {
                 prop_assert!(v.to_string().ends_with(']'));
             }
             let _ = validate_smolvm_status_json(Operation::Update, Some(&old), candidate, &ctx);
+        }
+    }
+
+    #[test]
+    fn text_and_value_inputs_get_the_same_verdict(
+        old in prop::option::of(smolvm_like()),
+        new in prop_oneof![smolvm_like(), arbitrary_json()],
+        bind in any::<bool>(),
+        identity in identities(),
+    ) {
+        let policy = Policy::default();
+        let nodes: Vec<SmolVMNode> = vec![fixtures::node("node-a", 4, 4096, 100)];
+        let ctx = Context { policy: &policy, nodes: &nodes, identity: &identity };
+        let old = old.map(|o| if bind { fixtures::bound(o, "node-a") } else { o });
+        // The Values compared with are those the texts parse to (a float need not survive
+        // printing and parsing to the same bits).
+        let (old_text, new_text) = (old.as_ref().map(Value::to_string), new.to_string());
+        let reparse = |text: &str| serde_json::from_str::<Value>(text);
+        let new = reparse(&new_text).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let old = old_text.as_deref().map(reparse).transpose().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for target in [Target::SmolVM, Target::SmolVMStatus, Target::SmolVMNode, Target::SmolVMNodeStatus] {
+            for op in [Operation::Create, Operation::Update] {
+                let by_value = validate_raw(target, op, old.as_ref().map(Raw::Value), Raw::Value(&new), &ctx);
+                let by_text = validate_raw(target, op, old_text.as_deref().map(Raw::Text), Raw::Text(&new_text), &ctx);
+                prop_assert_eq!(by_value.message(), by_text.message(), "{:?} {:?} {}", target, op, new);
+                prop_assert_eq!(by_value.allowed(), by_text.allowed());
+                prop_assert_eq!(format!("{:?}", by_value.warnings), format!("{:?}", by_text.warnings));
+            }
         }
     }
 }

@@ -21,10 +21,7 @@ use smolvm_api::{
     Policy,
     constants::{GROUP, RESOURCE_SMOLVMNODES, RESOURCE_SMOLVMS},
     defaulting::default_smolvm,
-    validate::{
-        Context, Identity, NodeCatalog, Operation, RuleId, Verdict, validate_smolvm_json, validate_smolvm_node_json,
-        validate_smolvm_node_text, validate_smolvm_status_json, validate_smolvm_status_text, validate_smolvm_text,
-    },
+    validate::{Context, Identity, NodeCatalog, Operation, Raw, RuleId, Target, Verdict, validate_raw},
 };
 
 /// The only AdmissionReview version served.
@@ -884,40 +881,20 @@ impl Objects<'_> {
     }
 
     fn validate(&self, route: Route, status: bool, operation: Operation, ctx: &Context<'_>) -> Verdict {
-        match (self, route, status) {
-            (Objects::Parsed { new: Some(new), old }, Route::ValidateSmolVM, false) => {
-                validate_smolvm_json(operation, old.as_ref(), new, ctx)
+        let target = match (route, status) {
+            (Route::ValidateSmolVMNode, true) => Target::SmolVMNodeStatus,
+            (Route::ValidateSmolVMNode, false) => Target::SmolVMNode,
+            (_, true) => Target::SmolVMStatus,
+            (_, false) => Target::SmolVM,
+        };
+        match self {
+            Objects::Parsed { new: Some(new), old } => {
+                validate_raw(target, operation, old.as_ref().map(Raw::Value), Raw::Value(new), ctx)
             }
-            (Objects::Parsed { new: Some(new), old }, Route::ValidateSmolVM, true) => {
-                validate_smolvm_status_json(operation, old.as_ref(), new, ctx)
-            }
-            (Objects::Parsed { new: Some(new), old }, _, _) => {
-                validate_smolvm_node_json(operation, status, old.as_ref(), new, ctx)
-            }
-            (
-                Objects::Text {
-                    new: Some((new, _)),
-                    old,
-                },
-                Route::ValidateSmolVM,
-                false,
-            ) => validate_smolvm_text(operation, *old, new, ctx),
-            (
-                Objects::Text {
-                    new: Some((new, _)),
-                    old,
-                },
-                Route::ValidateSmolVM,
-                true,
-            ) => validate_smolvm_status_text(operation, *old, new, ctx),
-            (
-                Objects::Text {
-                    new: Some((new, _)),
-                    old,
-                },
-                _,
-                _,
-            ) => validate_smolvm_node_text(operation, status, *old, new, ctx),
+            Objects::Text {
+                new: Some((new, _)),
+                old,
+            } => validate_raw(target, operation, old.map(Raw::Text), Raw::Text(new), ctx),
             _ => Verdict::default(),
         }
     }
@@ -1437,7 +1414,7 @@ mod tests {
             nodes: &nodes,
             identity: &identity,
         };
-        let verdict = validate_smolvm_json(Operation::Create, None, &bad, &ctx);
+        let verdict = smolvm_api::validate::validate_smolvm_json(Operation::Create, None, &bad, &ctx);
         let findings: Vec<_> = verdict.violations.iter().chain(&verdict.warnings).collect();
         assert!(findings.len() >= 3, "{findings:?}");
         for finding in findings {
