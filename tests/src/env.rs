@@ -232,7 +232,8 @@ impl Env {
         let admin = plane.admin().await?;
         let rendered = render(&repo_root().join("deploy/default"))?;
 
-        // The deployment's CRDs, namespace, ServiceAccounts, RBAC and ConfigMaps, as rendered.
+        // The deployment's CRDs, namespace, ServiceAccounts, RBAC, ConfigMaps and the webhook's empty
+        // TLS Secret, as rendered.
         let install: Vec<Value> = rendered
             .iter()
             .filter(|o| {
@@ -246,6 +247,7 @@ impl Env {
                         | "RoleBinding"
                         | "ClusterRoleBinding"
                         | "ConfigMap"
+                        | "Secret"
                 )
             })
             .cloned()

@@ -624,7 +624,6 @@ const RBAC_WEBHOOK_DEFAULT: &str = "
 smolvm-webhook     cluster        admissionregistration.k8s.io/mutatingwebhookconfigurations  smolvm-webhook  get,patch
 smolvm-webhook     cluster        admissionregistration.k8s.io/validatingwebhookconfigurations  smolvm-webhook  get,patch
 smolvm-webhook     cluster        vm.smolvm.dev/smolvmnodes  -  list,watch
-smolvm-webhook     smolvm-system  core/secrets  -  create
 smolvm-webhook     smolvm-system  core/secrets  smolvm-webhook-tls  get,update
 ";
 
@@ -819,12 +818,12 @@ fn rbac_is_least_privilege_and_matches_the_expected_table() {
                     RUNTIME => panic!("deploy/{overlay}: the runtime may not touch Secrets: {verbs:?}"),
                     WEBHOOK => {
                         assert_eq!(grant.scope, NAMESPACE, "deploy/{overlay}");
-                        let only_own = grant.names == ["smolvm-webhook-tls"];
-                        // `create` cannot be narrowed by name; reading and writing are.
-                        let create_only = grant.names.is_empty() && verbs.iter().all(|v| v == "create");
-                        assert!(
-                            only_own || create_only,
-                            "deploy/{overlay}: the webhook may reach only its TLS Secret: {grant:?} {verbs:?}"
+                        // Only its TLS Secret, by name: no `create`, which RBAC could not narrow
+                        // (the install creates that Secret empty).
+                        assert_eq!(
+                            grant.names,
+                            ["smolvm-webhook-tls"],
+                            "deploy/{overlay}: the webhook may reach only its TLS Secret: {verbs:?}"
                         );
                     }
                     _ => {}
@@ -1299,9 +1298,30 @@ fn network_policy_admits_only_the_controller_to_the_node_api() {
 // Secrets and the policy
 // ---------------------------------------------------------------------------------------------
 
+/// The one Secret a manifest may hold: the webhook's TLS Secret, empty (the webhook fills it).
+fn check_no_secret_material(object: &Value, place: &str) {
+    if str_at(object, "/kind") != "Secret" {
+        return;
+    }
+    assert_eq!(
+        str_at(object, "/metadata/name"),
+        "smolvm-webhook-tls",
+        "{place}: ships a Secret"
+    );
+    for key in ["data", "stringData"] {
+        assert!(
+            object
+                .get(key)
+                .is_none_or(|d| d.as_object().is_some_and(|m| m.is_empty())),
+            "{place}: the placeholder Secret carries {key}"
+        );
+    }
+}
+
 #[test]
-fn no_secret_ships_in_any_manifest() {
-    // No generator either: the node API token is created at install by the controller, random.
+fn no_secret_material_ships_in_any_manifest() {
+    // No generator either: the node API token is created at install by the controller, random;
+    // the webhook's TLS Secret ships empty and the webhook fills it.
     fn walk(dir: &Path) {
         for entry in std::fs::read_dir(dir).expect("read deploy/").flatten() {
             let path = entry.path();
@@ -1312,7 +1332,7 @@ fn no_secret_ships_in_any_manifest() {
                 assert!(!text.contains("secretGenerator"), "{}: secretGenerator", path.display());
                 for doc in serde_yaml::Deserializer::from_str(&text) {
                     let value = Value::deserialize(doc).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-                    assert_ne!(str_at(&value, "/kind"), "Secret", "{}: ships a Secret", path.display());
+                    check_no_secret_material(&value, &path.display().to_string());
                 }
             }
         }
@@ -1320,9 +1340,25 @@ fn no_secret_ships_in_any_manifest() {
     walk(&repo().join("deploy"));
     require_kubectl!();
     for name in kustomizations() {
-        for object in rendered(&name) {
-            assert_ne!(str_at(object, "/kind"), "Secret", "deploy/{name}: {}", describe(object));
+        let secrets: Vec<&Value> = rendered(&name)
+            .iter()
+            .filter(|o| str_at(o, "/kind") == "Secret")
+            .collect();
+        for object in &secrets {
+            check_no_secret_material(object, &format!("deploy/{name}: {}", describe(object)));
         }
+        // Exactly the overlays whose webhook runs in self-signed mode carry the placeholder.
+        let self_signed = rendered(&name).iter().any(|o| {
+            str_at(o, "/kind") == "Deployment"
+                && o.pointer("/spec/template/spec/containers/0/args")
+                    .and_then(Value::as_array)
+                    .is_some_and(|args| args.iter().any(|a| a == "--tls-mode=self-signed"))
+        });
+        assert_eq!(
+            secrets.len(),
+            usize::from(self_signed),
+            "deploy/{name}: the webhook TLS placeholder"
+        );
     }
 }
 

@@ -934,17 +934,27 @@ async fn two_webhook_replicas_bootstrapping_at_once_converge_on_one_ca(env: &mut
         )?);
     }
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(env.admin().await?, env::NAMESPACE);
-    let secret = eventually("the shared webhook TLS Secret", Duration::from_secs(60), || {
-        let secrets = secrets.clone();
-        async move { Ok(secrets.get_opt("smolvm-webhook-tls").await?) }
-    })
+    // The install created the Secret empty (deploy/default), and the webhook may not create
+    // Secrets: the replicas race to fill that one.
+    let ca = eventually(
+        "a replica to fill the shared webhook TLS Secret",
+        Duration::from_secs(60),
+        || {
+            let secrets = secrets.clone();
+            async move {
+                let secret = secrets
+                    .get_opt("smolvm-webhook-tls")
+                    .await?
+                    .ok_or_else(|| anyhow!("the install's webhook TLS Secret is gone"))?;
+                Ok(secret
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get("ca.crt"))
+                    .map(|b| String::from_utf8_lossy(&b.0).into_owned()))
+            }
+        },
+    )
     .await?;
-    let ca = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get("ca.crt"))
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-        .ok_or_else(|| anyhow!("the Secret has no ca.crt"))?;
     // Both replicas must serve a certificate that the one CA verifies for the Service's name.
     let config = std::sync::Arc::new(smolvm_certs::client_config(&ca, None, &[])?);
     for (i, port) in ports.iter().enumerate() {

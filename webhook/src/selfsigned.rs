@@ -7,7 +7,13 @@
 //! absent (a `409 AlreadyExists` means another replica won: load the winner), and a renewal is
 //! a `replace` carrying the `resourceVersion` read (a `409 Conflict` means someone else renewed:
 //! load theirs). The CA is never replaced by this code; its lifetime defaults to ten years
-//! (delete the Secret to start over with a new CA).
+//! (delete the Secret's data, or the Secret, to start over with a new CA).
+//!
+//! The install may pre-create the Secret empty (`deploy/default` does), so the webhook's
+//! ServiceAccount needs only `get` and `update` on that one name, never an unrestricted secret
+//! `create`: an existing Secret without data is filled the way a renewal is written (a
+//! `replace` carrying the `resourceVersion` read, keeping its type, labels and annotations), so
+//! racing replicas converge on one CA here too.
 
 use std::{
     collections::BTreeMap,
@@ -136,9 +142,8 @@ pub fn material_from_secret(secret: &Secret) -> Result<Material> {
     })
 }
 
-/// The Secret holding `material`.
-pub fn secret_for(cfg: &SelfSignedConfig, material: &Material) -> Secret {
-    let data = [
+fn secret_data(material: &Material) -> BTreeMap<String, ByteString> {
+    [
         (KEY_CA_CERT, &material.ca_cert_pem),
         (KEY_CA_KEY, &material.ca_key_pem),
         (KEY_TLS_CERT, &material.cert_pem),
@@ -146,21 +151,46 @@ pub fn secret_for(cfg: &SelfSignedConfig, material: &Material) -> Secret {
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
-    .collect();
+    .collect()
+}
+
+const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "smolvm-webhook");
+
+/// The Secret holding `material`, as created when none exists.
+pub fn secret_for(cfg: &SelfSignedConfig, material: &Material) -> Secret {
     Secret {
         metadata: ObjectMeta {
             name: Some(cfg.secret_name.clone()),
             namespace: Some(cfg.namespace.clone()),
-            labels: Some(BTreeMap::from([(
-                "app.kubernetes.io/managed-by".to_string(),
-                "smolvm-webhook".to_string(),
-            )])),
+            labels: Some(BTreeMap::from([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())])),
             ..Default::default()
         },
         type_: Some("kubernetes.io/tls".to_string()),
-        data: Some(data),
+        data: Some(secret_data(material)),
         ..Default::default()
     }
+}
+
+/// Whether an existing Secret is an unfilled placeholder (pre-created by the install): it holds
+/// no data at all. A Secret with some keys but not all is not one; it is reported, not
+/// overwritten.
+pub fn is_placeholder(secret: &Secret) -> bool {
+    secret.data.as_ref().is_none_or(BTreeMap::is_empty) && secret.string_data.as_ref().is_none_or(BTreeMap::is_empty)
+}
+
+/// `existing` holding `material`, to be written with `replace`: its `resourceVersion` (the
+/// precondition), type (immutable), labels and annotations are kept, and the managed-by label
+/// is added.
+pub fn filled(existing: &Secret, material: &Material) -> Secret {
+    let mut next = existing.clone();
+    next.metadata.managed_fields = None;
+    next.metadata
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string());
+    next.data = Some(secret_data(material));
+    next.string_data = None;
+    next
 }
 
 /// Whether the serving certificate must be (re)issued: it does not load, does not chain to
@@ -206,8 +236,9 @@ fn is_status(error: &kube::Error, code: u16) -> bool {
 
 /// Makes sure the Secret exists and holds a current serving certificate; returns its material.
 ///
-/// Created only if absent; on `409` the winner is read and used. A serving certificate due for
-/// renewal is reissued from the same CA and written with the `resourceVersion` read; on `409`
+/// Created only if absent; on `409` the winner is read and used. An empty (pre-created) Secret
+/// is filled with a new CA and serving certificate, and a serving certificate due for renewal
+/// is reissued from the same CA; both are written with the `resourceVersion` read, and on `409`
 /// the other writer's certificate is read and used.
 pub async fn ensure_secret(api: &Api<Secret>, cfg: &SelfSignedConfig, now: SystemTime) -> Result<Material> {
     for attempt in 0..5 {
@@ -222,24 +253,41 @@ pub async fn ensure_secret(api: &Api<Secret>, cfg: &SelfSignedConfig, now: Syste
                     Err(e) if is_status(&e, 409) => {
                         tracing::info!(secret = %cfg.secret_name, attempt, "another replica created the Secret first; loading it");
                     }
+                    Err(e) if is_status(&e, 403) => {
+                        return Err(Error::BadSecret {
+                            name: format!("{}/{}", cfg.namespace, cfg.secret_name),
+                            message: format!(
+                                "does not exist, and this ServiceAccount may not create it ({e}); apply the \
+                                 install's empty Secret of that name (deploy/default) or grant `create` on secrets"
+                            ),
+                        });
+                    }
                     Err(e) => return Err(e.into()),
                 }
             }
             Some(secret) => {
-                let material = material_from_secret(&secret)?;
-                if !leaf_needs_reissue(&material, cfg, now)? {
-                    return Ok(material);
-                }
-                let renewed = reissue_leaf(&material, cfg)?;
-                let mut next = secret_for(cfg, &renewed);
-                next.metadata.resource_version = secret.metadata.resource_version.clone();
-                match api.replace(&cfg.secret_name, &PostParams::default(), &next).await {
+                let (material, done) = if is_placeholder(&secret) {
+                    (
+                        generate(cfg)?,
+                        "filled the pre-created Secret with a new CA and serving certificate",
+                    )
+                } else {
+                    let material = material_from_secret(&secret)?;
+                    if !leaf_needs_reissue(&material, cfg, now)? {
+                        return Ok(material);
+                    }
+                    (reissue_leaf(&material, cfg)?, "renewed the serving certificate")
+                };
+                match api
+                    .replace(&cfg.secret_name, &PostParams::default(), &filled(&secret, &material))
+                    .await
+                {
                     Ok(_) => {
-                        tracing::info!(secret = %cfg.secret_name, "renewed the serving certificate");
-                        return Ok(renewed);
+                        tracing::info!(secret = %cfg.secret_name, "{done}");
+                        return Ok(material);
                     }
                     Err(e) if is_status(&e, 409) => {
-                        tracing::info!(secret = %cfg.secret_name, attempt, "another replica renewed first; loading theirs");
+                        tracing::info!(secret = %cfg.secret_name, attempt, "another replica wrote the Secret first; loading theirs");
                     }
                     Err(e) => return Err(e.into()),
                 }
@@ -491,7 +539,18 @@ mod tests {
                 Some("BadSecret"),
                 "{key}"
             );
+            // A Secret missing some keys is reported, never treated as an empty placeholder.
+            assert!(!is_placeholder(&broken), "{key}");
         }
+        assert!(is_placeholder(&Secret::default()));
+        let empty = Secret {
+            data: Some(BTreeMap::new()),
+            ..Default::default()
+        };
+        assert!(is_placeholder(&empty));
+        let filled = filled(&empty, &m);
+        assert_eq!(material_from_secret(&filled).ok(), Some(m));
+        assert_eq!(filled.type_, None, "the existing type is kept");
     }
 
     #[test]

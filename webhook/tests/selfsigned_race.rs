@@ -2,7 +2,8 @@
 //!
 //! The kube API server cannot run here, so it is replaced by a TEST DOUBLE (`FakeApiServer`)
 //! behind tower-test mock services: it stores Secrets and webhook configurations, answers
-//! `409 AlreadyExists` to a second create and `409 Conflict` to a stale replace, and applies
+//! `409 AlreadyExists` to a second create and `409 Conflict` to a stale replace (or `403` to any
+//! create, when told to), and applies
 //! JSON patches. It makes both replicas read "no Secret" (or the same stale Secret) before
 //! either writes, so the race really happens.
 
@@ -55,6 +56,8 @@ struct Store {
     replaces_conflict: u32,
     patches: Vec<(String, Value)>,
     secret_gets: u32,
+    /// Answer `403 Forbidden` to a Secret create (a ServiceAccount without `create`).
+    create_forbidden: bool,
 }
 
 /// TEST DOUBLE of kube-apiserver for Secrets and webhook configurations.
@@ -141,6 +144,13 @@ impl FakeApiServer {
         let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         match (method, path.as_str()) {
             (Method::POST, SECRETS) => {
+                if s.create_forbidden {
+                    return status(
+                        403,
+                        "Forbidden",
+                        "secrets is forbidden: User \"system:serviceaccount:smolvm-system:smolvm-webhook\" cannot create resource \"secrets\"",
+                    );
+                }
                 if s.secret.is_some() {
                     s.creates_conflict += 1;
                     return status(409, "AlreadyExists", "secrets \"smolvm-webhook-tls\" already exists");
@@ -313,4 +323,70 @@ async fn two_replicas_renew_to_one_certificate() {
     assert_ne!(ma.cert_pem, old.cert_pem, "the serving certificate is renewed");
     assert!(!ok(selfsigned::leaf_needs_reissue(&ma, &c, SystemTime::now())));
     assert_eq!(stored_material(&fake).as_ref(), Some(&ma));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_fill_a_precreated_empty_secret_to_one_ca() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let c = cfg();
+    // The install's placeholder (deploy/default): no data, type Opaque, its own labels.
+    let placeholder = json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {
+            "name": SECRET, "namespace": NS,
+            "labels": {"app.kubernetes.io/part-of": "smolvm-operator"},
+            "annotations": {"note": "kept"},
+        },
+    });
+    let fake = FakeApiServer::new(Some(placeholder));
+    // Without `create`, as deploy/default's RBAC has it: the placeholder must be enough.
+    fake.lock().create_forbidden = true;
+    let (a, b) = (fake.client(), fake.client());
+    let (ra, rb) = tokio::join!(selfsigned::bootstrap(&a, &c), selfsigned::bootstrap(&b, &c));
+    let (ma, mb) = (ok(ra), ok(rb));
+    {
+        let s = fake.lock();
+        assert_eq!(
+            (s.replaces_ok, s.replaces_conflict),
+            (1, 1),
+            "both tried to fill it; one won"
+        );
+        assert_eq!((s.creates_ok, s.creates_conflict), (0, 0));
+    }
+    assert_eq!(ma, mb, "both replicas serve the winner's CA and certificate");
+    assert!(!ok(selfsigned::leaf_needs_reissue(&ma, &c, SystemTime::now())));
+    assert_eq!(stored_material(&fake).as_ref(), Some(&ma));
+    let stored = fake.lock().secret.clone().unwrap_or(Value::Null);
+    assert_eq!(stored["type"], "Opaque", "a Secret's type is immutable: kept");
+    assert_eq!(
+        stored["metadata"]["labels"]["app.kubernetes.io/part-of"],
+        "smolvm-operator"
+    );
+    assert_eq!(
+        stored["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        "smolvm-webhook"
+    );
+    assert_eq!(stored["metadata"]["annotations"]["note"], "kept");
+    assert_eq!(bundles(&fake), vec![ca_bundle_value(&ma.ca_cert_pem); 3]);
+}
+
+#[tokio::test]
+async fn a_missing_secret_without_create_permission_is_a_clear_error() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = FakeApiServer::new(None);
+    fake.lock().create_forbidden = true;
+    // One replica: release the barrier the double keeps for the first two reads.
+    fake.lock().secret_gets = 2;
+    let error = match selfsigned::bootstrap(&fake.client(), &cfg()).await {
+        Ok(_) => panic!("bootstrapped without a Secret and without create"),
+        Err(e) => e,
+    };
+    let text = error.to_string();
+    assert_eq!(error.reason(), "BadSecret");
+    assert!(text.contains("smolvm-system/smolvm-webhook-tls"), "{text}");
+    assert!(
+        text.contains("may not create it") && text.contains("deploy/default"),
+        "{text}"
+    );
+    assert_eq!(fake.lock().creates_ok, 0);
 }
