@@ -24,7 +24,6 @@ use crate::{
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// etcd plus kube-apiserver, stopped when dropped.
-#[derive(Debug)]
 pub struct ControlPlane {
     /// The API server's URL.
     pub url: String,
@@ -33,9 +32,21 @@ pub struct ControlPlane {
     /// A kubeconfig for a cluster admin (system:masters).
     pub admin_kubeconfig: PathBuf,
     dir: PathBuf,
+    /// The admin client, built once (a Client is a cheap handle onto one connection pool).
+    admin: tokio::sync::OnceCell<Client>,
     // Field order is drop order: the API server stops before etcd.
     apiserver: Proc,
     etcd: Proc,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("url", &self.url)
+            .field("admin_kubeconfig", &self.admin_kubeconfig)
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ControlPlane {
@@ -116,6 +127,7 @@ impl ControlPlane {
             ca_pem: ca.cert_pem().to_string(),
             admin_kubeconfig,
             dir: dir.to_path_buf(),
+            admin: tokio::sync::OnceCell::new(),
             apiserver,
             etcd,
         };
@@ -149,7 +161,10 @@ impl ControlPlane {
 
     /// A client acting as the cluster admin.
     pub async fn admin(&self) -> anyhow::Result<Client> {
-        client_from(&self.admin_kubeconfig).await
+        self.admin
+            .get_or_try_init(|| client_from(&self.admin_kubeconfig))
+            .await
+            .cloned()
     }
 
     /// Writes a kubeconfig for a bearer token (a ServiceAccount's) and returns its path.
