@@ -558,21 +558,22 @@ pub fn validate_smolvm(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &
     let mut spec_checks = Verdict::default();
     check_spec(&new.spec, ctx.policy, &mut spec_checks);
     match old {
-        // Ratcheting: a violation in a field this update does not touch was there before (the
-        // policy may have tightened since); it is reported as a warning so the object stays
-        // updatable, for example to remove it.
+        // Ratcheting: a violation the stored object already had, under the current policy, is
+        // not this update's doing (the policy may have tightened since); it is reported as a
+        // warning so the object stays updatable, for example to fix it. A violation the update
+        // brings about (also through another field: disabling the network under existing ports,
+        // a port changed into a duplicate of an untouched one) stays a violation.
         Some(old) => {
-            let (old_spec, new_spec) = if spec_checks.violations.is_empty() {
-                (Value::Null, Value::Null)
-            } else {
-                (
-                    serde_json::to_value(&old.spec).unwrap_or(Value::Null),
-                    serde_json::to_value(&new.spec).unwrap_or(Value::Null),
-                )
-            };
+            let mut before = Verdict::default();
+            if !spec_checks.violations.is_empty() {
+                check_spec(&old.spec, ctx.policy, &mut before);
+            }
             for finding in spec_checks.violations {
-                let pointer = finding.pointer.strip_prefix("/spec").unwrap_or(&finding.pointer);
-                if !pointer.is_empty() && old_spec.pointer(pointer) == new_spec.pointer(pointer) {
+                let predates = before
+                    .violations
+                    .iter()
+                    .any(|b| b.rule == finding.rule && b.pointer == finding.pointer && b.message == finding.message);
+                if predates {
                     verdict.warnings.push(Finding {
                         message: format!(
                             "{} (unchanged by this update; it predates the current policy)",
@@ -690,8 +691,8 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
                 RuleId::V3,
                 "spec.network.ports",
                 "/spec/network/ports",
-                format!("{} ports", ports.len()),
-                "need spec.network.enabled: true".into(),
+                format!("{} port(s)", ports.len()),
+                format!("{} port(s) need spec.network.enabled: true", ports.len()),
             );
         }
         if !cidrs.is_empty() {
@@ -699,8 +700,8 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
                 RuleId::V3,
                 "spec.network.allowedCIDRs",
                 "/spec/network/allowedCIDRs",
-                format!("{} entries", cidrs.len()),
-                "need spec.network.enabled: true".into(),
+                format!("{} CIDR(s)", cidrs.len()),
+                format!("{} CIDR(s) need spec.network.enabled: true", cidrs.len()),
             );
         }
     }
@@ -750,7 +751,7 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
                 &format!("/spec/network/ports/{i}"),
                 format!("{}/{}", port.host_port, port.protocol),
                 format!(
-                    "duplicates ports[{first}]: host port {} {} is used twice",
+                    "{}/{} duplicates ports[{first}]: a host port and protocol may be used once",
                     port.host_port, port.protocol
                 ),
             );
@@ -872,7 +873,7 @@ fn check_bound(bound: &str, old: &SmolVMSpec, new: &SmolVMSpec, v: &mut Verdict)
             "spec.network.ports",
             "/spec/network/ports",
             render(new.ports()),
-            format!("{immutable} (was {})", render(old.ports())),
+            format!("{} (was {}) {immutable}", render(new.ports()), render(old.ports())),
         );
     }
     if old.allowed_cidrs() != new.allowed_cidrs() {
@@ -881,7 +882,11 @@ fn check_bound(bound: &str, old: &SmolVMSpec, new: &SmolVMSpec, v: &mut Verdict)
             "spec.network.allowedCIDRs",
             "/spec/network/allowedCIDRs",
             render(new.allowed_cidrs()),
-            format!("{immutable} (was {})", render(old.allowed_cidrs())),
+            format!(
+                "{} (was {}) {immutable}",
+                render(new.allowed_cidrs()),
+                render(old.allowed_cidrs())
+            ),
         );
     }
     let (o, n) = (old.effective(), new.effective());
@@ -916,8 +921,8 @@ fn check_bound(bound: &str, old: &SmolVMSpec, new: &SmolVMSpec, v: &mut Verdict)
             "/spec/resources",
             format!("{} CPUs, {} MiB", n.cpus, n.memory_mib),
             format!(
-                "resize from {} CPUs, {} MiB on node {bound} is applied live where the runtime supports it, otherwise shown as ResizePending",
-                o.cpus, o.memory_mib
+                "resize from {} CPUs, {} MiB to {} CPUs, {} MiB on node {bound} is applied live where the runtime supports it, otherwise shown as ResizePending",
+                o.cpus, o.memory_mib, n.cpus, n.memory_mib
             ),
         );
     }
@@ -1013,45 +1018,35 @@ fn check_force_delete(op: Operation, old: Option<&SmolVM>, new: &SmolVM, v: &mut
     if op == Operation::Update && old.and_then(annotation).as_deref() == Some(value.as_str()) {
         return; // unchanged: judged when it was set
     }
+    // Every misuse is reported, not only the first.
+    let shown = render(&value);
+    let mut misuse = Vec::new();
     if value != FORCE_DELETE_VALUE {
-        v.violation(
-            RuleId::V7,
-            &path,
-            &pointer,
-            render(&value),
-            format!("{} must be exactly \"true\"", render(&value)),
-        );
-        return;
+        misuse.push(format!("{shown} must be exactly \"true\""));
     }
     if op == Operation::Create {
-        v.violation(
-            RuleId::V7,
-            &path,
-            &pointer,
-            render(&value),
-            "cannot be set on create: it is an escape hatch for deleting a SmolVM whose node cannot confirm cleanup"
-                .into(),
-        );
-        return;
+        misuse.push(format!(
+            "{shown} cannot be set on create: it is an escape hatch for deleting a SmolVM whose node cannot confirm cleanup"
+        ));
+    } else if !new.is_deleting() {
+        misuse.push(format!(
+            "{shown} can only be set on a SmolVM that is being deleted: run kubectl delete first, then annotate if deletion stays blocked"
+        ));
     }
-    if !new.is_deleting() {
-        v.violation(
-            RuleId::V7,
-            &path,
-            &pointer,
-            render(&value),
-            "can only be set on a SmolVM that is being deleted: run kubectl delete first, then annotate if deletion stays blocked".into(),
-        );
+    if !misuse.is_empty() {
+        for message in misuse {
+            v.violation(RuleId::V7, &path, &pointer, shown.clone(), message);
+        }
         return;
     }
     let node = new.bound_node().or_else(|| old.and_then(SmolVM::bound_node));
     let message = match node {
         Some(node) => format!(
-            "if node {node} stays unreachable, the finalizer is removed and the machine's local state on {node} (/var/lib/smolvm) may be orphaned"
+            "{shown}: if node {node} stays unreachable, the finalizer is removed and the machine's local state on {node} (/var/lib/smolvm) may be orphaned"
         ),
-        None => "the SmolVM is not bound to a node; nothing can be orphaned".into(),
+        None => format!("{shown}: the SmolVM is not bound to a node; nothing can be orphaned"),
     };
-    v.warning(RuleId::V7, &path, &pointer, render(&value), message);
+    v.warning(RuleId::V7, &path, &pointer, shown, message);
 }
 
 /// Validates a write to `smolvms/status` (rule V9).
@@ -1110,7 +1105,8 @@ pub fn validate_smolvm_status(op: Operation, old: Option<&SmolVM>, new: &SmolVM,
                 "/status/nodeName",
                 render(&new_status.node_name),
                 format!(
-                    "only the controller may write the binding fields; {} may not",
+                    "{}: only the controller may write the binding fields; {} may not",
+                    render(&new_status.node_name),
                     render(&ctx.identity.username)
                 ),
             );
@@ -1121,7 +1117,11 @@ pub fn validate_smolvm_status(op: Operation, old: Option<&SmolVM>, new: &SmolVM,
                 "status.nodeName",
                 "/status/nodeName",
                 render(&new_status.node_name),
-                "status.nodeName and status.nodeUID are written together".into(),
+                format!(
+                    "{} with status.nodeUID {}: status.nodeName and status.nodeUID are written together",
+                    render(&new_status.node_name),
+                    render(&new_status.node_uid)
+                ),
             );
         }
         if let Some(name) = &new_status.node_name
@@ -1166,7 +1166,7 @@ pub fn validate_smolvm_node(op: Operation, old: Option<&SmolVMNode>, new: &SmolV
                 "spec.unschedulable",
                 "/spec/unschedulable",
                 after.to_string(),
-                "is the cluster admin's cordon; a runtime agent may not change it".into(),
+                format!("{after} (was {before}): it is the cluster admin's cordon; a runtime agent may not change it"),
             );
         }
     }
@@ -1223,8 +1223,8 @@ fn check_own_node(node: &SmolVMNode, ctx: &Context<'_>, v: &mut Verdict) {
             "/metadata/name",
             render(name),
             format!(
-                "a runtime agent may only write the SmolVMNode of its own node ({}); {} runs on {}",
-                render(own),
+                "{} is not this runtime agent's node: a runtime agent may only write the SmolVMNode of its own node; {} runs on {}",
+                render(name),
                 render(&ctx.identity.username),
                 render(own)
             ),
@@ -1235,7 +1235,8 @@ fn check_own_node(node: &SmolVMNode, ctx: &Context<'_>, v: &mut Verdict) {
             "/metadata/name",
             render(name),
             format!(
-                "the runtime identity {} carries no node claim ({EXTRA_NODE_NAME}); use a pod-bound ServiceAccount token",
+                "{} cannot be written by the runtime identity {}: it carries no node claim ({EXTRA_NODE_NAME}); use a pod-bound ServiceAccount token",
+                render(name),
                 render(&ctx.identity.username)
             ),
         ),

@@ -129,11 +129,17 @@ fn check_with(cases: Vec<Case>, policy: &Policy, nodes: &Vec<SmolVMNode>) {
         if !ok {
             failures.push(format!("{}: expected {:?}, got {:#?}", case.name, case.expect, verdict));
         }
-        // Every rejection message names the path and the rule.
-        for v in &verdict.violations {
+        // Every finding's message names the path, the offending value and the rule.
+        for v in verdict.violations.iter().chain(&verdict.warnings) {
             let text = v.to_string();
             assert!(text.starts_with(&v.path), "{}: {text}", case.name);
             assert!(text.ends_with(&format!("[{}]", v.rule)), "{}: {text}", case.name);
+            if !text.contains(&v.value) {
+                failures.push(format!(
+                    "{}: the message does not show the value {}: {text}",
+                    case.name, v.value
+                ));
+            }
         }
     }
     assert!(
@@ -837,6 +843,80 @@ fn ratcheting_keeps_objects_updatable_when_the_policy_tightens() {
     );
 }
 
+/// Ratcheting forgives only what the stored object already broke: a violation this update
+/// causes through another field is still rejected.
+#[test]
+fn ratcheting_never_forgives_what_the_update_causes() {
+    let two = json!([
+        {"hostPort": 8080, "guestPort": 80, "protocol": "TCP"},
+        {"hostPort": 8081, "guestPort": 81, "protocol": "TCP"},
+    ]);
+    let old = ports(two);
+    check(vec![
+        case(
+            "v3_network_disabled_under_untouched_ports_rejected",
+            Update,
+            Some(old.clone()),
+            with(old.clone(), "/spec/network/enabled", json!(false)),
+            Reject(RuleId::V3, "spec.network.ports"),
+        ),
+        case(
+            "v3_port_changed_into_a_duplicate_of_an_untouched_one_rejected",
+            Update,
+            Some(old.clone()),
+            with(old.clone(), "/spec/network/ports/0/hostPort", json!(8081)),
+            Reject(RuleId::V3, "spec.network.ports[1]"),
+        ),
+    ]);
+    // Under a policy that now excludes 8080, the untouched port stays a warning while another
+    // field changes, and a change to that port is rejected.
+    let tight = Policy {
+        host_port_min: 8081,
+        ..Policy::default()
+    };
+    check_with(
+        vec![
+            case(
+                "v3_port_outside_a_tightened_range_unchanged_warns",
+                Update,
+                Some(old.clone()),
+                with(old.clone(), "/spec/running", json!(false)),
+                Warn(RuleId::V3),
+            ),
+            case(
+                "v3_port_outside_a_tightened_range_changed_rejected",
+                Update,
+                Some(old.clone()),
+                with(old.clone(), "/spec/network/ports/0/hostPort", json!(8079)),
+                Reject(RuleId::V3, "spec.network.ports[0]"),
+            ),
+        ],
+        &tight,
+        &nodes(),
+    );
+}
+
+#[test]
+fn v7_every_misuse_is_reported() {
+    let policy = Policy::default();
+    let nodes = nodes();
+    let identity = fixtures::user();
+    let ctx = Context {
+        policy: &policy,
+        nodes: &nodes,
+        identity: &identity,
+    };
+    let new = annotated(alpine(), "yes");
+    let verdict = validate_smolvm_json(Create, None, &new, &ctx);
+    let messages: Vec<String> = verdict.violations.iter().map(ToString::to_string).collect();
+    assert_eq!(messages.len(), 2, "{messages:#?}");
+    assert!(
+        messages[0].contains("\"yes\" must be exactly \"true\""),
+        "{messages:#?}"
+    );
+    assert!(messages[1].contains("\"yes\" cannot be set on create"), "{messages:#?}");
+}
+
 fn status_case(name: &'static str, old: Value, new: Value, identity: Identity, expect: Expect) -> Case {
     Case {
         name,
@@ -1079,8 +1159,9 @@ fn v10_smolvm_nodes() {
 
 #[test]
 fn transition_matrix_unbound_bound_deleting_pinned() {
-    // Every combination of (bound?, deleting?, pinned?) for a metadata-only update is allowed, and
-    // for an image change is rejected exactly when bound or deleting.
+    // Every combination of (bound?, deleting?, pinned?): a metadata-only update is allowed, an
+    // image change is rejected exactly when bound or deleting, the force-delete annotation is
+    // accepted exactly when deleting, and becoming deleting is always accepted.
     for is_bound in [false, true] {
         for is_deleting in [false, true] {
             for is_pinned in [false, true] {
@@ -1120,6 +1201,27 @@ fn transition_matrix_unbound_bound_deleting_pinned() {
                     expected_rule,
                     "image change ({label}): {v:?}"
                 );
+                // The force-delete annotation: accepted (with a warning) exactly on an object
+                // being deleted; otherwise V7 rejects it.
+                let forced = annotated(old.clone(), "true");
+                let v = validate_smolvm_json(Update, Some(&old), &forced, &ctx);
+                if is_deleting {
+                    assert!(v.allowed(), "force-delete while deleting ({label}): {v:?}");
+                    assert_eq!(v.warnings.first().map(|w| w.rule), Some(RuleId::V7), "{label}");
+                } else {
+                    assert_eq!(
+                        v.violated_rules(),
+                        vec![RuleId::V7],
+                        "force-delete, not deleting ({label}): {v:?}"
+                    );
+                }
+                // The transition into deletion (the API server sets deletionTimestamp): the
+                // update that only marks the object deleting is never refused.
+                if !is_deleting {
+                    let marked = deleting(old.clone());
+                    let v = validate_smolvm_json(Update, Some(&old), &marked, &ctx);
+                    assert!(v.allowed(), "not deleting -> deleting ({label}): {v:?}");
+                }
             }
         }
     }

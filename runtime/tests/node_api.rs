@@ -163,6 +163,10 @@ async fn malformed_requests_get_json_errors() {
         ),
         ("GET", long_name.as_str(), None, 400, "InvalidRequest"),
         ("GET", "/v1/machines/-x", None, 400, "InvalidRequest"),
+        // Not UTF-8 once percent-decoded: axum's own rejection would be plain text.
+        ("GET", "/v1/machines/%FF", None, 400, "InvalidRequest"),
+        ("POST", "/v1/machines/%C3%28/stop", None, 400, "InvalidRequest"),
+        ("DELETE", "/v1/machines/a%2Fb", None, 400, "InvalidRequest"),
         (
             "POST",
             "/v1/machines/m1/resize",

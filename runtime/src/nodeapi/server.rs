@@ -8,8 +8,8 @@ use std::time::Instant;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
-use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header, request::Parts};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -84,7 +84,7 @@ pub struct NodeApiState {
     pub metrics: Arc<Metrics>,
     /// smolvm's local image directory (to compare `local:` images).
     pub local_image_dir: Option<PathBuf>,
-    locks: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    locks: MachineLocks,
 }
 
 impl NodeApiState {
@@ -106,18 +106,47 @@ impl NodeApiState {
         }
     }
 
-    /// Serializes mutating operations per machine name.
-    async fn lock(&self, name: &str) -> tokio::sync::OwnedMutexGuard<()> {
+    /// Serializes mutating operations per machine name. The guard drops the name's entry when
+    /// no other request holds or awaits it, so the table holds only names in use.
+    async fn lock(&self, name: &str) -> MachineGuard {
         let lock = match self.locks.lock() {
             Ok(mut locks) => locks.entry(name.to_string()).or_default().clone(),
-            Err(_) => Arc::default(),
+            Err(poisoned) => poisoned.into_inner().entry(name.to_string()).or_default().clone(),
         };
-        lock.lock_owned().await
+        MachineGuard {
+            guard: Some(lock.lock_owned().await),
+            locks: self.locks.clone(),
+            name: name.to_string(),
+        }
     }
+}
 
-    fn forget_lock(&self, name: &str) {
-        if let Ok(mut locks) = self.locks.lock() {
-            locks.remove(name);
+/// The per-machine locks, by name.
+type MachineLocks = Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>;
+
+/// A held per-machine lock; see [`NodeApiState::lock`].
+struct MachineGuard {
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    locks: MachineLocks,
+    name: String,
+}
+
+impl Drop for MachineGuard {
+    fn drop(&mut self) {
+        // Under the table's lock: the entry goes only if the table's Arc and this guard's are
+        // the last (nobody else holds or waits on it), so a waiter never ends up on a mutex
+        // the table no longer hands out.
+        let mut locks = match self.locks.lock() {
+            Ok(locks) => locks,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let last = self
+            .guard
+            .as_ref()
+            .is_some_and(|g| Arc::strong_count(tokio::sync::OwnedMutexGuard::mutex(g)) <= 2);
+        self.guard = None;
+        if last {
+            locks.remove(&self.name);
         }
     }
 }
@@ -231,8 +260,28 @@ fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Resul
     serde_json::from_value(value).map_err(|e| invalid(format!("invalid JSON body: {e}")))
 }
 
-fn check_name(name: &str) -> Result<(), ApiError> {
-    validate_machine_name(name).map_err(|message| ApiFailure::new(400, error_code::INVALID_REQUEST, message).into())
+/// The `{name}` of a machine route, checked by [`validate_machine_name`]. A name that is not
+/// valid UTF-8 once percent-decoded, or not a valid machine name, is a 400 with a JSON body
+/// (axum's own path rejection would be plain text).
+struct MachineName(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for MachineName {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(name) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|rejection| {
+                ApiError(ApiFailure::new(
+                    400,
+                    error_code::INVALID_REQUEST,
+                    format!("the machine name in the path: {}", rejection.body_text()),
+                ))
+            })?;
+        validate_machine_name(&name)
+            .map_err(|message| ApiError(ApiFailure::new(400, error_code::INVALID_REQUEST, message)))?;
+        Ok(MachineName(name))
+    }
 }
 
 /// The operation name of a request, for metrics and logs.
@@ -359,8 +408,7 @@ fn not_found(name: &str) -> ApiError {
     ))
 }
 
-async fn get_machine(State(state): State<NodeApiState>, Path(name): Path<String>) -> ApiResult {
-    check_name(&name)?;
+async fn get_machine(State(state): State<NodeApiState>, MachineName(name): MachineName) -> ApiResult {
     match state.vmm.get(&name).await? {
         Some(machine) => Ok(ok(StatusCode::OK, &logic::to_status(&machine))),
         None => Err(not_found(&name)),
@@ -369,10 +417,9 @@ async fn get_machine(State(state): State<NodeApiState>, Path(name): Path<String>
 
 async fn create_machine(
     State(state): State<NodeApiState>,
-    Path(name): Path<String>,
+    MachineName(name): MachineName,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    check_name(&name)?;
     let spec: MachineSpec = parse_body(body)?;
     let _guard = state.lock(&name).await;
     let compare = |machine: &crate::vmm::Machine| -> ApiResult {
@@ -403,8 +450,7 @@ async fn create_machine(
     }
 }
 
-async fn ensure_running(State(state): State<NodeApiState>, Path(name): Path<String>) -> ApiResult {
-    check_name(&name)?;
+async fn ensure_running(State(state): State<NodeApiState>, MachineName(name): MachineName) -> ApiResult {
     let _guard = state.lock(&name).await;
     let Some(machine) = state.vmm.get(&name).await? else {
         return Err(not_found(&name));
@@ -416,19 +462,15 @@ async fn ensure_running(State(state): State<NodeApiState>, Path(name): Path<Stri
     Ok(ok(StatusCode::OK, &logic::to_status(&started)))
 }
 
-async fn stop_machine(State(state): State<NodeApiState>, Path(name): Path<String>) -> ApiResult {
-    check_name(&name)?;
+async fn stop_machine(State(state): State<NodeApiState>, MachineName(name): MachineName) -> ApiResult {
     let _guard = state.lock(&name).await;
     let stopped = state.vmm.stop(&name).await?;
     Ok(ok(StatusCode::OK, &logic::to_status(&stopped)))
 }
 
-async fn delete_machine(State(state): State<NodeApiState>, Path(name): Path<String>) -> ApiResult {
-    check_name(&name)?;
-    let guard = state.lock(&name).await;
+async fn delete_machine(State(state): State<NodeApiState>, MachineName(name): MachineName) -> ApiResult {
+    let _guard = state.lock(&name).await;
     let outcome = state.vmm.delete(&name).await?;
-    drop(guard);
-    state.forget_lock(&name);
     let body = match outcome {
         DeleteOutcome::Deleted => DeleteResponse {
             deleted: true,
@@ -444,10 +486,9 @@ async fn delete_machine(State(state): State<NodeApiState>, Path(name): Path<Stri
 
 async fn resize_machine(
     State(state): State<NodeApiState>,
-    Path(name): Path<String>,
+    MachineName(name): MachineName,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    check_name(&name)?;
     let request: ResizeSpec = parse_body(body)?;
     let _guard = state.lock(&name).await;
     let Some(mut machine) = state.vmm.get(&name).await? else {
