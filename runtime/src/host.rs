@@ -126,10 +126,28 @@ pub fn filesystem_total_bytes(path: &Path) -> std::io::Result<u64> {
     Ok((stat.f_blocks as u64).saturating_mul(stat.f_frsize as u64))
 }
 
-/// Capacity of this host: CPUs available to the process, MemTotal, and the size of the
-/// filesystem holding `state_dir` (the nearest existing ancestor when it does not exist yet).
+/// The number of online CPUs listed in `/proc/stat` (its `cpuN` lines).
+pub fn parse_proc_stat_cpus(stat: &str) -> Option<usize> {
+    let count = stat
+        .lines()
+        .filter(|line| {
+            line.strip_prefix("cpu")
+                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+        })
+        .count();
+    (count > 0).then_some(count)
+}
+
+/// Capacity of this host: its online CPUs (from `/proc/stat`, so a CPU limit or cpuset on the
+/// agent's own container does not shrink it), MemTotal, and the size of the filesystem holding
+/// `state_dir` (the nearest existing ancestor when it does not exist yet).
 pub fn host_capacity(state_dir: &Path) -> crate::error::Result<NodeResources> {
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpus = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .as_deref()
+        .and_then(parse_proc_stat_cpus)
+        .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+        .unwrap_or(1);
     let meminfo =
         std::fs::read_to_string("/proc/meminfo").map_err(|e| crate::error::Error::io("reading", "/proc/meminfo", e))?;
     let memory_mib = parse_meminfo_total_mib(&meminfo)
@@ -146,6 +164,19 @@ pub fn host_capacity(state_dir: &Path) -> crate::error::Result<NodeResources> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proc_stat_cpus_are_counted() {
+        let stat =
+            "cpu  10 0 5 100 0 0 0 0 0 0\ncpu0 5 0 2 50 0 0 0 0 0 0\ncpu1 5 0 3 50 0 0 0 0 0 0\nintr 1\nctxt 2\n";
+        assert_eq!(parse_proc_stat_cpus(stat), Some(2));
+        assert_eq!(parse_proc_stat_cpus("cpu  1 2 3\nintr 1\n"), None);
+        assert_eq!(parse_proc_stat_cpus(""), None);
+        let real = std::fs::read_to_string("/proc/stat").ok();
+        if let Some(real) = real {
+            assert!(parse_proc_stat_cpus(&real).is_some_and(|n| n >= 1));
+        }
+    }
 
     #[test]
     fn meminfo_total() {

@@ -246,6 +246,7 @@ async fn run(flags: Flags) -> Result<()> {
         let identity = agent.identity().clone();
         let state_dir = flags.state_dir.clone();
         let kvm_device = flags.kvm_device.clone();
+        let last_capacity = std::sync::Mutex::new(None);
         let port = i32::from(flags.port);
         background.push(spawn_reporter(
             Reporter::new(client, flags.node_name.clone()),
@@ -254,7 +255,19 @@ async fn run(flags: Flags) -> Result<()> {
                 identity.set_node_uid(Some(node_uid.to_string()));
                 let runtime = status.borrow().clone();
                 let kvm = host::check_kvm(&kvm_device);
-                let capacity = host::host_capacity(&state_dir).unwrap_or_default();
+                let capacity = match host::host_capacity(&state_dir) {
+                    Ok(capacity) => {
+                        *last_capacity.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(capacity);
+                        capacity
+                    }
+                    Err(error) => {
+                        // Keep reporting the last reading rather than zero; without one, zero
+                        // (nothing is placed here) is the safe answer.
+                        let last = *last_capacity.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                        tracing::warn!(reason = error.reason(), %error, kept_last = last.is_some(), "reading host capacity failed");
+                        last.unwrap_or_default()
+                    }
+                };
                 Observation {
                     node_uid: node_uid.to_string(),
                     endpoint: Endpoint {

@@ -45,7 +45,9 @@ pub struct LabelMerge {
 
 /// Mirrors `node_labels` onto `current`: every Node label is set; a key mirrored before
 /// (`previously_mirrored`) and gone from the Node is removed; every other label (set by an
-/// admin) is kept. [`LABEL_NODE`] always names the node.
+/// admin) is kept, also when the Node has the same key: the admin's value overrides the
+/// Node's, and the Node's is mirrored again once the admin removes theirs. [`LABEL_NODE`]
+/// always names the node.
 pub fn merge_labels(
     current: &BTreeMap<String, String>,
     previously_mirrored: &BTreeSet<String>,
@@ -58,14 +60,16 @@ pub fn merge_labels(
             labels.remove(key);
         }
     }
+    let mut mirrored = BTreeSet::new();
     for (key, value) in node_labels {
-        labels.insert(key.clone(), value.clone());
+        let set_by_admin = current.contains_key(key) && !previously_mirrored.contains(key) && key != LABEL_NODE;
+        if !set_by_admin {
+            labels.insert(key.clone(), value.clone());
+            mirrored.insert(key.clone());
+        }
     }
     labels.insert(LABEL_NODE.to_string(), node_name.to_string());
-    LabelMerge {
-        labels,
-        mirrored: node_labels.keys().cloned().collect(),
-    }
+    LabelMerge { labels, mirrored }
 }
 
 /// The JSON merge patch turning `current` labels and annotation into `merge`, or `None` when
@@ -406,8 +410,16 @@ mod tests {
                 now_mirrored: set(&["zone"]),
             },
             Case {
-                name: "admin label with a key the node now has becomes mirrored",
+                name: "an admin label whose key the node now has keeps the admin's value",
                 current: map(&[("team", "x")]),
+                mirrored: set(&[]),
+                node: map(&[("team", "y")]),
+                labels: map(&[("team", "x"), (LABEL_NODE, "n1")]),
+                now_mirrored: set(&[]),
+            },
+            Case {
+                name: "once the admin removes it, the node's value is mirrored",
+                current: map(&[(LABEL_NODE, "n1")]),
                 mirrored: set(&[]),
                 node: map(&[("team", "y")]),
                 labels: map(&[("team", "y"), (LABEL_NODE, "n1")]),

@@ -142,7 +142,9 @@ fn health_client(socket: &std::path::Path) -> SmolvmClient {
     SmolvmClient::new(config)
 }
 
-fn spawn_child(spawn: &SpawnConfig, socket: &std::path::Path) -> std::io::Result<Child> {
+/// Starts `smolvm serve` as `spawn` says, listening on `socket` (a stale socket file is removed
+/// first: callers check that no server answers on it).
+pub fn spawn_child(spawn: &SpawnConfig, socket: &std::path::Path) -> std::io::Result<Child> {
     std::fs::create_dir_all(&spawn.state_dir)?;
     std::fs::create_dir_all(&spawn.local_image_dir)?;
     if let Some(parent) = socket.parent() {
@@ -222,6 +224,17 @@ async fn run(
         }
         first = false;
         let mut child = match &config.spawn {
+            // A server an earlier agent started (and could not stop: it was SIGKILLed) may still
+            // answer on the socket. Starting a second one would remove its socket and run two
+            // servers on one state directory; supervise the one that answers instead, and start
+            // our own only once it stops answering.
+            Some(_) if config.socket.exists() && client.health().await.is_ok() => {
+                tracing::warn!(
+                    socket = %config.socket.display(),
+                    "a smolvm serve started earlier still answers on the socket; supervising it instead of starting a second one"
+                );
+                None
+            }
             Some(spawn) => match spawn_child(spawn, &config.socket) {
                 Ok(child) => {
                     tracing::info!(pid = child.id(), socket = %config.socket.display(), "started smolvm serve");
@@ -327,11 +340,13 @@ async fn supervise_once(
                 identity.set_runtime_version(Some(health.version.clone()));
                 if !ready {
                     // (Re)started: re-list machines so nothing smolvm knows is forgotten.
-                    let machines = match client.list().await {
+                    let machines: Vec<String> = match client.list().await {
                         Ok(list) => list.into_iter().map(|m| m.name).collect(),
                         Err(error) => {
-                            tracing::warn!(%error, "listing machines after start failed");
-                            Vec::new()
+                            // Not ready on an empty list: that would forget the machines.
+                            tracing::warn!(%error, "listing machines after start failed; not ready until it succeeds");
+                            delay = (delay * 2).min(config.health_interval);
+                            continue;
                         }
                     };
                     tracing::info!(version = %health.version, machines = machines.len(), "smolvm serve ready");

@@ -468,6 +468,22 @@ async fn ensure_running_boot_probe() {
         assert_eq!(first.body["state"], "Running");
         let again = c.call("POST", "/v1/machines/boot1/ensure-running", None).await;
         assert_eq!((again.status, again.body["state"].clone()), (200, json!("Running")));
+        // Live resize of a running machine, twice (the second is a no-op with the same answer).
+        for _ in 0..2 {
+            let live = c
+                .call(
+                    "POST",
+                    "/v1/machines/boot1/resize",
+                    Some(json!({"cpus": 2, "memoryMiB": 512})),
+                )
+                .await;
+            assert_eq!(live.status, 200, "{live:?}");
+            assert_eq!(
+                (live.body["cpus"].as_u64(), live.body["memoryMiB"].as_u64()),
+                (Some(2), Some(512)),
+                "{live:?}"
+            );
+        }
         for _ in 0..2 {
             let stopped = c.call("POST", "/v1/machines/boot1/stop", None).await;
             assert_eq!((stopped.status, stopped.body["state"].clone()), (200, json!("Stopped")));
@@ -550,4 +566,55 @@ async fn smolvm_restart_and_agent_restart_keep_machines() {
         );
     }
     agent.agent.shutdown().await;
+}
+
+/// A `smolvm serve` left running on the socket (its agent was SIGKILLed, so nothing stopped it)
+/// is supervised by the next agent, not doubled by a second server on the same state.
+#[tokio::test]
+async fn a_server_left_running_is_supervised_not_doubled() {
+    use smolvm_runtime::vmm::Vmm;
+    common::init();
+    let dir = tempdir();
+    let test = "a_server_left_running_is_supervised_not_doubled";
+    let Some(spawn) = common::smolvm_spawn_config(test, dir.path()) else {
+        return;
+    };
+    let socket = common::smolvm_socket(dir.path());
+    let mut left = smolvm_runtime::supervisor::spawn_child(&spawn, &socket).expect("start smolvm serve");
+    let probe = smolvm_runtime::vmm::SmolvmClient::new(smolvm_runtime::vmm::SmolvmConfig::new(&socket));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while probe.health().await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the left-over server never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let agent = common::TestAgent::with_spawn(test, dir.path(), Arc::new(Pki::new()), spawn).await;
+    let status = agent.agent.supervisor().status().borrow().clone();
+    assert_eq!(status.pid, None, "the agent started a second server: {status:?}");
+    assert!(matches!(left.try_wait(), Ok(None)), "the left-over server was stopped");
+    let mut c = agent.client().await;
+    let created = c
+        .call(
+            "PUT",
+            "/v1/machines/adopted-1",
+            Some(small_spec("localhost:1/none:latest")),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    assert_eq!(
+        probe
+            .list()
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|m| m.name)
+            .collect::<Vec<_>>(),
+        vec!["adopted-1".to_string()],
+        "the machine is on the server that was left running"
+    );
+    agent.agent.shutdown().await;
+    smolvm_runtime::supervisor::terminate(&mut left, Duration::from_secs(5)).await;
 }

@@ -355,3 +355,78 @@ async fn a_denied_csr_is_an_error_naming_it() {
         "{error}"
     );
 }
+
+/// A serving certificate past two thirds of its lifetime is renewed through a new CSR and
+/// swapped into the live resolver (no restart).
+#[tokio::test]
+async fn renews_a_certificate_past_two_thirds_of_its_life_without_restart() {
+    smolvm_runtime::install_crypto_provider();
+    let ca = smolvm_certs::CertificateAuthority::generate(
+        "runtime-ca",
+        smolvm_certs::Validity::from_now(std::time::Duration::from_secs(3600)),
+    )
+    .expect("ca");
+    let now = std::time::SystemTime::now();
+    let minute = std::time::Duration::from_secs(60);
+    let old = ca
+        .issue_server(
+            &["node-a".to_string()],
+            &[],
+            smolvm_certs::Validity::between(now - 50 * minute, now + 10 * minute),
+        )
+        .expect("old certificate");
+    let resolver =
+        std::sync::Arc::new(smolvm_certs::ReloadableResolver::from_pem(&old.cert_pem, &old.key_pem).expect("resolver"));
+    let old_serial = resolver.current_cert_info().serial_hex;
+    let (client, mut handle) = double();
+    let task = smolvm_runtime::serving_cert::spawn_renewal(
+        client,
+        "node-a".to_string(),
+        resolver.clone(),
+        std::time::Duration::from_millis(10),
+    );
+    let (request, respond) = handle.next_request().await.expect("the renewal files a CSR");
+    assert_eq!((request.method().as_str(), request.uri().path()), ("POST", CSRS));
+    let bytes = request.into_body().collect().await.expect("body").to_bytes();
+    let body: Value = serde_json::from_slice(&bytes).expect("json");
+    let name = body["metadata"]["name"].as_str().expect("name").to_string();
+    let csr: k8s_openapi::ByteString = serde_json::from_value(body["spec"]["request"].clone()).expect("base64");
+    respond.send_response(
+        Response::builder()
+            .status(StatusCode::CREATED)
+            .body(Body::from(
+                serde_json::to_vec(&csr_answer(&name, json!({}))).expect("json"),
+            ))
+            .expect("response"),
+    );
+    let cert = ca
+        .sign_csr(
+            &csr.0,
+            smolvm_certs::Validity::from_now(std::time::Duration::from_secs(3600)),
+            smolvm_certs::LeafUsage::Server,
+        )
+        .expect("sign");
+    let issued = json!({"certificate": serde_json::to_value(k8s_openapi::ByteString(cert.clone().into_bytes())).expect("b64"),
+        "conditions": [{"type": "Approved", "status": "True", "reason": "NodeMatches", "message": ""}]});
+    expect(
+        &mut handle,
+        "GET",
+        &format!("{CSRS}/{name}"),
+        (StatusCode::OK, csr_answer(&name, issued)),
+    )
+    .await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while resolver.current_cert_info().serial_hex == old_serial {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the renewed certificate was never swapped in"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let info = resolver.current_cert_info();
+    assert!(
+        info.not_after > now + 50 * minute,
+        "the new certificate is the renewed one: {info:?}"
+    );
+    task.abort();
+}

@@ -292,25 +292,13 @@ impl TestAgent {
     /// Starts an agent supervising a real `smolvm serve` with state under `dir`, or `None`
     /// (after printing `skipped: …`) when smolvm is unavailable.
     pub async fn with_smolvm(test: &str, dir: &Path, pki: Arc<Pki>) -> Option<Self> {
-        let install = match smolvm_install() {
-            Ok(install) => install,
-            Err(reason) => {
-                println!("skipped: {test}: smolvm unavailable: {reason}");
-                return None;
-            }
-        };
-        let mut env = install.env.clone();
-        // Tests run as root and /dev/kvm is 0600: VMs cannot run under per-VM uids.
-        env.push(("SMOLVM_VM_UID_DROP".into(), "off".into()));
-        let spawn = SpawnConfig {
-            bin: install.bin.clone(),
-            state_dir: dir.join("state"),
-            local_image_dir: dir.join("images"),
-            guest_rollout_port: free_port(),
-            env,
-            log_file: Some(dir.join("serve.log")),
-        };
-        let mut supervisor = SupervisorConfig::new(dir.join("run/smolvm.sock"), Some(spawn));
+        let spawn = smolvm_spawn_config(test, dir)?;
+        Some(Self::with_spawn(test, dir, pki, spawn).await)
+    }
+
+    /// Starts an agent that supervises `smolvm serve` as `spawn` says, on `dir/run/smolvm.sock`.
+    pub async fn with_spawn(test: &str, dir: &Path, pki: Arc<Pki>, spawn: SpawnConfig) -> Self {
+        let mut supervisor = SupervisorConfig::new(smolvm_socket(dir), Some(spawn));
         supervisor.health_interval = Duration::from_millis(300);
         supervisor.backoff_initial = Duration::from_millis(200);
         supervisor.stop_grace = Duration::from_secs(5);
@@ -324,7 +312,7 @@ impl TestAgent {
         {
             panic!("{test}: smolvm serve never became ready; log:\n{}", agent.log());
         }
-        Some(agent)
+        agent
     }
 
     /// Starts an agent attached to a socket nobody serves (for tests that need no smolvm).
@@ -398,4 +386,32 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let body = response.into_body().collect().await.expect("body").to_bytes();
     task.abort();
     (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The socket the test agents' `smolvm serve` listens on.
+pub fn smolvm_socket(dir: &Path) -> PathBuf {
+    dir.join("run/smolvm.sock")
+}
+
+/// How the test agents start `smolvm serve` under `dir`; `None` (after printing why) when smolvm
+/// is not installed.
+pub fn smolvm_spawn_config(test: &str, dir: &Path) -> Option<SpawnConfig> {
+    let install = match smolvm_install() {
+        Ok(install) => install,
+        Err(reason) => {
+            println!("skipped: {test}: smolvm unavailable: {reason}");
+            return None;
+        }
+    };
+    let mut env = install.env.clone();
+    // Tests run as root and /dev/kvm is 0600: VMs cannot run under per-VM uids.
+    env.push(("SMOLVM_VM_UID_DROP".into(), "off".into()));
+    Some(SpawnConfig {
+        bin: install.bin.clone(),
+        state_dir: dir.join("state"),
+        local_image_dir: dir.join("images"),
+        guest_rollout_port: free_port(),
+        env,
+        log_file: Some(dir.join("serve.log")),
+    })
 }
