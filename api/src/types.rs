@@ -88,6 +88,7 @@ pub struct SmolVMSpec {
     #[schemars(length(min = 1, max = 512))]
     #[x_kube(validation = Rule::new("!self.startsWith('local:') || self.matches('^local:[A-Za-z0-9][A-Za-z0-9._-]{0,127}$')").message("a local image is local:<name>, the name made of letters, digits, '.', '_' and '-' (V1)"))]
     #[x_kube(validation = Rule::new("!self.matches('\\\\s')").message("an image reference has no whitespace (V1)"))]
+    #[x_kube(validation = Rule::new("self.startsWith('local:') || self.matches('^([^/@]+/)?[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@[a-z][a-z0-9+._-]*:[0-9a-f]{32,})?$')").message("an image is an OCI reference, [registry/]path[:tag][@digest] with a lower-case path, or local:<name> (V1)"))]
     pub image: String,
 
     /// Optional hard pin to the SmolVMNode (and Kubernetes Node) of this name. The controller never falls back to another node. Once bound, it may only be absent or equal to `status.nodeName`.
@@ -270,6 +271,7 @@ impl Phase {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(oldSelf.nodeName) || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)").message("status.nodeName never changes or clears once set: SmolVMs never move (V9)").field_path(".nodeName"))]
 #[x_kube(validation = Rule::new("!has(oldSelf.nodeUID) || (has(self.nodeUID) && self.nodeUID == oldSelf.nodeUID)").message("status.nodeUID never changes or clears once set (V9)").field_path(".nodeUID"))]
+#[x_kube(validation = Rule::new("has(self.nodeName) == has(self.nodeUID)").message("status.nodeName and status.nodeUID are written together (V9)").field_path(".nodeName"))]
 pub struct SmolVMStatus {
     /// Lifecycle phase: Pending, Scheduled, Creating, Running, Stopped, Failed, Unknown or Deleting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -281,6 +283,7 @@ pub struct SmolVMStatus {
     /// The node the machine is bound to, for good. Written once by the controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("status.nodeName must be a DNS-1123 subdomain (V9)"))]
     pub node_name: Option<String>,
 
     /// UID of the Kubernetes Node at binding time. A node replaced under the same name has another UID, and the controller reports it instead of adopting it.

@@ -125,6 +125,38 @@ fn cel_create_rules_table() {
             Some("(V1)"),
         ),
         (
+            "v1_cel_full_oci_reference_ok",
+            set(
+                stored(),
+                "/spec/image",
+                json!(format!(
+                    "registry.example.com:5000/org/app_x:v1.2@sha256:{}",
+                    "a".repeat(64)
+                )),
+            ),
+            None,
+        ),
+        (
+            "v1_cel_registry_with_port_ok",
+            set(stored(), "/spec/image", json!("localhost:1/none:latest")),
+            None,
+        ),
+        (
+            "v1_cel_upper_case_path",
+            set(stored(), "/spec/image", json!("Alpine")),
+            Some("an image is an OCI reference"),
+        ),
+        (
+            "v1_cel_empty_tag",
+            set(stored(), "/spec/image", json!("alpine:")),
+            Some("an image is an OCI reference"),
+        ),
+        (
+            "v1_cel_empty_path_component",
+            set(stored(), "/spec/image", json!("a//b")),
+            Some("an image is an OCI reference"),
+        ),
+        (
             "v3_cel_ports_need_network",
             set(stored(), "/spec/network/enabled", json!(false)),
             Some("ports need network.enabled"),
@@ -273,6 +305,22 @@ fn cel_transition_rules_table() {
             Some("(V9)"),
         ),
         (
+            "v9_cel_binding_without_node_uid",
+            unbound.clone(),
+            {
+                let mut v = bound.clone();
+                v["status"].as_object_mut().unwrap().remove("nodeUID");
+                v
+            },
+            Some("written together (V9)"),
+        ),
+        (
+            "v9_cel_binding_to_a_bad_node_name",
+            unbound.clone(),
+            set(bound.clone(), "/status/nodeName", json!("Node_A")),
+            Some("DNS-1123 subdomain (V9)"),
+        ),
+        (
             "v9_cel_node_name_cleared",
             bound.clone(),
             {
@@ -307,4 +355,50 @@ fn v10_cel_endpoint_address() {
     assert!(check(&schema, &node("node-1.example.com"), None).is_ok());
     let err = check(&schema, &node("not an address"), None).unwrap_err();
     assert!(err.iter().any(|e| e.contains("(V10)")), "{err:?}");
+}
+
+mod never_stricter_than_the_webhook {
+    //! The CEL image rule is a coarse net for when the webhook is down; it must never refuse an
+    //! image the webhook's V1 check accepts.
+
+    use proptest::prelude::*;
+    use serde_json::json;
+    use smolvm_api::{SmolVM, syntax::parse_image};
+
+    use super::{check, schema_of, set, stored};
+
+    static SCHEMA: std::sync::LazyLock<serde_json::Value> = std::sync::LazyLock::new(schema_of::<SmolVM>);
+
+    fn component() -> impl Strategy<Value = String> {
+        "[a-z0-9]{1,4}((\\.|_|__|-{1,2})[a-z0-9]{1,4}){0,2}"
+    }
+
+    fn reference() -> impl Strategy<Value = String> {
+        let domain = prop_oneof![
+            Just(String::new()),
+            Just("localhost/".to_string()),
+            "[A-Za-z0-9]{1,6}(\\.[a-z0-9-]{0,4}[a-z0-9]){1,2}(:[0-9]{1,5})?/",
+            "localhost:[0-9]{1,5}/",
+        ];
+        let tag = prop_oneof![Just(String::new()), ":[A-Za-z0-9_][A-Za-z0-9_.-]{0,10}"];
+        let digest = prop_oneof![
+            Just(String::new()),
+            "@sha256:[0-9a-f]{64}",
+            "@[a-z][a-z0-9+._-]{0,4}:[0-9a-f]{32,40}"
+        ];
+        (domain, prop::collection::vec(component(), 1..4), tag, digest)
+            .prop_map(|(d, path, t, g)| format!("{d}{}{t}{g}", path.join("/")))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn v1_cel_accepts_every_image_the_webhook_accepts(image in reference()) {
+            prop_assume!(parse_image(&image).is_ok());
+            let object = set(stored(), "/spec/image", json!(image));
+            let verdict = check(&SCHEMA, &object, None);
+            prop_assert!(verdict.is_ok(), "{image}: {verdict:?}");
+        }
+    }
 }
