@@ -592,9 +592,11 @@ pub fn validate_smolvm(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &
 
     match old.and_then(SmolVM::bound_node) {
         Some(bound) => {
-            let old = old.map(|o| &o.spec);
             if let Some(old) = old {
-                check_bound(bound, old, &new.spec, &mut verdict);
+                check_bound(bound, &old.spec, &new.spec, &mut verdict);
+                if old.spec.request() != new.spec.request() {
+                    check_bound_capacity(bound, &new.spec, ctx, &mut verdict);
+                }
             }
         }
         None => {
@@ -938,6 +940,53 @@ fn same_ports(old: &SmolVMSpec, new: &SmolVMSpec) -> bool {
 }
 
 /// V5 for an unbound SmolVM: pins and capacity against the known nodes.
+/// V5 for a bound SmolVM whose request changes: its node is now its pin, so a request the
+/// node's allocatable can never hold is rejected (it would stay ResizePending forever). Room
+/// that other SmolVMs hold now is the controller's concern, not admission's.
+fn check_bound_capacity(bound: &str, spec: &SmolVMSpec, ctx: &Context<'_>, v: &mut Verdict) {
+    let Some(allocatable) = ctx.nodes.node(bound).and_then(|facts| facts.allocatable) else {
+        return;
+    };
+    let request = spec.request();
+    let dimensions = [
+        (
+            "spec.resources.cpus",
+            "/spec/resources/cpus",
+            request.cpus,
+            allocatable.cpus,
+            "CPUs",
+        ),
+        (
+            "spec.resources.memoryMiB",
+            "/spec/resources/memoryMiB",
+            request.memory_mib,
+            allocatable.memory_mib,
+            "MiB of memory",
+        ),
+        (
+            "spec.storage",
+            "/spec/storage",
+            request.storage_gib,
+            allocatable.storage_gib,
+            "GiB of disk (storage plus overlay)",
+        ),
+    ];
+    for (path, pointer, wanted, available, unit) in dimensions {
+        if wanted > available {
+            v.violation(
+                RuleId::V5,
+                path,
+                pointer,
+                wanted.to_string(),
+                format!(
+                    "{wanted} {unit} can never fit on node {}, whose allocatable is {available}; a bound SmolVM never moves: ask for less, or delete and recreate it to place it elsewhere",
+                    render(bound)
+                ),
+            );
+        }
+    }
+}
+
 fn check_placement(spec: &SmolVMSpec, ctx: &Context<'_>, v: &mut Verdict) {
     let request = spec.request();
     match &spec.node_name {

@@ -613,6 +613,43 @@ fn v5_bound_message_says_never_move() {
     );
 }
 
+/// A bound SmolVM's node is its pin: a resize that node can never hold is rejected (V5), one
+/// it can is a V6 resize warning, and nothing is checked when the request is unchanged.
+#[test]
+fn v5_bound_resize_beyond_the_nodes_allocatable() {
+    let old = bound(stored(), "node-a");
+    check(vec![
+        case(
+            "v5_bound_cpus_beyond_allocatable_rejected",
+            Update,
+            Some(old.clone()),
+            with(old.clone(), "/spec/resources/cpus", json!(16)),
+            Reject(RuleId::V5, "spec.resources.cpus"),
+        ),
+        case(
+            "v5_bound_storage_beyond_allocatable_rejected",
+            Update,
+            Some(old.clone()),
+            with(old.clone(), "/spec/storage/storageGiB", json!(600)),
+            Reject(RuleId::V5, "spec.storage"),
+        ),
+        case(
+            "v5_bound_resize_that_fits_warns_v6",
+            Update,
+            Some(old.clone()),
+            with(old.clone(), "/spec/resources/cpus", json!(8)),
+            Warn(RuleId::V6),
+        ),
+        case(
+            "v5_bound_to_an_unknown_node_resize_not_judged",
+            Update,
+            Some(bound(stored(), "node-gone")),
+            with(bound(stored(), "node-gone"), "/spec/resources/cpus", json!(16)),
+            Warn(RuleId::V6),
+        ),
+    ]);
+}
+
 #[test]
 fn v6_immutable_after_binding() {
     let b = |o: Value| bound(o, "node-a");
