@@ -50,7 +50,8 @@ pub fn deleting(mut object: Value) -> Value {
     object
 }
 
-/// A Ready SmolVMNode with the given allocatable resources.
+/// A Ready SmolVMNode with the given allocatable resources, labelled as a runtime agent labels
+/// it on a typical linux/amd64 Node (the Node's labels mirrored, plus `vm.smolvm.dev/node`).
 pub fn node(name: &str, cpus: i64, memory_mib: i64, storage_gib: i64) -> SmolVMNode {
     let resources = NodeResources {
         cpus,
@@ -58,6 +59,17 @@ pub fn node(name: &str, cpus: i64, memory_mib: i64, storage_gib: i64) -> SmolVMN
         storage_gib,
     };
     let mut node = SmolVMNode::new(name, SmolVMNodeSpec::default());
+    node.metadata.labels = Some(
+        [
+            ("kubernetes.io/arch", "amd64"),
+            ("kubernetes.io/os", "linux"),
+            ("kubernetes.io/hostname", name),
+            (crate::constants::LABEL_NODE, name),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+    );
     node.status = Some(SmolVMNodeStatus {
         node_uid: Some(format!("uid-{name}")),
         capacity: Some(resources),

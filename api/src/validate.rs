@@ -216,8 +216,8 @@ fn single(values: Option<&Vec<String>>) -> Option<&str> {
 pub trait NodeCatalog {
     /// `None` when no SmolVMNode of that name is known; otherwise its facts.
     fn node(&self, name: &str) -> Option<NodeFacts>;
-    /// Whether any known node's allocatable satisfies `pred`.
-    fn any_allocatable(&self, pred: &mut dyn FnMut(&NodeResources) -> bool) -> bool;
+    /// Whether any known node satisfies `pred`.
+    fn any_node(&self, pred: &mut dyn FnMut(&SmolVMNode) -> bool) -> bool;
     /// Whether no node is known at all.
     fn is_empty(&self) -> bool;
 }
@@ -253,10 +253,8 @@ impl<T: Borrow<SmolVMNode>> NodeCatalog for Vec<T> {
             .find(|n| name_of(n) == name)
             .map(NodeFacts::of)
     }
-    fn any_allocatable(&self, pred: &mut dyn FnMut(&NodeResources) -> bool) -> bool {
-        self.iter()
-            .filter_map(|n| n.borrow().status.as_ref().and_then(|s| s.allocatable))
-            .any(|a| pred(&a))
+    fn any_node(&self, pred: &mut dyn FnMut(&SmolVMNode) -> bool) -> bool {
+        self.iter().any(|n| pred(n.borrow()))
     }
     fn is_empty(&self) -> bool {
         Vec::is_empty(self)
@@ -1039,17 +1037,38 @@ fn check_placement(spec: &SmolVMSpec, ctx: &Context<'_>, v: &mut Verdict) {
                     "no SmolVMNode is registered yet; the SmolVM stays Pending until a runtime agent reports a node"
                         .into(),
                 );
-            } else if !ctx.nodes.any_allocatable(&mut |a| a.holds(&request)) {
+            } else if !ctx.nodes.any_node(&mut |node| could_ever_hold(node, spec, &request)) {
                 v.warning(
                     RuleId::V5,
                     "spec.resources",
                     "/spec/resources",
                     request.to_string(),
-                    format!("no known node can hold {request}; the SmolVM stays Pending until one can"),
+                    format!(
+                        "no known node can hold {request}{}; the SmolVM stays Pending until one can",
+                        if spec.node_selector.as_ref().is_some_and(|s| !s.is_empty()) {
+                            " and carries the spec.nodeSelector labels, uncordoned"
+                        } else {
+                            " uncordoned"
+                        }
+                    ),
                 );
             }
         }
     }
+}
+
+/// Whether `node` could ever hold a SmolVM with `spec` (placement may still wait for room):
+/// uncordoned, carrying every `spec.nodeSelector` label, with an allocatable that holds
+/// `request`.
+fn could_ever_hold(node: &SmolVMNode, spec: &SmolVMSpec, request: &NodeResources) -> bool {
+    let facts = NodeFacts::of(node);
+    let labels = node.metadata.labels.as_ref();
+    let selected = spec.node_selector.as_ref().is_none_or(|selector| {
+        selector
+            .iter()
+            .all(|(key, value)| labels.and_then(|l| l.get(key)) == Some(value))
+    });
+    !facts.unschedulable && selected && facts.allocatable.is_some_and(|a| a.holds(request))
 }
 
 /// V7: the force-delete annotation.

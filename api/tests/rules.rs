@@ -458,7 +458,8 @@ fn v4_node_name_and_selector() {
                 "/spec/nodeSelector",
                 json!({"kubernetes.io/arch": "amd64", "tier": ""}),
             ),
-            Allow,
+            // V4 accepts the empty label value; no known node carries `tier: ""` (V5 warns).
+            Warn(RuleId::V5),
         ),
         case(
             "v4_bad_node_name_rejected",
@@ -610,6 +611,43 @@ fn v5_bound_message_says_never_move() {
     assert_eq!(
         verdict.message(),
         "spec.nodeName: \"node-b\" cannot be set: the SmolVM is bound to \"node-a\"; SmolVMs never move; delete and recreate it [V5]"
+    );
+}
+
+/// "No known node can hold it" counts only nodes the SmolVM could ever be placed on: uncordoned
+/// and carrying its nodeSelector labels.
+#[test]
+fn v5_no_known_node_can_hold_respects_selectors_and_cordons() {
+    let mut cordoned_big = node("cordoned-big", 32, 65_536, 1000);
+    cordoned_big.spec.unschedulable = Some(true);
+    let nodes = vec![node("node-a", 8, 16384, 500), cordoned_big];
+    let selector = |labels: Value| with(stored(), "/spec/nodeSelector", labels);
+    check_with(
+        vec![
+            case(
+                "v5_selector_matching_a_node_accepted",
+                Create,
+                None,
+                selector(json!({"kubernetes.io/arch": "amd64", "kubernetes.io/hostname": "node-a"})),
+                Allow,
+            ),
+            case(
+                "v5_selector_matching_no_node_warns",
+                Create,
+                None,
+                selector(json!({"kubernetes.io/arch": "arm64"})),
+                Warn(RuleId::V5),
+            ),
+            case(
+                "v5_only_a_cordoned_node_can_hold_warns",
+                Create,
+                None,
+                with(stored(), "/spec/resources/cpus", json!(16)),
+                Warn(RuleId::V5),
+            ),
+        ],
+        &Policy::default(),
+        &nodes,
     );
 }
 

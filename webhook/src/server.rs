@@ -10,7 +10,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{any, get},
 };
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use hyper_util::rt::TokioTimer;
 use smolvm_certs::ReloadableResolver;
 use tower_http::{catch_panic::CatchPanicLayer, timeout::TimeoutLayer};
@@ -63,17 +63,46 @@ async fn read_body(state: &AppState, request: Request<Body>) -> std::result::Res
     }
     is_json_content_type(request.headers().get(header::CONTENT_TYPE))?;
     let limit = state.body_limit;
-    if declared_length(request.headers()).is_some_and(|n| n > limit as u64) {
+    let declared = declared_length(request.headers());
+    if declared.is_some_and(|n| n > (limit + DRAIN_LIMIT) as u64) {
+        // Too large to be worth reading: refuse at once (the connection closes after the answer).
         return Err(RequestError::TooLarge { limit });
     }
-    let body = Limited::new(request.into_body(), limit);
-    match tokio::time::timeout(state.body_timeout, body.collect()).await {
+    match tokio::time::timeout(state.body_timeout, collect_limited(request.into_body(), limit)).await {
         Err(_) => Err(RequestError::Timeout(state.body_timeout)),
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(RequestError::TooLarge { limit }),
-        Ok(Err(e)) => Err(RequestError::Body(e.to_string())),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(result) => result,
     }
 }
+
+/// Reads a body of at most `limit` bytes. A longer one is read on (and dropped) up to
+/// [`DRAIN_LIMIT`] bytes more, then refused with [`RequestError::TooLarge`].
+async fn collect_limited(mut body: Body, limit: usize) -> std::result::Result<bytes::Bytes, RequestError> {
+    let mut chunks: Vec<bytes::Bytes> = Vec::new();
+    let mut seen = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| RequestError::Body(e.to_string()))?;
+        let Ok(data) = frame.into_data() else { continue };
+        seen = seen.saturating_add(data.len());
+        if seen <= limit {
+            chunks.push(data);
+        } else if seen > limit.saturating_add(DRAIN_LIMIT) {
+            break;
+        }
+    }
+    if seen > limit {
+        return Err(RequestError::TooLarge { limit });
+    }
+    Ok(match chunks.len() {
+        0 => bytes::Bytes::new(),
+        1 => chunks.swap_remove(0),
+        _ => chunks.concat().into(),
+    })
+}
+
+/// How much of a body over the limit is still read (and dropped) before the 413 goes out, so
+/// that a client still sending it reads the answer rather than a reset connection. A larger
+/// body, by its declared length, is refused without reading.
+const DRAIN_LIMIT: usize = 1024 * 1024;
 
 async fn admit(state: AppState, route: Route, request: Request<Body>) -> Response {
     let start = Instant::now();

@@ -8,7 +8,6 @@ use std::sync::{
 use kube::runtime::reflector::{ObjectRef, Store};
 use smolvm_api::{
     Policy, SmolVMNode,
-    types::NodeResources,
     validate::{NodeCatalog, NodeFacts},
 };
 
@@ -74,12 +73,8 @@ impl NodeCatalog for StoreCatalog {
     fn node(&self, name: &str) -> Option<NodeFacts> {
         self.0.get(&ObjectRef::new(name)).map(|n| NodeFacts::of(&n))
     }
-    fn any_allocatable(&self, pred: &mut dyn FnMut(&NodeResources) -> bool) -> bool {
-        self.0
-            .state()
-            .iter()
-            .filter_map(|n| n.status.as_ref().and_then(|s| s.allocatable))
-            .any(|a| pred(&a))
+    fn any_node(&self, pred: &mut dyn FnMut(&SmolVMNode) -> bool) -> bool {
+        self.0.state().iter().any(|n| pred(n))
     }
     fn is_empty(&self) -> bool {
         self.0.is_empty()
@@ -138,8 +133,16 @@ mod tests {
         }
         for cpus in [1, 4, 5] {
             assert_eq!(
-                store.any_allocatable(&mut |a| a.cpus >= cpus),
-                nodes.any_allocatable(&mut |a| a.cpus >= cpus)
+                store.any_node(&mut |n| n
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.allocatable)
+                    .is_some_and(|a| a.cpus >= cpus)),
+                nodes.any_node(&mut |n| n
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.allocatable)
+                    .is_some_and(|a| a.cpus >= cpus))
             );
         }
         assert!(!NodeCatalog::is_empty(&store));
