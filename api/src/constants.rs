@@ -89,6 +89,12 @@ pub mod reason {
     pub const START_FAILED: &str = "StartFailed";
     /// The node runtime could not create the machine.
     pub const CREATE_FAILED: &str = "CreateFailed";
+    /// The node runtime failed to stop the machine.
+    pub const STOP_FAILED: &str = "StopFailed";
+    /// The node runtime failed to resize the machine.
+    pub const RESIZE_FAILED: &str = "ResizeFailed";
+    /// A resize waits for room on the node (allocatable minus the other VMs bound there).
+    pub const INSUFFICIENT_CAPACITY: &str = "InsufficientCapacity";
     /// The node's heartbeat is stale or its runtime is unreachable.
     pub const NODE_UNREACHABLE: &str = "NodeUnreachable";
     /// The node was replaced under the same name (new UID).

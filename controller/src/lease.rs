@@ -3,6 +3,11 @@
 //! The holder renews the lease every `renew` interval; another replica takes it over only after
 //! `duration` has passed without renewal. Writes use the lease's resourceVersion, so two
 //! candidates can never both believe they won.
+//!
+//! Every acquire/renew attempt is bounded by [`Timing::attempt`] (shorter than the renew
+//! interval), so a hung API call cannot stall the loop. The holder keeps leading through failed
+//! renewals only until [`Timing::deadline`] has passed since the start of its last successful
+//! renewal (a monotonic clock); then it steps down, before any standby may take the lease over.
 
 use std::time::Duration;
 
@@ -15,7 +20,7 @@ use kube::{
     Api, Client,
     api::{ObjectMeta, PostParams},
 };
-use tokio::sync::watch;
+use tokio::{sync::watch, time::Instant};
 
 /// Settings of the election.
 #[derive(Debug, Clone)]
@@ -63,8 +68,78 @@ pub fn decide(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> Decis
     }
 }
 
+/// Outcome of one acquire/renew attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// The lease was written with us as holder.
+    Held,
+    /// Someone else holds a live lease, or won a write race (409): the lease is lost.
+    NotHeld,
+    /// The API call failed or timed out: we do not know.
+    Failed,
+}
+
+/// Time bounds of the election, derived from a [`LeaseConfig`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// Bound on one acquire/renew attempt (the GET and the write together): shorter than the
+    /// renew interval.
+    pub attempt: Duration,
+    /// How long after the start of its last successful renewal the holder keeps leading through
+    /// failed renewals: the lease duration less one renew interval (as client-go's renewDeadline
+    /// sits below its leaseDuration), so the holder stops before a standby can take over even
+    /// with some clock skew and time to stop in-flight work. At least half the lease duration,
+    /// so a configuration with `renew >= duration` still leads between renewals.
+    pub deadline: Duration,
+    /// The renew interval.
+    pub renew: Duration,
+}
+
+impl Timing {
+    /// The bounds for `config`.
+    pub fn new(config: &LeaseConfig) -> Self {
+        Timing {
+            attempt: config.renew.mul_f64(0.8),
+            deadline: config.duration.saturating_sub(config.renew).max(config.duration / 2),
+            renew: config.renew,
+        }
+    }
+
+    /// Pure: whether this replica leads after an attempt. `since_renewed` is the monotonic time
+    /// since the start of the last successful attempt (this one, if it succeeded); `None` if
+    /// none succeeded since the lease was last lost.
+    pub fn leads(&self, attempt: Attempt, since_renewed: Option<Duration>) -> bool {
+        match attempt {
+            Attempt::NotHeld => false,
+            Attempt::Held | Attempt::Failed => since_renewed.is_some_and(|s| s < self.deadline),
+        }
+    }
+
+    /// Pure: the bound on the next attempt. A holder's attempt also ends by its deadline, so a
+    /// hung renewal cannot keep it leading past it.
+    pub fn attempt_limit(&self, since_renewed: Option<Duration>) -> Duration {
+        match since_renewed {
+            Some(s) if s < self.deadline => self.attempt.min(self.deadline - s),
+            _ => self.attempt,
+        }
+    }
+
+    /// Pure: how long to wait before the next attempt. A holder wakes by its deadline at the
+    /// latest, to step down on time.
+    pub fn wait(&self, since_renewed: Option<Duration>) -> Duration {
+        match since_renewed {
+            Some(s) if s < self.deadline => self.renew.min(self.deadline - s),
+            _ => self.renew,
+        }
+    }
+}
+
 /// Runs the election until `shutdown` fires; `leader` tells whether this replica leads. On
 /// shutdown a held lease is released so a successor takes over at once.
+///
+/// Leadership is lost (`leader` set to false) when another replica holds the lease, or when no
+/// renewal has succeeded within [`Timing::deadline`]; each API call is bounded by
+/// [`Timing::attempt`].
 pub async fn run(
     client: Client,
     config: LeaseConfig,
@@ -72,31 +147,58 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let api: Api<Lease> = Api::namespaced(client, &config.namespace);
+    let timing = Timing::new(&config);
+    // Start of the last successful attempt, on the monotonic clock.
+    let mut renewed: Option<Instant> = None;
     loop {
-        let held = match step(&api, &config).await {
-            Ok(held) => held,
-            Err(e) => {
+        let since = |renewed: Option<Instant>| renewed.map(|t| t.elapsed());
+        // Past the deadline without a renewal: step down before trying again.
+        if *leader.borrow() && !timing.leads(Attempt::Failed, since(renewed)) {
+            tracing::warn!(identity = %config.identity, lease = %config.name, "no lease renewal within the deadline; stepping down");
+            leader.send_replace(false);
+        }
+        let limit = timing.attempt_limit(since(renewed));
+        let started = Instant::now();
+        let attempt = match tokio::time::timeout(limit, step(&api, &config)).await {
+            Ok(Ok(true)) => Attempt::Held,
+            Ok(Ok(false)) => Attempt::NotHeld,
+            Ok(Err(e)) => {
                 tracing::warn!(error = %e, lease = %config.name, "lease update failed");
-                false
+                Attempt::Failed
+            }
+            Err(_) => {
+                tracing::warn!(lease = %config.name, timeout_ms = limit.as_millis(), "lease update timed out");
+                Attempt::Failed
             }
         };
+        match attempt {
+            Attempt::Held => renewed = Some(started),
+            Attempt::NotHeld => renewed = None,
+            Attempt::Failed => {}
+        }
+        let held = timing.leads(attempt, since(renewed));
         if *leader.borrow() != held {
             tracing::info!(leader = held, identity = %config.identity, "leadership changed");
         }
         leader.send_replace(held);
         tokio::select! {
-            _ = tokio::time::sleep(config.renew) => {}
+            _ = tokio::time::sleep(timing.wait(since(renewed))) => {}
             _ = shutdown.changed() => break,
         }
     }
     if *leader.borrow() {
         leader.send_replace(false);
-        if let Ok(mut lease) = api.get(&config.name).await
-            && let Some(spec) = lease.spec.as_mut()
-            && spec.holder_identity.as_deref() == Some(config.identity.as_str())
-        {
-            spec.holder_identity = None;
-            let _ = api.replace(&config.name, &PostParams::default(), &lease).await;
+        let release = async {
+            if let Ok(mut lease) = api.get(&config.name).await
+                && let Some(spec) = lease.spec.as_mut()
+                && spec.holder_identity.as_deref() == Some(config.identity.as_str())
+            {
+                spec.holder_identity = None;
+                let _ = api.replace(&config.name, &PostParams::default(), &lease).await;
+            }
+        };
+        if tokio::time::timeout(timing.attempt, release).await.is_err() {
+            tracing::warn!(lease = %config.name, "releasing the lease timed out; it expires on its own");
         }
     }
 }
@@ -181,5 +283,185 @@ mod tests {
             decide(Some(&spec(Some("other"), None, now)), "me", now),
             Decision::Acquire
         );
+    }
+
+    fn timing(duration_secs: u64, renew_secs: u64) -> Timing {
+        Timing::new(&LeaseConfig {
+            namespace: "ns".into(),
+            name: "lease".into(),
+            identity: "me".into(),
+            duration: Duration::from_secs(duration_secs),
+            renew: Duration::from_secs(renew_secs),
+        })
+    }
+
+    #[test]
+    fn renewal_timing_decisions() {
+        let ms = Duration::from_millis;
+        let t = timing(15, 5);
+        assert_eq!(
+            t,
+            Timing {
+                attempt: ms(4000),
+                deadline: ms(10_000),
+                renew: ms(5000)
+            },
+            "an attempt ends before the next renewal; the deadline sits below the lease duration"
+        );
+        assert_eq!(
+            timing(5, 10).deadline,
+            ms(2500),
+            "renew >= duration still leads a while"
+        );
+
+        // (attempt, time since the start of the last successful renewal, leads?)
+        let leads = [
+            ("renewed", Attempt::Held, Some(ms(50)), true),
+            (
+                "renewed, but the call outlasted the deadline",
+                Attempt::Held,
+                Some(ms(10_000)),
+                false,
+            ),
+            (
+                "a failure soon after a renewal keeps the lease",
+                Attempt::Failed,
+                Some(ms(3000)),
+                true,
+            ),
+            (
+                "a failure just inside the deadline keeps it",
+                Attempt::Failed,
+                Some(ms(9999)),
+                true,
+            ),
+            (
+                "no renewal within the deadline steps down",
+                Attempt::Failed,
+                Some(ms(10_000)),
+                false,
+            ),
+            ("long past the deadline", Attempt::Failed, Some(ms(60_000)), false),
+            ("a failure without a renewal never leads", Attempt::Failed, None, false),
+            (
+                "a lost lease steps down at once",
+                Attempt::NotHeld,
+                Some(ms(1000)),
+                false,
+            ),
+            ("a standby stays one", Attempt::NotHeld, None, false),
+        ];
+        for (name, attempt, since, expected) in leads {
+            assert_eq!(t.leads(attempt, since), expected, "{name}");
+        }
+
+        // (time since the last renewal, attempt bound, wait before the next attempt)
+        let bounds = [
+            (None, ms(4000), ms(5000)),
+            (Some(ms(0)), ms(4000), ms(5000)),
+            (Some(ms(7000)), ms(3000), ms(3000)),
+            (Some(ms(9500)), ms(500), ms(500)),
+            (Some(ms(10_000)), ms(4000), ms(5000)),
+            (Some(ms(30_000)), ms(4000), ms(5000)),
+        ];
+        for (since, limit, wait) in bounds {
+            assert_eq!(t.attempt_limit(since), limit, "attempt bound at {since:?}");
+            assert_eq!(t.wait(since), wait, "wait at {since:?}");
+            assert!(limit < t.renew, "an attempt is shorter than the renew interval");
+            if let Some(s) = since.filter(|s| *s < t.deadline) {
+                assert!(s + limit <= t.deadline, "a holder's attempt ends by its deadline");
+                assert!(s + wait <= t.deadline, "a holder wakes by its deadline");
+            }
+        }
+    }
+
+    /// The API server answers the first GET (404) and the create, then never answers again: the
+    /// holder must step down before the lease duration has passed since it acquired the lease.
+    #[tokio::test]
+    async fn a_hung_renewal_steps_down_before_the_lease_expires() {
+        use std::sync::{
+            Arc,
+            atomic::{AtomicUsize, Ordering},
+        };
+
+        use http::{Method, Request, Response};
+        use kube::client::Body;
+
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let config = LeaseConfig {
+            namespace: "smolvm-system".into(),
+            name: "smolvm-controller".into(),
+            identity: "me".into(),
+            duration: Duration::from_secs(3),
+            renew: Duration::from_secs(1),
+        };
+        let (leader_tx, mut leader_rx) = watch::channel(false);
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let task = tokio::spawn(run(
+            Client::new(service, "default"),
+            config.clone(),
+            leader_tx,
+            shutdown_rx,
+        ));
+
+        let (request, send) = handle.next_request().await.unwrap();
+        assert_eq!(request.method(), Method::GET);
+        let not_found = serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "reason": "NotFound", "code": 404, "message": "leases \"smolvm-controller\" not found"
+        });
+        send.send_response(
+            Response::builder()
+                .status(404)
+                .body(Body::from(serde_json::to_vec(&not_found).unwrap()))
+                .unwrap(),
+        );
+        let (request, send) = handle.next_request().await.unwrap();
+        assert_eq!(request.method(), Method::POST);
+        let body = http_body_util::BodyExt::collect(request.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        send.send_response(Response::builder().status(201).body(Body::from(body.to_vec())).unwrap());
+
+        tokio::time::timeout(Duration::from_secs(5), leader_rx.wait_for(|l| *l))
+            .await
+            .expect("acquires the lease")
+            .unwrap();
+        let led = Instant::now();
+
+        // From now on every call hangs (the responders are kept, so nothing ever answers).
+        let hung = Arc::new(AtomicUsize::new(0));
+        let counter = hung.clone();
+        let server = tokio::spawn(async move {
+            let mut pending = Vec::new();
+            while let Some((_request, send)) = handle.next_request().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                pending.push(send);
+            }
+        });
+
+        tokio::time::timeout(Duration::from_secs(10), leader_rx.wait_for(|l| !*l))
+            .await
+            .expect("steps down")
+            .unwrap();
+        let stepped = led.elapsed();
+        assert!(
+            stepped < config.duration,
+            "stepped down {stepped:?} after acquiring: at or after the lease duration {:?}, a standby could lead too",
+            config.duration
+        );
+        assert!(
+            stepped >= config.renew,
+            "held through the first failed renewal, stepped down after {stepped:?}"
+        );
+        assert!(hung.load(Ordering::SeqCst) >= 1, "a renewal was attempted and hung");
+
+        shutdown_tx.send_replace(true);
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the election ends on shutdown even with the API server hung")
+            .unwrap();
+        server.abort();
     }
 }

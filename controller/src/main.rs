@@ -163,12 +163,26 @@ async fn main() -> anyhow::Result<()> {
             ledger.observe_bound(&uid, node, &Request::of(&vm));
         }
     }
+    let heartbeat_timeout =
+        k8s_openapi::jiff::SignedDuration::from_secs(i64::try_from(flags.heartbeat_timeout_secs).unwrap_or(40));
     let (node_store, node_writer) = reflector::store::<SmolVMNode>();
-    // The node cache for placement; the controller's own node watch below triggers reconciles.
-    let node_cache = watcher(nodes_api.clone(), watcher::Config::default())
+    // The SmolVM cache (filled once the controller runs, below); the node watch reads it to know
+    // which VMs a node change concerns.
+    let (vm_store, vm_writer) = reflector::store::<SmolVM>();
+    // One node watch feeds both the placement cache and the wake-ups of the VMs a node change
+    // concerns: only changes placement or health depends on (not the periodic heartbeat), plus
+    // heartbeats going stale or coming back, found by a periodic look at the cache.
+    let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded::<ObjectRef<SmolVM>>();
+    let node_events = watcher(nodes_api, watcher::Config::default())
         .default_backoff()
         .reflect(node_writer);
-    tokio::spawn(node_cache.for_each(|_| async {}));
+    tokio::spawn(watch_nodes(
+        node_events,
+        node_store.clone(),
+        vm_store.clone(),
+        wake_tx,
+        heartbeat_timeout,
+    ));
     node_store
         .wait_until_ready()
         .await
@@ -186,39 +200,41 @@ async fn main() -> anyhow::Result<()> {
             },
         ),
         timing: Timing {
-            heartbeat_timeout: k8s_openapi::jiff::SignedDuration::from_secs(
-                i64::try_from(flags.heartbeat_timeout_secs).unwrap_or(40),
-            ),
+            heartbeat_timeout,
             resync: Duration::from_secs(flags.resync_secs),
             retry: Duration::from_secs(30),
         },
-        placement: placement::Config::default(),
+        placement: placement::Config { heartbeat_timeout },
         metrics: metrics.clone(),
+        unsettled: Default::default(),
     });
     // The SmolVM cache drops managedFields as objects arrive: the controller never reads them,
     // and as JSON trees they were most of each cached object's memory. (A status update built
     // from a cached object then carries no managedFields, which leaves the server's untouched.)
-    let (vm_store, vm_writer) = reflector::store::<SmolVM>();
+    // A VM that vanishes is never reconciled again (the controller finds nothing in the cache to
+    // hand over), so its reservation is released here, from the delete event; a periodic
+    // comparison with the cache catches deletes the watch missed while disconnected.
+    let on_delete = ctx.clone();
     let vm_events = watcher(vms, watcher::Config::default())
         .default_backoff()
         .modify(|vm| vm.metadata.managed_fields = None)
         .reflect(vm_writer)
+        .inspect(move |event| {
+            if let Ok(watcher::Event::Delete(vm)) = event
+                && let Some(uid) = vm.uid()
+            {
+                on_delete.forget(&uid);
+            }
+        })
         .touched_objects();
+    tokio::spawn(prune_ledger(ctx.clone(), vm_store.clone(), Duration::from_secs(60)));
     let controller = Controller::for_stream(vm_events, vm_store.clone());
     *vm_store_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(vm_store.clone());
     let mut lost = leader_rx.clone();
     let mut stop = shutdown_rx.clone();
     controller
-        // A node change concerns the VMs bound there and the VMs still waiting for a node.
-        .watches(nodes_api, watcher::Config::default(), move |node: SmolVMNode| {
-            let name = node.name_any();
-            vm_store
-                .state()
-                .into_iter()
-                .filter(|vm| vm.bound_node().is_none_or(|b| b == name))
-                .map(|vm| ObjectRef::from_obj(vm.as_ref()))
-                .collect::<Vec<_>>()
-        })
+        // The VMs that node changes concern (see watch_nodes).
+        .reconcile_on(wake_rx)
         .graceful_shutdown_on(async move {
             tokio::select! {
                 _ = stop.changed() => {}
@@ -236,6 +252,77 @@ async fn main() -> anyhow::Result<()> {
     // Give the election a moment to release the Lease it holds.
     let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
     Ok(())
+}
+
+/// Keeps the SmolVMNode cache and wakes the VMs a node change concerns: the VMs bound to the
+/// node and the VMs still waiting for one. The runtime heartbeats every few seconds; a heartbeat
+/// alone changes nothing placement or health reads, so it wakes nobody (the slow resync checks
+/// the runtimes). A dead runtime sends nothing; the look at the cache every 2 s finds its
+/// heartbeat gone stale soon after the timeout, and its VMs then report the node unreachable.
+async fn watch_nodes(
+    events: impl futures::Stream<Item = Result<watcher::Event<SmolVMNode>, watcher::Error>> + Send,
+    nodes: reflector::Store<SmolVMNode>,
+    vms: reflector::Store<SmolVM>,
+    wake: futures::channel::mpsc::UnboundedSender<ObjectRef<SmolVM>>,
+    heartbeat_timeout: k8s_openapi::jiff::SignedDuration,
+) {
+    let wake_for = |node: &str| {
+        for vm in vms.state() {
+            if vm.bound_node().is_none_or(|b| b == node) {
+                // The receiver is gone only when the controller stopped.
+                let _ = wake.unbounded_send(ObjectRef::from_obj(vm.as_ref()));
+            }
+        }
+    };
+    let mut tracker = placement::NodeTracker::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut events = std::pin::pin!(events);
+    loop {
+        tokio::select! {
+            event = events.next() => match event {
+                Some(Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node))) => {
+                    let now = k8s_openapi::jiff::Timestamp::now();
+                    if tracker.applied(&node, now, heartbeat_timeout) {
+                        wake_for(&node.name_any());
+                    }
+                }
+                Some(Ok(watcher::Event::Delete(node))) => {
+                    if tracker.deleted(&node.name_any()) {
+                        wake_for(&node.name_any());
+                    }
+                }
+                Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => {}
+                Some(Err(e)) => tracing::warn!(error = %e, "SmolVMNode watch error"),
+                None => return,
+            },
+            _ = tick.tick() => {
+                let now = k8s_openapi::jiff::Timestamp::now();
+                let state = nodes.state();
+                for name in tracker.tick(state.iter().map(|n| n.as_ref()), now, heartbeat_timeout) {
+                    wake_for(&name);
+                }
+            }
+        }
+    }
+}
+
+/// Every `every`, releases the reservations of VMs no longer in the cache.
+async fn prune_ledger(ctx: Arc<reconcile::Context>, vms: reflector::Store<SmolVM>, every: Duration) {
+    if vms.wait_until_ready().await.is_err() {
+        return;
+    }
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        // The reserved UIDs first, then the cache: a VM reserved in between is in the cache.
+        let reserved = ctx.ledger.reserved_uids();
+        let live: std::collections::HashSet<String> = vms.state().iter().filter_map(|vm| vm.uid()).collect();
+        for uid in ctx.ledger.release_gone(&reserved, &live) {
+            ctx.unsettled.reset(&uid);
+            tracing::info!(uid = %uid, "released the reservation of a SmolVM that is gone");
+        }
+    }
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

@@ -6,7 +6,7 @@
 //! over-commit a node even while the informer caches lag behind the bindings just written.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     sync::Mutex,
 };
 
@@ -291,6 +291,131 @@ pub fn place<'n>(
     })
 }
 
+/// The reservations whose VM is gone: in `reserved` but not in `live` (sorted). Reservations
+/// leak when a VM vanishes without a reconcile seeing it deleted (someone else removed the
+/// finalizer, or the watch missed the delete while disconnected).
+pub fn gone_reservations(reserved: &[String], live: &HashSet<String>) -> Vec<String> {
+    let mut gone: Vec<String> = reserved.iter().filter(|uid| !live.contains(*uid)).cloned().collect();
+    gone.sort();
+    gone.dedup();
+    gone
+}
+
+/// Whether a node's heartbeat is fresh at `now`.
+pub fn heartbeat_fresh(node: &SmolVMNode, now: Timestamp, timeout: SignedDuration) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.heartbeat_time.as_ref())
+        .is_some_and(|t| now.duration_since(t.0) <= timeout)
+}
+
+/// What placement and node health read from a SmolVMNode, minus the heartbeat: two nodes with
+/// the same fingerprint place and judge VMs alike (as long as both heartbeats are fresh, or both
+/// stale). Condition timestamps and the heartbeat time are left out, so the runtime's periodic
+/// heartbeat does not look like a change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFingerprint {
+    /// (type, status, reason, message) of each condition, sorted by type.
+    conditions: Vec<(String, String, String, String)>,
+    node_uid: Option<String>,
+    protocol_version: Option<String>,
+    endpoint: Option<(String, i32)>,
+    capacity: Option<NodeResources>,
+    allocatable: Option<NodeResources>,
+    unschedulable: bool,
+    labels: BTreeMap<String, String>,
+}
+
+/// The fingerprint of a node (see [`NodeFingerprint`]).
+pub fn node_fingerprint(node: &SmolVMNode) -> NodeFingerprint {
+    let status = node.status.as_ref();
+    let mut conditions: Vec<_> = status
+        .map(|s| {
+            s.conditions
+                .iter()
+                .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone(), c.message.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    conditions.sort();
+    NodeFingerprint {
+        conditions,
+        node_uid: status.and_then(|s| s.node_uid.clone()),
+        protocol_version: status.and_then(|s| s.protocol_version.clone()),
+        endpoint: status.and_then(|s| s.endpoint.as_ref().map(|e| (e.address.clone(), e.port))),
+        capacity: status.and_then(|s| s.capacity),
+        allocatable: status.and_then(|s| s.allocatable),
+        unschedulable: node.spec.unschedulable.unwrap_or(false),
+        labels: node.metadata.labels.clone().unwrap_or_default(),
+    }
+}
+
+/// Which SmolVMNode changes concern the VMs: the last fingerprint and heartbeat freshness seen
+/// of each node. The runtime heartbeats every few seconds; only a change of the fingerprint, of
+/// freshness (a heartbeat that went stale, or came back), or a node appearing or vanishing wakes
+/// the VMs bound there and the VMs waiting for a node.
+#[derive(Debug, Default)]
+pub struct NodeTracker {
+    seen: HashMap<String, (NodeFingerprint, bool)>,
+}
+
+impl NodeTracker {
+    /// An empty tracker.
+    pub fn new() -> Self {
+        NodeTracker::default()
+    }
+
+    /// A node was added or changed: whether its VMs must look again.
+    pub fn applied(&mut self, node: &SmolVMNode, now: Timestamp, timeout: SignedDuration) -> bool {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let now_seen = (node_fingerprint(node), heartbeat_fresh(node, now, timeout));
+        let changed = self.seen.get(&name) != Some(&now_seen);
+        self.seen.insert(name, now_seen);
+        changed
+    }
+
+    /// A node was deleted: whether it was known (its VMs must look again).
+    pub fn deleted(&mut self, name: &str) -> bool {
+        self.seen.remove(name).is_some()
+    }
+
+    /// The periodic look at every node (the whole cache): the names of the nodes whose heartbeat
+    /// went stale or fresh since the last look, or that vanished without a delete event (sorted).
+    /// A dead runtime sends no events; this is how its VMs learn of it soon after the timeout.
+    pub fn tick<'n>(
+        &mut self,
+        nodes: impl IntoIterator<Item = &'n SmolVMNode>,
+        now: Timestamp,
+        timeout: SignedDuration,
+    ) -> Vec<String> {
+        let mut changed = Vec::new();
+        let mut present = HashSet::new();
+        for node in nodes {
+            let name = node.metadata.name.clone().unwrap_or_default();
+            let fresh = heartbeat_fresh(node, now, timeout);
+            match self.seen.get_mut(&name) {
+                Some((_, was)) if *was != fresh => {
+                    *was = fresh;
+                    changed.push(name.clone());
+                }
+                Some(_) => {}
+                None => {
+                    self.seen.insert(name.clone(), (node_fingerprint(node), fresh));
+                    changed.push(name.clone());
+                }
+            }
+            present.insert(name);
+        }
+        let vanished: Vec<String> = self.seen.keys().filter(|n| !present.contains(*n)).cloned().collect();
+        for name in vanished {
+            self.seen.remove(&name);
+            changed.push(name);
+        }
+        changed.sort();
+        changed
+    }
+}
+
 /// Everything committed on each node, by the VMs bound there and the reservations of placements
 /// whose binding the caches may not show yet.
 #[derive(Debug, Default)]
@@ -307,10 +432,12 @@ struct LedgerState {
 
 impl LedgerState {
     fn add(&mut self, uid: &str, node: &str, request: &Request) {
-        if let Some((existing, _)) = self.by_vm.get(uid) {
-            if existing == node {
+        if let Some((existing, held)) = self.by_vm.get(uid) {
+            if existing == node && held == request {
                 return;
             }
+            // Another node, or the same node with a changed request (a resize, rule V6): the new
+            // reservation replaces the old one.
             self.remove(uid);
         }
         let usage = self.by_node.entry(node.to_string()).or_default();
@@ -345,7 +472,8 @@ impl Ledger {
         Ledger::default()
     }
 
-    /// Records a VM seen bound to `node` (idempotent; seeds the ledger from the cache).
+    /// Records a VM seen bound to `node` (idempotent; seeds the ledger from the cache). A changed
+    /// request (a resize) replaces what the VM held there.
     pub fn observe_bound(&self, uid: &str, node: &str, request: &Request) {
         self.lock().add(uid, node, request);
     }
@@ -378,6 +506,35 @@ impl Ledger {
         let name = node.metadata.name.clone().unwrap_or_default();
         state.add(uid, &name, request);
         Ok(name)
+    }
+
+    /// What every VM but `uid` holds on `node`: the node's allocatable minus this is the room
+    /// `uid` may grow into.
+    pub fn used_by_others(&self, node: &str, uid: &str) -> NodeResources {
+        let state = self.lock();
+        let used = state.by_node.get(node).map(|u| u.used).unwrap_or_default();
+        match state.by_vm.get(uid) {
+            Some((held_on, request)) if held_on == node => used.minus(&request.resources),
+            _ => used,
+        }
+    }
+
+    /// The UIDs of every VM holding a reservation.
+    pub fn reserved_uids(&self) -> Vec<String> {
+        self.lock().by_vm.keys().cloned().collect()
+    }
+
+    /// Releases the reservations of VMs that no longer exist: `live` holds the UIDs of every
+    /// SmolVM in the cache. Read the reserved UIDs ([`Ledger::reserved_uids`]) *before* taking
+    /// that snapshot, so a VM reserved in between is never mistaken for a gone one. Returns the
+    /// UIDs released.
+    pub fn release_gone(&self, reserved: &[String], live: &HashSet<String>) -> Vec<String> {
+        let gone = gone_reservations(reserved, live);
+        let mut state = self.lock();
+        for uid in &gone {
+            state.remove(uid);
+        }
+        gone
     }
 
     /// Usage of one node (for status and metrics).

@@ -7,7 +7,7 @@ use k8s_openapi::{
     jiff::{SignedDuration, Timestamp},
 };
 use smolvm_api::{
-    SmolVM, SmolVMNode,
+    NodeResources, Phase, SmolVM, SmolVMNode, SmolVMStatus,
     constants::{FINALIZER, FORCE_DELETE_ANNOTATION, FORCE_DELETE_VALUE, condition},
     nodeapi::{MachineSpec, MachineState, MachineStatus, NetworkSpec, PortProtocol, PortSpec, ResizeSpec},
     types::Protocol,
@@ -294,4 +294,132 @@ pub fn clear_condition(conditions: &mut Vec<Condition>, type_: &str) -> bool {
     let before = conditions.len();
     conditions.retain(|c| c.type_ != type_);
     before != conditions.len()
+}
+
+/// A resize the node has no room for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shortfall {
+    /// `cpus`, `memoryMiB` or `storageGiB` (storage plus overlay), as the spec spells them.
+    pub resource: &'static str,
+    /// What the VM asks for in all, after the resize.
+    pub requested: i64,
+    /// What the node has for this VM: its allocatable minus what every other VM holds there.
+    pub free: i64,
+}
+
+impl Shortfall {
+    /// For the ResizePending condition and its event.
+    pub fn message(&self, node: &str) -> String {
+        format!(
+            "node {node} has no room for the resize: {} {} requested, {} free for this VM (allocatable minus the other VMs bound there); it is applied when room frees up",
+            self.requested, self.resource, self.free
+        )
+    }
+}
+
+/// Whether `node` can hold a resize of a machine from `current` to `request`. Only the
+/// dimensions the resize touches (`resize`) and that grow are checked: shrinking always fits.
+/// `others` is what every other VM holds on the node; without a reported allocatable nothing is
+/// checked (the node itself then decides).
+pub fn resize_shortfall(
+    resize: &ResizeSpec,
+    request: &NodeResources,
+    current: &NodeResources,
+    allocatable: Option<&NodeResources>,
+    others: &NodeResources,
+) -> Option<Shortfall> {
+    let free = allocatable?.minus(others);
+    let disk = resize.storage_gib.is_some() || resize.overlay_gib.is_some();
+    [
+        ("cpus", resize.cpus.is_some(), request.cpus, current.cpus, free.cpus),
+        (
+            "memoryMiB",
+            resize.memory_mib.is_some(),
+            request.memory_mib,
+            current.memory_mib,
+            free.memory_mib,
+        ),
+        (
+            "storageGiB",
+            disk,
+            request.storage_gib,
+            current.storage_gib,
+            free.storage_gib,
+        ),
+    ]
+    .into_iter()
+    .find(|&(_, touched, want, have, room)| touched && want > have && want > room)
+    .map(|(resource, _, requested, _, free)| Shortfall {
+        resource,
+        requested,
+        free,
+    })
+}
+
+/// What a machine holds on its node, as the node reports it (disk is storage plus overlay).
+pub fn machine_resources(m: &MachineStatus) -> NodeResources {
+    let gib = |v: Option<u64>| v.and_then(|v| i64::try_from(v).ok()).unwrap_or_default();
+    NodeResources {
+        cpus: i64::from(m.cpus),
+        memory_mib: i64::try_from(m.memory_mib).unwrap_or(i64::MAX),
+        storage_gib: gib(m.storage_gib).saturating_add(gib(m.overlay_gib)),
+    }
+}
+
+/// An event for a phase transition no machine action of the pass already told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransitionEvent {
+    /// Warning (a failure) or Normal (progress or recovery).
+    pub warning: bool,
+    /// Event reason: `Recovered`, or the Ready reason reached (`Running`, `Stopped`,
+    /// `Creating`, `MachineFailed`).
+    pub reason: String,
+    /// Event note.
+    pub note: String,
+}
+
+/// The event for the transition from `before` to `after` that a converge pass observed, if any.
+/// `steps_reported`: the pass already published an event for a machine action it took (create,
+/// start, stop, resize), which tells this transition. A status without a Ready condition was never
+/// converged: its first pass creates the machine, and that action has its event.
+pub fn transition_event(
+    before: Option<&SmolVMStatus>,
+    after: &SmolVMStatus,
+    steps_reported: bool,
+) -> Option<TransitionEvent> {
+    if steps_reported {
+        return None;
+    }
+    let ready = |s: &SmolVMStatus| s.conditions.iter().find(|c| c.type_ == condition::READY).cloned();
+    let before = before?;
+    let was = ready(before)?;
+    let is = ready(after)?;
+    let (from, to) = (before.phase.unwrap_or_default(), after.phase.unwrap_or_default());
+    if from == to && was.status == is.status && was.reason == is.reason {
+        return None;
+    }
+    let node = after.node_name.as_deref().unwrap_or("its node");
+    let note = format!("{} on node {node} (was {}: {})", is.message, from.as_str(), was.reason);
+    if to == Phase::Failed {
+        return Some(TransitionEvent {
+            warning: true,
+            reason: is.reason,
+            note,
+        });
+    }
+    let recovered = matches!(from, Phase::Unknown | Phase::Failed) || was.status == "Unknown";
+    Some(TransitionEvent {
+        warning: false,
+        reason: if recovered { "Recovered".into() } else { is.reason },
+        note,
+    })
+}
+
+/// How long to wait before the next pass after `passes` consecutive passes that did not settle
+/// (the machine still on its way, e.g. a runtime that never reports Running): 1 s, doubling, at
+/// most 30 s, so a runtime that never settles is not hammered.
+pub fn unsettled_delay(passes: u32) -> std::time::Duration {
+    const CAP_SECS: u64 = 30;
+    let exponent = passes.saturating_sub(1).min(5);
+    std::time::Duration::from_secs((1u64 << exponent).min(CAP_SECS))
 }

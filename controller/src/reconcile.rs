@@ -92,6 +92,35 @@ pub struct Context {
     pub placement: placement::Config,
     /// Metrics.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Consecutive unsettled converge passes per VM, for their backoff.
+    pub unsettled: Unsettled,
+}
+
+/// Counts, per VM UID, the consecutive converge passes that did not settle.
+#[derive(Debug, Default)]
+pub struct Unsettled(std::sync::Mutex<std::collections::HashMap<String, u32>>);
+
+impl Unsettled {
+    /// Records one more unsettled pass of `uid`; returns how many in a row.
+    pub fn bump(&self, uid: &str) -> u32 {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = map.entry(uid.to_string()).or_default();
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    /// `uid` settled (or is gone): its count starts again.
+    pub fn reset(&self, uid: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+    }
+}
+
+impl Context {
+    /// Forgets a VM that is gone or no longer holds a node: its reservation and its counters.
+    pub fn forget(&self, uid: &str) {
+        self.ledger.release(uid);
+        self.unsettled.reset(uid);
+    }
 }
 
 /// Times a node API call into the latency histogram.
@@ -122,12 +151,18 @@ async fn reconcile_inner(vm: Arc<SmolVM>, ctx: Arc<Context>) -> Result<Action, E
     let uid = vm.uid().ok_or(Error::MissingField("metadata.uid"))?;
     match plan::next_step(&vm) {
         Step::Forget => {
-            ctx.ledger.release(&uid);
+            ctx.forget(&uid);
             Ok(Action::await_change())
         }
         Step::AddFinalizer => {
             let patch = match &vm.metadata.finalizers {
-                None => json!([{"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}]),
+                // The `test` that the list is still absent (a JSON patch `test` of a missing path
+                // against null succeeds): a finalizer another client added meanwhile makes the
+                // patch fail (and the reconcile retry) instead of being overwritten.
+                None => json!([
+                    {"op": "test", "path": "/metadata/finalizers", "value": null},
+                    {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}
+                ]),
                 Some(_) => json!([{"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}]),
             };
             api.patch(
@@ -140,14 +175,14 @@ async fn reconcile_inner(vm: Arc<SmolVM>, ctx: Arc<Context>) -> Result<Action, E
         }
         Step::RemoveFinalizer => {
             remove_finalizer(&api, &vm).await?;
-            ctx.ledger.release(&uid);
+            ctx.forget(&uid);
             Ok(Action::await_change())
         }
         Step::DeleteMachine { node, machine, force } => delete(&api, &vm, &ctx, &uid, &node, &machine, force).await,
         Step::Place => place(&api, &vm, &ctx, &uid).await,
         Step::Converge { node, machine } => {
             ctx.ledger.observe_bound(&uid, &node, &Request::of(&vm));
-            converge(&api, &vm, &ctx, &node, &machine).await
+            converge(&api, &vm, &ctx, &uid, &node, &machine).await
         }
     }
 }
@@ -195,7 +230,7 @@ async fn delete(
     match timed(ctx, "DeleteMachine", ctx.node_client.delete_machine(node, machine)).await {
         Ok(outcome) => {
             remove_finalizer(api, vm).await?;
-            ctx.ledger.release(uid);
+            ctx.forget(uid);
             let note = if outcome.missing {
                 format!("machine {machine} was already gone from node {node}")
             } else {
@@ -206,7 +241,7 @@ async fn delete(
         }
         Err(e) if e.is_unreachable() && force => {
             remove_finalizer(api, vm).await?;
-            ctx.ledger.release(uid);
+            ctx.forget(uid);
             let note = format!(
                 "node {node} is unreachable ({}); finalizer removed because of {FORCE_DELETE_ANNOTATION}; the local state of machine {machine} on {node} may be orphaned",
                 e.message()
@@ -345,7 +380,14 @@ fn sync_endpoint(ctx: &Context, node: &str) {
     }
 }
 
-async fn converge(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, node: &str, machine: &str) -> Result<Action, Error> {
+async fn converge(
+    api: &Api<SmolVM>,
+    vm: &SmolVM,
+    ctx: &Context,
+    uid: &str,
+    node: &str,
+    machine: &str,
+) -> Result<Action, Error> {
     let now = Timestamp::now();
     let generation = vm.metadata.generation;
     let mut status = vm.status.clone().unwrap_or_default();
@@ -378,7 +420,7 @@ async fn converge(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, node: &str, mac
     sync_endpoint(ctx, node);
     let observed = match timed(ctx, "GetMachine", ctx.node_client.get_machine(node, machine)).await {
         Ok(m) => m,
-        Err(e) => return report_call_error(api, vm, ctx, status, node, e).await,
+        Err(e) => return report_call_error(api, vm, ctx, status, node, RuntimeCall::Get, e).await,
     };
     let desired = match plan::machine_spec(vm) {
         Ok(d) => d,
@@ -403,6 +445,8 @@ async fn converge(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, node: &str, mac
     let mut machine_now = observed;
     let mut done: Vec<MachineAction> = Vec::new();
     let mut settled = false;
+    // Warning events to publish after the status write: (reason, action, note).
+    let mut warnings: Vec<(&str, &str, String)> = Vec::new();
     for _ in 0..MAX_STEPS_PER_PASS {
         let action = plan::machine_action(&desired, running, machine_now.as_ref());
         let result = match &action {
@@ -424,6 +468,33 @@ async fn converge(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, node: &str, mac
             }
             MachineAction::Stop => timed(ctx, "StopMachine", ctx.node_client.stop_machine(node, machine)).await,
             MachineAction::Resize(spec) => {
+                // A resize up needs room on the node: its allocatable minus what the other VMs
+                // bound there hold. Without it the node is not asked; the VM reports why.
+                let current = machine_now.as_ref().map(plan::machine_resources).unwrap_or_default();
+                let allocatable = node_obj
+                    .as_ref()
+                    .and_then(|n| n.status.as_ref())
+                    .and_then(|s| s.allocatable);
+                let others = ctx.ledger.used_by_others(node, uid);
+                if let Some(short) =
+                    plan::resize_shortfall(spec, &vm.spec.request(), &current, allocatable.as_ref(), &others)
+                {
+                    let message = short.message(node);
+                    let changed = plan::set_condition(
+                        &mut status.conditions,
+                        condition::RESIZE_PENDING,
+                        "True",
+                        reason::INSUFFICIENT_CAPACITY,
+                        &message,
+                        generation,
+                        now,
+                    );
+                    if changed {
+                        warnings.push((reason::INSUFFICIENT_CAPACITY, "Resize", message));
+                    }
+                    settled = true;
+                    break;
+                }
                 timed(
                     ctx,
                     "ResizeMachine",
@@ -470,27 +541,86 @@ async fn converge(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, node: &str, mac
             }
             Err(e) => {
                 publish_steps(ctx, vm, node, machine, &done).await;
-                return report_call_error(api, vm, ctx, status, node, e).await;
+                return report_call_error(api, vm, ctx, status, node, RuntimeCall::of(&action), e).await;
             }
         }
     }
-    publish_steps(ctx, vm, node, machine, &done).await;
+    let steps_reported = publish_steps(ctx, vm, node, machine, &done).await;
     apply_machine(&mut status, machine_now.as_ref(), running, generation, now);
     plan::clear_condition(&mut status.conditions, condition::DELETION_BLOCKED);
     write_status(api, vm, &status).await?;
+    // A transition no action of this pass told (a crash, a recovery, a start that finished).
+    if let Some(t) = plan::transition_event(vm.status.as_ref(), &status, steps_reported) {
+        let type_ = if t.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        publish(ctx, vm, type_, &t.reason, "Observe", t.note).await;
+    }
+    for (why, verb, note) in warnings {
+        publish(ctx, vm, EventType::Warning, why, verb, note).await;
+    }
     Ok(if settled {
+        ctx.unsettled.reset(uid);
         Action::requeue(ctx.timing.resync)
     } else {
-        Action::requeue(Duration::from_millis(100))
+        // Still on its way (e.g. a runtime that does not report Running yet): look again with a
+        // backoff, so a runtime that never settles is not hammered.
+        Action::requeue(plan::unsettled_delay(ctx.unsettled.bump(uid)))
     })
+}
+
+/// The node API call a converge step makes, for the reason of its failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuntimeCall {
+    /// GetMachine.
+    Get,
+    /// CreateMachine.
+    Create,
+    /// EnsureMachineRunning.
+    Start,
+    /// StopMachine.
+    Stop,
+    /// ResizeMachine.
+    Resize,
+}
+
+impl RuntimeCall {
+    fn of(action: &MachineAction) -> Self {
+        match action {
+            MachineAction::Create(_) => RuntimeCall::Create,
+            MachineAction::EnsureRunning => RuntimeCall::Start,
+            MachineAction::Stop => RuntimeCall::Stop,
+            MachineAction::Resize(_) => RuntimeCall::Resize,
+            MachineAction::ResizePending(_) | MachineAction::None => RuntimeCall::Get,
+        }
+    }
+}
+
+/// Phase and Ready reason after a node API call failed with an error other than unreachable:
+/// the reason names the operation that failed (or smolvm's start failure, whatever the call).
+/// `None` keeps the phase: a failed stop or resize leaves the machine as it was.
+pub fn call_failure(call: RuntimeCall, code: Option<&str>) -> (Option<Phase>, &'static str) {
+    if code == Some(error_code::START_FAILED) {
+        return (Some(Phase::Failed), reason::START_FAILED);
+    }
+    match call {
+        RuntimeCall::Get => (Some(Phase::Unknown), "RuntimeError"),
+        RuntimeCall::Create => (Some(Phase::Failed), reason::CREATE_FAILED),
+        RuntimeCall::Start => (Some(Phase::Failed), reason::START_FAILED),
+        RuntimeCall::Stop => (None, reason::STOP_FAILED),
+        RuntimeCall::Resize => (None, reason::RESIZE_FAILED),
+    }
 }
 
 /// Machine steps one converge pass may take (create, start, and one spare).
 const MAX_STEPS_PER_PASS: usize = 3;
 
 /// One Normal event per transition a pass made; a create immediately followed by a start is one
-/// transition, "Started", that says both.
-async fn publish_steps(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, done: &[MachineAction]) {
+/// transition, "Started", that says both. Returns whether it published any.
+async fn publish_steps(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, done: &[MachineAction]) -> bool {
+    let mut published = false;
     let mut i = 0;
     while i < done.len() {
         let (why, verb, note) = match (&done[i], done.get(i + 1)) {
@@ -516,8 +646,10 @@ async fn publish_steps(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, do
             }
         };
         publish(ctx, vm, EventType::Normal, why, verb, note).await;
+        published = true;
         i += 1;
     }
+    published
 }
 
 /// A resize in words: `4 CPUs, 30 GiB storage`.
@@ -641,18 +773,16 @@ async fn report_call_error(
     ctx: &Context,
     status: SmolVMStatus,
     node: &str,
+    call: RuntimeCall,
     e: CallError,
 ) -> Result<Action, Error> {
     if e.is_unreachable() {
         let message = format!("node {node} is unreachable: {}", e.message());
         return report_node_problem(api, vm, ctx, status, "Unknown", reason::NODE_UNREACHABLE, message).await;
     }
-    let (phase, why) = match e.code() {
-        Some(code) if code == error_code::START_FAILED => (Phase::Failed, reason::START_FAILED),
-        _ => (Phase::Failed, reason::CREATE_FAILED),
-    };
+    let (phase, why) = call_failure(call, e.code());
     let problem = Problem {
-        phase,
+        phase: phase.or(status.phase).unwrap_or(Phase::Unknown),
         condition: condition::READY,
         status: "False",
         reason: why,
@@ -721,8 +851,14 @@ async fn write_status(api: &Api<SmolVM>, vm: &SmolVM, status: &SmolVMStatus) -> 
 }
 
 /// What the controller does after a failed reconcile.
-pub fn error_policy(_vm: Arc<SmolVM>, error: &Error, ctx: Arc<Context>) -> Action {
-    tracing::warn!(reason = error.reason(), error = %error, "reconcile failed");
+pub fn error_policy(vm: Arc<SmolVM>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(
+        namespace = %vm.namespace().unwrap_or_default(),
+        name = %vm.name_any(),
+        reason = error.reason(),
+        error = %error,
+        "reconcile failed"
+    );
     match error.reason() {
         "Conflict" => Action::requeue(Duration::from_millis(500)),
         _ => Action::requeue(ctx.timing.retry),

@@ -11,7 +11,9 @@ use k8s_openapi::{
     jiff::{SignedDuration, Timestamp},
 };
 use smolvm_api::{NodeResources, Protocol, SmolVMNode, fixtures};
-use smolvm_controller::placement::{Config, Ledger, Request, Usage, check_node, place};
+use smolvm_controller::placement::{
+    Config, Ledger, NodeTracker, Request, Usage, check_node, gone_reservations, node_fingerprint, place,
+};
 
 fn now() -> Timestamp {
     Timestamp::from_second(1_800_000_000).unwrap()
@@ -346,4 +348,202 @@ fn concurrent_placements_never_over_commit() {
         assert_eq!(usage.used.cpus, 50, "{n}");
         assert_eq!(usage.used.memory_mib, 50 * 512, "{n}");
     }
+}
+
+#[test]
+fn ledger_records_a_resize_of_a_bound_vm() {
+    let ledger = Ledger::new();
+    ledger.observe_bound("vm-1", "a", &request(2, 1024));
+    ledger.observe_bound("vm-2", "a", &request(1, 512));
+    assert_eq!(ledger.usage("a").used.cpus, 3);
+    // Same node, same request: idempotent.
+    ledger.observe_bound("vm-1", "a", &request(2, 1024));
+    assert_eq!(ledger.usage("a").used.cpus, 3);
+    // Same node, a changed request (rule V6): the new reservation replaces the old one.
+    ledger.observe_bound("vm-1", "a", &request(4, 4096));
+    let used = ledger.usage("a").used;
+    assert_eq!((used.cpus, used.memory_mib, used.storage_gib), (5, 4608, 60));
+    // Shrinking is recorded too.
+    ledger.observe_bound("vm-1", "a", &request(1, 256));
+    assert_eq!(ledger.usage("a").used.cpus, 2);
+    // What the others hold, for the room a resize may grow into.
+    let others = ledger.used_by_others("a", "vm-1");
+    assert_eq!((others.cpus, others.memory_mib, others.storage_gib), (1, 512, 30));
+    assert_eq!(ledger.used_by_others("a", "vm-9").cpus, 2, "a VM holding nothing there");
+    assert_eq!(ledger.used_by_others("b", "vm-1").cpus, 0, "another node");
+}
+
+#[test]
+fn gone_reservations_table() {
+    let reserved = |uids: &[&str]| uids.iter().map(|u| u.to_string()).collect::<Vec<_>>();
+    let live = |uids: &[&str]| {
+        uids.iter()
+            .map(|u| u.to_string())
+            .collect::<std::collections::HashSet<_>>()
+    };
+    type Case<'a> = (&'a str, Vec<String>, std::collections::HashSet<String>, Vec<&'a str>);
+    let cases: Vec<Case> = vec![
+        ("nothing_reserved", reserved(&[]), live(&["a"]), vec![]),
+        ("all_live", reserved(&["a", "b"]), live(&["a", "b", "c"]), vec![]),
+        ("one_gone", reserved(&["a", "b"]), live(&["a"]), vec!["b"]),
+        ("cache_empty", reserved(&["b", "a"]), live(&[]), vec!["a", "b"]),
+    ];
+    for (name, reserved, live, expected) in cases {
+        assert_eq!(gone_reservations(&reserved, &live), expected, "{name}");
+    }
+}
+
+#[test]
+fn ledger_releases_reservations_of_vanished_vms() {
+    let ledger = Ledger::new();
+    ledger.observe_bound("kept", "a", &request(1, 512));
+    ledger.observe_bound("stripped", "a", &request(2, 1024));
+    let reserved = ledger.reserved_uids();
+    // A VM reserved after the UIDs were read is not in `reserved`, so it is never released.
+    ledger.observe_bound("new", "a", &request(1, 512));
+    let live = ["kept".to_string()].into_iter().collect();
+    assert_eq!(ledger.release_gone(&reserved, &live), vec!["stripped".to_string()]);
+    assert_eq!(ledger.usage("a").used.cpus, 2, "kept + new");
+    assert_eq!(ledger.node_of("stripped"), None);
+    assert_eq!(ledger.node_of("new").as_deref(), Some("a"));
+}
+
+#[test]
+fn node_fingerprint_ignores_the_heartbeat_only() {
+    let base = node("a", 8, 8192);
+    let fp = node_fingerprint(&base);
+    type Case = (&'static str, SmolVMNode, bool);
+    let cases: Vec<Case> = vec![
+        ("same", base.clone(), false),
+        (
+            "heartbeat_only",
+            edit(base.clone(), |n| {
+                n.status.as_mut().unwrap().heartbeat_time = Some(Time(now() + SignedDuration::from_secs(10)))
+            }),
+            false,
+        ),
+        (
+            "condition_transition_time_only",
+            edit(base.clone(), |n| {
+                n.status.as_mut().unwrap().conditions[0].last_transition_time = Time(now())
+            }),
+            false,
+        ),
+        (
+            "ready_false",
+            edit(base.clone(), |n| {
+                n.status.as_mut().unwrap().conditions[0].status = "False".into()
+            }),
+            true,
+        ),
+        (
+            "ready_reason",
+            edit(base.clone(), |n| {
+                n.status.as_mut().unwrap().conditions[0].reason = "RuntimeDown".into()
+            }),
+            true,
+        ),
+        (
+            "node_uid",
+            edit(base.clone(), |n| {
+                n.status.as_mut().unwrap().node_uid = Some("uid-new".into())
+            }),
+            true,
+        ),
+        (
+            "allocatable",
+            edit(base.clone(), |n| {
+                n.status.as_mut().unwrap().allocatable.as_mut().unwrap().cpus = 4
+            }),
+            true,
+        ),
+        (
+            "capacity",
+            edit(base.clone(), |n| {
+                n.status.as_mut().unwrap().capacity.as_mut().unwrap().memory_mib = 1
+            }),
+            true,
+        ),
+        (
+            "cordoned",
+            edit(base.clone(), |n| n.spec.unschedulable = Some(true)),
+            true,
+        ),
+        (
+            "uncordoned_explicitly_is_the_same",
+            edit(base.clone(), |n| n.spec.unschedulable = Some(false)),
+            false,
+        ),
+        (
+            "labels",
+            edit(base.clone(), |n| {
+                n.metadata.labels.as_mut().unwrap().insert("zone".into(), "b".into());
+            }),
+            true,
+        ),
+        (
+            "endpoint",
+            edit(base.clone(), |n| {
+                n.status.as_mut().unwrap().endpoint.as_mut().unwrap().port = 1
+            }),
+            true,
+        ),
+        (
+            "protocol",
+            edit(base.clone(), |n| {
+                n.status.as_mut().unwrap().protocol_version = Some("v2".into())
+            }),
+            true,
+        ),
+        ("no_status", edit(base.clone(), |n| n.status = None), true),
+    ];
+    for (name, node, changed) in cases {
+        assert_eq!(node_fingerprint(&node) != fp, changed, "{name}");
+    }
+}
+
+#[test]
+fn node_tracker_wakes_on_changes_and_freshness_flips_only() {
+    let timeout = SignedDuration::from_secs(40);
+    let at = |secs: i64| now() + SignedDuration::from_secs(secs);
+    // Heartbeat at now() - 5 s (see `node`).
+    let mut tracker = NodeTracker::new();
+    let a = node("a", 8, 8192);
+    assert!(tracker.applied(&a, at(0), timeout), "a new node wakes");
+    assert!(!tracker.applied(&a, at(1), timeout), "the same node again does not");
+    let beat = |secs: i64| {
+        edit(a.clone(), |n| {
+            n.status.as_mut().unwrap().heartbeat_time = Some(Time(at(secs)))
+        })
+    };
+    assert!(
+        !tracker.applied(&beat(10), at(10), timeout),
+        "a heartbeat alone does not"
+    );
+    assert!(tracker.applied(&edit(beat(20), |n| n.spec.unschedulable = Some(true)), at(20), timeout));
+    assert!(!tracker.applied(&edit(beat(30), |n| n.spec.unschedulable = Some(true)), at(30), timeout));
+    // The runtime dies: no events; the periodic look finds the heartbeat stale after the timeout.
+    let dead = edit(beat(30), |n| n.spec.unschedulable = Some(true));
+    assert!(tracker.tick([&dead], at(60), timeout).is_empty(), "still fresh at 30 s");
+    assert!(
+        tracker.tick([&dead], at(70), timeout).is_empty(),
+        "exactly at the timeout: fresh"
+    );
+    assert_eq!(tracker.tick([&dead], at(71), timeout), vec!["a".to_string()], "stale");
+    assert!(tracker.tick([&dead], at(80), timeout).is_empty(), "once");
+    // It comes back: the first heartbeat wakes (fresh again) even though nothing else changed.
+    let back = edit(dead.clone(), |n| {
+        n.status.as_mut().unwrap().heartbeat_time = Some(Time(at(90)))
+    });
+    assert!(tracker.applied(&back, at(90), timeout), "fresh again");
+    assert!(tracker.tick([&back], at(91), timeout).is_empty());
+    // A node the tracker never saw, and one that vanished without a delete event.
+    let b = node("b", 8, 8192);
+    let b = edit(b, |n| n.status.as_mut().unwrap().heartbeat_time = Some(Time(at(90))));
+    assert_eq!(
+        tracker.tick([&b], at(92), timeout),
+        vec!["a".to_string(), "b".to_string()]
+    );
+    assert!(tracker.deleted("b"));
+    assert!(!tracker.deleted("b"), "deleting an unknown node wakes nobody");
 }

@@ -7,13 +7,14 @@ use k8s_openapi::{
     jiff::{SignedDuration, Timestamp},
 };
 use smolvm_api::{
-    SmolVM, SmolVMNode,
+    NodeResources, Phase, SmolVM, SmolVMNode, SmolVMStatus,
     constants::{FINALIZER, FORCE_DELETE_ANNOTATION, condition},
     fixtures,
     nodeapi::{MachineState, MachineStatus, NetworkSpec, ResizeSpec},
 };
 use smolvm_controller::plan::{
-    MachineAction, NodeHealth, Step, machine_action, machine_name, machine_spec, next_step, node_health, set_condition,
+    MachineAction, NodeHealth, Step, machine_action, machine_name, machine_resources, machine_spec, next_step,
+    node_health, resize_shortfall, set_condition, transition_event, unsettled_delay,
 };
 
 const UID: &str = "6f1c0a52-3b0e-4a57-9d0c-1f2e3d4c5b6a";
@@ -287,4 +288,249 @@ fn conditions_keep_transition_time_when_status_is_unchanged() {
     assert!(set_condition(&mut list, "Ready", "True", "Running", "", Some(2), t1));
     assert_eq!(list[0].last_transition_time, Time(t1));
     assert_eq!(list.len(), 1);
+}
+
+fn res(cpus: i64, memory_mib: i64, storage_gib: i64) -> NodeResources {
+    NodeResources {
+        cpus,
+        memory_mib,
+        storage_gib,
+    }
+}
+
+#[test]
+fn resize_shortfall_table() {
+    let cpu_mem = ResizeSpec {
+        cpus: Some(4),
+        memory_mib: Some(4096),
+        ..Default::default()
+    };
+    let disk = ResizeSpec {
+        storage_gib: Some(40),
+        ..Default::default()
+    };
+    let alloc = res(8, 8192, 100);
+    type Case<'a> = (
+        &'a str,
+        &'a ResizeSpec,
+        NodeResources, // request after the resize
+        NodeResources, // machine now
+        Option<NodeResources>,
+        NodeResources, // others
+        Option<(&'a str, i64, i64)>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "fits",
+            &cpu_mem,
+            res(4, 4096, 30),
+            res(2, 2048, 30),
+            Some(alloc),
+            res(4, 4096, 0),
+            None,
+        ),
+        (
+            "exactly_fits",
+            &cpu_mem,
+            res(4, 4096, 30),
+            res(2, 2048, 30),
+            Some(alloc),
+            res(4, 4096, 70),
+            None,
+        ),
+        (
+            "cpu_short",
+            &cpu_mem,
+            res(4, 4096, 30),
+            res(2, 2048, 30),
+            Some(alloc),
+            res(5, 1024, 0),
+            Some(("cpus", 4, 3)),
+        ),
+        (
+            "memory_short",
+            &cpu_mem,
+            res(4, 4096, 30),
+            res(2, 2048, 30),
+            Some(alloc),
+            res(1, 6000, 0),
+            Some(("memoryMiB", 4096, 2192)),
+        ),
+        (
+            "shrinking_always_fits",
+            &cpu_mem,
+            res(1, 512, 30),
+            res(2, 2048, 30),
+            Some(alloc),
+            res(8, 8192, 100),
+            None,
+        ),
+        (
+            "disk_short",
+            &disk,
+            res(1, 512, 50),
+            res(1, 512, 30),
+            Some(alloc),
+            res(0, 0, 60),
+            Some(("storageGiB", 50, 40)),
+        ),
+        (
+            "cpu_not_in_a_disk_resize_is_not_checked",
+            &disk,
+            res(16, 512, 50),
+            res(1, 512, 30),
+            Some(alloc),
+            res(0, 0, 0),
+            None,
+        ),
+        (
+            "no_allocatable_reported",
+            &cpu_mem,
+            res(64, 4096, 30),
+            res(2, 2048, 30),
+            None,
+            res(0, 0, 0),
+            None,
+        ),
+        (
+            "over_committed_node_has_nothing_free",
+            &cpu_mem,
+            res(4, 4096, 30),
+            res(2, 2048, 30),
+            Some(alloc),
+            res(10, 0, 0),
+            Some(("cpus", 4, 0)),
+        ),
+    ];
+    for (name, resize, request, current, allocatable, others, expected) in cases {
+        let got = resize_shortfall(resize, &request, &current, allocatable.as_ref(), &others);
+        assert_eq!(
+            got.as_ref().map(|s| (s.resource, s.requested, s.free)),
+            expected,
+            "{name}"
+        );
+        if let Some(s) = got {
+            let message = s.message("node-a");
+            assert!(
+                message.contains("node-a")
+                    && message.contains(s.resource)
+                    && message.contains(&format!("{} {} requested", s.requested, s.resource))
+                    && message.contains(&format!("{} free", s.free)),
+                "{name}: {message}"
+            );
+        }
+    }
+}
+
+#[test]
+fn machine_resources_add_storage_and_overlay() {
+    let m = machine(MachineState::Running, 2, 1024, 20);
+    assert_eq!(machine_resources(&m), res(2, 1024, 30));
+}
+
+fn status(phase: Option<Phase>, ready: Option<(&str, &str)>) -> SmolVMStatus {
+    SmolVMStatus {
+        node_name: Some("node-a".into()),
+        phase,
+        conditions: ready
+            .map(|(status, reason)| Condition {
+                type_: condition::READY.into(),
+                status: status.into(),
+                reason: reason.into(),
+                message: format!("msg {reason}"),
+                last_transition_time: Time(now()),
+                observed_generation: None,
+            })
+            .into_iter()
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn transition_event_table() {
+    use Phase::*;
+    let running = status(Some(Running), Some(("True", "Running")));
+    let stopped = status(Some(Stopped), Some(("True", "Stopped")));
+    let failed = status(Some(Failed), Some(("False", "MachineFailed")));
+    let unreachable = status(Some(Unknown), Some(("Unknown", "NodeUnreachable")));
+    let start_failed = status(Some(Failed), Some(("False", "StartFailed")));
+    let creating = status(Some(Creating), Some(("False", "Creating")));
+    let stopping = status(Some(Running), Some(("False", "Stopped")));
+    let scheduled = status(Some(Scheduled), None);
+    // (name, before, after, steps reported, expected (warning, reason))
+    type Case<'a> = (
+        &'a str,
+        Option<&'a SmolVMStatus>,
+        &'a SmolVMStatus,
+        bool,
+        Option<(bool, &'a str)>,
+    );
+    let cases: Vec<Case> = vec![
+        ("steady_running", Some(&running), &running, false, None),
+        ("crash", Some(&running), &failed, false, Some((true, "MachineFailed"))),
+        (
+            "node_back",
+            Some(&unreachable),
+            &running,
+            false,
+            Some((false, "Recovered")),
+        ),
+        (
+            "crash_recovered",
+            Some(&failed),
+            &stopped,
+            false,
+            Some((false, "Recovered")),
+        ),
+        (
+            "start_failure_then_runs",
+            Some(&start_failed),
+            &running,
+            false,
+            Some((false, "Recovered")),
+        ),
+        (
+            "start_finished",
+            Some(&creating),
+            &running,
+            false,
+            Some((false, "Running")),
+        ),
+        (
+            "stop_finished",
+            Some(&stopping),
+            &stopped,
+            false,
+            Some((false, "Stopped")),
+        ),
+        (
+            "stopped_by_someone_else",
+            Some(&running),
+            &stopped,
+            false,
+            Some((false, "Stopped")),
+        ),
+        // The actions of the pass have their own events (Created, Started, Stopped, Resized).
+        ("told_by_the_action", Some(&running), &stopped, true, None),
+        ("create_and_start", Some(&scheduled), &running, true, None),
+        // Never converged: the first pass creates the machine, and that action has its event.
+        ("first_observation", Some(&scheduled), &running, false, None),
+        ("no_status", None, &running, false, None),
+    ];
+    for (name, before, after, steps, expected) in cases {
+        let got = transition_event(before, after, steps);
+        assert_eq!(got.as_ref().map(|t| (t.warning, t.reason.as_str())), expected, "{name}");
+        if let Some(t) = got {
+            assert!(t.note.contains("node-a"), "{name}: {}", t.note);
+        }
+    }
+}
+
+#[test]
+fn unsettled_passes_back_off() {
+    let delays: Vec<u64> = (1..=8).map(|n| unsettled_delay(n).as_secs()).collect();
+    assert_eq!(delays, vec![1, 2, 4, 8, 16, 30, 30, 30]);
+    assert_eq!(unsettled_delay(0).as_secs(), 1);
+    assert_eq!(unsettled_delay(u32::MAX).as_secs(), 30);
 }

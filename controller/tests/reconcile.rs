@@ -2,6 +2,8 @@
 //! no kube-apiserver; the e2e tier repeats these on a real one). Each case asserts the exact API
 //! calls the reconcile makes, in order.
 
+#[path = "../../runtime/tests/common/mod.rs"]
+mod common;
 mod support;
 
 use std::time::Duration;
@@ -22,13 +24,85 @@ async fn add_finalizer() {
         vm(fixtures::alpine()),
         vec![],
         vec![expect(Method::PATCH, VM_PATH, |body| {
+            // The test that the list is still absent keeps a finalizer another client added
+            // meanwhile from being overwritten (the patch fails and the reconcile retries).
             assert_eq!(
                 body,
-                &json!([{"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}])
+                &json!([
+                    {"op": "test", "path": "/metadata/finalizers", "value": null},
+                    {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}
+                ])
             );
         })],
     )
     .await;
+}
+
+#[tokio::test]
+async fn add_finalizer_appends_to_other_finalizers() {
+    let mut object = fixtures::alpine();
+    object["metadata"]["finalizers"] = json!(["example.com/other"]);
+    run_case(
+        vm(object),
+        vec![],
+        vec![expect(Method::PATCH, VM_PATH, |body| {
+            assert_eq!(
+                body,
+                &json!([{"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}])
+            );
+        })],
+    )
+    .await;
+}
+
+#[test]
+fn runtime_failures_are_named_after_the_call() {
+    use smolvm_api::{Phase, nodeapi::error_code};
+    use smolvm_controller::reconcile::{RuntimeCall, call_failure};
+    let cases = [
+        (
+            "get",
+            RuntimeCall::Get,
+            Some("Internal"),
+            (Some(Phase::Unknown), "RuntimeError"),
+        ),
+        (
+            "create",
+            RuntimeCall::Create,
+            Some("HostPortInUse"),
+            (Some(Phase::Failed), "CreateFailed"),
+        ),
+        (
+            "start",
+            RuntimeCall::Start,
+            Some("Internal"),
+            (Some(Phase::Failed), "StartFailed"),
+        ),
+        (
+            "start_failed",
+            RuntimeCall::Start,
+            Some(error_code::START_FAILED),
+            (Some(Phase::Failed), "StartFailed"),
+        ),
+        ("stop", RuntimeCall::Stop, Some("Internal"), (None, "StopFailed")),
+        ("stop_no_code", RuntimeCall::Stop, None, (None, "StopFailed")),
+        (
+            "resize",
+            RuntimeCall::Resize,
+            Some("InvalidRequest"),
+            (None, "ResizeFailed"),
+        ),
+        // smolvm's start failure is a start failure whatever call met it.
+        (
+            "create_then_start_failed",
+            RuntimeCall::Create,
+            Some(error_code::START_FAILED),
+            (Some(Phase::Failed), "StartFailed"),
+        ),
+    ];
+    for (name, call, code, expected) in cases {
+        assert_eq!(call_failure(call, code), expected, "{name}");
+    }
 }
 
 #[tokio::test]
@@ -220,6 +294,115 @@ async fn runtime_unreachable_while_node_looks_healthy() {
     .await;
 }
 
+/// A resize up that the bound node has no room for is not sent to the node: ResizePending=True
+/// with InsufficientCapacity naming the resource, the amounts, and a Warning event; once the room
+/// is there, the resize goes through. Against the real runtime and `smolvm serve`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resize_up_without_room_is_reported_not_sent() {
+    use std::sync::Arc;
+
+    use common::{NODE, Pki, TOKEN, TestAgent};
+    use smolvm_certs::ReloadableResolver;
+    use smolvm_controller::nodeclient::{BearerToken, ClientSettings, Endpoints, NodeClient, client_tls};
+
+    common::init();
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Arc::new(Pki::new());
+    let Some(agent) = TestAgent::with_smolvm("resize_without_room", dir.path(), pki.clone()).await else {
+        return;
+    };
+    let addr = agent.agent.node_api_addr();
+    let node_client = || {
+        let cert = Arc::new(ReloadableResolver::from_pem(&pki.client_cert, &pki.client_key).unwrap());
+        let endpoints = Endpoints::default();
+        endpoints.set(NODE, &addr.ip().to_string(), addr.port());
+        NodeClient::new(
+            ClientSettings {
+                tls: Arc::new(client_tls(pki.ca.cert_pem(), cert).unwrap()),
+                token: BearerToken::new(TOKEN.to_string()),
+                connect_timeout: Duration::from_secs(5),
+                call_timeout: Duration::from_secs(60),
+                start_timeout: Duration::from_secs(180),
+            },
+            endpoints,
+        )
+    };
+    // The node has 8 GiB of disk for VMs: 2 + 1 fit, 10 + 1 do not.
+    let node = || {
+        let mut node = ready_node(NODE, &format!("uid-{NODE}"), 5);
+        let status = node.status.as_mut().unwrap();
+        status.endpoint = Some(smolvm_api::Endpoint {
+            address: addr.ip().to_string(),
+            port: i32::from(addr.port()),
+        });
+        status.allocatable.as_mut().unwrap().storage_gib = 8;
+        node
+    };
+    let uid = "5a4b3c2d-1e0f-4a9b-8c7d-6e5f4a3b2c1d";
+    let object = |storage_gib: i64| {
+        let mut object = fixtures::bound(fixtures::alpine(), NODE);
+        object["metadata"]["uid"] = json!(uid);
+        object["spec"]["image"] = json!("localhost:1/none:latest");
+        object["spec"]["running"] = json!(false);
+        object["spec"]["network"] = json!({"enabled": false});
+        object["spec"]["storage"] = json!({"storageGiB": storage_gib, "overlayGiB": 1});
+        vm(with_finalizer(object))
+    };
+    run_case_with(
+        object(2),
+        vec![node()],
+        Some(node_client()),
+        vec![
+            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Created")),
+            expect(Method::PATCH, VM_STATUS_PATH, |body| {
+                assert_eq!(body["status"]["effective"]["storageGiB"], 2)
+            }),
+        ],
+    )
+    .await;
+    run_case_with(
+        object(10),
+        vec![node()],
+        Some(node_client()),
+        vec![
+            expect(Method::PATCH, VM_STATUS_PATH, |body| {
+                assert_eq!(body["status"]["effective"]["storageGiB"], 2, "not resized");
+                let c = condition_of(body, "ResizePending");
+                assert_eq!(
+                    (c["status"].as_str(), c["reason"].as_str()),
+                    (Some("True"), Some("InsufficientCapacity"))
+                );
+                let message = c["message"].as_str().unwrap();
+                assert!(
+                    message.contains("11 storageGiB requested") && message.contains("8 free"),
+                    "{message}"
+                );
+            }),
+            expect(Method::POST, EVENTS_PATH, |body| {
+                assert_eq!(body["type"], "Warning");
+                assert_eq!(body["reason"], "InsufficientCapacity");
+            }),
+        ],
+    )
+    .await;
+    let machine = agent.agent.vmm().get(&format!("svm-{uid}")).await.unwrap().unwrap();
+    assert_eq!(machine.storage_gib, Some(2), "the node was not asked");
+    // Room enough for 5 + 1: the resize goes through.
+    run_case_with(
+        object(5),
+        vec![node()],
+        Some(node_client()),
+        vec![
+            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Resized")),
+            expect(Method::PATCH, VM_STATUS_PATH, |body| {
+                assert_eq!(body["status"]["effective"]["storageGiB"], 5);
+            }),
+        ],
+    )
+    .await;
+    agent.agent.shutdown().await;
+}
+
 mod csr {
     use std::collections::BTreeMap;
 
@@ -229,7 +412,7 @@ mod csr {
     };
     use kube::Api;
     use smolvm_api::{
-        constants::{EXTRA_NODE_NAME, RUNTIME_SIGNER},
+        constants::{EXTRA_NODE_NAME, EXTRA_NODE_UID, RUNTIME_SIGNER},
         policy::Policy,
     };
     use smolvm_controller::signer::{Judgement, handle_csr};
@@ -251,10 +434,14 @@ mod csr {
                 signer_name: RUNTIME_SIGNER.into(),
                 request: ByteString(pem.into_bytes()),
                 username: Some("system:serviceaccount:smolvm-system:smolvm-runtime".into()),
-                extra: Some(BTreeMap::from([(
-                    EXTRA_NODE_NAME.to_string(),
-                    vec![node_claim.to_string()],
-                )])),
+                // A pod-bound token carries both node claims (SPEC section 8).
+                extra: Some(BTreeMap::from([
+                    (EXTRA_NODE_NAME.to_string(), vec![node_claim.to_string()]),
+                    (
+                        EXTRA_NODE_UID.to_string(),
+                        vec!["6f1c2a9e-3b4d-4e5f-8a7b-9c0d1e2f3a4b".to_string()],
+                    ),
+                ])),
                 usages: Some(vec![
                     "digital signature".into(),
                     "key encipherment".into(),

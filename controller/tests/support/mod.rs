@@ -119,6 +119,7 @@ pub fn context(client: Client, nodes: Vec<SmolVMNode>, node_client: Option<NodeC
         timing: Timing::default(),
         placement: placement::Config::default(),
         metrics: Arc::new(smolvm_controller::metrics::Metrics::default()),
+        unsettled: Default::default(),
     })
 }
 
