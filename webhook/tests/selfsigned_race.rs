@@ -243,14 +243,22 @@ fn bundles(fake: &FakeApiServer) -> Vec<Value> {
         .collect()
 }
 
+/// Two replicas bootstrap at once against `fake`; both must end with the same material, which
+/// is returned (the caller checks how the double saw the race).
+async fn race(fake: &FakeApiServer, c: &SelfSignedConfig) -> Material {
+    let (a, b) = (fake.client(), fake.client());
+    let (ra, rb) = tokio::join!(selfsigned::bootstrap(&a, c), selfsigned::bootstrap(&b, c));
+    let (ma, mb) = (ok(ra), ok(rb));
+    assert_eq!(ma, mb, "both replicas serve the winner's CA and certificate");
+    ma
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_bootstrap_to_one_ca() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApiServer::new(None);
-    let (a, b) = (fake.client(), fake.client());
     let c = cfg();
-    let (ra, rb) = tokio::join!(selfsigned::bootstrap(&a, &c), selfsigned::bootstrap(&b, &c));
-    let (ma, mb) = (ok(ra), ok(rb));
+    let ma = race(&fake, &c).await;
     {
         let s = fake.lock();
         assert_eq!(
@@ -259,7 +267,6 @@ async fn two_replicas_bootstrap_to_one_ca() {
             "both tried to create; one won"
         );
     }
-    assert_eq!(ma, mb, "both replicas serve the winner's CA and certificate");
     assert_eq!(stored_material(&fake).as_ref(), Some(&ma));
     // Every webhook of both configurations carries the winner's CA, and only caBundle changed.
     let want = ca_bundle_value(&ma.ca_cert_pem);
@@ -276,7 +283,7 @@ async fn two_replicas_bootstrap_to_one_ca() {
     }
     // A later check is a no-op: no new Secret, no patch.
     let patches_before = fake.lock().patches.len();
-    let again = ok(selfsigned::bootstrap(&a, &c).await);
+    let again = ok(selfsigned::bootstrap(&fake.client(), &c).await);
     assert_eq!(again, ma);
     assert_eq!(fake.lock().patches.len(), patches_before);
     assert_eq!(fake.lock().creates_ok, 1);
@@ -306,9 +313,7 @@ async fn two_replicas_renew_to_one_certificate() {
     };
     assert!(ok(selfsigned::leaf_needs_reissue(&old, &c, now)));
     let fake = FakeApiServer::new(Some(ok(serde_json::to_value(selfsigned::secret_for(&c, &old)))));
-    let (a, b) = (fake.client(), fake.client());
-    let (ra, rb) = tokio::join!(selfsigned::bootstrap(&a, &c), selfsigned::bootstrap(&b, &c));
-    let (ma, mb) = (ok(ra), ok(rb));
+    let ma = race(&fake, &c).await;
     {
         let s = fake.lock();
         assert_eq!(
@@ -318,7 +323,6 @@ async fn two_replicas_renew_to_one_certificate() {
         );
         assert_eq!(s.creates_ok, 0);
     }
-    assert_eq!(ma, mb);
     assert_eq!(ma.ca_cert_pem, old.ca_cert_pem, "the CA is kept");
     assert_ne!(ma.cert_pem, old.cert_pem, "the serving certificate is renewed");
     assert!(!ok(selfsigned::leaf_needs_reissue(&ma, &c, SystemTime::now())));
@@ -341,9 +345,7 @@ async fn two_replicas_fill_a_precreated_empty_secret_to_one_ca() {
     let fake = FakeApiServer::new(Some(placeholder));
     // Without `create`, as deploy/default's RBAC has it: the placeholder must be enough.
     fake.lock().create_forbidden = true;
-    let (a, b) = (fake.client(), fake.client());
-    let (ra, rb) = tokio::join!(selfsigned::bootstrap(&a, &c), selfsigned::bootstrap(&b, &c));
-    let (ma, mb) = (ok(ra), ok(rb));
+    let ma = race(&fake, &c).await;
     {
         let s = fake.lock();
         assert_eq!(
@@ -353,7 +355,6 @@ async fn two_replicas_fill_a_precreated_empty_secret_to_one_ca() {
         );
         assert_eq!((s.creates_ok, s.creates_conflict), (0, 0));
     }
-    assert_eq!(ma, mb, "both replicas serve the winner's CA and certificate");
     assert!(!ok(selfsigned::leaf_needs_reissue(&ma, &c, SystemTime::now())));
     assert_eq!(stored_material(&fake).as_ref(), Some(&ma));
     let stored = fake.lock().secret.clone().unwrap_or(Value::Null);
