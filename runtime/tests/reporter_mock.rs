@@ -344,18 +344,8 @@ async fn a_denied_csr_is_an_error_naming_it() {
         )
         .await
     });
-    let (request, respond) = handle.next_request().await.expect("create CSR");
-    let bytes = request.into_body().collect().await.expect("body").to_bytes();
-    let body: Value = serde_json::from_slice(&bytes).expect("json");
+    let body = accept_csr_create(&mut handle).await;
     let name = body["metadata"]["name"].as_str().expect("name").to_string();
-    respond.send_response(
-        Response::builder()
-            .status(StatusCode::CREATED)
-            .body(Body::from(
-                serde_json::to_vec(&csr_answer(&name, json!({}))).expect("json"),
-            ))
-            .expect("response"),
-    );
     let denied = json!({"conditions": [{"type": "Denied", "status": "True", "reason": "WrongNode", "message": "node mismatch"}]});
     expect(
         &mut handle,

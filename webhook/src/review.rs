@@ -188,22 +188,33 @@ pub struct Reviewed {
     pub outcome: Outcome,
 }
 
-/// An AdmissionReview as the API server sends it, read in one pass with the objects as
-/// `serde_json::Value`s (the reference reading; [`TextReview`] is the fast one), and fields the
-/// webhook does not use skipped.
+/// An AdmissionReview as the API server sends it, read in one pass, with fields the webhook does
+/// not use skipped. The objects are `serde_json::Value`s (`O = Value`, the reference reading), or
+/// JSON text borrowed from the body ([`TextReview`], the fast one).
 #[derive(Deserialize)]
-struct WireReview {
+struct WireReview<O = Value> {
     #[serde(rename = "apiVersion")]
     api_version: String,
     kind: String,
-    #[serde(default)]
-    request: Option<WireRequest>,
+    #[serde(default = "none")]
+    request: Option<WireRequest<O>>,
 }
 
-/// The `request` of an AdmissionReview.
+/// The happy path of [`parse`]: the AdmissionReview with the objects left as JSON text (borrowed
+/// from the body), so that no `Value` tree is built for them.
+type TextReview<'a> = WireReview<&'a RawValue>;
+
+/// [`WireRequest`] with the objects as JSON text.
+type TextRequest<'a> = WireRequest<&'a RawValue>;
+
+fn none<T>() -> Option<T> {
+    None
+}
+
+/// The `request` of an AdmissionReview, its objects as `O`.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct WireRequest {
+pub struct WireRequest<O = Value> {
     /// Echoed in the response.
     pub uid: String,
     /// The resource the request is for.
@@ -217,39 +228,11 @@ pub struct WireRequest {
     #[serde(default)]
     pub user_info: UserInfo,
     /// The new object (CREATE, UPDATE).
-    #[serde(default)]
-    pub object: Option<Value>,
+    #[serde(default = "none")]
+    pub object: Option<O>,
     /// The stored object (UPDATE, DELETE).
-    #[serde(default)]
-    pub old_object: Option<Value>,
-}
-
-/// The happy path of [`parse`]: the same AdmissionReview with the objects left as JSON text
-/// (borrowed from the body), so that no `Value` tree is built for them.
-#[derive(Deserialize)]
-struct TextReview<'a> {
-    #[serde(rename = "apiVersion")]
-    api_version: String,
-    kind: String,
-    #[serde(default, borrow)]
-    request: Option<TextRequest<'a>>,
-}
-
-/// [`WireRequest`] with the objects as JSON text.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct TextRequest<'a> {
-    uid: String,
-    resource: GroupVersionResource,
-    #[serde(default)]
-    sub_resource: Option<String>,
-    operation: WireOperation,
-    #[serde(default)]
-    user_info: UserInfo,
-    #[serde(default, borrow)]
-    object: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    old_object: Option<&'a RawValue>,
+    #[serde(default = "none")]
+    pub old_object: Option<O>,
 }
 
 /// serde_json's nesting limit: reading a body fails on entering the 128th nested array or object.
@@ -910,36 +893,36 @@ struct Request<'a> {
     objects: Objects<'a>,
 }
 
+impl<O> WireRequest<O> {
+    /// The request, its objects made into [`Objects`] by `objects(new, old)`.
+    fn with_objects<'a>(self, objects: impl FnOnce(Option<O>, Option<O>) -> Objects<'a>) -> Request<'a> {
+        Request {
+            uid: self.uid,
+            resource: self.resource,
+            sub_resource: self.sub_resource,
+            operation: self.operation,
+            user_info: self.user_info,
+            objects: objects(self.object, self.old_object),
+        }
+    }
+}
+
 impl From<WireRequest> for Request<'_> {
     fn from(r: WireRequest) -> Self {
-        Request {
-            uid: r.uid,
-            resource: r.resource,
-            sub_resource: r.sub_resource,
-            operation: r.operation,
-            user_info: r.user_info,
-            objects: Objects::Parsed {
-                new: r.object.filter(|o| !o.is_null()),
-                old: r.old_object.filter(|o| !o.is_null()),
-            },
-        }
+        r.with_objects(|new, old| Objects::Parsed {
+            new: new.filter(|o| !o.is_null()),
+            old: old.filter(|o| !o.is_null()),
+        })
     }
 }
 
 impl<'a> From<(TextRequest<'a>, Option<Scanned<'a>>)> for Request<'a> {
     fn from((r, scan): (TextRequest<'a>, Option<Scanned<'a>>)) -> Self {
-        Request {
-            uid: r.uid,
-            resource: r.resource,
-            sub_resource: r.sub_resource,
-            operation: r.operation,
-            user_info: r.user_info,
-            // JSON null is `None` already (serde reads `null` into an absent Option).
-            objects: Objects::Text {
-                new: r.object.map(RawValue::get).zip(scan),
-                old: r.old_object.map(RawValue::get),
-            },
-        }
+        // JSON null is `None` already (serde reads `null` into an absent Option).
+        r.with_objects(|new, old| Objects::Text {
+            new: new.map(RawValue::get).zip(scan),
+            old: old.map(RawValue::get),
+        })
     }
 }
 
