@@ -26,6 +26,15 @@ pub const FORCE_DELETE_ANNOTATION: &str = "vm.smolvm.dev/force-delete-local-stat
 /// The only value [`FORCE_DELETE_ANNOTATION`] may carry.
 pub const FORCE_DELETE_VALUE: &str = "true";
 
+/// Asks for a fresh, empty machine in place of one that was lost from its node (reason
+/// MachineLost). Admission-checked like [`FORCE_DELETE_ANNOTATION`]: exactly `"true"`, and only on
+/// a SmolVM whose machine is lost.
+pub const RECREATE_LOST_MACHINE_ANNOTATION: &str = "vm.smolvm.dev/recreate-lost-machine";
+/// The only value [`RECREATE_LOST_MACHINE_ANNOTATION`] may carry.
+pub const RECREATE_LOST_MACHINE_VALUE: &str = "true";
+/// Prefix of every machine name the operator creates on a node: `svm-<metadata.uid>`.
+pub const MACHINE_NAME_PREFIX: &str = "svm-";
+
 /// Label set on SmolVMNodes, naming the Kubernetes Node (mirrors `kubernetes.io/hostname`).
 pub const LABEL_NODE: &str = "vm.smolvm.dev/node";
 /// Label the operator sets on objects it manages.
@@ -95,6 +104,9 @@ pub mod reason {
     pub const RESIZE_FAILED: &str = "ResizeFailed";
     /// A resize waits for room on the node (allocatable minus the other VMs bound there).
     pub const INSUFFICIENT_CAPACITY: &str = "InsufficientCapacity";
+    /// The machine was created on its node and is gone from it (state wiped, disk lost); it is
+    /// not re-created empty unless the recreate-lost-machine annotation asks for it.
+    pub const MACHINE_LOST: &str = "MachineLost";
     /// The node's heartbeat is stale or its runtime is unreachable.
     pub const NODE_UNREACHABLE: &str = "NodeUnreachable";
     /// The node was replaced under the same name (new UID).

@@ -124,6 +124,7 @@ pub fn ready_node(name: &str, resources: NodeResources, heartbeat: k8s_openapi::
         heartbeat_time: Some(Time(heartbeat)),
         capacity: Some(resources),
         allocatable: Some(resources),
+        machines: None,
         conditions: vec![Condition {
             type_: crate::constants::condition::READY.into(),
             status: "True".into(),

@@ -7,6 +7,7 @@
 //! - [`validate`]: rules V1 to V10, returning every violation and warning at once.
 //! - [`crd`]: the generated CustomResourceDefinitions.
 //! - [`nodeapi`]: the wire types of the node API between the controller and the runtime agents.
+//! - [`text`]: cleaning of other programs' messages before they reach users.
 
 pub mod constants;
 pub mod crd;
@@ -16,6 +17,7 @@ pub mod fixtures;
 pub mod nodeapi;
 pub mod policy;
 pub mod syntax;
+pub mod text;
 pub mod types;
 pub mod validate;
 

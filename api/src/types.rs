@@ -431,6 +431,11 @@ pub struct SmolVMNodeStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocatable: Option<NodeResources>,
 
+    /// Names of the machines smolvm holds on this node, as the agent last listed them (sorted). The controller compares them with the SmolVMs bound here: a machine no live SmolVM owns is an orphan, counted against the node at once and deleted after a grace period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096), inner(length(min = 1, max = 128)))]
+    pub machines: Option<Vec<String>>,
+
     /// Current state as conditions: Ready, KVMAvailable, RuntimeReady.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]

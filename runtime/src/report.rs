@@ -234,6 +234,8 @@ pub fn build_status(obs: &Observation, previous: &[Condition], now: &Time) -> Sm
         heartbeat_time: Some(now.clone()),
         capacity: Some(obs.capacity),
         allocatable: Some(obs.allocatable),
+        // Filled in by the orphan-reporting change (issue 11); None keeps the field untouched.
+        machines: None,
         conditions: vec![ready, kvm, runtime],
     }
 }

@@ -27,8 +27,8 @@ use smolvm_tests::{
     env::{self, Env, NODE, Options, eventually},
 };
 
-type Outcome<'a> = Pin<Box<dyn Future<Output = anyhow::Result<()>> + 'a>>;
-type Scenario = for<'a> fn(&'a mut Env) -> Outcome<'a>;
+pub(crate) type Outcome<'a> = Pin<Box<dyn Future<Output = anyhow::Result<()>> + 'a>>;
+pub(crate) type Scenario = for<'a> fn(&'a mut Env) -> Outcome<'a>;
 
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
@@ -36,9 +36,13 @@ macro_rules! scenarios {
     };
 }
 
+// Scenario families added beside the core list live in their own files; each exports
+// `scenarios()`, appended to the run in this order.
+// (none yet)
+
 fn main() -> ExitCode {
     smolvm_tests::install_crypto_provider();
-    let all = scenarios![
+    let mut all = scenarios![
         crds_install_and_explain_teaches_the_api,
         m1_m2_defaults_are_visible_after_apply,
         v1_bad_image_is_rejected,
@@ -62,6 +66,7 @@ fn main() -> ExitCode {
         node_replaced_is_reported_and_the_binding_kept,
         two_webhook_replicas_bootstrapping_at_once_converge_on_one_ca,
     ];
+    all.extend(extra_scenarios());
     let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     if std::env::args().any(|a| a == "--list") {
         for (name, _) in &all {
@@ -167,21 +172,26 @@ async fn run(assets: assets::Assets, selected: Vec<(&'static str, Scenario)>) ->
     }
 }
 
+/// The scenario families kept in their own files, in run order.
+fn extra_scenarios() -> Vec<(&'static str, Scenario)> {
+    Vec::new()
+}
+
 // ---- helpers ----------------------------------------------------------------------------------
 
-const NS: &str = "default";
+pub(crate) const NS: &str = "default";
 
-fn vm(name: &str, spec: Value) -> Value {
+pub(crate) fn vm(name: &str, spec: Value) -> Value {
     json!({"apiVersion": constants::API_VERSION, "kind": "SmolVM", "metadata": {"name": name, "namespace": NS}, "spec": spec})
 }
 
 /// A small VM spec (the node's disk is the machine's real one: 30 GiB defaults add up fast).
-fn small(running: bool) -> Value {
+pub(crate) fn small(running: bool) -> Value {
     json!({"image": "alpine:3.20", "running": running, "resources": {"memoryMiB": 128}, "storage": {"storageGiB": 1, "overlayGiB": 1}})
 }
 
 /// `kubectl apply` of one object; `Ok(stdout)` or `Err(stderr)`.
-fn kubectl_apply(env: &Env, object: &Value) -> anyhow::Result<Result<String, String>> {
+pub(crate) fn kubectl_apply(env: &Env, object: &Value) -> anyhow::Result<Result<String, String>> {
     let out = env.kubectl(&["apply", "-f", "-"], Some(&serde_json::to_string(object)?))?;
     Ok(if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -191,7 +201,7 @@ fn kubectl_apply(env: &Env, object: &Value) -> anyhow::Result<Result<String, Str
 }
 
 /// Applies `object` with kubectl and expects a rejection whose message contains every `needle`.
-fn expect_rejected(env: &Env, object: &Value, needles: &[&str]) -> anyhow::Result<String> {
+pub(crate) fn expect_rejected(env: &Env, object: &Value, needles: &[&str]) -> anyhow::Result<String> {
     match kubectl_apply(env, object)? {
         Ok(out) => bail!("expected a rejection, but kubectl applied it: {out}"),
         Err(stderr) => {
@@ -204,12 +214,12 @@ fn expect_rejected(env: &Env, object: &Value, needles: &[&str]) -> anyhow::Resul
 }
 
 /// `kubectl patch smolvm NAME --type=merge -p PATCH`.
-fn patch_vm(env: &Env, name: &str, patch: &str) -> anyhow::Result<std::process::Output> {
+pub(crate) fn patch_vm(env: &Env, name: &str, patch: &str) -> anyhow::Result<std::process::Output> {
     env.kubectl(&["patch", "smolvm", name, "-n", NS, "--type=merge", "-p", patch], None)
 }
 
 /// The same on the status subresource.
-fn patch_vm_status(env: &Env, name: &str, patch: &str) -> anyhow::Result<std::process::Output> {
+pub(crate) fn patch_vm_status(env: &Env, name: &str, patch: &str) -> anyhow::Result<std::process::Output> {
     env.kubectl(
         &[
             "patch",
@@ -227,20 +237,23 @@ fn patch_vm_status(env: &Env, name: &str, patch: &str) -> anyhow::Result<std::pr
 }
 
 /// `kubectl annotate smolvm NAME KEY=VALUE`.
-fn annotate_vm(env: &Env, name: &str, annotation: &str) -> anyhow::Result<std::process::Output> {
+pub(crate) fn annotate_vm(env: &Env, name: &str, annotation: &str) -> anyhow::Result<std::process::Output> {
     env.kubectl(&["annotate", "smolvm", name, "-n", NS, annotation], None)
 }
 
-async fn vms(env: &Env) -> anyhow::Result<Api<SmolVM>> {
+pub(crate) async fn vms(env: &Env) -> anyhow::Result<Api<SmolVM>> {
     Ok(Api::namespaced(env.admin().await?, NS))
 }
 
-fn condition<'a>(vm: &'a SmolVM, type_: &str) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+pub(crate) fn condition<'a>(
+    vm: &'a SmolVM,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
     vm.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)
 }
 
 /// Waits until the VM satisfies `pred`; the error shows its last status.
-async fn wait_vm(
+pub(crate) async fn wait_vm(
     env: &Env,
     name: &str,
     what: &str,
@@ -269,7 +282,7 @@ async fn wait_vm(
 }
 
 /// Waits until the VM is gone.
-async fn wait_gone(env: &Env, name: &str, timeout: Duration) -> anyhow::Result<()> {
+pub(crate) async fn wait_gone(env: &Env, name: &str, timeout: Duration) -> anyhow::Result<()> {
     let api = vms(env).await?;
     eventually(&format!("SmolVM {name} to be gone"), timeout, || {
         let api = api.clone();
@@ -279,7 +292,7 @@ async fn wait_gone(env: &Env, name: &str, timeout: Duration) -> anyhow::Result<(
 }
 
 /// smolvm's own machine list, read from its socket (`GET /api/v1/machines`).
-async fn smolvm_machines(socket: &Path) -> anyhow::Result<Vec<Value>> {
+pub(crate) async fn smolvm_machines(socket: &Path) -> anyhow::Result<Vec<Value>> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::UnixStream::connect(socket)
         .await
@@ -301,7 +314,7 @@ async fn smolvm_machines(socket: &Path) -> anyhow::Result<Vec<Value>> {
     Ok(parsed["machines"].as_array().cloned().unwrap_or_default())
 }
 
-async fn smolvm_machine(env: &Env, name: &str) -> anyhow::Result<Option<Value>> {
+pub(crate) async fn smolvm_machine(env: &Env, name: &str) -> anyhow::Result<Option<Value>> {
     Ok(smolvm_machines(&env.smolvm_socket())
         .await?
         .into_iter()
@@ -309,14 +322,14 @@ async fn smolvm_machine(env: &Env, name: &str) -> anyhow::Result<Option<Value>> 
 }
 
 /// The VM has a node and a machine name: bound, and its machine created on the node.
-fn bound_and_created(v: &SmolVM) -> bool {
+pub(crate) fn bound_and_created(v: &SmolVM) -> bool {
     v.status
         .as_ref()
         .is_some_and(|s| s.node_name.is_some() && s.machine_name.is_some())
 }
 
 /// Creates a VM with kubectl and waits until it is bound and its machine exists on the node.
-async fn create_bound(env: &Env, name: &str, spec: Value) -> anyhow::Result<SmolVM> {
+pub(crate) async fn create_bound(env: &Env, name: &str, spec: Value) -> anyhow::Result<SmolVM> {
     kubectl_apply(env, &vm(name, spec))?.map_err(|e| anyhow!("applying {name}: {e}"))?;
     let bound = wait_vm(
         env,
@@ -329,7 +342,7 @@ async fn create_bound(env: &Env, name: &str, spec: Value) -> anyhow::Result<Smol
     Ok(bound)
 }
 
-async fn delete_and_wait(env: &Env, name: &str) -> anyhow::Result<()> {
+pub(crate) async fn delete_and_wait(env: &Env, name: &str) -> anyhow::Result<()> {
     let api = vms(env).await?;
     match api.delete(name, &DeleteParams::default()).await {
         Ok(_) => {}
@@ -339,7 +352,7 @@ async fn delete_and_wait(env: &Env, name: &str) -> anyhow::Result<()> {
     wait_gone(env, name, Duration::from_secs(60)).await
 }
 
-async fn events_for(env: &Env, name: &str) -> anyhow::Result<Vec<Event>> {
+pub(crate) async fn events_for(env: &Env, name: &str) -> anyhow::Result<Vec<Event>> {
     let events: Api<Event> = Api::namespaced(env.admin().await?, NS);
     Ok(events
         .list(&ListParams::default())
@@ -352,7 +365,7 @@ async fn events_for(env: &Env, name: &str) -> anyhow::Result<Vec<Event>> {
 
 // ---- scenarios --------------------------------------------------------------------------------
 
-async fn crds_install_and_explain_teaches_the_api(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn crds_install_and_explain_teaches_the_api(env: &mut Env) -> anyhow::Result<()> {
     let out = env.kubectl(&["explain", "smolvm.spec.resources"], None)?;
     ensure!(
         out.status.success(),
@@ -389,7 +402,7 @@ async fn crds_install_and_explain_teaches_the_api(env: &mut Env) -> anyhow::Resu
     Ok(())
 }
 
-async fn m1_m2_defaults_are_visible_after_apply(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn m1_m2_defaults_are_visible_after_apply(env: &mut Env) -> anyhow::Result<()> {
     let name = "defaults";
     kubectl_apply(env, &vm(name, json!({"image": "alpine:3.20", "running": false})))?.map_err(|e| anyhow!(e))?;
     let got = vms(env).await?.get(name).await?;
@@ -419,7 +432,7 @@ async fn m1_m2_defaults_are_visible_after_apply(env: &mut Env) -> anyhow::Result
     delete_and_wait(env, name).await
 }
 
-async fn v1_bad_image_is_rejected(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn v1_bad_image_is_rejected(env: &mut Env) -> anyhow::Result<()> {
     expect_rejected(
         env,
         &vm("v1-bad", json!({"image": "UPPER/Case:tag"})),
@@ -428,7 +441,7 @@ async fn v1_bad_image_is_rejected(env: &mut Env) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn v2_cpus_over_the_policy_maximum_are_rejected(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn v2_cpus_over_the_policy_maximum_are_rejected(env: &mut Env) -> anyhow::Result<()> {
     expect_rejected(
         env,
         &vm("v2-bad", json!({"image": "alpine:3.20", "resources": {"cpus": 48}})),
@@ -437,7 +450,7 @@ async fn v2_cpus_over_the_policy_maximum_are_rejected(env: &mut Env) -> anyhow::
     Ok(())
 }
 
-async fn v3_host_port_below_the_policy_range_is_rejected(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn v3_host_port_below_the_policy_range_is_rejected(env: &mut Env) -> anyhow::Result<()> {
     expect_rejected(
         env,
         &vm(
@@ -449,7 +462,7 @@ async fn v3_host_port_below_the_policy_range_is_rejected(env: &mut Env) -> anyho
     Ok(())
 }
 
-async fn v4_bad_node_name_is_rejected(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn v4_bad_node_name_is_rejected(env: &mut Env) -> anyhow::Result<()> {
     expect_rejected(
         env,
         &vm("v4-bad", json!({"image": "alpine:3.20", "nodeName": "Bad_Node"})),
@@ -458,7 +471,7 @@ async fn v4_bad_node_name_is_rejected(env: &mut Env) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn v5_pin_to_a_node_that_can_never_hold_the_vm_is_rejected(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn v5_pin_to_a_node_that_can_never_hold_the_vm_is_rejected(env: &mut Env) -> anyhow::Result<()> {
     let nodes: Api<SmolVMNode> = Api::all(env.admin().await?);
     let node = nodes.get(NODE).await?;
     let cpus = node
@@ -483,7 +496,7 @@ async fn v5_pin_to_a_node_that_can_never_hold_the_vm_is_rejected(env: &mut Env) 
     Ok(())
 }
 
-async fn cel_rules_reject_without_the_webhook(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn cel_rules_reject_without_the_webhook(env: &mut Env) -> anyhow::Result<()> {
     env.unregister_webhooks()?;
     // The API server may still hold the registration for a moment; poll until CEL alone answers.
     let bad = vm("cel-bad", json!({"image": "alpine:3.20", "resources": {"cpus": 0}}));
@@ -512,7 +525,7 @@ async fn cel_rules_reject_without_the_webhook(env: &mut Env) -> anyhow::Result<(
     Ok(())
 }
 
-async fn vm_is_placed_bound_and_created_on_the_runtime(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn vm_is_placed_bound_and_created_on_the_runtime(env: &mut Env) -> anyhow::Result<()> {
     let name = "web";
     let bound = create_bound(env, name, json!({"image": "alpine:3.20"})).await?;
     let status = bound.status.clone().unwrap_or_default();
@@ -562,12 +575,14 @@ async fn vm_is_placed_bound_and_created_on_the_runtime(env: &mut Env) -> anyhow:
     Ok(())
 }
 
-async fn v6_image_change_of_a_bound_vm_is_rejected(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn v6_image_change_of_a_bound_vm_is_rejected(env: &mut Env) -> anyhow::Result<()> {
     expect_rejected(env, &vm("web", json!({"image": "alpine:3.21"})), &["spec.image", "V6"])?;
     Ok(())
 }
 
-async fn v9_status_node_name_change_is_rejected_even_for_a_cluster_admin(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn v9_status_node_name_change_is_rejected_even_for_a_cluster_admin(
+    env: &mut Env,
+) -> anyhow::Result<()> {
     let out = patch_vm_status(env, "web", r#"{"status":{"nodeName":"elsewhere"}}"#)?;
     ensure!(!out.status.success(), "an admin moved the binding");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -575,7 +590,7 @@ async fn v9_status_node_name_change_is_rejected_even_for_a_cluster_admin(env: &m
     Ok(())
 }
 
-async fn v7_force_delete_annotation_misuse_is_rejected(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn v7_force_delete_annotation_misuse_is_rejected(env: &mut Env) -> anyhow::Result<()> {
     let mut obj = vm("v7-bad", json!({"image": "alpine:3.20"}));
     obj["metadata"]["annotations"] = json!({(constants::FORCE_DELETE_ANNOTATION): "true"});
     expect_rejected(env, &obj, &[constants::FORCE_DELETE_ANNOTATION, "[V7]"])?;
@@ -592,7 +607,7 @@ async fn v7_force_delete_annotation_misuse_is_rejected(env: &mut Env) -> anyhow:
     Ok(())
 }
 
-async fn v8_spec_change_of_a_vm_being_deleted_is_rejected(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn v8_spec_change_of_a_vm_being_deleted_is_rejected(env: &mut Env) -> anyhow::Result<()> {
     let name = "v8-held";
     let hold = "e2e.smolvm.dev/hold";
     let mut obj = vm(name, json!({"image": "alpine:3.20", "running": false}));
@@ -620,7 +635,7 @@ async fn v8_spec_change_of_a_vm_being_deleted_is_rejected(env: &mut Env) -> anyh
     wait_gone(env, name, Duration::from_secs(60)).await
 }
 
-async fn v10_runtime_writing_another_nodes_smolvmnode_is_rejected(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn v10_runtime_writing_another_nodes_smolvmnode_is_rejected(env: &mut Env) -> anyhow::Result<()> {
     let admin = env.admin().await?;
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(admin.clone(), env::NAMESPACE);
     let pod = pods.get(&format!("smolvm-runtime-{NODE}")).await?;
@@ -638,7 +653,7 @@ async fn v10_runtime_writing_another_nodes_smolvmnode_is_rejected(env: &mut Env)
     Ok(())
 }
 
-async fn running_false_stops_the_machine(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn running_false_stops_the_machine(env: &mut Env) -> anyhow::Result<()> {
     let out = patch_vm(env, "web", r#"{"spec":{"running":false}}"#)?;
     ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stopped = wait_vm(env, "web", "phase Stopped", Duration::from_secs(90), |v| {
@@ -657,7 +672,7 @@ async fn running_false_stops_the_machine(env: &mut Env) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn resize_reaches_smolvm(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn resize_reaches_smolvm(env: &mut Env) -> anyhow::Result<()> {
     let out = patch_vm(
         env,
         "web",
@@ -711,7 +726,7 @@ async fn resize_reaches_smolvm(env: &mut Env) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn delete_removes_the_machine_then_the_object(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn delete_removes_the_machine_then_the_object(env: &mut Env) -> anyhow::Result<()> {
     let api = vms(env).await?;
     let machine = api
         .get("web")
@@ -728,7 +743,7 @@ async fn delete_removes_the_machine_then_the_object(env: &mut Env) -> anyhow::Re
     Ok(())
 }
 
-async fn webhook_certificate_rotation_during_applies_loses_no_request(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn webhook_certificate_rotation_during_applies_loses_no_request(env: &mut Env) -> anyhow::Result<()> {
     let client = env.admin().await?;
     let api: Api<SmolVM> = Api::namespaced(client, NS);
     let requests = 400usize;
@@ -772,7 +787,7 @@ async fn webhook_certificate_rotation_during_applies_loses_no_request(env: &mut 
     Ok(())
 }
 
-async fn controller_killed_mid_reconcile_leaves_no_duplicate_and_no_leaked_finalizer(
+pub(crate) async fn controller_killed_mid_reconcile_leaves_no_duplicate_and_no_leaked_finalizer(
     env: &mut Env,
 ) -> anyhow::Result<()> {
     let count = 10;
@@ -826,7 +841,7 @@ async fn controller_killed_mid_reconcile_leaves_no_duplicate_and_no_leaked_final
     Ok(())
 }
 
-async fn runtime_stopped_blocks_delete_until_the_force_annotation(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn runtime_stopped_blocks_delete_until_the_force_annotation(env: &mut Env) -> anyhow::Result<()> {
     let name = "orphan";
     create_bound(env, name, small(false)).await?;
     env.stop_runtime();
@@ -865,7 +880,7 @@ async fn runtime_stopped_blocks_delete_until_the_force_annotation(env: &mut Env)
     Ok(())
 }
 
-async fn node_replaced_is_reported_and_the_binding_kept(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn node_replaced_is_reported_and_the_binding_kept(env: &mut Env) -> anyhow::Result<()> {
     let name = "survivor";
     let bound = create_bound(env, name, small(false)).await?;
     let old_uid = bound
@@ -911,7 +926,7 @@ async fn node_replaced_is_reported_and_the_binding_kept(env: &mut Env) -> anyhow
     wait_gone(env, name, Duration::from_secs(90)).await
 }
 
-async fn two_webhook_replicas_bootstrapping_at_once_converge_on_one_ca(env: &mut Env) -> anyhow::Result<()> {
+pub(crate) async fn two_webhook_replicas_bootstrapping_at_once_converge_on_one_ca(env: &mut Env) -> anyhow::Result<()> {
     let (_, kubeconfig) = env.service_account_client(env::SA_WEBHOOK).await?;
     let dir = tempfile::tempdir()?;
     let mut replicas = Vec::new();
