@@ -22,7 +22,7 @@ use smolvm_runtime::vmm::{
 use tokio::process::{Child, Command};
 
 mod common;
-use common::{free_port, parse_exports, smolvm_install};
+use common::{assert_cleaned_cause, free_port, parse_exports, smolvm_install};
 
 const PINNED_VERSION: &str = "1.32.2";
 
@@ -474,11 +474,13 @@ async fn start_boot_probe_and_lifecycle() {
             }
         }
         Err(VmmError::StartFailed { message }) => {
-            assert!(message.starts_with("failed to start machine"), "{message}");
+            // smolvm's wording differs between machines (a fast boot failure here, a 30 s boot
+            // timeout elsewhere): assert the code and that its cause arrives cleaned, not its text.
+            assert_cleaned_cause(&message);
             let after = vmm.get("boot1").await.expect("get").expect("exists");
             assert_ne!(after.state, MachineState::Running);
             match vmm.start("boot1").await {
-                Err(VmmError::StartFailed { message: second }) => assert_eq!(second, message),
+                Err(VmmError::StartFailed { message: second }) => assert_cleaned_cause(&second),
                 other => panic!("second start: {other:?}"),
             }
             // Stop after a failed boot succeeds, twice alike; smolvm leaves the machine

@@ -14,6 +14,7 @@ use hyper::header::{CONTENT_TYPE, HOST};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
+use smolvm_api::text::clean_external;
 use tokio::net::UnixStream;
 use tokio::task::JoinHandle;
 
@@ -388,10 +389,13 @@ fn encode_segment(segment: &str) -> String {
 /// layer answers 400/415/422 with plain text; unknown routes answer 404 or 405 with no body.
 pub fn map_error(operation: Operation, status: StatusCode, body: &[u8]) -> VmmError {
     let api_error = serde_json::from_slice::<ErrorWire>(body).ok();
+    // smolvm's text embeds its log lines (ANSI colours, timestamps, levels): cleaned here, at
+    // the one place it enters the agent, so node API answers, conditions and events carry the
+    // cause and nothing that changes between two retries of the same failure.
     let message = match &api_error {
-        Some(error) => error.error.clone(),
+        Some(error) => clean_external(&error.error),
         None => {
-            let text = String::from_utf8_lossy(body).trim().to_string();
+            let text = clean_external(&String::from_utf8_lossy(body));
             if text.is_empty() {
                 format!(
                     "HTTP {status} with an empty body ({operation:?})",
@@ -659,6 +663,33 @@ mod tests {
             let expected: ErrorWire = serde_json::from_str(body).expect("valid body");
             assert_eq!(error.message(), expected.error);
         }
+    }
+
+    #[test]
+    fn smolvm_log_lines_in_errors_are_cleaned() {
+        // As smolvm 1.32.2 answers a start whose guest cannot boot on these machines: its log
+        // line, with colours and a timestamp, inside the error text.
+        let at = |when: &str| {
+            let error = format!(
+                "failed to start machine: \u{1b}[2m{when}\u{1b}[0m \u{1b}[33m WARN\u{1b}[0m \u{1b}[2msmolvm::agent\u{1b}[0m\u{1b}[2m:\u{1b}[0m boot process exited (code 1) before the agent was ready"
+            );
+            let body = serde_json::json!({"error": error, "code": "INTERNAL_ERROR"}).to_string();
+            map_error(Operation::Start, StatusCode::INTERNAL_SERVER_ERROR, body.as_bytes())
+        };
+        let first = at("2026-11-22T12:42:15Z");
+        let second = at("2026-11-22T12:43:02.518Z");
+        assert_eq!(first.code(), "StartFailed");
+        assert!(!first.message().chars().any(char::is_control), "{first:?}");
+        assert!(!first.message().contains("2026-11-22"), "{first:?}");
+        assert!(
+            first.message().contains("boot process exited (code 1)"),
+            "the cause is kept: {first:?}"
+        );
+        assert_eq!(
+            first.message(),
+            second.message(),
+            "a retry of the same failure reads the same"
+        );
     }
 
     #[test]

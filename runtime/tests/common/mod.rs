@@ -415,3 +415,19 @@ pub fn smolvm_spawn_config(test: &str, dir: &Path) -> Option<SpawnConfig> {
         log_file: Some(dir.join("serve.log")),
     })
 }
+
+/// A start failure's message as it leaves the agent: smolvm's cause is there, with no escape or
+/// control characters and no log timestamp.
+pub fn assert_cleaned_cause(message: &str) {
+    assert!(!message.trim().is_empty(), "the cause is carried: {message:?}");
+    assert!(
+        !message.chars().any(char::is_control),
+        "no control characters: {message:?}"
+    );
+    assert!(
+        !message
+            .split_whitespace()
+            .any(|w| w.len() >= 19 && w.as_bytes()[4] == b'-' && w.as_bytes()[10] == b'T'),
+        "no log timestamp: {message:?}"
+    );
+}
