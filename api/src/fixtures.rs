@@ -39,7 +39,13 @@ pub fn smolvm(name: &str, spec: Value) -> Value {
 
 /// `object` bound to `node` (status.nodeName and status.nodeUID set).
 pub fn bound(mut object: Value, node: &str) -> Value {
+    let machine = object["metadata"]["uid"]
+        .as_str()
+        .map(|uid| format!("{}{}", crate::constants::MACHINE_NAME_PREFIX, uid.to_ascii_lowercase()));
     object["status"] = json!({"nodeName": node, "nodeUID": format!("uid-{node}"), "phase": "Running"});
+    if let Some(machine) = machine {
+        object["status"]["machineName"] = json!(machine);
+    }
     object
 }
 

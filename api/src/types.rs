@@ -271,6 +271,7 @@ impl Phase {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(oldSelf.nodeName) || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)").message("status.nodeName never changes or clears once set: SmolVMs never move (V9)").field_path(".nodeName"))]
 #[x_kube(validation = Rule::new("!has(oldSelf.nodeUID) || (has(self.nodeUID) && self.nodeUID == oldSelf.nodeUID)").message("status.nodeUID never changes or clears once set (V9)").field_path(".nodeUID"))]
+#[x_kube(validation = Rule::new("!has(oldSelf.machineName) || (has(self.machineName) && self.machineName == oldSelf.machineName)").message("status.machineName never changes or clears once set (V9)").field_path(".machineName"))]
 #[x_kube(validation = Rule::new("has(self.nodeName) == has(self.nodeUID)").message("status.nodeName and status.nodeUID are written together (V9)").field_path(".nodeName"))]
 pub struct SmolVMStatus {
     /// Lifecycle phase: Pending, Scheduled, Creating, Running, Stopped, Failed, Unknown or Deleting.
@@ -291,9 +292,10 @@ pub struct SmolVMStatus {
     #[schemars(length(max = 128))]
     pub node_uid: Option<String>,
 
-    /// Name of the machine on the node, derived from this object's UID.
+    /// Name of the machine on the node: svm-<metadata.uid>, written once by the controller. A report only: the controller always derives the name from the UID.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 128))]
+    #[x_kube(validation = Rule::new("self.startsWith('svm-')").message("status.machineName is svm-<metadata.uid> (V9)"))]
     pub machine_name: Option<String>,
 
     /// The `metadata.generation` the controller last acted on.
@@ -589,5 +591,17 @@ impl SmolVM {
     /// Whether the object is being deleted.
     pub fn is_deleting(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()
+    }
+
+    /// The name of this VM's machine on its node: `svm-<metadata.uid>`, lower-cased. It derives
+    /// from the UID alone, so a re-created object of the same name never adopts an old machine and
+    /// nothing written to the status can point the controller at another VM's machine. `None`
+    /// before the API server has assigned a UID.
+    pub fn machine_name(&self) -> Option<String> {
+        self.metadata
+            .uid
+            .as_deref()
+            .filter(|u| !u.is_empty())
+            .map(|uid| format!("{}{}", crate::constants::MACHINE_NAME_PREFIX, uid.to_ascii_lowercase()))
     }
 }

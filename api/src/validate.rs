@@ -11,7 +11,10 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::{
-    constants::{EXTRA_NODE_NAME, EXTRA_NODE_UID, FORCE_DELETE_ANNOTATION, FORCE_DELETE_VALUE},
+    constants::{
+        EXTRA_NODE_NAME, EXTRA_NODE_UID, FORCE_DELETE_ANNOTATION, FORCE_DELETE_VALUE, RECREATE_LOST_MACHINE_ANNOTATION,
+        RECREATE_LOST_MACHINE_VALUE, condition, reason,
+    },
     policy::{Policy, Role},
     syntax,
     types::{
@@ -535,6 +538,7 @@ pub fn validate_smolvm(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &
     }
     let old = if op == Operation::Update { old } else { None };
     check_force_delete(op, old, new, &mut verdict);
+    check_recreate_lost(op, old, new, &mut verdict);
 
     // V8: an object being deleted accepts metadata changes only, and nothing else is checked, so
     // that removing a finalizer is never blocked.
@@ -1117,6 +1121,64 @@ fn check_force_delete(op: Operation, old: Option<&SmolVM>, new: &SmolVM, v: &mut
     v.warning(RuleId::V7, &path, &pointer, shown, message);
 }
 
+/// V7 for the recreate-lost-machine annotation: exactly `"true"`, only on a SmolVM whose machine
+/// is lost (Ready=False, reason MachineLost), never on create; when admitted, the answer warns that
+/// the new machine starts empty.
+fn check_recreate_lost(op: Operation, old: Option<&SmolVM>, new: &SmolVM, v: &mut Verdict) {
+    let annotation = |vm: &SmolVM| {
+        vm.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(RECREATE_LOST_MACHINE_ANNOTATION))
+            .cloned()
+    };
+    let Some(value) = annotation(new) else { return };
+    if op == Operation::Update && old.and_then(annotation).as_deref() == Some(value.as_str()) {
+        return; // unchanged: judged when it was set
+    }
+    let path = format!("metadata.annotations[{RECREATE_LOST_MACHINE_ANNOTATION}]");
+    let pointer = format!(
+        "/metadata/annotations/{}",
+        RECREATE_LOST_MACHINE_ANNOTATION.replace('/', "~1")
+    );
+    let shown = render(&value);
+    let mut misuse = Vec::new();
+    if value != RECREATE_LOST_MACHINE_VALUE {
+        misuse.push(format!("{shown} must be exactly \"true\""));
+    }
+    let lost = |vm: &SmolVM| {
+        vm.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == condition::READY && c.status == "False" && c.reason == reason::MACHINE_LOST)
+        })
+    };
+    if op == Operation::Create {
+        misuse.push(format!(
+            "{shown} cannot be set on create: it asks for a fresh machine in place of one its node lost"
+        ));
+    } else if !old.is_some_and(lost) {
+        misuse.push(format!(
+            "{shown} can only be set on a SmolVM whose machine is lost (Ready=False, reason {})",
+            reason::MACHINE_LOST
+        ));
+    }
+    if !misuse.is_empty() {
+        for message in misuse {
+            v.violation(RuleId::V7, &path, &pointer, shown.clone(), message);
+        }
+        return;
+    }
+    let node = new.bound_node().unwrap_or("its node");
+    v.warning(
+        RuleId::V7,
+        &path,
+        &pointer,
+        shown.clone(),
+        format!("{shown}: a fresh, empty machine is created on {node}; the lost machine's disks are not recovered"),
+    );
+}
+
 /// Validates a write to `smolvms/status` (rule V9).
 pub fn validate_smolvm_status(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &Context<'_>) -> Verdict {
     let mut v = Verdict::default();
@@ -1204,6 +1266,7 @@ pub fn validate_smolvm_status(op: Operation, old: Option<&SmolVM>, new: &SmolVM,
             );
         }
     }
+    check_machine_name(old_status, new, ctx, &mut v);
     if let (Some(bound), Some(pin)) = (&new_status.node_name, &new.spec.node_name)
         && bound != pin
     {
@@ -1216,6 +1279,65 @@ pub fn validate_smolvm_status(op: Operation, old: Option<&SmolVM>, new: &SmolVM,
         );
     }
     v
+}
+
+/// V9 for `status.machineName`: written once, by the controller, as `svm-<metadata.uid>`. The
+/// controller never acts on this field (it derives the name from the UID), so the rule keeps the
+/// report honest rather than guarding the machine; both hold even for a cluster admin.
+fn check_machine_name(old_status: &crate::types::SmolVMStatus, new: &SmolVM, ctx: &Context<'_>, v: &mut Verdict) {
+    const PATH: &str = "status.machineName";
+    const POINTER: &str = "/status/machineName";
+    let after = new.status.as_ref().and_then(|s| s.machine_name.as_ref());
+    match (&old_status.machine_name, after) {
+        (Some(b), Some(a)) if a != b => v.violation(
+            RuleId::V9,
+            PATH,
+            POINTER,
+            render(a),
+            format!(
+                "{} cannot replace {}: the machine name is written once and never changes",
+                render(a),
+                render(b)
+            ),
+        ),
+        (Some(b), None) => v.violation(
+            RuleId::V9,
+            PATH,
+            POINTER,
+            String::new(),
+            format!("cannot be cleared (was {}): the machine name never changes", render(b)),
+        ),
+        (None, Some(a)) => {
+            if ctx.role() != Role::Controller {
+                v.violation(
+                    RuleId::V9,
+                    PATH,
+                    POINTER,
+                    render(a),
+                    format!(
+                        "{}: only the controller may write the machine name; {} may not",
+                        render(a),
+                        render(&ctx.identity.username)
+                    ),
+                );
+            }
+            match new.machine_name() {
+                Some(expected) if *a != expected => v.violation(
+                    RuleId::V9,
+                    PATH,
+                    POINTER,
+                    render(a),
+                    format!(
+                        "{} must be {}: the machine name is svm-<metadata.uid>",
+                        render(a),
+                        render(&expected)
+                    ),
+                ),
+                _ => {}
+            }
+        }
+        _ => {}
+    }
 }
 
 /// Validates a write to a SmolVMNode (rule V10).

@@ -321,6 +321,32 @@ fn cel_transition_rules_table() {
             Some("DNS-1123 subdomain (V9)"),
         ),
         (
+            "v9_cel_machine_name_retargeted",
+            bound.clone(),
+            set(bound.clone(), "/status/machineName", json!("svm-someone-else")),
+            Some("machineName never changes or clears once set (V9)"),
+        ),
+        (
+            "v9_cel_machine_name_cleared",
+            bound.clone(),
+            {
+                let mut v = bound.clone();
+                v["status"].as_object_mut().unwrap().remove("machineName");
+                v
+            },
+            Some("machineName never changes or clears once set (V9)"),
+        ),
+        (
+            "v9_cel_machine_name_without_prefix",
+            unbound.clone(),
+            {
+                let mut v = bound.clone();
+                v["status"]["machineName"] = json!("other-machine");
+                v
+            },
+            Some("svm-<metadata.uid> (V9)"),
+        ),
+        (
             "v9_cel_node_name_cleared",
             bound.clone(),
             {

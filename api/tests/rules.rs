@@ -972,6 +972,61 @@ fn ratcheting_never_forgives_what_the_update_causes() {
 }
 
 #[test]
+fn v7_recreate_lost_machine_annotation() {
+    use smolvm_api::constants::RECREATE_LOST_MACHINE_ANNOTATION;
+    let recreate = |mut o: Value, value: &str| {
+        o["metadata"]["annotations"] = json!({ RECREATE_LOST_MACHINE_ANNOTATION: value });
+        o
+    };
+    let lost = |mut o: Value| {
+        o["status"]["phase"] = json!("Failed");
+        o["status"]["conditions"] = json!([{
+            "type": "Ready", "status": "False", "reason": "MachineLost", "message": "gone",
+            "lastTransitionTime": "2026-11-22T10:00:00Z"
+        }]);
+        o
+    };
+    let b = |o: Value| bound(o, "node-a");
+    check(vec![
+        case(
+            "recreate_on_create_rejected",
+            Create,
+            None,
+            recreate(stored(), "true"),
+            Reject(RuleId::V7, "metadata.annotations"),
+        ),
+        case(
+            "recreate_on_a_running_vm_rejected",
+            Update,
+            Some(b(stored())),
+            recreate(b(stored()), "true"),
+            Reject(RuleId::V7, "metadata.annotations"),
+        ),
+        case(
+            "recreate_value_not_exactly_true_rejected",
+            Update,
+            Some(lost(b(stored()))),
+            recreate(lost(b(stored())), "yes"),
+            Reject(RuleId::V7, "metadata.annotations"),
+        ),
+        case(
+            "recreate_on_a_lost_machine_accepted_with_warning",
+            Update,
+            Some(lost(b(stored()))),
+            recreate(lost(b(stored())), "true"),
+            Warn(RuleId::V7),
+        ),
+        case(
+            "recreate_unchanged_is_not_judged_again",
+            Update,
+            Some(recreate(b(stored()), "true")),
+            recreate(with(b(stored()), "/spec/running", json!(false)), "true"),
+            Allow,
+        ),
+    ]);
+}
+
+#[test]
 fn v7_every_misuse_is_reported() {
     let policy = Policy::default();
     let nodes = nodes();
@@ -1077,6 +1132,48 @@ fn v9_status_binding() {
             "v9_binding_matching_pin_accepted",
             pinned.clone(),
             bound(pinned, "node-a"),
+            controller(),
+            Allow,
+        ),
+        status_case(
+            "v9_machine_name_retarget_rejected_for_admin",
+            bound_a.clone(),
+            with(bound_a.clone(), "/status/machineName", json!("svm-someone-else")),
+            Identity::user("kubernetes-admin"),
+            Reject(RuleId::V9, "status.machineName"),
+        ),
+        status_case(
+            "v9_machine_name_retarget_rejected_for_controller",
+            bound_a.clone(),
+            with(bound_a.clone(), "/status/machineName", json!("svm-someone-else")),
+            controller(),
+            Reject(RuleId::V9, "status.machineName"),
+        ),
+        status_case(
+            "v9_machine_name_clear_rejected",
+            bound_a.clone(),
+            without(bound_a.clone(), "/status/machineName"),
+            controller(),
+            Reject(RuleId::V9, "status.machineName"),
+        ),
+        status_case(
+            "v9_machine_name_first_write_by_user_rejected",
+            without(bound_a.clone(), "/status/machineName"),
+            bound_a.clone(),
+            user(),
+            Reject(RuleId::V9, "status.machineName"),
+        ),
+        status_case(
+            "v9_machine_name_must_derive_from_uid",
+            without(bound_a.clone(), "/status/machineName"),
+            with(bound_a.clone(), "/status/machineName", json!("svm-someone-else")),
+            controller(),
+            Reject(RuleId::V9, "status.machineName"),
+        ),
+        status_case(
+            "v9_machine_name_first_write_by_controller_accepted",
+            without(bound_a.clone(), "/status/machineName"),
+            bound_a.clone(),
             controller(),
             Allow,
         ),

@@ -83,6 +83,13 @@ impl CallError {
         }
     }
 
+    /// Whether the agent itself could not be reached: no endpoint, connection refused, a TLS
+    /// failure or a timeout talking to it. A reachable agent whose smolvm is unavailable is not:
+    /// only this case may give up on a machine's local state (force-delete).
+    pub fn agent_unreachable(&self) -> bool {
+        matches!(self, CallError::Unreachable { .. })
+    }
+
     /// The node API error code, if the node answered one.
     pub fn code(&self) -> Option<&str> {
         match self {
@@ -421,15 +428,29 @@ impl NodeClient {
             return serde_json::from_slice(&collected).map_err(|e| protocol(format!("{status}: {e}")));
         }
         match serde_json::from_slice::<NodeApiError>(&collected) {
+            // The agent cleans smolvm's text already; cleaning again bounds what any agent
+            // (an older one, a misbehaving one) can put into conditions and events.
             Ok(err) => Err(CallError::Api {
                 node: node.to_string(),
                 status: status.as_u16(),
                 code: err.code,
-                message: err.message,
+                message: smolvm_api::text::clean_external(&err.message),
                 details: err.details,
             }),
+            // The agent answered, so it is reachable; its runtime is not.
             Err(_) if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::GATEWAY_TIMEOUT => {
-                Err(unreachable(format!("{status}")))
+                Err(CallError::Api {
+                    node: node.to_string(),
+                    status: status.as_u16(),
+                    code: if status == StatusCode::SERVICE_UNAVAILABLE {
+                        error_code::RUNTIME_UNAVAILABLE
+                    } else {
+                        error_code::RUNTIME_TIMEOUT
+                    }
+                    .to_string(),
+                    message: format!("the agent answered {status} without an error body"),
+                    details: None,
+                })
             }
             Err(_) => Err(protocol(format!("{status} without an error body"))),
         }

@@ -8,22 +8,18 @@ use k8s_openapi::{
 };
 use smolvm_api::{
     NodeResources, Phase, SmolVM, SmolVMNode, SmolVMStatus,
-    constants::{FINALIZER, FORCE_DELETE_ANNOTATION, FORCE_DELETE_VALUE, condition},
+    constants::{
+        FINALIZER, FORCE_DELETE_ANNOTATION, FORCE_DELETE_VALUE, RECREATE_LOST_MACHINE_ANNOTATION,
+        RECREATE_LOST_MACHINE_VALUE, condition,
+    },
     nodeapi::{MachineSpec, MachineState, MachineStatus, NetworkSpec, PortProtocol, PortSpec, ResizeSpec},
     types::Protocol,
 };
 
-/// Prefix of machine names on the nodes.
-pub const MACHINE_PREFIX: &str = "svm-";
-
-/// The machine name of a SmolVM on its node, derived from the object's UID so that a re-created
-/// object of the same name never adopts an old machine.
+/// The machine name of a SmolVM on its node: `svm-<uid>` (see [`SmolVM::machine_name`]). The
+/// controller never takes it from `status.machineName`, which is only a report for users.
 pub fn machine_name(vm: &SmolVM) -> Option<String> {
-    vm.metadata
-        .uid
-        .as_deref()
-        .filter(|u| !u.is_empty())
-        .map(|uid| format!("{MACHINE_PREFIX}{}", uid.to_ascii_lowercase()))
+    vm.machine_name()
 }
 
 /// The health of the node a SmolVM is bound to, as far as the API server shows it.
@@ -127,12 +123,9 @@ pub enum Step {
 pub fn next_step(vm: &SmolVM) -> Step {
     let has_finalizer = vm.metadata.finalizers.iter().flatten().any(|f| f == FINALIZER);
     let bound = vm.bound_node().map(str::to_string);
-    let machine = vm
-        .status
-        .as_ref()
-        .and_then(|s| s.machine_name.clone())
-        .or_else(|| machine_name(vm))
-        .unwrap_or_default();
+    // Always the UID-derived name: a status write (which tenants may be allowed) must never
+    // point a create or a delete at another VM's machine.
+    let machine = machine_name(vm).unwrap_or_default();
     if vm.is_deleting() {
         if !has_finalizer {
             return Step::Forget;
@@ -153,6 +146,41 @@ pub fn next_step(vm: &SmolVM) -> Step {
         None => Step::Place,
         Some(node) => Step::Converge { node, machine },
     }
+}
+
+/// What to do about a machine the node does not have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissingMachine {
+    /// It was never seen on the node: create it.
+    Create,
+    /// The node reported it before (`status.effective` is set) and it is gone: report
+    /// MachineLost and do not re-create an empty one behind the user's back.
+    Lost,
+    /// Lost, and the recreate-lost-machine annotation asks for a fresh machine.
+    Recreate,
+}
+
+/// Judges a missing machine from the object alone.
+pub fn missing_machine(vm: &SmolVM) -> MissingMachine {
+    let seen = vm.status.as_ref().is_some_and(|s| s.effective.is_some());
+    if !seen {
+        return MissingMachine::Create;
+    }
+    if recreate_lost_machine(vm) {
+        MissingMachine::Recreate
+    } else {
+        MissingMachine::Lost
+    }
+}
+
+/// Whether the recreate-lost-machine annotation is set to exactly `"true"`.
+pub fn recreate_lost_machine(vm: &SmolVM) -> bool {
+    vm.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(RECREATE_LOST_MACHINE_ANNOTATION))
+        .map(String::as_str)
+        == Some(RECREATE_LOST_MACHINE_VALUE)
 }
 
 /// Whether the force-delete annotation is set to exactly `"true"`.

@@ -17,7 +17,7 @@ use kube::{
 use serde_json::json;
 use smolvm_api::{
     Phase, SmolVM, SmolVMNode, SmolVMStatus,
-    constants::{FINALIZER, FORCE_DELETE_ANNOTATION, condition, reason},
+    constants::{FINALIZER, FORCE_DELETE_ANNOTATION, RECREATE_LOST_MACHINE_ANNOTATION, condition, reason},
     nodeapi::{MachineState, MachineStatus, error_code},
 };
 
@@ -239,7 +239,7 @@ async fn delete(
             publish(ctx, vm, EventType::Normal, "Deleted", "Delete", note).await;
             Ok(Action::await_change())
         }
-        Err(e) if e.is_unreachable() && force => {
+        Err(e) if delete_failure(force, &e) == DeleteFailure::GiveUp => {
             remove_finalizer(api, vm).await?;
             ctx.forget(uid);
             let note = format!(
@@ -250,11 +250,21 @@ async fn delete(
             Ok(Action::await_change())
         }
         Err(e) => {
-            let (why, message) = if e.is_unreachable() {
+            let (why, message) = if delete_failure(force, &e) == DeleteFailure::AgentUnreachable {
                 (
                     reason::RUNTIME_UNREACHABLE,
                     format!(
                         "node {node} cannot confirm that machine {machine} is gone: {}. Deletion waits for it; to give up on the local state, annotate the SmolVM with {FORCE_DELETE_ANNOTATION}=true",
+                        e.message()
+                    ),
+                )
+            } else if delete_failure(force, &e) == DeleteFailure::RuntimeUnavailable {
+                // The agent answers but smolvm does not: the machine may well still run, so
+                // giving up on it is not offered; the delete is retried.
+                (
+                    reason::RUNTIME_UNREACHABLE,
+                    format!(
+                        "node {node} answers but its runtime cannot delete machine {machine} now: {}. Deletion is retried; {FORCE_DELETE_ANNOTATION} applies only while the node's agent cannot be reached at all",
                         e.message()
                     ),
                 )
@@ -439,6 +449,28 @@ async fn converge(
             return Ok(Action::await_change());
         }
     };
+    let mut recreating = false;
+    if observed.is_none() {
+        match plan::missing_machine(vm) {
+            plan::MissingMachine::Create => {}
+            plan::MissingMachine::Recreate => recreating = true,
+            plan::MissingMachine::Lost => {
+                let problem = Problem {
+                    phase: Phase::Failed,
+                    condition: condition::READY,
+                    status: "False",
+                    reason: reason::MACHINE_LOST,
+                    message: format!(
+                        "machine {machine} existed on node {node} and is gone (its state there was removed); it is not re-created empty. To start over with a fresh, empty machine, annotate the SmolVM with {RECREATE_LOST_MACHINE_ANNOTATION}=true"
+                    ),
+                    event_reason: reason::MACHINE_LOST,
+                    action: "Observe",
+                    note: None,
+                };
+                return report(api, vm, ctx, status, problem).await;
+            }
+        }
+    }
     let running = vm.spec.running();
     // Drive the machine through as many steps as it needs in this pass (create, then start; or
     // resize, then start), so a new VM costs one status write rather than one per step.
@@ -541,6 +573,14 @@ async fn converge(
             }
             Err(e) => {
                 publish_steps(ctx, vm, node, machine, &done).await;
+                if recreating && done.iter().any(|a| matches!(a, MachineAction::Create(_))) {
+                    forget_recreate_request(api, vm, ctx, node, machine).await?;
+                }
+                // The machine exists (it may have been created in this pass): record that, so
+                // its later loss is told as MachineLost rather than re-created empty.
+                if let Some(m) = machine_now.as_ref() {
+                    status.effective = Some(effective_of(m));
+                }
                 return report_call_error(api, vm, ctx, status, node, RuntimeCall::of(&action), e).await;
             }
         }
@@ -549,6 +589,9 @@ async fn converge(
     apply_machine(&mut status, machine_now.as_ref(), running, generation, now);
     plan::clear_condition(&mut status.conditions, condition::DELETION_BLOCKED);
     write_status(api, vm, &status).await?;
+    if recreating && done.iter().any(|a| matches!(a, MachineAction::Create(_))) {
+        forget_recreate_request(api, vm, ctx, node, machine).await?;
+    }
     // A transition no action of this pass told (a crash, a recovery, a start that finished).
     if let Some(t) = plan::transition_event(vm.status.as_ref(), &status, steps_reported) {
         let type_ = if t.warning {
@@ -569,6 +612,68 @@ async fn converge(
         // backoff, so a runtime that never settles is not hammered.
         Action::requeue(plan::unsettled_delay(ctx.unsettled.bump(uid)))
     })
+}
+
+/// After a fresh machine replaced a lost one: removes the recreate-lost-machine annotation (so a
+/// later loss is reported again rather than silently re-created) and tells it in an event.
+async fn forget_recreate_request(
+    api: &Api<SmolVM>,
+    vm: &SmolVM,
+    ctx: &Context,
+    node: &str,
+    machine: &str,
+) -> Result<(), Error> {
+    let pointer = format!(
+        "/metadata/annotations/{}",
+        RECREATE_LOST_MACHINE_ANNOTATION.replace('/', "~1")
+    );
+    let patch = json!([
+        {"op": "test", "path": pointer, "value": smolvm_api::constants::RECREATE_LOST_MACHINE_VALUE},
+        {"op": "remove", "path": pointer}
+    ]);
+    api.patch(
+        &vm.name_any(),
+        &PatchParams::default(),
+        &Patch::Json::<()>(serde_json::from_value(patch)?),
+    )
+    .await?;
+    publish(
+        ctx,
+        vm,
+        EventType::Normal,
+        "Recreated",
+        "Create",
+        format!(
+            "created a fresh, empty machine {machine} on node {node} in place of the lost one, as {RECREATE_LOST_MACHINE_ANNOTATION} asked"
+        ),
+    )
+    .await;
+    Ok(())
+}
+
+/// What a failed DeleteMachine means for the finalizer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteFailure {
+    /// The agent cannot be reached and the force-delete annotation is set: remove the finalizer.
+    GiveUp,
+    /// The agent cannot be reached: deletion waits (the annotation would let it go).
+    AgentUnreachable,
+    /// The agent answers but its runtime is unavailable: retried, never forced, since the
+    /// machine may still run.
+    RuntimeUnavailable,
+    /// The node answered with a failure: retried.
+    Failed,
+}
+
+/// Classifies a failed DeleteMachine. Only an agent that cannot be reached at all (connection
+/// refused, TLS failure, timeout) lets the force-delete annotation give up the local state.
+pub fn delete_failure(force: bool, e: &CallError) -> DeleteFailure {
+    match (e.agent_unreachable(), e.is_unreachable()) {
+        (true, _) if force => DeleteFailure::GiveUp,
+        (true, _) => DeleteFailure::AgentUnreachable,
+        (false, true) => DeleteFailure::RuntimeUnavailable,
+        (false, false) => DeleteFailure::Failed,
+    }
 }
 
 /// The node API call a converge step makes, for the reason of its failure.
@@ -724,7 +829,12 @@ fn apply_machine(
         generation,
         now,
     );
-    status.effective = Some(smolvm_api::EffectiveResources {
+    status.effective = Some(effective_of(m));
+}
+
+/// The resources and ports a machine has, as the status shows them.
+fn effective_of(m: &MachineStatus) -> smolvm_api::EffectiveResources {
+    smolvm_api::EffectiveResources {
         cpus: i32::try_from(m.cpus).unwrap_or(i32::MAX),
         memory_mib: i64::try_from(m.memory_mib).unwrap_or(i64::MAX),
         storage_gib: m.storage_gib.and_then(|s| i64::try_from(s).ok()).unwrap_or_default(),
@@ -742,7 +852,7 @@ fn apply_machine(
                 },
             })
             .collect(),
-    });
+    }
 }
 
 async fn report_node_problem(

@@ -40,6 +40,13 @@ fn vm(bound: bool, deleting: bool, finalizer: bool, force: Option<&str>) -> Smol
     vm
 }
 
+/// The VM with `status.machineName` pointed at another VM's machine, as a tenant allowed to
+/// write `smolvms/status` could try.
+fn tampered(mut vm: SmolVM) -> SmolVM {
+    vm.status.get_or_insert_with(Default::default).machine_name = Some("svm-someone-elses-machine".into());
+    vm
+}
+
 #[test]
 fn next_step_table() {
     let machine = format!("svm-{UID}");
@@ -89,9 +96,72 @@ fn next_step_table() {
             vm(true, true, false, None),
             Step::Forget,
         ),
+        (
+            "tampered_machine_name_is_ignored_on_converge",
+            tampered(vm(true, false, true, None)),
+            Step::Converge {
+                node: "node-a".into(),
+                machine: machine.clone(),
+            },
+        ),
+        (
+            "tampered_machine_name_is_ignored_on_delete",
+            tampered(vm(true, true, true, None)),
+            del(false),
+        ),
     ];
     for (name, vm, expected) in cases {
         assert_eq!(next_step(&vm), expected, "{name}");
+    }
+}
+
+#[test]
+fn a_missing_machine_is_created_only_if_it_never_existed() {
+    use smolvm_api::{
+        EffectiveResources,
+        constants::{RECREATE_LOST_MACHINE_ANNOTATION, RECREATE_LOST_MACHINE_VALUE},
+    };
+    use smolvm_controller::plan::{MissingMachine, missing_machine};
+    let seen = |mut vm: SmolVM| {
+        vm.status.get_or_insert_with(Default::default).effective = Some(EffectiveResources::default());
+        vm
+    };
+    let recreate = |mut vm: SmolVM, value: &str| {
+        vm.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(RECREATE_LOST_MACHINE_ANNOTATION.into(), value.into());
+        vm
+    };
+    let cases = [
+        (
+            "never_seen_is_created",
+            vm(true, false, true, None),
+            MissingMachine::Create,
+        ),
+        (
+            "never_seen_with_annotation_is_created",
+            recreate(vm(true, false, true, None), RECREATE_LOST_MACHINE_VALUE),
+            MissingMachine::Create,
+        ),
+        (
+            "seen_then_gone_is_lost",
+            seen(vm(true, false, true, None)),
+            MissingMachine::Lost,
+        ),
+        (
+            "lost_with_annotation_is_recreated",
+            recreate(seen(vm(true, false, true, None)), RECREATE_LOST_MACHINE_VALUE),
+            MissingMachine::Recreate,
+        ),
+        (
+            "lost_with_a_wrong_value_stays_lost",
+            recreate(seen(vm(true, false, true, None)), "True"),
+            MissingMachine::Lost,
+        ),
+    ];
+    for (name, vm, expected) in cases {
+        assert_eq!(missing_machine(&vm), expected, "{name}");
     }
 }
 

@@ -105,6 +105,56 @@ fn runtime_failures_are_named_after_the_call() {
     }
 }
 
+#[test]
+fn force_delete_gives_up_only_when_the_agent_itself_is_unreachable() {
+    use smolvm_api::nodeapi::error_code;
+    use smolvm_controller::{
+        nodeclient::CallError,
+        reconcile::{DeleteFailure, delete_failure},
+    };
+    let unreachable = CallError::Unreachable {
+        node: "node-a".into(),
+        message: "connection refused".into(),
+    };
+    let answered = |status: u16, code: &str| CallError::Api {
+        node: "node-a".into(),
+        status,
+        code: code.into(),
+        message: "smolvm serve is not answering".into(),
+        details: None,
+    };
+    let protocol = CallError::Protocol {
+        node: "node-a".into(),
+        message: "500 without an error body".into(),
+    };
+    let cases = [
+        ("unreachable_forced", true, unreachable.clone(), DeleteFailure::GiveUp),
+        ("unreachable_waits", false, unreachable, DeleteFailure::AgentUnreachable),
+        (
+            "runtime_unavailable_is_never_forced",
+            true,
+            answered(503, error_code::RUNTIME_UNAVAILABLE),
+            DeleteFailure::RuntimeUnavailable,
+        ),
+        (
+            "runtime_timeout_is_never_forced",
+            true,
+            answered(504, error_code::RUNTIME_TIMEOUT),
+            DeleteFailure::RuntimeUnavailable,
+        ),
+        (
+            "node_error_is_retried",
+            true,
+            answered(500, "Internal"),
+            DeleteFailure::Failed,
+        ),
+        ("unreadable_answer_is_retried", true, protocol, DeleteFailure::Failed),
+    ];
+    for (name, force, error, expected) in cases {
+        assert_eq!(delete_failure(force, &error), expected, "{name}");
+    }
+}
+
 #[tokio::test]
 async fn bind_writes_the_binding_once_with_a_precondition() {
     run_case(
