@@ -34,6 +34,55 @@ pub struct CsrInfo {
     pub requests_ca: bool,
     /// The requester's SubjectPublicKeyInfo, DER.
     pub public_key_der: Vec<u8>,
+    /// The kind of key the request is for.
+    pub key_algorithm: KeyAlgorithm,
+}
+
+/// The kind of public key in a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyAlgorithm {
+    /// ECDSA on the NIST P-256 curve, what [`generate_key_pair`] makes.
+    EcdsaP256,
+    /// Anything else, described by its algorithm OID (and curve or key size where known).
+    Other(String),
+}
+
+impl std::fmt::Display for KeyAlgorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyAlgorithm::EcdsaP256 => f.write_str("ECDSA P-256"),
+            KeyAlgorithm::Other(what) => f.write_str(what),
+        }
+    }
+}
+
+/// id-ecPublicKey.
+const OID_EC_PUBLIC_KEY: &str = "1.2.840.10045.2.1";
+/// prime256v1 (secp256r1, NIST P-256).
+const OID_P256: &str = "1.2.840.10045.3.1.7";
+/// rsaEncryption.
+const OID_RSA: &str = "1.2.840.113549.1.1.1";
+
+fn key_algorithm(spki: &x509_parser::x509::SubjectPublicKeyInfo<'_>) -> KeyAlgorithm {
+    let algorithm = spki.algorithm.algorithm.to_id_string();
+    let curve = spki
+        .algorithm
+        .parameters
+        .as_ref()
+        .and_then(|p| p.as_oid().ok())
+        .map(|o| o.to_id_string());
+    match (algorithm.as_str(), curve.as_deref()) {
+        (OID_EC_PUBLIC_KEY, Some(OID_P256)) => KeyAlgorithm::EcdsaP256,
+        (OID_EC_PUBLIC_KEY, curve) => KeyAlgorithm::Other(format!("EC key on curve {}", curve.unwrap_or("(none)"))),
+        (OID_RSA, _) => {
+            let bits = match spki.parsed() {
+                Ok(x509_parser::public_key::PublicKey::RSA(rsa)) => rsa.key_size().to_string(),
+                _ => "?".to_string(),
+            };
+            KeyAlgorithm::Other(format!("RSA-{bits}"))
+        }
+        (other, _) => KeyAlgorithm::Other(format!("key algorithm {other}")),
+    }
 }
 
 impl CsrInfo {
@@ -77,12 +126,18 @@ pub fn parse_csr(csr: impl AsRef<[u8]>) -> Result<CsrInfo> {
 
 /// Checks a parsed runtime serving CSR against the naming policy for `node_name`.
 ///
-/// Accepted only when the DNS SANs are exactly [`runtime_serving_sans`]`(node_name)`, there are
+/// Accepted only when the key is ECDSA P-256, the DNS SANs are exactly [`runtime_serving_sans`]`(node_name)`, there are
 /// no IP or other SANs, no CA request, no other extensions or attributes, and the subject CN
 /// is absent or equal to [`runtime_server_name`]`(node_name)`. The controller's signer for
 /// [`crate::RUNTIME_SERVING_SIGNER_NAME`] calls this (after checking the requester's node)
 /// before [`crate::CertificateAuthority::sign_csr`] with [`crate::LeafUsage::Server`].
 pub fn validate_runtime_serving_csr(info: &CsrInfo, node_name: &str) -> Result<()> {
+    if info.key_algorithm != KeyAlgorithm::EcdsaP256 {
+        return Err(Error::CsrRejected(format!(
+            "the key must be ECDSA P-256, as the runtime generates; this request is for {}",
+            info.key_algorithm
+        )));
+    }
     let allowed = runtime_serving_sans(node_name);
     for name in &allowed {
         validate_dns_name(name)?;
@@ -173,6 +228,7 @@ pub(crate) fn parse_csr_inner(input: &[u8]) -> Result<(CsrInfo, Vec<u8>)> {
         other_extensions: Vec::new(),
         requests_ca: false,
         public_key_der: req.subject_pki.raw.to_vec(),
+        key_algorithm: key_algorithm(&req.subject_pki),
     };
     for attr in req.iter_attributes() {
         let ParsedCriAttribute::ExtensionRequest(ext_req) = attr.parsed_attribute() else {
@@ -245,6 +301,7 @@ mod tests {
             other_extensions: vec![],
             requests_ca: false,
             public_key_der: vec![],
+            key_algorithm: KeyAlgorithm::EcdsaP256,
         }
     }
 
@@ -263,6 +320,16 @@ mod tests {
             ("uri", |i| i.other_sans.push("uri:spiffe://x".into()), false),
             ("ca", |i| i.requests_ca = true, false),
             ("ext", |i| i.other_extensions.push("1.2.3".into()), false),
+            (
+                "rsa",
+                |i| i.key_algorithm = KeyAlgorithm::Other("RSA-1024".into()),
+                false,
+            ),
+            (
+                "p384",
+                |i| i.key_algorithm = KeyAlgorithm::Other("EC key on curve 1.3.132.0.34".into()),
+                false,
+            ),
         ];
         for (name, mutate, ok) in cases {
             let mut info = info_for("n1");

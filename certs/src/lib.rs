@@ -17,7 +17,7 @@ mod tls;
 mod validity;
 
 pub use ca::{CertificateAuthority, IssuedCert, LeafUsage};
-pub use csr::{CsrInfo, build_csr, generate_key_pair, parse_csr, validate_runtime_serving_csr};
+pub use csr::{CsrInfo, KeyAlgorithm, build_csr, generate_key_pair, parse_csr, validate_runtime_serving_csr};
 pub use error::{Error, Result};
 pub use names::{
     RUNTIME_SERVING_DNS_SUFFIX, RUNTIME_SERVING_SIGNER_NAME, runtime_server_name, runtime_serving_sans,

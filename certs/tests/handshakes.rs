@@ -284,11 +284,12 @@ async fn csr_flow_node_key_never_leaves_node() {
 
     // On the node.
     let node_key = generate_key_pair().unwrap();
-    let csr = build_csr(&node_key, &runtime_server_name(node), &runtime_serving_sans(node)).unwrap();
+    let csr = build_csr(&node_key, "", &runtime_serving_sans(node)).unwrap();
 
     // In the controller: inspect, apply policy, sign with our usages only.
     let info = parse_csr(&csr).unwrap();
-    assert_eq!(info.common_name.as_deref(), Some(runtime_server_name(node).as_str()));
+    assert_eq!(info.common_name, None);
+    assert_eq!(info.key_algorithm, KeyAlgorithm::EcdsaP256);
     assert_eq!(info.dns_names, runtime_serving_sans(node));
     assert!(info.ip_addrs.is_empty());
     assert!(!info.has_unexpected_requests());
@@ -319,6 +320,116 @@ async fn csr_flow_node_key_never_leaves_node() {
         .await
         .unwrap_err();
     assert!(err.contains("not valid for name"), "{err}");
+}
+
+/// What one node of the given name goes through to serve the node API: its CSR (as the agent
+/// files it: no CN, the runtime SANs), the signer's judgement and signature, and the
+/// controller's verified mTLS handshake with the name it derives from the node name.
+struct JoinBench {
+    runtime_ca: CertificateAuthority,
+    client_ca_pem: String,
+    client: ClientConfig,
+}
+
+impl JoinBench {
+    fn new() -> Self {
+        let runtime_ca = CertificateAuthority::generate("smolvm runtime CA", DAY).unwrap();
+        let client_ca = CertificateAuthority::generate("client CA", DAY).unwrap();
+        let controller = client_ca.issue_client("smolvm-controller", DAY).unwrap();
+        let client = client_config(
+            runtime_ca.cert_pem(),
+            Some((&controller.cert_pem, &controller.key_pem)),
+            &[b"h2"],
+        )
+        .unwrap();
+        JoinBench {
+            runtime_ca,
+            client_ca_pem: client_ca.cert_pem().to_string(),
+            client,
+        }
+    }
+
+    async fn join(&self, node: &str) -> Result<(), String> {
+        let key = generate_key_pair().map_err(|e| e.to_string())?;
+        let csr = build_csr(&key, "", &runtime_serving_sans(node)).map_err(|e| format!("build: {e}"))?;
+        let info = parse_csr(&csr).map_err(|e| format!("parse: {e}"))?;
+        validate_runtime_serving_csr(&info, node).map_err(|e| format!("judge: {e}"))?;
+        let cert = self
+            .runtime_ca
+            .sign_csr(&csr, DAY, LeafUsage::Server)
+            .map_err(|e| format!("sign: {e}"))?;
+        let resolver = Arc::new(ReloadableResolver::from_pem(&cert, &key).map_err(|e| format!("serve: {e}"))?);
+        let (addr, _rx) = spawn_server(mtls_server_config(resolver, &self.client_ca_pem).unwrap()).await;
+        let (_, mut tls) = connect(addr, &self.client, &runtime_server_name(node)).await?;
+        ping(&mut tls).await
+    }
+}
+
+#[tokio::test]
+async fn node_names_of_every_valid_length_join() {
+    init();
+    let bench = JoinBench::new();
+    let label63 = "a".repeat(63);
+    let max = [label63.as_str(); 3].join(".") + "." + &"z".repeat(61);
+    assert_eq!(max.len(), 253);
+    let names = [
+        "n".to_string(),
+        "worker-1".into(),
+        // EKS, GKE and AKS style names.
+        "ip-192-168-101-202.ap-southeast-2.compute.internal".into(),
+        "ip-10-0-12-34.us-gov-west-1.compute.internal".into(),
+        "gke-production-cluster-europe-west4-default-pool-6f5c2a1b-x7kq".into(),
+        "aks-nodepool1-12345678-vmss000000".into(),
+        "10.0.0.1".into(),
+        label63.clone(),
+        max[..231].to_string(),
+        max[..232].to_string(),
+        max.clone(),
+    ];
+    for node in &names {
+        bench
+            .join(node)
+            .await
+            .unwrap_or_else(|e| panic!("node name of {} characters ({node:?}): {e}", node.len()));
+    }
+}
+
+#[tokio::test]
+async fn a_csr_for_another_key_type_is_rejected() {
+    init();
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
+    let params = rcgen::CertificateParams::new(runtime_serving_sans("n1")).unwrap();
+    let csr = params.serialize_request(&key).unwrap().pem().unwrap();
+    let info = parse_csr(&csr).unwrap();
+    assert!(matches!(info.key_algorithm, KeyAlgorithm::Other(_)), "{info:?}");
+    let err = validate_runtime_serving_csr(&info, "n1").unwrap_err();
+    assert_eq!(err.reason(), "CsrRejected");
+    assert!(err.to_string().contains("P-256"), "{err}");
+}
+
+mod names_proptest {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// DNS-1123 subdomains: labels of 1 to 63 lower-case letters, digits and '-', starting and
+    /// ending alphanumeric, at most 253 characters in all.
+    fn node_name() -> impl Strategy<Value = String> {
+        prop::collection::vec("[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", 1..8)
+            .prop_map(|labels| labels.join("."))
+            .prop_filter("at most 253 characters", |n| n.len() <= 253)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        #[test]
+        fn any_valid_node_name_joins(node in node_name()) {
+            init();
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let result = runtime.block_on(async { JoinBench::new().join(&node).await });
+            prop_assert!(result.is_ok(), "{} characters: {:?}", node.len(), result);
+        }
+    }
 }
 
 /// A hostile CSR built directly with rcgen: extra SANs, CA request, extra usages.

@@ -411,6 +411,7 @@ async fn reload_policy(path: PathBuf, slot: Arc<std::sync::RwLock<Policy>>) {
 }
 
 async fn run_signer(client: Client, ca: Arc<CertificateAuthority>, policy: Arc<std::sync::RwLock<Policy>>) {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
     let api: Api<CertificateSigningRequest> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.signerName={RUNTIME_SIGNER}"));
     let mut stream = watcher(api.clone(), config).default_backoff().applied_objects().boxed();
@@ -418,7 +419,7 @@ async fn run_signer(client: Client, ca: Arc<CertificateAuthority>, policy: Arc<s
         match event {
             Ok(csr) => {
                 let policy = policy.read().unwrap_or_else(|e| e.into_inner()).clone();
-                if let Err(e) = signer::handle_csr(&api, &csr, &ca, &policy).await {
+                if let Err(e) = signer::handle_csr(&api, &nodes, &csr, &ca, &policy).await {
                     tracing::warn!(csr = %csr.name_any(), error = %e, reason = e.reason(), "CSR handling failed");
                 }
             }

@@ -94,13 +94,36 @@ pub fn judge(csr: &CertificateSigningRequest, policy: &Policy) -> Judgement {
     judge_with_node_uid(csr, policy, |_| None)
 }
 
-/// Judges a CSR, also comparing the token's node UID with `node_uid(name)`, the UID of the node
-/// the token names as the caller knows it (the Node's metadata.uid; `None` when unknown, then only
-/// presence and form are checked). Pure as long as `node_uid` is.
-pub fn judge_with_node_uid(
+/// What the signer knows of the Node a token names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeLookup {
+    /// Not looked up: the token's node UID is checked for presence and form only.
+    NotLooked,
+    /// There is no Node of that name: the token's node is gone (or never was).
+    Missing,
+    /// The Node's metadata.uid.
+    Uid(String),
+}
+
+impl From<Option<String>> for NodeLookup {
+    fn from(uid: Option<String>) -> Self {
+        uid.map_or(NodeLookup::NotLooked, NodeLookup::Uid)
+    }
+}
+
+/// The node a CSR's requester token names (its single `authentication.kubernetes.io/node-name`
+/// extra), which the I/O layer looks up before [`judge_with_node_uid`].
+pub fn claimed_node(csr: &CertificateSigningRequest) -> Option<&str> {
+    single_extra(csr, EXTRA_NODE_NAME)
+}
+
+/// Judges a CSR, also comparing the token's node UID with `node_uid(name)`, the node the token
+/// names as the caller knows it (see [`NodeLookup`]; an `Option<String>` of the UID converts).
+/// Pure as long as `node_uid` is.
+pub fn judge_with_node_uid<L: Into<NodeLookup>>(
     csr: &CertificateSigningRequest,
     policy: &Policy,
-    node_uid: impl Fn(&str) -> Option<String>,
+    node_uid: impl Fn(&str) -> L,
 ) -> Judgement {
     let spec = &csr.spec;
     if spec.signer_name != RUNTIME_SIGNER || settled(csr) {
@@ -133,13 +156,21 @@ pub fn judge_with_node_uid(
             format!("the requester's {EXTRA_NODE_UID} {uid:?} is not a UUID"),
         );
     }
-    if let Some(known) = node_uid(&node)
-        && !known.eq_ignore_ascii_case(uid)
-    {
-        return deny(
-            "NodeUIDMismatch",
-            format!("the requester's token names node {node} with UID {uid}, but node {node} has UID {known}"),
-        );
+    match node_uid(&node).into() {
+        NodeLookup::NotLooked => {}
+        NodeLookup::Missing => {
+            return deny(
+                "NodeUIDMismatch",
+                format!("the requester's token names node {node} with UID {uid}, but there is no Node {node}"),
+            );
+        }
+        NodeLookup::Uid(known) if !known.eq_ignore_ascii_case(uid) => {
+            return deny(
+                "NodeUIDMismatch",
+                format!("the requester's token names node {node} with UID {uid}, but node {node} has UID {known}"),
+            );
+        }
+        NodeLookup::Uid(_) => {}
     }
     let usages: BTreeSet<&str> = spec.usages.iter().flatten().map(String::as_str).collect();
     if let Some(bad) = usages.iter().find(|u| !ALLOWED_USAGES.contains(u)) {
@@ -702,16 +733,27 @@ pub async fn ensure_runtime_ca(
     Ok(ca)
 }
 
-/// Acts on one CSR: approves and signs, or denies, as [`judge`] decides. An Approved CSR
-/// without a certificate (signing failed after the approval) is judged again and signed, or marked
-/// Failed if it no longer passes.
+/// Acts on one CSR: approves and signs, or denies, as [`judge_with_node_uid`] decides, with the
+/// Node the requester's token names looked up through `nodes` (its UID must match the token's).
+/// An Approved CSR without a certificate (signing failed after the approval) is judged again and
+/// signed, or marked Failed if it no longer passes. A failed lookup is an error (retried), never a
+/// verdict.
 pub async fn handle_csr(
     api: &kube::Api<CertificateSigningRequest>,
+    nodes: &kube::Api<k8s_openapi::api::core::v1::Node>,
     csr: &CertificateSigningRequest,
     ca: &smolvm_certs::CertificateAuthority,
     policy: &Policy,
 ) -> Result<Judgement, SignerError> {
-    handle_csr_with_node_uid(api, csr, ca, policy, |_| None).await
+    let lookup = match claimed_node(csr) {
+        // Only CSRs this signer would judge cost a lookup.
+        Some(node) if csr.spec.signer_name == RUNTIME_SIGNER && !settled(csr) => match nodes.get_opt(node).await? {
+            Some(n) => n.metadata.uid.map_or(NodeLookup::Missing, NodeLookup::Uid),
+            None => NodeLookup::Missing,
+        },
+        _ => NodeLookup::NotLooked,
+    };
+    handle_csr_with_node_uid(api, csr, ca, policy, |_| lookup.clone()).await
 }
 
 /// [`handle_csr`] with the UIDs of the nodes as the caller knows them (see
@@ -721,12 +763,12 @@ pub async fn handle_csr(
 /// resourceVersion as a precondition: if the CSR changed since (most often: the certificate was
 /// written meanwhile and this is a stale event), the API server answers 409, nothing is signed
 /// twice, and the result is [`Judgement::Ignore`]; the newer version arrives as its own event.
-pub async fn handle_csr_with_node_uid(
+pub async fn handle_csr_with_node_uid<L: Into<NodeLookup>>(
     api: &kube::Api<CertificateSigningRequest>,
     csr: &CertificateSigningRequest,
     ca: &smolvm_certs::CertificateAuthority,
     policy: &Policy,
-    node_uid: impl Fn(&str) -> Option<String>,
+    node_uid: impl Fn(&str) -> L,
 ) -> Result<Judgement, SignerError> {
     use kube::api::{Patch, PatchParams};
     let judgement = judge_with_node_uid(csr, policy, node_uid);

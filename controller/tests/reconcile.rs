@@ -487,10 +487,7 @@ mod csr {
                 // A pod-bound token carries both node claims (SPEC section 8).
                 extra: Some(BTreeMap::from([
                     (EXTRA_NODE_NAME.to_string(), vec![node_claim.to_string()]),
-                    (
-                        EXTRA_NODE_UID.to_string(),
-                        vec!["6f1c2a9e-3b4d-4e5f-8a7b-9c0d1e2f3a4b".to_string()],
-                    ),
+                    (EXTRA_NODE_UID.to_string(), vec![TOKEN_NODE_UID.to_string()]),
                 ])),
                 usages: Some(vec![
                     "digital signature".into(),
@@ -503,16 +500,98 @@ mod csr {
         }
     }
 
+    const TOKEN_NODE_UID: &str = "6f1c2a9e-3b4d-4e5f-8a7b-9c0d1e2f3a4b";
+
+    /// A test double of the API server's Node endpoint: one GET of the node the token names,
+    /// answered with a Node of `uid`, or 404 when `None`.
+    fn nodes(node: &'static str, uid: Option<&'static str>) -> Api<k8s_openapi::api::core::v1::Node> {
+        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        tokio::spawn(async move {
+            let Some((request, send)) = handle.next_request().await else {
+                return;
+            };
+            assert_eq!(request.method(), Method::GET);
+            assert_eq!(request.uri().path(), format!("/api/v1/nodes/{node}"));
+            let (status, body) = match uid {
+                Some(uid) => (
+                    200,
+                    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": uid}}),
+                ),
+                None => (
+                    404,
+                    json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
+                ),
+            };
+            send.send_response(
+                Response::builder()
+                    .status(status)
+                    .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                    .unwrap(),
+            );
+        });
+        Api::all(Client::new(service, "default"))
+    }
+
     async fn run(object: CertificateSigningRequest, calls: Vec<Expect>) -> Judgement {
+        let node = match object.spec.extra.as_ref().and_then(|e| e.get(EXTRA_NODE_NAME)) {
+            Some(names) if names[0] == "node-b" => "node-b",
+            _ => "node-a",
+        };
+        run_with_node(object, nodes(node, Some(TOKEN_NODE_UID)), calls).await
+    }
+
+    async fn run_with_node(
+        object: CertificateSigningRequest,
+        nodes: Api<k8s_openapi::api::core::v1::Node>,
+        calls: Vec<Expect>,
+    ) -> Judgement {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
         let api: Api<CertificateSigningRequest> = Api::all(Client::new(service, "default"));
         let expected = calls.len();
         let server = tokio::spawn(serve(handle, calls, serde_json::to_value(&object).unwrap(), CSR_PATH));
         let ca = smolvm_certs::CertificateAuthority::generate("ca", Duration::from_secs(3600)).unwrap();
-        let judgement = handle_csr(&api, &object, &ca, &Policy::default()).await.unwrap();
+        let judgement = handle_csr(&api, &nodes, &object, &ca, &Policy::default())
+            .await
+            .unwrap();
         assert_eq!(server.await.unwrap(), expected);
         judgement
+    }
+
+    fn denied_as_uid_mismatch() -> Vec<Expect> {
+        vec![expect(
+            Method::PATCH,
+            "/apis/certificates.k8s.io/v1/certificatesigningrequests/runtime-node-a/approval",
+            |body| {
+                assert_eq!(body["status"]["conditions"][0]["type"], "Denied");
+                assert_eq!(body["status"]["conditions"][0]["reason"], "NodeUIDMismatch");
+            },
+        )]
+    }
+
+    #[tokio::test]
+    async fn csr_denied_when_the_node_has_another_uid_than_the_token() {
+        let other = nodes("node-a", Some("0b7c5d2e-91aa-4c1e-8f00-5e4f3a2b1c0d"));
+        let judgement = run_with_node(csr("node-a"), other, denied_as_uid_mismatch()).await;
+        assert!(matches!(
+            judgement,
+            Judgement::Deny {
+                reason: "NodeUIDMismatch",
+                ..
+            }
+        ));
+    }
+
+    #[tokio::test]
+    async fn csr_denied_when_the_tokens_node_is_gone() {
+        let judgement = run_with_node(csr("node-a"), nodes("node-a", None), denied_as_uid_mismatch()).await;
+        assert!(matches!(
+            judgement,
+            Judgement::Deny {
+                reason: "NodeUIDMismatch",
+                ..
+            }
+        ));
     }
 
     #[tokio::test]

@@ -47,7 +47,7 @@ pub struct LabelMerge {
 /// (`previously_mirrored`) and gone from the Node is removed; every other label (set by an
 /// admin) is kept, also when the Node has the same key: the admin's value overrides the
 /// Node's, and the Node's is mirrored again once the admin removes theirs. [`LABEL_NODE`]
-/// always names the node.
+/// names the node whenever its name fits a label value (63 characters).
 pub fn merge_labels(
     current: &BTreeMap<String, String>,
     previously_mirrored: &BTreeSet<String>,
@@ -68,7 +68,14 @@ pub fn merge_labels(
             mirrored.insert(key.clone());
         }
     }
-    labels.insert(LABEL_NODE.to_string(), node_name.to_string());
+    // A label value holds at most 63 characters and node names run to 253: a longer name is
+    // not written (an apply with it would be refused and the node would never register); the
+    // object's own name is the node's name in every case.
+    if smolvm_api::syntax::check_label_value(node_name).is_ok() {
+        labels.insert(LABEL_NODE.to_string(), node_name.to_string());
+    } else {
+        labels.remove(LABEL_NODE);
+    }
     LabelMerge { labels, mirrored }
 }
 
@@ -441,6 +448,18 @@ mod tests {
             assert_eq!(merged.labels, case.labels, "{}", case.name);
             assert_eq!(merged.mirrored, case.now_mirrored, "{}", case.name);
         }
+    }
+
+    #[test]
+    fn node_label_is_written_only_when_the_name_fits_a_label_value() {
+        let short = "ip-10-0-0-1.ec2.internal";
+        let long = "ip-192-168-101-202.ap-southeast-2.compute.internal.example-long-suffix";
+        assert!(long.len() > 63);
+        let merged = merge_labels(&map(&[]), &set(&[]), &map(&[("zone", "a")]), short);
+        assert_eq!(merged.labels.get(LABEL_NODE).map(String::as_str), Some(short));
+        let merged = merge_labels(&map(&[(LABEL_NODE, "stale")]), &set(&[]), &map(&[("zone", "a")]), long);
+        assert_eq!(merged.labels.get(LABEL_NODE), None);
+        assert_eq!(merged.labels.get("zone").map(String::as_str), Some("a"));
     }
 
     #[test]

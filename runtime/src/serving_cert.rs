@@ -12,7 +12,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use smolvm_api::constants::RUNTIME_SIGNER;
 use smolvm_certs::{
     RENEWAL_FRACTION, ReloadableResolver, build_csr, generate_key_pair, needs_renewal, parse_cert_pem,
-    runtime_server_name, runtime_serving_sans,
+    runtime_serving_sans,
 };
 
 use crate::error::{Error, Result};
@@ -95,11 +95,9 @@ pub async fn request_serving_cert(
     limit: Duration,
 ) -> Result<ServingPair> {
     let key_pem = generate_key_pair()?;
-    let csr_pem = build_csr(
-        &key_pem,
-        &runtime_server_name(node_name),
-        &runtime_serving_sans(node_name),
-    )?;
+    // No common name: a CN is capped at 64 characters and node names run to 253; the SAN (in
+    // a form that always fits) is what the signer checks and the controller verifies.
+    let csr_pem = build_csr(&key_pem, "", &runtime_serving_sans(node_name))?;
     let api: Api<CertificateSigningRequest> = Api::all(client);
     let secs = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)

@@ -603,6 +603,7 @@ smolvm-controller  cluster        certificates.k8s.io/certificatesigningrequests
 smolvm-controller  cluster        certificates.k8s.io/certificatesigningrequests/approval  -  patch
 smolvm-controller  cluster        certificates.k8s.io/certificatesigningrequests/status  -  patch
 smolvm-controller  cluster        certificates.k8s.io/signers  vm.smolvm.dev/runtime-serving  approve,sign
+smolvm-controller  cluster        core/nodes  -  get
 smolvm-controller  cluster        events.k8s.io/events  -  create,patch
 smolvm-controller  cluster        vm.smolvm.dev/smolvmnodes  -  list,watch
 smolvm-controller  cluster        vm.smolvm.dev/smolvms  -  list,patch,watch
