@@ -863,6 +863,32 @@ impl Objects<'_> {
         }
     }
 
+    /// Validates the new SmolVM as `patch` (its defaults) leaves it, against the old object as
+    /// it came: the verdict the validating endpoint will reach on the same object, given before
+    /// the API server's schema and CEL checks can stop the request at their first objection.
+    fn validate_defaulted(&self, patch: &json_patch::Patch, operation: Operation, ctx: &Context<'_>) -> Verdict {
+        let mut new = match self {
+            Objects::Parsed { new: Some(new), .. } => new.clone(),
+            Objects::Text {
+                new: Some((text, _)), ..
+            } => match serde_json::from_str(text) {
+                Ok(value) => value,
+                // Not JSON after all: the rules' own decoding reports it.
+                Err(_) => return self.validate(Route::ValidateSmolVM, false, operation, ctx),
+            },
+            _ => return Verdict::default(),
+        };
+        if json_patch::patch(&mut new, patch).is_err() {
+            // A patch that does not apply is a defaulting bug; judge the object as sent.
+            return self.validate(Route::ValidateSmolVM, false, operation, ctx);
+        }
+        let old = match self {
+            Objects::Parsed { old, .. } => old.as_ref().map(Raw::Value),
+            Objects::Text { old, .. } => old.map(Raw::Text),
+        };
+        validate_raw(Target::SmolVM, operation, old, Raw::Value(&new), ctx)
+    }
+
     fn validate(&self, route: Route, status: bool, operation: Operation, ctx: &Context<'_>) -> Verdict {
         let target = match (route, status) {
             (Route::ValidateSmolVMNode, true) => Target::SmolVMNodeStatus,
@@ -1019,13 +1045,28 @@ fn review_request(
         )));
     }
 
+    let ctx = Context {
+        policy,
+        nodes,
+        identity: &identity,
+    };
     let response = match route {
         Route::MutateSmolVM => {
             if status {
                 base
             } else {
                 let patch = objects.default_patch(operation);
-                if patch.0.is_empty() {
+                // Every violation in one answer: the API server checks the CRD schema and its CEL
+                // rules after mutating admission and stops at their objection, so the complete
+                // list is given here, on the defaulted object, with the validating endpoint's
+                // text. Warnings are left to the validating endpoint (said once, not twice).
+                let verdict = objects.validate_defaulted(&patch, operation, &ctx);
+                if !verdict.allowed() {
+                    outcome.verdict = "denied";
+                    outcome.rules = verdict.violated_rules();
+                    let (code, reason) = denial_code(&verdict);
+                    deny(base, code, reason, &verdict.message())
+                } else if patch.0.is_empty() {
                     base
                 } else {
                     outcome.patched = true;
@@ -1034,11 +1075,6 @@ fn review_request(
             }
         }
         Route::ValidateSmolVM | Route::ValidateSmolVMNode => {
-            let ctx = Context {
-                policy,
-                nodes,
-                identity: &identity,
-            };
             let verdict = objects.validate(route, status, operation, &ctx);
             let mut response = base;
             if !verdict.warnings.is_empty() {

@@ -116,6 +116,85 @@ async fn mutating_patch_yields_defaulted_object_m1_m2() {
     }
 }
 
+/// Issue 12's two examples: objects that break schema-level bounds (which the API server checks
+/// after mutating admission, stopping at the first) and policy together. `/mutate` answers with
+/// every violation at once, and `/validate` gives the same object the same answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutate_denies_with_every_violation_and_validate_agrees() {
+    let h = Harness::start(nodes()).await;
+    let mut conn = h.connect(Version::Http2).await;
+    let cases = [
+        (
+            "big_with_low_and_duplicate_ports",
+            json!({"image": "alpine:latest", "resources": {"cpus": 64, "memoryMiB": 100000},
+                "network": {"enabled": true, "ports": [
+                    {"hostPort": 80, "guestPort": 80},
+                    {"hostPort": 8080, "guestPort": 8080},
+                    {"hostPort": 8080, "guestPort": 8081}]}}),
+            &[
+                "spec.resources.cpus",
+                "spec.network.ports[0].hostPort",
+                "spec.network.ports[2]",
+            ][..],
+        ),
+        (
+            "out_of_bounds_cpus_tiny_memory_ssh_port",
+            json!({"image": "alpine:latest", "resources": {"cpus": 4096, "memoryMiB": 1},
+                "network": {"enabled": true, "ports": [{"hostPort": 22, "guestPort": 22}]}}),
+            &[
+                "spec.resources.cpus",
+                "spec.resources.memoryMiB",
+                "spec.network.ports[0].hostPort",
+            ][..],
+        ),
+    ];
+    for (name, spec, paths) in cases {
+        let object = fixtures::smolvm(name, spec);
+        let req = review("smolvms", "", "CREATE", &fixtures::user(), &object, None);
+        let (status, body) = post(&mut conn, "/mutate/smolvms", &req).await;
+        assert_eq!(status, 200, "{name}");
+        let mutate = &body["response"];
+        assert_eq!(mutate["allowed"], false, "{name}: {mutate}");
+        assert!(mutate.get("patch").is_none(), "{name}: a denial carries no patch");
+        let message = mutate["status"]["message"].as_str().unwrap_or_default().to_string();
+        for path in paths {
+            assert!(
+                message.contains(path),
+                "{name}: {path} missing from the one answer:\n{message}"
+            );
+        }
+        println!(
+            "{name}: /mutate answered {} {}:\n{message}",
+            mutate["status"]["code"], mutate["status"]["reason"]
+        );
+
+        // The same object, defaulted, at /validate: the same list, word for word.
+        let mut final_object = object.clone();
+        ok(json_patch::patch(
+            &mut final_object,
+            &smolvm_api::defaulting::default_smolvm(smolvm_api::validate::Operation::Create, &object),
+        ));
+        let req = review("smolvms", "", "CREATE", &fixtures::user(), &final_object, None);
+        let (_, body) = post(&mut conn, "/validate/smolvms", &req).await;
+        let validate = &body["response"];
+        assert_eq!(validate["allowed"], false, "{name}");
+        assert_eq!(
+            validate["status"], mutate["status"],
+            "{name}: both endpoints say the same"
+        );
+    }
+    // A valid object is still defaulted, not denied.
+    let fine = fixtures::smolvm("fine", json!({"image": "alpine:latest", "resources": {"cpus": 2}}));
+    let (_, body) = post(
+        &mut conn,
+        "/mutate/smolvms",
+        &review("smolvms", "", "CREATE", &fixtures::user(), &fine, None),
+    )
+    .await;
+    assert_eq!(body["response"]["allowed"], true, "{body}");
+    assert!(patch_of(&body["response"]).is_some());
+}
+
 enum Expect {
     Allowed,
     AllowedWarning(&'static str),
