@@ -85,6 +85,66 @@ pub struct Reservations {
     pub storage_gib: i64,
 }
 
+/// A `--reserved-*` flag: `auto` (the default, sized from the host) or a fixed amount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reserve {
+    /// Sized from the host's capacity by [`auto_reservations`].
+    #[default]
+    Auto,
+    /// This amount.
+    Fixed(i64),
+}
+
+/// Parses a `--reserved-*` value: `auto` or a whole number of at least 0.
+pub fn parse_reserve(text: &str) -> Result<Reserve, String> {
+    let text = text.trim();
+    if text.eq_ignore_ascii_case("auto") {
+        return Ok(Reserve::Auto);
+    }
+    match text.parse::<i64>() {
+        Ok(n) if n >= 0 => Ok(Reserve::Fixed(n)),
+        _ => Err(format!("{text:?} must be \"auto\" or a whole number of at least 0")),
+    }
+}
+
+/// What `auto` keeps back for the host (the kubelet, the container runtime, this agent and
+/// `smolvm serve`, the pods beside them), as cloud providers size the kubelet's reservation:
+/// - CPUs: 1 on a host with 2 or more CPUs, else 0;
+/// - memory: 25% of the first 4 GiB, 20% of the next 4 GiB, 10% of the next 8 GiB, 6% of the
+///   next 112 GiB and 2% of the rest (a 4 GiB host keeps 1 GiB, 16 GiB keeps 2.6 GiB, 64 GiB keeps
+///   5.5 GiB, rounded up to a whole MiB);
+/// - storage: 0 (the state directory's filesystem holds only the VMs' disks).
+pub fn auto_reservations(capacity: NodeResources) -> Reservations {
+    const TIERS: [(i64, i64); 4] = [(4096, 25), (4096, 20), (8192, 10), (114_688, 6)];
+    let mut left = capacity.memory_mib.max(0);
+    let mut reserved_hundredths = 0i64;
+    for (size, percent) in TIERS {
+        let part = left.min(size);
+        reserved_hundredths += part * percent;
+        left -= part;
+    }
+    reserved_hundredths += left * 2;
+    Reservations {
+        cpus: i64::from(capacity.cpus >= 2),
+        memory_mib: (reserved_hundredths + 99) / 100,
+        storage_gib: 0,
+    }
+}
+
+/// The reservations the flags ask for on a host of `capacity`.
+pub fn reservations(capacity: NodeResources, cpus: Reserve, memory_mib: Reserve, storage_gib: i64) -> Reservations {
+    let auto = auto_reservations(capacity);
+    let pick = |r: Reserve, auto: i64| match r {
+        Reserve::Auto => auto,
+        Reserve::Fixed(n) => n,
+    };
+    Reservations {
+        cpus: pick(cpus, auto.cpus),
+        memory_mib: pick(memory_mib, auto.memory_mib),
+        storage_gib: storage_gib.max(0),
+    }
+}
+
 /// The largest CPU allocation ratio the agent accepts.
 pub const MAX_CPU_ALLOCATION_RATIO: f64 = 16.0;
 
@@ -211,6 +271,69 @@ mod tests {
             assert_eq!(got.cpus, cpus, "ratio {ratio}");
             assert_eq!((got.memory_mib, got.storage_gib), (4096, 50), "ratio {ratio}");
         }
+    }
+
+    #[test]
+    fn auto_reservations_follow_the_host_size() {
+        let host = |cpus, memory_mib| NodeResources {
+            cpus,
+            memory_mib,
+            storage_gib: 100,
+        };
+        // (cpus, memory MiB) -> (reserved cpus, reserved memory MiB)
+        let cases = [
+            ((1, 1024), (0, 256)),
+            ((2, 4096), (1, 1024)),
+            ((2, 8192), (1, 1844)),
+            ((4, 16384), (1, 2663)),
+            ((2, 24576), (1, 3154)),
+            ((16, 65536), (1, 5612)),
+            ((64, 131_072), (1, 9544)),
+            ((128, 262_144), (1, 12166)),
+            ((0, 0), (0, 0)),
+        ];
+        for ((cpus, memory), (want_cpus, want_memory)) in cases {
+            let r = auto_reservations(host(cpus, memory));
+            assert_eq!(
+                (r.cpus, r.memory_mib, r.storage_gib),
+                (want_cpus, want_memory, 0),
+                "{cpus} CPUs, {memory} MiB"
+            );
+            assert!(r.memory_mib <= memory, "never more than the host");
+        }
+    }
+
+    #[test]
+    fn reservation_flags_are_auto_or_a_number() {
+        assert_eq!(parse_reserve("auto"), Ok(Reserve::Auto));
+        assert_eq!(parse_reserve("AUTO"), Ok(Reserve::Auto));
+        assert_eq!(parse_reserve("0"), Ok(Reserve::Fixed(0)));
+        assert_eq!(parse_reserve("2048"), Ok(Reserve::Fixed(2048)));
+        for bad in ["-1", "1.5", "", "lots"] {
+            let err = parse_reserve(bad).expect_err(bad);
+            assert!(err.contains(&format!("{:?}", bad.trim())), "{err}");
+        }
+        let cap = NodeResources {
+            cpus: 8,
+            memory_mib: 16384,
+            storage_gib: 100,
+        };
+        assert_eq!(
+            reservations(cap, Reserve::Auto, Reserve::Fixed(512), 10),
+            Reservations {
+                cpus: 1,
+                memory_mib: 512,
+                storage_gib: 10
+            }
+        );
+        assert_eq!(
+            reservations(cap, Reserve::Fixed(0), Reserve::Auto, 0),
+            Reservations {
+                cpus: 0,
+                memory_mib: 2663,
+                storage_gib: 0
+            }
+        );
     }
 
     #[test]

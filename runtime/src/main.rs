@@ -11,7 +11,7 @@ use smolvm_api::types::Endpoint;
 use smolvm_certs::ReloadableResolver;
 use smolvm_runtime::agent::{Agent, AgentOptions, ClientCa};
 use smolvm_runtime::error::{Error, Result};
-use smolvm_runtime::host::{self, Reservations};
+use smolvm_runtime::host;
 use smolvm_runtime::nodeapi::auth::TokenAuth;
 use smolvm_runtime::report::{Observation, Reporter, spawn_reporter};
 use smolvm_runtime::serving_cert;
@@ -109,16 +109,18 @@ struct Flags {
     /// Interval of SmolVMNode heartbeats.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     heartbeat_interval: Duration,
-    /// CPUs reserved for the host.
-    #[arg(long, default_value_t = 0)]
-    reserved_cpus: i64,
+    /// CPUs kept back for the host (the kubelet, this agent, other pods), subtracted from the
+    /// vCPUs the node offers: `auto` (1 on a host with 2 or more CPUs) or a number.
+    #[arg(long, env = "SMOLVM_RUNTIME_RESERVED_CPUS", default_value = "auto", value_parser = host::parse_reserve)]
+    reserved_cpus: host::Reserve,
     /// vCPUs the node offers per host CPU (1 to 16; 1 means no overcommit). Memory and storage
     /// are never overcommitted.
     #[arg(long, env = "SMOLVM_RUNTIME_CPU_ALLOCATION_RATIO", default_value = "1", value_parser = host::parse_cpu_allocation_ratio)]
     cpu_allocation_ratio: f64,
-    /// Memory (MiB) reserved for the host.
-    #[arg(long, default_value_t = 0)]
-    reserved_memory_mib: i64,
+    /// Memory (MiB) kept back for the host: `auto` (25% of the first 4 GiB, 20% of the next 4,
+    /// 10% of the next 8, 6% of the next 112, 2% of the rest) or a number.
+    #[arg(long, env = "SMOLVM_RUNTIME_RESERVED_MEMORY_MIB", default_value = "auto", value_parser = host::parse_reserve)]
+    reserved_memory_mib: host::Reserve,
     /// Storage (GiB) reserved for the host.
     #[arg(long, default_value_t = 0)]
     reserved_storage_gib: i64,
@@ -236,11 +238,11 @@ async fn run(flags: Flags) -> Result<()> {
         }
         let address = advertise_address(flags.advertise_address.clone())
             .ok_or_else(|| Error::Config("no endpoint address: set --advertise-address, POD_IP or NODE_IP".into()))?;
-        let reserved = Reservations {
-            cpus: flags.reserved_cpus,
-            memory_mib: flags.reserved_memory_mib,
-            storage_gib: flags.reserved_storage_gib,
-        };
+        let (reserve_cpus, reserve_memory, reserve_storage) = (
+            flags.reserved_cpus,
+            flags.reserved_memory_mib,
+            flags.reserved_storage_gib,
+        );
         let cpu_ratio = flags.cpu_allocation_ratio;
         let status = agent.supervisor().status();
         let identity = agent.identity().clone();
@@ -280,7 +282,11 @@ async fn run(flags: Flags) -> Result<()> {
                     kvm_available: kvm.available,
                     kvm_message: kvm.message,
                     capacity,
-                    allocatable: host::allocatable(capacity, reserved, cpu_ratio),
+                    allocatable: host::allocatable(
+                        capacity,
+                        host::reservations(capacity, reserve_cpus, reserve_memory, reserve_storage),
+                        cpu_ratio,
+                    ),
                 }
             },
         ));
