@@ -80,6 +80,11 @@ pub struct Args {
     /// Largest accepted request body, in bytes.
     #[arg(long, env = "SMOLVM_WEBHOOK_BODY_LIMIT", default_value_t = 1024 * 1024)]
     pub body_limit: usize,
+    /// Reviews answered at once (also the HTTP/2 streams per connection); a request beyond them
+    /// is shed with 429 and Retry-After, which the API server retries. With `--body-limit`, it
+    /// bounds the memory bodies take: keep their product well inside the pod's memory limit.
+    #[arg(long, env = "SMOLVM_WEBHOOK_MAX_CONCURRENT_REVIEWS", default_value_t = crate::state::DEFAULT_MAX_CONCURRENT_REVIEWS)]
+    pub max_concurrent_reviews: usize,
     /// How long a request body may take to arrive, in seconds.
     #[arg(long, env = "SMOLVM_WEBHOOK_BODY_TIMEOUT_SECONDS", default_value_t = 10)]
     pub body_timeout_seconds: u64,

@@ -105,10 +105,11 @@ async fn run(args: Args) -> Result<()> {
         Some(Client::try_default().await?)
     };
     let (reader, writer) = reflector::store::<SmolVMNode>();
-    let mut state = match client {
+    let state = match client {
         Some(_) => AppState::new(policy.clone(), Arc::new(StoreCatalog(reader.clone()))),
         None => AppState::new(policy.clone(), Arc::new(Vec::<SmolVMNode>::new())),
     };
+    let mut state = state.with_max_concurrent_reviews(args.max_concurrent_reviews);
     state.body_limit = args.body_limit;
     state.body_timeout = Duration::from_secs(args.body_timeout_seconds.max(1));
     match &client {
@@ -178,7 +179,8 @@ async fn run(args: Args) -> Result<()> {
     let ops = tokio::spawn(serve_ops(ops_listener, state.clone(), async move {
         let _ = stop_rx2.wait_for(|s| *s).await;
     }));
-    let result = serve_tls(listener, admission_router(state), resolver, handle).await;
+    let streams = u32::try_from(state.max_concurrent_reviews).unwrap_or(u32::MAX);
+    let result = serve_tls(listener, admission_router(state), resolver, handle, streams).await;
     let _ = ops.await;
     drop(stop_rx);
     result

@@ -98,6 +98,7 @@ pub struct Metrics {
     policy_reloads: Counter,
     cert_reload_errors: Family<ReasonLabels, Counter>,
     cert_reloads: Counter,
+    shed: Family<RouteLabels, Counter>,
     cert_not_after: Gauge,
 }
 
@@ -119,6 +120,12 @@ impl Metrics {
         let policy_reloads = Counter::default();
         let cert_reload_errors = Family::<ReasonLabels, Counter>::default();
         let cert_reloads = Counter::default();
+        let shed = Family::<RouteLabels, Counter>::default();
+        registry.register(
+            "shed_requests",
+            "Requests shed with 429 and Retry-After because every review slot was busy (the API server retries them)",
+            shed.clone(),
+        );
         let cert_not_after = Gauge::default();
         registry.register(
             "requests",
@@ -176,6 +183,7 @@ impl Metrics {
             cert_reload_errors,
             cert_reloads,
             cert_not_after,
+            shed,
         }
     }
 
@@ -207,6 +215,11 @@ impl Metrics {
     fn latency_of(&self, route: Route) -> &Histogram {
         self.handles.latency[route_index(route)]
             .get_or_init(|| self.latency.get_or_create(&RouteLabels { path: route.path() }).clone())
+    }
+
+    /// Records a request shed because every review slot was busy.
+    pub fn observe_shed(&self, route: Route) {
+        self.shed.get_or_create(&RouteLabels { path: route.path() }).inc();
     }
 
     /// Records a request answered with an HTTP error.

@@ -113,6 +113,11 @@ pub enum RequestError {
     /// A bug: the server caught a panic or could not encode its answer.
     #[error("internal error: {0}")]
     Internal(String),
+    /// Every review slot is busy: the request is shed at once, with `Retry-After`, which the API
+    /// server's webhook client honours by retrying (429 with Retry-After, up to 10 times, within
+    /// the webhook's timeout).
+    #[error("the webhook is answering {0} reviews already; retry shortly")]
+    Overloaded(usize),
 }
 
 impl RequestError {
@@ -129,6 +134,7 @@ impl RequestError {
             RequestError::TooLarge { .. } => 413,
             RequestError::UnsupportedMediaType(_) => 415,
             RequestError::Internal(_) => 500,
+            RequestError::Overloaded(_) => 429,
         }
     }
 
@@ -145,6 +151,7 @@ impl RequestError {
             RequestError::Body(_) => "BadBody",
             RequestError::MethodNotAllowed(_) => "MethodNotAllowed",
             RequestError::Internal(_) => "InternalError",
+            RequestError::Overloaded(_) => "TooManyRequests",
         }
     }
 

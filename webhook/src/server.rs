@@ -106,6 +106,20 @@ const DRAIN_LIMIT: usize = 1024 * 1024;
 
 async fn admit(state: AppState, route: Route, request: Request<Body>) -> Response {
     let start = Instant::now();
+    // A slot before the body is read, held until the answer is made: at most
+    // `max_concurrent_reviews` bodies are in memory. None free: shed at once, never queue.
+    let Ok(_slot) = state.reviews.clone().try_acquire_owned() else {
+        let error = RequestError::Overloaded(state.max_concurrent_reviews);
+        state.metrics.observe_shed(route);
+        state
+            .metrics
+            .observe_error(route, &error, start.elapsed().as_secs_f64());
+        let mut response = error_response(&error);
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return response;
+    };
     let result = match read_body(&state, request).await {
         Ok(body) => {
             let policy = state.policy.current();
@@ -253,6 +267,7 @@ pub async fn serve_tls(
     router: Router,
     resolver: Arc<ReloadableResolver>,
     handle: axum_server::Handle<SocketAddr>,
+    max_streams: u32,
 ) -> Result<()> {
     listener.set_nonblocking(true).map_err(|source| Error::Serve {
         what: "webhook",
@@ -273,9 +288,12 @@ pub async fn serve_tls(
             .http1()
             .timer(TokioTimer::new())
             .header_read_timeout(Duration::from_secs(10));
+        // At most as many streams per connection as there are review slots: more could only
+        // be shed, and each open stream may buffer up to a window of body.
         builder
             .http2()
             .timer(TokioTimer::new())
+            .max_concurrent_streams(max_streams.max(1))
             .keep_alive_interval(Duration::from_secs(30))
             .keep_alive_timeout(Duration::from_secs(10));
     }

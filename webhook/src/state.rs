@@ -82,6 +82,12 @@ impl NodeCatalog for StoreCatalog {
 }
 
 /// Everything a request handler needs.
+/// Review slots by default. Sized against the pod's memory limit (256 MiB): each slot holds at
+/// most one body of `--body-limit` (1 MiB) plus its parsed form (about twice the text), so 32
+/// slots bound review memory near 100 MiB, with the rest for the runtime, TLS and the SmolVMNode
+/// cache.
+pub const DEFAULT_MAX_CONCURRENT_REVIEWS: usize = 32;
+
 #[derive(Clone)]
 pub struct AppState {
     /// The policy in force.
@@ -96,10 +102,16 @@ pub struct AppState {
     pub body_limit: usize,
     /// How long a request body may take to arrive.
     pub body_timeout: std::time::Duration,
+    /// Review slots: a request holds one from before its body is read until it is answered, so
+    /// at most this many bodies are in memory at once; a request finding none is shed (429).
+    pub reviews: Arc<tokio::sync::Semaphore>,
+    /// The number of review slots.
+    pub max_concurrent_reviews: usize,
 }
 
 impl AppState {
-    /// State with the given policy and catalog, default limits (1 MiB, 10 s).
+    /// State with the given policy and catalog, default limits (1 MiB, 10 s,
+    /// [`DEFAULT_MAX_CONCURRENT_REVIEWS`] reviews at once).
     pub fn new(policy: PolicyHandle, nodes: Arc<dyn NodeCatalog + Send + Sync>) -> Self {
         AppState {
             policy,
@@ -108,7 +120,17 @@ impl AppState {
             metrics: Arc::new(Metrics::new()),
             body_limit: 1024 * 1024,
             body_timeout: std::time::Duration::from_secs(10),
+            reviews: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_CONCURRENT_REVIEWS)),
+            max_concurrent_reviews: DEFAULT_MAX_CONCURRENT_REVIEWS,
         }
+    }
+
+    /// Sets the number of review slots.
+    pub fn with_max_concurrent_reviews(mut self, n: usize) -> Self {
+        let n = n.max(1);
+        self.reviews = Arc::new(tokio::sync::Semaphore::new(n));
+        self.max_concurrent_reviews = n;
+        self
     }
 }
 

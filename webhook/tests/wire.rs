@@ -699,6 +699,83 @@ async fn malformed_inputs_get_json_errors() {
     );
 }
 
+/// Raw HTTP/1.1 over verified TLS, for what the client helper hides (headers, half-sent bodies).
+async fn raw_tls(h: &Harness) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let config = ok(client::tls_config(h.ca.cert_pem(), Version::Http1));
+    let tcp = ok(tokio::net::TcpStream::connect(h.addr).await);
+    let name = ok(rustls::pki_types::ServerName::try_from(SERVER_NAME));
+    ok(tokio_rustls::TlsConnector::from(config).connect(name, tcp).await)
+}
+
+/// With every review slot taken, a request is shed at once with 429, `Retry-After` (which the
+/// API server's webhook client retries) and a Status body, counted in a metric; once the slot
+/// frees, requests are answered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_beyond_the_review_slots_are_shed_with_retry_after() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = Harness::start_with(nodes(), |s| {
+        *s = s.clone().with_max_concurrent_reviews(1);
+        s.body_timeout = Duration::from_secs(5);
+    })
+    .await;
+    let good = serde_json::to_vec(&review(
+        "smolvms",
+        "",
+        "CREATE",
+        &fixtures::user(),
+        &fixtures::alpine(),
+        None,
+    ))
+    .unwrap_or_default();
+    // The holder: headers and half a body, so its review holds the only slot.
+    let mut holder = raw_tls(&h).await;
+    ok(holder
+        .write_all(b"POST /validate/smolvms HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"apiVersion\"")
+        .await);
+    let mut shed = None;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut tls = raw_tls(&h).await;
+        let head = format!(
+            "POST /validate/smolvms HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            good.len()
+        );
+        ok(tls.write_all(head.as_bytes()).await);
+        ok(tls.write_all(&good).await);
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut out)).await;
+        let text = String::from_utf8_lossy(&out).to_string();
+        if text.starts_with("HTTP/1.1 429") {
+            shed = Some(text);
+            break;
+        }
+    }
+    let text = shed.unwrap_or_else(|| panic!("no request was shed while the only slot was held"));
+    assert!(text.to_ascii_lowercase().contains("\r\nretry-after: 1\r\n"), "{text}");
+    assert!(text.contains("\"reason\":\"TooManyRequests\""), "{text}");
+    assert!(text.contains("\"code\":429"), "{text}");
+
+    // The holder gives up: the slot frees and requests are answered again.
+    drop(holder);
+    let mut answered = false;
+    for _ in 0..100 {
+        let mut conn = h.connect(Version::Http2).await;
+        let (status, _) = ok(conn.post_json("/validate/smolvms", Bytes::from(good.clone())).await);
+        if status == 200 {
+            answered = true;
+            break;
+        }
+        assert_eq!(status, 429);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(answered, "the slot never came back");
+    let (_, metrics) = h.ops_get("/metrics").await;
+    assert!(
+        metrics.contains("smolvm_webhook_shed_requests_total{path=\"/validate/smolvms\"}"),
+        "{metrics}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_http2_and_http11() {
     let h = Harness::start(nodes()).await;

@@ -63,6 +63,148 @@ enum Command {
         #[arg(long, default_value = "")]
         label: String,
     },
+    /// Flood: N clients, each on its own connection, send maximum-size reviews back to back;
+    /// prints the answers by status and the server's peak resident memory (`--pid`).
+    Flood {
+        #[arg(long)]
+        addr: SocketAddr,
+        #[arg(long, default_value = "/mutate/smolvms")]
+        path: String,
+        /// 1 or 2.
+        #[arg(long, default_value_t = 2)]
+        http: u8,
+        #[arg(long, default_value_t = 128)]
+        clients: usize,
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Size of each review body, bytes (the server's `--body-limit` is the maximum).
+        #[arg(long, default_value_t = 1024 * 1024)]
+        body_bytes: usize,
+        /// `string`: a padded annotation (cheap to parse); `objects`: managedFields made of many
+        /// small JSON objects (the most memory per byte a review can cost).
+        #[arg(long, default_value = "objects")]
+        shape: String,
+        /// The server's process id, for its peak resident memory (VmHWM).
+        #[arg(long)]
+        pid: u32,
+        #[arg(long)]
+        ca: PathBuf,
+        #[arg(long, default_value = "localhost")]
+        server_name: String,
+    },
+}
+
+/// A review of exactly `bytes` bytes (or the smallest one over the realistic review), padded
+/// with an annotation string or with managedFields made of small JSON objects.
+fn max_size_review(bytes: usize, shape: &str) -> Result<Vec<u8>, String> {
+    let mut review = smolvm_webhook::bench_support::review_json();
+    let base = serde_json::to_vec(&review).map_err(|e| e.to_string())?.len();
+    let room = bytes.saturating_sub(base + 64);
+    match shape {
+        "string" => {
+            review["request"]["object"]["metadata"]["annotations"]["bench.smolvm.dev/padding"] =
+                serde_json::Value::String("x".repeat(room));
+        }
+        "objects" => {
+            // {"f:aNNNNNN":{}} per entry: a map per 16 bytes or so.
+            let mut fields = serde_json::Map::new();
+            let mut used = 0;
+            let mut i = 0u64;
+            while used + 16 < room {
+                let key = format!("f:a{i:06}");
+                used += key.len() + 6;
+                fields.insert(key, serde_json::json!({}));
+                i += 1;
+            }
+            review["request"]["object"]["metadata"]["managedFields"][0]["fieldsV1"] = serde_json::Value::Object(fields);
+        }
+        other => return Err(format!("unknown shape {other:?}: use string or objects")),
+    }
+    serde_json::to_vec(&review).map_err(|e| e.to_string())
+}
+
+fn vm_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn flood(
+    addr: SocketAddr,
+    path: String,
+    version: Version,
+    clients: usize,
+    seconds: u64,
+    body_bytes: usize,
+    shape: String,
+    pid: u32,
+    ca: PathBuf,
+    server_name: String,
+) -> Result<(), String> {
+    let ca_pem = std::fs::read_to_string(&ca).map_err(|e| format!("{}: {e}", ca.display()))?;
+    let body = Bytes::from(max_size_review(body_bytes, &shape)?);
+    let config = client::tls_config(&ca_pem, version).map_err(|e| e.to_string())?;
+    let rss_before = vm_kib(pid, "VmRSS:").unwrap_or(0);
+    let end = Instant::now() + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (config, path, body, name) = (config.clone(), path.clone(), body.clone(), server_name.clone());
+        tasks.push(tokio::spawn(async move {
+            // (answers by status, transport errors)
+            let mut counts: std::collections::BTreeMap<u16, u64> = Default::default();
+            let mut errors = 0u64;
+            let mut conn = None;
+            while Instant::now() < end {
+                if conn.is_none() {
+                    conn = client::connect(addr, &name, config.clone(), version).await.ok();
+                }
+                let Some(c) = conn.as_mut() else {
+                    errors += 1;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                match c.post_json(&path, body.clone()).await {
+                    Ok((status, _)) => *counts.entry(status).or_default() += 1,
+                    Err(_) => {
+                        errors += 1;
+                        conn = None;
+                    }
+                }
+            }
+            (counts, errors)
+        }));
+    }
+    let mut peak_rss = rss_before;
+    while Instant::now() < end {
+        peak_rss = peak_rss.max(vm_kib(pid, "VmRSS:").unwrap_or(0));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut counts: std::collections::BTreeMap<u16, u64> = Default::default();
+    let mut errors = 0;
+    for t in tasks {
+        let (c, e) = t.await.map_err(|e| e.to_string())?;
+        for (status, n) in c {
+            *counts.entry(status).or_default() += n;
+        }
+        errors += e;
+    }
+    let hwm = vm_kib(pid, "VmHWM:").unwrap_or(0);
+    let answered: u64 = counts.values().sum();
+    let by_status: Vec<String> = counts.iter().map(|(s, n)| format!("{s}: {n}")).collect();
+    println!(
+        "flood {path} HTTP/{} {clients} clients x {} KiB ({shape}) for {seconds}s: {answered} answered ({}), {errors} transport errors; server RSS before {} MiB, peak sampled {} MiB, high-water mark {} MiB",
+        if version == Version::Http2 { 2 } else { 1 },
+        body.len() / 1024,
+        by_status.join(", "),
+        rss_before / 1024,
+        peak_rss / 1024,
+        hwm / 1024,
+    );
+    Ok(())
 }
 
 fn generate(dir: &std::path::Path) -> Result<(), String> {
@@ -335,6 +477,38 @@ fn main() -> std::process::ExitCode {
                         body,
                         server_name,
                         label,
+                    ))
+                })
+        }
+        Command::Flood {
+            addr,
+            path,
+            http,
+            clients,
+            seconds,
+            body_bytes,
+            shape,
+            pid,
+            ca,
+            server_name,
+        } => {
+            let version = if http == 2 { Version::Http2 } else { Version::Http1 };
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+                .and_then(|rt| {
+                    rt.block_on(flood(
+                        addr,
+                        path,
+                        version,
+                        clients,
+                        seconds,
+                        body_bytes,
+                        shape,
+                        pid,
+                        ca,
+                        server_name,
                     ))
                 })
         }

@@ -53,6 +53,7 @@ impl Harness {
         let resolver = Arc::new(ok(ReloadableResolver::from_pem(&leaf.cert_pem, &leaf.key_pem)));
         let mut state = AppState::new(PolicyHandle::new(Policy::default()), Arc::new(nodes));
         tweak(&mut state);
+        let streams = u32::try_from(state.max_concurrent_reviews).unwrap_or(u32::MAX);
         state.readiness.set_tls_loaded();
         let listener = ok(std::net::TcpListener::bind("127.0.0.1:0"));
         let addr = ok(listener.local_addr());
@@ -62,6 +63,7 @@ impl Harness {
             admission_router(state.clone()),
             resolver.clone(),
             handle.clone(),
+            streams,
         ));
         let ops = ok(tokio::net::TcpListener::bind("127.0.0.1:0").await);
         let ops_addr = ok(ops.local_addr());
