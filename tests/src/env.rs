@@ -232,8 +232,8 @@ impl Env {
         let admin = plane.admin().await?;
         let rendered = render(&repo_root().join("deploy/default"))?;
 
-        // The deployment's CRDs, namespace, ServiceAccounts, RBAC, ConfigMaps and the webhook's empty
-        // TLS Secret, as rendered.
+        // The deployment's CRDs, namespace, ServiceAccounts, RBAC, ConfigMaps, admission policies
+        // and the webhook's empty TLS Secret, as rendered.
         let install: Vec<Value> = rendered
             .iter()
             .filter(|o| {
@@ -248,6 +248,8 @@ impl Env {
                         | "ClusterRoleBinding"
                         | "ConfigMap"
                         | "Secret"
+                        | "ValidatingAdmissionPolicy"
+                        | "ValidatingAdmissionPolicyBinding"
                 )
             })
             .cloned()

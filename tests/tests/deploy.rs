@@ -14,7 +14,10 @@ use std::{
 
 use k8s_openapi::{
     api::{
-        admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
+        admissionregistration::v1::{
+            MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+            ValidatingWebhookConfiguration,
+        },
         apps::v1::{DaemonSet, Deployment},
         core::v1::{
             ConfigMap, Container, Namespace, PodSpec, PodTemplateSpec, ResourceRequirements, Secret, Service,
@@ -280,6 +283,12 @@ fn check_typed(object: &Value) -> Result<(), String> {
         ("rbac.authorization.k8s.io/v1", "RoleBinding") => strict::<RoleBinding>(object).map(drop),
         ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration") => {
             strict::<MutatingWebhookConfiguration>(object).map(drop)
+        }
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => {
+            strict::<ValidatingAdmissionPolicy>(object).map(drop)
+        }
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
+            strict::<ValidatingAdmissionPolicyBinding>(object).map(drop)
         }
         ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => {
             strict::<ValidatingWebhookConfiguration>(object).map(drop)
@@ -1295,6 +1304,55 @@ fn network_policy_admits_only_the_controller_to_the_node_api() {
     }
 }
 
+#[test]
+fn network_policy_admits_only_addresses_to_the_admission_port() {
+    require_kubectl!();
+    for overlay in OVERLAYS {
+        let all = rendered(overlay);
+        let webhook = pod_labels(all, WEBHOOK);
+        let (mut isolating, mut admission_admitted, mut ops_admitted) = (0, false, false);
+        for o in objects(all, "NetworkPolicy") {
+            let policy: NetworkPolicy = typed(o);
+            let what = format!("deploy/{overlay}: {}", describe(o));
+            let spec = policy.spec.expect("spec");
+            if !selects(&spec.pod_selector.clone().unwrap_or_default(), &webhook) {
+                continue;
+            }
+            isolating += 1;
+            for rule in spec.ingress.iter().flatten() {
+                if admits_port(rule.ports.as_ref(), 8080, "ops") {
+                    ops_admitted = true;
+                }
+                if !admits_port(rule.ports.as_ref(), 9443, "https") {
+                    continue;
+                }
+                let peers = rule.from.clone().unwrap_or_default();
+                assert!(!peers.is_empty(), "{what}: admits every pod to the admission port");
+                for peer in peers {
+                    // The API server is not a pod: an address block is the only right peer.
+                    assert!(
+                        peer.pod_selector.is_none() && peer.namespace_selector.is_none() && peer.ip_block.is_some(),
+                        "{what}: admits pods to the admission port: {peer:?}"
+                    );
+                }
+                admission_admitted = true;
+            }
+        }
+        assert!(
+            isolating > 0,
+            "deploy/{overlay}: no NetworkPolicy isolates the webhook pods"
+        );
+        assert!(
+            admission_admitted,
+            "deploy/{overlay}: the API server must reach the webhook"
+        );
+        assert!(
+            ops_admitted,
+            "deploy/{overlay}: the webhook's ops port must stay reachable"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Secrets and the policy
 // ---------------------------------------------------------------------------------------------
@@ -1360,6 +1418,64 @@ fn no_secret_material_ships_in_any_manifest() {
             usize::from(self_signed),
             "deploy/{name}: the webhook TLS placeholder"
         );
+    }
+}
+
+/// The usernames the identity ValidatingAdmissionPolicies name are the policy's and the rendered
+/// ServiceAccounts': a renamed namespace or account shows up here, never as a silently open rule.
+#[test]
+fn admission_policies_name_the_deployments_service_accounts() {
+    require_kubectl!();
+    let literals = |o: &Value| -> BTreeSet<String> {
+        let text = serde_json::to_string(&o["spec"]).unwrap_or_default();
+        text.split('\'')
+            .filter(|piece| piece.starts_with("system:serviceaccount:"))
+            .map(str::to_string)
+            .collect()
+    };
+    for overlay in OVERLAYS {
+        let all = rendered(overlay);
+        let map: ConfigMap = typed(find(all, "ConfigMap", "smolvm-policy"));
+        let text = map
+            .data
+            .as_ref()
+            .and_then(|d| d.get("policy.yaml"))
+            .expect("policy.yaml");
+        let policy = Policy::from_yaml(text).unwrap_or_else(|e| panic!("deploy/{overlay}: policy.yaml: {e}"));
+        let accounts: BTreeSet<String> = objects(all, "ServiceAccount")
+            .map(|o| service_account(str_at(o, "/metadata/namespace"), str_at(o, "/metadata/name")))
+            .collect();
+        let expected = [
+            ("smolvm-status-binding", policy.controller_usernames.clone()),
+            ("smolvm-runtime-own-node", policy.runtime_usernames.clone()),
+            (
+                "smolvm-webhook-cabundle-only",
+                vec![service_account(NAMESPACE, WEBHOOK)],
+            ),
+        ];
+        for (name, users) in expected {
+            let vap = find(all, "ValidatingAdmissionPolicy", name);
+            let named = literals(vap);
+            assert_eq!(
+                named,
+                users.iter().cloned().collect::<BTreeSet<_>>(),
+                "deploy/{overlay}: {name} names other users than the policy"
+            );
+            for user in &named {
+                assert!(
+                    accounts.contains(user),
+                    "deploy/{overlay}: {name}: {user} is not a ServiceAccount here"
+                );
+            }
+            let binding = find(all, "ValidatingAdmissionPolicyBinding", name);
+            assert_eq!(str_at(binding, "/spec/policyName"), name, "deploy/{overlay}");
+            assert_eq!(
+                binding["spec"]["validationActions"],
+                serde_json::json!(["Deny"]),
+                "deploy/{overlay}"
+            );
+            assert_eq!(str_at(vap, "/spec/failurePolicy"), "Fail", "deploy/{overlay}: {name}");
+        }
     }
 }
 
