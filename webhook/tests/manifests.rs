@@ -359,6 +359,9 @@ mod policies {
         }
     }
 
+    /// (case, request, old, new, failing rule message fragments)
+    type NodeCase<'a> = (&'a str, Value, Option<&'a Value>, &'a Value, Vec<&'a str>);
+
     #[test]
     fn v10_a_runtime_writes_only_its_own_node() {
         let p = policy("smolvm-runtime-own-node");
@@ -373,8 +376,7 @@ mod policies {
         let (a, a_cordoned, b) = (node("node-a", false), node("node-a", true), node("node-b", false));
         let mut a_wrong_uid = a.clone();
         a_wrong_uid["status"]["nodeUID"] = json!("uid-other");
-        // (case, request, old, new, failing rule message fragments)
-        let cases: Vec<(&str, Value, Option<&Value>, &Value, Vec<&str>)> = vec![
+        let cases: Vec<NodeCase<'_>> = vec![
             (
                 "own heartbeat",
                 request(RUNTIME, "UPDATE", "status", own.clone()),
