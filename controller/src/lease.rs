@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
     apimachinery::pkg::apis::meta::v1::MicroTime,
-    jiff::{SignedDuration, Timestamp},
+    jiff::Timestamp,
 };
 use kube::{
     Api, Client,
@@ -51,8 +51,12 @@ pub enum Decision {
     },
 }
 
-/// Pure decision on a lease spec.
-pub fn decide(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> Decision {
+/// Pure decision on a lease spec. `unchanged_for` is how long, on this replica's monotonic
+/// clock, the lease's record (holder and renew time) has looked as it does now: a standby judges
+/// expiry by its own clock from the moment it last saw the holder renew, as client-go does, never
+/// by comparing the holder's `renewTime` with its own wall clock (a standby whose clock runs
+/// ahead would take over early).
+pub fn decide(spec: Option<&LeaseSpec>, identity: &str, unchanged_for: Duration) -> Decision {
     let Some(spec) = spec else { return Decision::Acquire };
     let holder = spec.holder_identity.clone().unwrap_or_default();
     if holder == identity {
@@ -61,10 +65,36 @@ pub fn decide(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> Decis
     if holder.is_empty() {
         return Decision::Acquire;
     }
-    let duration = SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(15)));
-    match spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) {
-        Some(MicroTime(t)) if now.duration_since(*t) <= duration => Decision::Wait { holder },
-        _ => Decision::Acquire,
+    let seconds = u64::try_from(spec.lease_duration_seconds.unwrap_or(15)).unwrap_or(0);
+    if unchanged_for <= Duration::from_secs(seconds) {
+        Decision::Wait { holder }
+    } else {
+        Decision::Acquire
+    }
+}
+
+/// The lease's record as a standby watches it: who holds it and when they last renewed (their
+/// clock's reading, compared only for change), and when this replica first saw it so.
+#[derive(Debug, Clone, Default)]
+pub struct Observed {
+    record: Option<(Option<String>, Option<MicroTime>)>,
+    since: Option<Instant>,
+}
+
+impl Observed {
+    /// Notes the record of `spec` and returns how long it has been unchanged.
+    pub fn note(&mut self, spec: Option<&LeaseSpec>) -> Duration {
+        let record = spec.map(|s| {
+            (
+                s.holder_identity.clone(),
+                s.renew_time.clone().or_else(|| s.acquire_time.clone()),
+            )
+        });
+        if self.since.is_none() || self.record != record {
+            self.record = record;
+            self.since = Some(Instant::now());
+        }
+        self.since.map(|t| t.elapsed()).unwrap_or_default()
     }
 }
 
@@ -150,6 +180,7 @@ pub async fn run(
     let timing = Timing::new(&config);
     // Start of the last successful attempt, on the monotonic clock.
     let mut renewed: Option<Instant> = None;
+    let mut observed = Observed::default();
     loop {
         let since = |renewed: Option<Instant>| renewed.map(|t| t.elapsed());
         // Past the deadline without a renewal: step down before trying again.
@@ -159,7 +190,7 @@ pub async fn run(
         }
         let limit = timing.attempt_limit(since(renewed));
         let started = Instant::now();
-        let attempt = match tokio::time::timeout(limit, step(&api, &config)).await {
+        let attempt = match tokio::time::timeout(limit, step(&api, &config, &mut observed)).await {
             Ok(Ok(true)) => Attempt::Held,
             Ok(Ok(false)) => Attempt::NotHeld,
             Ok(Err(e)) => {
@@ -203,10 +234,36 @@ pub async fn run(
     }
 }
 
-async fn step(api: &Api<Lease>, config: &LeaseConfig) -> Result<bool, kube::Error> {
+/// Runs `work` while this replica leads. When leadership is lost, `work` is dropped at once:
+/// every in-flight reconcile, node call and write it holds is cancelled, before any standby can
+/// take the lease over (the holder steps down at [`Timing::deadline`], at least one renew
+/// interval before a standby judges the lease expired). Returns `None` then, or `work`'s output
+/// if it finished first.
+pub async fn while_leading<F: std::future::Future>(work: F, mut leader: watch::Receiver<bool>) -> Option<F::Output> {
+    let lost = async move {
+        loop {
+            if !*leader.borrow_and_update() {
+                return;
+            }
+            if leader.changed().await.is_err() {
+                // The election is gone: nothing vouches for the lease any more.
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        output = work => Some(output),
+        () = lost => None,
+    }
+}
+
+async fn step(api: &Api<Lease>, config: &LeaseConfig, observed: &mut Observed) -> Result<bool, kube::Error> {
+    // Written into the lease for humans and other tools; never compared with another clock here.
     let now = Timestamp::now();
     let existing = api.get_opt(&config.name).await?;
-    let decision = decide(existing.as_ref().and_then(|l| l.spec.as_ref()), &config.identity, now);
+    let spec = existing.as_ref().and_then(|l| l.spec.as_ref());
+    let unchanged_for = observed.note(spec);
+    let decision = decide(spec, &config.identity, unchanged_for);
     let seconds = i32::try_from(config.duration.as_secs()).unwrap_or(i32::MAX);
     match (decision, existing) {
         (Decision::Wait { .. }, _) => Ok(false),
@@ -251,6 +308,8 @@ async fn step(api: &Api<Lease>, config: &LeaseConfig) -> Result<bool, kube::Erro
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::jiff::SignedDuration;
+
     use super::*;
 
     fn spec(holder: Option<&str>, renewed_secs_ago: Option<i64>, now: Timestamp) -> LeaseSpec {
@@ -265,23 +324,101 @@ mod tests {
     #[test]
     fn lease_decisions() {
         let now = Timestamp::from_second(1_800_000_000).unwrap();
-        assert_eq!(decide(None, "me", now), Decision::Acquire);
-        assert_eq!(
-            decide(Some(&spec(Some("me"), Some(1), now)), "me", now),
-            Decision::Renew
+        let s = Duration::from_secs;
+        let wait = Decision::Wait { holder: "other".into() };
+        // (case, lease, time the record has been unchanged here, decision)
+        let cases = [
+            ("no lease", None, s(0), Decision::Acquire),
+            ("ours", Some(spec(Some("me"), Some(1), now)), s(100), Decision::Renew),
+            (
+                "held, renewal just seen",
+                Some(spec(Some("other"), Some(5), now)),
+                s(0),
+                wait.clone(),
+            ),
+            (
+                "held, unchanged within the duration",
+                Some(spec(Some("other"), Some(5), now)),
+                s(15),
+                wait.clone(),
+            ),
+            (
+                "held, unchanged past the duration",
+                Some(spec(Some("other"), Some(5), now)),
+                s(16),
+                Decision::Acquire,
+            ),
+            // The holder's renewTime, however old or new by this replica's wall clock, only
+            // marks change: a standby whose clock runs 60 s ahead still waits a full duration.
+            (
+                "renewTime far behind our clock",
+                Some(spec(Some("other"), Some(3600), now)),
+                s(1),
+                wait.clone(),
+            ),
+            ("released", Some(spec(None, Some(1), now)), s(0), Decision::Acquire),
+        ];
+        for (name, lease, unchanged_for, expected) in cases {
+            assert_eq!(decide(lease.as_ref(), "me", unchanged_for), expected, "{name}");
+        }
+    }
+
+    #[tokio::test]
+    async fn losing_the_lease_cancels_the_work_at_once() {
+        use std::sync::{
+            Arc,
+            atomic::{AtomicBool, Ordering},
+        };
+        struct Guard(Arc<AtomicBool>);
+        impl Drop for Guard {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let (tx, rx) = watch::channel(true);
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let guard = Guard(cancelled.clone());
+        // A reconcile stuck in a 300 s node call.
+        let work = async move {
+            let _guard = guard;
+            tokio::time::sleep(Duration::from_secs(300)).await;
+        };
+        let running = tokio::spawn(while_leading(work, rx));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!cancelled.load(Ordering::SeqCst), "cancelled while still leading");
+        let t = std::time::Instant::now();
+        tx.send_replace(false);
+        let outcome = tokio::time::timeout(Duration::from_secs(1), running).await;
+        assert!(matches!(outcome, Ok(Ok(None))), "{outcome:?}");
+        assert!(cancelled.load(Ordering::SeqCst), "the in-flight work was not dropped");
+        assert!(t.elapsed() < Duration::from_millis(500));
+        // Work that finishes while leading returns its output; never leading returns at once.
+        let (_tx, rx) = watch::channel(true);
+        assert_eq!(while_leading(async { 7 }, rx).await, Some(7));
+        let (_tx, rx) = watch::channel(false);
+        assert_eq!(while_leading(std::future::pending::<()>(), rx).await, None);
+    }
+
+    #[test]
+    fn a_standby_measures_expiry_from_the_last_change_it_saw() {
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        let mut observed = Observed::default();
+        let first = spec(Some("other"), Some(0), now);
+        assert!(observed.note(Some(&first)) < Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(
+            observed.note(Some(&first)) >= Duration::from_millis(60),
+            "same record: time runs on"
         );
-        assert_eq!(
-            decide(Some(&spec(Some("other"), Some(5), now)), "me", now),
-            Decision::Wait { holder: "other".into() }
+        let renewed = spec(Some("other"), Some(0), now + SignedDuration::from_secs(5));
+        assert!(
+            observed.note(Some(&renewed)) < Duration::from_millis(50),
+            "a renewal restarts the clock"
         );
-        assert_eq!(
-            decide(Some(&spec(Some("other"), Some(30), now)), "me", now),
-            Decision::Acquire
-        );
-        assert_eq!(decide(Some(&spec(None, Some(1), now)), "me", now), Decision::Acquire);
-        assert_eq!(
-            decide(Some(&spec(Some("other"), None, now)), "me", now),
-            Decision::Acquire
+        let new_holder = spec(Some("third"), Some(0), now + SignedDuration::from_secs(5));
+        assert!(
+            observed.note(Some(&new_holder)) < Duration::from_millis(50),
+            "a new holder restarts it"
         );
     }
 

@@ -219,35 +219,47 @@ async fn main() -> anyhow::Result<()> {
         .default_backoff()
         .modify(|vm| vm.metadata.managed_fields = None)
         .reflect(vm_writer)
-        .inspect(move |event| {
-            if let Ok(watcher::Event::Delete(vm)) = event
-                && let Some(uid) = vm.uid()
-            {
-                on_delete.forget(&uid);
+        .inspect(move |event| match event {
+            Ok(watcher::Event::Delete(vm)) => {
+                if let Some(uid) = vm.uid() {
+                    on_delete.forget(&uid);
+                }
             }
+            // Placement counts every bound VM the watch has seen, at once: a binding written by
+            // a previous leader (or any writer) after the seeding list is booked before this
+            // replica places anything else on that node, not only once its reconcile runs.
+            Ok(watcher::Event::Apply(vm) | watcher::Event::InitApply(vm)) => {
+                if let (Some(uid), Some(node)) = (vm.uid(), vm.bound_node()) {
+                    on_delete.ledger.observe_bound(&uid, node, &Request::of(vm));
+                }
+            }
+            _ => {}
         })
         .touched_objects();
     tokio::spawn(prune_ledger(ctx.clone(), vm_store.clone(), Duration::from_secs(60)));
     let controller = Controller::for_stream(vm_events, vm_store.clone());
     *vm_store_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(vm_store.clone());
-    let mut lost = leader_rx.clone();
     let mut stop = shutdown_rx.clone();
-    controller
+    let running = controller
         // The VMs that node changes concern (see watch_nodes).
         .reconcile_on(wake_rx)
+        // SIGTERM: let in-flight reconciles finish while the lease is still ours.
         .graceful_shutdown_on(async move {
-            tokio::select! {
-                _ = stop.changed() => {}
-                _ = async { while lost.changed().await.is_ok() { if !*lost.borrow() { break; } } } => {}
-            }
+            let _ = stop.changed().await;
         })
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!(error = %e, "reconcile error");
             }
-        })
-        .await;
+        });
+    // Lost the lease: cancel every in-flight reconcile and node call now, and leave; returning
+    // ends the signer, the ledger and the watch tasks with the process, before a standby can
+    // take over. The pod restarts as a standby.
+    if lease::while_leading(running, leader_rx.clone()).await.is_none() {
+        tracing::warn!(identity = %flags.identity, "lost the lease: in-flight reconciles, the CSR signer and the ledger tasks are cancelled");
+        return Ok(());
+    }
     tracing::info!("controller stopped");
     // Give the election a moment to release the Lease it holds.
     let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;

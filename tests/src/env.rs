@@ -40,8 +40,11 @@ use crate::{
 
 /// The operator's namespace, as in the deployment.
 pub const NAMESPACE: &str = "smolvm-system";
-/// The simulated node the runtime agent claims.
-pub const NODE: &str = "e2e-node-1";
+/// The simulated node the runtime agent claims: 69 characters, as EKS node names run, past what a
+/// certificate common name (64) or a label value (63) holds, so every scenario runs on a long name.
+pub const NODE: &str = "ip-192-168-101-202.ap-southeast-2.compute.internal.e2e-long-node-name";
+/// The Node's `kubernetes.io/hostname` label (a label value holds at most 63 characters).
+pub const NODE_HOSTNAME: &str = "ip-192-168-101-202";
 /// The ServiceAccounts of the deployment.
 pub const SA_WEBHOOK: &str = "smolvm-webhook";
 /// The controller's ServiceAccount.
@@ -124,7 +127,8 @@ pub struct Env {
     pub runtime_port: u16,
     /// The policy file the webhook and controller read.
     pub policy_file: PathBuf,
-    options: Options,
+    /// The options it started with.
+    pub options: Options,
     smolvm_env: Vec<(String, String)>,
     controller_starts: u32,
     dir: PathBuf,
@@ -483,7 +487,7 @@ impl Env {
     async fn create_node(&self, admin: &Client) -> anyhow::Result<()> {
         let nodes: Api<Node> = Api::all(admin.clone());
         let node: Node = serde_json::from_value(json!({
-            "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE, "topology.kubernetes.io/zone": "e2e-a"}},
+            "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE_HOSTNAME, "topology.kubernetes.io/zone": "e2e-a"}},
         }))?;
         match nodes.create(&PostParams::default(), &node).await {
             Ok(_) => {}

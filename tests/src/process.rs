@@ -89,6 +89,25 @@ impl Proc {
         }
     }
 
+    /// SIGSTOP: the process stays, holds its sockets and answers nothing, as a hung pod would.
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// SIGCONT after [`Proc::pause`].
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: i32) {
+        if let Some(pid) = self.child.as_ref().and_then(|c| i32::try_from(c.id()).ok()) {
+            // SAFETY: plain kill(2) on our own child's pid.
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
+    }
+
     /// SIGTERM, then SIGKILL after `grace`.
     pub fn terminate(&mut self, grace: Duration) {
         let Some(mut child) = self.child.take() else { return };

@@ -38,7 +38,7 @@ macro_rules! scenarios {
 
 // Scenario families added beside the core list live in their own files; each exports
 // `scenarios()`, appended to the run in this order.
-// (none yet)
+mod cluster;
 
 fn main() -> ExitCode {
     smolvm_tests::install_crypto_provider();
@@ -174,7 +174,7 @@ async fn run(assets: assets::Assets, selected: Vec<(&'static str, Scenario)>) ->
 
 /// The scenario families kept in their own files, in run order.
 fn extra_scenarios() -> Vec<(&'static str, Scenario)> {
-    Vec::new()
+    cluster::scenarios()
 }
 
 // ---- helpers ----------------------------------------------------------------------------------
@@ -312,6 +312,25 @@ pub(crate) async fn smolvm_machines(socket: &Path) -> anyhow::Result<Vec<Value>>
     );
     let parsed: Value = serde_json::from_str(body).with_context(|| format!("smolvm's machine list: {body}"))?;
     Ok(parsed["machines"].as_array().cloned().unwrap_or_default())
+}
+
+/// Deletes a machine through smolvm's own API, behind the operator's back.
+pub(crate) async fn smolvm_delete(socket: &Path, name: &str) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::UnixStream::connect(socket)
+        .await
+        .with_context(|| format!("connecting to {}", socket.display()))?;
+    let request = format!("DELETE /api/v1/machines/{name} HTTP/1.0\r\nHost: smolvm\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut buf = Vec::new();
+    stream.read_to_end(&mut buf).await?;
+    let text = String::from_utf8_lossy(&buf);
+    ensure!(
+        text.starts_with("HTTP/1.") && text.split(' ').nth(1).is_some_and(|code| code.starts_with('2')),
+        "smolvm answered {}",
+        text.lines().next().unwrap_or_default()
+    );
+    Ok(())
 }
 
 pub(crate) async fn smolvm_machine(env: &Env, name: &str) -> anyhow::Result<Option<Value>> {
