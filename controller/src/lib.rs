@@ -9,8 +9,28 @@ pub mod events;
 pub mod lease;
 pub mod metrics;
 pub mod nodeclient;
+pub mod orphans;
 pub mod placement;
 pub mod plan;
 pub mod reconcile;
 pub mod runtime_auth;
 pub mod signer;
+
+/// Waits until a reflector store has its first complete list; `false` if its writer is gone.
+///
+/// Safe for many waiters at once. `Store::wait_until_ready` keeps one waker only (a oneshot
+/// receiver behind a mutex), so of several tasks awaiting it concurrently only the last to poll
+/// is woken and the others wait forever; polling it again each second re-registers, and once any
+/// poll has seen it ready, every later poll returns at once.
+pub async fn store_ready<K>(store: &kube::runtime::reflector::Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    loop {
+        match tokio::time::timeout(std::time::Duration::from_secs(1), store.wait_until_ready()).await {
+            Ok(result) => return result.is_ok(),
+            Err(_) => continue,
+        }
+    }
+}

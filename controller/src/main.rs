@@ -59,6 +59,15 @@ struct Flags {
     /// Slow resync of runtime state, in seconds.
     #[arg(long, default_value_t = 300)]
     resync_secs: u64,
+    /// How long a machine no SmolVM owns (its SmolVM force-deleted while the node was away) is
+    /// kept, counted as used, before it is deleted, in seconds.
+    #[arg(long, env = "SMOLVM_CONTROLLER_ORPHAN_GRACE_SECS", default_value_t = 600)]
+    orphan_grace_secs: u64,
+    /// Make a new runtime CA even though SmolVMNodes exist (the recovery after losing the CA
+    /// Secret without a backup; every agent pod must then be replaced). Without it, a missing
+    /// Secret with nodes present stops the controller with an error saying so.
+    #[arg(long, env = "SMOLVM_CONTROLLER_ALLOW_NEW_RUNTIME_CA", default_value_t = false)]
+    allow_new_runtime_ca: bool,
 }
 
 #[tokio::main]
@@ -116,7 +125,7 @@ async fn main() -> anyhow::Result<()> {
     // The runtime CA (created once, shared by every replica), the controller's client certificate
     // for the node API (rotated at 2/3 of its life), and the CSR signer.
     let ca = Arc::new(
-        signer::ensure_runtime_ca(client.clone(), &flags.namespace)
+        signer::ensure_runtime_ca(client.clone(), &flags.namespace, flags.allow_new_runtime_ca)
             .await
             .context("runtime CA")?,
     );
@@ -183,10 +192,10 @@ async fn main() -> anyhow::Result<()> {
         wake_tx,
         heartbeat_timeout,
     ));
-    node_store
-        .wait_until_ready()
-        .await
-        .context("waiting for the SmolVMNode cache")?;
+    anyhow::ensure!(
+        smolvm_controller::store_ready(&node_store).await,
+        "the SmolVMNode cache stopped before it was filled"
+    );
     let ctx = Arc::new(Context {
         client: client.clone(),
         nodes: node_store.clone(),
@@ -237,6 +246,12 @@ async fn main() -> anyhow::Result<()> {
         })
         .touched_objects();
     tokio::spawn(prune_ledger(ctx.clone(), vm_store.clone(), Duration::from_secs(60)));
+    tokio::spawn(smolvm_controller::orphans::run(
+        ctx.clone(),
+        vm_store.clone(),
+        Duration::from_secs(10),
+        Duration::from_secs(flags.orphan_grace_secs),
+    ));
     let controller = Controller::for_stream(vm_events, vm_store.clone());
     *vm_store_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(vm_store.clone());
     let mut stop = shutdown_rx.clone();
@@ -321,7 +336,7 @@ async fn watch_nodes(
 
 /// Every `every`, releases the reservations of VMs no longer in the cache.
 async fn prune_ledger(ctx: Arc<reconcile::Context>, vms: reflector::Store<SmolVM>, every: Duration) {
-    if vms.wait_until_ready().await.is_err() {
+    if !smolvm_controller::store_ready(&vms).await {
         return;
     }
     let mut tick = tokio::time::interval(every);

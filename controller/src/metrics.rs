@@ -29,6 +29,13 @@ pub struct PhaseLabel {
     pub phase: String,
 }
 
+/// Label: a node.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabel {
+    /// The node.
+    pub node: String,
+}
+
 /// Label: a node API operation.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OperationLabel {
@@ -49,6 +56,8 @@ pub struct Metrics {
     pub placement_failures: Family<ReasonLabel, Counter>,
     /// Node API call latency by operation.
     pub runtime_calls: Family<OperationLabel, Histogram>,
+    /// Machines no SmolVM owns, by node.
+    pub orphans: Family<NodeLabel, Gauge>,
 }
 
 fn buckets() -> impl Iterator<Item = f64> {
@@ -83,6 +92,12 @@ impl Default for Metrics {
             "Node API call latency by operation",
             runtime_calls.clone(),
         );
+        let orphans = Family::<NodeLabel, Gauge>::default();
+        registry.register(
+            "orphan_machines",
+            "Machines on a node that no SmolVM owns (booked in placement, deleted after the grace period), by node",
+            orphans.clone(),
+        );
         Metrics {
             registry,
             reconciles,
@@ -90,6 +105,7 @@ impl Default for Metrics {
             vms,
             placement_failures,
             runtime_calls,
+            orphans,
         }
     }
 }
@@ -117,6 +133,14 @@ impl Metrics {
         self.vms.clear();
         for (phase, n) in counts {
             self.vms.get_or_create(&PhaseLabel { phase: phase.into() }).set(n);
+        }
+    }
+
+    /// Sets the orphan gauge from a count per node.
+    pub fn set_orphans(&self, counts: std::collections::BTreeMap<String, i64>) {
+        self.orphans.clear();
+        for (node, n) in counts {
+            self.orphans.get_or_create(&NodeLabel { node }).set(n);
         }
     }
 

@@ -295,7 +295,12 @@ pub fn place<'n>(
 /// leak when a VM vanishes without a reconcile seeing it deleted (someone else removed the
 /// finalizer, or the watch missed the delete while disconnected).
 pub fn gone_reservations(reserved: &[String], live: &HashSet<String>) -> Vec<String> {
-    let mut gone: Vec<String> = reserved.iter().filter(|uid| !live.contains(*uid)).cloned().collect();
+    // Orphan machines are booked under their own keys and released by the orphan collector.
+    let mut gone: Vec<String> = reserved
+        .iter()
+        .filter(|uid| !uid.starts_with(crate::orphans::ORPHAN_KEY_PREFIX) && !live.contains(*uid))
+        .cloned()
+        .collect();
     gone.sort();
     gone.dedup();
     gone

@@ -355,6 +355,26 @@ mod tests {
     }
 
     #[test]
+    fn a_new_runtime_ca_is_made_only_when_no_node_trusts_the_old_one() {
+        let cases = [
+            ("secret present", true, 3, false, CaAction::Load),
+            ("first install", false, 0, false, CaAction::Generate),
+            ("secret lost with nodes", false, 3, false, CaAction::Refuse),
+            ("secret lost, new CA asked for", false, 3, true, CaAction::Generate),
+            ("secret present, flag left on", true, 3, true, CaAction::Load),
+        ];
+        for (name, secret, nodes, allow, expected) in cases {
+            assert_eq!(ca_action(secret, nodes, allow), expected, "{name}");
+        }
+        let refusal = SignerError::CaMissing(3).to_string();
+        assert!(
+            refusal.contains("--allow-new-runtime-ca") && refusal.contains("3 SmolVMNode"),
+            "{refusal}"
+        );
+        assert_eq!(SignerError::CaMissing(3).reason(), "RuntimeCAMissing");
+    }
+
+    #[test]
     fn csr_node_uid_judgements() {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let policy = Policy::default();
@@ -653,6 +673,32 @@ pub enum SignerError {
     /// The OS random source failed.
     #[error("random source: {0}")]
     Random(String),
+    /// The runtime CA Secret is gone while nodes exist: a new CA would cut every node off.
+    #[error(
+        "the runtime CA Secret {CA_SECRET} is missing while {0} SmolVMNode(s) exist; a new CA would leave every node unreachable until its agent pod is replaced. Restore the Secret from a backup, or start over deliberately: run the controller once with --allow-new-runtime-ca, then replace every agent pod (docs/operations.md, \"Certificate rotation\")"
+    )]
+    CaMissing(usize),
+}
+
+/// What to do about the runtime CA at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaAction {
+    /// Load the CA from its Secret.
+    Load,
+    /// Make the first CA (or, when allowed, a new one).
+    Generate,
+    /// Refuse: the Secret is gone while agents still trust (and serve with) the old CA.
+    Refuse,
+}
+
+/// Pure: the CA action, given whether the Secret exists, how many SmolVMNodes exist, and whether
+/// a new CA was explicitly allowed.
+pub fn ca_action(secret_exists: bool, nodes: usize, allow_new: bool) -> CaAction {
+    match (secret_exists, nodes, allow_new) {
+        (true, _, _) => CaAction::Load,
+        (false, 0, _) | (false, _, true) => CaAction::Generate,
+        (false, _, false) => CaAction::Refuse,
+    }
 }
 
 impl SignerError {
@@ -664,6 +710,7 @@ impl SignerError {
             SignerError::Incomplete(..) => "CASecretIncomplete",
             SignerError::BadToken(_) => "TokenSecretInvalid",
             SignerError::Random(_) => "RandomSourceFailed",
+            SignerError::CaMissing(_) => "RuntimeCAMissing",
         }
     }
 }
@@ -683,16 +730,36 @@ fn secret_text(secret: &k8s_openapi::api::core::v1::Secret, key: &'static str) -
 pub async fn ensure_runtime_ca(
     client: kube::Client,
     namespace: &str,
+    allow_new: bool,
 ) -> Result<smolvm_certs::CertificateAuthority, SignerError> {
     use k8s_openapi::{
         ByteString,
         api::core::v1::{ConfigMap, Secret},
     };
-    use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+    use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let secret = match secrets.get_opt(CA_SECRET).await? {
-        Some(s) => s,
-        None => {
+    let existing = secrets.get_opt(CA_SECRET).await?;
+    let nodes = if existing.is_some() {
+        0
+    } else {
+        let nodes: Api<smolvm_api::SmolVMNode> = Api::all(client.clone());
+        nodes
+            .list_metadata(&ListParams::default().limit(500))
+            .await?
+            .items
+            .len()
+    };
+    let action = ca_action(existing.is_some(), nodes, allow_new);
+    let secret = match (existing, action) {
+        (Some(s), _) => s,
+        (None, CaAction::Refuse) => return Err(SignerError::CaMissing(nodes)),
+        (None, _) => {
+            if nodes > 0 {
+                tracing::warn!(
+                    nodes,
+                    "making a new runtime CA as --allow-new-runtime-ca asks; replace every agent pod so each gets a certificate from it"
+                );
+            }
             let ca = smolvm_certs::CertificateAuthority::generate("smolvm-runtime-ca", CA_LIFETIME)?;
             let secret = Secret {
                 metadata: ObjectMeta {

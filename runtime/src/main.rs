@@ -287,6 +287,7 @@ async fn run(flags: Flags) -> Result<()> {
                         host::reservations(capacity, reserve_cpus, reserve_memory, reserve_storage),
                         cpu_ratio,
                     ),
+                    machines: runtime.ready.then(|| runtime.machines.clone()),
                 }
             },
         ));

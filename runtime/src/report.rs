@@ -161,7 +161,12 @@ pub struct Observation {
     pub capacity: NodeResources,
     /// Capacity minus reservations.
     pub allocatable: NodeResources,
+    /// The machines smolvm holds (names), while it answers; `None` when unknown.
+    pub machines: Option<Vec<String>>,
 }
+
+/// Most machine names a SmolVMNode reports (the CRD's bound on `status.machines`).
+pub const MAX_REPORTED_MACHINES: usize = 4096;
 
 /// The status to apply, given the previous conditions.
 pub fn build_status(obs: &Observation, previous: &[Condition], now: &Time) -> SmolVMNodeStatus {
@@ -241,8 +246,12 @@ pub fn build_status(obs: &Observation, previous: &[Condition], now: &Time) -> Sm
         heartbeat_time: Some(now.clone()),
         capacity: Some(obs.capacity),
         allocatable: Some(obs.allocatable),
-        // Filled in by the orphan-reporting change (issue 11); None keeps the field untouched.
-        machines: None,
+        // Known only while smolvm answers; absent otherwise, so nobody acts on a stale list.
+        machines: obs.runtime_ready.then(|| {
+            let mut names = obs.machines.clone().unwrap_or_default();
+            names.truncate(MAX_REPORTED_MACHINES);
+            names
+        }),
         conditions: vec![ready, kvm, runtime],
     }
 }
@@ -508,7 +517,20 @@ mod tests {
                 memory_mib: 15360,
                 storage_gib: 90,
             },
+            machines: Some(vec!["svm-a".into(), "svm-b".into()]),
         }
+    }
+
+    #[test]
+    fn machines_are_reported_only_while_smolvm_answers() {
+        let ready = build_status(&observation(true, true), &[], &time(100));
+        assert_eq!(ready.machines, Some(vec!["svm-a".to_string(), "svm-b".to_string()]));
+        let down = build_status(&observation(false, true), &[], &time(100));
+        assert_eq!(down.machines, None, "a stale list would let the controller act on it");
+        let mut many = observation(true, true);
+        many.machines = Some((0..5000).map(|i| format!("svm-{i:05}")).collect());
+        let capped = build_status(&many, &[], &time(100));
+        assert_eq!(capped.machines.map(|m| m.len()), Some(MAX_REPORTED_MACHINES));
     }
 
     #[test]

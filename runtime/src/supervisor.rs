@@ -341,7 +341,11 @@ async fn supervise_once(
                 if !ready {
                     // (Re)started: re-list machines so nothing smolvm knows is forgotten.
                     let machines: Vec<String> = match client.list().await {
-                        Ok(list) => list.into_iter().map(|m| m.name).collect(),
+                        Ok(list) => {
+                            let mut names: Vec<String> = list.into_iter().map(|m| m.name).collect();
+                            names.sort();
+                            names
+                        }
                         Err(error) => {
                             // Not ready on an empty list: that would forget the machines.
                             tracing::warn!(%error, "listing machines after start failed; not ready until it succeeds");
@@ -360,6 +364,19 @@ async fn supervise_once(
                         s.machines = machines;
                         s.message.clear();
                         s.generation += 1;
+                    });
+                } else if let Ok(list) = client.list().await {
+                    // Keep the machine list current: the SmolVMNode reports it, and the
+                    // controller finds machines no SmolVM owns from it. A failed listing keeps
+                    // the last one.
+                    let mut machines: Vec<String> = list.into_iter().map(|m| m.name).collect();
+                    machines.sort();
+                    status.send_if_modified(|s| {
+                        let changed = s.machines != machines;
+                        if changed {
+                            s.machines = std::mem::take(&mut machines);
+                        }
+                        changed
                     });
                 }
             }

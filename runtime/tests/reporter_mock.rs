@@ -84,6 +84,7 @@ fn observation(uid: &str) -> Observation {
             memory_mib: 15360,
             storage_gib: 90,
         },
+        machines: Some(vec!["svm-a".into()]),
     }
 }
 

@@ -460,6 +460,8 @@ impl Env {
                 format!("--identity={identity}"),
                 format!("--heartbeat-timeout-secs={}", self.options.heartbeat_timeout.as_secs()),
                 "--resync-secs=30".to_string(),
+                // Orphan machines are collected after 10 s here (10 minutes by default).
+                "--orphan-grace-secs=10".to_string(),
             ],
             &[
                 ("KUBECONFIG".into(), kubeconfig.display().to_string()),

@@ -3,7 +3,6 @@
 
 use std::{
     ffi::OsStr,
-    fs::File,
     os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -33,7 +32,12 @@ impl Proc {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        // Appended: a restarted component keeps the log of its earlier runs above.
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("opening {}", log.display()))?;
         let err = out.try_clone()?;
         let mut cmd = Command::new(program);
         cmd.args(args)

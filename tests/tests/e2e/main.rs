@@ -862,7 +862,22 @@ pub(crate) async fn controller_killed_mid_reconcile_leaves_no_duplicate_and_no_l
 
 pub(crate) async fn runtime_stopped_blocks_delete_until_the_force_annotation(env: &mut Env) -> anyhow::Result<()> {
     let name = "orphan";
-    create_bound(env, name, small(false)).await?;
+    let created = create_bound(env, name, small(false)).await?;
+    let machine = created
+        .status
+        .as_ref()
+        .and_then(|s| s.machine_name.clone())
+        .ok_or_else(|| anyhow!("{name} has no machine name"))?;
+    // The binding is written before the machine is created: wait for the machine itself.
+    let socket = env.smolvm_socket();
+    eventually("the machine on the node", Duration::from_secs(60), || {
+        let (machine, socket) = (machine.clone(), socket.clone());
+        async move {
+            let listed = smolvm_machines(&socket).await?;
+            Ok(listed.iter().any(|m| m["name"] == machine.as_str()).then_some(()))
+        }
+    })
+    .await?;
     env.stop_runtime();
     let api = vms(env).await?;
     api.delete(name, &DeleteParams::default()).await?;
@@ -894,8 +909,45 @@ pub(crate) async fn runtime_stopped_blocks_delete_until_the_force_annotation(env
         "no Warning ForceDeleted event: {:?}",
         events.iter().map(|e| (&e.type_, &e.reason)).collect::<Vec<_>>()
     );
-    // Bring the runtime back; it still holds the orphaned machine, which the note warned of.
+    // Bring the runtime back: it still holds the orphaned machine, which the note warned of. The
+    // agent reports it, the controller books it and, after the grace period (10 s here), deletes
+    // it and says so on the node's SmolVMNode.
     env.start_runtime().await?;
+    let nodes: Api<SmolVMNode> = Api::all(env.admin().await?);
+    eventually(
+        "the agent reports the orphaned machine",
+        Duration::from_secs(60),
+        || {
+            let (nodes, machine) = (nodes.clone(), machine.clone());
+            async move {
+                let node = nodes.get(NODE).await?;
+                let listed = node.status.and_then(|s| s.machines).unwrap_or_default();
+                Ok(listed.contains(&machine).then_some(()))
+            }
+        },
+    )
+    .await?;
+    eventually("the orphan is collected", Duration::from_secs(90), || {
+        let (machine, socket) = (machine.clone(), socket.clone());
+        async move {
+            let listed = smolvm_machines(&socket).await?;
+            Ok((!listed.iter().any(|m| m["name"] == machine.as_str())).then_some(()))
+        }
+    })
+    .await?;
+    let events: Api<Event> = Api::all(env.admin().await?);
+    let on_node: Vec<String> = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NODE))
+        .filter_map(|e| e.reason)
+        .collect();
+    ensure!(
+        on_node.iter().any(|r| r == "OrphanMachine") && on_node.iter().any(|r| r == "OrphanDeleted"),
+        "no OrphanMachine and OrphanDeleted events on the SmolVMNode: {on_node:?}"
+    );
     Ok(())
 }
 
