@@ -547,3 +547,89 @@ fn node_tracker_wakes_on_changes_and_freshness_flips_only() {
     assert!(tracker.deleted("b"));
     assert!(!tracker.deleted("b"), "deleting an unknown node wakes nobody");
 }
+
+/// A leader hand-off, modelled on the ledger: the old leader's bindings, written before it stepped
+/// down, reach the new leader either in its seeding list or later through the watch, in any
+/// order with its own placements. Whatever the interleaving, every placement the new leader makes
+/// respects every binding it has seen: a node's committed resources never exceed its allocatable
+/// and no host port is booked twice, counting the old leader's bindings.
+mod hand_off {
+    use proptest::prelude::*;
+    use smolvm_api::types::Protocol;
+
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// The old leader's binding of VM `i` to node `n` arrives (seeding list or watch).
+        OldBinding {
+            i: usize,
+            n: usize,
+            cpus: i64,
+            port: Option<i32>,
+        },
+        /// The new leader places VM `i`.
+        Place { i: usize, cpus: i64, port: Option<i32> },
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        let port = prop::option::of(prop::sample::select(vec![8080, 8081, 8082]));
+        prop_oneof![
+            (0usize..40, 0usize..3, 1i64..4, port.clone()).prop_map(|(i, n, cpus, port)| Step::OldBinding {
+                i,
+                n,
+                cpus,
+                port
+            }),
+            (0usize..40, 1i64..4, port).prop_map(|(i, cpus, port)| Step::Place { i, cpus, port }),
+        ]
+    }
+
+    fn req(cpus: i64, port: Option<i32>) -> Request {
+        let mut r = request(cpus, 256 * cpus);
+        r.host_ports = port.map(|p| (p, Protocol::Tcp)).into_iter().collect();
+        r
+    }
+
+    proptest! {
+        #[test]
+        fn placements_after_seeing_a_binding_never_over_commit(steps in prop::collection::vec(step(), 1..60)) {
+            let cfg = Config::default();
+            let nodes = [node("n0", 8, 8 * 256), node("n1", 8, 8 * 256), node("n2", 8, 8 * 256)];
+            let ledger = Ledger::new();
+            // What the new leader has seen, per node: (cpus, ports), bookings by the old leader
+            // included (even ones that already over-commit: the old leader's doing, not ours).
+            for step in steps {
+                match step {
+                    Step::OldBinding { i, n, cpus, port } => {
+                        let uid = format!("old-{i}");
+                        if ledger.node_of(&uid).is_none() {
+                            ledger.observe_bound(&uid, &format!("n{n}"), &req(cpus, port));
+                        }
+                    }
+                    Step::Place { i, cpus, port } => {
+                        let uid = format!("new-{i}");
+                        if ledger.node_of(&uid).is_some() {
+                            continue;
+                        }
+                        let before: Vec<_> = (0..3).map(|n| ledger.usage(&format!("n{n}"))).collect();
+                        if let Ok(chosen) = ledger.place_and_reserve(&uid, &req(cpus, port), nodes.iter(), now(), &cfg) {
+                            let n: usize = chosen[1..].parse().unwrap();
+                            let seen = &before[n];
+                            prop_assert!(
+                                seen.used.cpus + cpus <= 8,
+                                "placed {cpus} CPUs on {chosen} holding {} of 8", seen.used.cpus
+                            );
+                            if let Some(p) = port {
+                                prop_assert!(
+                                    !seen.ports.contains_key(&(p, Protocol::Tcp)),
+                                    "host port {p} booked twice on {chosen}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -900,15 +900,24 @@ pub(crate) async fn runtime_stopped_blocks_delete_until_the_force_annotation(env
         String::from_utf8_lossy(&out.stderr)
     );
     wait_gone(env, name, Duration::from_secs(60)).await?;
-    let events = events_for(env, name).await?;
-    ensure!(
-        events
+    // The event is recorded just after the finalizer goes: look for it a little while.
+    let seen = eventually("a Warning ForceDeleted event", Duration::from_secs(15), || async {
+        let events = events_for(env, name).await?;
+        Ok(events
             .iter()
-            .any(|e| e.type_.as_deref() == Some("Warning")
-                && e.reason.as_deref() == Some(constants::reason::FORCE_DELETED)),
-        "no Warning ForceDeleted event: {:?}",
-        events.iter().map(|e| (&e.type_, &e.reason)).collect::<Vec<_>>()
-    );
+            .any(|e| {
+                e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some(constants::reason::FORCE_DELETED)
+            })
+            .then_some(()))
+    })
+    .await;
+    if let Err(e) = seen {
+        let events = events_for(env, name).await?;
+        bail!(
+            "{e:#}: {:?}",
+            events.iter().map(|e| (&e.type_, &e.reason)).collect::<Vec<_>>()
+        );
+    }
     // Bring the runtime back: it still holds the orphaned machine, which the note warned of. The
     // agent reports it, the controller books it and, after the grace period (10 s here), deletes
     // it and says so on the node's SmolVMNode.
