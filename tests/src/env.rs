@@ -608,8 +608,9 @@ impl Env {
                 format!("--client-ca={}", ca_file.display()),
                 format!("--heartbeat-interval={}s", self.options.heartbeat.as_secs().max(1)),
                 "--log-format=text".to_string(),
-                // Eight vCPUs per host CPU: a 2-core machine then holds the scenarios' VMs.
-                "--cpu-allocation-ratio=8".to_string(),
+                // Sixteen vCPUs per host CPU: a 2-core machine then holds the scenarios' VMs (20
+                // created at once in one of them) beside the default host reservation.
+                "--cpu-allocation-ratio=16".to_string(),
             ],
             &env,
             &self.log("smolvm-runtime"),

@@ -809,7 +809,7 @@ pub(crate) async fn webhook_certificate_rotation_during_applies_loses_no_request
 pub(crate) async fn controller_killed_mid_reconcile_leaves_no_duplicate_and_no_leaked_finalizer(
     env: &mut Env,
 ) -> anyhow::Result<()> {
-    let count = 10;
+    let count = 20;
     let api = vms(env).await?;
     for i in 0..count {
         let obj: SmolVM = serde_json::from_value(vm(&format!("crash-{i}"), small(false)))?;
@@ -844,6 +844,26 @@ pub(crate) async fn controller_killed_mid_reconcile_leaves_no_duplicate_and_no_l
         "smolvm has {} machines for {} VMs: {listed:?}",
         listed.len(),
         machines.len()
+    );
+    // No over-commit: what every VM bound to the node asks for fits its allocatable.
+    let node: SmolVMNode = Api::<SmolVMNode>::all(env.admin().await?).get(NODE).await?;
+    let allocatable = node
+        .status
+        .and_then(|s| s.allocatable)
+        .ok_or_else(|| anyhow!("the SmolVMNode reports no allocatable"))?;
+    let (mut cpus, mut memory) = (0, 0);
+    for v in api.list(&ListParams::default()).await? {
+        if v.bound_node() == Some(NODE) {
+            let r = v.spec.request();
+            cpus += r.cpus;
+            memory += r.memory_mib;
+        }
+    }
+    ensure!(
+        cpus <= allocatable.cpus && memory <= allocatable.memory_mib,
+        "over-committed: {cpus} CPUs and {memory} MiB bound on a node with {} and {}",
+        allocatable.cpus,
+        allocatable.memory_mib
     );
     // Kill again in the middle of the deletes: every finalizer must still go, every machine too.
     for i in 0..count {
