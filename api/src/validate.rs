@@ -7,7 +7,7 @@
 
 use std::{borrow::Borrow, collections::BTreeMap, fmt};
 
-use serde::de::DeserializeOwned;
+use serde::{Deserialize, de::DeserializeOwned};
 use serde_json::Value;
 
 use crate::{
@@ -501,6 +501,34 @@ pub fn validate_raw(target: Target, op: Operation, old: Option<Raw<'_>>, new: Ra
         Target::SmolVMNode => on_decoded(old, new, |o, n| validate_smolvm_node(op, o, n, ctx)),
         Target::SmolVMNodeStatus => on_decoded(old, new, |o, n| validate_smolvm_node_status(op, o, n, ctx)),
     }
+}
+
+/// Validates a SmolVM as defaulting leaves it, without building the whole object as a Value:
+/// the object is decoded as given (text decodes directly), then its spec is replaced by
+/// `defaulted_spec`, the given spec with the defaulting patch applied (a small Value). What
+/// defaulting changes besides the spec (the finalizer) no rule reads. A `defaulted_spec` that
+/// does not decode (defaulting never makes one) leaves the spec as given.
+pub fn validate_smolvm_defaulted(
+    op: Operation,
+    old: Option<Raw<'_>>,
+    new: Raw<'_>,
+    defaulted_spec: Option<&Value>,
+    ctx: &Context<'_>,
+) -> Verdict {
+    on_decoded(old, new, |o, n: &SmolVM| {
+        let spec = defaulted_spec.and_then(|s| crate::types::SmolVMSpec::deserialize(s).ok());
+        match spec {
+            Some(spec) => {
+                let defaulted = SmolVM {
+                    metadata: n.metadata.clone(),
+                    spec,
+                    status: n.status.clone(),
+                };
+                validate_smolvm(op, o, &defaulted, ctx)
+            }
+            None => validate_smolvm(op, o, n, ctx),
+        }
+    })
 }
 
 /// Validates a SmolVM given as a JSON Value; see [`validate_raw`].

@@ -874,6 +874,23 @@ impl Objects<'_> {
     /// it came: the verdict the validating endpoint will reach on the same object, given before
     /// the API server's schema and CEL checks can stop the request at their first objection.
     fn validate_defaulted(&self, patch: &json_patch::Patch, operation: Operation, ctx: &Context<'_>) -> Verdict {
+        // The fast path: the object decodes straight from its text; only the small defaulting
+        // view (spec, finalizers) is patched as a Value.
+        if let Objects::Text {
+            new: Some((text, scan)),
+            old,
+        } = self
+            && let Some(mut view) = defaulting_view(scan)
+            && json_patch::patch(&mut view, patch).is_ok()
+        {
+            return smolvm_api::validate::validate_smolvm_defaulted(
+                operation,
+                old.map(Raw::Text),
+                Raw::Text(text),
+                view.get("spec"),
+                ctx,
+            );
+        }
         let mut new = match self {
             Objects::Parsed { new: Some(new), .. } => new.clone(),
             Objects::Text {
