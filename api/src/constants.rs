@@ -59,6 +59,9 @@ pub const PROTOCOL_VERSION: &str = "v1";
 pub const RUNTIME_AUTH_SECRET: &str = "smolvm-runtime-auth";
 /// The runtime CA: a Secret only the controller reads, and a public ConfigMap (key `ca.crt`).
 pub const RUNTIME_CA: &str = "smolvm-runtime-ca";
+/// Annotation on the runtime CA Secret asking the controller to rotate the CA (value `"true"`;
+/// the controller removes it when the rotation begins).
+pub const ROTATE_RUNTIME_CA_ANNOTATION: &str = "vm.smolvm.dev/rotate-runtime-ca";
 /// Field manager of the controller.
 pub const FIELD_MANAGER_CONTROLLER: &str = "smolvm-controller";
 /// Field manager of the runtime agent.

@@ -131,6 +131,7 @@ pub fn ready_node(name: &str, resources: NodeResources, heartbeat: k8s_openapi::
         capacity: Some(resources),
         allocatable: Some(resources),
         machines: None,
+        serving_certificate: None,
         conditions: vec![Condition {
             type_: crate::constants::condition::READY.into(),
             status: "True".into(),

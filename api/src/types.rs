@@ -438,11 +438,28 @@ pub struct SmolVMNodeStatus {
     #[schemars(length(max = 4096), inner(length(min = 1, max = 128)))]
     pub machines: Option<Vec<String>>,
 
+    /// The node API's serving certificate, as the agent last reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving_certificate: Option<ServingCertificate>,
+
     /// Current state as conditions: Ready, KVMAvailable, RuntimeReady.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
+}
+
+/// A node API serving certificate, as its agent reports it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ServingCertificate {
+    /// SHA-256 fingerprint (`sha256:` and 64 hex digits) of the runtime CA that signed it. During a runtime CA rotation the controller keeps the old CA trusted until every live node reports the new CA's fingerprint here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 71))]
+    pub ca_fingerprint: Option<String>,
+    /// When it expires; the agent renews it after two thirds of its lifetime, and at once when the runtime CA changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_after: Option<Time>,
 }
 
 /// Address and port of a node API.

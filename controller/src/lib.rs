@@ -14,6 +14,7 @@ pub mod placement;
 pub mod plan;
 pub mod reconcile;
 pub mod runtime_auth;
+pub mod runtime_ca;
 pub mod signer;
 
 /// Waits until a reflector store has its first complete list; `false` if its writer is gone.

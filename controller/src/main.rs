@@ -18,14 +18,15 @@ use kube::{
 };
 use smolvm_api::{SmolVM, SmolVMNode, constants::FIELD_MANAGER_CONTROLLER};
 use smolvm_api::{constants::RUNTIME_SIGNER, policy::Policy};
-use smolvm_certs::{CertificateAuthority, RENEWAL_FRACTION, ReloadableResolver};
 use smolvm_controller::{
     lease::{self, LeaseConfig},
     metrics::Metrics,
     nodeclient::{self, ClientSettings, Endpoints, NodeClient},
     placement::{self, Ledger, Request},
     reconcile::{self, Context, Timing},
-    runtime_auth, signer,
+    runtime_auth,
+    runtime_ca::{self, RuntimeTrust},
+    signer,
 };
 use tokio::sync::watch;
 
@@ -64,10 +65,15 @@ struct Flags {
     #[arg(long, env = "SMOLVM_CONTROLLER_ORPHAN_GRACE_SECS", default_value_t = 600)]
     orphan_grace_secs: u64,
     /// Make a new runtime CA even though SmolVMNodes exist (the recovery after losing the CA
-    /// Secret without a backup; every agent pod must then be replaced). Without it, a missing
-    /// Secret with nodes present stops the controller with an error saying so.
+    /// Secret without a backup; each agent re-files its serving certificate when it reads the new
+    /// CA). Without it, a missing Secret with nodes present holds the controller, retrying every
+    /// 30 s, with a RuntimeCAMissing event on every SmolVMNode.
     #[arg(long, env = "SMOLVM_CONTROLLER_ALLOW_NEW_RUNTIME_CA", default_value_t = false)]
     allow_new_runtime_ca: bool,
+    /// How often the runtime CA Secret is looked at for a rotation request and a rotation's
+    /// progress, in seconds.
+    #[arg(long, env = "SMOLVM_CONTROLLER_RUNTIME_CA_CHECK_SECS", default_value_t = 30)]
+    runtime_ca_check_secs: u64,
 }
 
 #[tokio::main]
@@ -122,16 +128,35 @@ async fn main() -> anyhow::Result<()> {
     }
     tracing::info!(identity = %flags.identity, "leading; starting the controller");
 
-    // The runtime CA (created once, shared by every replica), the controller's client certificate
-    // for the node API (rotated at 2/3 of its life), and the CSR signer.
-    let ca = Arc::new(
-        signer::ensure_runtime_ca(client.clone(), &flags.namespace, flags.allow_new_runtime_ca)
-            .await
-            .context("runtime CA")?,
+    // The runtime CA (created once, shared by every replica; rotated with an overlap, see
+    // runtime_ca), the controller's client certificate for the node API (re-issued at 2/3 of its
+    // life), and the CSR signer.
+    let events = smolvm_controller::events::EventSink::new(
+        client.clone(),
+        Reporter {
+            controller: FIELD_MANAGER_CONTROLLER.into(),
+            instance: Some(flags.identity.clone()),
+        },
     );
-    let issued = ca.issue_client(FIELD_MANAGER_CONTROLLER, signer::LEAF_LIFETIME)?;
-    let client_cert = Arc::new(ReloadableResolver::from_pem(&issued.cert_pem, &issued.key_pem)?);
-    tokio::spawn(rotate_client_cert(ca.clone(), client_cert.clone()));
+    let cas = loop {
+        match runtime_ca::ensure_runtime_ca(client.clone(), &flags.namespace, flags.allow_new_runtime_ca).await {
+            Ok(cas) => break cas,
+            Err(error @ signer::SignerError::CaMissing(_)) => {
+                // Held, not crash-looping: every node hears why, and restoring the Secret is
+                // enough to go on.
+                tracing::error!(%error, reason = error.reason(), "runtime CA");
+                runtime_ca::report_missing_ca(&client, &events, &error).await;
+                let mut stop = shutdown_rx.clone();
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(30)) => {}
+                    _ = stop.changed() => return Ok(()),
+                }
+            }
+            Err(error) => return Err(anyhow::Error::new(error).context("runtime CA")),
+        }
+    };
+    let trust = RuntimeTrust::new(cas)?;
+    tokio::spawn(trust.clone().keep_client_cert_fresh());
     let policy = Arc::new(std::sync::RwLock::new(match &flags.policy_file {
         Some(path) => Policy::from_file(path)?,
         None => Policy::default(),
@@ -139,7 +164,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(path) = flags.policy_file.clone() {
         tokio::spawn(reload_policy(path, policy.clone()));
     }
-    tokio::spawn(run_signer(client.clone(), ca.clone(), policy));
+    tokio::spawn(run_signer(client.clone(), trust.clone(), policy));
     let token = nodeclient::BearerToken::new(node_api_token(&client, &flags).await?);
     if flags.token_file.is_none() {
         let secrets: Api<Secret> = Api::namespaced(client.clone(), &flags.namespace);
@@ -151,7 +176,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let node_client = NodeClient::new(
         ClientSettings {
-            tls: Arc::new(nodeclient::client_tls(ca.cert_pem(), client_cert)?),
+            tls: Arc::new(trust.client_tls()?),
             token,
             connect_timeout: Duration::from_secs(5),
             call_timeout: Duration::from_secs(30),
@@ -196,18 +221,23 @@ async fn main() -> anyhow::Result<()> {
         smolvm_controller::store_ready(&node_store).await,
         "the SmolVMNode cache stopped before it was filled"
     );
+    tokio::spawn(runtime_ca::run_rotation(
+        runtime_ca::RotationContext {
+            client: client.clone(),
+            namespace: flags.namespace.clone(),
+            trust: trust.clone(),
+            nodes: node_store.clone(),
+            heartbeat_timeout,
+            events: events.clone(),
+        },
+        Duration::from_secs(flags.runtime_ca_check_secs.max(1)),
+    ));
     let ctx = Arc::new(Context {
         client: client.clone(),
         nodes: node_store.clone(),
         ledger,
         node_client,
-        recorder: smolvm_controller::events::EventSink::new(
-            client.clone(),
-            Reporter {
-                controller: FIELD_MANAGER_CONTROLLER.into(),
-                instance: Some(flags.identity.clone()),
-            },
-        ),
+        recorder: events,
         timing: Timing {
             heartbeat_timeout,
             resync: Duration::from_secs(flags.resync_secs),
@@ -392,27 +422,6 @@ async fn node_api_token(client: &Client, flags: &Flags) -> anyhow::Result<String
         })
 }
 
-/// Re-issues the controller's client certificate at 2/3 of its lifetime.
-async fn rotate_client_cert(ca: Arc<CertificateAuthority>, current: Arc<ReloadableResolver>) {
-    loop {
-        let info = current.current_cert_info();
-        let lifetime = info.not_after.duration_since(info.not_before).unwrap_or_default();
-        let renew_at = info.not_before + lifetime.mul_f64(RENEWAL_FRACTION);
-        let wait = renew_at
-            .duration_since(std::time::SystemTime::now())
-            .unwrap_or_default();
-        tokio::time::sleep(wait.max(Duration::from_secs(60))).await;
-        match ca
-            .issue_client(FIELD_MANAGER_CONTROLLER, signer::LEAF_LIFETIME)
-            .and_then(|c| current.swap_pem(&c.cert_pem, &c.key_pem))
-        {
-            Ok(()) => tracing::info!("rotated the node API client certificate"),
-            Err(e) => tracing::error!(error = %e, reason = e.reason(), "client certificate rotation failed; retrying"),
-        }
-    }
-}
-
-/// Approves and signs (or denies) the runtime agents' serving-certificate CSRs.
 /// Re-reads the policy file every 10 s and swaps in a changed, valid policy; a broken file keeps
 /// the previous policy and logs the error, which names the field.
 async fn reload_policy(path: PathBuf, slot: Arc<std::sync::RwLock<Policy>>) {
@@ -437,7 +446,9 @@ async fn reload_policy(path: PathBuf, slot: Arc<std::sync::RwLock<Policy>>) {
     }
 }
 
-async fn run_signer(client: Client, ca: Arc<CertificateAuthority>, policy: Arc<std::sync::RwLock<Policy>>) {
+/// Approves and signs (or denies) the runtime agents' serving-certificate CSRs, with the CA
+/// signing now.
+async fn run_signer(client: Client, trust: Arc<RuntimeTrust>, policy: Arc<std::sync::RwLock<Policy>>) {
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
     let api: Api<CertificateSigningRequest> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.signerName={RUNTIME_SIGNER}"));
@@ -446,7 +457,7 @@ async fn run_signer(client: Client, ca: Arc<CertificateAuthority>, policy: Arc<s
         match event {
             Ok(csr) => {
                 let policy = policy.read().unwrap_or_else(|e| e.into_inner()).clone();
-                if let Err(e) = signer::handle_csr(&api, &nodes, &csr, &ca, &policy).await {
+                if let Err(e) = signer::handle_csr(&api, &nodes, &csr, &trust.signing(), &policy).await {
                     tracing::warn!(csr = %csr.name_any(), error = %e, reason = e.reason(), "CSR handling failed");
                 }
             }

@@ -12,7 +12,7 @@
 //! A CSR that is Approved but carries no certificate (signing failed after the approval) is still
 //! to sign: it is judged again by the same checks and signed, or marked Failed.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use smolvm_api::{
@@ -200,6 +200,7 @@ pub fn judge_with_node_uid<L: Into<NodeLookup>>(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
 
     use k8s_openapi::{
         ByteString,
@@ -352,26 +353,6 @@ mod tests {
         let mut foreign = csr(RUNTIME, Some("node-a"), &own, &serving);
         foreign.spec.signer_name = "kubernetes.io/kubelet-serving".into();
         assert_eq!(judge(&foreign, &policy), Judgement::Ignore);
-    }
-
-    #[test]
-    fn a_new_runtime_ca_is_made_only_when_no_node_trusts_the_old_one() {
-        let cases = [
-            ("secret present", true, 3, false, CaAction::Load),
-            ("first install", false, 0, false, CaAction::Generate),
-            ("secret lost with nodes", false, 3, false, CaAction::Refuse),
-            ("secret lost, new CA asked for", false, 3, true, CaAction::Generate),
-            ("secret present, flag left on", true, 3, true, CaAction::Load),
-        ];
-        for (name, secret, nodes, allow, expected) in cases {
-            assert_eq!(ca_action(secret, nodes, allow), expected, "{name}");
-        }
-        let refusal = SignerError::CaMissing(3).to_string();
-        assert!(
-            refusal.contains("--allow-new-runtime-ca") && refusal.contains("3 SmolVMNode"),
-            "{refusal}"
-        );
-        assert_eq!(SignerError::CaMissing(3).reason(), "RuntimeCAMissing");
     }
 
     #[test]
@@ -646,12 +627,6 @@ mod tests {
     }
 }
 
-/// Name of the Secret holding the runtime CA (certificate and key); only the controller reads it.
-pub const CA_SECRET: &str = "smolvm-runtime-ca";
-/// Name of the ConfigMap publishing the runtime CA certificate (`ca.crt`) to the runtime agents.
-pub const CA_CONFIGMAP: &str = "smolvm-runtime-ca";
-/// Lifetime of the runtime CA.
-pub const CA_LIFETIME: std::time::Duration = std::time::Duration::from_secs(10 * 365 * 24 * 3600);
 /// Lifetime of the runtime serving certificates and of the controller's client certificate.
 pub const LEAF_LIFETIME: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
 
@@ -675,30 +650,10 @@ pub enum SignerError {
     Random(String),
     /// The runtime CA Secret is gone while nodes exist: a new CA would cut every node off.
     #[error(
-        "the runtime CA Secret {CA_SECRET} is missing while {0} SmolVMNode(s) exist; a new CA would leave every node unreachable until its agent pod is replaced. Restore the Secret from a backup, or start over deliberately: run the controller once with --allow-new-runtime-ca, then replace every agent pod (docs/operations.md, \"Certificate rotation\")"
+        "the runtime CA Secret {secret} is missing while {0} SmolVMNode(s) exist; a new CA would cut every node off until its agent reads the new CA and re-files its serving certificate. Restore the Secret from a backup (the controller retries every 30 s), or start over deliberately: run the controller once with --allow-new-runtime-ca (docs/operations.md, \"Certificate rotation\")",
+        secret = crate::runtime_ca::CA_SECRET
     )]
     CaMissing(usize),
-}
-
-/// What to do about the runtime CA at start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CaAction {
-    /// Load the CA from its Secret.
-    Load,
-    /// Make the first CA (or, when allowed, a new one).
-    Generate,
-    /// Refuse: the Secret is gone while agents still trust (and serve with) the old CA.
-    Refuse,
-}
-
-/// Pure: the CA action, given whether the Secret exists, how many SmolVMNodes exist, and whether
-/// a new CA was explicitly allowed.
-pub fn ca_action(secret_exists: bool, nodes: usize, allow_new: bool) -> CaAction {
-    match (secret_exists, nodes, allow_new) {
-        (true, _, _) => CaAction::Load,
-        (false, 0, _) | (false, _, true) => CaAction::Generate,
-        (false, _, false) => CaAction::Refuse,
-    }
 }
 
 impl SignerError {
@@ -713,91 +668,6 @@ impl SignerError {
             SignerError::CaMissing(_) => "RuntimeCAMissing",
         }
     }
-}
-
-fn secret_text(secret: &k8s_openapi::api::core::v1::Secret, key: &'static str) -> Result<String, SignerError> {
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .and_then(|b| String::from_utf8(b.0.clone()).ok())
-        .ok_or(SignerError::Incomplete(CA_SECRET, key))
-}
-
-/// Loads the runtime CA from its Secret, creating it once if absent. When two replicas race, the
-/// one whose create loses (409) loads the winner's, so every replica converges on one CA. Then
-/// publishes the CA certificate in the ConfigMap the runtimes read.
-pub async fn ensure_runtime_ca(
-    client: kube::Client,
-    namespace: &str,
-    allow_new: bool,
-) -> Result<smolvm_certs::CertificateAuthority, SignerError> {
-    use k8s_openapi::{
-        ByteString,
-        api::core::v1::{ConfigMap, Secret},
-    };
-    use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let existing = secrets.get_opt(CA_SECRET).await?;
-    let nodes = if existing.is_some() {
-        0
-    } else {
-        let nodes: Api<smolvm_api::SmolVMNode> = Api::all(client.clone());
-        nodes
-            .list_metadata(&ListParams::default().limit(500))
-            .await?
-            .items
-            .len()
-    };
-    let action = ca_action(existing.is_some(), nodes, allow_new);
-    let secret = match (existing, action) {
-        (Some(s), _) => s,
-        (None, CaAction::Refuse) => return Err(SignerError::CaMissing(nodes)),
-        (None, _) => {
-            if nodes > 0 {
-                tracing::warn!(
-                    nodes,
-                    "making a new runtime CA as --allow-new-runtime-ca asks; replace every agent pod so each gets a certificate from it"
-                );
-            }
-            let ca = smolvm_certs::CertificateAuthority::generate("smolvm-runtime-ca", CA_LIFETIME)?;
-            let secret = Secret {
-                metadata: ObjectMeta {
-                    name: Some(CA_SECRET.into()),
-                    ..Default::default()
-                },
-                type_: Some("kubernetes.io/tls".into()),
-                data: Some(BTreeMap::from([
-                    ("tls.crt".to_string(), ByteString(ca.cert_pem().as_bytes().to_vec())),
-                    ("tls.key".to_string(), ByteString(ca.key_pem().as_bytes().to_vec())),
-                ])),
-                ..Default::default()
-            };
-            match secrets.create(&PostParams::default(), &secret).await {
-                Ok(created) => created,
-                Err(kube::Error::Api(s)) if s.code == 409 => secrets.get(CA_SECRET).await?,
-                Err(e) => return Err(e.into()),
-            }
-        }
-    };
-    let ca = smolvm_certs::CertificateAuthority::from_pem(
-        &secret_text(&secret, "tls.crt")?,
-        &secret_text(&secret, "tls.key")?,
-    )?;
-    let configmaps: Api<ConfigMap> = Api::namespaced(client, namespace);
-    let cm = serde_json::json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": CA_CONFIGMAP},
-        "data": {"ca.crt": ca.cert_pem()}
-    });
-    configmaps
-        .patch(
-            CA_CONFIGMAP,
-            &PatchParams::apply(smolvm_api::constants::FIELD_MANAGER_CONTROLLER).force(),
-            &Patch::Apply(&cm),
-        )
-        .await?;
-    Ok(ca)
 }
 
 /// Acts on one CSR: approves and signs, or denies, as [`judge_with_node_uid`] decides, with the

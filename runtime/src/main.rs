@@ -229,11 +229,14 @@ async fn run(flags: Flags) -> Result<()> {
     let mut background = Vec::new();
     if let Some(client) = client {
         if flags.tls_cert.is_none() {
+            // Checked every 5 s: a CA rotation waits for this agent's new certificate.
             background.push(serving_cert::spawn_renewal(
                 client.clone(),
                 flags.node_name.clone(),
-                resolver,
-                Duration::from_secs(60),
+                resolver.clone(),
+                agent.node_api().client_ca().clone(),
+                Duration::from_secs(5),
+                Duration::from_secs(30),
             ));
         }
         let address = advertise_address(flags.advertise_address.clone())
@@ -250,6 +253,7 @@ async fn run(flags: Flags) -> Result<()> {
         let kvm_device = flags.kvm_device.clone();
         let last_capacity = std::sync::Mutex::new(None);
         let port = i32::from(flags.port);
+        let client_ca = agent.node_api().client_ca().clone();
         background.push(spawn_reporter(
             Reporter::new(client, flags.node_name.clone()),
             flags.heartbeat_interval,
@@ -288,6 +292,7 @@ async fn run(flags: Flags) -> Result<()> {
                         cpu_ratio,
                     ),
                     machines: runtime.ready.then(|| runtime.machines.clone()),
+                    serving_certificate: Some(serving_cert::report_current(&resolver, &client_ca)),
                 }
             },
         ));

@@ -14,7 +14,7 @@ use smolvm_api::constants::{
     ANNOTATION_MIRRORED_LABELS, API_VERSION, FIELD_MANAGER_RUNTIME, KIND_SMOLVM_NODE, LABEL_NODE, PROTOCOL_VERSION,
     condition, reason,
 };
-use smolvm_api::types::{Endpoint, NodeResources, SmolVMNode, SmolVMNodeSpec, SmolVMNodeStatus};
+use smolvm_api::types::{Endpoint, NodeResources, ServingCertificate, SmolVMNode, SmolVMNodeSpec, SmolVMNodeStatus};
 
 use crate::error::Result;
 
@@ -163,6 +163,8 @@ pub struct Observation {
     pub allocatable: NodeResources,
     /// The machines smolvm holds (names), while it answers; `None` when unknown.
     pub machines: Option<Vec<String>>,
+    /// The serving certificate: which runtime CA signed it, when it expires.
+    pub serving_certificate: Option<ServingCertificate>,
 }
 
 /// Most machine names a SmolVMNode reports (the CRD's bound on `status.machines`).
@@ -252,6 +254,7 @@ pub fn build_status(obs: &Observation, previous: &[Condition], now: &Time) -> Sm
             names.truncate(MAX_REPORTED_MACHINES);
             names
         }),
+        serving_certificate: obs.serving_certificate.clone(),
         conditions: vec![ready, kvm, runtime],
     }
 }
@@ -518,6 +521,7 @@ mod tests {
                 storage_gib: 90,
             },
             machines: Some(vec!["svm-a".into(), "svm-b".into()]),
+            serving_certificate: None,
         }
     }
 

@@ -85,6 +85,7 @@ fn observation(uid: &str) -> Observation {
             storage_gib: 90,
         },
         machines: Some(vec!["svm-a".into()]),
+        serving_certificate: None,
     }
 }
 
@@ -390,6 +391,8 @@ async fn renews_a_certificate_past_two_thirds_of_its_life_without_restart() {
         client,
         "node-a".to_string(),
         resolver.clone(),
+        smolvm_runtime::nodeapi::tls::ClientCaInForce::new(ca.cert_pem()),
+        std::time::Duration::from_millis(10),
         std::time::Duration::from_millis(10),
     );
     let body = accept_csr_create(&mut handle).await;
@@ -415,5 +418,61 @@ async fn renews_a_certificate_past_two_thirds_of_its_life_without_restart() {
         info.not_after > now + 50 * minute,
         "the new certificate is the renewed one: {info:?}"
     );
+    task.abort();
+}
+
+/// A fresh certificate from a CA that is no longer the signing one (the runtime CA rotated: the
+/// bundle in force lists the new CA first) is replaced at once through a new CSR.
+#[tokio::test]
+async fn replaces_a_certificate_from_the_old_ca_as_soon_as_the_new_one_is_trusted() {
+    smolvm_runtime::install_crypto_provider();
+    let hour = std::time::Duration::from_secs(3600);
+    let old_ca = smolvm_certs::CertificateAuthority::generate("runtime-ca", hour).expect("old CA");
+    let new_ca = smolvm_certs::CertificateAuthority::generate("runtime-ca", hour).expect("new CA");
+    let fresh = old_ca
+        .issue_server(&["node-a".to_string()], &[], hour)
+        .expect("certificate from the old CA");
+    let resolver = std::sync::Arc::new(
+        smolvm_certs::ReloadableResolver::from_pem(&fresh.cert_pem, &fresh.key_pem).expect("resolver"),
+    );
+    let in_force = smolvm_runtime::nodeapi::tls::ClientCaInForce::new(old_ca.cert_pem());
+    let (client, mut handle) = double();
+    let task = smolvm_runtime::serving_cert::spawn_renewal(
+        client,
+        "node-a".to_string(),
+        resolver.clone(),
+        in_force.clone(),
+        std::time::Duration::from_millis(10),
+        std::time::Duration::from_millis(10),
+    );
+    // Nothing to do while the old CA is the signing one: no CSR is filed.
+    let quiet = tokio::time::timeout(std::time::Duration::from_millis(200), handle.next_request()).await;
+    assert!(quiet.is_err(), "a CSR was filed while the certificate was current");
+    let report = smolvm_runtime::serving_cert::report_current(&resolver, &in_force);
+    assert_eq!(
+        report.ca_fingerprint,
+        Some(smolvm_certs::fingerprint(old_ca.cert_der()))
+    );
+    // The rotation's bundle comes into force: new CA first, old one still trusted.
+    in_force.set(&format!("{}{}", new_ca.cert_pem(), old_ca.cert_pem()));
+    let body = accept_csr_create(&mut handle).await;
+    let name = body["metadata"]["name"].as_str().expect("name").to_string();
+    let (_, issued) = issue(&new_ca, &body);
+    expect(
+        &mut handle,
+        "GET",
+        &format!("{CSRS}/{name}"),
+        (StatusCode::OK, csr_answer(&name, issued)),
+    )
+    .await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let new_fingerprint = Some(smolvm_certs::fingerprint(new_ca.cert_der()));
+    while smolvm_runtime::serving_cert::report_current(&resolver, &in_force).ca_fingerprint != new_fingerprint {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new CA's certificate was never swapped in"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     task.abort();
 }

@@ -131,7 +131,36 @@ pub struct Env {
     pub options: Options,
     smolvm_env: Vec<(String, String)>,
     controller_starts: u32,
+    /// The kubelet's part for the runtime's CA volume: keeps the file in step with the ConfigMap.
+    ca_sync: Option<tokio::task::JoinHandle<()>>,
     dir: PathBuf,
+}
+
+/// Copies one key of a ConfigMap to `file` whenever it changes (polled every second), writing a
+/// new file and renaming it into place as the kubelet swaps a volume's contents.
+async fn sync_configmap_key(
+    configmaps: Api<ConfigMap>,
+    name: &'static str,
+    key: &'static str,
+    file: PathBuf,
+    mut last: String,
+) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Ok(Some(cm)) = configmaps.get_opt(name).await else {
+            continue;
+        };
+        let Some(value) = cm.data.and_then(|mut d| d.remove(key)) else {
+            continue;
+        };
+        if value == last {
+            continue;
+        }
+        let tmp = file.with_extension("new");
+        if write_private(&tmp, &value).is_ok() && std::fs::rename(&tmp, &file).is_ok() {
+            last = value;
+        }
+    }
 }
 
 /// The repository root.
@@ -311,6 +340,7 @@ impl Env {
             options,
             smolvm_env,
             controller_starts: 0,
+            ca_sync: None,
             dir: dir.to_path_buf(),
         };
         env.start_webhook().await?;
@@ -462,6 +492,8 @@ impl Env {
                 "--resync-secs=30".to_string(),
                 // Orphan machines are collected after 10 s here (10 minutes by default).
                 "--orphan-grace-secs=10".to_string(),
+                // A runtime CA rotation's steps are looked at every 2 s here (30 s by default).
+                "--runtime-ca-check-secs=2".to_string(),
             ],
             &[
                 ("KUBECONFIG".into(), kubeconfig.display().to_string()),
@@ -578,6 +610,18 @@ impl Env {
         .await?;
         let ca_file = self.dir.join("runtime-client-ca.crt");
         write_private(&ca_file, &ca)?;
+        // The kubelet keeps a ConfigMap volume current: a changed bundle (a CA rotation) reaches
+        // the agent's file within a couple of seconds, swapped in whole.
+        if let Some(task) = self.ca_sync.take() {
+            task.abort();
+        }
+        self.ca_sync = Some(tokio::spawn(sync_configmap_key(
+            configmaps.clone(),
+            constants::RUNTIME_CA,
+            "ca.crt",
+            ca_file.clone(),
+            ca,
+        )));
 
         let state = self.dir.join("rt-state");
         let run = self.dir.join("rt-run");
@@ -652,6 +696,9 @@ impl Env {
 
     /// Stops the runtime agent (SIGTERM; `smolvm serve` stops with it).
     pub fn stop_runtime(&mut self) {
+        if let Some(task) = self.ca_sync.take() {
+            task.abort();
+        }
         if let Some(mut p) = self.runtime.take() {
             p.terminate(Duration::from_secs(10));
         }

@@ -613,7 +613,7 @@ smolvm-controller  cluster        certificates.k8s.io/certificatesigningrequests
 smolvm-controller  cluster        certificates.k8s.io/certificatesigningrequests/status  -  patch
 smolvm-controller  cluster        certificates.k8s.io/signers  vm.smolvm.dev/runtime-serving  approve,sign
 smolvm-controller  cluster        core/nodes  -  get
-smolvm-controller  cluster        events.k8s.io/events  -  create,patch
+smolvm-controller  cluster        events.k8s.io/events  -  create
 smolvm-controller  cluster        vm.smolvm.dev/smolvmnodes  -  list,watch
 smolvm-controller  cluster        vm.smolvm.dev/smolvms  -  list,patch,watch
 smolvm-controller  cluster        vm.smolvm.dev/smolvms/status  -  patch,update
@@ -622,7 +622,8 @@ smolvm-controller  smolvm-system  coordination.k8s.io/leases  smolvm-controller 
 smolvm-controller  smolvm-system  core/configmaps  -  create
 smolvm-controller  smolvm-system  core/configmaps  smolvm-runtime-ca  patch
 smolvm-controller  smolvm-system  core/secrets  -  create
-smolvm-controller  smolvm-system  core/secrets  smolvm-runtime-auth,smolvm-runtime-ca  get
+smolvm-controller  smolvm-system  core/secrets  smolvm-runtime-auth  get
+smolvm-controller  smolvm-system  core/secrets  smolvm-runtime-ca  get,update
 smolvm-runtime     cluster        certificates.k8s.io/certificatesigningrequests  -  create,get
 smolvm-runtime     cluster        core/nodes  -  get
 smolvm-runtime     cluster        vm.smolvm.dev/smolvmnodes  -  create,get,patch
@@ -1134,6 +1135,21 @@ fn check_runtime(what: &str, spec: &PodSpec, c: &Container, resources: &Resource
             mounts.get(name),
             Some(path),
             "{what}: {name} mounted at the host's path"
+        );
+    }
+    // The token and the client CA are whole-directory mounts: the kubelet updates those in place
+    // (a subPath mount never changes), so a new token or a rotated CA reaches the running agent.
+    for volume in ["auth", "client-ca"] {
+        let sub_paths: Vec<_> = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .filter(|m| m.name == volume)
+            .filter_map(|m| m.sub_path.clone())
+            .collect();
+        assert!(
+            sub_paths.is_empty(),
+            "{what}: {volume} mounted with subPath {sub_paths:?}"
         );
     }
     // The token and the client CA land where the binary reads them by default.

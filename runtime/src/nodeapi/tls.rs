@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use axum::Router;
@@ -19,8 +19,33 @@ pub struct MtlsServer {
     handle: Handle<SocketAddr>,
     rustls: RustlsConfig,
     resolver: Arc<ReloadableResolver>,
+    client_ca: ClientCaInForce,
     task: JoinHandle<std::io::Result<()>>,
     watchers: Vec<JoinHandle<()>>,
+}
+
+/// The client CA bundle (PEM) the node API trusts at this moment: what new handshakes check the
+/// controller's certificate against. Readers see a bundle only once it is in force.
+#[derive(Clone, Debug, Default)]
+pub struct ClientCaInForce(Arc<RwLock<String>>);
+
+impl ClientCaInForce {
+    /// A bundle in force from the start (tests; the server makes its own).
+    pub fn new(pem: &str) -> Self {
+        let this = Self::default();
+        this.set(pem);
+        this
+    }
+
+    /// The bundle in force.
+    pub fn pem(&self) -> String {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Records `pem` as in force (the server does on every reload of its client CA).
+    pub fn set(&self, pem: &str) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = pem.to_string();
+    }
 }
 
 impl MtlsServer {
@@ -50,11 +75,14 @@ impl MtlsServer {
             })?
             .handle(handle.clone());
         let task = tokio::spawn(server.serve(router.into_make_service()));
+        let client_ca = ClientCaInForce::default();
+        client_ca.set(client_ca_pem);
         Ok(Self {
             addr,
             handle,
             rustls,
             resolver,
+            client_ca,
             task,
             watchers: Vec::new(),
         })
@@ -70,10 +98,16 @@ impl MtlsServer {
         &self.resolver
     }
 
+    /// The client CA bundle in force (follows every reload).
+    pub fn client_ca(&self) -> &ClientCaInForce {
+        &self.client_ca
+    }
+
     /// Replaces the trusted client CA for new connections.
     pub fn reload_client_ca(&self, client_ca_pem: &str) -> Result<()> {
         let config = mtls_server_config(self.resolver.clone(), client_ca_pem)?;
         self.rustls.reload_from_config(Arc::new(config));
+        self.client_ca.set(client_ca_pem);
         Ok(())
     }
 
@@ -81,6 +115,7 @@ impl MtlsServer {
     pub fn watch_client_ca(&mut self, path: PathBuf, interval: Duration) {
         let rustls = self.rustls.clone();
         let resolver = self.resolver.clone();
+        let in_force = self.client_ca.clone();
         let shown = path.display().to_string();
         self.watchers
             .push(crate::watch::spawn_watch(vec![path], interval, move |contents| {
@@ -88,6 +123,7 @@ impl MtlsServer {
                 match mtls_server_config(resolver.clone(), &pem) {
                     Ok(config) => {
                         rustls.reload_from_config(Arc::new(config));
+                        in_force.set(&pem);
                         tracing::info!(path = %shown, "client CA reloaded");
                     }
                     Err(error) => {

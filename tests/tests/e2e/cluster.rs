@@ -1,6 +1,7 @@
 //! Real-cluster conditions: admission that tells everything at once, identity rules that hold
 //! without the webhook, a webhook outage that stalls no heartbeat or status write, a machine lost
-//! behind the operator's back, and the webhook's own ServiceAccount kept to its caBundle.
+//! behind the operator's back, the webhook's own ServiceAccount kept to its caBundle, and a
+//! runtime CA rotation under a running agent.
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,7 @@ pub(crate) fn scenarios() -> Vec<(&'static str, Scenario)> {
         machine_name_retarget_is_rejected_even_for_a_cluster_admin,
         webhook_outage_stalls_no_heartbeat_or_status_write_and_a_lost_machine_is_told,
         webhook_service_account_can_patch_only_its_ca_bundle,
+        runtime_ca_rotation_with_a_running_agent_cuts_no_node_off,
     ]
 }
 
@@ -310,5 +312,146 @@ pub(crate) async fn webhook_service_account_can_patch_only_its_ca_bundle(env: &m
         !out.status.success(),
         "the webhook's ServiceAccount relaxed its failure policy"
     );
+    Ok(())
+}
+
+/// The CA fingerprint in a PEM bundle's first certificate, and how many certificates it holds.
+fn first_fingerprint(pem: &str) -> anyhow::Result<(String, usize)> {
+    let chain = smolvm_certs::parse_pem_chain(pem)?;
+    let first = chain.first().ok_or_else(|| anyhow!("empty bundle"))?;
+    Ok((smolvm_certs::fingerprint(first), chain.len()))
+}
+
+/// The runtime CA Secret's signing CA fingerprint and whether a rotation is under way.
+async fn runtime_ca_state(env: &Env) -> anyhow::Result<(String, bool)> {
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(env.admin().await?, env::NAMESPACE);
+    let secret = secrets.get(constants::RUNTIME_CA).await?;
+    let data = secret.data.unwrap_or_default();
+    let crt = data
+        .get("tls.crt")
+        .ok_or_else(|| anyhow!("the CA Secret has no tls.crt"))?;
+    let (fingerprint, _) = first_fingerprint(&String::from_utf8_lossy(&crt.0))?;
+    Ok((fingerprint, data.contains_key("previous.crt")))
+}
+
+async fn node_ca_fingerprint(env: &Env) -> anyhow::Result<Option<String>> {
+    let nodes: Api<SmolVMNode> = Api::all(env.admin().await?);
+    Ok(nodes
+        .get(NODE)
+        .await?
+        .status
+        .and_then(|s| s.serving_certificate)
+        .and_then(|c| c.ca_fingerprint))
+}
+
+/// A runtime CA rotation asked for with the Secret's annotation, while the agent runs and VMs are
+/// created: the agent re-files its serving certificate as soon as it trusts the new bundle, the
+/// controller drops the old CA only after the node reports the new one, no VM is ever told its
+/// node is unreachable, and the node API works with the new CA alone afterwards (a VM created and
+/// deleted through it).
+pub(crate) async fn runtime_ca_rotation_with_a_running_agent_cuts_no_node_off(env: &mut Env) -> anyhow::Result<()> {
+    let (old, rotating) = runtime_ca_state(env).await?;
+    ensure!(!rotating, "a rotation is already under way");
+    let reported = env::eventually("the node to report its CA", Duration::from_secs(30), || async {
+        node_ca_fingerprint(env).await
+    })
+    .await?;
+    ensure!(
+        reported == old,
+        "the node reports CA {reported}, the Secret holds {old}"
+    );
+    create_bound(env, "ca-before", small(false)).await?;
+
+    let out = env.kubectl(
+        &[
+            "annotate",
+            "secret",
+            "-n",
+            env::NAMESPACE,
+            constants::RUNTIME_CA,
+            &format!("{}=true", constants::ROTATE_RUNTIME_CA_ANNOTATION),
+        ],
+        None,
+    )?;
+    ensure!(
+        out.status.success(),
+        "annotate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let started = Instant::now();
+    // A VM created while the rotation runs: its calls cross the rotation.
+    create_bound(env, "ca-during", small(false)).await?;
+    let api = vms(env).await?;
+    let mut saw_rotation = false;
+    let new = loop {
+        ensure!(
+            started.elapsed() < Duration::from_secs(120),
+            "the rotation did not finish within 120 s (rotation seen: {saw_rotation})"
+        );
+        for name in ["ca-before", "ca-during"] {
+            let vm = api.get(name).await?;
+            let ready = condition(&vm, constants::condition::READY);
+            ensure!(
+                ready.is_none_or(|c| c.reason != constants::reason::NODE_UNREACHABLE),
+                "{name} was told its node is unreachable during the rotation: {ready:?}"
+            );
+        }
+        let (current, rotating) = runtime_ca_state(env).await?;
+        saw_rotation |= rotating;
+        if current != old && !rotating {
+            break current;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    println!(
+        "    runtime CA rotated in {:.1}s (under way seen: {saw_rotation})",
+        started.elapsed().as_secs_f64()
+    );
+    ensure!(
+        node_ca_fingerprint(env).await?.as_deref() == Some(new.as_str()),
+        "the rotation finished before the node reported the new CA"
+    );
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(env.admin().await?, env::NAMESPACE);
+    let bundle = configmaps
+        .get(constants::RUNTIME_CA)
+        .await?
+        .data
+        .and_then(|d| d.get("ca.crt").cloned())
+        .unwrap_or_default();
+    ensure!(
+        first_fingerprint(&bundle)? == (new.clone(), 1),
+        "the published bundle is not the new CA alone"
+    );
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(env.admin().await?, env::NAMESPACE);
+    let annotations = secrets
+        .get(constants::RUNTIME_CA)
+        .await?
+        .metadata
+        .annotations
+        .unwrap_or_default();
+    ensure!(
+        !annotations.contains_key(constants::ROTATE_RUNTIME_CA_ANNOTATION),
+        "the rotation request was not cleared"
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.admin().await?, env::NAMESPACE);
+    let reasons: Vec<String> = events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(constants::RUNTIME_CA))
+        .filter_map(|e| e.reason)
+        .collect();
+    for reason in ["RuntimeCARotationStarted", "RuntimeCARotated"] {
+        ensure!(
+            reasons.iter().any(|r| r == reason),
+            "no {reason} event; events: {reasons:?}"
+        );
+    }
+    // The node API with the new CA alone: a machine created and deleted through it.
+    create_bound(env, "ca-after", small(false)).await?;
+    for name in ["ca-before", "ca-during", "ca-after"] {
+        delete_and_wait(env, name).await?;
+    }
     Ok(())
 }
