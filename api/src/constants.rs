@@ -101,6 +101,11 @@ pub mod reason {
     pub const START_FAILED: &str = "StartFailed";
     /// The node runtime could not create the machine.
     pub const CREATE_FAILED: &str = "CreateFailed";
+    /// An env reference (Secret or ConfigMap, or one of their keys) is missing and not optional:
+    /// the machine is not created until it appears.
+    pub const CREATE_CONFIG_ERROR: &str = "CreateConfigError";
+    /// The controller may not read a Secret or ConfigMap the workload refers to.
+    pub const SECRET_ACCESS_DENIED: &str = "SecretAccessDenied";
     /// The node runtime failed to stop the machine.
     pub const STOP_FAILED: &str = "StopFailed";
     /// The node runtime failed to resize the machine.

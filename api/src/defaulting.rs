@@ -10,16 +10,17 @@ use serde_json::{Value, json};
 use crate::{
     constants::FINALIZER,
     types::{
-        DEFAULT_CPUS, DEFAULT_MEMORY_MIB, DEFAULT_NETWORK_ENABLED, DEFAULT_OVERLAY_GIB, DEFAULT_RUNNING,
-        DEFAULT_STORAGE_GIB,
+        DEFAULT_CPUS, DEFAULT_MEMORY_MIB, DEFAULT_NETWORK_ENABLED, DEFAULT_OVERLAY_GIB, DEFAULT_RESTART_POLICY,
+        DEFAULT_RUNNING, DEFAULT_STORAGE_GIB, DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS,
     },
     validate::Operation,
 };
 
 /// Computes the defaulting patch for a SmolVM (rules M1 and M2).
 ///
-/// - M1 (CREATE and UPDATE): `running`, `resources`, `storage`, `network.enabled` and each port's
-///   `protocol` get their defaults when absent or null. Skipped for an object being deleted, whose
+/// - M1 (CREATE and UPDATE): `running`, `resources`, `storage`, `network.enabled`, each port's
+///   `protocol`, `restartPolicy` and `terminationGracePeriodSeconds` get their defaults when
+///   absent or null. Skipped for an object being deleted, whose
 ///   spec may no longer change (rule V8).
 /// - M2 (CREATE): the finalizer `vm.smolvm.dev/node-cleanup` is added.
 pub fn default_smolvm(op: Operation, object: &Value) -> Patch {
@@ -42,6 +43,15 @@ pub fn default_smolvm(op: Operation, object: &Value) -> Patch {
 fn default_spec(spec: &serde_json::Map<String, Value>, ops: &mut Vec<PatchOperation>) {
     if is_absent(spec.get("running")) {
         ops.push(add(&["spec", "running"], json!(DEFAULT_RUNNING)));
+    }
+    if is_absent(spec.get("restartPolicy")) {
+        ops.push(add(&["spec", "restartPolicy"], json!(DEFAULT_RESTART_POLICY.as_str())));
+    }
+    if is_absent(spec.get("terminationGracePeriodSeconds")) {
+        ops.push(add(
+            &["spec", "terminationGracePeriodSeconds"],
+            json!(DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS),
+        ));
     }
     default_object(
         spec,
@@ -167,6 +177,8 @@ mod tests {
                 vm(json!({"image": "alpine"})),
                 vec![
                     "/spec/running",
+                    "/spec/restartPolicy",
+                    "/spec/terminationGracePeriodSeconds",
                     "/spec/resources",
                     "/spec/storage",
                     "/spec/network",
@@ -178,6 +190,8 @@ mod tests {
                 vm(json!({"image": "alpine", "running": false, "resources": {"cpus": 4},
                           "storage": {"overlayGiB": 5}, "network": {"enabled": true}})),
                 vec![
+                    "/spec/restartPolicy",
+                    "/spec/terminationGracePeriodSeconds",
                     "/spec/resources/memoryMiB",
                     "/spec/storage/storageGiB",
                     "/metadata/finalizers",
@@ -191,6 +205,8 @@ mod tests {
                 ),
                 vec![
                     "/spec/running",
+                    "/spec/restartPolicy",
+                    "/spec/terminationGracePeriodSeconds",
                     "/spec/resources",
                     "/spec/storage/storageGiB",
                     "/spec/network/enabled",
@@ -202,6 +218,7 @@ mod tests {
                 vm(
                     json!({"image": "alpine", "running": true, "resources": {"cpus": 1, "memoryMiB": 512},
                           "storage": {"storageGiB": 20, "overlayGiB": 10},
+                          "restartPolicy": "Always", "terminationGracePeriodSeconds": 10,
                           "network": {"enabled": true, "ports": [{"hostPort": 8080, "guestPort": 80},
                                                                    {"hostPort": 8081, "guestPort": 81, "protocol": "UDP"}]}}),
                 ),
@@ -212,7 +229,8 @@ mod tests {
                 {
                     let mut o = vm(
                         json!({"image": "alpine", "running": true, "resources": {"cpus": 1, "memoryMiB": 512},
-                        "storage": {"storageGiB": 20, "overlayGiB": 10}, "network": {"enabled": false}}),
+                        "storage": {"storageGiB": 20, "overlayGiB": 10}, "network": {"enabled": false},
+                        "restartPolicy": "Never", "terminationGracePeriodSeconds": 0}),
                     );
                     o["metadata"]["finalizers"] = json!(["example.com/other"]);
                     o
@@ -253,6 +271,8 @@ mod tests {
         assert_eq!(patched["spec"]["storage"], json!({"storageGiB": 20, "overlayGiB": 10}));
         assert_eq!(patched["spec"]["network"]["enabled"], json!(true));
         assert_eq!(patched["spec"]["network"]["ports"][0]["protocol"], json!("TCP"));
+        assert_eq!(patched["spec"]["restartPolicy"], json!("Always"));
+        assert_eq!(patched["spec"]["terminationGracePeriodSeconds"], json!(10));
         assert_eq!(patched["metadata"]["finalizers"], json!([FINALIZER]));
     }
 
@@ -262,7 +282,14 @@ mod tests {
         let p = paths(&default_smolvm(Operation::Update, &object));
         assert_eq!(
             p,
-            vec!["/spec/running", "/spec/resources", "/spec/storage", "/spec/network"]
+            vec![
+                "/spec/running",
+                "/spec/restartPolicy",
+                "/spec/terminationGracePeriodSeconds",
+                "/spec/resources",
+                "/spec/storage",
+                "/spec/network"
+            ]
         );
     }
 

@@ -10,7 +10,7 @@
 //! | `GET /v1/identity` | – | 200 [`IdentityResponse`] |
 //! | `GET /v1/machines/{name}` | – | 200 [`MachineStatus`] |
 //! | `PUT /v1/machines/{name}` | [`MachineSpec`] | 201 [`MachineStatus`] (created), 200 (identical machine exists) |
-//! | `POST /v1/machines/{name}/ensure-running` | – | 200 [`MachineStatus`] |
+//! | `POST /v1/machines/{name}/ensure-running` | optional [`StartRequest`] | 200 [`MachineStatus`] |
 //! | `POST /v1/machines/{name}/stop` | – | 200 [`MachineStatus`] |
 //! | `DELETE /v1/machines/{name}` | – | 200 [`DeleteResponse`] |
 //! | `POST /v1/machines/{name}/resize` | [`ResizeSpec`] | 200 [`MachineStatus`] |
@@ -113,6 +113,111 @@ pub struct NetworkSpec {
     /// Egress allow-list (CIDRs); empty means unrestricted egress when `enabled`.
     #[serde(default, rename = "allowedCIDRs")]
     pub allowed_cidrs: Vec<String>,
+    /// Egress allow-list by host name: these names and their subdomains (smolvm `allowedHosts`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_hosts: Vec<String>,
+}
+
+/// A value that may be secret (an environment value resolved from a Secret, a registry
+/// password): serialized as the plain string on the wire, never shown by `Debug`.
+#[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Sensitive(pub String);
+
+impl std::fmt::Debug for Sensitive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl Sensitive {
+    /// The value.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+/// One environment variable of the workload, its value resolved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnvVar {
+    /// Name.
+    pub name: String,
+    /// Value (may come from a Secret: never logged).
+    pub value: Sensitive,
+}
+
+/// When smolvm restarts the workload's machine (smolvm's restart policy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum RestartPolicy {
+    /// Always (the default).
+    #[default]
+    Always,
+    /// Only after a failure.
+    OnFailure,
+    /// Never.
+    Never,
+}
+
+/// What runs inside the machine. Empty fields leave the image's own defaults.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkloadSpec {
+    /// Entrypoint (a Pod's `command`); empty keeps the image's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Arguments (a Pod's `args`); empty keeps the image's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Working directory (absolute); absent keeps the image's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// Environment, values resolved.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Restart policy.
+    #[serde(default)]
+    pub restart_policy: RestartPolicy,
+    /// Seconds the workload gets to exit after its stop signal (0–300).
+    #[serde(default = "default_grace")]
+    pub termination_grace_period_seconds: u32,
+}
+
+fn default_grace() -> u32 {
+    10
+}
+
+impl Default for WorkloadSpec {
+    fn default() -> Self {
+        WorkloadSpec {
+            command: Vec::new(),
+            args: Vec::new(),
+            working_dir: None,
+            env: Vec::new(),
+            restart_policy: RestartPolicy::default(),
+            termination_grace_period_seconds: default_grace(),
+        }
+    }
+}
+
+/// Registry credentials for one start (smolvm's per-start `registryAuth`): sent with every
+/// start, never stored by the agent or logged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegistryAuth {
+    /// Registry user name.
+    pub username: Sensitive,
+    /// Password or token.
+    pub password: Sensitive,
+}
+
+/// Optional body of `POST /v1/machines/{name}/ensure-running`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StartRequest {
+    /// Credentials for the image's registry, for this start only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_auth: Option<RegistryAuth>,
 }
 
 /// What `PUT /v1/machines/{name}` creates. All sizes are required (no hidden defaults).
@@ -135,6 +240,9 @@ pub struct MachineSpec {
     /// Network settings.
     #[serde(default)]
     pub network: NetworkSpec,
+    /// What runs inside; the image's defaults when omitted.
+    #[serde(default)]
+    pub workload: WorkloadSpec,
 }
 
 /// Machine lifecycle state as reported by the node.

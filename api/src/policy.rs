@@ -46,6 +46,14 @@ pub struct Policy {
     /// Most allowedCIDRs entries per SmolVM.
     #[serde(rename = "maxAllowedCIDRs")]
     pub max_allowed_cidrs: i64,
+    /// Most `env` entries per SmolVM.
+    pub max_env: i64,
+    /// Most entries in `command`, and in `args`, per SmolVM.
+    pub max_args: i64,
+    /// Most `network.allowedHosts` entries per SmolVM.
+    pub max_allowed_hosts: i64,
+    /// Most bytes in one env value, one `command` or `args` entry, or `workingDir`.
+    pub max_value_bytes: i64,
     /// Usernames of the controller (the only identity that may write binding fields).
     pub controller_usernames: Vec<String>,
     /// Usernames of the runtime agents (restricted to their own node's SmolVMNode).
@@ -67,6 +75,10 @@ impl Default for Policy {
             host_port_max: 65_535,
             max_ports: 16,
             max_allowed_cidrs: 32,
+            max_env: 64,
+            max_args: 64,
+            max_allowed_hosts: 32,
+            max_value_bytes: 16_384,
             controller_usernames: vec![service_account(DEFAULT_NAMESPACE, "smolvm-controller")],
             runtime_usernames: vec![service_account(DEFAULT_NAMESPACE, "smolvm-runtime")],
         }
@@ -163,6 +175,24 @@ impl Policy {
         ] {
             if !(0..=64).contains(&value) {
                 return Err(invalid(name, format!("{value} is outside 0..=64 (the schema's limit)")));
+            }
+        }
+        for (name, value, low, high) in [
+            ("maxEnv", self.max_env, 0, crate::types::MAX_ENV),
+            ("maxArgs", self.max_args, 0, crate::types::MAX_ARGS),
+            (
+                "maxAllowedHosts",
+                self.max_allowed_hosts,
+                0,
+                crate::types::MAX_ALLOWED_HOSTS,
+            ),
+            ("maxValueBytes", self.max_value_bytes, 1, crate::types::MAX_VALUE_BYTES),
+        ] {
+            if !(low..=high).contains(&value) {
+                return Err(invalid(
+                    name,
+                    format!("{value} is outside {low}..={high} (the schema's limit)"),
+                ));
             }
         }
         for (name, list) in [

@@ -240,6 +240,34 @@ pub fn check_dns1123_subdomain(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks a `network.allowedHosts` entry: a DNS-1123 subdomain, optionally after a leading `*.`.
+pub fn check_allowed_host(host: &str) -> Result<(), String> {
+    let name = host.strip_prefix("*.").unwrap_or(host);
+    check_dns1123_subdomain(name)
+        .map_err(|reason| format!("{reason}; a host name such as api.example.com, or *.example.com for its subdomains"))
+}
+
+/// Checks a Secret or ConfigMap key: 1 to 253 letters, digits, '-', '_' or '.', and not `.`,
+/// `..` or starting with `..` (Kubernetes' own rule).
+pub fn check_config_key(key: &str) -> Result<(), String> {
+    if key.is_empty() {
+        return Err("is empty".into());
+    }
+    if key.len() > 253 {
+        return Err("is longer than 253 characters".into());
+    }
+    if !key
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+    {
+        return Err("is not a valid key (letters, digits, '-', '_' and '.')".into());
+    }
+    if key == "." || key.starts_with("..") {
+        return Err("may not be '.' or start with '..'".into());
+    }
+    Ok(())
+}
+
 /// Checks a label key: an optional DNS-1123 subdomain prefix and '/', then a name of at most 63
 /// characters.
 pub fn check_label_key(key: &str) -> Result<(), String> {

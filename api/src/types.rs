@@ -26,6 +26,10 @@ pub const DEFAULT_STORAGE_GIB: i64 = 20;
 pub const DEFAULT_OVERLAY_GIB: i64 = 10;
 /// Default of `spec.network.enabled` (rule M1).
 pub const DEFAULT_NETWORK_ENABLED: bool = false;
+/// Default `spec.restartPolicy` (M1).
+pub const DEFAULT_RESTART_POLICY: RestartPolicy = RestartPolicy::Always;
+/// Default `spec.terminationGracePeriodSeconds` (M1).
+pub const DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS: i64 = 10;
 
 /// Longest accepted image reference.
 pub const MAX_IMAGE_LEN: usize = 512;
@@ -71,6 +75,18 @@ pub const MAX_SELECTOR_ENTRIES: usize = 32;
     validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || ((has(self.spec.network) && has(self.spec.network.allowedCIDRs) && size(self.spec.network.allowedCIDRs) > 0) ? (has(oldSelf.spec.network) && has(oldSelf.spec.network.allowedCIDRs) && self.spec.network.allowedCIDRs == oldSelf.spec.network.allowedCIDRs) : !(has(oldSelf.spec.network) && has(oldSelf.spec.network.allowedCIDRs) && size(oldSelf.spec.network.allowedCIDRs) > 0))")
         .message("spec.network.allowedCIDRs are immutable once the SmolVM is bound to a node (V6)")
         .field_path(".spec.network"),
+    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || ((has(self.spec.command) ? self.spec.command : []) == (has(oldSelf.spec.command) ? oldSelf.spec.command : []) && (has(self.spec.args) ? self.spec.args : []) == (has(oldSelf.spec.args) ? oldSelf.spec.args : []) && (has(self.spec.workingDir) ? self.spec.workingDir : '') == (has(oldSelf.spec.workingDir) ? oldSelf.spec.workingDir : ''))")
+        .message("spec.command, spec.args and spec.workingDir are immutable once the SmolVM is bound to a node: delete and recreate (V6)")
+        .field_path(".spec"),
+    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || ((has(self.spec.env) ? self.spec.env : []) == (has(oldSelf.spec.env) ? oldSelf.spec.env : []) && (has(self.spec.imagePullSecrets) ? self.spec.imagePullSecrets : []) == (has(oldSelf.spec.imagePullSecrets) ? oldSelf.spec.imagePullSecrets : []))")
+        .message("spec.env and spec.imagePullSecrets are immutable once the SmolVM is bound to a node: delete and recreate (V6)")
+        .field_path(".spec"),
+    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || ((has(self.spec.restartPolicy) ? self.spec.restartPolicy : 'Always') == (has(oldSelf.spec.restartPolicy) ? oldSelf.spec.restartPolicy : 'Always') && (has(self.spec.terminationGracePeriodSeconds) ? self.spec.terminationGracePeriodSeconds : 10) == (has(oldSelf.spec.terminationGracePeriodSeconds) ? oldSelf.spec.terminationGracePeriodSeconds : 10))")
+        .message("spec.restartPolicy and spec.terminationGracePeriodSeconds are immutable once the SmolVM is bound to a node: delete and recreate (V6)")
+        .field_path(".spec"),
+    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || (has(self.spec.network) && has(self.spec.network.allowedHosts) ? self.spec.network.allowedHosts : []) == (has(oldSelf.spec.network) && has(oldSelf.spec.network.allowedHosts) ? oldSelf.spec.network.allowedHosts : [])")
+        .message("spec.network.allowedHosts are immutable once the SmolVM is bound to a node: delete and recreate (V6)")
+        .field_path(".spec.network"),
     validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || !has(oldSelf.spec.storage) || !has(oldSelf.spec.storage.storageGiB) || (has(self.spec.storage) && has(self.spec.storage.storageGiB) && self.spec.storage.storageGiB >= oldSelf.spec.storage.storageGiB)")
         .message("spec.storage.storageGiB may only grow once the SmolVM is bound to a node (V6)")
         .field_path(".spec.storage.storageGiB"),
@@ -115,6 +131,139 @@ pub struct SmolVMSpec {
     /// Networking of the machine. Disabled by default. Immutable once bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
+
+    /// The workload's entrypoint, as a Pod's `command`: replaces the image's entrypoint (smolvm `entrypoint`). Not run through a shell; use `["/bin/sh", "-c", "..."]` for one. Omitted: the image's own. Immutable once bound; the policy bounds the number of entries (by default 64) and the bytes of each (16384).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256), inner(length(max = 32768)))]
+    pub command: Option<Vec<String>>,
+
+    /// Arguments to the entrypoint, as a Pod's `args` (smolvm `cmd`). Omitted: the image's own. Immutable once bound; bounded like `command`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256), inner(length(max = 32768)))]
+    pub args: Option<Vec<String>>,
+
+    /// Working directory of the workload, an absolute path (smolvm `workdir`). Omitted: the image's own. Immutable once bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096))]
+    #[x_kube(validation = Rule::new("self.startsWith('/')").message("workingDir must be an absolute path (V11)"))]
+    pub working_dir: Option<String>,
+
+    /// Environment of the workload, as in a Pod: each entry a literal `value` or a `valueFrom` reference to a key of a Secret or ConfigMap in the SmolVM's namespace, resolved by the controller when it creates the machine. A missing reference that is not `optional` keeps the machine from being created (Ready=False, reason CreateConfigError). Names are unique; immutable once bound; the policy bounds the number (by default 64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub env: Option<Vec<EnvVar>>,
+
+    /// Secrets of type `kubernetes.io/dockerconfigjson` in the SmolVM's namespace holding credentials for private registries, as in a Pod. The credential for the image's registry is sent with every start and never stored on the node or in status. Immutable once bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+
+    /// When smolvm restarts the workload's machine after it exits: Always (the default), OnFailure or Never. Immutable once bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_policy: Option<RestartPolicy>,
+
+    /// Seconds the workload gets to exit after its stop signal before it is killed, 0 to 300 (smolvm `stopTimeoutSecs`). Defaults to 10. Immutable once bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 300))]
+    pub termination_grace_period_seconds: Option<i64>,
+}
+
+/// The schema's most `env` entries (the policy's `maxEnv` may lower it).
+pub const MAX_ENV: i64 = 256;
+/// The schema's most `command` (and `args`) entries (the policy's `maxArgs` may lower it).
+pub const MAX_ARGS: i64 = 256;
+/// The schema's most `network.allowedHosts` entries (the policy's `maxAllowedHosts` may lower it).
+pub const MAX_ALLOWED_HOSTS: i64 = 64;
+/// The schema's most bytes per env value, command or args entry (the policy's `maxValueBytes`
+/// may lower it).
+pub const MAX_VALUE_BYTES: i64 = 32_768;
+
+/// One environment variable of the workload.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.value) != has(self.valueFrom)").message("an env entry has exactly one of value and valueFrom (V11)"))]
+pub struct EnvVar {
+    /// Name of the variable: not empty, without '='.
+    #[schemars(length(min = 1, max = 256))]
+    #[x_kube(validation = Rule::new("!self.contains('=')").message("an env name must not contain '=' (V11)"))]
+    pub name: String,
+
+    /// A literal value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32768))]
+    pub value: Option<String>,
+
+    /// A value read from a key of a Secret or ConfigMap in the SmolVM's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<EnvVarSource>,
+}
+
+/// Where an env value comes from: exactly one of a Secret's or a ConfigMap's key.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.secretKeyRef) != has(self.configMapKeyRef)").message("valueFrom has exactly one of secretKeyRef and configMapKeyRef (V11)"))]
+pub struct EnvVarSource {
+    /// A key of a Secret in the SmolVM's namespace (the controller needs the workload-secrets component to read it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<KeySelector>,
+
+    /// A key of a ConfigMap in the SmolVM's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_key_ref: Option<KeySelector>,
+}
+
+/// A key of a Secret or ConfigMap.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct KeySelector {
+    /// Name of the Secret or ConfigMap (a DNS-1123 subdomain).
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("a referenced name must be a DNS-1123 subdomain (V11)"))]
+    pub name: String,
+
+    /// The key: letters, digits, '-', '_' and '.'.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[-._a-zA-Z0-9]+$')").message("a key is made of letters, digits, '-', '_' and '.' (V11)"))]
+    pub key: String,
+
+    /// Whether a missing object or key is allowed (the variable is then left out). Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optional: Option<bool>,
+}
+
+/// A reference to an object by name in the same namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalObjectReference {
+    /// Name of the object (a DNS-1123 subdomain).
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("imagePullSecrets names must be DNS-1123 subdomains (V11)"))]
+    pub name: String,
+}
+
+/// When smolvm restarts a workload's machine.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum RestartPolicy {
+    /// After every exit (the default).
+    #[default]
+    Always,
+    /// After a failed exit only.
+    OnFailure,
+    /// Never.
+    Never,
+}
+
+impl RestartPolicy {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestartPolicy::Always => "Always",
+            RestartPolicy::OnFailure => "OnFailure",
+            RestartPolicy::Never => "Never",
+        }
+    }
 }
 
 /// A label value (at most 63 characters).
@@ -155,6 +304,7 @@ pub struct Storage {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.ports) || size(self.ports) == 0 || (has(self.enabled) && self.enabled)").message("ports need network.enabled: true (V3)").field_path(".ports"))]
 #[x_kube(validation = Rule::new("!has(self.allowedCIDRs) || size(self.allowedCIDRs) == 0 || (has(self.enabled) && self.enabled)").message("allowedCIDRs need network.enabled: true (V3)").field_path(".allowedCIDRs"))]
+#[x_kube(validation = Rule::new("!has(self.allowedHosts) || size(self.allowedHosts) == 0 || (has(self.enabled) && self.enabled)").message("allowedHosts need network.enabled: true (V11)").field_path(".allowedHosts"))]
 pub struct Network {
     /// Whether the machine has a network interface. Defaults to false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -171,6 +321,17 @@ pub struct Network {
     #[schemars(length(max = 64), inner(length(max = 64)))]
     #[x_kube(validation = Rule::new("self.all(c, isCIDR(c))").message("every allowedCIDRs entry must be a CIDR such as 10.0.0.0/8 (V3)"))]
     pub allowed_cidrs: Option<Vec<CidrString>>,
+
+    /// Host names the machine may reach, with their subdomains (smolvm `allowedHosts`): DNS names such as `api.example.com`, or `*.example.com`. Needs `enabled`. Immutable once bound; the policy bounds the number (by default 32).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = 64),
+        inner(
+            length(min = 1, max = 253),
+            regex(pattern = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+        )
+    )]
+    pub allowed_hosts: Option<Vec<String>>,
 }
 
 /// A CIDR in string form (at most 64 characters).
@@ -517,6 +678,25 @@ impl SmolVMSpec {
             .as_ref()
             .and_then(|n| n.allowed_cidrs.as_deref())
             .unwrap_or(&[])
+    }
+
+    /// Allowed host names (empty when none).
+    pub fn allowed_hosts(&self) -> &[String] {
+        self.network
+            .as_ref()
+            .and_then(|n| n.allowed_hosts.as_deref())
+            .unwrap_or(&[])
+    }
+
+    /// The restart policy, defaulted.
+    pub fn restart_policy(&self) -> RestartPolicy {
+        self.restart_policy.unwrap_or(DEFAULT_RESTART_POLICY)
+    }
+
+    /// The termination grace period in seconds, defaulted.
+    pub fn termination_grace_period_seconds(&self) -> i64 {
+        self.termination_grace_period_seconds
+            .unwrap_or(DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS)
     }
 
     /// The share of a node this machine takes, defaults applied (no allocation).

@@ -73,6 +73,8 @@ pub enum RuleId {
     V9,
     /// V10: SmolVMNode writes.
     V10,
+    /// V11: the workload (command, args, env, pull secrets, restart, egress by host name).
+    V11,
 }
 
 impl RuleId {
@@ -90,6 +92,7 @@ impl RuleId {
             RuleId::V8 => "V8",
             RuleId::V9 => "V9",
             RuleId::V10 => "V10",
+            RuleId::V11 => "V11",
         }
     }
 }
@@ -640,7 +643,7 @@ pub fn validate_smolvm(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &
     verdict
 }
 
-/// V1 to V4: the spec on its own, against the policy.
+/// V1 to V4 and V11: the spec on its own, against the policy.
 fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
     // V1
     if let Err(reason) = syntax::parse_image(&spec.image) {
@@ -858,6 +861,243 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
             }
         }
     }
+    // V11
+    check_workload(spec, policy, v);
+}
+
+/// V11: the workload, against the policy's maxima. Values are never echoed (an env value or an
+/// argument may be a secret): a finding names the entry and its size.
+fn check_workload(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
+    let max_bytes = usize::try_from(policy.max_value_bytes).unwrap_or(usize::MAX);
+    for (field, list) in [("command", &spec.command), ("args", &spec.args)] {
+        let Some(list) = list else { continue };
+        if list.len() as i64 > policy.max_args {
+            v.violation(
+                RuleId::V11,
+                &format!("spec.{field}"),
+                &format!("/spec/{field}"),
+                format!("{} entries", list.len()),
+                format!(
+                    "{} entries exceed the maximum {} (policy maxArgs)",
+                    list.len(),
+                    policy.max_args
+                ),
+            );
+        }
+        for (i, entry) in list.iter().enumerate() {
+            if entry.len() > max_bytes {
+                v.violation(
+                    RuleId::V11,
+                    &format!("spec.{field}[{i}]"),
+                    &format!("/spec/{field}/{i}"),
+                    format!("{} bytes", entry.len()),
+                    format!(
+                        "{} bytes exceed the maximum {max_bytes} (policy maxValueBytes)",
+                        entry.len()
+                    ),
+                );
+            }
+        }
+    }
+    if let Some(dir) = &spec.working_dir {
+        if !dir.starts_with('/') {
+            v.violation(
+                RuleId::V11,
+                "spec.workingDir",
+                "/spec/workingDir",
+                render(dir),
+                format!("{} is not an absolute path (it must start with '/')", render(dir)),
+            );
+        } else if dir.len() > max_bytes.min(4096) {
+            v.violation(
+                RuleId::V11,
+                "spec.workingDir",
+                "/spec/workingDir",
+                format!("{} bytes", dir.len()),
+                format!("{} bytes exceed the maximum {}", dir.len(), max_bytes.min(4096)),
+            );
+        }
+    }
+    if let Some(env) = &spec.env {
+        if env.len() as i64 > policy.max_env {
+            v.violation(
+                RuleId::V11,
+                "spec.env",
+                "/spec/env",
+                format!("{} entries", env.len()),
+                format!(
+                    "{} entries exceed the maximum {} (policy maxEnv)",
+                    env.len(),
+                    policy.max_env
+                ),
+            );
+        }
+        let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+        for (i, var) in env.iter().enumerate() {
+            let at = |field: &str| {
+                (
+                    format!("spec.env[{i}]{field}"),
+                    format!("/spec/env/{i}{}", field.replace('.', "/")),
+                )
+            };
+            if var.name.is_empty() || var.name.contains('=') {
+                let (path, pointer) = at(".name");
+                v.violation(
+                    RuleId::V11,
+                    &path,
+                    &pointer,
+                    render(&var.name),
+                    format!(
+                        "{} is not a variable name: it must be non-empty and have no '='",
+                        render(&var.name)
+                    ),
+                );
+            } else if let Some(first) = seen.insert(var.name.as_str(), i) {
+                seen.insert(var.name.as_str(), first);
+                let (path, pointer) = at(".name");
+                v.violation(
+                    RuleId::V11,
+                    &path,
+                    &pointer,
+                    render(&var.name),
+                    format!("{} duplicates env[{first}]: names are unique", render(&var.name)),
+                );
+            }
+            match (&var.value, &var.value_from) {
+                (Some(_), Some(_)) | (None, None) => {
+                    let (path, pointer) = at("");
+                    v.violation(
+                        RuleId::V11,
+                        &path,
+                        &pointer,
+                        render(&var.name),
+                        format!(
+                            "{} has {}: an env entry has exactly one of value and valueFrom",
+                            render(&var.name),
+                            if var.value.is_some() {
+                                "both value and valueFrom"
+                            } else {
+                                "neither value nor valueFrom"
+                            }
+                        ),
+                    );
+                }
+                (Some(value), None) if value.len() > max_bytes => {
+                    let (path, pointer) = at(".value");
+                    v.violation(
+                        RuleId::V11,
+                        &path,
+                        &pointer,
+                        format!("{} bytes", value.len()),
+                        format!(
+                            "{} bytes exceed the maximum {max_bytes} (policy maxValueBytes)",
+                            value.len()
+                        ),
+                    );
+                }
+                (Some(_), None) => {}
+                (None, Some(from)) => {
+                    let refs = [
+                        ("secretKeyRef", from.secret_key_ref.as_ref()),
+                        ("configMapKeyRef", from.config_map_key_ref.as_ref()),
+                    ];
+                    let given: Vec<_> = refs.iter().filter(|(_, r)| r.is_some()).collect();
+                    if given.len() != 1 {
+                        let (path, pointer) = at(".valueFrom");
+                        v.violation(
+                            RuleId::V11,
+                            &path,
+                            &pointer,
+                            format!("{} references", given.len()),
+                            format!(
+                                "{} references: valueFrom has exactly one of secretKeyRef and configMapKeyRef",
+                                given.len()
+                            ),
+                        );
+                    }
+                    for (kind, selector) in refs {
+                        let Some(selector) = selector else { continue };
+                        if let Err(reason) = syntax::check_dns1123_subdomain(&selector.name) {
+                            let (path, pointer) = at(&format!(".valueFrom.{kind}.name"));
+                            v.violation(
+                                RuleId::V11,
+                                &path,
+                                &pointer,
+                                render(&selector.name),
+                                format!("{} {reason}", render(&selector.name)),
+                            );
+                        }
+                        if let Err(reason) = syntax::check_config_key(&selector.key) {
+                            let (path, pointer) = at(&format!(".valueFrom.{kind}.key"));
+                            v.violation(
+                                RuleId::V11,
+                                &path,
+                                &pointer,
+                                render(&selector.key),
+                                format!("{} {reason}", render(&selector.key)),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (i, secret) in spec.image_pull_secrets.iter().flatten().enumerate() {
+        if let Err(reason) = syntax::check_dns1123_subdomain(&secret.name) {
+            v.violation(
+                RuleId::V11,
+                &format!("spec.imagePullSecrets[{i}].name"),
+                &format!("/spec/imagePullSecrets/{i}/name"),
+                render(&secret.name),
+                format!("{} {reason}", render(&secret.name)),
+            );
+        }
+    }
+    if let Some(grace) = spec.termination_grace_period_seconds
+        && !(0..=300).contains(&grace)
+    {
+        v.violation(
+            RuleId::V11,
+            "spec.terminationGracePeriodSeconds",
+            "/spec/terminationGracePeriodSeconds",
+            grace.to_string(),
+            format!("{grace} is outside 0 to 300 seconds"),
+        );
+    }
+    let hosts = spec.allowed_hosts();
+    if !hosts.is_empty() && !spec.network_enabled() {
+        v.violation(
+            RuleId::V11,
+            "spec.network.allowedHosts",
+            "/spec/network/allowedHosts",
+            format!("{} entries", hosts.len()),
+            format!("{} entries need network.enabled: true", hosts.len()),
+        );
+    }
+    if hosts.len() as i64 > policy.max_allowed_hosts {
+        v.violation(
+            RuleId::V11,
+            "spec.network.allowedHosts",
+            "/spec/network/allowedHosts",
+            format!("{} entries", hosts.len()),
+            format!(
+                "{} entries exceed the maximum {} (policy maxAllowedHosts)",
+                hosts.len(),
+                policy.max_allowed_hosts
+            ),
+        );
+    }
+    for (i, host) in hosts.iter().enumerate() {
+        if let Err(reason) = syntax::check_allowed_host(host) {
+            v.violation(
+                RuleId::V11,
+                &format!("spec.network.allowedHosts[{i}]"),
+                &format!("/spec/network/allowedHosts/{i}"),
+                render(host),
+                format!("{} {reason}", render(host)),
+            );
+        }
+    }
 }
 
 /// V5 and V6 for a SmolVM already bound to `bound`.
@@ -920,6 +1160,56 @@ fn check_bound(bound: &str, old: &SmolVMSpec, new: &SmolVMSpec, v: &mut Verdict)
                 render(old.allowed_cidrs())
             ),
         );
+    }
+    if old.allowed_hosts() != new.allowed_hosts() {
+        v.violation(
+            RuleId::V6,
+            "spec.network.allowedHosts",
+            "/spec/network/allowedHosts",
+            render(new.allowed_hosts()),
+            format!(
+                "{} (was {}) {immutable}",
+                render(new.allowed_hosts()),
+                render(old.allowed_hosts())
+            ),
+        );
+    }
+    // The workload: values are not echoed (an argument or env value may be a secret).
+    let empty = Vec::new();
+    let workload_changes: [(&str, bool); 7] = [
+        (
+            "command",
+            old.command.as_ref().unwrap_or(&empty) != new.command.as_ref().unwrap_or(&empty),
+        ),
+        (
+            "args",
+            old.args.as_ref().unwrap_or(&empty) != new.args.as_ref().unwrap_or(&empty),
+        ),
+        ("workingDir", old.working_dir != new.working_dir),
+        (
+            "env",
+            old.env.as_deref().unwrap_or(&[]) != new.env.as_deref().unwrap_or(&[]),
+        ),
+        (
+            "imagePullSecrets",
+            old.image_pull_secrets.as_deref().unwrap_or(&[]) != new.image_pull_secrets.as_deref().unwrap_or(&[]),
+        ),
+        ("restartPolicy", old.restart_policy() != new.restart_policy()),
+        (
+            "terminationGracePeriodSeconds",
+            old.termination_grace_period_seconds() != new.termination_grace_period_seconds(),
+        ),
+    ];
+    for (field, changed) in workload_changes {
+        if changed {
+            v.violation(
+                RuleId::V6,
+                &format!("spec.{field}"),
+                &format!("/spec/{field}"),
+                "(changed)".into(),
+                format!("(changed) {immutable}"),
+            );
+        }
     }
     let (o, n) = (old.effective(), new.effective());
     for (path, pointer, before, after) in [

@@ -209,6 +209,86 @@ fn cel_create_rules_table() {
             Some("(V4)"),
         ),
         (
+            "v11_cel_relative_working_dir",
+            set(stored(), "/spec/workingDir", json!("srv")),
+            Some("workingDir must be an absolute path (V11)"),
+        ),
+        (
+            "v11_cel_absolute_working_dir_ok",
+            set(stored(), "/spec/workingDir", json!("/srv")),
+            None,
+        ),
+        (
+            "v11_cel_env_value_and_value_from",
+            set(
+                stored(),
+                "/spec/env",
+                json!([{"name": "A", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]),
+            ),
+            Some("exactly one of value and valueFrom (V11)"),
+        ),
+        (
+            "v11_cel_env_neither_value_nor_value_from",
+            set(stored(), "/spec/env", json!([{"name": "A"}])),
+            Some("exactly one of value and valueFrom (V11)"),
+        ),
+        (
+            "v11_cel_value_from_two_refs",
+            set(
+                stored(),
+                "/spec/env",
+                json!([{"name": "A", "valueFrom": {
+                    "secretKeyRef": {"name": "s", "key": "k"},
+                    "configMapKeyRef": {"name": "c", "key": "k"}}}]),
+            ),
+            Some("exactly one of secretKeyRef and configMapKeyRef (V11)"),
+        ),
+        (
+            "v11_cel_env_name_with_equals",
+            set(stored(), "/spec/env", json!([{"name": "A=B", "value": "1"}])),
+            Some("must not contain '=' (V11)"),
+        ),
+        (
+            "v11_cel_bad_key",
+            set(
+                stored(),
+                "/spec/env",
+                json!([{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "a/b"}}}]),
+            ),
+            Some("a key is made of letters, digits"),
+        ),
+        (
+            "v11_cel_env_from_secret_and_config_map_ok",
+            set(
+                stored(),
+                "/spec/env",
+                json!([
+                    {"name": "A", "value": ""},
+                    {"name": "B", "valueFrom": {"secretKeyRef": {"name": "s", "key": "token.txt", "optional": true}}},
+                    {"name": "C", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "mode"}}},
+                ]),
+            ),
+            None,
+        ),
+        (
+            "v11_cel_allowed_hosts_need_network",
+            set(
+                stored(),
+                "/spec/network",
+                json!({"enabled": false, "allowedHosts": ["example.com"]}),
+            ),
+            Some("allowedHosts need network.enabled: true (V11)"),
+        ),
+        (
+            "v11_cel_allowed_hosts_with_network_ok",
+            set(
+                stored(),
+                "/spec/network",
+                json!({"enabled": true, "allowedHosts": ["example.com"]}),
+            ),
+            None,
+        ),
+        (
             "v5_cel_pin_must_equal_binding",
             set(fixtures::bound(stored(), "node-a"), "/spec/nodeName", json!("node-b")),
             Some("(V5)"),
@@ -266,6 +346,36 @@ fn cel_transition_rules_table() {
             bound.clone(),
             set(bound.clone(), "/spec/network/allowedCIDRs", json!(["10.0.0.0/8"])),
             Some("allowedCIDRs are immutable"),
+        ),
+        (
+            "v6_cel_bound_command_change",
+            bound.clone(),
+            set(bound.clone(), "/spec/command", json!(["/bin/other"])),
+            Some("delete and recreate (V6)"),
+        ),
+        (
+            "v6_cel_bound_env_added",
+            bound.clone(),
+            set(bound.clone(), "/spec/env", json!([{"name": "A", "value": "1"}])),
+            Some("spec.env and spec.imagePullSecrets are immutable"),
+        ),
+        (
+            "v6_cel_bound_restart_policy_change",
+            bound.clone(),
+            set(bound.clone(), "/spec/restartPolicy", json!("Never")),
+            Some("spec.restartPolicy and spec.terminationGracePeriodSeconds are immutable"),
+        ),
+        (
+            "v6_cel_bound_restart_policy_default_spelled_out_ok",
+            bound.clone(),
+            set(bound.clone(), "/spec/restartPolicy", json!("Always")),
+            None,
+        ),
+        (
+            "v6_cel_unbound_command_change_ok",
+            unbound.clone(),
+            set(unbound.clone(), "/spec/command", json!(["/bin/other"])),
+            None,
         ),
         (
             "v6_cel_bound_storage_grow_ok",

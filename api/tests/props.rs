@@ -97,28 +97,94 @@ fn arbitrary_json() -> impl Strategy<Value = Value> {
 /// SmolVM-shaped objects whose fields may be absent, null, or of any type.
 fn smolvm_like() -> impl Strategy<Value = Value> {
     let field = || prop::option::of(arbitrary_json());
-    (field(), field(), field(), field(), field(), field(), any::<bool>()).prop_map(
-        |(running, image, resources, storage, network, selector, deleting)| {
-            let mut spec = Map::new();
-            for (key, value) in [
-                ("running", running),
-                ("image", image),
-                ("resources", resources),
-                ("storage", storage),
-                ("network", network),
-                ("nodeSelector", selector),
-            ] {
-                if let Some(v) = value {
-                    spec.insert(key.to_string(), v);
-                }
-            }
-            let mut object = fixtures::smolvm("p", Value::Object(spec));
-            if deleting {
-                object["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
-            }
-            object
-        },
+    (
+        (field(), field(), field(), field(), field(), field(), any::<bool>()),
+        workload_like(),
     )
+        .prop_map(
+            |((running, image, resources, storage, network, selector, deleting), workload)| {
+                let mut spec = Map::new();
+                for (key, value) in [
+                    ("running", running),
+                    ("image", image),
+                    ("resources", resources),
+                    ("storage", storage),
+                    ("network", network),
+                    ("nodeSelector", selector),
+                ] {
+                    if let Some(v) = value {
+                        spec.insert(key.to_string(), v);
+                    }
+                }
+                spec.extend(workload);
+                let mut object = fixtures::smolvm("p", Value::Object(spec));
+                if deleting {
+                    object["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+                }
+                object
+            },
+        )
+}
+
+/// The workload's fields (V11), each absent, of any JSON, or of roughly the right shape with
+/// arbitrary contents (so the checks behind the shape are reached too).
+fn workload_like() -> impl Strategy<Value = Map<String, Value>> {
+    let any_or = |shaped: BoxedStrategy<Value>| prop::option::of(prop_oneof![arbitrary_json(), shaped]);
+    let text = || prop_oneof![".{0,12}", "/[a-z/]{0,8}", Just(String::new())].prop_map(Value::from);
+    let strings = move || prop::collection::vec(text(), 0..4).prop_map(Value::from).boxed();
+    let key_ref = move || {
+        (text(), text(), prop::option::of(any::<bool>()))
+            .prop_map(|(name, key, optional)| json!({"name": name, "key": key, "optional": optional}))
+    };
+    let env_entry = (
+        text(),
+        prop::option::of(text()),
+        prop::option::of(prop::option::of(key_ref())),
+        prop::option::of(prop::option::of(key_ref())),
+    )
+        .prop_map(|(name, value, secret, config_map)| {
+            let mut e = json!({"name": name});
+            if let Some(v) = value {
+                e["value"] = v;
+            }
+            if secret.is_some() || config_map.is_some() {
+                e["valueFrom"] = json!({"secretKeyRef": secret.flatten(), "configMapKeyRef": config_map.flatten()});
+            }
+            e
+        });
+    let env = prop::collection::vec(env_entry, 0..4).prop_map(Value::from).boxed();
+    let pull = prop::collection::vec(text().prop_map(|n| json!({"name": n})), 0..3)
+        .prop_map(Value::from)
+        .boxed();
+    let policy = prop_oneof![Just("Always"), Just("OnFailure"), Just("Never"), Just("always")]
+        .prop_map(Value::from)
+        .boxed();
+    let grace = prop_oneof![-1i64..=301, Just(i64::MAX), Just(i64::MIN)]
+        .prop_map(Value::from)
+        .boxed();
+    (
+        any_or(strings()),
+        any_or(strings()),
+        any_or(text().boxed()),
+        any_or(env),
+        any_or(pull),
+        any_or(policy),
+        any_or(grace),
+    )
+        .prop_map(|(command, args, dir, env, pull, policy, grace)| {
+            [
+                ("command", command),
+                ("args", args),
+                ("workingDir", dir),
+                ("env", env),
+                ("imagePullSecrets", pull),
+                ("restartPolicy", policy),
+                ("terminationGracePeriodSeconds", grace),
+            ]
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k.to_string(), v)))
+            .collect()
+        })
 }
 
 /// Specs that obey the default policy, with any subset of fields left for defaulting.
@@ -148,9 +214,13 @@ fn valid_spec() -> impl Strategy<Value = Value> {
         prop::option::of((prop::option::of(1i32..=32), prop::option::of(128i64..=131072))),
         prop::option::of((prop::option::of(1i64..=2048), prop::option::of(1i64..=1024))),
         prop::option::of((any::<bool>(), ports, prop::collection::vec((0u8..=255, 0u8..=32), 0..4))),
+        valid_workload(),
     )
-        .prop_map(|(image, running, resources, storage, network)| {
+        .prop_map(|(image, running, resources, storage, network, workload)| {
             let mut spec = json!({"image": image});
+            if let Some(map) = spec.as_object_mut() {
+                map.extend(workload);
+            }
             if let Some(r) = running {
                 spec["running"] = json!(r);
             }
@@ -188,6 +258,52 @@ fn valid_spec() -> impl Strategy<Value = Value> {
                 spec["network"] = n;
             }
             fixtures::smolvm("valid", spec)
+        })
+}
+
+/// Workload fields within the default policy, any subset of them.
+fn valid_workload() -> impl Strategy<Value = Map<String, Value>> {
+    let strings = prop::collection::vec("[ -~]{0,40}", 0..8);
+    let env = prop::collection::btree_map("[A-Za-z_][A-Za-z0-9_.-]{0,20}", (0u8..3, "[ -~]{0,40}"), 0..8).prop_map(
+        |vars| {
+            vars.into_iter()
+                .map(|(name, (kind, text))| match kind {
+                    0 => json!({"name": name, "value": text}),
+                    1 => json!({"name": name, "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}}),
+                    _ => json!({"name": name, "valueFrom": {"configMapKeyRef": {"name": "conf", "key": "mode", "optional": true}}}),
+                })
+                .collect::<Vec<_>>()
+        },
+    );
+    (
+        prop::option::of(strings.clone()),
+        prop::option::of(strings),
+        prop::option::of("/[a-z0-9/]{0,30}"),
+        prop::option::of(env),
+        prop::option::of(prop::sample::select(vec!["Always", "OnFailure", "Never"])),
+        prop::option::of(0i64..=300),
+    )
+        .prop_map(|(command, args, dir, env, policy, grace)| {
+            let mut out = Map::new();
+            if let Some(v) = command {
+                out.insert("command".into(), json!(v));
+            }
+            if let Some(v) = args {
+                out.insert("args".into(), json!(v));
+            }
+            if let Some(v) = dir {
+                out.insert("workingDir".into(), json!(v));
+            }
+            if let Some(v) = env {
+                out.insert("env".into(), json!(v));
+            }
+            if let Some(v) = policy {
+                out.insert("restartPolicy".into(), json!(v));
+            }
+            if let Some(v) = grace {
+                out.insert("terminationGracePeriodSeconds".into(), json!(v));
+            }
+            out
         })
 }
 

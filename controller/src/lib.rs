@@ -6,6 +6,7 @@
 //! - [`nodeclient`]: the mTLS client of the runtime agents' node API.
 
 pub mod events;
+pub mod fetch;
 pub mod lease;
 pub mod metrics;
 pub mod nodeclient;
@@ -16,6 +17,7 @@ pub mod reconcile;
 pub mod runtime_auth;
 pub mod runtime_ca;
 pub mod signer;
+pub mod workload;
 
 /// Waits until a reflector store has its first complete list; `false` if its writer is gone.
 ///

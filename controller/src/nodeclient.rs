@@ -28,7 +28,8 @@ use hyper_util::{
 use rustls::{ClientConfig, pki_types::ServerName};
 use serde::{Serialize, de::DeserializeOwned};
 use smolvm_api::nodeapi::{
-    DeleteResponse, HealthResponse, IdentityResponse, MachineSpec, MachineStatus, NodeApiError, ResizeSpec, error_code,
+    DeleteResponse, HealthResponse, IdentityResponse, MachineSpec, MachineStatus, NodeApiError, RegistryAuth,
+    ResizeSpec, StartRequest, error_code,
 };
 use tokio::net::TcpStream;
 use tokio_rustls::{TlsConnector, client::TlsStream};
@@ -342,10 +343,19 @@ impl NodeClient {
         .await
     }
 
-    /// `POST /v1/machines/{name}/ensure-running`.
-    pub async fn ensure_running(&self, node: &str, name: &str) -> Result<MachineStatus, CallError> {
+    /// `POST /v1/machines/{name}/ensure-running`, with the registry credential for this start
+    /// (sent in the body only when there is one).
+    pub async fn ensure_running(
+        &self,
+        node: &str,
+        name: &str,
+        registry_auth: Option<&RegistryAuth>,
+    ) -> Result<MachineStatus, CallError> {
         let path = format!("/v1/machines/{name}/ensure-running");
-        self.call(node, Method::POST, &path, None::<&()>, self.settings.start_timeout)
+        let body = registry_auth.map(|auth| StartRequest {
+            registry_auth: Some(auth.clone()),
+        });
+        self.call(node, Method::POST, &path, body.as_ref(), self.settings.start_timeout)
             .await
     }
 

@@ -12,8 +12,11 @@ use smolvm_api::{
         FINALIZER, FORCE_DELETE_ANNOTATION, FORCE_DELETE_VALUE, RECREATE_LOST_MACHINE_ANNOTATION,
         RECREATE_LOST_MACHINE_VALUE, condition,
     },
-    nodeapi::{MachineSpec, MachineState, MachineStatus, NetworkSpec, PortProtocol, PortSpec, ResizeSpec},
-    types::Protocol,
+    nodeapi::{
+        MachineSpec, MachineState, MachineStatus, NetworkSpec, PortProtocol, PortSpec, ResizeSpec,
+        RestartPolicy as NodeRestartPolicy, WorkloadSpec,
+    },
+    types::{Protocol, RestartPolicy},
 };
 
 /// The machine name of a SmolVM on its node: `svm-<uid>` (see [`SmolVM::machine_name`]). The
@@ -222,6 +225,29 @@ pub fn machine_spec(vm: &SmolVM) -> Result<MachineSpec, String> {
             enabled: vm.spec.network_enabled(),
             ports,
             allowed_cidrs: vm.spec.allowed_cidrs().to_vec(),
+            allowed_hosts: vm.spec.allowed_hosts().to_vec(),
+        },
+        workload: WorkloadSpec {
+            command: vm.spec.command.clone().unwrap_or_default(),
+            args: vm.spec.args.clone().unwrap_or_default(),
+            working_dir: vm.spec.working_dir.clone(),
+            // Resolved from Secrets and ConfigMaps when the machine is created
+            // (`workload::resolve_env`): values are read at that moment only.
+            env: Vec::new(),
+            restart_policy: match vm.spec.restart_policy() {
+                RestartPolicy::Always => NodeRestartPolicy::Always,
+                RestartPolicy::OnFailure => NodeRestartPolicy::OnFailure,
+                RestartPolicy::Never => NodeRestartPolicy::Never,
+            },
+            termination_grace_period_seconds: u32::try_from(vm.spec.termination_grace_period_seconds())
+                .ok()
+                .filter(|s| *s <= 300)
+                .ok_or_else(|| {
+                    format!(
+                        "terminationGracePeriodSeconds {} out of range",
+                        vm.spec.termination_grace_period_seconds()
+                    )
+                })?,
         },
     })
 }

@@ -482,23 +482,33 @@ async fn converge(
     for _ in 0..MAX_STEPS_PER_PASS {
         let action = plan::machine_action(&desired, running, machine_now.as_ref());
         let result = match &action {
-            MachineAction::Create(spec) => {
-                timed(
-                    ctx,
-                    "CreateMachine",
-                    ctx.node_client.create_machine(node, machine, spec),
-                )
-                .await
-            }
-            MachineAction::EnsureRunning => {
-                timed(
+            MachineAction::Create(spec) => match workload_env(ctx, vm).await {
+                Ok(env) => {
+                    let mut spec = spec.clone();
+                    spec.workload.env = env;
+                    timed(
+                        ctx,
+                        "CreateMachine",
+                        ctx.node_client.create_machine(node, machine, &spec),
+                    )
+                    .await
+                    .map_err(Failure::Call)
+                }
+                Err(failure) => Err(failure),
+            },
+            MachineAction::EnsureRunning => match registry_auth(ctx, vm).await {
+                Ok(auth) => timed(
                     ctx,
                     "EnsureMachineRunning",
-                    ctx.node_client.ensure_running(node, machine),
+                    ctx.node_client.ensure_running(node, machine, auth.as_ref()),
                 )
                 .await
-            }
-            MachineAction::Stop => timed(ctx, "StopMachine", ctx.node_client.stop_machine(node, machine)).await,
+                .map_err(Failure::Call),
+                Err(failure) => Err(failure),
+            },
+            MachineAction::Stop => timed(ctx, "StopMachine", ctx.node_client.stop_machine(node, machine))
+                .await
+                .map_err(Failure::Call),
             MachineAction::Resize(spec) => {
                 // A resize up needs room on the node: its allocatable minus what the other VMs
                 // bound there hold. Without it the node is not asked; the VM reports why.
@@ -533,6 +543,7 @@ async fn converge(
                     ctx.node_client.resize_machine(node, machine, spec),
                 )
                 .await
+                .map_err(Failure::Call)
             }
             MachineAction::ResizePending(message) => {
                 plan::set_condition(
@@ -558,7 +569,7 @@ async fn converge(
                 machine_now = Some(m);
                 done.push(action);
             }
-            Err(e) if e.code() == Some(error_code::RESIZE_REQUIRES_RUNNING) => {
+            Err(Failure::Call(e)) if e.code() == Some(error_code::RESIZE_REQUIRES_RUNNING) => {
                 plan::set_condition(
                     &mut status.conditions,
                     condition::RESIZE_PENDING,
@@ -571,7 +582,7 @@ async fn converge(
                 settled = true;
                 break;
             }
-            Err(e) => {
+            Err(failure) => {
                 publish_steps(ctx, vm, node, machine, &done).await;
                 if recreating && done.iter().any(|a| matches!(a, MachineAction::Create(_))) {
                     forget_recreate_request(api, vm, ctx, node, machine).await?;
@@ -581,7 +592,36 @@ async fn converge(
                 if let Some(m) = machine_now.as_ref() {
                     status.effective = Some(effective_of(m));
                 }
-                return report_call_error(api, vm, ctx, status, node, RuntimeCall::of(&action), e).await;
+                return match failure {
+                    Failure::Call(e) => {
+                        report_call_error(api, vm, ctx, status, node, RuntimeCall::of(&action), e).await
+                    }
+                    Failure::Config { reason: why, message } => {
+                        let problem = Problem {
+                            phase: if machine_now.is_some() {
+                                Phase::Stopped
+                            } else {
+                                Phase::Scheduled
+                            },
+                            condition: condition::READY,
+                            status: "False",
+                            reason: why,
+                            message,
+                            event_reason: why,
+                            action: if matches!(action, MachineAction::Create(_)) {
+                                "Create"
+                            } else {
+                                "Start"
+                            },
+                            note: None,
+                        };
+                        report(api, vm, ctx, status, problem).await?;
+                        // Retried with a backoff (1 s doubling to 30 s), so the VM proceeds soon
+                        // after the missing object appears or the permission is granted.
+                        Ok(Action::requeue(plan::unsettled_delay(ctx.unsettled.bump(uid))))
+                    }
+                    Failure::Kube(e) => Err(Error::Kube(e)),
+                };
             }
         }
     }
@@ -612,6 +652,71 @@ async fn converge(
         // backoff, so a runtime that never settles is not hammered.
         Action::requeue(plan::unsettled_delay(ctx.unsettled.bump(uid)))
     })
+}
+
+/// Why a step of [`converge`] did not happen.
+enum Failure {
+    /// The node API call failed.
+    Call(CallError),
+    /// The workload's configuration could not be read: a condition reason and its message.
+    Config { reason: &'static str, message: String },
+    /// Reading the configuration failed at the API server (other than 403 and 404).
+    Kube(kube::Error),
+}
+
+/// The workload's environment, resolved from the Secrets and ConfigMaps it refers to in the
+/// SmolVM's namespace, read now (at create) and passed on; never logged.
+async fn workload_env(ctx: &Context, vm: &SmolVM) -> Result<Vec<smolvm_api::nodeapi::EnvVar>, Failure> {
+    let refs = crate::workload::env_references(vm);
+    let namespace = vm.namespace().unwrap_or_default();
+    let fetched = if refs.is_empty() {
+        Default::default()
+    } else {
+        crate::fetch::env_sources(&ctx.client, &namespace, &refs)
+            .await
+            .map_err(Failure::Kube)?
+    };
+    crate::workload::resolve_env(vm, &fetched).map_err(|e| Failure::Config {
+        reason: e.reason(),
+        message: e.message(&namespace),
+    })
+}
+
+/// The credential for the SmolVM's image from its `imagePullSecrets`, read on every start. A
+/// pull secret that is missing or unreadable is skipped with a warning in the log (naming it,
+/// never its contents), as the kubelet does; one the controller may not read stops the start.
+async fn registry_auth(ctx: &Context, vm: &SmolVM) -> Result<Option<smolvm_api::nodeapi::RegistryAuth>, Failure> {
+    let names: Vec<String> = vm
+        .spec
+        .image_pull_secrets
+        .iter()
+        .flatten()
+        .map(|r| r.name.clone())
+        .collect();
+    if names.is_empty() {
+        return Ok(None);
+    }
+    let namespace = vm.namespace().unwrap_or_default();
+    let read = crate::fetch::pull_secrets(&ctx.client, &namespace, &names)
+        .await
+        .map_err(Failure::Kube)?;
+    if !read.forbidden.is_empty() {
+        return Err(Failure::Config {
+            reason: reason::SECRET_ACCESS_DENIED,
+            message: format!(
+                "the controller may not get secrets in namespace {namespace} (imagePullSecrets {}); grant it with the deploy/components/workload-secrets component: the machine is not started until this is fixed (retried)",
+                read.forbidden.join(", ")
+            ),
+        });
+    }
+    for name in &read.skipped {
+        tracing::warn!(secret = %name, namespace = %namespace, "image pull secret is missing or holds no .dockerconfigjson; skipped");
+    }
+    let (auth, problems) = crate::workload::registry_auth(&vm.spec.image, &read.configs);
+    for crate::workload::PullSecretProblem::Unreadable(name) in problems {
+        tracing::warn!(secret = %name, namespace = %namespace, "image pull secret is not a readable docker configuration; skipped");
+    }
+    Ok(auth)
 }
 
 /// After a fresh machine replaced a lost one: removes the recreate-lost-machine annotation (so a

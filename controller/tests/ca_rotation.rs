@@ -150,6 +150,7 @@ async fn runtime_ca_rotates_under_a_running_agent_without_losing_a_call() {
         client_ca: ClientCa::File(bundle_file.clone()),
         auth,
         file_poll_interval: Duration::from_millis(50),
+        workload_records: None,
     })
     .await
     .expect("agent starts");

@@ -40,7 +40,9 @@ fn spec(image: &str, cpus: u32) -> MachineSpec {
                 protocol: PortProtocol::Tcp,
             }],
             allowed_cidrs: vec![],
+            allowed_hosts: vec![],
         },
+        workload: Default::default(),
     }
 }
 
@@ -118,7 +120,7 @@ async fn node_client_drives_the_real_runtime_over_mtls() {
         Err(e) => assert_eq!(e.code(), Some(error_code::RESIZE_REQUIRES_RUNNING), "{e}"),
         Ok(m) => panic!("a live CPU resize of a stopped machine cannot succeed: {m:?}"),
     }
-    match nodes.ensure_running(NODE, name).await {
+    match nodes.ensure_running(NODE, name, None).await {
         Err(e) => {
             assert_eq!(e.code(), Some(error_code::START_FAILED), "{e}");
             assert!(!e.message().is_empty(), "the runtime's own message is carried");

@@ -118,6 +118,7 @@ fn an_orphan_holds_its_resources_and_ports_in_placement() {
                 protocol: PortProtocol::Tcp,
             }],
             allowed_cidrs: vec![],
+            allowed_hosts: vec![],
         },
         pid: None,
     };

@@ -47,6 +47,9 @@ pub struct AgentOptions {
     pub auth: Arc<TokenAuth>,
     /// Poll interval for changed files.
     pub file_poll_interval: Duration,
+    /// Directory of the workload records (create's idempotency over the workload); `None`
+    /// keeps none, and a repeated create then does not compare the workload.
+    pub workload_records: Option<PathBuf>,
 }
 
 /// A running agent.
@@ -78,6 +81,10 @@ impl Agent {
             metrics.clone(),
             options.local_image_dir,
         );
+        let state = match options.workload_records {
+            Some(dir) => state.with_workload_records(dir),
+            None => state,
+        };
         let client_ca_pem = match &options.client_ca {
             ClientCa::Pem(pem) => pem.clone(),
             ClientCa::File(path) => {

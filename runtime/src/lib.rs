@@ -11,6 +11,7 @@ pub mod serving_cert;
 pub mod supervisor;
 pub mod vmm;
 pub mod watch;
+pub mod workload_records;
 
 pub use error::{Error, Result};
 

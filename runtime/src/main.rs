@@ -223,6 +223,7 @@ async fn run(flags: Flags) -> Result<()> {
         client_ca: ClientCa::File(flags.client_ca.clone()),
         auth,
         file_poll_interval: Duration::from_secs(2),
+        workload_records: Some(flags.state_dir.join("operator").join("workloads")),
     })
     .await?;
 

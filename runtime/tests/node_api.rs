@@ -620,3 +620,162 @@ async fn a_server_left_running_is_supervised_not_doubled() {
     agent.agent.shutdown().await;
     smolvm_runtime::supervisor::terminate(&mut left, Duration::from_secs(5)).await;
 }
+
+/// Every file under `dir` whose bytes contain `needle`.
+fn files_containing(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(&path).into_iter().flatten().flatten() {
+                stack.push(entry.path());
+            }
+        } else if meta.is_file()
+            && let Ok(bytes) = std::fs::read(&path)
+            && memchr::memmem::find(&bytes, needle).is_some()
+        {
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// smolvm's own record of machine `name`: the JSON object it keeps in its database under the
+/// state directory (found by scanning the files, so no SQLite reader is needed).
+fn smolvm_record(state: &std::path::Path, name: &str) -> Option<serde_json::Value> {
+    let needle = format!("{{\"name\":\"{name}\"");
+    for file in files_containing(state, needle.as_bytes()) {
+        let bytes = std::fs::read(&file).ok()?;
+        let mut at = 0;
+        while let Some(offset) = memchr::memmem::find(&bytes[at..], needle.as_bytes()) {
+            let start = at + offset;
+            let mut stream = serde_json::Deserializer::from_slice(&bytes[start..]).into_iter::<serde_json::Value>();
+            if let Some(Ok(record)) = stream.next()
+                && record.get("entrypoint").is_some()
+            {
+                return Some(record);
+            }
+            at = start + 1;
+        }
+    }
+    None
+}
+
+/// The workload reaches smolvm's machine record (entrypoint, cmd, workdir, env, restart, stop
+/// timeout, egress hosts); a repeated create is idempotent and a different workload is a 409
+/// naming the fields; a start's registry credential is never written under the state directory
+/// or to the agent's log.
+#[tokio::test]
+async fn workload_reaches_smolvm_and_the_registry_credential_never_touches_disk() {
+    common::init();
+    let dir = tempdir();
+    let Some(agent) = TestAgent::with_smolvm(
+        "workload_reaches_smolvm_and_the_registry_credential_never_touches_disk",
+        dir.path(),
+        Arc::new(Pki::new()),
+    )
+    .await
+    else {
+        return;
+    };
+    let mut c = agent.client().await;
+    let name = "svm-0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b";
+    let path = format!("/v1/machines/{name}");
+    let mut spec = small_spec("localhost:1/private/app:1");
+    spec["network"] = json!({"enabled": true, "allowedHosts": ["api.example.com", "*.example.org"]});
+    spec["workload"] = json!({
+        "command": ["/bin/app"],
+        "args": ["--port", "8080"],
+        "workingDir": "/srv",
+        "env": [{"name": "MODE", "value": "production"}, {"name": "DB_PASSWORD", "value": "env-value-7Qx"}],
+        "restartPolicy": "OnFailure",
+        "terminationGracePeriodSeconds": 25,
+    });
+    let t = std::time::Instant::now();
+    let created = c.call("PUT", &path, Some(spec.clone())).await;
+    println!("create answered in {:?}", t.elapsed());
+    assert_eq!(created.status, 201, "{created:?}");
+    assert_eq!(
+        created.body["network"]["allowedHosts"],
+        json!(["api.example.com", "*.example.org"])
+    );
+    // The node API's answer carries no env value.
+    assert!(!created.body.to_string().contains("env-value-7Qx"), "{created:?}");
+
+    let state = dir.path().join("state");
+    let record = smolvm_record(&state, name).expect("smolvm's machine record under its state directory");
+    assert_eq!(record["entrypoint"], json!(["/bin/app"]), "{record}");
+    assert_eq!(record["cmd"], json!(["--port", "8080"]), "{record}");
+    assert_eq!(record["workdir"], "/srv", "{record}");
+    let env = record["env"].to_string();
+    for part in ["MODE", "production", "DB_PASSWORD", "env-value-7Qx"] {
+        assert!(env.contains(part), "env {part} in smolvm's record: {record}");
+    }
+    assert_eq!(record["restart"]["policy"], "on-failure", "{record}");
+    assert_eq!(record["stop_timeout_secs"], 25, "{record}");
+    assert!(record.to_string().contains("api.example.com"), "{record}");
+
+    // Idempotent create: the same workload is the same machine; another is a conflict.
+    // (Its state may have moved on: smolvm's restart supervision may have tried to run it.)
+    let again = c.call("PUT", &path, Some(spec.clone())).await;
+    let without_state = |body: &serde_json::Value| {
+        let mut body = body.clone();
+        if let Some(map) = body.as_object_mut() {
+            map.remove("state");
+            map.remove("runtimeState");
+        }
+        body
+    };
+    assert_eq!(again.status, 200, "{again:?}");
+    assert_eq!(without_state(&again.body), without_state(&created.body), "{again:?}");
+    let mut other = spec.clone();
+    other["workload"]["command"] = json!(["/bin/other"]);
+    other["workload"]["env"][1]["value"] = json!("env-value-changed");
+    let conflict = c.call("PUT", &path, Some(other)).await;
+    assert_error(&conflict, 409, "MachineSpecConflict");
+    assert_eq!(
+        conflict.body["details"]["fields"],
+        json!(["workload.command", "workload.env"]),
+        "{conflict:?}"
+    );
+    assert!(!conflict.body.to_string().contains("env-value"), "{conflict:?}");
+
+    // A start with registry credentials: whatever the start's outcome here (the registry does not
+    // exist; guests may not boot), the credential went to smolvm in that request only.
+    let password = "registry-pa55-Zr8w";
+    let t = std::time::Instant::now();
+    let start = c
+        .call(
+            "POST",
+            &format!("{path}/ensure-running"),
+            Some(json!({"registryAuth": {"username": "robot", "password": password}})),
+        )
+        .await;
+    println!("start answered {} in {:?}", start.status, t.elapsed());
+    assert!(
+        matches!(start.status, 200 | 500 | 502),
+        "a start is answered: {start:?}"
+    );
+    assert!(!start.body.to_string().contains(password), "{start:?}");
+    let leaked = files_containing(dir.path(), password.as_bytes());
+    assert!(leaked.is_empty(), "the registry credential was written to {leaked:?}");
+    assert!(!agent.log().contains(password), "the agent logged the credential");
+    // A malformed start body is refused, naming the field, never echoing it.
+    let bad = c
+        .call(
+            "POST",
+            &format!("{path}/ensure-running"),
+            Some(json!({"registryAuth": {"username": "robot", "pasword": password}})),
+        )
+        .await;
+    assert_error(&bad, 400, "InvalidRequest");
+    assert!(!bad.body.to_string().contains(password), "{bad:?}");
+
+    assert_eq!(c.call("DELETE", &path, None).await.body, json!({"deleted": true}));
+    // The workload's record goes with the machine.
+    assert!(files_containing(&state.join("operator"), b"workload.command").is_empty());
+    agent.agent.shutdown().await;
+}

@@ -394,7 +394,7 @@ async fn image_pull_failure_is_start_failed_with_smolvm_message() {
     let created = vmm.create(&spec).await.expect("create does not pull");
     assert_eq!(created.image.as_deref(), Some("localhost:1/none:latest"));
     for _ in 0..2 {
-        match vmm.start("pull1").await {
+        match vmm.start("pull1", None).await {
             Err(error @ VmmError::StartFailed { .. }) => {
                 assert_eq!(error.code(), "StartFailed");
                 assert!(
@@ -409,7 +409,7 @@ async fn image_pull_failure_is_start_failed_with_smolvm_message() {
     let after = vmm.get("pull1").await.expect("get").expect("exists");
     assert_ne!(after.state, MachineState::Running);
     for _ in 0..2 {
-        match vmm.start("missing").await {
+        match vmm.start("missing", None).await {
             Err(VmmError::NotFound { message }) => {
                 assert_eq!(message, "machine 'missing' not found")
             }
@@ -435,7 +435,7 @@ async fn published_port_in_use_is_conflict() {
     }];
     serve.vmm.create(&spec).await.expect("create");
     for _ in 0..2 {
-        match serve.vmm.start("port1").await {
+        match serve.vmm.start("port1", None).await {
             Err(VmmError::Conflict { message }) => {
                 assert!(message.contains("Address already in use"), "{message}");
                 assert!(message.contains(&port.to_string()), "{message}");
@@ -458,12 +458,12 @@ async fn start_boot_probe_and_lifecycle() {
     };
     let vmm = &serve.vmm;
     vmm.create(&small("boot1")).await.expect("create");
-    let first = vmm.start("boot1").await;
+    let first = vmm.start("boot1", None).await;
     match first {
         Ok(running) => {
             println!("guests boot here: running the happy start path");
             assert_eq!(running.state, MachineState::Running);
-            let again = vmm.start("boot1").await.expect("start of a running machine");
+            let again = vmm.start("boot1", None).await.expect("start of a running machine");
             assert_eq!(again.state, MachineState::Running);
             let got = vmm.get("boot1").await.expect("get").expect("exists");
             assert_eq!(got.state, MachineState::Running);
@@ -479,7 +479,7 @@ async fn start_boot_probe_and_lifecycle() {
             assert_cleaned_cause(&message);
             let after = vmm.get("boot1").await.expect("get").expect("exists");
             assert_ne!(after.state, MachineState::Running);
-            match vmm.start("boot1").await {
+            match vmm.start("boot1", None).await {
                 Err(VmmError::StartFailed { message: second }) => assert_cleaned_cause(&second),
                 other => panic!("second start: {other:?}"),
             }
@@ -544,7 +544,7 @@ async fn silent_server_times_out() {
     let vmm: Arc<dyn Vmm> = Arc::new(SmolvmClient::new(config));
     for _ in 0..2 {
         let began = Instant::now();
-        let error = vmm.start("x").await.expect_err("silent server");
+        let error = vmm.start("x", None).await.expect_err("silent server");
         assert_eq!(error.code(), "RuntimeTimeout", "{error}");
         assert!(error.message().contains("/api/v1/machines/x/start"), "{error}");
         assert!(began.elapsed() < Duration::from_secs(5));

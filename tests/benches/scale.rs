@@ -106,7 +106,7 @@ impl Vmm for MemoryVmm {
             Ok(machine)
         })
     }
-    async fn start(&self, name: &str) -> Result<Machine, VmmError> {
+    async fn start(&self, name: &str, _auth: Option<&smolvm_api::nodeapi::RegistryAuth>) -> Result<Machine, VmmError> {
         self.transition(name, MachineState::Running)
     }
     async fn stop(&self, name: &str) -> Result<Machine, VmmError> {

@@ -134,6 +134,8 @@ pub struct Env {
     /// The kubelet's part for the runtime's CA volume: keeps the file in step with the ConfigMap.
     ca_sync: Option<tokio::task::JoinHandle<()>>,
     dir: PathBuf,
+    /// Each component's ops address (metrics, probes), by process name.
+    pub ops: std::collections::BTreeMap<&'static str, String>,
 }
 
 /// Copies one key of a ConfigMap to `file` whenever it changes (polled every second), writing a
@@ -342,6 +344,7 @@ impl Env {
             controller_starts: 0,
             ca_sync: None,
             dir: dir.to_path_buf(),
+            ops: Default::default(),
         };
         env.start_webhook().await?;
         env.register_webhooks()?;
@@ -402,6 +405,7 @@ impl Env {
             &self.log("smolvm-webhook"),
         )?;
         self.webhook = Some(proc);
+        self.ops.insert("smolvm-webhook", format!("127.0.0.1:{ops}"));
         wait_http_ok(
             &format!("127.0.0.1:{ops}"),
             "/readyz",
@@ -502,6 +506,7 @@ impl Env {
             &self.log(&format!("smolvm-controller-{}", self.controller_starts)),
         )?;
         self.controller = Some(proc);
+        self.ops.insert("smolvm-controller", format!("127.0.0.1:{ops}"));
         wait_http_ok(
             &format!("127.0.0.1:{ops}"),
             "/readyz",
@@ -660,6 +665,7 @@ impl Env {
             &self.log("smolvm-runtime"),
         )?;
         self.runtime = Some(proc);
+        self.ops.insert("smolvm-runtime", format!("127.0.0.1:{ops}"));
         wait_http_ok(
             &format!("127.0.0.1:{ops}"),
             "/readyz",
@@ -707,6 +713,11 @@ impl Env {
     /// The runtime's smolvm socket, for checking smolvm's own machine list.
     pub fn smolvm_socket(&self) -> PathBuf {
         self.dir.join("rt-run").join("smolvm.sock")
+    }
+
+    /// The run's directory: every component's log (`*.log`) and the runtime's state (`rt-state`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// A log file of a component, for failure messages.
@@ -764,6 +775,24 @@ pub fn apply(kubeconfig: &Path, objects: &[Value]) -> anyhow::Result<()> {
 }
 
 /// Polls a plain-HTTP endpoint until it answers 200; fails early if `proc` exits.
+/// `GET http://{addr}{path}` (HTTP/1.1, plain): the status line's code and the body.
+pub async fn http_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).await?;
+    let mut buf = Vec::new();
+    stream.read_to_end(&mut buf).await?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((text.as_str(), ""));
+    let code = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow!("no HTTP status from {addr}{path}"))?;
+    Ok((code, body.to_string()))
+}
+
 async fn wait_http_ok(addr: &str, path: &str, mut proc: Option<&mut Proc>, timeout: Duration) -> anyhow::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let started = Instant::now();

@@ -638,6 +638,13 @@ smolvm-webhook     cluster        vm.smolvm.dev/smolvmnodes  -  list,watch
 smolvm-webhook     smolvm-system  core/secrets  smolvm-webhook-tls  get,update
 ";
 
+/// deploy/components/workload-secrets: the controller reads, by name, the Secrets and ConfigMaps a
+/// SmolVM's workload names, in any namespace. Only with the component.
+const RBAC_WORKLOAD_SECRETS: &str = "
+smolvm-controller  cluster        core/configmaps  -  get
+smolvm-controller  cluster        core/secrets  -  get
+";
+
 /// cert-manager mode: the webhook needs neither its TLS Secret nor the webhook configurations.
 const RBAC_WEBHOOK_CERT_MANAGER: &str = "
 smolvm-webhook     cluster        vm.smolvm.dev/smolvmnodes  -  list,watch
@@ -810,13 +817,23 @@ fn normalize(table: &str) -> Vec<String> {
 #[test]
 fn rbac_is_least_privilege_and_matches_the_expected_table() {
     require_kubectl!();
-    for (overlay, webhook) in [
-        ("default", RBAC_WEBHOOK_DEFAULT),
-        ("cert-manager", RBAC_WEBHOOK_CERT_MANAGER),
+    let with_secrets = with_component("default", "workload-secrets");
+    for object in &with_secrets {
+        check_typed(object).unwrap_or_else(|e| panic!("components/workload-secrets: {e}"));
+    }
+    for (overlay, all, webhook, extra) in [
+        ("default", rendered("default"), RBAC_WEBHOOK_DEFAULT, ""),
+        ("cert-manager", rendered("cert-manager"), RBAC_WEBHOOK_CERT_MANAGER, ""),
+        (
+            "default + components/workload-secrets",
+            with_secrets.as_slice(),
+            RBAC_WEBHOOK_DEFAULT,
+            RBAC_WORKLOAD_SECRETS,
+        ),
     ] {
-        let expected = format!("{RBAC_CONTROLLER_AND_RUNTIME}{webhook}");
+        let expected = format!("{RBAC_CONTROLLER_AND_RUNTIME}{webhook}{extra}");
         let expected = expected.as_str();
-        let grants = effective_rbac(rendered(overlay), overlay);
+        let grants = effective_rbac(all, overlay);
         let table = rbac_table(&grants);
         println!(
             "deploy/{overlay}: every verb of every ServiceAccount\n{}\n",
@@ -1205,19 +1222,25 @@ fn check_runtime(what: &str, spec: &PodSpec, c: &Container, resources: &Resource
     );
 }
 
+/// `deploy/{overlay}` with `deploy/components/{component}`, rendered as a user's overlay would.
+fn with_component(overlay: &str, component: &str) -> Vec<Value> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let deploy = repo().join("deploy");
+    std::os::unix::fs::symlink(deploy.join(overlay), dir.path().join("install")).expect("symlink");
+    std::os::unix::fs::symlink(deploy.join("components").join(component), dir.path().join("component"))
+        .expect("symlink");
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        "resources: [install]\ncomponents: [component]\n",
+    )
+    .expect("write kustomization");
+    kustomize(dir.path())
+}
+
 #[test]
 fn the_unprivileged_component_drops_privileged_and_the_kvm_host_path() {
     require_kubectl!();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let deploy = repo().join("deploy");
-    std::os::unix::fs::symlink(deploy.join("default"), dir.path().join("install")).expect("symlink");
-    std::os::unix::fs::symlink(deploy.join("components/kvm-device-plugin"), dir.path().join("kvm")).expect("symlink");
-    std::fs::write(
-        dir.path().join("kustomization.yaml"),
-        "resources: [install]\ncomponents: [kvm]\n",
-    )
-    .expect("write kustomization");
-    let all = kustomize(dir.path());
+    let all = with_component("default", "kvm-device-plugin");
     for object in &all {
         check_typed(object).unwrap_or_else(|e| panic!("components/kvm-device-plugin: {e}"));
     }

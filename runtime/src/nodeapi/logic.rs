@@ -1,13 +1,61 @@
 //! Pure mapping between node API types and the VMM: spec conversion, spec comparison, resize
 //! planning and error mapping. No I/O here.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+
+use smolvm_api::nodeapi::{RestartPolicy, WorkloadSpec};
 
 use super::types::{
     MachineSpec, MachineState, MachineStatus, NetworkSpec, NodeApiError, PortProtocol, PortSpec, ResizeSpec, error_code,
 };
 use crate::vmm::{self, Machine, PortMapping, ResizeRequest, VmmError};
+
+/// SHA-256 (hex) of each workload field, by its wire name. smolvm does not echo a machine's
+/// workload, so the agent keeps these to keep create idempotent across its restarts.
+pub type WorkloadDigests = BTreeMap<String, String>;
+
+/// The workload field names as [`WorkloadDigests`] keys and conflict details use them.
+pub const WORKLOAD_FIELDS: [&str; 6] = [
+    "workload.command",
+    "workload.args",
+    "workload.workingDir",
+    "workload.env",
+    "workload.restartPolicy",
+    "workload.terminationGracePeriodSeconds",
+];
+
+fn sha256_hex(value: &impl serde::Serialize) -> String {
+    let bytes = serde_json::to_vec(value).unwrap_or_default();
+    let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Pure: the digests of a workload's fields.
+pub fn workload_digests(workload: &WorkloadSpec) -> WorkloadDigests {
+    let values = [
+        sha256_hex(&workload.command),
+        sha256_hex(&workload.args),
+        sha256_hex(&workload.working_dir),
+        sha256_hex(&workload.env),
+        sha256_hex(&workload.restart_policy),
+        sha256_hex(&workload.termination_grace_period_seconds),
+    ];
+    WORKLOAD_FIELDS
+        .iter()
+        .zip(values)
+        .map(|(field, digest)| (field.to_string(), digest))
+        .collect()
+}
+
+/// smolvm's restart policy word.
+pub fn restart_word(policy: RestartPolicy) -> &'static str {
+    match policy {
+        RestartPolicy::Always => "always",
+        RestartPolicy::OnFailure => "on-failure",
+        RestartPolicy::Never => "never",
+    }
+}
 
 /// An HTTP status and the JSON error body that goes with it.
 #[derive(Debug, Clone, PartialEq)]
@@ -94,7 +142,30 @@ pub fn to_vmm_spec(name: &str, spec: &MachineSpec) -> vmm::MachineSpec {
     } else {
         Some(spec.network.allowed_cidrs.clone())
     };
+    out.allowed_hosts = if spec.network.allowed_hosts.is_empty() {
+        None
+    } else {
+        Some(spec.network.allowed_hosts.clone())
+    };
+    let workload = &spec.workload;
+    out.workload = vmm::Workload {
+        entrypoint: workload.command.clone(),
+        cmd: workload.args.clone(),
+        workdir: workload.working_dir.clone(),
+        env: workload.env.iter().map(|e| (e.name.clone(), e.value.clone())).collect(),
+        restart: Some(restart_word(workload.restart_policy)),
+        stop_timeout_secs: Some(u64::from(workload.termination_grace_period_seconds)),
+    };
     out
+}
+
+fn allowed_hosts_of(machine: &Machine) -> Vec<String> {
+    machine
+        .raw
+        .get("allowedHosts")
+        .and_then(|v| v.as_array())
+        .map(|list| list.iter().filter_map(|c| c.as_str().map(str::to_string)).collect())
+        .unwrap_or_default()
 }
 
 fn allowed_cidrs_of(machine: &Machine) -> Vec<String> {
@@ -128,6 +199,7 @@ pub fn to_status(machine: &Machine) -> MachineStatus {
             enabled: machine.network,
             ports: machine.ports.iter().map(from_vmm_port).collect(),
             allowed_cidrs: allowed_cidrs_of(machine),
+            allowed_hosts: allowed_hosts_of(machine),
         },
         pid: machine.pid,
     }
@@ -153,7 +225,14 @@ pub fn image_matches(requested: &str, reported: Option<&str>, local_image_dir: O
 }
 
 /// The spec fields (wire names) in which an existing machine differs from the requested spec.
-pub fn spec_differences(spec: &MachineSpec, machine: &Machine, local_image_dir: Option<&Path>) -> Vec<&'static str> {
+/// The workload is compared with the digests recorded when the machine was created; without a
+/// record (a machine made before records were kept) it cannot be compared and is not.
+pub fn spec_differences(
+    spec: &MachineSpec,
+    machine: &Machine,
+    local_image_dir: Option<&Path>,
+    recorded: Option<&WorkloadDigests>,
+) -> Vec<&'static str> {
     let mut fields = Vec::new();
     if !image_matches(&spec.image, machine.image.as_deref(), local_image_dir) {
         fields.push("image");
@@ -183,6 +262,20 @@ pub fn spec_differences(spec: &MachineSpec, machine: &Machine, local_image_dir: 
     let have: BTreeSet<&str> = have_list.iter().map(String::as_str).collect();
     if wanted != have {
         fields.push("network.allowedCIDRs");
+    }
+    let wanted: BTreeSet<&str> = spec.network.allowed_hosts.iter().map(String::as_str).collect();
+    let have_list = allowed_hosts_of(machine);
+    let have: BTreeSet<&str> = have_list.iter().map(String::as_str).collect();
+    if wanted != have {
+        fields.push("network.allowedHosts");
+    }
+    if let Some(recorded) = recorded {
+        let requested = workload_digests(&spec.workload);
+        for field in WORKLOAD_FIELDS {
+            if recorded.get(field) != requested.get(field) {
+                fields.push(field);
+            }
+        }
     }
     fields
 }
@@ -233,7 +326,7 @@ mod tests {
 
     fn machine() -> Machine {
         let raw = serde_json::json!({"name":"m","image":"alpine:3","state":"created","cpus":1,"memoryMb":512,
-            "ports":[{"host":8080,"guest":80}],"network":true,"allowedCidrs":["10.0.0.0/8"],"storageGb":20,"overlayGb":10});
+            "ports":[{"host":8080,"guest":80}],"network":true,"allowedCidrs":["10.0.0.0/8"],"allowedHosts":["example.com"],"storageGb":20,"overlayGb":10});
         crate::vmm::smolvm::machine_from_json(raw).expect("machine")
     }
 
@@ -252,6 +345,18 @@ mod tests {
                     protocol: PortProtocol::Tcp,
                 }],
                 allowed_cidrs: vec!["10.0.0.0/8".into()],
+                allowed_hosts: vec!["example.com".into()],
+            },
+            workload: WorkloadSpec {
+                command: vec!["/bin/app".into()],
+                args: vec!["--port".into(), "80".into()],
+                working_dir: Some("/srv".into()),
+                env: vec![smolvm_api::nodeapi::EnvVar {
+                    name: "TOKEN".into(),
+                    value: smolvm_api::nodeapi::Sensitive("s3cret".into()),
+                }],
+                restart_policy: RestartPolicy::OnFailure,
+                termination_grace_period_seconds: 30,
             },
         }
     }
@@ -274,6 +379,22 @@ mod tests {
             ),
             (|s| s.network.allowed_cidrs.clear(), vec!["network.allowedCIDRs"]),
             (
+                |s| s.network.allowed_hosts = vec!["other.example".into()],
+                vec!["network.allowedHosts"],
+            ),
+            (|s| s.workload.command.clear(), vec!["workload.command"]),
+            (|s| s.workload.args.push("-v".into()), vec!["workload.args"]),
+            (|s| s.workload.working_dir = None, vec!["workload.workingDir"]),
+            (|s| s.workload.env[0].value.0.push('!'), vec!["workload.env"]),
+            (
+                |s| s.workload.restart_policy = RestartPolicy::Never,
+                vec!["workload.restartPolicy"],
+            ),
+            (
+                |s| s.workload.termination_grace_period_seconds = 10,
+                vec!["workload.terminationGracePeriodSeconds"],
+            ),
+            (
                 |s| {
                     s.cpus = 4;
                     s.image = "x".into()
@@ -281,10 +402,52 @@ mod tests {
                 vec!["image", "cpus"],
             ),
         ];
+        let recorded = workload_digests(&spec().workload);
         for (edit, expected) in cases {
             let mut s = spec();
             edit(&mut s);
-            assert_eq!(spec_differences(&s, &machine(), None), expected, "{s:?}");
+            assert_eq!(
+                spec_differences(&s, &machine(), None, Some(&recorded)),
+                expected,
+                "{s:?}"
+            );
+        }
+        // Without a record the workload cannot be compared (a machine from before records).
+        let mut changed = spec();
+        changed.workload.command.clear();
+        assert!(spec_differences(&changed, &machine(), None, None).is_empty());
+        // Digests never carry a value in the clear.
+        let digests = format!("{recorded:?}");
+        assert!(!digests.contains("s3cret") && !format!("{:?}", spec()).contains("s3cret"));
+    }
+
+    #[test]
+    fn workload_maps_onto_smolvm() {
+        let out = to_vmm_spec("svm-1", &spec());
+        assert_eq!(out.workload.entrypoint, vec!["/bin/app".to_string()]);
+        assert_eq!(out.workload.cmd, vec!["--port".to_string(), "80".to_string()]);
+        assert_eq!(out.workload.workdir.as_deref(), Some("/srv"));
+        assert_eq!(out.workload.env[0].0, "TOKEN");
+        assert_eq!(out.workload.env[0].1.expose(), "s3cret");
+        assert_eq!(out.workload.restart, Some("on-failure"));
+        assert_eq!(out.workload.stop_timeout_secs, Some(30));
+        assert_eq!(out.allowed_hosts, Some(vec!["example.com".to_string()]));
+        let empty = to_vmm_spec(
+            "svm-1",
+            &MachineSpec {
+                workload: WorkloadSpec::default(),
+                ..spec()
+            },
+        );
+        assert!(empty.workload.entrypoint.is_empty() && empty.workload.env.is_empty());
+        assert_eq!(empty.workload.restart, Some("always"));
+        assert_eq!(empty.workload.stop_timeout_secs, Some(10));
+        for (policy, word) in [
+            (RestartPolicy::Always, "always"),
+            (RestartPolicy::OnFailure, "on-failure"),
+            (RestartPolicy::Never, "never"),
+        ] {
+            assert_eq!(restart_word(policy), word);
         }
     }
 

@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use super::auth::TokenAuth;
 use super::logic::{self, ApiFailure};
 use super::types::{
-    DeleteResponse, HealthResponse, IdentityResponse, MachineSpec, MachineState, ResizeSpec, error_code,
+    DeleteResponse, HealthResponse, IdentityResponse, MachineSpec, MachineState, ResizeSpec, StartRequest, error_code,
     validate_machine_name,
 };
 use crate::metrics::Metrics;
@@ -84,6 +84,8 @@ pub struct NodeApiState {
     pub metrics: Arc<Metrics>,
     /// smolvm's local image directory (to compare `local:` images).
     pub local_image_dir: Option<PathBuf>,
+    /// Digests of each machine's workload (for create's idempotency); `None` keeps none.
+    pub workload_records: Option<crate::workload_records::WorkloadRecords>,
     locks: MachineLocks,
 }
 
@@ -102,8 +104,15 @@ impl NodeApiState {
             identity,
             metrics,
             local_image_dir,
+            workload_records: None,
             locks: Arc::default(),
         }
+    }
+
+    /// Keeps workload records (see [`crate::workload_records`]) in `dir`.
+    pub fn with_workload_records(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.workload_records = Some(crate::workload_records::WorkloadRecords::new(dir));
+        self
     }
 
     /// Serializes mutating operations per machine name. The guard drops the name's entry when
@@ -422,8 +431,10 @@ async fn create_machine(
 ) -> ApiResult {
     let spec: MachineSpec = parse_body(body)?;
     let _guard = state.lock(&name).await;
+    let records = state.workload_records.as_ref();
     let compare = |machine: &crate::vmm::Machine| -> ApiResult {
-        let fields = logic::spec_differences(&spec, machine, state.local_image_dir.as_deref());
+        let recorded = records.and_then(|r| r.read(&name));
+        let fields = logic::spec_differences(&spec, machine, state.local_image_dir.as_deref(), recorded.as_ref());
         if fields.is_empty() {
             Ok(ok(StatusCode::OK, &logic::to_status(machine)))
         } else {
@@ -440,7 +451,15 @@ async fn create_machine(
         return compare(&existing);
     }
     match state.vmm.create(&logic::to_vmm_spec(&name, &spec)).await {
-        Ok(machine) => Ok(ok(StatusCode::CREATED, &logic::to_status(&machine))),
+        Ok(machine) => {
+            if let Some(records) = records
+                && let Err(error) = records.write(&name, &logic::workload_digests(&spec.workload))
+            {
+                // The machine exists; only a later create's comparison of the workload is lost.
+                tracing::warn!(machine = %name, %error, "could not record the workload's digests");
+            }
+            Ok(ok(StatusCode::CREATED, &logic::to_status(&machine)))
+        }
         // Created between our get and create by someone else: compare with what is there.
         Err(VmmError::Conflict { message }) => match state.vmm.get(&name).await? {
             Some(existing) => compare(&existing),
@@ -450,7 +469,17 @@ async fn create_machine(
     }
 }
 
-async fn ensure_running(State(state): State<NodeApiState>, MachineName(name): MachineName) -> ApiResult {
+async fn ensure_running(
+    State(state): State<NodeApiState>,
+    MachineName(name): MachineName,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    // The body is optional (older controllers send none); it carries this start's registry
+    // credentials, which go to smolvm's start and nowhere else.
+    let request: StartRequest = match &body {
+        Ok(bytes) if bytes.is_empty() => StartRequest::default(),
+        _ => parse_body(body)?,
+    };
     let _guard = state.lock(&name).await;
     let Some(machine) = state.vmm.get(&name).await? else {
         return Err(not_found(&name));
@@ -458,7 +487,19 @@ async fn ensure_running(State(state): State<NodeApiState>, MachineName(name): Ma
     if machine.state == crate::vmm::MachineState::Running {
         return Ok(ok(StatusCode::OK, &logic::to_status(&machine)));
     }
-    let started = state.vmm.start(&name).await?;
+    if request.registry_auth.is_some() {
+        // Names the registry, never the credential: operators can see a credential was used.
+        let registry = machine
+            .image
+            .as_deref()
+            .and_then(|image| match smolvm_api::syntax::parse_image(image) {
+                Ok(smolvm_api::syntax::ImageRef::Oci { domain, .. }) => Some(domain.unwrap_or("docker.io").to_string()),
+                _ => None,
+            })
+            .unwrap_or_else(|| "unknown".into());
+        tracing::info!(machine = %name, %registry, "starting with a registry credential (for this start only; not stored)");
+    }
+    let started = state.vmm.start(&name, request.registry_auth.as_ref()).await?;
     Ok(ok(StatusCode::OK, &logic::to_status(&started)))
 }
 
@@ -471,6 +512,9 @@ async fn stop_machine(State(state): State<NodeApiState>, MachineName(name): Mach
 async fn delete_machine(State(state): State<NodeApiState>, MachineName(name): MachineName) -> ApiResult {
     let _guard = state.lock(&name).await;
     let outcome = state.vmm.delete(&name).await?;
+    if let Some(records) = &state.workload_records {
+        records.remove(&name);
+    }
     let body = match outcome {
         DeleteOutcome::Deleted => DeleteResponse {
             deleted: true,

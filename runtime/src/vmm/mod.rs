@@ -12,6 +12,7 @@
 use std::fmt;
 
 use async_trait::async_trait;
+pub use smolvm_api::nodeapi::{RegistryAuth, Sensitive};
 
 pub mod smolvm;
 
@@ -32,9 +33,10 @@ pub trait Vmm: Send + Sync {
     /// Creates a machine (not started). An existing name is a [`VmmError::Conflict`].
     async fn create(&self, spec: &MachineSpec) -> Result<Machine, VmmError>;
 
-    /// Boots a machine and returns it as the runtime then reports it. A boot that fails is a
-    /// [`VmmError::StartFailed`] carrying the runtime's message.
-    async fn start(&self, name: &str) -> Result<Machine, VmmError>;
+    /// Boots a machine and returns it as the runtime then reports it, with registry credentials
+    /// for this start only (never stored). A boot that fails is a [`VmmError::StartFailed`]
+    /// carrying the runtime's message.
+    async fn start(&self, name: &str, registry_auth: Option<&RegistryAuth>) -> Result<Machine, VmmError>;
 
     /// Stops a machine; stopping a stopped (or never started) machine succeeds.
     async fn stop(&self, name: &str) -> Result<Machine, VmmError>;
@@ -191,6 +193,27 @@ pub struct MachineSpec {
     pub ports: Vec<PortMapping>,
     /// Egress allow-list; `None` leaves egress unrestricted, an empty list denies all.
     pub allowed_cidrs: Option<Vec<String>>,
+    /// Egress allow-list by host name (and subdomains); `None` when not restricted by name.
+    pub allowed_hosts: Option<Vec<String>>,
+    /// What runs inside.
+    pub workload: Workload,
+}
+
+/// What runs inside a machine, in smolvm's terms; empty fields keep the image's defaults.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Workload {
+    /// smolvm `entrypoint` (a Pod's `command`).
+    pub entrypoint: Vec<String>,
+    /// smolvm `cmd` (a Pod's `args`).
+    pub cmd: Vec<String>,
+    /// smolvm `workdir`.
+    pub workdir: Option<String>,
+    /// smolvm `env`: names and values (values may be secret; never logged).
+    pub env: Vec<(String, Sensitive)>,
+    /// smolvm restart policy word (`always`, `on-failure`, `never`); `None` keeps smolvm's.
+    pub restart: Option<&'static str>,
+    /// smolvm `stopTimeoutSecs`; `None` keeps smolvm's default.
+    pub stop_timeout_secs: Option<u64>,
 }
 
 impl MachineSpec {
@@ -206,6 +229,8 @@ impl MachineSpec {
             network: false,
             ports: Vec::new(),
             allowed_cidrs: None,
+            allowed_hosts: None,
+            workload: Workload::default(),
         }
     }
 }

@@ -19,8 +19,8 @@ use tokio::net::UnixStream;
 use tokio::task::JoinHandle;
 
 use super::{
-    DeleteOutcome, Machine, MachineSpec, MachineState, PortMapping, PortProtocol, ResizeRequest, Vmm, VmmError,
-    VmmHealth,
+    DeleteOutcome, Machine, MachineSpec, MachineState, PortMapping, PortProtocol, RegistryAuth, ResizeRequest,
+    Sensitive, Vmm, VmmError, VmmHealth,
 };
 
 /// Where smolvm listens and how long each kind of call may take.
@@ -242,9 +242,15 @@ impl SmolvmClient {
 
     /// Start and stop: smolvm's stop answers with the machine; start is documented to answer
     /// `{"started": name}`. Either way the caller gets the machine.
-    async fn lifecycle_call(&self, operation: Operation, name: &str, verb: &str) -> Result<Machine, VmmError> {
+    async fn lifecycle_call(
+        &self,
+        operation: Operation,
+        name: &str,
+        verb: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Machine, VmmError> {
         let path = format!("{}/{verb}", machine_path(name));
-        let (status, bytes) = self.call(operation, Method::POST, &path, None).await?;
+        let (status, bytes) = self.call(operation, Method::POST, &path, body).await?;
         if !status.is_success() {
             return Err(map_error(operation, status, &bytes));
         }
@@ -304,36 +310,23 @@ impl Vmm for SmolvmClient {
             .as_deref()
             .map(|image| self.resolve_image(image))
             .transpose()?;
-        let wire = CreateWire {
-            name: &spec.name,
-            image,
-            cpus: spec.cpus,
-            memory_mb: spec.memory_mib,
-            storage_gb: spec.storage_gib,
-            overlay_gb: spec.overlay_gib,
-            network: spec.network,
-            ports: spec
-                .ports
-                .iter()
-                .map(|port| PortWireOut {
-                    host: port.host_port,
-                    guest: port.guest_port,
-                    protocol: port.protocol.as_str(),
-                })
-                .collect(),
-            allowed_cidrs: spec.allowed_cidrs.as_deref(),
-        };
+        let wire = create_wire(spec, image);
         let body = to_json(&wire)?;
         self.machine_call(Operation::Create, Method::POST, MACHINES, Some(body))
             .await
     }
 
-    async fn start(&self, name: &str) -> Result<Machine, VmmError> {
-        self.lifecycle_call(Operation::Start, name, "start").await
+    async fn start(&self, name: &str, registry_auth: Option<&RegistryAuth>) -> Result<Machine, VmmError> {
+        // smolvm's per-start credentials: in this request only, never in its machine record.
+        let body = match registry_auth {
+            Some(auth) => Some(to_json(&StartWire { registry_auth: auth })?),
+            None => None,
+        };
+        self.lifecycle_call(Operation::Start, name, "start", body).await
     }
 
     async fn stop(&self, name: &str) -> Result<Machine, VmmError> {
-        self.lifecycle_call(Operation::Stop, name, "stop").await
+        self.lifecycle_call(Operation::Stop, name, "stop", None).await
     }
 
     async fn delete(&self, name: &str) -> Result<DeleteOutcome, VmmError> {
@@ -588,6 +581,74 @@ struct CreateWire<'a> {
     ports: Vec<PortWireOut>,
     #[serde(skip_serializing_if = "Option::is_none")]
     allowed_cidrs: Option<&'a [String]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    allowed_hosts: Option<&'a [String]>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    entrypoint: &'a [String],
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    cmd: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    workdir: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    env: Vec<EnvWire<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    restart: Option<RestartWire>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stop_timeout_secs: Option<u64>,
+}
+
+/// smolvm's create request for `spec`, with its image resolved.
+fn create_wire(spec: &MachineSpec, image: Option<String>) -> CreateWire<'_> {
+    CreateWire {
+        name: &spec.name,
+        image,
+        cpus: spec.cpus,
+        memory_mb: spec.memory_mib,
+        storage_gb: spec.storage_gib,
+        overlay_gb: spec.overlay_gib,
+        network: spec.network,
+        ports: spec
+            .ports
+            .iter()
+            .map(|port| PortWireOut {
+                host: port.host_port,
+                guest: port.guest_port,
+                protocol: port.protocol.as_str(),
+            })
+            .collect(),
+        allowed_cidrs: spec.allowed_cidrs.as_deref(),
+        allowed_hosts: spec.allowed_hosts.as_deref(),
+        entrypoint: &spec.workload.entrypoint,
+        cmd: &spec.workload.cmd,
+        workdir: spec.workload.workdir.as_deref(),
+        env: spec
+            .workload
+            .env
+            .iter()
+            .map(|(name, value)| EnvWire { name, value })
+            .collect(),
+        restart: spec.workload.restart.map(|policy| RestartWire { policy }),
+        stop_timeout_secs: spec.workload.stop_timeout_secs,
+    }
+}
+
+/// An environment variable as smolvm takes it (`Debug` hides the value).
+#[derive(Debug, Serialize)]
+struct EnvWire<'a> {
+    name: &'a str,
+    value: &'a Sensitive,
+}
+
+#[derive(Debug, Serialize)]
+struct RestartWire {
+    policy: &'static str,
+}
+
+/// The optional body of smolvm's start (`Debug` hides the credentials).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StartWire<'a> {
+    registry_auth: &'a RegistryAuth,
 }
 
 #[derive(Debug, Serialize)]
@@ -775,26 +836,53 @@ mod tests {
 
     #[test]
     fn create_body_matches_smolvm_fields() {
-        let wire = CreateWire {
-            name: "m",
+        let spec = MachineSpec {
+            name: "m".into(),
             image: None,
             cpus: 1,
-            memory_mb: 256,
-            storage_gb: Some(20),
-            overlay_gb: None,
+            memory_mib: 256,
+            storage_gib: Some(20),
+            overlay_gib: None,
             network: false,
-            ports: vec![PortWireOut {
-                host: 8080,
-                guest: 80,
-                protocol: "tcp",
+            ports: vec![crate::vmm::PortMapping {
+                host_port: 8080,
+                guest_port: 80,
+                protocol: crate::vmm::PortProtocol::Tcp,
             }],
             allowed_cidrs: None,
+            allowed_hosts: None,
+            workload: Default::default(),
         };
-        let json: serde_json::Value = serde_json::from_slice(&to_json(&wire).expect("encodes")).expect("json");
+        let json: serde_json::Value =
+            serde_json::from_slice(&to_json(&create_wire(&spec, None)).expect("encodes")).expect("json");
         assert_eq!(
             json,
             serde_json::json!({"name":"m","cpus":1,"memoryMb":256,"storageGb":20,"network":false,
                 "ports":[{"host":8080,"guest":80,"protocol":"tcp"}]})
         );
+        let spec = MachineSpec {
+            network: true,
+            allowed_hosts: Some(vec!["api.example.com".into()]),
+            workload: crate::vmm::Workload {
+                entrypoint: vec!["/bin/app".into()],
+                cmd: vec!["--port".into(), "80".into()],
+                workdir: Some("/srv".into()),
+                env: vec![("TOKEN".into(), Sensitive("s3cret".into()))],
+                restart: Some("on-failure"),
+                stop_timeout_secs: Some(10),
+            },
+            ..spec
+        };
+        let json: serde_json::Value =
+            serde_json::from_slice(&to_json(&create_wire(&spec, None)).expect("encodes")).expect("json");
+        assert_eq!(json["entrypoint"], serde_json::json!(["/bin/app"]));
+        assert_eq!(json["cmd"], serde_json::json!(["--port", "80"]));
+        assert_eq!(json["workdir"], "/srv");
+        assert_eq!(json["env"], serde_json::json!([{"name": "TOKEN", "value": "s3cret"}]));
+        assert_eq!(json["restart"], serde_json::json!({"policy": "on-failure"}));
+        assert_eq!(json["stopTimeoutSecs"], 10);
+        assert_eq!(json["allowedHosts"], serde_json::json!(["api.example.com"]));
+        // The request's Debug form (what a log line could show) hides the value.
+        assert!(!format!("{:?}", create_wire(&spec, None)).contains("s3cret"));
     }
 }

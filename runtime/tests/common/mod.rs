@@ -340,6 +340,7 @@ impl TestAgent {
             client_ca: ClientCa::Pem(pki.ca.cert_pem().to_string()),
             auth,
             file_poll_interval: Duration::from_millis(100),
+            workload_records: Some(dir.join("workloads")),
         })
         .await
         .expect("agent starts");

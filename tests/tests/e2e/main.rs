@@ -39,6 +39,7 @@ macro_rules! scenarios {
 // Scenario families added beside the core list live in their own files; each exports
 // `scenarios()`, appended to the run in this order.
 mod cluster;
+mod workload;
 
 fn main() -> ExitCode {
     smolvm_tests::install_crypto_provider();
@@ -174,7 +175,9 @@ async fn run(assets: assets::Assets, selected: Vec<(&'static str, Scenario)>) ->
 
 /// The scenario families kept in their own files, in run order.
 fn extra_scenarios() -> Vec<(&'static str, Scenario)> {
-    cluster::scenarios()
+    let mut all = cluster::scenarios();
+    all.extend(workload::scenarios());
+    all
 }
 
 // ---- helpers ----------------------------------------------------------------------------------
@@ -404,6 +407,23 @@ pub(crate) async fn crds_install_and_explain_teaches_the_api(env: &mut Env) -> a
         !described.trim().is_empty(),
         "spec.resources has no description:\n{text}"
     );
+    // The workload's fields teach themselves too.
+    for (path, words) in [
+        ("smolvm.spec.env.valueFrom", &["secretKeyRef", "configMapKeyRef"][..]),
+        ("smolvm.spec.restartPolicy", &["OnFailure", "Always"][..]),
+        ("smolvm.spec.imagePullSecrets", &["registry"][..]),
+    ] {
+        let out = env.kubectl(&["explain", path], None)?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        ensure!(
+            out.status.success(),
+            "kubectl explain {path}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for word in words {
+            ensure!(text.contains(word), "kubectl explain {path} lacks {word}:\n{text}");
+        }
+    }
     let out = env.kubectl(
         &[
             "get",
