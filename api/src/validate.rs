@@ -178,6 +178,64 @@ impl Verdict {
     fn warning(&mut self, rule: RuleId, path: &str, pointer: &str, value: String, message: String) {
         self.warnings.push(Finding::new(rule, path, pointer, value, message));
     }
+
+    /// A violation at `path`, its JSON pointer derived from it.
+    fn violation_at(&mut self, rule: RuleId, path: &str, value: String, message: String) {
+        self.violation(rule, path, &pointer_of(path), value, message);
+    }
+
+    /// A list at `path` with more `noun` than the policy field `limit` (value `max`) allows.
+    fn too_many(&mut self, rule: RuleId, path: &str, noun: &str, count: usize, max: i64, limit: &str) {
+        if count as i64 > max {
+            self.violation_at(
+                rule,
+                path,
+                format!("{count} {noun}"),
+                format!("{count} {noun} exceed the maximum {max} (policy {limit})"),
+            );
+        }
+    }
+
+    /// A value at `path` longer than `max` bytes (policy maxValueBytes). Never echoes the value.
+    fn too_long(&mut self, rule: RuleId, path: &str, len: usize, max: usize) {
+        if len > max {
+            self.violation_at(
+                rule,
+                path,
+                format!("{len} bytes"),
+                format!("{len} bytes exceed the maximum {max} (policy maxValueBytes)"),
+            );
+        }
+    }
+
+    /// Each entry of the list at `path` that `check` refuses, shown with the reason.
+    fn each_invalid(&mut self, rule: RuleId, path: &str, entries: &[String], check: fn(&str) -> Result<(), String>) {
+        for (i, entry) in entries.iter().enumerate() {
+            if let Err(reason) = check(entry) {
+                self.violation_at(
+                    rule,
+                    &format!("{path}[{i}]"),
+                    render(entry),
+                    format!("{} {reason}", render(entry)),
+                );
+            }
+        }
+    }
+}
+
+/// A field path as a JSON pointer: `spec.env[2].name` is `/spec/env/2/name`.
+fn pointer_of(path: &str) -> String {
+    let mut out = String::with_capacity(path.len() + 1);
+    for part in path.split('.') {
+        let (name, indices) = part.split_once('[').unwrap_or((part, ""));
+        out.push('/');
+        out.push_str(name);
+        for index in indices.split('[').filter(|x| !x.is_empty()) {
+            out.push('/');
+            out.push_str(index.trim_end_matches(']'));
+        }
+    }
+    out
 }
 
 /// Who sent the request, as the API server authenticated them.
@@ -740,19 +798,14 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
             );
         }
     }
-    if ports.len() as i64 > policy.max_ports {
-        v.violation(
-            RuleId::V3,
-            "spec.network.ports",
-            "/spec/network/ports",
-            format!("{} ports", ports.len()),
-            format!(
-                "{} ports exceed the maximum {} (policy maxPorts)",
-                ports.len(),
-                policy.max_ports
-            ),
-        );
-    }
+    v.too_many(
+        RuleId::V3,
+        "spec.network.ports",
+        "ports",
+        ports.len(),
+        policy.max_ports,
+        "maxPorts",
+    );
     let mut seen: BTreeMap<(i32, crate::types::Protocol), usize> = BTreeMap::new();
     for (i, port) in ports.iter().enumerate() {
         for (field, value) in [("hostPort", port.host_port), ("guestPort", port.guest_port)] {
@@ -792,30 +845,15 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
             );
         }
     }
-    if cidrs.len() as i64 > policy.max_allowed_cidrs {
-        v.violation(
-            RuleId::V3,
-            "spec.network.allowedCIDRs",
-            "/spec/network/allowedCIDRs",
-            format!("{} entries", cidrs.len()),
-            format!(
-                "{} entries exceed the maximum {} (policy maxAllowedCIDRs)",
-                cidrs.len(),
-                policy.max_allowed_cidrs
-            ),
-        );
-    }
-    for (i, cidr) in cidrs.iter().enumerate() {
-        if let Err(reason) = syntax::check_cidr(cidr) {
-            v.violation(
-                RuleId::V3,
-                &format!("spec.network.allowedCIDRs[{i}]"),
-                &format!("/spec/network/allowedCIDRs/{i}"),
-                render(cidr),
-                format!("{} {reason}", render(cidr)),
-            );
-        }
-    }
+    v.too_many(
+        RuleId::V3,
+        "spec.network.allowedCIDRs",
+        "entries",
+        cidrs.len(),
+        policy.max_allowed_cidrs,
+        "maxAllowedCIDRs",
+    );
+    v.each_invalid(RuleId::V3, "spec.network.allowedCIDRs", cidrs, syntax::check_cidr);
 
     // V4
     if let Some(node) = &spec.node_name
@@ -871,32 +909,10 @@ fn check_workload(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
     let max_bytes = usize::try_from(policy.max_value_bytes).unwrap_or(usize::MAX);
     for (field, list) in [("command", &spec.command), ("args", &spec.args)] {
         let Some(list) = list else { continue };
-        if list.len() as i64 > policy.max_args {
-            v.violation(
-                RuleId::V11,
-                &format!("spec.{field}"),
-                &format!("/spec/{field}"),
-                format!("{} entries", list.len()),
-                format!(
-                    "{} entries exceed the maximum {} (policy maxArgs)",
-                    list.len(),
-                    policy.max_args
-                ),
-            );
-        }
+        let path = format!("spec.{field}");
+        v.too_many(RuleId::V11, &path, "entries", list.len(), policy.max_args, "maxArgs");
         for (i, entry) in list.iter().enumerate() {
-            if entry.len() > max_bytes {
-                v.violation(
-                    RuleId::V11,
-                    &format!("spec.{field}[{i}]"),
-                    &format!("/spec/{field}/{i}"),
-                    format!("{} bytes", entry.len()),
-                    format!(
-                        "{} bytes exceed the maximum {max_bytes} (policy maxValueBytes)",
-                        entry.len()
-                    ),
-                );
-            }
+            v.too_long(RuleId::V11, &format!("{path}[{i}]"), entry.len(), max_bytes);
         }
     }
     if let Some(dir) = &spec.working_dir {
@@ -919,19 +935,7 @@ fn check_workload(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
         }
     }
     if let Some(env) = &spec.env {
-        if env.len() as i64 > policy.max_env {
-            v.violation(
-                RuleId::V11,
-                "spec.env",
-                "/spec/env",
-                format!("{} entries", env.len()),
-                format!(
-                    "{} entries exceed the maximum {} (policy maxEnv)",
-                    env.len(),
-                    policy.max_env
-                ),
-            );
-        }
+        v.too_many(RuleId::V11, "spec.env", "entries", env.len(), policy.max_env, "maxEnv");
         let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
         for (i, var) in env.iter().enumerate() {
             let at = |field: &str| {
@@ -982,20 +986,7 @@ fn check_workload(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
                         ),
                     );
                 }
-                (Some(value), None) if value.len() > max_bytes => {
-                    let (path, pointer) = at(".value");
-                    v.violation(
-                        RuleId::V11,
-                        &path,
-                        &pointer,
-                        format!("{} bytes", value.len()),
-                        format!(
-                            "{} bytes exceed the maximum {max_bytes} (policy maxValueBytes)",
-                            value.len()
-                        ),
-                    );
-                }
-                (Some(_), None) => {}
+                (Some(value), None) => v.too_long(RuleId::V11, &at(".value").0, value.len(), max_bytes),
                 (None, Some(from)) => {
                     let refs = [
                         ("secretKeyRef", from.secret_key_ref.as_ref()),
@@ -1074,30 +1065,20 @@ fn check_workload(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
             format!("{} entries need network.enabled: true", hosts.len()),
         );
     }
-    if hosts.len() as i64 > policy.max_allowed_hosts {
-        v.violation(
-            RuleId::V11,
-            "spec.network.allowedHosts",
-            "/spec/network/allowedHosts",
-            format!("{} entries", hosts.len()),
-            format!(
-                "{} entries exceed the maximum {} (policy maxAllowedHosts)",
-                hosts.len(),
-                policy.max_allowed_hosts
-            ),
-        );
-    }
-    for (i, host) in hosts.iter().enumerate() {
-        if let Err(reason) = syntax::check_allowed_host(host) {
-            v.violation(
-                RuleId::V11,
-                &format!("spec.network.allowedHosts[{i}]"),
-                &format!("/spec/network/allowedHosts/{i}"),
-                render(host),
-                format!("{} {reason}", render(host)),
-            );
-        }
-    }
+    v.too_many(
+        RuleId::V11,
+        "spec.network.allowedHosts",
+        "entries",
+        hosts.len(),
+        policy.max_allowed_hosts,
+        "maxAllowedHosts",
+    );
+    v.each_invalid(
+        RuleId::V11,
+        "spec.network.allowedHosts",
+        hosts,
+        syntax::check_allowed_host,
+    );
 }
 
 /// V5 and V6 for a SmolVM already bound to `bound`.
@@ -1772,5 +1753,22 @@ fn check_node_status(node: &SmolVMNode, v: &mut Verdict) {
             endpoint.port.to_string(),
             format!("{} is not a port number (1-65535)", endpoint.port),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pointer_of;
+
+    #[test]
+    fn field_paths_become_json_pointers() {
+        for (path, pointer) in [
+            ("spec.env", "/spec/env"),
+            ("spec.env[2].name", "/spec/env/2/name"),
+            ("spec.network.allowedHosts[0]", "/spec/network/allowedHosts/0"),
+            ("spec.command[12]", "/spec/command/12"),
+        ] {
+            assert_eq!(pointer_of(path), pointer, "{path}");
+        }
     }
 }

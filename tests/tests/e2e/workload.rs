@@ -28,6 +28,13 @@ fn ready_reason(v: &smolvm_api::SmolVM) -> Option<(String, String, String)> {
     condition(v, constants::condition::READY).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
+async fn has_event(env: &Env, name: &str, reason: &str) -> anyhow::Result<bool> {
+    Ok(events_for(env, name)
+        .await?
+        .iter()
+        .any(|e| e.reason.as_deref() == Some(reason)))
+}
+
 /// Every file under `dir` whose bytes contain `needle` (none are skipped).
 fn files_containing(dir: &Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
     let mut found = Vec::new();
@@ -143,10 +150,7 @@ pub(crate) async fn workload_from_secrets_and_config_maps_reaches_smolvm_and_no_
         ensure!(message.contains(part), "SecretAccessDenied lacks {part:?}: {message}");
     }
     ensure!(
-        events_for(env, name)
-            .await?
-            .iter()
-            .any(|e| e.reason.as_deref() == Some(constants::reason::SECRET_ACCESS_DENIED)),
+        has_event(env, name, constants::reason::SECRET_ACCESS_DENIED).await?,
         "no SecretAccessDenied event"
     );
 
@@ -171,10 +175,7 @@ pub(crate) async fn workload_from_secrets_and_config_maps_reaches_smolvm_and_no_
         "an optional reference was reported: {message}"
     );
     ensure!(
-        events_for(env, name)
-            .await?
-            .iter()
-            .any(|e| e.reason.as_deref() == Some(constants::reason::CREATE_CONFIG_ERROR)),
+        has_event(env, name, constants::reason::CREATE_CONFIG_ERROR).await?,
         "no CreateConfigError event"
     );
 
