@@ -247,6 +247,34 @@ pub fn check_allowed_host(host: &str) -> Result<(), String> {
         .map_err(|reason| format!("{reason}; a host name such as api.example.com, or *.example.com for its subdomains"))
 }
 
+/// The registry an image is pulled from and its path there, as the kubelet's credential
+/// matching names them (`docker.io` and `library/<name>` for Docker Hub images without a domain);
+/// `None` for `local:` images and references that do not parse.
+pub fn registry_of(image: &str) -> Option<(String, String)> {
+    match parse_image(image).ok()? {
+        ImageRef::Local(_) => None,
+        ImageRef::Oci { domain, path, .. } => {
+            let host = normalize_registry_host(domain.unwrap_or("docker.io"));
+            let path = if domain.is_none() && !path.contains('/') {
+                format!("library/{path}")
+            } else {
+                path.to_string()
+            };
+            Some((host, path))
+        }
+    }
+}
+
+/// A registry host in the one spelling credentials are matched by: lower case, and Docker Hub's
+/// aliases as `docker.io`.
+pub fn normalize_registry_host(host: &str) -> String {
+    let host = host.to_ascii_lowercase();
+    match host.as_str() {
+        "index.docker.io" | "registry-1.docker.io" | "registry.hub.docker.com" => "docker.io".into(),
+        _ => host,
+    }
+}
+
 /// Checks a Secret or ConfigMap key: 1 to 253 letters, digits, '-', '_' or '.', and not `.`,
 /// `..` or starting with `..` (Kubernetes' own rule).
 pub fn check_config_key(key: &str) -> Result<(), String> {

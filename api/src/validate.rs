@@ -208,17 +208,17 @@ impl Verdict {
         }
     }
 
+    /// `value` at `path`, when `check` refuses it, shown with the reason.
+    fn invalid(&mut self, rule: RuleId, path: &str, value: &str, check: fn(&str) -> Result<(), String>) {
+        if let Err(reason) = check(value) {
+            self.violation_at(rule, path, render(value), format!("{} {reason}", render(value)));
+        }
+    }
+
     /// Each entry of the list at `path` that `check` refuses, shown with the reason.
     fn each_invalid(&mut self, rule: RuleId, path: &str, entries: &[String], check: fn(&str) -> Result<(), String>) {
         for (i, entry) in entries.iter().enumerate() {
-            if let Err(reason) = check(entry) {
-                self.violation_at(
-                    rule,
-                    &format!("{path}[{i}]"),
-                    render(entry),
-                    format!("{} {reason}", render(entry)),
-                );
-            }
+            self.invalid(rule, &format!("{path}[{i}]"), entry, check);
         }
     }
 }
@@ -938,18 +938,11 @@ fn check_workload(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
         v.too_many(RuleId::V11, "spec.env", "entries", env.len(), policy.max_env, "maxEnv");
         let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
         for (i, var) in env.iter().enumerate() {
-            let at = |field: &str| {
-                (
-                    format!("spec.env[{i}]{field}"),
-                    format!("/spec/env/{i}{}", field.replace('.', "/")),
-                )
-            };
+            let at = |field: &str| format!("spec.env[{i}]{field}");
             if var.name.is_empty() || var.name.contains('=') {
-                let (path, pointer) = at(".name");
-                v.violation(
+                v.violation_at(
                     RuleId::V11,
-                    &path,
-                    &pointer,
+                    &at(".name"),
                     render(&var.name),
                     format!(
                         "{} is not a variable name: it must be non-empty and have no '='",
@@ -958,91 +951,59 @@ fn check_workload(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
                 );
             } else if let Some(first) = seen.insert(var.name.as_str(), i) {
                 seen.insert(var.name.as_str(), first);
-                let (path, pointer) = at(".name");
-                v.violation(
+                v.violation_at(
                     RuleId::V11,
-                    &path,
-                    &pointer,
+                    &at(".name"),
                     render(&var.name),
                     format!("{} duplicates env[{first}]: names are unique", render(&var.name)),
                 );
             }
             match (&var.value, &var.value_from) {
-                (Some(_), Some(_)) | (None, None) => {
-                    let (path, pointer) = at("");
-                    v.violation(
-                        RuleId::V11,
-                        &path,
-                        &pointer,
+                (Some(_), Some(_)) | (None, None) => v.violation_at(
+                    RuleId::V11,
+                    &at(""),
+                    render(&var.name),
+                    format!(
+                        "{} has {}: an env entry has exactly one of value and valueFrom",
                         render(&var.name),
-                        format!(
-                            "{} has {}: an env entry has exactly one of value and valueFrom",
-                            render(&var.name),
-                            if var.value.is_some() {
-                                "both value and valueFrom"
-                            } else {
-                                "neither value nor valueFrom"
-                            }
-                        ),
-                    );
-                }
-                (Some(value), None) => v.too_long(RuleId::V11, &at(".value").0, value.len(), max_bytes),
+                        if var.value.is_some() {
+                            "both value and valueFrom"
+                        } else {
+                            "neither value nor valueFrom"
+                        }
+                    ),
+                ),
+                (Some(value), None) => v.too_long(RuleId::V11, &at(".value"), value.len(), max_bytes),
                 (None, Some(from)) => {
                     let refs = [
                         ("secretKeyRef", from.secret_key_ref.as_ref()),
                         ("configMapKeyRef", from.config_map_key_ref.as_ref()),
                     ];
-                    let given: Vec<_> = refs.iter().filter(|(_, r)| r.is_some()).collect();
-                    if given.len() != 1 {
-                        let (path, pointer) = at(".valueFrom");
-                        v.violation(
+                    let given = refs.iter().filter(|(_, r)| r.is_some()).count();
+                    if given != 1 {
+                        v.violation_at(
                             RuleId::V11,
-                            &path,
-                            &pointer,
-                            format!("{} references", given.len()),
+                            &at(".valueFrom"),
+                            format!("{given} references"),
                             format!(
-                                "{} references: valueFrom has exactly one of secretKeyRef and configMapKeyRef",
-                                given.len()
+                                "{given} references: valueFrom has exactly one of secretKeyRef and configMapKeyRef"
                             ),
                         );
                     }
                     for (kind, selector) in refs {
                         let Some(selector) = selector else { continue };
-                        if let Err(reason) = syntax::check_dns1123_subdomain(&selector.name) {
-                            let (path, pointer) = at(&format!(".valueFrom.{kind}.name"));
-                            v.violation(
-                                RuleId::V11,
-                                &path,
-                                &pointer,
-                                render(&selector.name),
-                                format!("{} {reason}", render(&selector.name)),
-                            );
-                        }
-                        if let Err(reason) = syntax::check_config_key(&selector.key) {
-                            let (path, pointer) = at(&format!(".valueFrom.{kind}.key"));
-                            v.violation(
-                                RuleId::V11,
-                                &path,
-                                &pointer,
-                                render(&selector.key),
-                                format!("{} {reason}", render(&selector.key)),
-                            );
-                        }
+                        let name_path = at(&format!(".valueFrom.{kind}.name"));
+                        v.invalid(RuleId::V11, &name_path, &selector.name, syntax::check_dns1123_subdomain);
+                        let key_path = at(&format!(".valueFrom.{kind}.key"));
+                        v.invalid(RuleId::V11, &key_path, &selector.key, syntax::check_config_key);
                     }
                 }
             }
         }
     }
     for (i, secret) in spec.image_pull_secrets.iter().flatten().enumerate() {
-        if let Err(reason) = syntax::check_dns1123_subdomain(&secret.name) {
-            v.violation(
-                RuleId::V11,
-                &format!("spec.imagePullSecrets[{i}].name"),
-                &format!("/spec/imagePullSecrets/{i}/name"),
-                render(&secret.name),
-                format!("{} {reason}", render(&secret.name)),
-            );
-        }
+        let path = format!("spec.imagePullSecrets[{i}].name");
+        v.invalid(RuleId::V11, &path, &secret.name, syntax::check_dns1123_subdomain);
     }
     if let Some(grace) = spec.termination_grace_period_seconds
         && !(0..=300).contains(&grace)

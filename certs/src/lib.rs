@@ -31,7 +31,7 @@ pub use pem::{
 pub use tls::{
     ReloadableResolver, SERVER_ALPN, client_config, crypto_provider, mtls_server_config, root_store, server_config,
 };
-pub use trust::{ReloadableServerVerifier, fingerprint, issuer_in, signed_by};
+pub use trust::{fingerprint, issuer_in, signed_by};
 pub use validity::{CLOCK_SKEW_ALLOWANCE, Validity};
 
 /// Renew when two thirds of a certificate's lifetime has passed (the `fraction` for

@@ -1,22 +1,11 @@
-//! Trust during a CA rotation: which CA signed a certificate, certificate fingerprints, and a
-//! server-certificate verifier whose trust anchors swap at run time.
+//! Trust during a CA rotation: which CA signed a certificate, and certificate fingerprints.
 //!
 //! A rotation publishes a bundle, the new CA first and the old one after it, and keeps both
 //! trusted until every holder of an old-CA certificate has a new one. [`issuer_in`] tells a
 //! certificate's holder which CA of the bundle signed it (the first entry is the one signing
-//! now); [`ReloadableServerVerifier`] lets a client trust both, then only the new one, without
-//! being rebuilt.
+//! now).
 
-use std::fmt;
-use std::sync::{Arc, RwLock};
-
-use rustls::DigitallySignedStruct;
-use rustls::client::WebPkiServerVerifier;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-
-use crate::error::{Error, Result};
-use crate::tls::{crypto_provider, root_store};
+use rustls::pki_types::CertificateDer;
 
 /// `sha256:<64 hex digits>` of a certificate's DER encoding: a short, stable name for a CA that
 /// an agent reports and an operator can compare (`openssl x509 -fingerprint -sha256`).
@@ -46,86 +35,11 @@ pub fn issuer_in(leaf: &CertificateDer<'_>, bundle: &[CertificateDer<'_>]) -> Op
     bundle.iter().position(|ca| signed_by(leaf, ca))
 }
 
-/// A WebPKI [`ServerCertVerifier`] whose trust anchors can be replaced at run time (full
-/// verification always: chain, validity, name; only the set of anchors changes).
-pub struct ReloadableServerVerifier {
-    inner: RwLock<Arc<WebPkiServerVerifier>>,
-}
-
-impl fmt::Debug for ReloadableServerVerifier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReloadableServerVerifier").finish_non_exhaustive()
-    }
-}
-
-fn webpki(ca_pem: &str) -> Result<Arc<WebPkiServerVerifier>> {
-    WebPkiServerVerifier::builder_with_provider(Arc::new(root_store(ca_pem)?), crypto_provider())
-        .build()
-        .map_err(|e| Error::InvalidCertificate(format!("trust anchors: {e}")))
-}
-
-impl ReloadableServerVerifier {
-    /// Trusts exactly the certificates in `ca_pem`.
-    pub fn new(ca_pem: &str) -> Result<Self> {
-        Ok(ReloadableServerVerifier {
-            inner: RwLock::new(webpki(ca_pem)?),
-        })
-    }
-
-    /// From the next handshake on, trusts exactly the certificates in `ca_pem`; on an error the
-    /// anchors stay as they were.
-    pub fn set_roots(&self, ca_pem: &str) -> Result<()> {
-        let next = webpki(ca_pem)?;
-        *self.inner.write().unwrap_or_else(|p| p.into_inner()) = next;
-        Ok(())
-    }
-
-    fn current(&self) -> Arc<WebPkiServerVerifier> {
-        self.inner.read().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-}
-
-impl ServerCertVerifier for ReloadableServerVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        self.current()
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.current().verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.current().verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.current().supported_verify_schemes()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{CertificateAuthority, parse_pem_chain};
-    use std::time::{Duration, SystemTime};
+    use std::time::Duration;
 
     const DAY: Duration = Duration::from_secs(86_400);
 
@@ -166,28 +80,5 @@ mod tests {
         assert!(fa.starts_with("sha256:") && fa.len() == 7 + 64, "{fa}");
         assert_eq!(fa, fingerprint(a.cert_der()));
         assert_ne!(fa, fingerprint(b.cert_der()));
-    }
-
-    #[test]
-    fn verifier_follows_its_anchors() {
-        let old = CertificateAuthority::generate("smolvm-runtime-ca", DAY).expect("old CA");
-        let new = CertificateAuthority::generate("smolvm-runtime-ca", DAY).expect("new CA");
-        let name = ServerName::try_from("a.example").expect("name");
-        let now = UnixTime::since_unix_epoch(SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).expect("clock"));
-        let verifier = ReloadableServerVerifier::new(old.cert_pem()).expect("verifier");
-        let verify = |leaf: &CertificateDer<'_>| verifier.verify_server_cert(leaf, &[], &name, &[], now).is_ok();
-        let (from_old, from_new) = (leaf(&old, "a.example"), leaf(&new, "a.example"));
-        assert!(verify(&from_old) && !verify(&from_new), "before: old only");
-        verifier
-            .set_roots(&format!("{}{}", new.cert_pem(), old.cert_pem()))
-            .expect("both");
-        assert!(verify(&from_old) && verify(&from_new), "during: both");
-        verifier.set_roots(new.cert_pem()).expect("new");
-        assert!(!verify(&from_old) && verify(&from_new), "after: new only");
-        assert!(verifier.set_roots("not pem").is_err());
-        assert!(verify(&from_new), "a bad bundle leaves the anchors as they were");
-        // The name is still checked.
-        let other = ServerName::try_from("b.example").expect("name");
-        assert!(verifier.verify_server_cert(&from_new, &[], &other, &[], now).is_err());
     }
 }

@@ -176,7 +176,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let node_client = NodeClient::new(
         ClientSettings {
-            tls: Arc::new(trust.client_tls()?),
+            tls: trust.client_tls(),
             token,
             connect_timeout: Duration::from_secs(5),
             call_timeout: Duration::from_secs(30),

@@ -166,11 +166,33 @@ impl hyper::rt::Write for NodeStream {
     }
 }
 
+/// The node API client's TLS config, replaced as a whole when the runtime CAs change: each new
+/// connection takes the config in force, open connections keep the one they were made with.
+#[derive(Debug)]
+pub struct ClientTls(RwLock<Arc<ClientConfig>>);
+
+impl ClientTls {
+    /// Starts with `config`.
+    pub fn new(config: ClientConfig) -> Arc<Self> {
+        Arc::new(ClientTls(RwLock::new(Arc::new(config))))
+    }
+
+    /// The config for the next connection.
+    pub fn current(&self) -> Arc<ClientConfig> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts `config` in force from the next connection on.
+    pub fn replace(&self, config: ClientConfig) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+    }
+}
+
 /// Connects `https://<node>` to the node's advertised endpoint, verifying the node's identity.
 #[derive(Clone)]
 pub struct NodeConnector {
     endpoints: Endpoints,
-    tls: TlsConnector,
+    tls: Arc<ClientTls>,
     connect_timeout: Duration,
 }
 
@@ -199,7 +221,8 @@ impl tower::Service<Uri> for NodeConnector {
                 .await
                 .map_err(|_| format!("connect to {address}:{port} timed out"))??;
             tcp.set_nodelay(true)?;
-            let tls = tokio::time::timeout(this.connect_timeout, this.tls.connect(server_name, tcp))
+            let connector = TlsConnector::from(this.tls.current());
+            let tls = tokio::time::timeout(this.connect_timeout, connector.connect(server_name, tcp))
                 .await
                 .map_err(|_| format!("TLS handshake with {address}:{port} timed out"))??;
             Ok(NodeStream(TokioIo::new(tls)))
@@ -256,8 +279,8 @@ impl BearerToken {
 /// Settings of a [`NodeClient`].
 #[derive(Clone)]
 pub struct ClientSettings {
-    /// rustls config trusting only the runtime CA, with the controller's client certificate.
-    pub tls: Arc<ClientConfig>,
+    /// rustls config trusting only the runtime CAs, with the controller's client certificate.
+    pub tls: Arc<ClientTls>,
     /// Bearer token of the `smolvm-runtime-auth` Secret.
     pub token: Arc<BearerToken>,
     /// Timeout of connect and handshake.
@@ -281,7 +304,7 @@ impl NodeClient {
     pub fn new(settings: ClientSettings, endpoints: Endpoints) -> Self {
         let connector = NodeConnector {
             endpoints: endpoints.clone(),
-            tls: TlsConnector::from(settings.tls.clone()),
+            tls: settings.tls.clone(),
             connect_timeout: settings.connect_timeout,
         };
         let client = Client::builder(TokioExecutor::new())
@@ -496,7 +519,8 @@ impl rustls::client::ResolvesClientCert for ClientCert {
     }
 }
 
-/// A client TLS config that trusts only the runtime CA and presents `cert`.
+/// A client TLS config that trusts only the CAs in `ca_pem` (WebPKI: chain, validity, name) and
+/// presents `cert`.
 pub fn client_tls(
     ca_pem: &str,
     cert: Arc<smolvm_certs::ReloadableResolver>,

@@ -31,16 +31,14 @@ use k8s_openapi::{ByteString, api::core::v1::ObjectReference};
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::Store;
-use rustls::ClientConfig;
 use smolvm_api::SmolVMNode;
 use smolvm_api::constants::{FIELD_MANAGER_CONTROLLER, ROTATE_RUNTIME_CA_ANNOTATION};
 use smolvm_certs::{
-    CertificateAuthority, RENEWAL_FRACTION, ReloadableResolver, ReloadableServerVerifier, fingerprint, needs_renewal,
-    parse_cert_pem,
+    CertificateAuthority, RENEWAL_FRACTION, ReloadableResolver, fingerprint, needs_renewal, parse_cert_pem,
 };
 
 use crate::events::EventSink;
-use crate::nodeclient::ClientCert;
+use crate::nodeclient::{ClientTls, client_tls};
 use crate::placement::heartbeat_fresh;
 use crate::signer::{LEAF_LIFETIME, SignerError};
 
@@ -174,7 +172,7 @@ fn secret_text(secret: &Secret, key: &'static str) -> Result<Option<String>, Sig
 /// from [`CaSet::client_issuer`].
 pub struct RuntimeTrust {
     cas: RwLock<CaSet>,
-    verifier: Arc<ReloadableServerVerifier>,
+    tls: Arc<ClientTls>,
     client_cert: Arc<ReloadableResolver>,
 }
 
@@ -193,9 +191,10 @@ impl RuntimeTrust {
         let issued = cas
             .client_issuer()
             .issue_client(FIELD_MANAGER_CONTROLLER, LEAF_LIFETIME)?;
+        let client_cert = Arc::new(ReloadableResolver::from_pem(&issued.cert_pem, &issued.key_pem)?);
         Ok(Arc::new(RuntimeTrust {
-            verifier: Arc::new(ReloadableServerVerifier::new(&cas.bundle_pem())?),
-            client_cert: Arc::new(ReloadableResolver::from_pem(&issued.cert_pem, &issued.key_pem)?),
+            tls: ClientTls::new(client_tls(&cas.bundle_pem(), client_cert.clone())?),
+            client_cert,
             cas: RwLock::new(cas),
         }))
     }
@@ -213,31 +212,23 @@ impl RuntimeTrust {
     /// Puts `next` in force: agents' certificates are verified against its bundle from the next
     /// handshake on, and the client certificate is re-issued if its issuer changes.
     pub fn install(&self, next: CaSet) -> Result<(), SignerError> {
-        let before = self.cas();
-        if before.client_issuer().cert_pem() != next.client_issuer().cert_pem() {
+        // Built first: a bundle that does not parse leaves everything as it was.
+        let config = client_tls(&next.bundle_pem(), self.client_cert.clone())?;
+        if self.cas().client_issuer().cert_pem() != next.client_issuer().cert_pem() {
             let issued = next
                 .client_issuer()
                 .issue_client(FIELD_MANAGER_CONTROLLER, LEAF_LIFETIME)?;
-            self.verifier.set_roots(&next.bundle_pem())?;
             self.client_cert.swap_pem(&issued.cert_pem, &issued.key_pem)?;
-        } else {
-            self.verifier.set_roots(&next.bundle_pem())?;
         }
+        self.tls.replace(config);
         *self.cas.write().unwrap_or_else(|p| p.into_inner()) = next;
         Ok(())
     }
 
-    /// The node API client's TLS: WebPKI verification of every agent against the bundle in force
-    /// (never skipped; only the anchors follow a rotation) and the current client certificate.
-    pub fn client_tls(&self) -> Result<ClientConfig, smolvm_certs::Error> {
-        let mut config = ClientConfig::builder_with_provider(smolvm_certs::crypto_provider())
-            .with_safe_default_protocol_versions()
-            .map_err(smolvm_certs::Error::TlsConfig)?
-            .dangerous()
-            .with_custom_certificate_verifier(self.verifier.clone())
-            .with_client_cert_resolver(Arc::new(ClientCert(self.client_cert.clone())));
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Ok(config)
+    /// The node API client's TLS, which follows [`RuntimeTrust::install`]: WebPKI verification
+    /// of every agent against the bundle in force, and the current client certificate.
+    pub fn client_tls(&self) -> Arc<ClientTls> {
+        self.tls.clone()
     }
 
     /// Re-issues the client certificate once two thirds of its life have passed; checks every
@@ -500,15 +491,10 @@ async fn rotation_tick(ctx: &RotationContext, waiting_for: &mut Vec<String>) -> 
                 current: Arc::new(CertificateAuthority::generate(CA_NAME, CA_LIFETIME)?),
                 previous: Some(stored.current.clone()),
             };
-            secret.data = Some(next.secret_data());
             if let Some(annotations) = secret.metadata.annotations.as_mut() {
                 annotations.remove(ROTATE_RUNTIME_CA_ANNOTATION);
             }
-            // The read's resourceVersion makes this a compare-and-swap: a concurrent change
-            // (409) is seen on the next look.
-            secrets.replace(CA_SECRET, &PostParams::default(), &secret).await?;
-            ctx.trust.install(next.clone())?;
-            publish(&configmaps, &next).await?;
+            commit(ctx, &secrets, &configmaps, secret, &next).await?;
             let why = match cause {
                 RotationCause::Requested => format!("the annotation {ROTATE_RUNTIME_CA_ANNOTATION} asked for it"),
                 RotationCause::CaExpiring => "the CA passed two thirds of its lifetime".to_string(),
@@ -536,10 +522,7 @@ async fn rotation_tick(ctx: &RotationContext, waiting_for: &mut Vec<String>) -> 
                 current: stored.current.clone(),
                 previous: None,
             };
-            secret.data = Some(next.secret_data());
-            secrets.replace(CA_SECRET, &PostParams::default(), &secret).await?;
-            ctx.trust.install(next.clone())?;
-            publish(&configmaps, &next).await?;
+            commit(ctx, &secrets, &configmaps, secret, &next).await?;
             waiting_for.clear();
             let note = format!(
                 "runtime CA rotation finished: every live node serves a certificate from {current_fingerprint}; the old CA is no longer trusted"
@@ -549,6 +532,22 @@ async fn rotation_tick(ctx: &RotationContext, waiting_for: &mut Vec<String>) -> 
         }
     }
     Ok(())
+}
+
+/// Stores `next` in the CA Secret, puts it in force and publishes its bundle. The `secret` as read
+/// carries its resourceVersion, so the write is a compare-and-swap: a concurrent change (409) is
+/// seen on the next look, and nothing else is done.
+async fn commit(
+    ctx: &RotationContext,
+    secrets: &Api<Secret>,
+    configmaps: &Api<ConfigMap>,
+    mut secret: Secret,
+    next: &CaSet,
+) -> Result<(), SignerError> {
+    secret.data = Some(next.secret_data());
+    secrets.replace(CA_SECRET, &PostParams::default(), &secret).await?;
+    ctx.trust.install(next.clone())?;
+    publish(configmaps, next).await
 }
 
 impl RotationContext {

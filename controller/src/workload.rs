@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use smolvm_api::{
     SmolVM,
     nodeapi::{EnvVar, RegistryAuth, Sensitive},
-    syntax::{ImageRef, parse_image},
+    syntax::{normalize_registry_host, registry_of},
 };
 
 /// The kind of object an env value comes from.
@@ -178,31 +178,6 @@ pub fn resolve_env(vm: &SmolVM, fetched: &BTreeMap<(Source, String), Fetched>) -
     }
 }
 
-/// The registry host an image is pulled from, as kubelet's credential matching names it
-/// (`docker.io` for Docker Hub images without a domain); `None` for `local:` images.
-pub fn registry_of(image: &str) -> Option<(String, String)> {
-    match parse_image(image).ok()? {
-        ImageRef::Local(_) => None,
-        ImageRef::Oci { domain, path, .. } => {
-            let host = normalize_host(domain.unwrap_or("docker.io"));
-            let path = if domain.is_none() && !path.contains('/') {
-                format!("library/{path}")
-            } else {
-                path.to_string()
-            };
-            Some((host, path))
-        }
-    }
-}
-
-fn normalize_host(host: &str) -> String {
-    let host = host.to_ascii_lowercase();
-    match host.as_str() {
-        "index.docker.io" | "registry-1.docker.io" | "registry.hub.docker.com" => "docker.io".into(),
-        _ => host,
-    }
-}
-
 /// A key of a dockerconfigjson `auths` map as (host, path prefix): the scheme and a trailing
 /// `/v1/` or `/v2/` go, as kubelet reads them.
 fn parse_auth_key(key: &str) -> (String, String) {
@@ -213,7 +188,7 @@ fn parse_auth_key(key: &str) -> (String, String) {
     let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
     let path = path.trim_end_matches('/');
     let path = if matches!(path, "v1" | "v2") { "" } else { path };
-    (normalize_host(host), path.to_string())
+    (normalize_registry_host(host), path.to_string())
 }
 
 /// Whether a dockerconfigjson key matches an image's registry and path: the host equal (a

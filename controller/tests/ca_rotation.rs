@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::{NODE, TOKEN};
 use smolvm_certs::{CertificateAuthority, LeafUsage, ReloadableResolver, Validity};
-use smolvm_controller::nodeclient::{BearerToken, ClientSettings, Endpoints, NodeClient};
+use smolvm_controller::nodeclient::{BearerToken, ClientSettings, ClientTls, Endpoints, NodeClient};
 use smolvm_controller::runtime_ca::{CaSet, NodeTrust, Rotation, RuntimeTrust, rotation_step};
 use smolvm_runtime::agent::{Agent, AgentOptions, ClientCa};
 use smolvm_runtime::nodeapi::auth::TokenAuth;
@@ -53,20 +53,21 @@ struct Caller {
 
 impl Caller {
     fn start(trust: &RuntimeTrust, endpoints: Endpoints) -> Self {
-        let mut tls = trust.client_tls().expect("client TLS");
-        // Every call a full handshake: a resumed session would carry the identities of an
-        // earlier one and prove nothing about the certificates in force.
-        tls.resumption = rustls::client::Resumption::disabled();
-        let tls = Arc::new(tls);
+        let trusted = trust.client_tls();
         let ok = Arc::new(AtomicUsize::new(0));
         let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (ok2, failures2, stop2) = (ok.clone(), failures.clone(), stop.clone());
         let task = tokio::spawn(async move {
             while !stop2.load(Ordering::Relaxed) {
+                // The config in force now, with no resumption: every call a full handshake (a
+                // resumed session would carry the identities of an earlier one and prove nothing
+                // about the certificates in force).
+                let mut tls = (*trusted.current()).clone();
+                tls.resumption = rustls::client::Resumption::disabled();
                 let client = NodeClient::new(
                     ClientSettings {
-                        tls: tls.clone(),
+                        tls: ClientTls::new(tls),
                         token: BearerToken::new(TOKEN.to_string()),
                         connect_timeout: Duration::from_secs(5),
                         call_timeout: Duration::from_secs(10),

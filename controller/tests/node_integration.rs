@@ -9,13 +9,13 @@ use std::{sync::Arc, time::Duration};
 use common::{NODE, Pki, TOKEN, TestAgent};
 use smolvm_api::nodeapi::{MachineSpec, MachineState, NetworkSpec, PortProtocol, PortSpec, ResizeSpec, error_code};
 use smolvm_certs::ReloadableResolver;
-use smolvm_controller::nodeclient::{CallError, ClientSettings, Endpoints, NodeClient, client_tls};
+use smolvm_controller::nodeclient::{CallError, ClientSettings, ClientTls, Endpoints, NodeClient, client_tls};
 
 fn client(pki: &Pki, token: &str, endpoints: Endpoints) -> NodeClient {
     let cert = Arc::new(ReloadableResolver::from_pem(&pki.client_cert, &pki.client_key).unwrap());
     NodeClient::new(
         ClientSettings {
-            tls: Arc::new(client_tls(pki.ca.cert_pem(), cert).unwrap()),
+            tls: ClientTls::new(client_tls(pki.ca.cert_pem(), cert).unwrap()),
             token: smolvm_controller::nodeclient::BearerToken::new(token.to_string()),
             connect_timeout: Duration::from_secs(5),
             call_timeout: Duration::from_secs(60),
@@ -148,7 +148,7 @@ async fn node_client_drives_the_real_runtime_over_mtls() {
     let settings_token = smolvm_controller::nodeclient::BearerToken::new(TOKEN.to_string());
     let swapping = NodeClient::new(
         ClientSettings {
-            tls: Arc::new(
+            tls: ClientTls::new(
                 client_tls(
                     pki.ca.cert_pem(),
                     Arc::new(ReloadableResolver::from_pem(&pki.client_cert, &pki.client_key).unwrap()),

@@ -353,7 +353,7 @@ async fn a_resize_up_without_room_is_reported_not_sent() {
 
     use common::{NODE, Pki, TOKEN, TestAgent};
     use smolvm_certs::ReloadableResolver;
-    use smolvm_controller::nodeclient::{BearerToken, ClientSettings, Endpoints, NodeClient, client_tls};
+    use smolvm_controller::nodeclient::{BearerToken, ClientSettings, ClientTls, Endpoints, NodeClient, client_tls};
 
     common::init();
     let dir = tempfile::tempdir().unwrap();
@@ -368,7 +368,7 @@ async fn a_resize_up_without_room_is_reported_not_sent() {
         endpoints.set(NODE, &addr.ip().to_string(), addr.port());
         NodeClient::new(
             ClientSettings {
-                tls: Arc::new(client_tls(pki.ca.cert_pem(), cert).unwrap()),
+                tls: ClientTls::new(client_tls(pki.ca.cert_pem(), cert).unwrap()),
                 token: BearerToken::new(TOKEN.to_string()),
                 connect_timeout: Duration::from_secs(5),
                 call_timeout: Duration::from_secs(60),

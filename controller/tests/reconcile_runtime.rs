@@ -14,7 +14,7 @@ use http::Method;
 use serde_json::{Value, json};
 use smolvm_api::{SmolVM, fixtures};
 use smolvm_certs::ReloadableResolver;
-use smolvm_controller::nodeclient::{ClientSettings, Endpoints, NodeClient, client_tls};
+use smolvm_controller::nodeclient::{ClientSettings, ClientTls, Endpoints, NodeClient, client_tls};
 use support::*;
 
 fn node_client(pki: &Pki, agent: &TestAgent) -> NodeClient {
@@ -24,7 +24,7 @@ fn node_client(pki: &Pki, agent: &TestAgent) -> NodeClient {
     endpoints.set(NODE, &addr.ip().to_string(), addr.port());
     NodeClient::new(
         ClientSettings {
-            tls: Arc::new(client_tls(pki.ca.cert_pem(), cert).unwrap()),
+            tls: ClientTls::new(client_tls(pki.ca.cert_pem(), cert).unwrap()),
             token: smolvm_controller::nodeclient::BearerToken::new(TOKEN.to_string()),
             connect_timeout: std::time::Duration::from_secs(5),
             call_timeout: std::time::Duration::from_secs(60),

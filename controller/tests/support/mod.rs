@@ -130,7 +130,7 @@ pub fn unreachable_nodes() -> NodeClient {
     let tls = smolvm_certs::client_config(ca.cert_pem(), None, &[b"h2"]).unwrap();
     NodeClient::new(
         ClientSettings {
-            tls: Arc::new(tls),
+            tls: smolvm_controller::nodeclient::ClientTls::new(tls),
             token: smolvm_controller::nodeclient::BearerToken::new("t"),
             connect_timeout: Duration::from_millis(500),
             call_timeout: Duration::from_secs(2),

@@ -137,16 +137,8 @@ pub fn to_vmm_spec(name: &str, spec: &MachineSpec) -> vmm::MachineSpec {
     out.overlay_gib = Some(spec.overlay_gib);
     out.network = spec.network.enabled;
     out.ports = spec.network.ports.iter().map(to_vmm_port).collect();
-    out.allowed_cidrs = if spec.network.allowed_cidrs.is_empty() {
-        None
-    } else {
-        Some(spec.network.allowed_cidrs.clone())
-    };
-    out.allowed_hosts = if spec.network.allowed_hosts.is_empty() {
-        None
-    } else {
-        Some(spec.network.allowed_hosts.clone())
-    };
+    out.allowed_cidrs = non_empty(&spec.network.allowed_cidrs);
+    out.allowed_hosts = non_empty(&spec.network.allowed_hosts);
     let workload = &spec.workload;
     out.workload = vmm::Workload {
         entrypoint: workload.command.clone(),
@@ -159,22 +151,25 @@ pub fn to_vmm_spec(name: &str, spec: &MachineSpec) -> vmm::MachineSpec {
     out
 }
 
-fn allowed_hosts_of(machine: &Machine) -> Vec<String> {
+/// A list of strings smolvm reports for the machine under `key` (`allowedCidrs`,
+/// `allowedHosts`); empty when absent.
+fn reported_list(machine: &Machine, key: &str) -> Vec<String> {
     machine
         .raw
-        .get("allowedHosts")
+        .get(key)
         .and_then(|v| v.as_array())
         .map(|list| list.iter().filter_map(|c| c.as_str().map(str::to_string)).collect())
         .unwrap_or_default()
 }
 
-fn allowed_cidrs_of(machine: &Machine) -> Vec<String> {
-    machine
-        .raw
-        .get("allowedCidrs")
-        .and_then(|v| v.as_array())
-        .map(|list| list.iter().filter_map(|c| c.as_str().map(str::to_string)).collect())
-        .unwrap_or_default()
+/// Whether `wanted` and `have` hold the same entries, in any order.
+fn same_entries(wanted: &[String], have: &[String]) -> bool {
+    wanted.iter().collect::<BTreeSet<_>>() == have.iter().collect::<BTreeSet<_>>()
+}
+
+/// `None` for an empty list (smolvm's default), else the list.
+fn non_empty(list: &[String]) -> Option<Vec<String>> {
+    (!list.is_empty()).then(|| list.to_vec())
 }
 
 /// A machine as the node API reports it.
@@ -198,8 +193,8 @@ pub fn to_status(machine: &Machine) -> MachineStatus {
         network: NetworkSpec {
             enabled: machine.network,
             ports: machine.ports.iter().map(from_vmm_port).collect(),
-            allowed_cidrs: allowed_cidrs_of(machine),
-            allowed_hosts: allowed_hosts_of(machine),
+            allowed_cidrs: reported_list(machine, "allowedCidrs"),
+            allowed_hosts: reported_list(machine, "allowedHosts"),
         },
         pid: machine.pid,
     }
@@ -257,16 +252,10 @@ pub fn spec_differences(
     if wanted != have {
         fields.push("network.ports");
     }
-    let wanted: BTreeSet<&str> = spec.network.allowed_cidrs.iter().map(String::as_str).collect();
-    let have_list = allowed_cidrs_of(machine);
-    let have: BTreeSet<&str> = have_list.iter().map(String::as_str).collect();
-    if wanted != have {
+    if !same_entries(&spec.network.allowed_cidrs, &reported_list(machine, "allowedCidrs")) {
         fields.push("network.allowedCIDRs");
     }
-    let wanted: BTreeSet<&str> = spec.network.allowed_hosts.iter().map(String::as_str).collect();
-    let have_list = allowed_hosts_of(machine);
-    let have: BTreeSet<&str> = have_list.iter().map(String::as_str).collect();
-    if wanted != have {
+    if !same_entries(&spec.network.allowed_hosts, &reported_list(machine, "allowedHosts")) {
         fields.push("network.allowedHosts");
     }
     if let Some(recorded) = recorded {

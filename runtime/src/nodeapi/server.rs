@@ -492,11 +492,8 @@ async fn ensure_running(
         let registry = machine
             .image
             .as_deref()
-            .and_then(|image| match smolvm_api::syntax::parse_image(image) {
-                Ok(smolvm_api::syntax::ImageRef::Oci { domain, .. }) => Some(domain.unwrap_or("docker.io").to_string()),
-                _ => None,
-            })
-            .unwrap_or_else(|| "unknown".into());
+            .and_then(smolvm_api::syntax::registry_of)
+            .map_or_else(|| "unknown".into(), |(host, _)| host);
         tracing::info!(machine = %name, %registry, "starting with a registry credential (for this start only; not stored)");
     }
     let started = state.vmm.start(&name, request.registry_auth.as_ref()).await?;

@@ -30,7 +30,7 @@ pub struct MtlsServer {
 pub struct ClientCaInForce(Arc<RwLock<String>>);
 
 impl ClientCaInForce {
-    /// A bundle in force from the start (tests; the server makes its own).
+    /// A bundle in force from the start.
     pub fn new(pem: &str) -> Self {
         let this = Self::default();
         this.set(pem);
@@ -46,6 +46,20 @@ impl ClientCaInForce {
     pub fn set(&self, pem: &str) {
         *self.0.write().unwrap_or_else(|p| p.into_inner()) = pem.to_string();
     }
+}
+
+/// Puts `pem` in force as the client CA: new handshakes check the client's certificate against
+/// it, and `in_force` tells it; on an error nothing changes.
+fn apply_client_ca(
+    rustls: &RustlsConfig,
+    resolver: &Arc<ReloadableResolver>,
+    in_force: &ClientCaInForce,
+    pem: &str,
+) -> Result<()> {
+    let config = mtls_server_config(resolver.clone(), pem)?;
+    rustls.reload_from_config(Arc::new(config));
+    in_force.set(pem);
+    Ok(())
 }
 
 impl MtlsServer {
@@ -75,8 +89,7 @@ impl MtlsServer {
             })?
             .handle(handle.clone());
         let task = tokio::spawn(server.serve(router.into_make_service()));
-        let client_ca = ClientCaInForce::default();
-        client_ca.set(client_ca_pem);
+        let client_ca = ClientCaInForce::new(client_ca_pem);
         Ok(Self {
             addr,
             handle,
@@ -105,10 +118,7 @@ impl MtlsServer {
 
     /// Replaces the trusted client CA for new connections.
     pub fn reload_client_ca(&self, client_ca_pem: &str) -> Result<()> {
-        let config = mtls_server_config(self.resolver.clone(), client_ca_pem)?;
-        self.rustls.reload_from_config(Arc::new(config));
-        self.client_ca.set(client_ca_pem);
-        Ok(())
+        apply_client_ca(&self.rustls, &self.resolver, &self.client_ca, client_ca_pem)
     }
 
     /// Re-reads the client CA file whenever it changes.
@@ -120,12 +130,8 @@ impl MtlsServer {
         self.watchers
             .push(crate::watch::spawn_watch(vec![path], interval, move |contents| {
                 let pem = String::from_utf8_lossy(&contents[0]).into_owned();
-                match mtls_server_config(resolver.clone(), &pem) {
-                    Ok(config) => {
-                        rustls.reload_from_config(Arc::new(config));
-                        in_force.set(&pem);
-                        tracing::info!(path = %shown, "client CA reloaded");
-                    }
+                match apply_client_ca(&rustls, &resolver, &in_force, &pem) {
+                    Ok(()) => tracing::info!(path = %shown, "client CA reloaded"),
                     Err(error) => {
                         tracing::warn!(path = %shown, %error, "client CA file is invalid; keeping the previous one")
                     }
