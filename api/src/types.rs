@@ -160,7 +160,7 @@ pub struct SmolVMSpec {
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
     pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
 
-    /// When smolvm restarts the workload's machine after it exits: Always (the default), OnFailure or Never. Immutable once bound.
+    /// Restarts of the workload's machine after it exits: Always (the default), OnFailure or Never. Immutable once bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_policy: Option<RestartPolicy>,
 
@@ -243,10 +243,12 @@ pub struct LocalObjectReference {
     pub name: String,
 }
 
-/// When smolvm restarts a workload's machine.
+/// Restarts of the workload's machine after it exits: Always (the default: the controller starts
+/// it again while spec.running is true), OnFailure or Never (smolvm's restart policy for the
+/// workload's exits). Immutable once bound.
 #[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum RestartPolicy {
-    /// After every exit (the default).
+    /// After every exit, by the controller while spec.running is true (the default).
     #[default]
     Always,
     /// After a failed exit only.

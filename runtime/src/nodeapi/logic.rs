@@ -48,10 +48,13 @@ pub fn workload_digests(workload: &WorkloadSpec) -> WorkloadDigests {
         .collect()
 }
 
-/// smolvm's restart policy word.
+/// smolvm's restart policy word. `Always` is smolvm's `never`: the controller already starts
+/// again every machine that is not running while `spec.running` is true, and smolvm's own
+/// `always` (or `unless-stopped`) also restarts a machine whose start failed, even after a stop
+/// was asked for, so it would fight the controller over `spec.running: false` and disk resizes.
 pub fn restart_word(policy: RestartPolicy) -> &'static str {
     match policy {
-        RestartPolicy::Always => "always",
+        RestartPolicy::Always => "never",
         RestartPolicy::OnFailure => "on-failure",
         RestartPolicy::Never => "never",
     }
@@ -429,10 +432,10 @@ mod tests {
             },
         );
         assert!(empty.workload.entrypoint.is_empty() && empty.workload.env.is_empty());
-        assert_eq!(empty.workload.restart, Some("always"));
+        assert_eq!(empty.workload.restart, Some("never"));
         assert_eq!(empty.workload.stop_timeout_secs, Some(10));
         for (policy, word) in [
-            (RestartPolicy::Always, "always"),
+            (RestartPolicy::Always, "never"),
             (RestartPolicy::OnFailure, "on-failure"),
             (RestartPolicy::Never, "never"),
         ] {
