@@ -97,6 +97,11 @@ pub mod reason {
     pub const RUNNING: &str = "Running";
     /// The machine is stopped as asked.
     pub const STOPPED: &str = "Stopped";
+    /// The workload exited on its own and the restart policy (Never, or OnFailure after a clean
+    /// exit) keeps the machine stopped until `spec.running` goes false and back to true.
+    pub const EXITED: &str = "Exited";
+    /// The workload exited on its own and restartPolicy Always started it again (event reason).
+    pub const RESTARTED: &str = "Restarted";
     /// The node runtime failed to start the machine.
     pub const START_FAILED: &str = "StartFailed";
     /// The node runtime could not create the machine.

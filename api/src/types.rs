@@ -160,7 +160,7 @@ pub struct SmolVMSpec {
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
     pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
 
-    /// Restarts of the workload's machine after it exits: Always (the default), OnFailure or Never. Immutable once bound.
+    /// What happens when the machine stops on its own while `running` is true: Always (the default) starts it again; OnFailure leaves it stopped after a clean exit (smolvm restarts it after a failed one); Never leaves it stopped. A machine left stopped reports Ready=False with reason Exited: set `running` to false, then back to true, to run it again. A failed start is retried whatever the policy. Immutable once bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_policy: Option<RestartPolicy>,
 
@@ -243,17 +243,15 @@ pub struct LocalObjectReference {
     pub name: String,
 }
 
-/// Restarts of the workload's machine after it exits: Always (the default: the controller starts
-/// it again while spec.running is true), OnFailure or Never (smolvm's restart policy for the
-/// workload's exits). Immutable once bound.
+/// What happens when the workload's machine stops on its own while spec.running is true.
 #[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum RestartPolicy {
-    /// After every exit, by the controller while spec.running is true (the default).
+    /// Started again by the controller after every exit, while spec.running is true (the default).
     #[default]
     Always,
-    /// After a failed exit only.
+    /// Restarted by smolvm after a failed exit; left stopped after a clean one.
     OnFailure,
-    /// Never.
+    /// Left stopped after any exit.
     Never,
 }
 

@@ -10,7 +10,7 @@ use smolvm_api::{
     NodeResources, Phase, SmolVM, SmolVMNode, SmolVMStatus,
     constants::{
         FINALIZER, FORCE_DELETE_ANNOTATION, FORCE_DELETE_VALUE, RECREATE_LOST_MACHINE_ANNOTATION,
-        RECREATE_LOST_MACHINE_VALUE, condition,
+        RECREATE_LOST_MACHINE_VALUE, condition, reason,
     },
     nodeapi::{
         MachineSpec, MachineState, MachineStatus, NetworkSpec, PortProtocol, PortSpec, ResizeSpec,
@@ -252,6 +252,72 @@ pub fn machine_spec(vm: &SmolVM) -> Result<MachineSpec, String> {
     })
 }
 
+/// Whether the machine should run in this pass, as `spec.running` and the restart policy decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunGoal {
+    /// `spec.running` is false: stop it, keep it stopped.
+    Stop,
+    /// Run it (and start it if it is not running: it was never started, was stopped on
+    /// purpose, or its start failed).
+    Run,
+    /// It ran, stopped on its own, and restartPolicy Always starts it again.
+    Restart,
+    /// It ran and exited on its own; the restart policy (Never, or OnFailure after a clean exit,
+    /// smolvm having restarted failed ones) keeps it stopped until `spec.running` goes false and
+    /// back to true.
+    Exited,
+}
+
+impl RunGoal {
+    /// Whether the machine should be running.
+    pub fn running(self) -> bool {
+        matches!(self, RunGoal::Run | RunGoal::Restart)
+    }
+}
+
+/// Decides [`RunGoal`] from the SmolVM and the machine its node reports.
+///
+/// A machine "ran" when the last status the controller wrote says so: phase Running with Ready
+/// True (reason Running). The controller stops a machine only when `spec.running` is false, so a
+/// machine that ran and is now not running while `spec.running` is true stopped on its own (its
+/// workload exited, or the node restarted). An exit is remembered as Ready reason Exited, which
+/// `spec.running: false` replaces with Stopped; a start that failed is retried whatever the policy,
+/// as a Pod's is.
+pub fn run_goal(vm: &SmolVM, machine: Option<&MachineStatus>) -> RunGoal {
+    if !vm.spec.running() {
+        return RunGoal::Stop;
+    }
+    let Some(m) = machine else { return RunGoal::Run };
+    if m.state == MachineState::Running {
+        return RunGoal::Run;
+    }
+    let status = vm.status.as_ref();
+    let ready_reason = status
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == condition::READY))
+        .map(|c| (c.status.as_str(), c.reason.as_str()));
+    let exit_remembered = ready_reason.is_some_and(|(_, why)| why == reason::EXITED);
+    let ran = status.and_then(|s| s.phase) == Some(Phase::Running) && ready_reason == Some(("True", reason::RUNNING));
+    match (vm.spec.restart_policy(), exit_remembered, ran) {
+        (RestartPolicy::Always, _, true) => RunGoal::Restart,
+        (RestartPolicy::Always, _, false) => RunGoal::Run,
+        (_, true, _) | (_, _, true) => RunGoal::Exited,
+        _ => RunGoal::Run,
+    }
+}
+
+/// The Ready message of a machine whose workload exited and stays stopped.
+pub fn exited_message(policy: RestartPolicy) -> String {
+    let why = match policy {
+        RestartPolicy::OnFailure => {
+            "restartPolicy OnFailure keeps it stopped after a clean exit (smolvm restarts it after a failed one)"
+        }
+        RestartPolicy::Never | RestartPolicy::Always => "restartPolicy Never keeps it stopped",
+    };
+    format!(
+        "the workload exited on its own; {why}. To run it again, set spec.running to false, wait for the Stopped reason, then set it to true"
+    )
+}
+
 /// What to ask of the node, given the machine it reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MachineAction {
@@ -304,6 +370,78 @@ pub fn machine_action(desired: &MachineSpec, running: bool, machine: Option<&Mac
         ));
     }
     MachineAction::None
+}
+
+/// A Normal event for a machine action a pass took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepEvent {
+    /// Event reason: Created, Started, Restarted, Stopped or Resized.
+    pub reason: &'static str,
+    /// Event action: Create, Start, Stop or Resize.
+    pub action: &'static str,
+    /// Event note, naming the machine and the node.
+    pub note: String,
+}
+
+/// One event per transition the actions `done` of a pass made: a create immediately followed by
+/// a start is one transition, "Started", that says both; a start after the workload exited under
+/// restartPolicy Always is "Restarted".
+pub fn step_events(done: &[MachineAction], goal: RunGoal, machine: &str, node: &str) -> Vec<StepEvent> {
+    let event = |reason, action, note| StepEvent { reason, action, note };
+    let mut events = Vec::new();
+    let mut i = 0;
+    while i < done.len() {
+        let e = match (&done[i], done.get(i + 1)) {
+            (MachineAction::Create(_), Some(MachineAction::EnsureRunning)) => {
+                i += 1;
+                event(
+                    "Started",
+                    "Start",
+                    format!("created and started machine {machine} on node {node}"),
+                )
+            }
+            (MachineAction::Create(_), _) => {
+                event("Created", "Create", format!("created machine {machine} on node {node}"))
+            }
+            (MachineAction::EnsureRunning, _) if goal == RunGoal::Restart => event(
+                reason::RESTARTED,
+                "Start",
+                format!(
+                    "the workload of machine {machine} on node {node} exited on its own; restartPolicy Always started it again"
+                ),
+            ),
+            (MachineAction::EnsureRunning, _) => {
+                event("Started", "Start", format!("machine {machine} runs on node {node}"))
+            }
+            (MachineAction::Stop, _) => event("Stopped", "Stop", format!("stopped machine {machine} on node {node}")),
+            (MachineAction::Resize(spec), _) => event(
+                "Resized",
+                "Resize",
+                format!("resized machine {machine} on node {node} to {}", describe(spec)),
+            ),
+            (MachineAction::ResizePending(_) | MachineAction::None, _) => {
+                i += 1;
+                continue;
+            }
+        };
+        events.push(e);
+        i += 1;
+    }
+    events
+}
+
+/// A resize in words: `4 CPUs, 30 GiB storage`.
+fn describe(spec: &ResizeSpec) -> String {
+    let parts: Vec<String> = [
+        spec.cpus.map(|c| format!("{c} CPUs")),
+        spec.memory_mib.map(|m| format!("{m} MiB memory")),
+        spec.storage_gib.map(|s| format!("{s} GiB storage")),
+        spec.overlay_gib.map(|o| format!("{o} GiB overlay")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    parts.join(", ")
 }
 
 /// Sets a condition in a list, keeping `lastTransitionTime` when the status does not change.

@@ -16,7 +16,7 @@ use kube::{
 };
 use serde_json::json;
 use smolvm_api::{
-    Phase, SmolVM, SmolVMNode, SmolVMStatus,
+    Phase, RestartPolicy, SmolVM, SmolVMNode, SmolVMStatus,
     constants::{FINALIZER, FORCE_DELETE_ANNOTATION, RECREATE_LOST_MACHINE_ANNOTATION, condition, reason},
     nodeapi::{MachineState, MachineStatus, error_code},
 };
@@ -24,7 +24,7 @@ use smolvm_api::{
 use crate::{
     nodeclient::{CallError, NodeClient},
     placement::{self, Ledger, Request},
-    plan::{self, MachineAction, NodeHealth, Step},
+    plan::{self, MachineAction, NodeHealth, RunGoal, Step},
 };
 
 /// Errors of the controller. `reason()` is stable, for metrics and conditions.
@@ -471,7 +471,8 @@ async fn converge(
             }
         }
     }
-    let running = vm.spec.running();
+    let goal = plan::run_goal(vm, observed.as_ref());
+    let running = goal.running();
     // Drive the machine through as many steps as it needs in this pass (create, then start; or
     // resize, then start), so a new VM costs one status write rather than one per step.
     let mut machine_now = observed;
@@ -583,7 +584,7 @@ async fn converge(
                 break;
             }
             Err(failure) => {
-                publish_steps(ctx, vm, node, machine, &done).await;
+                publish_steps(ctx, vm, node, machine, &done, goal).await;
                 if recreating && done.iter().any(|a| matches!(a, MachineAction::Create(_))) {
                     forget_recreate_request(api, vm, ctx, node, machine).await?;
                 }
@@ -625,8 +626,15 @@ async fn converge(
             }
         }
     }
-    let steps_reported = publish_steps(ctx, vm, node, machine, &done).await;
-    apply_machine(&mut status, machine_now.as_ref(), running, generation, now);
+    let steps_reported = publish_steps(ctx, vm, node, machine, &done, goal).await;
+    apply_machine(
+        &mut status,
+        machine_now.as_ref(),
+        goal,
+        vm.spec.restart_policy(),
+        generation,
+        now,
+    );
     plan::clear_condition(&mut status.conditions, condition::DELETION_BLOCKED);
     write_status(api, vm, &status).await?;
     if recreating && done.iter().any(|a| matches!(a, MachineAction::Create(_))) {
@@ -827,60 +835,28 @@ pub fn call_failure(call: RuntimeCall, code: Option<&str>) -> (Option<Phase>, &'
 /// Machine steps one converge pass may take (create, start, and one spare).
 const MAX_STEPS_PER_PASS: usize = 3;
 
-/// One Normal event per transition a pass made; a create immediately followed by a start is one
-/// transition, "Started", that says both. Returns whether it published any.
-async fn publish_steps(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, done: &[MachineAction]) -> bool {
-    let mut published = false;
-    let mut i = 0;
-    while i < done.len() {
-        let (why, verb, note) = match (&done[i], done.get(i + 1)) {
-            (MachineAction::Create(_), Some(MachineAction::EnsureRunning)) => {
-                i += 1;
-                (
-                    "Started",
-                    "Start",
-                    format!("created and started machine {machine} on node {node}"),
-                )
-            }
-            (MachineAction::Create(_), _) => ("Created", "Create", format!("created machine {machine} on node {node}")),
-            (MachineAction::EnsureRunning, _) => ("Started", "Start", format!("machine {machine} runs on node {node}")),
-            (MachineAction::Stop, _) => ("Stopped", "Stop", format!("stopped machine {machine} on node {node}")),
-            (MachineAction::Resize(spec), _) => (
-                "Resized",
-                "Resize",
-                format!("resized machine {machine} on node {node} to {}", describe(spec)),
-            ),
-            (MachineAction::ResizePending(_) | MachineAction::None, _) => {
-                i += 1;
-                continue;
-            }
-        };
-        publish(ctx, vm, EventType::Normal, why, verb, note).await;
-        published = true;
-        i += 1;
+/// Publishes [`plan::step_events`] as Normal events; returns whether it published any.
+async fn publish_steps(
+    ctx: &Context,
+    vm: &SmolVM,
+    node: &str,
+    machine: &str,
+    done: &[MachineAction],
+    goal: RunGoal,
+) -> bool {
+    let events = plan::step_events(done, goal, machine, node);
+    for e in &events {
+        publish(ctx, vm, EventType::Normal, e.reason, e.action, e.note.clone()).await;
     }
-    published
-}
-
-/// A resize in words: `4 CPUs, 30 GiB storage`.
-fn describe(spec: &smolvm_api::nodeapi::ResizeSpec) -> String {
-    let parts: Vec<String> = [
-        spec.cpus.map(|c| format!("{c} CPUs")),
-        spec.memory_mib.map(|m| format!("{m} MiB memory")),
-        spec.storage_gib.map(|s| format!("{s} GiB storage")),
-        spec.overlay_gib.map(|o| format!("{o} GiB overlay")),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    parts.join(", ")
+    !events.is_empty()
 }
 
 /// Phase, Ready and effective resources from the machine the node reports.
 fn apply_machine(
     status: &mut SmolVMStatus,
     machine: Option<&MachineStatus>,
-    running: bool,
+    goal: RunGoal,
+    policy: RestartPolicy,
     generation: Option<i64>,
     now: Timestamp,
 ) {
@@ -897,8 +873,12 @@ fn apply_machine(
         );
         return;
     };
+    let running = goal.running();
     let (phase, ready, why, message) = match (&m.state, running) {
         (MachineState::Running, true) => (Phase::Running, "True", reason::RUNNING, "the machine runs".to_string()),
+        (state, false) if goal == RunGoal::Exited && *state != MachineState::Running => {
+            (Phase::Stopped, "False", reason::EXITED, plan::exited_message(policy))
+        }
         (MachineState::Running, false) => (
             Phase::Running,
             "False",

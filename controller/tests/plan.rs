@@ -7,14 +7,15 @@ use k8s_openapi::{
     jiff::{SignedDuration, Timestamp},
 };
 use smolvm_api::{
-    NodeResources, Phase, SmolVM, SmolVMNode, SmolVMStatus,
+    NodeResources, Phase, RestartPolicy, SmolVM, SmolVMNode, SmolVMStatus,
     constants::{FINALIZER, FORCE_DELETE_ANNOTATION, condition},
     fixtures,
     nodeapi::{MachineState, MachineStatus, NetworkSpec, ResizeSpec},
 };
 use smolvm_controller::plan::{
-    MachineAction, NodeHealth, Step, machine_action, machine_name, machine_resources, machine_spec, next_step,
-    node_health, resize_shortfall, set_condition, transition_event, unsettled_delay,
+    MachineAction, NodeHealth, RunGoal, Step, exited_message, machine_action, machine_name, machine_resources,
+    machine_spec, next_step, node_health, resize_shortfall, run_goal, set_condition, step_events, transition_event,
+    unsettled_delay,
 };
 
 const UID: &str = "6f1c0a52-3b0e-4a57-9d0c-1f2e3d4c5b6a";
@@ -322,6 +323,279 @@ fn machine_action_table() {
     }
 }
 
+/// A bound VM with `spec.running`, `spec.restartPolicy` and the status the last pass wrote.
+fn vm_with(running: bool, policy: RestartPolicy, last: Option<SmolVMStatus>) -> SmolVM {
+    let mut vm = vm(true, false, true, None);
+    vm.spec.running = Some(running);
+    vm.spec.restart_policy = Some(policy);
+    if let Some(last) = last {
+        let bound = vm.status.take().unwrap_or_default();
+        vm.status = Some(SmolVMStatus {
+            node_name: bound.node_name,
+            node_uid: bound.node_uid,
+            machine_name: bound.machine_name,
+            ..last
+        });
+    }
+    vm
+}
+
+#[test]
+fn run_goal_table() {
+    use MachineState::{Created, Failed, Running, Stopped};
+    use RestartPolicy::{Always, Never, OnFailure};
+    let ran = || status(Some(Phase::Running), Some(("True", "Running")));
+    let exited = || status(Some(Phase::Stopped), Some(("False", "Exited")));
+    let stopped = || status(Some(Phase::Stopped), Some(("True", "Stopped")));
+    let stopping = || status(Some(Phase::Running), Some(("False", "Stopped")));
+    let start_failed = || status(Some(Phase::Failed), Some(("False", "StartFailed")));
+    let creating = || status(Some(Phase::Creating), Some(("False", "Creating")));
+    // (name, spec.running, policy, last status, machine state now, goal)
+    type Case = (
+        &'static str,
+        bool,
+        RestartPolicy,
+        Option<SmolVMStatus>,
+        Option<MachineState>,
+        RunGoal,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "not_running_is_stop",
+            false,
+            Never,
+            Some(ran()),
+            Some(Stopped),
+            RunGoal::Stop,
+        ),
+        (
+            "not_running_after_exit",
+            false,
+            Never,
+            Some(exited()),
+            Some(Stopped),
+            RunGoal::Stop,
+        ),
+        ("missing_machine_is_created", true, Never, None, None, RunGoal::Run),
+        ("never_started", true, Never, None, Some(Created), RunGoal::Run),
+        (
+            "creating_then_start",
+            true,
+            Never,
+            Some(creating()),
+            Some(Created),
+            RunGoal::Run,
+        ),
+        ("running_stays", true, Never, Some(ran()), Some(Running), RunGoal::Run),
+        // A failed start is retried whatever the policy, as a Pod's is.
+        (
+            "start_failure_retried_never",
+            true,
+            Never,
+            Some(start_failed()),
+            Some(Stopped),
+            RunGoal::Run,
+        ),
+        (
+            "start_failure_retried_on_failure",
+            true,
+            OnFailure,
+            Some(start_failed()),
+            Some(Failed),
+            RunGoal::Run,
+        ),
+        // Stopped on purpose (spec.running was false), then running: true again.
+        (
+            "restarted_by_the_user",
+            true,
+            Never,
+            Some(stopped()),
+            Some(Stopped),
+            RunGoal::Run,
+        ),
+        (
+            "restarted_mid_stop",
+            true,
+            Never,
+            Some(stopping()),
+            Some(Stopped),
+            RunGoal::Run,
+        ),
+        // Ran and stopped on its own.
+        (
+            "exit_always_restarts",
+            true,
+            Always,
+            Some(ran()),
+            Some(Stopped),
+            RunGoal::Restart,
+        ),
+        (
+            "exit_always_failed_restarts",
+            true,
+            Always,
+            Some(ran()),
+            Some(Failed),
+            RunGoal::Restart,
+        ),
+        (
+            "exit_never_stays",
+            true,
+            Never,
+            Some(ran()),
+            Some(Stopped),
+            RunGoal::Exited,
+        ),
+        (
+            "exit_never_failed_stays",
+            true,
+            Never,
+            Some(ran()),
+            Some(Failed),
+            RunGoal::Exited,
+        ),
+        (
+            "exit_on_failure_stays",
+            true,
+            OnFailure,
+            Some(ran()),
+            Some(Stopped),
+            RunGoal::Exited,
+        ),
+        // The exit is remembered on later passes...
+        (
+            "exit_remembered_never",
+            true,
+            Never,
+            Some(exited()),
+            Some(Stopped),
+            RunGoal::Exited,
+        ),
+        (
+            "exit_remembered_on_failure",
+            true,
+            OnFailure,
+            Some(exited()),
+            Some(Stopped),
+            RunGoal::Exited,
+        ),
+        // ...until the machine runs again (smolvm restarted a failed exit under OnFailure).
+        (
+            "exit_then_smolvm_restarted_it",
+            true,
+            OnFailure,
+            Some(exited()),
+            Some(Running),
+            RunGoal::Run,
+        ),
+        (
+            "always_never_remembers",
+            true,
+            Always,
+            Some(exited()),
+            Some(Stopped),
+            RunGoal::Run,
+        ),
+    ];
+    for (name, running, policy, last, state, expected) in cases {
+        let vm = vm_with(running, policy, last);
+        let observed = state.map(|s| machine(s, 1, 512, 20));
+        let goal = run_goal(&vm, observed.as_ref());
+        assert_eq!(goal, expected, "{name}");
+        assert_eq!(
+            goal.running(),
+            matches!(expected, RunGoal::Run | RunGoal::Restart),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn step_events_table() {
+    let spec = machine_spec(&vm(true, false, true, None)).unwrap();
+    let create = || MachineAction::Create(spec.clone());
+    let grow = MachineAction::Resize(ResizeSpec {
+        cpus: Some(2),
+        storage_gib: Some(30),
+        ..Default::default()
+    });
+    // (name, actions, goal, expected (reason, action, note contains))
+    type Case = (
+        &'static str,
+        Vec<MachineAction>,
+        RunGoal,
+        Vec<(&'static str, &'static str, &'static str)>,
+    );
+    let cases: Vec<Case> = vec![
+        ("nothing", vec![], RunGoal::Run, vec![]),
+        (
+            "create_only",
+            vec![create()],
+            RunGoal::Stop,
+            vec![("Created", "Create", "created machine m")],
+        ),
+        (
+            "create_and_start_is_one",
+            vec![create(), MachineAction::EnsureRunning],
+            RunGoal::Run,
+            vec![("Started", "Start", "created and started machine m")],
+        ),
+        (
+            "start",
+            vec![MachineAction::EnsureRunning],
+            RunGoal::Run,
+            vec![("Started", "Start", "runs on node n")],
+        ),
+        (
+            "restart_after_exit",
+            vec![MachineAction::EnsureRunning],
+            RunGoal::Restart,
+            vec![("Restarted", "Start", "exited on its own; restartPolicy Always")],
+        ),
+        (
+            "stop",
+            vec![MachineAction::Stop],
+            RunGoal::Stop,
+            vec![("Stopped", "Stop", "stopped machine m")],
+        ),
+        (
+            "resize_then_start",
+            vec![grow, MachineAction::EnsureRunning],
+            RunGoal::Run,
+            vec![
+                ("Resized", "Resize", "to 2 CPUs, 30 GiB storage"),
+                ("Started", "Start", "machine m runs on node n"),
+            ],
+        ),
+        (
+            "pending_and_none_are_silent",
+            vec![MachineAction::ResizePending("x".into()), MachineAction::None],
+            RunGoal::Run,
+            vec![],
+        ),
+    ];
+    for (name, done, goal, expected) in cases {
+        let got = step_events(&done, goal, "m", "n");
+        assert_eq!(got.len(), expected.len(), "{name}: {got:?}");
+        for (e, (reason, action, note)) in got.iter().zip(expected) {
+            assert_eq!((e.reason, e.action), (reason, action), "{name}");
+            assert!(e.note.contains(note), "{name}: {}", e.note);
+        }
+    }
+}
+
+#[test]
+fn exited_message_says_the_policy_and_the_way_back() {
+    for (policy, says) in [
+        (RestartPolicy::Never, "restartPolicy Never"),
+        (RestartPolicy::OnFailure, "restartPolicy OnFailure"),
+    ] {
+        let message = exited_message(policy);
+        assert!(message.contains(says), "{message}");
+        assert!(message.contains("spec.running"), "{message}");
+    }
+}
+
 #[test]
 fn conditions_keep_transition_time_when_status_is_unchanged() {
     let mut list = Vec::new();
@@ -528,6 +802,7 @@ fn transition_event_table() {
     let creating = status(Some(Creating), Some(("False", "Creating")));
     let stopping = status(Some(Running), Some(("False", "Stopped")));
     let scheduled = status(Some(Scheduled), None);
+    let exited = status(Some(Stopped), Some(("False", "Exited")));
     // (name, before, after, steps reported, expected (warning, reason))
     type Case<'a> = (
         &'a str,
@@ -580,6 +855,13 @@ fn transition_event_table() {
             &stopped,
             false,
             Some((false, "Stopped")),
+        ),
+        (
+            "workload_exited",
+            Some(&running),
+            &exited,
+            false,
+            Some((false, "Exited")),
         ),
         // The actions of the pass have their own events (Created, Started, Stopped, Resized).
         ("told_by_the_action", Some(&running), &stopped, true, None),

@@ -170,3 +170,156 @@ async fn create_run_stop_resize_against_the_real_runtime() {
     );
     agent.agent.shutdown().await;
 }
+
+/// The status a pass wrote while the machine ran: phase Running, Ready True. It stands in for a
+/// guest that boots and whose workload then exits, which cannot happen where guests do not boot;
+/// the machine on the node is really not running.
+fn ran(vm: &mut SmolVM) {
+    let status = vm.status.get_or_insert_with(Default::default);
+    status.phase = Some(smolvm_api::Phase::Running);
+    status.conditions = vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        type_: "Ready".into(),
+        status: "True".into(),
+        reason: "Running".into(),
+        message: "the machine runs".into(),
+        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
+        observed_generation: None,
+    }];
+}
+
+/// restartPolicy Never: a machine that ran and stopped on its own is left stopped (Ready=False,
+/// Exited, one event), the exit is remembered on the next pass with no call at all, and
+/// `spec.running: false` then `true` starts it again. Always: the same exit is started again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exited_workload_follows_the_restart_policy() {
+    common::init();
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Arc::new(Pki::new());
+    let Some(agent) = TestAgent::with_smolvm("exited_workload", dir.path(), pki.clone()).await else {
+        return;
+    };
+    let nodes = || vec![node_for(&agent)];
+    let uid = "7e6d5c4b-3a29-4180-9f7e-6d5c4b3a2918";
+    let machine = format!("svm-{uid}");
+    let with_policy = |running: bool, policy: &str| {
+        let mut vm = bound_vm(uid, running, 2);
+        vm.spec.restart_policy = Some(serde_json::from_value(json!(policy)).unwrap());
+        vm
+    };
+
+    // The machine exists on the node and is not running.
+    run_case_with(
+        with_policy(false, "Never"),
+        nodes(),
+        Some(node_client(&pki, &agent)),
+        vec![
+            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Created")),
+            expect(Method::PATCH, VM_STATUS_PATH, |body| {
+                assert_eq!(body["status"]["phase"], "Stopped")
+            }),
+        ],
+    )
+    .await;
+
+    // It ran (last status) and is stopped now, while spec.running is true: it exited on its own.
+    let written = Arc::new(std::sync::Mutex::new(Value::Null));
+    let keep = written.clone();
+    let mut exited = with_policy(true, "Never");
+    ran(&mut exited);
+    run_case_with(
+        exited,
+        nodes(),
+        Some(node_client(&pki, &agent)),
+        vec![
+            expect(Method::PATCH, VM_STATUS_PATH, move |body| {
+                assert_eq!(body["status"]["phase"], "Stopped");
+                let ready = condition_of(body, "Ready");
+                assert_eq!(
+                    (ready["status"].as_str(), ready["reason"].as_str()),
+                    (Some("False"), Some("Exited"))
+                );
+                let message = ready["message"].as_str().unwrap_or("");
+                assert!(
+                    message.contains("restartPolicy Never") && message.contains("spec.running"),
+                    "{message}"
+                );
+                *keep.lock().unwrap() = body["status"].clone();
+            }),
+            expect(Method::POST, EVENTS_PATH, |body| {
+                assert_eq!(body["reason"], "Exited");
+                assert_eq!(body["type"], "Normal");
+            }),
+        ],
+    )
+    .await;
+    let state = agent.agent.vmm().get(&machine).await.unwrap().unwrap().state;
+    assert_ne!(state, smolvm_runtime::vmm::MachineState::Running, "not started");
+
+    // The next pass remembers the exit: no start, no write, no event.
+    let mut remembered = with_policy(true, "Never");
+    let mut status: smolvm_api::SmolVMStatus = serde_json::from_value(written.lock().unwrap().clone()).unwrap();
+    status.node_name = remembered.status.as_ref().and_then(|s| s.node_name.clone());
+    status.node_uid = remembered.status.as_ref().and_then(|s| s.node_uid.clone());
+    status.machine_name = remembered.status.as_ref().and_then(|s| s.machine_name.clone());
+    remembered.status = Some(status.clone());
+    run_case_with(remembered, nodes(), Some(node_client(&pki, &agent)), vec![]).await;
+
+    // The way back: spec.running false reports Stopped; true again starts it (the start fails
+    // here: the image cannot be pulled).
+    let mut paused = with_policy(false, "Never");
+    paused.status = Some(status.clone());
+    run_case_with(
+        paused,
+        nodes(),
+        Some(node_client(&pki, &agent)),
+        vec![
+            expect(Method::PATCH, VM_STATUS_PATH, |body| {
+                let ready = condition_of(body, "Ready");
+                assert_eq!(
+                    (ready["status"].as_str(), ready["reason"].as_str()),
+                    (Some("True"), Some("Stopped"))
+                );
+            }),
+            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Stopped")),
+        ],
+    )
+    .await;
+    let mut stopped_status = status.clone();
+    stopped_status.conditions[0].status = "True".into();
+    stopped_status.conditions[0].reason = "Stopped".into();
+    let mut resumed = with_policy(true, "Never");
+    resumed.status = Some(stopped_status);
+    run_case_with(
+        resumed,
+        nodes(),
+        Some(node_client(&pki, &agent)),
+        vec![
+            expect(Method::PATCH, VM_STATUS_PATH, |body| {
+                assert_eq!(condition_of(body, "Ready")["reason"], "StartFailed", "a start was made")
+            }),
+            expect(Method::POST, EVENTS_PATH, |body| {
+                assert_eq!(body["reason"], "StartFailed")
+            }),
+        ],
+    )
+    .await;
+
+    // Always: the same exit is started again at once.
+    let mut always = with_policy(true, "Always");
+    ran(&mut always);
+    run_case_with(
+        always,
+        nodes(),
+        Some(node_client(&pki, &agent)),
+        vec![
+            expect(Method::PATCH, VM_STATUS_PATH, |body| {
+                assert_eq!(condition_of(body, "Ready")["reason"], "StartFailed", "a start was made")
+            }),
+            expect(Method::POST, EVENTS_PATH, |body| {
+                assert_eq!(body["reason"], "StartFailed")
+            }),
+        ],
+    )
+    .await;
+    agent.agent.shutdown().await;
+}
