@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 use crate::{
     constants::FINALIZER,
     types::{
-        DEFAULT_CPUS, DEFAULT_MEMORY_MIB, DEFAULT_NETWORK_ENABLED, DEFAULT_OVERLAY_GIB, DEFAULT_RESTART_POLICY,
-        DEFAULT_RUNNING, DEFAULT_STORAGE_GIB, DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS,
+        DEFAULT_CPUS, DEFAULT_EXPOSE_SERVICE, DEFAULT_MEMORY_MIB, DEFAULT_NETWORK_ENABLED, DEFAULT_OVERLAY_GIB,
+        DEFAULT_RESTART_POLICY, DEFAULT_RUNNING, DEFAULT_STORAGE_GIB, DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS,
     },
     validate::Operation,
 };
@@ -70,11 +70,20 @@ fn default_spec(spec: &serde_json::Map<String, Value>, ops: &mut Vec<PatchOperat
     );
     match spec.get("network") {
         None | Some(Value::Null) => {
-            ops.push(add(&["spec", "network"], json!({ "enabled": DEFAULT_NETWORK_ENABLED })));
+            ops.push(add(
+                &["spec", "network"],
+                json!({ "enabled": DEFAULT_NETWORK_ENABLED, "exposeService": DEFAULT_EXPOSE_SERVICE }),
+            ));
         }
         Some(Value::Object(network)) => {
             if is_absent(network.get("enabled")) {
                 ops.push(add(&["spec", "network", "enabled"], json!(DEFAULT_NETWORK_ENABLED)));
+            }
+            if is_absent(network.get("exposeService")) {
+                ops.push(add(
+                    &["spec", "network", "exposeService"],
+                    json!(DEFAULT_EXPOSE_SERVICE),
+                ));
             }
             if let Some(Value::Array(ports)) = network.get("ports") {
                 for (i, port) in ports.iter().enumerate() {

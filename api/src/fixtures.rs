@@ -125,6 +125,7 @@ pub fn ready_node(name: &str, resources: NodeResources, heartbeat: k8s_openapi::
             address: "10.0.0.1".into(),
             port: 10443,
         }),
+        internal_ip: Some("10.0.0.1".into()),
         runtime_version: Some("1.32.2".into()),
         protocol_version: Some(crate::constants::PROTOCOL_VERSION.into()),
         heartbeat_time: Some(Time(heartbeat)),

@@ -24,6 +24,8 @@ pub const DEFAULT_MEMORY_MIB: i64 = 512;
 pub const DEFAULT_STORAGE_GIB: i64 = 20;
 /// Default of `spec.storage.overlayGiB` (rule M1).
 pub const DEFAULT_OVERLAY_GIB: i64 = 10;
+/// Default of `spec.network.exposeService` (rule M1).
+pub const DEFAULT_EXPOSE_SERVICE: bool = false;
 /// Default of `spec.network.enabled` (rule M1).
 pub const DEFAULT_NETWORK_ENABLED: bool = false;
 /// Default `spec.restartPolicy` (M1).
@@ -58,6 +60,8 @@ pub const MAX_SELECTOR_ENTRIES: usize = 32;
     printcolumn(name = "CPUs", type_ = "integer", json_path = ".spec.resources.cpus", description = "Virtual CPUs"),
     printcolumn(name = "Memory", type_ = "integer", json_path = ".spec.resources.memoryMiB", description = "Memory in MiB"),
     printcolumn(name = "Image", type_ = "string", json_path = ".spec.image", priority = 1, description = "Image the machine boots"),
+    printcolumn(name = "Address", type_ = "string", json_path = ".status.nodeAddress", priority = 1, description = "The node's InternalIP, where the published ports are reachable"),
+    printcolumn(name = "Ports", type_ = "string", json_path = ".status.ports", priority = 1, description = "Published ports: hostPort->guestPort/protocol"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].reason", priority = 1, description = "Why the machine is or is not ready"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("!has(self.status) || !has(self.status.nodeName) || !has(self.spec.nodeName) || self.spec.nodeName == self.status.nodeName")
@@ -332,6 +336,10 @@ pub struct Network {
         )
     )]
     pub allowed_hosts: Option<Vec<String>>,
+
+    /// Whether the controller keeps a Service named like the SmolVM in its namespace (ClusterIP, one port per published port, named `<protocol>-<guestPort>`, targetPort = hostPort), whose EndpointSlice points at the node's InternalIP while the machine runs. A Service of that name the SmolVM does not own is never touched. Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expose_service: Option<bool>,
 }
 
 /// A CIDR in string form (at most 64 characters).
@@ -467,6 +475,16 @@ pub struct SmolVMStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effective: Option<EffectiveResources>,
 
+    /// The bound node's InternalIP, where the published ports are reachable (from its SmolVMNode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub node_address: Option<String>,
+
+    /// The published ports as `hostPort->guestPort/PROTOCOL`, comma-separated, for `kubectl get -o wide`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048))]
+    pub ports: Option<String>,
+
     /// Current state as conditions: Scheduled, Ready, DeletionBlocked, ResizePending.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
@@ -572,6 +590,11 @@ pub struct SmolVMNodeStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<Endpoint>,
 
+    /// The Kubernetes Node's InternalIP (from the Node): where the published ports of the VMs on this node are reachable.
+    #[serde(default, rename = "internalIP", skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub internal_ip: Option<String>,
+
     /// Version of smolvm on the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
@@ -665,6 +688,14 @@ impl SmolVMSpec {
             .as_ref()
             .and_then(|n| n.enabled)
             .unwrap_or(DEFAULT_NETWORK_ENABLED)
+    }
+
+    /// Whether the controller keeps a Service for the VM, defaults applied.
+    pub fn expose_service(&self) -> bool {
+        self.network
+            .as_ref()
+            .and_then(|n| n.expose_service)
+            .unwrap_or(DEFAULT_EXPOSE_SERVICE)
     }
 
     /// Forwarded ports (empty when none).

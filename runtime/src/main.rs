@@ -281,6 +281,7 @@ async fn run(flags: Flags) -> Result<()> {
                         address: address.clone(),
                         port,
                     },
+                    internal_ip: None,
                     runtime_version: runtime.version.clone(),
                     runtime_ready: runtime.ready,
                     runtime_message: runtime.message.clone(),

@@ -147,6 +147,8 @@ pub struct Observation {
     pub node_uid: String,
     /// Where the node API listens.
     pub endpoint: Endpoint,
+    /// The Node's InternalIP, where published ports are reachable.
+    pub internal_ip: Option<String>,
     /// smolvm's version, once seen.
     pub runtime_version: Option<String>,
     /// smolvm answers its health check.
@@ -165,6 +167,17 @@ pub struct Observation {
     pub machines: Option<Vec<String>>,
     /// The serving certificate: which runtime CA signed it, when it expires.
     pub serving_certificate: Option<ServingCertificate>,
+}
+
+/// The Node's first InternalIP, as `status.addresses` lists it.
+pub fn internal_ip(node: &Node) -> Option<String> {
+    node.status
+        .as_ref()?
+        .addresses
+        .as_ref()?
+        .iter()
+        .find(|a| a.type_ == "InternalIP")
+        .map(|a| a.address.clone())
 }
 
 /// Most machine names a SmolVMNode reports (the CRD's bound on `status.machines`).
@@ -243,6 +256,7 @@ pub fn build_status(obs: &Observation, previous: &[Condition], now: &Time) -> Sm
     SmolVMNodeStatus {
         node_uid: Some(obs.node_uid.clone()),
         endpoint: Some(obs.endpoint.clone()),
+        internal_ip: obs.internal_ip.clone(),
         runtime_version: obs.runtime_version.clone(),
         protocol_version: Some(PROTOCOL_VERSION.to_string()),
         heartbeat_time: Some(now.clone()),
@@ -318,7 +332,7 @@ impl Reporter {
     }
 
     /// One report: ensures the SmolVMNode exists, mirrors labels, applies status. `observe`
-    /// gets the Node's UID and returns what to report.
+    /// gets the Node's UID and returns what to report; the Node's InternalIP is taken from it.
     pub async fn report_once<F>(&self, now: Time, observe: F) -> Result<SmolVMNodeStatus>
     where
         F: FnOnce(&str) -> Observation,
@@ -361,7 +375,9 @@ impl Reporter {
                 .await?;
         }
         let previous = existing.status.map(|s| s.conditions).unwrap_or_default();
-        let status = build_status(&observe(&node_uid), &previous, &now);
+        let mut observed = observe(&node_uid);
+        observed.internal_ip = internal_ip(&node);
+        let status = build_status(&observed, &previous, &now);
         let params = PatchParams::apply(FIELD_MANAGER_RUNTIME).force();
         self.smolvm_nodes
             .patch_status(
@@ -501,6 +517,7 @@ mod tests {
                 address: "10.0.0.5".into(),
                 port: 10250,
             },
+            internal_ip: None,
             runtime_version: Some("1.32.2".into()),
             runtime_ready,
             runtime_message: if runtime_ready { String::new() } else { "exited".into() },

@@ -54,7 +54,9 @@ async fn expect(
 fn node() -> Value {
     json!({"apiVersion": "v1", "kind": "Node",
         "metadata": {"name": "node-a", "uid": "uid-node-a",
-            "labels": {"kubernetes.io/hostname": "node-a", "zone": "z1"}}})
+            "labels": {"kubernetes.io/hostname": "node-a", "zone": "z1"}},
+        "status": {"addresses": [{"type": "Hostname", "address": "node-a"},
+            {"type": "InternalIP", "address": "192.168.50.7"}]}})
 }
 
 fn not_found() -> Value {
@@ -69,6 +71,7 @@ fn observation(uid: &str) -> Observation {
             address: "10.0.0.5".into(),
             port: 10443,
         },
+        internal_ip: None,
         runtime_version: Some("1.32.2".into()),
         runtime_ready: true,
         runtime_message: String::new(),
@@ -148,6 +151,10 @@ async fn creates_the_smolvmnode_owned_by_the_node_then_applies_status() {
     let status = &body["status"];
     assert_eq!(status["nodeUID"], "uid-node-a");
     assert_eq!(status["endpoint"], json!({"address": "10.0.0.5", "port": 10443}));
+    assert_eq!(
+        status["internalIP"], "192.168.50.7",
+        "the Node's InternalIP, where ports are published"
+    );
     assert_eq!(status["runtimeVersion"], "1.32.2");
     assert_eq!(status["protocolVersion"], "v1");
     assert_eq!(status["heartbeatTime"], "2027-01-15T08:00:00Z");
