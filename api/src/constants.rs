@@ -79,6 +79,8 @@ pub mod condition {
     pub const DELETION_BLOCKED: &str = "DeletionBlocked";
     /// SmolVM: a resize was accepted but not yet applied on the node.
     pub const RESIZE_PENDING: &str = "ResizePending";
+    /// SmolVM with `network.exposeService`: its Service and EndpointSlice route to the node.
+    pub const SERVICE_EXPOSED: &str = "ServiceExposed";
     /// SmolVMNode: `/dev/kvm` opened and answered KVM_GET_API_VERSION.
     pub const KVM_AVAILABLE: &str = "KVMAvailable";
     /// SmolVMNode: the supervised `smolvm serve` answers its health check.
@@ -102,6 +104,20 @@ pub mod reason {
     pub const EXITED: &str = "Exited";
     /// The workload exited on its own and restartPolicy Always started it again (event reason).
     pub const RESTARTED: &str = "Restarted";
+    /// A published host port is taken on the node (told by its agent before smolvm is asked).
+    pub const HOST_PORT_IN_USE: &str = "HostPortInUse";
+    /// The Service for `network.exposeService` routes to the machine's node and host ports.
+    pub const SERVICE_READY: &str = "ServiceReady";
+    /// A Service of the SmolVM's name exists and the SmolVM does not own it: it is not touched.
+    pub const SERVICE_NOT_OWNED: &str = "ServiceNotOwned";
+    /// The bound node reports no InternalIP yet: the Service has no endpoint.
+    pub const NO_NODE_ADDRESS: &str = "NoNodeAddress";
+    /// `network.exposeService` with no published port: no Service is made.
+    pub const NO_PORTS: &str = "NoPorts";
+    /// The SmolVM's name cannot name a Service (not a DNS-1035 label).
+    pub const INVALID_SERVICE_NAME: &str = "InvalidServiceName";
+    /// The API server refused or failed a Service or EndpointSlice call.
+    pub const SERVICE_ERROR: &str = "ServiceError";
     /// The node runtime failed to start the machine.
     pub const START_FAILED: &str = "StartFailed";
     /// The node runtime could not create the machine.

@@ -203,6 +203,7 @@ mod tests {
                     "/spec/terminationGracePeriodSeconds",
                     "/spec/resources/memoryMiB",
                     "/spec/storage/storageGiB",
+                    "/spec/network/exposeService",
                     "/metadata/finalizers",
                 ],
             ),
@@ -219,6 +220,7 @@ mod tests {
                     "/spec/resources",
                     "/spec/storage/storageGiB",
                     "/spec/network/enabled",
+                    "/spec/network/exposeService",
                     "/metadata/finalizers",
                 ],
             ),
@@ -228,7 +230,7 @@ mod tests {
                     json!({"image": "alpine", "running": true, "resources": {"cpus": 1, "memoryMiB": 512},
                           "storage": {"storageGiB": 20, "overlayGiB": 10},
                           "restartPolicy": "Always", "terminationGracePeriodSeconds": 10,
-                          "network": {"enabled": true, "ports": [{"hostPort": 8080, "guestPort": 80},
+                          "network": {"enabled": true, "exposeService": false, "ports": [{"hostPort": 8080, "guestPort": 80},
                                                                    {"hostPort": 8081, "guestPort": 81, "protocol": "UDP"}]}}),
                 ),
                 vec!["/spec/network/ports/0/protocol", "/metadata/finalizers"],
@@ -238,7 +240,7 @@ mod tests {
                 {
                     let mut o = vm(
                         json!({"image": "alpine", "running": true, "resources": {"cpus": 1, "memoryMiB": 512},
-                        "storage": {"storageGiB": 20, "overlayGiB": 10}, "network": {"enabled": false},
+                        "storage": {"storageGiB": 20, "overlayGiB": 10}, "network": {"enabled": false, "exposeService": false},
                         "restartPolicy": "Never", "terminationGracePeriodSeconds": 0}),
                     );
                     o["metadata"]["finalizers"] = json!(["example.com/other"]);

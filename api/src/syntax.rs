@@ -240,6 +240,22 @@ pub fn check_dns1123_subdomain(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks a DNS-1035 label (as used for Service names): at most 63 characters, lower-case
+/// letters, digits and '-', starting with a letter and ending with a letter or digit.
+pub fn check_dns1035_label(name: &str) -> Result<(), String> {
+    let bytes = name.as_bytes();
+    let ok = !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes[0].is_ascii_lowercase()
+        && is_lower_alnum(bytes[bytes.len() - 1])
+        && bytes.iter().all(|&b| is_lower_alnum(b) || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err("is not a DNS-1035 label (at most 63 characters: lower-case letters, digits and '-', starting with a letter and ending with a letter or digit)".into())
+    }
+}
+
 /// Checks a `network.allowedHosts` entry: a DNS-1123 subdomain, optionally after a leading `*.`.
 pub fn check_allowed_host(host: &str) -> Result<(), String> {
     let name = host.strip_prefix("*.").unwrap_or(host);
@@ -415,6 +431,12 @@ mod tests {
         }
         for bad in ["", "Node", "-a", "a-", "a..b", "a_b", &"a".repeat(254)] {
             assert!(check_dns1123_subdomain(bad).is_err(), "{bad}");
+        }
+        for ok in ["web", "a", "web-1", &"a".repeat(63)] {
+            assert!(check_dns1035_label(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "1web", "web.example", "web-", "Web", &"a".repeat(64)] {
+            assert!(check_dns1035_label(bad).is_err(), "{bad}");
         }
         for ok in ["kubernetes.io/arch", "app", "a.b/c_d-e.f", "A1"] {
             assert!(check_label_key(ok).is_ok(), "{ok}");

@@ -680,6 +680,7 @@ pub fn validate_smolvm(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &
         None => verdict.violations.extend(spec_checks.violations),
     }
     verdict.warnings.extend(spec_checks.warnings);
+    check_expose(new, &mut verdict);
 
     match old.and_then(SmolVM::bound_node) {
         Some(bound) => {
@@ -699,6 +700,56 @@ pub fn validate_smolvm(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &
         }
     }
     verdict
+}
+
+/// V3, `network.exposeService`: the Service takes the SmolVM's name, so the name must be able to
+/// name a Service; a Service without ports, or with two published ports on one guest port and
+/// protocol, is warned about.
+fn check_expose(vm: &SmolVM, v: &mut Verdict) {
+    if !vm.spec.expose_service() {
+        return;
+    }
+    let name = vm.metadata.name.as_deref().unwrap_or_default();
+    // A generateName object has no name yet at admission; the controller reports a bad one.
+    if !name.is_empty()
+        && let Err(why) = syntax::check_dns1035_label(name)
+    {
+        v.violation(
+            RuleId::V3,
+            "spec.network.exposeService",
+            "/spec/network/exposeService",
+            "true".into(),
+            format!("true needs a SmolVM name that can name its Service, and metadata.name {name:?} {why}"),
+        );
+    }
+    let ports = vm.spec.ports();
+    if ports.is_empty() {
+        v.warning(
+            RuleId::V3,
+            "spec.network.exposeService",
+            "/spec/network/exposeService",
+            "true".into(),
+            "is true but spec.network.ports is empty: no Service is made until the SmolVM publishes a port".into(),
+        );
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, p) in ports.iter().enumerate() {
+        if !seen.insert((p.guest_port, p.protocol)) {
+            v.warning(
+                RuleId::V3,
+                &format!("spec.network.ports[{i}]"),
+                &format!("/spec/network/ports/{i}"),
+                format!("{}->{}/{}", p.host_port, p.guest_port, p.protocol.as_str()),
+                format!(
+                    "{}->{}/{} publishes guest port {} a second time; the Service carries the first only",
+                    p.host_port,
+                    p.guest_port,
+                    p.protocol.as_str(),
+                    p.guest_port
+                ),
+            );
+        }
+    }
 }
 
 /// V1 to V4 and V11: the spec on its own, against the policy.

@@ -446,6 +446,69 @@ fn v3_ports_and_cidrs() {
     ]);
 }
 
+fn exposed(object: Value) -> Value {
+    with(object, "/spec/network/exposeService", json!(true))
+}
+
+#[test]
+fn v3_expose_service() {
+    check(vec![
+        case("v3_expose_service_accepted", Create, None, exposed(stored()), Allow),
+        case(
+            "v3_expose_service_false_accepted",
+            Create,
+            None,
+            with(stored(), "/spec/network/exposeService", json!(false)),
+            Allow,
+        ),
+        case(
+            "v3_expose_service_needs_a_service_name",
+            Create,
+            None,
+            exposed(with(stored(), "/metadata/name", json!("web.v1"))),
+            Reject(RuleId::V3, "spec.network.exposeService"),
+        ),
+        case(
+            "v3_expose_service_name_over_63_rejected",
+            Create,
+            None,
+            exposed(with(stored(), "/metadata/name", json!("w".repeat(64)))),
+            Reject(RuleId::V3, "spec.network.exposeService"),
+        ),
+        case(
+            "v3_dotted_name_without_expose_accepted",
+            Create,
+            None,
+            with(stored(), "/metadata/name", json!("web.v1")),
+            Allow,
+        ),
+        case(
+            "v3_expose_service_without_ports_warned",
+            Create,
+            None,
+            exposed(ports(json!([]))),
+            Warn(RuleId::V3),
+        ),
+        case(
+            "v3_expose_service_guest_port_twice_warned",
+            Create,
+            None,
+            exposed(ports(
+                json!([{"hostPort": 8080, "guestPort": 80}, {"hostPort": 8081, "guestPort": 80}]),
+            )),
+            Warn(RuleId::V3),
+        ),
+        // exposeService may change after binding: the Service comes and goes.
+        case(
+            "v3_expose_service_toggled_when_bound_accepted",
+            Update,
+            Some(bound(stored(), "node-a")),
+            exposed(bound(stored(), "node-a")),
+            Allow,
+        ),
+    ]);
+}
+
 #[test]
 fn v4_node_name_and_selector() {
     check(vec![

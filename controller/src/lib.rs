@@ -6,6 +6,7 @@
 //! - [`nodeclient`]: the mTLS client of the runtime agents' node API.
 
 pub mod events;
+pub mod expose;
 pub mod fetch;
 pub mod lease;
 pub mod metrics;

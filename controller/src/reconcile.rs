@@ -4,7 +4,10 @@
 
 use std::{sync::Arc, time::Duration};
 
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::{
+    api::{core::v1::Service, discovery::v1::EndpointSlice},
+    jiff::{SignedDuration, Timestamp},
+};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams, PostParams},
@@ -17,11 +20,15 @@ use kube::{
 use serde_json::json;
 use smolvm_api::{
     Phase, RestartPolicy, SmolVM, SmolVMNode, SmolVMStatus,
-    constants::{FINALIZER, FORCE_DELETE_ANNOTATION, RECREATE_LOST_MACHINE_ANNOTATION, condition, reason},
+    constants::{
+        FIELD_MANAGER_CONTROLLER, FINALIZER, FORCE_DELETE_ANNOTATION, RECREATE_LOST_MACHINE_ANNOTATION, condition,
+        reason,
+    },
     nodeapi::{MachineState, MachineStatus, error_code},
 };
 
 use crate::{
+    expose,
     nodeclient::{CallError, NodeClient},
     placement::{self, Ledger, Request},
     plan::{self, MachineAction, NodeHealth, RunGoal, Step},
@@ -229,6 +236,7 @@ async fn delete(
     sync_endpoint(ctx, node);
     match timed(ctx, "DeleteMachine", ctx.node_client.delete_machine(node, machine)).await {
         Ok(outcome) => {
+            unexpose(ctx, vm).await?;
             remove_finalizer(api, vm).await?;
             ctx.forget(uid);
             let note = if outcome.missing {
@@ -240,6 +248,7 @@ async fn delete(
             Ok(Action::await_change())
         }
         Err(e) if delete_failure(force, &e) == DeleteFailure::GiveUp => {
+            unexpose(ctx, vm).await?;
             remove_finalizer(api, vm).await?;
             ctx.forget(uid);
             let note = format!(
@@ -636,6 +645,29 @@ async fn converge(
         now,
     );
     plan::clear_condition(&mut status.conditions, condition::DELETION_BLOCKED);
+    let address = node_obj
+        .as_ref()
+        .and_then(|n| n.status.as_ref())
+        .and_then(|s| s.internal_ip.clone());
+    status.node_address = address.clone();
+    status.ports = expose::ports_summary(vm.spec.ports());
+    let machine_runs = machine_now.as_ref().is_some_and(|m| m.state == MachineState::Running);
+    let exposed = expose(ctx, vm, node, address.as_deref(), machine_runs).await;
+    let exposure_changed = match &exposed {
+        Some((cond_status, why, message)) => plan::set_condition(
+            &mut status.conditions,
+            condition::SERVICE_EXPOSED,
+            cond_status,
+            why,
+            message,
+            generation,
+            now,
+        ),
+        None => plan::clear_condition(&mut status.conditions, condition::SERVICE_EXPOSED),
+    };
+    if exposure_changed && let Some(("False", why, message)) = &exposed {
+        warnings.push((why, "Expose", message.clone()));
+    }
     write_status(api, vm, &status).await?;
     if recreating && done.iter().any(|a| matches!(a, MachineAction::Create(_))) {
         forget_recreate_request(api, vm, ctx, node, machine).await?;
@@ -660,6 +692,156 @@ async fn converge(
         // backoff, so a runtime that never settles is not hammered.
         Action::requeue(plan::unsettled_delay(ctx.unsettled.bump(uid)))
     })
+}
+
+/// Keeps the Service and EndpointSlice of a SmolVM with `network.exposeService` in line
+/// ([`expose::desired`]) and returns its ServiceExposed condition (status, reason, message), or
+/// `None` when the SmolVM does not ask for one (an owned Service left from an earlier
+/// `exposeService: true` is then deleted). Failures become the condition, so the machine's own
+/// status is still written.
+async fn expose(
+    ctx: &Context,
+    vm: &SmolVM,
+    node: &str,
+    address: Option<&str>,
+    running: bool,
+) -> Option<(&'static str, &'static str, String)> {
+    let name = vm.name_any();
+    let namespace = vm.namespace().unwrap_or_default();
+    if !vm.spec.expose_service() {
+        if let Err(e) = unexpose(ctx, vm).await {
+            return Some((
+                "False",
+                reason::SERVICE_ERROR,
+                format!("removing Service {namespace}/{name}: {}", describe_kube_error(&e)),
+            ));
+        }
+        return None;
+    }
+    let exposure = match expose::desired(vm, node, address, running) {
+        Ok(exposure) => exposure,
+        Err(expose::NotExposed::NoPorts) => {
+            return Some((
+                "False",
+                reason::NO_PORTS,
+                "network.exposeService is true but the SmolVM publishes no port: no Service is made".into(),
+            ));
+        }
+        Err(expose::NotExposed::InvalidName) => {
+            return Some((
+                "False",
+                reason::INVALID_SERVICE_NAME,
+                format!(
+                    "a Service cannot be named {name:?}: Service names are DNS-1035 labels (at most 63 characters: lowercase letters, digits and '-', starting with a letter)"
+                ),
+            ));
+        }
+        Err(expose::NotExposed::Incomplete) => return None,
+    };
+    match apply_exposure(ctx, vm, &namespace, &exposure).await {
+        Ok(Some(foreign)) => Some((
+            "False",
+            reason::SERVICE_NOT_OWNED,
+            format!("{foreign}; it is left untouched: delete or rename it, or set network.exposeService to false"),
+        )),
+        Err(e) => Some((
+            "False",
+            reason::SERVICE_ERROR,
+            format!("writing Service {namespace}/{name}: {}", describe_kube_error(&e)),
+        )),
+        Ok(None) => Some(expose::condition(&exposure, &name, node, address, running)),
+    }
+}
+
+/// Applies the Service and its EndpointSlice unless they already match. `Ok(Some(who))` when one
+/// of that name exists and this SmolVM does not own it (nothing is written then).
+async fn apply_exposure(
+    ctx: &Context,
+    vm: &SmolVM,
+    namespace: &str,
+    exposure: &expose::Exposure,
+) -> Result<Option<String>, kube::Error> {
+    let name = vm.name_any();
+    let params = PatchParams::apply(FIELD_MANAGER_CONTROLLER).force();
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
+    let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), namespace);
+    let have_service = services.get_opt(&name).await?;
+    if let Some(have) = &have_service
+        && let Err(who) = expose::check_owner(&have.metadata, vm)
+    {
+        return Ok(Some(format!("Service {namespace}/{name} {who}")));
+    }
+    let have_slice = slices.get_opt(&name).await?;
+    if let Some(have) = &have_slice
+        && let Err(who) = expose::check_owner(&have.metadata, vm)
+    {
+        return Ok(Some(format!("EndpointSlice {namespace}/{name} {who}")));
+    }
+    if !have_service
+        .as_ref()
+        .is_some_and(|have| expose::service_matches(have, &exposure.service))
+    {
+        services.patch(&name, &params, &Patch::Apply(&exposure.service)).await?;
+    }
+    match &have_slice {
+        Some(have) if expose::slice_matches(have, &exposure.slice) => {}
+        Some(have) if have.address_type != exposure.slice.address_type => {
+            // addressType is immutable: the node's address changed family.
+            ignore_missing(slices.delete(&name, &Default::default()).await.map(drop))?;
+            slices.patch(&name, &params, &Patch::Apply(&exposure.slice)).await?;
+        }
+        _ => {
+            slices.patch(&name, &params, &Patch::Apply(&exposure.slice)).await?;
+        }
+    }
+    Ok(None)
+}
+
+/// Deletes the Service and EndpointSlice this SmolVM owns, if it ever had them (its status has
+/// the ServiceExposed condition); one it does not own is left.
+async fn unexpose(ctx: &Context, vm: &SmolVM) -> Result<(), kube::Error> {
+    let had = vm
+        .status
+        .as_ref()
+        .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == condition::SERVICE_EXPOSED));
+    if !had {
+        return Ok(());
+    }
+    let name = vm.name_any();
+    let namespace = vm.namespace().unwrap_or_default();
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
+    let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &namespace);
+    if let Some(have) = slices.get_opt(&name).await?
+        && expose::check_owner(&have.metadata, vm).is_ok()
+    {
+        ignore_missing(slices.delete(&name, &Default::default()).await.map(drop))?;
+    }
+    if let Some(have) = services.get_opt(&name).await?
+        && expose::check_owner(&have.metadata, vm).is_ok()
+    {
+        ignore_missing(services.delete(&name, &Default::default()).await.map(drop))?;
+    }
+    Ok(())
+}
+
+/// A delete whose object is already gone succeeded.
+fn ignore_missing(result: Result<(), kube::Error>) -> Result<(), kube::Error> {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        other => other,
+    }
+}
+
+/// An API server error for a condition: a refusal names the permission.
+fn describe_kube_error(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) if status.code == 403 => format!(
+            "the controller lacks a permission ({}); check its ClusterRole (deploy/base/controller/rbac.yaml)",
+            status.message
+        ),
+        kube::Error::Api(status) => format!("{} ({})", status.message, status.code),
+        other => other.to_string(),
+    }
 }
 
 /// Why a step of [`converge`] did not happen.
@@ -822,6 +1004,9 @@ impl RuntimeCall {
 pub fn call_failure(call: RuntimeCall, code: Option<&str>) -> (Option<Phase>, &'static str) {
     if code == Some(error_code::START_FAILED) {
         return (Some(Phase::Failed), reason::START_FAILED);
+    }
+    if code == Some(error_code::HOST_PORT_IN_USE) && matches!(call, RuntimeCall::Create | RuntimeCall::Start) {
+        return (Some(Phase::Failed), reason::HOST_PORT_IN_USE);
     }
     match call {
         RuntimeCall::Get => (Some(Phase::Unknown), "RuntimeError"),

@@ -69,8 +69,21 @@ fn runtime_failures_are_named_after_the_call() {
         (
             "create",
             RuntimeCall::Create,
-            Some("HostPortInUse"),
+            Some("Internal"),
             (Some(Phase::Failed), "CreateFailed"),
+        ),
+        // A taken host port is its own reason, on create and on start.
+        (
+            "create_port_taken",
+            RuntimeCall::Create,
+            Some(error_code::HOST_PORT_IN_USE),
+            (Some(Phase::Failed), "HostPortInUse"),
+        ),
+        (
+            "start_port_taken",
+            RuntimeCall::Start,
+            Some(error_code::HOST_PORT_IN_USE),
+            (Some(Phase::Failed), "HostPortInUse"),
         ),
         (
             "start",

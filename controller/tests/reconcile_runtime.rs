@@ -323,3 +323,165 @@ async fn an_exited_workload_follows_the_restart_policy() {
     .await;
     agent.agent.shutdown().await;
 }
+
+/// `network.exposeService`: the first pass reads the Service and EndpointSlice (absent), applies
+/// both (owned by the SmolVM; the endpoint at the node's InternalIP and the host port, not ready
+/// while the machine does not run) and reports ServiceExposed; a steady pass only reads; a Service
+/// of that name the SmolVM does not own is never written (condition and Warning event); deleting
+/// the SmolVM deletes the owned Service and EndpointSlice before the finalizer goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exposed_vm_gets_its_service_and_loses_it_with_its_deletion() {
+    use std::sync::Mutex;
+
+    common::init();
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Arc::new(Pki::new());
+    let Some(agent) = TestAgent::with_smolvm("exposed_vm", dir.path(), pki.clone()).await else {
+        return;
+    };
+    let nodes = || {
+        let mut node = node_for(&agent);
+        node.status.as_mut().unwrap().internal_ip = Some("192.0.2.10".into());
+        vec![node]
+    };
+    let uid = "2b3c4d5e-6f70-4182-93a4-b5c6d7e8f901";
+    let host_port = common::free_port();
+    let exposed_vm = || {
+        let mut vm = bound_vm(uid, false, 2);
+        vm.spec.network = Some(
+            serde_json::from_value(json!({"enabled": true, "exposeService": true,
+                "ports": [{"hostPort": host_port, "guestPort": 80, "protocol": "TCP"}]}))
+            .unwrap(),
+        );
+        vm
+    };
+
+    let service = Arc::new(Mutex::new(Value::Null));
+    let slice = Arc::new(Mutex::new(Value::Null));
+    let status = Arc::new(Mutex::new(Value::Null));
+    let (keep_service, keep_slice, keep_status) = (service.clone(), slice.clone(), status.clone());
+    run_case_with(
+        exposed_vm(),
+        nodes(),
+        Some(node_client(&pki, &agent)),
+        vec![
+            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Created")),
+            expect_answer(Method::GET, SERVICE_PATH, 404, not_found("services", "alpine")),
+            expect_answer(Method::GET, SLICE_PATH, 404, not_found("endpointslices", "alpine")),
+            expect(Method::PATCH, SERVICE_PATH, move |body| {
+                assert_eq!(body["kind"], "Service");
+                assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], uid);
+                assert_eq!(
+                    body["spec"]["ports"],
+                    json!([{"name": "tcp-80", "port": 80, "targetPort": host_port, "protocol": "TCP"}])
+                );
+                *keep_service.lock().unwrap() = body.clone();
+            }),
+            expect(Method::PATCH, SLICE_PATH, move |body| {
+                assert_eq!(body["kind"], "EndpointSlice");
+                assert_eq!(body["metadata"]["labels"]["kubernetes.io/service-name"], "alpine");
+                assert_eq!(body["endpoints"][0]["addresses"], json!(["192.0.2.10"]));
+                assert_eq!(
+                    body["endpoints"][0]["conditions"]["ready"], false,
+                    "the machine does not run"
+                );
+                assert_eq!(body["ports"][0]["port"], host_port);
+                *keep_slice.lock().unwrap() = body.clone();
+            }),
+            expect(Method::PATCH, VM_STATUS_PATH, move |body| {
+                let exposed = condition_of(body, "ServiceExposed");
+                assert_eq!(exposed["status"], "True");
+                assert_eq!(exposed["reason"], "ServiceReady");
+                assert_eq!(body["status"]["nodeAddress"], "192.0.2.10");
+                assert_eq!(body["status"]["ports"], format!("{host_port}->80/TCP"));
+                *keep_status.lock().unwrap() = body["status"].clone();
+            }),
+        ],
+    )
+    .await;
+
+    // Steady: the stored objects match; two reads, no write.
+    let written: smolvm_api::SmolVMStatus = serde_json::from_value(status.lock().unwrap().clone()).unwrap();
+    let with_status = |mut vm: SmolVM| {
+        let binding = vm.status.take().unwrap_or_default();
+        vm.status = Some(smolvm_api::SmolVMStatus {
+            node_name: binding.node_name,
+            node_uid: binding.node_uid,
+            machine_name: binding.machine_name,
+            ..written.clone()
+        });
+        vm
+    };
+    let stored_service = service.lock().unwrap().clone();
+    let stored_slice = slice.lock().unwrap().clone();
+    run_case_with(
+        with_status(exposed_vm()),
+        nodes(),
+        Some(node_client(&pki, &agent)),
+        vec![
+            expect_answer(Method::GET, SERVICE_PATH, 200, stored_service.clone()),
+            expect_answer(Method::GET, SLICE_PATH, 200, stored_slice.clone()),
+        ],
+    )
+    .await;
+
+    // A Service of that name that another owner holds is never written.
+    let mut foreign = stored_service.clone();
+    foreign["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": "alpine", "uid": "d-1", "controller": true}]);
+    run_case_with(
+        with_status(exposed_vm()),
+        nodes(),
+        Some(node_client(&pki, &agent)),
+        vec![
+            expect_answer(Method::GET, SERVICE_PATH, 200, foreign),
+            expect(Method::PATCH, VM_STATUS_PATH, |body| {
+                let exposed = condition_of(body, "ServiceExposed");
+                assert_eq!(
+                    (exposed["status"].as_str(), exposed["reason"].as_str()),
+                    (Some("False"), Some("ServiceNotOwned"))
+                );
+                assert!(
+                    exposed["message"].as_str().unwrap_or("").contains("Deployment alpine"),
+                    "{exposed}"
+                );
+            }),
+            expect(Method::POST, EVENTS_PATH, |body| {
+                assert_eq!(body["reason"], "ServiceNotOwned");
+                assert_eq!(body["type"], "Warning");
+            }),
+        ],
+    )
+    .await;
+
+    // Deletion: the machine, then the owned EndpointSlice and Service, then the finalizer.
+    let mut deleting = with_status(exposed_vm());
+    deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    run_case_with(
+        deleting,
+        nodes(),
+        Some(node_client(&pki, &agent)),
+        vec![
+            expect_answer(Method::GET, SLICE_PATH, 200, stored_slice),
+            expect_answer(
+                Method::DELETE,
+                SLICE_PATH,
+                200,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+            ),
+            expect_answer(Method::GET, SERVICE_PATH, 200, stored_service),
+            expect_answer(
+                Method::DELETE,
+                SERVICE_PATH,
+                200,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+            ),
+            expect(Method::PATCH, VM_PATH, |body| assert_eq!(body[1]["op"], "remove")),
+            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Deleted")),
+        ],
+    )
+    .await;
+    agent.agent.shutdown().await;
+}

@@ -26,7 +26,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
 use smolvm_api::{SmolVMNode, constants};
@@ -45,6 +45,9 @@ pub const NAMESPACE: &str = "smolvm-system";
 pub const NODE: &str = "ip-192-168-101-202.ap-southeast-2.compute.internal.e2e-long-node-name";
 /// The Node's `kubernetes.io/hostname` label (a label value holds at most 63 characters).
 pub const NODE_HOSTNAME: &str = "ip-192-168-101-202";
+/// The Node's InternalIP, as its kubelet would report it (a documentation address: nothing is
+/// sent to it).
+pub const NODE_INTERNAL_IP: &str = "192.0.2.202";
 /// The ServiceAccounts of the deployment.
 pub const SA_WEBHOOK: &str = "smolvm-webhook";
 /// The controller's ServiceAccount.
@@ -533,6 +536,14 @@ impl Env {
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => return Err(e.into()),
         }
+        // The addresses a kubelet reports; the agent publishes the InternalIP in its SmolVMNode.
+        let addresses = json!({"status": {"addresses": [
+            {"type": "InternalIP", "address": NODE_INTERNAL_IP},
+            {"type": "Hostname", "address": NODE_HOSTNAME},
+        ]}});
+        nodes
+            .patch_status(NODE, &PatchParams::default(), &Patch::Merge(&addresses))
+            .await?;
         Ok(())
     }
 

@@ -38,6 +38,9 @@ pub struct Expect {
     pub method: Method,
     pub path: &'static str,
     pub check: Box<dyn Fn(&Value) + Send>,
+    /// The answer's status and body; `None`: 200 with the object (SmolVM writes) or the request
+    /// body echoed.
+    pub answer: Option<(u16, Value)>,
 }
 
 pub fn expect(method: Method, path: &'static str, check: impl Fn(&Value) + Send + 'static) -> Expect {
@@ -45,8 +48,28 @@ pub fn expect(method: Method, path: &'static str, check: impl Fn(&Value) + Send 
         method,
         path,
         check: Box::new(check),
+        answer: None,
     }
 }
+
+/// An expected call answered with `status` and `body`.
+pub fn expect_answer(method: Method, path: &'static str, status: u16, body: Value) -> Expect {
+    Expect {
+        method,
+        path,
+        check: Box::new(|_| {}),
+        answer: Some((status, body)),
+    }
+}
+
+/// The API server's 404 Status for `kind` `name`.
+pub fn not_found(kind: &str, name: &str) -> Value {
+    serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": format!("{kind} \"{name}\" not found"), "reason": "NotFound", "code": 404})
+}
+
+pub const SERVICE_PATH: &str = "/api/v1/namespaces/default/services/alpine";
+pub const SLICE_PATH: &str = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/alpine";
 
 pub const VM_PATH: &str = "/apis/vm.smolvm.dev/v1alpha1/namespaces/default/smolvms/alpine";
 pub const VM_STATUS_PATH: &str = "/apis/vm.smolvm.dev/v1alpha1/namespaces/default/smolvms/alpine/status";
@@ -75,14 +98,14 @@ pub async fn serve(mut handle: Handle, calls: Vec<Expect>, object: Value, object
         let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         (e.check)(&body);
         // Writes to the SmolVM answer with the object; anything else (events) echoes the body.
-        let reply = if e.path.starts_with(object_path) {
-            object.clone()
-        } else {
-            body.clone()
+        let (status, reply) = match e.answer {
+            Some(answer) => answer,
+            None if e.path.starts_with(object_path) => (200, object.clone()),
+            None => (200, body.clone()),
         };
         send.send_response(
             Response::builder()
-                .status(200)
+                .status(status)
                 .body(Body::from(serde_json::to_vec(&reply).unwrap()))
                 .unwrap(),
         );

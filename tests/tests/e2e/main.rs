@@ -39,6 +39,7 @@ macro_rules! scenarios {
 // Scenario families added beside the core list live in their own files; each exports
 // `scenarios()`, appended to the run in this order.
 mod cluster;
+mod reach;
 mod workload;
 
 fn main() -> ExitCode {
@@ -177,6 +178,7 @@ async fn run(assets: assets::Assets, selected: Vec<(&'static str, Scenario)>) ->
 fn extra_scenarios() -> Vec<(&'static str, Scenario)> {
     let mut all = cluster::scenarios();
     all.extend(workload::scenarios());
+    all.extend(reach::scenarios());
     all
 }
 
