@@ -434,6 +434,25 @@ async fn converge(
         )),
     };
     if let Some((cond_status, why, message)) = unhealthy {
+        // As for a Pod on a NotReady node, the endpoint of a VM whose node cannot be vouched
+        // for is not ready.
+        if vm.spec.expose_service() {
+            let address = node_obj
+                .as_ref()
+                .and_then(|n| n.status.as_ref())
+                .and_then(|s| s.internal_ip.clone());
+            if let Some((exposed, reason, message)) = expose(ctx, vm, node, address.as_deref(), false).await {
+                plan::set_condition(
+                    &mut status.conditions,
+                    condition::SERVICE_EXPOSED,
+                    exposed,
+                    reason,
+                    &message,
+                    generation,
+                    now,
+                );
+            }
+        }
         return report_node_problem(api, vm, ctx, status, cond_status, why, message).await;
     }
     sync_endpoint(ctx, node);
