@@ -187,6 +187,30 @@ fn ran(vm: &mut SmolVM) {
     }];
 }
 
+/// The calls of a pass that tries a start: the image cannot be pulled here, so StartFailed.
+fn a_start_is_made() -> Vec<Expect> {
+    vec![
+        expect(Method::PATCH, VM_STATUS_PATH, |body| {
+            assert_eq!(condition_of(body, "Ready")["reason"], "StartFailed", "a start was made")
+        }),
+        expect(Method::POST, EVENTS_PATH, |body| {
+            assert_eq!(body["reason"], "StartFailed")
+        }),
+    ]
+}
+
+/// `vm` with `last` as the status the previous pass wrote (its binding kept).
+fn with_last_status(mut vm: SmolVM, last: &smolvm_api::SmolVMStatus) -> SmolVM {
+    let binding = vm.status.take().unwrap_or_default();
+    vm.status = Some(smolvm_api::SmolVMStatus {
+        node_name: binding.node_name,
+        node_uid: binding.node_uid,
+        machine_name: binding.machine_name,
+        ..last.clone()
+    });
+    vm
+}
+
 /// restartPolicy Never: a machine that ran and stopped on its own is left stopped (Ready=False,
 /// Exited, one event), the exit is remembered on the next pass with no call at all, and
 /// `spec.running: false` then `true` starts it again. Always: the same exit is started again.
@@ -256,18 +280,13 @@ async fn an_exited_workload_follows_the_restart_policy() {
     assert_ne!(state, smolvm_runtime::vmm::MachineState::Running, "not started");
 
     // The next pass remembers the exit: no start, no write, no event.
-    let mut remembered = with_policy(true, "Never");
-    let mut status: smolvm_api::SmolVMStatus = serde_json::from_value(written.lock().unwrap().clone()).unwrap();
-    status.node_name = remembered.status.as_ref().and_then(|s| s.node_name.clone());
-    status.node_uid = remembered.status.as_ref().and_then(|s| s.node_uid.clone());
-    status.machine_name = remembered.status.as_ref().and_then(|s| s.machine_name.clone());
-    remembered.status = Some(status.clone());
+    let status: smolvm_api::SmolVMStatus = serde_json::from_value(written.lock().unwrap().clone()).unwrap();
+    let remembered = with_last_status(with_policy(true, "Never"), &status);
     run_case_with(remembered, nodes(), Some(node_client(&pki, &agent)), vec![]).await;
 
     // The way back: spec.running false reports Stopped; true again starts it (the start fails
     // here: the image cannot be pulled).
-    let mut paused = with_policy(false, "Never");
-    paused.status = Some(status.clone());
+    let paused = with_last_status(with_policy(false, "Never"), &status);
     run_case_with(
         paused,
         nodes(),
@@ -287,40 +306,13 @@ async fn an_exited_workload_follows_the_restart_policy() {
     let mut stopped_status = status.clone();
     stopped_status.conditions[0].status = "True".into();
     stopped_status.conditions[0].reason = "Stopped".into();
-    let mut resumed = with_policy(true, "Never");
-    resumed.status = Some(stopped_status);
-    run_case_with(
-        resumed,
-        nodes(),
-        Some(node_client(&pki, &agent)),
-        vec![
-            expect(Method::PATCH, VM_STATUS_PATH, |body| {
-                assert_eq!(condition_of(body, "Ready")["reason"], "StartFailed", "a start was made")
-            }),
-            expect(Method::POST, EVENTS_PATH, |body| {
-                assert_eq!(body["reason"], "StartFailed")
-            }),
-        ],
-    )
-    .await;
+    let resumed = with_last_status(with_policy(true, "Never"), &stopped_status);
+    run_case_with(resumed, nodes(), Some(node_client(&pki, &agent)), a_start_is_made()).await;
 
     // Always: the same exit is started again at once.
     let mut always = with_policy(true, "Always");
     ran(&mut always);
-    run_case_with(
-        always,
-        nodes(),
-        Some(node_client(&pki, &agent)),
-        vec![
-            expect(Method::PATCH, VM_STATUS_PATH, |body| {
-                assert_eq!(condition_of(body, "Ready")["reason"], "StartFailed", "a start was made")
-            }),
-            expect(Method::POST, EVENTS_PATH, |body| {
-                assert_eq!(body["reason"], "StartFailed")
-            }),
-        ],
-    )
-    .await;
+    run_case_with(always, nodes(), Some(node_client(&pki, &agent)), a_start_is_made()).await;
     agent.agent.shutdown().await;
 }
 
@@ -402,16 +394,7 @@ async fn an_exposed_vm_gets_its_service_and_loses_it_with_its_deletion() {
 
     // Steady: the stored objects match; two reads, no write.
     let written: smolvm_api::SmolVMStatus = serde_json::from_value(status.lock().unwrap().clone()).unwrap();
-    let with_status = |mut vm: SmolVM| {
-        let binding = vm.status.take().unwrap_or_default();
-        vm.status = Some(smolvm_api::SmolVMStatus {
-            node_name: binding.node_name,
-            node_uid: binding.node_uid,
-            machine_name: binding.machine_name,
-            ..written.clone()
-        });
-        vm
-    };
+    let with_status = |vm: SmolVM| with_last_status(vm, &written);
     let stored_service = service.lock().unwrap().clone();
     let stored_slice = slice.lock().unwrap().clone();
     run_case_with(

@@ -29,6 +29,15 @@ fn exposed(v: &SmolVM) -> Option<(String, String, String)> {
     condition(v, constants::condition::SERVICE_EXPOSED).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
+async fn set_expose(env: &Env, name: &str, on: bool) -> anyhow::Result<()> {
+    let patch = json!({"spec": {"network": {"exposeService": on}}});
+    vms(env)
+        .await?
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
+}
+
 /// The EndpointSlice's one endpoint: (addresses, ready).
 async fn endpoint(slices: &Api<EndpointSlice>, name: &str) -> anyhow::Result<Option<(Vec<String>, Option<bool>)>> {
     Ok(slices.get_opt(name).await?.and_then(|s| {
@@ -219,14 +228,7 @@ pub(crate) async fn expose_service_routes_to_the_node_and_goes_with_the_vm(env: 
     services.delete(foreign, &Default::default()).await?;
 
     // exposeService off: the Service and its EndpointSlice go, and so does the condition.
-    vms(env)
-        .await?
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"network": {"exposeService": false}}})),
-        )
-        .await?;
+    set_expose(env, name, false).await?;
     eventually(
         "the Service to go with exposeService off",
         Duration::from_secs(60),
@@ -248,14 +250,7 @@ pub(crate) async fn expose_service_routes_to_the_node_and_goes_with_the_vm(env: 
     .await?;
 
     // On again, then the SmolVM is deleted: both go with it.
-    vms(env)
-        .await?
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"network": {"exposeService": true}}})),
-        )
-        .await?;
+    set_expose(env, name, true).await?;
     wait_vm(env, name, "ServiceExposed=True again", Duration::from_secs(60), |v| {
         exposed(v).is_some_and(|(s, _, _)| s == "True")
     })
