@@ -53,13 +53,14 @@ pub(crate) async fn expose_service_routes_to_the_node_and_goes_with_the_vm(env: 
     let slices: Api<EndpointSlice> = Api::namespaced(admin.clone(), NS);
     let (tcp, udp) = (free_port()?, free_port()?);
     let name = "reach-web";
-    let spec = |running: bool, expose: bool| {
+    let spec_on = |tcp: u16, udp: u16, running: bool, expose: bool| {
         json!({"image": "alpine:3.20", "running": running, "resources": {"memoryMiB": 128},
             "storage": {"storageGiB": 1, "overlayGiB": 1},
             "network": {"enabled": true, "exposeService": expose, "ports": [
                 {"hostPort": tcp, "guestPort": 80},
                 {"hostPort": udp, "guestPort": 53, "protocol": "UDP"}]}})
     };
+    let spec = |running: bool, expose: bool| spec_on(tcp, udp, running, expose);
     kubectl_apply(env, &vm(name, spec(false, true)))?.map_err(|e| anyhow!(e))?;
     let v = wait_vm(env, name, "ServiceExposed=True", Duration::from_secs(60), |v| {
         exposed(v).is_some_and(|(s, _, _)| s == "True")
@@ -200,7 +201,9 @@ pub(crate) async fn expose_service_routes_to_the_node_and_goes_with_the_vm(env: 
         "spec": {"ports": [{"port": 9999, "protocol": "TCP"}], "selector": {"app": "theirs"}},
     }))?;
     let before = services.create(&PostParams::default(), &theirs).await?;
-    kubectl_apply(env, &vm(foreign, spec(false, true)))?.map_err(|e| anyhow!(e))?;
+    // (Other host ports: a node publishes each host port once.)
+    let other_ports = spec_on(free_port()?, free_port()?, false, true);
+    kubectl_apply(env, &vm(foreign, other_ports))?.map_err(|e| anyhow!(e))?;
     let v = wait_vm(env, foreign, "ServiceExposed=False", Duration::from_secs(60), |v| {
         exposed(v).is_some_and(|(s, _, _)| s == "False")
     })
