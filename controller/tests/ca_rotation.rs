@@ -152,6 +152,7 @@ async fn runtime_ca_rotates_under_a_running_agent_without_losing_a_call() {
         auth,
         file_poll_interval: Duration::from_millis(50),
         workload_records: None,
+        publish_address: None,
     })
     .await
     .expect("agent starts");

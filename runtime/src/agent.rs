@@ -9,6 +9,7 @@ use std::time::Duration;
 use smolvm_certs::ReloadableResolver;
 
 use crate::error::{Error, Result};
+use crate::forward::Forwarder;
 use crate::metrics::Metrics;
 use crate::nodeapi::auth::TokenAuth;
 use crate::nodeapi::tls::{MtlsServer, PlainServer};
@@ -50,6 +51,9 @@ pub struct AgentOptions {
     /// Directory of the workload records (create's idempotency over the workload); `None`
     /// keeps none, and a repeated create then does not compare the workload.
     pub workload_records: Option<PathBuf>,
+    /// The node's address, where published ports are forwarded to smolvm's loopback listeners
+    /// ([`crate::forward`]); `None`, a loopback or an unspecified address turns forwarding off.
+    pub publish_address: Option<std::net::IpAddr>,
 }
 
 /// A running agent.
@@ -60,6 +64,7 @@ pub struct Agent {
     metrics: Arc<Metrics>,
     identity: Arc<Identity>,
     vmm: Arc<dyn Vmm>,
+    forwarder: Option<(Arc<Forwarder>, tokio::task::JoinHandle<()>)>,
 }
 
 impl Agent {
@@ -83,6 +88,28 @@ impl Agent {
         );
         let state = match options.workload_records {
             Some(dir) => state.with_workload_records(dir),
+            None => state,
+        };
+        let forwarder = match options.publish_address {
+            Some(address) if !address.is_loopback() && !address.is_unspecified() => {
+                let forwarder = Forwarder::new(address, metrics.clone());
+                let sync = forwarder.spawn_sync(vmm.clone(), Duration::from_secs(1));
+                tracing::info!(%address, "forwarding published ports from the node's address to smolvm's loopback listeners");
+                Some((forwarder, sync))
+            }
+            Some(address) => {
+                tracing::info!(%address, "port forwarding off: the publish address is where smolvm's own loopback listeners already are");
+                None
+            }
+            None => {
+                tracing::warn!(
+                    "port forwarding off: no publish address (set --publish-address or NODE_IP); published ports are reachable on this host's loopback only"
+                );
+                None
+            }
+        };
+        let state = match &forwarder {
+            Some((f, _)) => state.with_forwarder(f.clone()),
             None => state,
         };
         let client_ca_pem = match &options.client_ca {
@@ -122,7 +149,13 @@ impl Agent {
             metrics,
             identity,
             vmm,
+            forwarder,
         })
+    }
+
+    /// The port forwarder, where forwarding is on.
+    pub fn forwarder(&self) -> Option<&Arc<Forwarder>> {
+        self.forwarder.as_ref().map(|(f, _)| f)
     }
 
     /// Address of the node API.
@@ -163,6 +196,9 @@ impl Agent {
     /// Stops the servers, then smolvm.
     pub async fn shutdown(self) {
         let grace = Duration::from_secs(2);
+        if let Some((_, sync)) = &self.forwarder {
+            sync.abort();
+        }
         self.node_api.shutdown(grace).await;
         if let Some(ops) = self.ops {
             ops.shutdown(grace).await;

@@ -2,6 +2,7 @@
 
 pub mod agent;
 pub mod error;
+pub mod forward;
 pub mod host;
 pub mod metrics;
 pub mod nodeapi;

@@ -80,6 +80,10 @@ struct Flags {
     /// Address reported in the SmolVMNode endpoint (falls back to POD_IP, then NODE_IP).
     #[arg(long, env = "SMOLVM_RUNTIME_ADVERTISE_ADDRESS")]
     advertise_address: Option<String>,
+    /// The node's address, where published ports are forwarded to smolvm's loopback listeners
+    /// (falls back to NODE_IP; a loopback address turns forwarding off).
+    #[arg(long, env = "SMOLVM_RUNTIME_PUBLISH_ADDRESS")]
+    publish_address: Option<IpAddr>,
     /// Ops port address (plain HTTP: /healthz, /readyz, /metrics).
     #[arg(long, env = "SMOLVM_RUNTIME_OPS_ADDRESS", default_value = "0.0.0.0:9090")]
     ops_address: SocketAddr,
@@ -224,6 +228,9 @@ async fn run(flags: Flags) -> Result<()> {
         auth,
         file_poll_interval: Duration::from_secs(2),
         workload_records: Some(flags.state_dir.join("operator").join("workloads")),
+        publish_address: flags
+            .publish_address
+            .or_else(|| std::env::var("NODE_IP").ok().and_then(|ip| ip.parse().ok())),
     })
     .await?;
 

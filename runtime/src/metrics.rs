@@ -26,6 +26,9 @@ pub struct Metrics {
     smolvm_restarts: AtomicU64,
     runtime_ready: AtomicBool,
     serving_cert_loaded: AtomicBool,
+    forwarded_connections: Mutex<BTreeMap<&'static str, u64>>,
+    forwarded_bytes: Mutex<BTreeMap<&'static str, u64>>,
+    open_forwards: AtomicU64,
 }
 
 impl Metrics {
@@ -45,6 +48,25 @@ impl Metrics {
             histogram.count += 1;
             histogram.sum += seconds;
         }
+    }
+
+    /// Counts one forwarded TCP connection or UDP session (`protocol`: `tcp` or `udp`).
+    pub fn inc_forwarded_connections(&self, protocol: &'static str) {
+        if let Ok(mut map) = self.forwarded_connections.lock() {
+            *map.entry(protocol).or_default() += 1;
+        }
+    }
+
+    /// Adds bytes carried by the port forwards, both directions.
+    pub fn add_forwarded_bytes(&self, protocol: &'static str, bytes: u64) {
+        if let Ok(mut map) = self.forwarded_bytes.lock() {
+            *map.entry(protocol).or_default() += bytes;
+        }
+    }
+
+    /// Sets how many port forwards are open.
+    pub fn set_open_forwards(&self, n: u64) {
+        self.open_forwards.store(n, Ordering::Relaxed);
     }
 
     /// Counts one restart of `smolvm serve`.
@@ -124,6 +146,35 @@ impl Metrics {
         out.push_str("# HELP smolvm_runtime_smolvm_restarts_total Restarts of the supervised smolvm serve.\n");
         out.push_str("# TYPE smolvm_runtime_smolvm_restarts_total counter\n");
         let _ = writeln!(out, "smolvm_runtime_smolvm_restarts_total {}", self.smolvm_restarts());
+        out.push_str("# HELP smolvm_runtime_forwarded_connections_total Connections (TCP) and client sessions (UDP) forwarded to published ports.\n");
+        out.push_str("# TYPE smolvm_runtime_forwarded_connections_total counter\n");
+        if let Ok(map) = self.forwarded_connections.lock() {
+            for (protocol, n) in map.iter() {
+                let _ = writeln!(
+                    out,
+                    "smolvm_runtime_forwarded_connections_total{{protocol=\"{protocol}\"}} {n}"
+                );
+            }
+        }
+        out.push_str(
+            "# HELP smolvm_runtime_forwarded_bytes_total Bytes carried by the port forwards, both directions.\n",
+        );
+        out.push_str("# TYPE smolvm_runtime_forwarded_bytes_total counter\n");
+        if let Ok(map) = self.forwarded_bytes.lock() {
+            for (protocol, n) in map.iter() {
+                let _ = writeln!(
+                    out,
+                    "smolvm_runtime_forwarded_bytes_total{{protocol=\"{protocol}\"}} {n}"
+                );
+            }
+        }
+        out.push_str("# HELP smolvm_runtime_open_forwards Published ports forwarded from the node's address now.\n");
+        out.push_str("# TYPE smolvm_runtime_open_forwards gauge\n");
+        let _ = writeln!(
+            out,
+            "smolvm_runtime_open_forwards {}",
+            self.open_forwards.load(Ordering::Relaxed)
+        );
         out.push_str("# HELP smolvm_runtime_runtime_ready Whether smolvm serve answers its health check.\n");
         out.push_str("# TYPE smolvm_runtime_runtime_ready gauge\n");
         let _ = writeln!(

@@ -779,3 +779,54 @@ async fn workload_reaches_smolvm_and_the_registry_credential_never_touches_disk(
     assert!(files_containing(&state.join("operator"), b"workload.command").is_empty());
     agent.agent.shutdown().await;
 }
+
+/// A published host port that is taken on the node is refused before smolvm is asked: 409
+/// HostPortInUse naming the port and protocol, and smolvm never gets the machine. Freed, the
+/// same create goes through.
+#[tokio::test]
+async fn a_taken_host_port_is_refused_before_smolvm_is_asked() {
+    common::init();
+    let dir = tempdir();
+    let Some(agent) = TestAgent::with_smolvm(
+        "a_taken_host_port_is_refused_before_smolvm_is_asked",
+        dir.path(),
+        Arc::new(Pki::new()),
+    )
+    .await
+    else {
+        return;
+    };
+    let mut c = agent.client().await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port();
+    let name = "svm-7a6b5c4d-3e2f-4a1b-9c8d-7e6f5a4b3c2d";
+    let path = format!("/v1/machines/{name}");
+    let mut spec = small_spec("localhost:1/app:1");
+    spec["network"] = json!({"enabled": true, "ports": [{"hostPort": port, "guestPort": 80, "protocol": "TCP"}]});
+
+    let refused = c.call("PUT", &path, Some(spec.clone())).await;
+    assert_error(&refused, 409, "HostPortInUse");
+    assert_eq!(
+        refused.body["details"],
+        json!({"hostPort": port, "protocol": "TCP"}),
+        "{refused:?}"
+    );
+    assert!(
+        refused.body["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains(&format!("{port}/TCP")),
+        "{refused:?}"
+    );
+    assert!(
+        agent.agent.vmm().get(name).await.expect("smolvm answers").is_none(),
+        "smolvm never got it"
+    );
+
+    drop(taken);
+    let created = c.call("PUT", &path, Some(spec)).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let deleted = c.call("DELETE", &path, None).await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    agent.agent.shutdown().await;
+}

@@ -86,6 +86,8 @@ pub struct NodeApiState {
     pub local_image_dir: Option<PathBuf>,
     /// Digests of each machine's workload (for create's idempotency); `None` keeps none.
     pub workload_records: Option<crate::workload_records::WorkloadRecords>,
+    /// The forwards of published ports to the node's address; `None` where forwarding is off.
+    pub forwarder: Option<Arc<crate::forward::Forwarder>>,
     locks: MachineLocks,
 }
 
@@ -105,7 +107,53 @@ impl NodeApiState {
             metrics,
             local_image_dir,
             workload_records: None,
+            forwarder: None,
             locks: Arc::default(),
+        }
+    }
+
+    /// Forwards published ports with `forwarder` (and checks them on its address too).
+    pub fn with_forwarder(mut self, forwarder: Arc<crate::forward::Forwarder>) -> Self {
+        self.forwarder = Some(forwarder);
+        self
+    }
+
+    /// HostPortInUse before smolvm is asked: every published port of `machine` must be free on
+    /// 127.0.0.1 (where smolvm binds it) and on the forwarder's address, except where this
+    /// machine's own forward holds it.
+    fn check_ports(&self, machine: &str, ports: &[crate::vmm::PortMapping]) -> Result<(), ApiError> {
+        use crate::forward::{PortKey, port_free};
+        for p in ports {
+            let key = PortKey {
+                port: p.host_port,
+                protocol: p.protocol,
+            };
+            let loopback_taken = !port_free(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), key);
+            let node_taken = self
+                .forwarder
+                .as_ref()
+                .is_some_and(|f| !f.holds(key, machine) && !port_free(f.address(), key));
+            if loopback_taken || node_taken {
+                let protocol = match p.protocol {
+                    crate::vmm::PortProtocol::Tcp => "TCP",
+                    crate::vmm::PortProtocol::Udp => "UDP",
+                };
+                return Err(ApiFailure::new(
+                    409,
+                    error_code::HOST_PORT_IN_USE,
+                    format!("host port {key} is already in use on this node"),
+                )
+                .with_details(serde_json::json!({"hostPort": p.host_port, "protocol": protocol}))
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells the forwarder a machine changed.
+    fn poke_forwarder(&self) {
+        if let Some(f) = &self.forwarder {
+            f.poke();
         }
     }
 
@@ -450,7 +498,9 @@ async fn create_machine(
     if let Some(existing) = state.vmm.get(&name).await? {
         return compare(&existing);
     }
-    match state.vmm.create(&logic::to_vmm_spec(&name, &spec)).await {
+    let vmm_spec = logic::to_vmm_spec(&name, &spec);
+    state.check_ports(&name, &vmm_spec.ports)?;
+    match state.vmm.create(&vmm_spec).await {
         Ok(machine) => {
             if let Some(records) = records
                 && let Err(error) = records.write(&name, &logic::workload_digests(&spec.workload))
@@ -496,19 +546,24 @@ async fn ensure_running(
             .map_or_else(|| "unknown".into(), |(host, _)| host);
         tracing::info!(machine = %name, %registry, "starting with a registry credential (for this start only; not stored)");
     }
-    let started = state.vmm.start(&name, request.registry_auth.as_ref()).await?;
-    Ok(ok(StatusCode::OK, &logic::to_status(&started)))
+    state.check_ports(&name, &machine.ports)?;
+    let started = state.vmm.start(&name, request.registry_auth.as_ref()).await;
+    state.poke_forwarder();
+    Ok(ok(StatusCode::OK, &logic::to_status(&started?)))
 }
 
 async fn stop_machine(State(state): State<NodeApiState>, MachineName(name): MachineName) -> ApiResult {
     let _guard = state.lock(&name).await;
-    let stopped = state.vmm.stop(&name).await?;
-    Ok(ok(StatusCode::OK, &logic::to_status(&stopped)))
+    let stopped = state.vmm.stop(&name).await;
+    state.poke_forwarder();
+    Ok(ok(StatusCode::OK, &logic::to_status(&stopped?)))
 }
 
 async fn delete_machine(State(state): State<NodeApiState>, MachineName(name): MachineName) -> ApiResult {
     let _guard = state.lock(&name).await;
-    let outcome = state.vmm.delete(&name).await?;
+    let outcome = state.vmm.delete(&name).await;
+    state.poke_forwarder();
+    let outcome = outcome?;
     if let Some(records) = &state.workload_records {
         records.remove(&name);
     }

@@ -112,7 +112,7 @@ impl fmt::Display for MachineState {
 }
 
 /// Transport of a published port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum PortProtocol {
     /// TCP (the default).
     #[default]

@@ -341,6 +341,7 @@ impl TestAgent {
             auth,
             file_poll_interval: Duration::from_millis(100),
             workload_records: Some(dir.join("workloads")),
+            publish_address: None,
         })
         .await
         .expect("agent starts");

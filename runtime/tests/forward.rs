@@ -1,0 +1,252 @@
+//! The port forwarder carries bytes both ways, TCP (with a half-close) and UDP, from another
+//! network namespace, as a separate host would: a veth pair joins this namespace (the node) to a
+//! new one (the other host). smolvm's loopback listener is stood in for by plain TCP and UDP
+//! echo sockets bound to 127.0.0.1:<hostPort>: that is what smolvm binds, not a double of smolvm.
+//! The forward opens and closes with the machine state fed to the same sync the agent runs.
+//! Needs root and iproute2; prints `skipped: …` otherwise.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::Command;
+use std::sync::Arc;
+
+use smolvm_runtime::forward::Forwarder;
+use smolvm_runtime::metrics::Metrics;
+use smolvm_runtime::vmm::{Machine, MachineState, PortMapping, PortProtocol};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A network namespace with a veth pair to this one; removed on drop, whatever happened.
+struct OtherHost {
+    ns: String,
+    host_if: String,
+}
+
+impl OtherHost {
+    fn create(tag: &str, host_ip: &str, peer_ip: &str) -> Result<Self, String> {
+        let ns = format!("svm-fwd-{tag}");
+        let host_if = format!("svmh{tag}");
+        let peer_if = format!("svmp{tag}");
+        let this = Self {
+            ns: ns.clone(),
+            host_if: host_if.clone(),
+        };
+        let steps: [&[&str]; 8] = [
+            &["netns", "add", &ns],
+            &["link", "add", &host_if, "type", "veth", "peer", "name", &peer_if],
+            &["link", "set", &peer_if, "netns", &ns],
+            &["addr", "add", &format!("{host_ip}/30"), "dev", &host_if],
+            &["link", "set", &host_if, "up"],
+            &["-n", &ns, "addr", "add", &format!("{peer_ip}/30"), "dev", &peer_if],
+            &["-n", &ns, "link", "set", &peer_if, "up"],
+            &["-n", &ns, "link", "set", "lo", "up"],
+        ];
+        for args in steps {
+            let out = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "ip {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+        }
+        Ok(this)
+    }
+}
+
+impl Drop for OtherHost {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", &self.host_if]).output();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
+    }
+}
+
+fn why_skipped() -> Option<String> {
+    let uid = Command::new("id").arg("-u").output().ok()?;
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        return Some("not root (network namespaces need it)".into());
+    }
+    if Command::new("ip").arg("-V").output().is_err() {
+        return Some("no `ip` (iproute2)".into());
+    }
+    if Command::new("python3").arg("-V").output().is_err() {
+        return Some("no python3 for the client".into());
+    }
+    None
+}
+
+fn machine(state: MachineState, port: u16) -> Machine {
+    Machine {
+        name: "svm-forward-test".into(),
+        state,
+        cpus: 1,
+        memory_mib: 512,
+        storage_gib: None,
+        overlay_gib: None,
+        image: None,
+        ports: [PortProtocol::Tcp, PortProtocol::Udp]
+            .into_iter()
+            .map(|protocol| PortMapping {
+                host_port: port,
+                guest_port: 80,
+                protocol,
+            })
+            .collect(),
+        network: true,
+        pid: None,
+        raw: serde_json::Value::Null,
+    }
+}
+
+/// A port free for both TCP and UDP on 127.0.0.1 and `also`.
+fn free_port(also: IpAddr) -> u16 {
+    loop {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = tcp.local_addr().expect("addr").port();
+        drop(tcp);
+        let free = std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok()
+            && std::net::TcpListener::bind((also, port)).is_ok()
+            && std::net::UdpSocket::bind((also, port)).is_ok();
+        if free {
+            return port;
+        }
+    }
+}
+
+fn client(host: &str, port: u16) -> String {
+    format!(
+        r#"
+import socket
+out = []
+try:
+    s = socket.create_connection(("{host}", {port}), timeout=5)
+    s.sendall(b"ping over tcp")
+    s.shutdown(socket.SHUT_WR)
+    data = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    out.append("tcp=" + data.decode())
+except ConnectionRefusedError:
+    out.append("tcp=refused")
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.settimeout(2)
+u.sendto(b"ping over udp", ("{host}", {port}))
+try:
+    data, _ = u.recvfrom(4096)
+    out.append("udp=" + data.decode())
+except (socket.timeout, ConnectionRefusedError):
+    out.append("udp=none")
+print(" ".join(out))
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwards_tcp_and_udp_from_another_host_and_follows_the_machine() {
+    smolvm_runtime::install_crypto_provider();
+    if let Some(why) = why_skipped() {
+        println!("skipped: {why}");
+        return;
+    }
+    let tag = format!("{}", std::process::id() % 100_000);
+    let octet = std::process::id() % 250 + 1;
+    let (host_ip, peer_ip) = (format!("10.231.{octet}.1"), format!("10.231.{octet}.2"));
+    let other = match OtherHost::create(&tag, &host_ip, &peer_ip) {
+        Ok(other) => other,
+        Err(why) => {
+            println!("skipped: cannot build a second network namespace here: {why}");
+            return;
+        }
+    };
+    let node: IpAddr = host_ip.parse().expect("ip");
+    let port = free_port(node);
+
+    // smolvm's listeners, stood in for: TCP answers after the client's half-close (so the
+    // half-close must cross), UDP echoes.
+    let tcp = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port))
+        .await
+        .expect("tcp");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = tcp.accept().await {
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                if s.read_to_end(&mut got).await.is_ok() {
+                    let _ = s
+                        .write_all(format!("echo: {}", String::from_utf8_lossy(&got)).as_bytes())
+                        .await;
+                }
+            });
+        }
+    });
+    let udp = tokio::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, port))
+        .await
+        .expect("udp");
+    tokio::spawn(async move {
+        let mut buf = [0u8; 2048];
+        while let Ok((n, from)) = udp.recv_from(&mut buf).await {
+            let reply = format!("echo: {}", String::from_utf8_lossy(&buf[..n]));
+            let _ = udp.send_to(reply.as_bytes(), from).await;
+        }
+    });
+
+    let metrics = Arc::new(Metrics::default());
+    let forwarder = Forwarder::new(node, metrics.clone());
+    let script = client(&host_ip, port);
+    // Not running: nothing listens on the node's address.
+    forwarder.sync(&[machine(MachineState::Created, port)]).await;
+    let before = run_blocking(&other, &script).await;
+    assert_eq!(before, "tcp=refused udp=none", "no forward before the machine runs");
+
+    // Running: both protocols cross, both ways.
+    forwarder.sync(&[machine(MachineState::Running, port)]).await;
+    assert_eq!(forwarder.open_forwards().len(), 2);
+    let t = std::time::Instant::now();
+    let running = run_blocking(&other, &script).await;
+    println!("round trips from the other namespace in {:?}", t.elapsed());
+    assert_eq!(running, "tcp=echo: ping over tcp udp=echo: ping over udp");
+    let rendered = metrics.render();
+    assert!(
+        rendered.contains("smolvm_runtime_forwarded_connections_total{protocol=\"tcp\"} 1"),
+        "{rendered}"
+    );
+    assert!(rendered.contains("smolvm_runtime_open_forwards 2"), "{rendered}");
+
+    // Stopped: closed (the port is free on the node's address again); running again: reopened.
+    forwarder.sync(&[machine(MachineState::Stopped, port)]).await;
+    assert!(forwarder.open_forwards().is_empty());
+    assert_eq!(run_blocking(&other, &script).await, "tcp=refused udp=none");
+    forwarder.sync(&[machine(MachineState::Running, port)]).await;
+    assert_eq!(
+        run_blocking(&other, &script).await,
+        "tcp=echo: ping over tcp udp=echo: ping over udp"
+    );
+    // Deleted: closed.
+    forwarder.sync(&[]).await;
+    assert!(forwarder.open_forwards().is_empty());
+    assert!(
+        std::net::TcpListener::bind((node, port)).is_ok(),
+        "the port is free again"
+    );
+}
+
+fn run_in(ns: &str, script: &str) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "python3", "-c", script])
+        .output()
+        .expect("ip netns exec");
+    assert!(
+        out.status.success(),
+        "client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+async fn run_blocking(other: &OtherHost, script: &str) -> String {
+    let (ns, script) = (other.ns.clone(), script.to_string());
+    tokio::task::spawn_blocking(move || run_in(&ns, &script))
+        .await
+        .expect("client")
+}
