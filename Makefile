@@ -50,6 +50,7 @@ bench: ## Run the benchmarks and print their figures.
 	$(CARGO) bench -p smolvm-api --bench admission
 	$(CARGO) bench -p smolvm-controller --bench placement
 	$(SMOLVM_ENV) && $(CARGO) bench -p smolvm-runtime --bench nodeapi_latency
+	$(CARGO) bench -p smolvm-runtime --bench forward
 
 .PHONY: install
 install: ## Install the CRDs into the cluster of the current KUBECONFIG.
