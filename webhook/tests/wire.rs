@@ -100,7 +100,10 @@ async fn mutating_patch_yields_defaulted_object_m1_m2() {
         // Network default when absent (M1).
         let bare = fixtures::smolvm("bare", json!({"image": "alpine:latest"}));
         let object = defaulted(&mut conn, &bare).await;
-        assert_eq!(object["spec"]["network"], json!({"enabled": false, "exposeService": false}));
+        assert_eq!(
+            object["spec"]["network"],
+            json!({"enabled": false, "exposeService": false})
+        );
         // Status subresource: allowed, no patch.
         let st = review(
             "smolvms",
