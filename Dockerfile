@@ -16,6 +16,7 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY api/Cargo.toml api/Cargo.toml
 COPY certs/Cargo.toml certs/Cargo.toml
+COPY kit/Cargo.toml kit/Cargo.toml
 COPY webhook/Cargo.toml webhook/Cargo.toml
 COPY controller/Cargo.toml controller/Cargo.toml
 COPY runtime/Cargo.toml runtime/Cargo.toml

@@ -5,6 +5,7 @@
 //! - [`plan`]: what to do next for a SmolVM, as pure functions of what was observed.
 //! - [`nodeclient`]: the mTLS client of the runtime agents' node API.
 
+pub mod cli;
 pub mod events;
 pub mod expose;
 pub mod fetch;
@@ -18,6 +19,7 @@ pub mod reconcile;
 pub mod runtime_auth;
 pub mod runtime_ca;
 pub mod signer;
+pub mod tasks;
 pub mod workload;
 
 /// Waits until a reflector store has its first complete list; `false` if its writer is gone.

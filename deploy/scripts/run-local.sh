@@ -47,9 +47,9 @@ export RUST_LOG="${RUST_LOG:-info}"
 export POD_NAMESPACE="$namespace"
 
 "$bin_dir/smolvm-webhook" --tls-mode files --tls-cert "$cert" --tls-key "$key" \
-  --listen 127.0.0.1:9443 --ops-listen 127.0.0.1:8081 --policy "$policy" &
+  --listen 127.0.0.1:9443 --ops-address 127.0.0.1:8081 --policy "$policy" &
 webhook_pid=$!
 trap 'kill "$webhook_pid" 2>/dev/null || true; wait "$webhook_pid" 2>/dev/null || true' EXIT
 
 POD_NAME="local-$(hostname)" "$bin_dir/smolvm-controller" \
-  --policy-file "$policy" --ops-addr 127.0.0.1:8080
+  --policy "$policy" --ops-address 127.0.0.1:8080

@@ -1,6 +1,7 @@
 //! The node-local runtime agent: supervises smolvm serve and serves the node API over mTLS.
 
 pub mod agent;
+pub mod cli;
 pub mod error;
 pub mod forward;
 pub mod host;
@@ -11,7 +12,6 @@ pub mod report;
 pub mod serving_cert;
 pub mod supervisor;
 pub mod vmm;
-pub mod watch;
 pub mod workload_records;
 
 pub use error::{Error, Result};

@@ -1,159 +1,21 @@
 //! `smolvm-runtime`: the node agent (DaemonSet). See `--help`.
 
-use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::net::SocketAddr;
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
 use smolvm_api::types::Endpoint;
 use smolvm_certs::ReloadableResolver;
 use smolvm_runtime::agent::{Agent, AgentOptions, ClientCa};
+use smolvm_runtime::cli::{Flags, RENAMED, advertise_address};
 use smolvm_runtime::error::{Error, Result};
 use smolvm_runtime::host;
 use smolvm_runtime::nodeapi::auth::TokenAuth;
 use smolvm_runtime::report::{Observation, Reporter, spawn_reporter};
 use smolvm_runtime::serving_cert;
 use smolvm_runtime::supervisor::{SpawnConfig, SupervisorConfig};
-
-/// Parses `500ms`, `10s`, `2m`, `1h` or a bare number of seconds.
-fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
-    let text = text.trim();
-    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => text.split_at(i),
-        None => (text, "s"),
-    };
-    let n: u64 = number.parse().map_err(|_| format!("invalid duration {text:?}"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n.saturating_mul(60))),
-        "h" => Ok(Duration::from_secs(n.saturating_mul(3600))),
-        _ => Err(format!("invalid duration unit in {text:?} (use ms, s, m or h)")),
-    }
-}
-
-fn parse_env_pair(text: &str) -> std::result::Result<(String, String), String> {
-    text.split_once('=')
-        .filter(|(k, _)| !k.is_empty())
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .ok_or_else(|| format!("expected KEY=VALUE, got {text:?}"))
-}
-
-/// The smolvm runtime agent: supervises `smolvm serve`, serves the node API over mTLS and
-/// reports this node's SmolVMNode.
-#[derive(Debug, Parser)]
-#[command(name = "smolvm-runtime", version)]
-struct Flags {
-    /// Kubernetes Node name (downward API `spec.nodeName`).
-    #[arg(long, env = "NODE_NAME")]
-    node_name: String,
-    /// Agent state directory; smolvm's state is `<dir>/state`.
-    #[arg(long, env = "SMOLVM_RUNTIME_STATE_DIR", default_value = "/var/lib/smolvm")]
-    state_dir: PathBuf,
-    /// Runtime directory; smolvm's socket is `<dir>/smolvm.sock`.
-    #[arg(long, env = "SMOLVM_RUNTIME_RUN_DIR", default_value = "/var/run/smolvm")]
-    run_dir: PathBuf,
-    /// smolvm's local image directory (for `local:<name>` images). Default `<state-dir>/images`.
-    #[arg(long, env = "SMOLVM_RUNTIME_LOCAL_IMAGE_DIR")]
-    local_image_dir: Option<PathBuf>,
-    /// The smolvm binary.
-    #[arg(long, env = "SMOLVM_BIN", default_value = "smolvm")]
-    smolvm_bin: PathBuf,
-    /// smolvm's `--guest-rollout-port` (loopback; distinct per server on a host).
-    #[arg(long, env = "SMOLVM_GUEST_ROLLOUT_PORT", default_value_t = 10081)]
-    guest_rollout_port: u16,
-    /// Extra environment for `smolvm serve`, KEY=VALUE (repeatable); the agent's own
-    /// environment is passed through as well.
-    #[arg(long = "smolvm-env", value_parser = parse_env_pair)]
-    smolvm_env: Vec<(String, String)>,
-    /// Attach to an existing smolvm socket instead of starting `smolvm serve`.
-    #[arg(long, env = "SMOLVM_RUNTIME_ATTACH_SOCKET")]
-    attach_socket: Option<PathBuf>,
-    /// Address the node API binds.
-    #[arg(long, env = "SMOLVM_RUNTIME_LISTEN_ADDRESS", default_value = "0.0.0.0")]
-    listen_address: IpAddr,
-    /// Node API port.
-    #[arg(long, env = "SMOLVM_RUNTIME_PORT", default_value_t = 10443)]
-    port: u16,
-    /// Address reported in the SmolVMNode endpoint (falls back to POD_IP, then NODE_IP).
-    #[arg(long, env = "SMOLVM_RUNTIME_ADVERTISE_ADDRESS")]
-    advertise_address: Option<String>,
-    /// The node's address, where published ports are forwarded to smolvm's loopback listeners
-    /// (falls back to NODE_IP; a loopback address turns forwarding off).
-    #[arg(long, env = "SMOLVM_RUNTIME_PUBLISH_ADDRESS")]
-    publish_address: Option<IpAddr>,
-    /// Ops port address (plain HTTP: /healthz, /readyz, /metrics).
-    #[arg(long, env = "SMOLVM_RUNTIME_OPS_ADDRESS", default_value = "0.0.0.0:9090")]
-    ops_address: SocketAddr,
-    /// Bearer token file (the `smolvm-runtime-auth` Secret), re-read on change.
-    #[arg(
-        long,
-        env = "SMOLVM_RUNTIME_TOKEN_FILE",
-        default_value = "/etc/smolvm-runtime/auth/token"
-    )]
-    token_file: PathBuf,
-    /// Client CA bundle (the CA ConfigMap's `ca.crt`), re-read on change.
-    #[arg(
-        long,
-        env = "SMOLVM_RUNTIME_CLIENT_CA",
-        default_value = "/etc/smolvm-runtime/ca/ca.crt"
-    )]
-    client_ca: PathBuf,
-    /// Serving certificate file (dev/test mode; otherwise a CSR is filed).
-    #[arg(long, requires = "tls_key")]
-    tls_cert: Option<PathBuf>,
-    /// Serving key file (with --tls-cert).
-    #[arg(long, requires = "tls_cert")]
-    tls_key: Option<PathBuf>,
-    /// Do not talk to Kubernetes (no SmolVMNode reporting; needs --tls-cert/--tls-key).
-    #[arg(long)]
-    standalone: bool,
-    /// Interval of SmolVMNode heartbeats.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    heartbeat_interval: Duration,
-    /// CPUs kept back for the host (the kubelet, this agent, other pods), subtracted from the
-    /// vCPUs the node offers: `auto` (1 on a host with 2 or more CPUs) or a number.
-    #[arg(long, env = "SMOLVM_RUNTIME_RESERVED_CPUS", default_value = "auto", value_parser = host::parse_reserve)]
-    reserved_cpus: host::Reserve,
-    /// vCPUs the node offers per host CPU (1 to 16; 1 means no overcommit). Memory and storage
-    /// are never overcommitted.
-    #[arg(long, env = "SMOLVM_RUNTIME_CPU_ALLOCATION_RATIO", default_value = "1", value_parser = host::parse_cpu_allocation_ratio)]
-    cpu_allocation_ratio: f64,
-    /// Memory (MiB) kept back for the host: `auto` (25% of the first 4 GiB, 20% of the next 4,
-    /// 10% of the next 8, 6% of the next 112, 2% of the rest) or a number.
-    #[arg(long, env = "SMOLVM_RUNTIME_RESERVED_MEMORY_MIB", default_value = "auto", value_parser = host::parse_reserve)]
-    reserved_memory_mib: host::Reserve,
-    /// Storage (GiB) reserved for the host.
-    #[arg(long, default_value_t = 0)]
-    reserved_storage_gib: i64,
-    /// The KVM device.
-    #[arg(long, default_value = "/dev/kvm")]
-    kvm_device: PathBuf,
-    /// Log format.
-    #[arg(long, default_value = "json", value_parser = ["json", "text"])]
-    log_format: String,
-}
-
-fn advertise_address(flag: Option<String>) -> Option<String> {
-    flag.or_else(|| std::env::var("POD_IP").ok())
-        .or_else(|| std::env::var("NODE_IP").ok())
-        .filter(|a| !a.is_empty())
-}
-
-fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
 
 fn bind(addr: SocketAddr, what: &'static str) -> Result<std::net::TcpListener> {
     std::net::TcpListener::bind(addr).map_err(|e| Error::Serve {
@@ -307,8 +169,7 @@ async fn run(flags: Flags) -> Result<()> {
         ));
     }
 
-    shutdown_signal().await;
-    tracing::info!("shutting down");
+    smolvm_kit::shutdown::signal().await;
     for task in background {
         task.abort();
     }
@@ -316,62 +177,17 @@ async fn run(flags: Flags) -> Result<()> {
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
-    }
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
     smolvm_runtime::install_crypto_provider();
-    let flags = Flags::parse();
-    init_logging(&flags.log_format);
+    let (flags, deprecated) = smolvm_kit::cli::parse::<Flags>(RENAMED);
+    smolvm_kit::log::init(flags.log_format);
+    smolvm_kit::cli::warn_deprecated(&deprecated);
     match run(flags).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(%error, reason = error.reason(), "smolvm-runtime failed");
             ExitCode::FAILURE
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        let cases = [
-            ("500ms", Some(Duration::from_millis(500))),
-            ("10s", Some(Duration::from_secs(10))),
-            ("10", Some(Duration::from_secs(10))),
-            ("2m", Some(Duration::from_secs(120))),
-            ("1h", Some(Duration::from_secs(3600))),
-            ("x", None),
-            ("5d", None),
-        ];
-        for (text, expected) in cases {
-            assert_eq!(parse_duration(text).ok(), expected, "{text}");
-        }
-    }
-
-    #[test]
-    fn flags_parse_with_defaults() {
-        let flags =
-            Flags::try_parse_from(["smolvm-runtime", "--node-name", "n1", "--smolvm-env", "A=b"]).expect("flags");
-        assert_eq!(flags.port, 10443);
-        assert_eq!(flags.heartbeat_interval, Duration::from_secs(10));
-        assert_eq!(flags.smolvm_env, vec![("A".to_string(), "b".to_string())]);
-        assert!(Flags::try_parse_from(["smolvm-runtime", "--node-name", "n1", "--tls-cert", "c"]).is_err());
     }
 }

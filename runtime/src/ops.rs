@@ -1,12 +1,9 @@
-//! The ops port (plain HTTP): `/healthz`, `/readyz`, `/metrics`.
+//! What the agent's ops port (the shared [`smolvm_kit::ops`] server) reports: ready once a
+//! serving certificate is loaded and smolvm answers; metrics from [`Metrics`].
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;
@@ -30,28 +27,20 @@ pub fn readiness(cert_loaded: bool, runtime: &RuntimeStatus) -> Result<(), Strin
     }
 }
 
-/// The ops router.
-pub fn router(state: OpsState) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(state)
-}
+impl smolvm_kit::ops::Probe for OpsState {
+    fn readiness(&self) -> Result<String, String> {
+        let runtime = self.runtime.borrow().clone();
+        readiness(self.metrics.serving_cert_loaded(), &runtime).map(|()| "ok".to_string())
+    }
 
-async fn readyz(State(state): State<OpsState>) -> impl IntoResponse {
-    let runtime = state.runtime.borrow().clone();
-    match readiness(state.metrics.serving_cert_loaded(), &runtime) {
-        Ok(()) => (StatusCode::OK, "ok\n".to_string()),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+    fn metrics(&self) -> String {
+        self.metrics.encode()
     }
 }
 
-async fn metrics(State(state): State<OpsState>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
-    )
+/// The ops router.
+pub fn router(state: OpsState) -> Router {
+    smolvm_kit::ops::router(Arc::new(state))
 }
 
 #[cfg(test)]

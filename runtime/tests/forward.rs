@@ -206,7 +206,7 @@ async fn forwards_tcp_and_udp_from_another_host_and_follows_the_machine() {
     let running = run_blocking(&other, &script).await;
     println!("round trips from the other namespace in {:?}", t.elapsed());
     assert_eq!(running, "tcp=echo: ping over tcp udp=echo: ping over udp");
-    let rendered = metrics.render();
+    let rendered = metrics.encode();
     assert!(
         rendered.contains("smolvm_runtime_forwarded_connections_total{protocol=\"tcp\"} 1"),
         "{rendered}"

@@ -392,14 +392,14 @@ impl Env {
             [
                 "--listen".to_string(),
                 format!("127.0.0.1:{}", self.webhook_port),
-                "--ops-listen".to_string(),
+                "--ops-address".to_string(),
                 format!("127.0.0.1:{ops}"),
                 "--tls-mode=files".to_string(),
                 format!("--tls-cert={}", self.webhook_tls.cert.display()),
                 format!("--tls-key={}", self.webhook_tls.key.display()),
                 format!("--policy={}", self.policy_file.display()),
                 format!("--namespace={NAMESPACE}"),
-                "--reload-interval-seconds=1".to_string(),
+                "--reload-interval=1s".to_string(),
             ],
             &[
                 ("KUBECONFIG".into(), kubeconfig.display().to_string()),
@@ -491,16 +491,16 @@ impl Env {
             "smolvm-controller",
             &self.bins.controller,
             [
-                format!("--policy-file={}", self.policy_file.display()),
-                format!("--ops-addr=127.0.0.1:{ops}"),
+                format!("--policy={}", self.policy_file.display()),
+                format!("--ops-address=127.0.0.1:{ops}"),
                 format!("--namespace={NAMESPACE}"),
                 format!("--identity={identity}"),
-                format!("--heartbeat-timeout-secs={}", self.options.heartbeat_timeout.as_secs()),
-                "--resync-secs=30".to_string(),
+                format!("--heartbeat-timeout={}s", self.options.heartbeat_timeout.as_secs()),
+                "--resync-interval=30s".to_string(),
                 // Orphan machines are collected after 10 s here (10 minutes by default).
-                "--orphan-grace-secs=10".to_string(),
+                "--orphan-grace=10s".to_string(),
                 // A runtime CA rotation's steps are looked at every 2 s here (30 s by default).
-                "--runtime-ca-check-secs=2".to_string(),
+                "--runtime-ca-check-interval=2s".to_string(),
             ],
             &[
                 ("KUBECONFIG".into(), kubeconfig.display().to_string()),

@@ -885,8 +885,8 @@ fn rbac_is_least_privilege_and_matches_the_expected_table() {
 fn binary_source(workload: &str) -> String {
     match workload {
         WEBHOOK => read("webhook/src/cli.rs"),
-        CONTROLLER => read("controller/src/main.rs"),
-        RUNTIME => read("runtime/src/main.rs"),
+        CONTROLLER => read("controller/src/cli.rs"),
+        RUNTIME => read("runtime/src/cli.rs"),
         other => panic!("unknown workload {other}"),
     }
 }
@@ -1122,7 +1122,7 @@ fn check_runtime(what: &str, spec: &PodSpec, c: &Container, resources: &Resource
     assert_eq!(field_ref(c, "POD_IP"), "status.podIP", "{what}");
     assert_eq!(port(c, "ops"), RUNTIME_OPS_PORT, "{what}");
     assert_eq!(port(c, "node-api"), NODE_API_PORT, "{what}");
-    let source = read("runtime/src/main.rs");
+    let source = read("runtime/src/cli.rs");
     assert!(source.contains("default_value = \"0.0.0.0:9090\"") && source.contains("default_value_t = 10443"));
 
     let host_paths: BTreeMap<String, (String, String)> = spec
@@ -1529,8 +1529,8 @@ fn policy_config_map_parses_and_names_the_service_accounts() {
                 "deploy/{overlay}: {user} is not a ServiceAccount here"
             );
         }
-        // The webhook (--policy) and the controller (--policy-file) read the mounted file.
-        for (workload, flag) in [(WEBHOOK, "--policy="), (CONTROLLER, "--policy-file=")] {
+        // The webhook and the controller (--policy) read the mounted file.
+        for (workload, flag) in [(WEBHOOK, "--policy="), (CONTROLLER, "--policy=")] {
             let (_, template) = workloads(all)
                 .into_iter()
                 .find(|(n, _)| n == workload)

@@ -31,7 +31,7 @@ for http in 1 2; do
   for shape in string objects; do
     "$BIN/smolvm-webhook" --without-cluster --tls-mode files \
       --tls-cert "$WORK/tls.crt" --tls-key "$WORK/tls.key" \
-      --listen 127.0.0.1:19445 --ops-listen 127.0.0.1:19081 >"$WORK/webhook.log" 2>&1 &
+      --listen 127.0.0.1:19445 --ops-address 127.0.0.1:19081 >"$WORK/webhook.log" 2>&1 &
     PID=$!
     for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/19445) 2>/dev/null && break; sleep 0.1; done
     "$BIN/webhook-bench-load" flood --addr 127.0.0.1:19445 --path /mutate/smolvms --http "$http" \

@@ -43,7 +43,7 @@ trap cleanup EXIT
 
 taskset -c "$SERVER_CPU" "$BIN/smolvm-webhook" --without-cluster --tls-mode files \
   --tls-cert "$WORK/tls.crt" --tls-key "$WORK/tls.key" \
-  --listen 127.0.0.1:19443 --ops-listen 127.0.0.1:19080 --workers 1 >"$WORK/webhook.log" 2>&1 &
+  --listen 127.0.0.1:19443 --ops-address 127.0.0.1:19080 --workers 1 >"$WORK/webhook.log" 2>&1 &
 PIDS+=($!)
 taskset -c "$SERVER_CPU" "$BIN/webhook-bench-floor" --listen 127.0.0.1:19444 \
   --cert "$WORK/tls.crt" --key "$WORK/tls.key" --workers 1 >"$WORK/floor.log" 2>&1 &

@@ -3,6 +3,7 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Parser, ValueEnum};
+use smolvm_kit::cli::{LogFormat, Renamed, parse_duration};
 
 use crate::{
     error::{Error, Result},
@@ -28,8 +29,11 @@ pub struct Args {
     #[arg(long, env = "SMOLVM_WEBHOOK_LISTEN", default_value = "0.0.0.0:9443")]
     pub listen: SocketAddr,
     /// Plain-HTTP address of /healthz, /readyz and /metrics.
-    #[arg(long, env = "SMOLVM_WEBHOOK_OPS_LISTEN", default_value = "0.0.0.0:8080")]
-    pub ops_listen: SocketAddr,
+    #[arg(long, env = "SMOLVM_WEBHOOK_OPS_ADDRESS", default_value = "0.0.0.0:8080")]
+    pub ops_address: SocketAddr,
+    /// Log line format.
+    #[arg(long, env = "SMOLVM_WEBHOOK_LOG_FORMAT", value_enum, default_value = "json")]
+    pub log_format: LogFormat,
     /// Where the serving certificate comes from.
     #[arg(long, env = "SMOLVM_WEBHOOK_TLS_MODE", value_enum, default_value = "files")]
     pub tls_mode: TlsMode,
@@ -42,9 +46,9 @@ pub struct Args {
     /// Policy file (YAML); built-in defaults when absent. Reloaded when it changes.
     #[arg(long, env = "SMOLVM_WEBHOOK_POLICY")]
     pub policy: Option<PathBuf>,
-    /// How often the policy and certificate files are checked, in seconds.
-    #[arg(long, env = "SMOLVM_WEBHOOK_RELOAD_INTERVAL_SECONDS", default_value_t = 5)]
-    pub reload_interval_seconds: u64,
+    /// How often the policy and certificate files are checked (10s, 1m, ...).
+    #[arg(long, env = "SMOLVM_WEBHOOK_RELOAD_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    pub reload_interval: Duration,
     /// Namespace of the Service and the self-signed Secret.
     #[arg(long, env = "POD_NAMESPACE", default_value = "smolvm-system")]
     pub namespace: String,
@@ -68,15 +72,15 @@ pub struct Args {
         default_value = "smolvm-webhook"
     )]
     pub validating_configuration: String,
-    /// Self-signed CA lifetime, in days.
-    #[arg(long, env = "SMOLVM_WEBHOOK_CA_DAYS", default_value_t = 3650)]
-    pub ca_days: u64,
-    /// Self-signed serving certificate lifetime, in days (renewed after two thirds).
-    #[arg(long, env = "SMOLVM_WEBHOOK_CERT_DAYS", default_value_t = 90)]
-    pub cert_days: u64,
-    /// How often the self-signed Secret is re-checked for renewal, in seconds.
-    #[arg(long, env = "SMOLVM_WEBHOOK_ROTATION_CHECK_SECONDS", default_value_t = 3600)]
-    pub rotation_check_seconds: u64,
+    /// Self-signed CA lifetime (at least a day).
+    #[arg(long, env = "SMOLVM_WEBHOOK_CA_LIFETIME", default_value = "3650d", value_parser = parse_duration)]
+    pub ca_lifetime: Duration,
+    /// Self-signed serving certificate lifetime (at least a day; renewed after two thirds).
+    #[arg(long, env = "SMOLVM_WEBHOOK_CERT_LIFETIME", default_value = "90d", value_parser = parse_duration)]
+    pub cert_lifetime: Duration,
+    /// How often the self-signed Secret is re-checked for renewal (at least 10s).
+    #[arg(long, env = "SMOLVM_WEBHOOK_ROTATION_CHECK_INTERVAL", default_value = "1h", value_parser = parse_duration)]
+    pub rotation_check_interval: Duration,
     /// Largest accepted request body, in bytes.
     #[arg(long, env = "SMOLVM_WEBHOOK_BODY_LIMIT", default_value_t = 1024 * 1024)]
     pub body_limit: usize,
@@ -85,9 +89,9 @@ pub struct Args {
     /// bounds the memory bodies take: keep their product well inside the pod's memory limit.
     #[arg(long, env = "SMOLVM_WEBHOOK_MAX_CONCURRENT_REVIEWS", default_value_t = crate::state::DEFAULT_MAX_CONCURRENT_REVIEWS)]
     pub max_concurrent_reviews: usize,
-    /// How long a request body may take to arrive, in seconds.
-    #[arg(long, env = "SMOLVM_WEBHOOK_BODY_TIMEOUT_SECONDS", default_value_t = 10)]
-    pub body_timeout_seconds: u64,
+    /// How long a request body may take to arrive (at least 1s).
+    #[arg(long, env = "SMOLVM_WEBHOOK_BODY_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub body_timeout: Duration,
     /// Run without a Kubernetes API server: no SmolVMNode cache (rule V5's capacity checks then
     /// only warn), `files` TLS mode only. For local testing and benchmarks, not for clusters.
     #[arg(long, env = "SMOLVM_WEBHOOK_WITHOUT_CLUSTER", default_value_t = false)]
@@ -96,6 +100,33 @@ pub struct Args {
     #[arg(long, env = "SMOLVM_WEBHOOK_WORKERS", default_value_t = 0)]
     pub workers: usize,
 }
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// The flags and variables renamed when the three binaries took one vocabulary; the old
+/// spellings work, with a warning, until the next minor release.
+pub const RENAMED: &[Renamed] = &[
+    Renamed::new("ops-address", "SMOLVM_WEBHOOK_OPS_ADDRESS")
+        .was_flag("ops-listen")
+        .was_env("SMOLVM_WEBHOOK_OPS_LISTEN"),
+    Renamed::new("reload-interval", "SMOLVM_WEBHOOK_RELOAD_INTERVAL")
+        .was_flag("reload-interval-seconds")
+        .was_env("SMOLVM_WEBHOOK_RELOAD_INTERVAL_SECONDS"),
+    Renamed::new("ca-lifetime", "SMOLVM_WEBHOOK_CA_LIFETIME")
+        .was_flag("ca-days")
+        .was_env("SMOLVM_WEBHOOK_CA_DAYS")
+        .counting("d"),
+    Renamed::new("cert-lifetime", "SMOLVM_WEBHOOK_CERT_LIFETIME")
+        .was_flag("cert-days")
+        .was_env("SMOLVM_WEBHOOK_CERT_DAYS")
+        .counting("d"),
+    Renamed::new("rotation-check-interval", "SMOLVM_WEBHOOK_ROTATION_CHECK_INTERVAL")
+        .was_flag("rotation-check-seconds")
+        .was_env("SMOLVM_WEBHOOK_ROTATION_CHECK_SECONDS"),
+    Renamed::new("body-timeout", "SMOLVM_WEBHOOK_BODY_TIMEOUT")
+        .was_flag("body-timeout-seconds")
+        .was_env("SMOLVM_WEBHOOK_BODY_TIMEOUT_SECONDS"),
+];
 
 impl Args {
     /// The certificate and key paths of files mode, checked.
@@ -125,8 +156,8 @@ impl Args {
             service_name: self.service_name.clone(),
             mutating_configuration: self.mutating_configuration.clone(),
             validating_configuration: self.validating_configuration.clone(),
-            ca_lifetime: Duration::from_secs(self.ca_days.max(1) * 86_400),
-            cert_lifetime: Duration::from_secs(self.cert_days.max(1) * 86_400),
+            ca_lifetime: self.ca_lifetime.max(DAY),
+            cert_lifetime: self.cert_lifetime.max(DAY),
         }
     }
 }
@@ -134,6 +165,39 @@ impl Args {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn help_speaks_the_shared_vocabulary() {
+        let help = Args::command().render_long_help().to_string();
+        assert_eq!(
+            smolvm_kit::cli::help_problems(&help, "SMOLVM_WEBHOOK_", RENAMED),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn old_spellings_still_parse() {
+        let argv = [
+            "w",
+            "--ops-listen=127.0.0.1:1",
+            "--reload-interval-seconds",
+            "2",
+            "--ca-days=30",
+            "--cert-days=7",
+            "--rotation-check-seconds=60",
+            "--body-timeout-seconds=3",
+        ];
+        let upgraded = smolvm_kit::cli::upgrade_args(argv.map(Into::into), RENAMED, |_| None);
+        assert_eq!(upgraded.warnings.len(), 6, "{:?}", upgraded.warnings);
+        let a = Args::try_parse_from(upgraded.args).expect("flags");
+        assert_eq!(a.ops_address, "127.0.0.1:1".parse().expect("addr"));
+        assert_eq!(a.reload_interval, Duration::from_secs(2));
+        assert_eq!(a.ca_lifetime, 30 * DAY);
+        assert_eq!(a.cert_lifetime, 7 * DAY);
+        assert_eq!(a.rotation_check_interval, Duration::from_secs(60));
+        assert_eq!(a.body_timeout, Duration::from_secs(3));
+    }
 
     #[test]
     fn flags() {

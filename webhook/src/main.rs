@@ -2,7 +2,6 @@
 
 use std::{sync::Arc, time::Duration};
 
-use clap::Parser;
 use futures::StreamExt;
 use kube::{
     Api, Client,
@@ -12,7 +11,7 @@ use smolvm_api::SmolVMNode;
 use smolvm_certs::ReloadableResolver;
 use smolvm_webhook::{
     Error, Result,
-    cli::{Args, TlsMode},
+    cli::{Args, RENAMED, TlsMode},
     reload, selfsigned,
     server::{admission_router, serve_ops, serve_tls},
     state::{AppState, PolicyHandle, StoreCatalog},
@@ -20,14 +19,9 @@ use smolvm_webhook::{
 
 fn main() -> std::process::ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    tracing_subscriber::fmt()
-        .json()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
-    let args = Args::parse();
+    let (args, deprecated) = smolvm_kit::cli::parse::<Args>(RENAMED);
+    smolvm_kit::log::init(args.log_format);
+    smolvm_kit::cli::warn_deprecated(&deprecated);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
     if args.workers > 0 {
@@ -47,24 +41,6 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => futures::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = futures::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
 }
 
 /// The SmolVMNode cache for rule V5: a reflector; /readyz waits for its first full list.
@@ -96,7 +72,7 @@ fn start_node_cache(
 
 async fn run(args: Args) -> Result<()> {
     args.check()?;
-    let interval = Duration::from_secs(args.reload_interval_seconds.max(1));
+    let interval = args.reload_interval.max(Duration::from_secs(1));
     let policy = PolicyHandle::new(reload::load_policy(args.policy.as_deref())?);
     let client = if args.without_cluster {
         tracing::warn!("running without a cluster: no SmolVMNode cache; V5 capacity checks only warn");
@@ -111,7 +87,7 @@ async fn run(args: Args) -> Result<()> {
     };
     let mut state = state.with_max_concurrent_reviews(args.max_concurrent_reviews);
     state.body_limit = args.body_limit;
-    state.body_timeout = Duration::from_secs(args.body_timeout_seconds.max(1));
+    state.body_timeout = args.body_timeout.max(Duration::from_secs(1));
     match &client {
         Some(client) => start_node_cache(client.clone(), reader, writer, &state),
         None => state.readiness.set_nodes_synced(),
@@ -145,7 +121,7 @@ async fn run(args: Args) -> Result<()> {
                 resolver.clone(),
                 state.metrics.clone(),
                 material,
-                Duration::from_secs(args.rotation_check_seconds.max(10)),
+                args.rotation_check_interval.max(Duration::from_secs(10)),
             ));
             resolver
         }
@@ -159,18 +135,17 @@ async fn run(args: Args) -> Result<()> {
         what: "webhook",
         source,
     })?;
-    let ops_listener = tokio::net::TcpListener::bind(args.ops_listen)
+    let ops_listener = tokio::net::TcpListener::bind(args.ops_address)
         .await
         .map_err(|source| Error::Serve { what: "ops", source })?;
-    tracing::info!(listen = %args.listen, ops = %args.ops_listen, mode = ?args.tls_mode, "serving");
+    tracing::info!(listen = %args.listen, ops = %args.ops_address, mode = ?args.tls_mode, "serving");
 
     let handle = axum_server::Handle::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     {
         let handle = handle.clone();
         tokio::spawn(async move {
-            shutdown_signal().await;
-            tracing::info!("shutting down");
+            smolvm_kit::shutdown::signal().await;
             handle.graceful_shutdown(Some(Duration::from_secs(20)));
             let _ = stop_tx.send(true);
         });

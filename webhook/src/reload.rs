@@ -1,8 +1,8 @@
 //! Reloading files without a restart: the policy file and, in `files` TLS mode, the serving
 //! certificate and key (as cert-manager's Secret mount updates them).
 //!
-//! Polling compares file contents (not only mtimes): a Secret or ConfigMap volume updates by
-//! swapping a `..data` symlink, which keeps old mtimes on the link itself.
+//! Polling follows the shared change rule of [`smolvm_kit::watch`]: the contents' hash, not
+//! mtimes (a Secret or ConfigMap volume updates by swapping a `..data` symlink).
 
 use std::{
     path::{Path, PathBuf},
@@ -12,6 +12,7 @@ use std::{
 
 use smolvm_api::Policy;
 use smolvm_certs::ReloadableResolver;
+use smolvm_kit::watch::FileSet;
 
 use crate::{
     error::{Error, Result},
@@ -19,44 +20,37 @@ use crate::{
     state::PolicyHandle,
 };
 
-/// A set of files watched together; [`Watched::poll`] reports when any of them changed.
+/// A set of files watched together (the shared content-hash rule of [`FileSet`]), read as text.
 #[derive(Debug)]
-pub struct Watched {
-    paths: Vec<PathBuf>,
-    last: Option<Vec<Vec<u8>>>,
-}
+pub struct Watched(FileSet);
 
 impl Watched {
     /// Watches `paths`; the first poll always reports a change.
     pub fn new(paths: Vec<PathBuf>) -> Self {
-        Watched { paths, last: None }
+        Watched(FileSet::new(paths))
     }
 
     /// Reads the files. `Ok(Some(texts))` when their contents differ from the last poll,
     /// `Ok(None)` when unchanged, `Err` when one cannot be read (the last contents stay).
     pub fn poll(&mut self) -> Result<Option<Vec<String>>> {
-        let mut contents = Vec::with_capacity(self.paths.len());
-        for path in &self.paths {
-            contents.push(std::fs::read(path).map_err(|source| Error::Read {
-                path: path.display().to_string(),
-                source,
-            })?);
-        }
-        if self.last.as_ref() == Some(&contents) {
+        let Some(contents) = self.0.poll().map_err(|e| Error::Read {
+            path: e.path.display().to_string(),
+            source: e.error,
+        })?
+        else {
             return Ok(None);
-        }
-        let texts = contents
-            .iter()
-            .zip(&self.paths)
+        };
+        contents
+            .into_iter()
+            .zip(self.0.paths())
             .map(|(bytes, path)| {
-                String::from_utf8(bytes.clone()).map_err(|e| Error::Read {
+                String::from_utf8(bytes).map_err(|e| Error::Read {
                     path: path.display().to_string(),
                     source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
                 })
             })
-            .collect::<Result<Vec<_>>>();
-        self.last = Some(contents);
-        texts.map(Some)
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
     }
 }
 

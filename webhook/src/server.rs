@@ -5,10 +5,9 @@ use std::{net::SocketAddr, sync::Arc, time::Duration, time::Instant};
 use axum::{
     Router,
     body::Body,
-    extract::State,
     http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header},
-    response::{IntoResponse, Response},
-    routing::{any, get},
+    response::Response,
+    routing::any,
 };
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioTimer;
@@ -185,40 +184,27 @@ pub fn admission_router(state: AppState) -> Router {
         .layer(CatchPanicLayer::custom(panic_response))
 }
 
-async fn healthz() -> &'static str {
-    "ok\n"
-}
+/// What the shared ops server asks the webhook.
+struct OpsProbe(AppState);
 
-async fn readyz(State(state): State<AppState>) -> Response {
-    let missing = state.readiness.missing();
-    if missing.is_empty() {
-        (StatusCode::OK, "ok\n").into_response()
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {}\n", missing.join(", ")),
-        )
-            .into_response()
+impl smolvm_kit::ops::Probe for OpsProbe {
+    fn readiness(&self) -> std::result::Result<String, String> {
+        let missing = self.0.readiness.missing();
+        if missing.is_empty() {
+            Ok("ok".into())
+        } else {
+            Err(format!("not ready: {}", missing.join(", ")))
+        }
     }
-}
 
-async fn metrics(State(state): State<AppState>) -> Response {
-    let mut response = state.metrics.encode().into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
-    );
-    response
+    fn metrics(&self) -> String {
+        self.0.metrics.encode()
+    }
 }
 
 /// The plain-HTTP ops router: `/healthz`, `/readyz`, `/metrics`.
 pub fn ops_router(state: AppState) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(state)
-        .layer(CatchPanicLayer::new())
+    smolvm_kit::ops::router(Arc::new(OpsProbe(state))).layer(CatchPanicLayer::new())
 }
 
 /// Wraps a TLS acceptor: sets TCP_NODELAY on connections that negotiated HTTP/2.
@@ -312,8 +298,7 @@ pub async fn serve_ops(
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    axum::serve(listener, ops_router(state))
-        .with_graceful_shutdown(shutdown)
+    smolvm_kit::ops::serve(listener, ops_router(state), shutdown)
         .await
         .map_err(|source| Error::Serve { what: "ops", source })
 }

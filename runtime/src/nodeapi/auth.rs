@@ -48,7 +48,7 @@ impl TokenAuth {
         });
         let weak = Arc::downgrade(&auth);
         let shown = path.display().to_string();
-        let task = crate::watch::spawn_watch(vec![path], interval, move |mut contents| {
+        let task = smolvm_kit::watch::spawn(vec![path], interval, move |mut contents| {
             let Some(auth) = weak.upgrade() else { return };
             match contents.pop().as_deref().and_then(parse_token) {
                 Some(token) => {

@@ -128,7 +128,7 @@ impl MtlsServer {
         let in_force = self.client_ca.clone();
         let shown = path.display().to_string();
         self.watchers
-            .push(crate::watch::spawn_watch(vec![path], interval, move |contents| {
+            .push(smolvm_kit::watch::spawn(vec![path], interval, move |contents| {
                 let pem = String::from_utf8_lossy(&contents[0]).into_owned();
                 match apply_client_ca(&rustls, &resolver, &in_force, &pem) {
                     Ok(()) => tracing::info!(path = %shown, "client CA reloaded"),
@@ -143,7 +143,7 @@ impl MtlsServer {
     pub fn watch_serving_files(&mut self, cert: PathBuf, key: PathBuf, interval: Duration) {
         let resolver = self.resolver.clone();
         self.watchers
-            .push(crate::watch::spawn_watch(vec![cert, key], interval, move |contents| {
+            .push(smolvm_kit::watch::spawn(vec![cert, key], interval, move |contents| {
                 let cert = String::from_utf8_lossy(&contents[0]).into_owned();
                 let key = String::from_utf8_lossy(&contents[1]).into_owned();
                 match resolver.swap_pem(&cert, &key) {

@@ -1061,7 +1061,7 @@ pub(crate) async fn two_webhook_replicas_bootstrapping_at_once_converge_on_one_c
             &env.bins.webhook,
             [
                 format!("--listen=127.0.0.1:{port}"),
-                format!("--ops-listen=127.0.0.1:{ops}"),
+                format!("--ops-address=127.0.0.1:{ops}"),
                 "--tls-mode=self-signed".to_string(),
                 format!("--policy={}", env.policy_file.display()),
                 format!("--namespace={}", env::NAMESPACE),

@@ -1,0 +1,131 @@
+//! The controller's flags (each also read from a `SMOLVM_CONTROLLER_` environment variable).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use smolvm_kit::cli::{LogFormat, Renamed, parse_duration};
+
+/// The smolvm controller: places SmolVMs on nodes, binds them, drives the node runtimes. One
+/// replica leads at a time (a coordination.k8s.io Lease); the others wait as standbys.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "smolvm-controller", version, about)]
+pub struct Flags {
+    /// The node API bearer token from a file instead of the Secret (local runs and tests). Without
+    /// it the token is read from --runtime-auth-secret, which is created with a random token when
+    /// absent and re-read every 30 s, so a replaced token takes effect without a restart.
+    #[arg(long, env = "SMOLVM_CONTROLLER_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// The Secret (in --namespace) holding the node API bearer token under the key `token`.
+    #[arg(long, env = "SMOLVM_CONTROLLER_RUNTIME_AUTH_SECRET", default_value = smolvm_api::constants::RUNTIME_AUTH_SECRET)]
+    pub runtime_auth_secret: String,
+    /// The admission policy file (its runtimeUsernames name who may request runtime
+    /// certificates); re-read when it changes.
+    #[arg(long, env = "SMOLVM_CONTROLLER_POLICY")]
+    pub policy: Option<PathBuf>,
+    /// Plain-HTTP address of /healthz, /readyz and /metrics.
+    #[arg(long, env = "SMOLVM_CONTROLLER_OPS_ADDRESS", default_value = "0.0.0.0:8080")]
+    pub ops_address: SocketAddr,
+    /// Log line format.
+    #[arg(long, env = "SMOLVM_CONTROLLER_LOG_FORMAT", value_enum, default_value = "json")]
+    pub log_format: LogFormat,
+    /// Namespace of the leader-election Lease and the controller's Secrets.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "smolvm-system")]
+    pub namespace: String,
+    /// This replica's identity.
+    #[arg(long, env = "POD_NAME", default_value = "smolvm-controller")]
+    pub identity: String,
+    /// Heartbeat age after which a node counts as unreachable (40s, 2m, ...).
+    #[arg(long, env = "SMOLVM_CONTROLLER_HEARTBEAT_TIMEOUT", default_value = "40s", value_parser = parse_duration)]
+    pub heartbeat_timeout: Duration,
+    /// Slow resync of each SmolVM with its node's runtime.
+    #[arg(long, env = "SMOLVM_CONTROLLER_RESYNC_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    pub resync_interval: Duration,
+    /// How long a machine no SmolVM owns (its SmolVM force-deleted while the node was away) is
+    /// kept, counted as used, before it is deleted.
+    #[arg(long, env = "SMOLVM_CONTROLLER_ORPHAN_GRACE", default_value = "10m", value_parser = parse_duration)]
+    pub orphan_grace: Duration,
+    /// Make a new runtime CA even though SmolVMNodes exist (the recovery after losing the CA
+    /// Secret without a backup; each agent re-files its serving certificate when it reads the new
+    /// CA). Without it, a missing Secret with nodes present holds the controller, retrying every
+    /// 30 s, with a RuntimeCAMissing event on every SmolVMNode.
+    #[arg(long, env = "SMOLVM_CONTROLLER_ALLOW_NEW_RUNTIME_CA", default_value_t = false)]
+    pub allow_new_runtime_ca: bool,
+    /// How often the runtime CA Secret is looked at for a rotation request and a rotation's
+    /// progress (at least 1s).
+    #[arg(long, env = "SMOLVM_CONTROLLER_RUNTIME_CA_CHECK_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub runtime_ca_check_interval: Duration,
+}
+
+/// The flags and variables renamed when the three binaries took one vocabulary; the old
+/// spellings work, with a warning, until the next minor release.
+pub const RENAMED: &[Renamed] = &[
+    Renamed::new("token-file", "SMOLVM_CONTROLLER_TOKEN_FILE").was_env("RUNTIME_TOKEN_FILE"),
+    Renamed::new("runtime-auth-secret", "SMOLVM_CONTROLLER_RUNTIME_AUTH_SECRET").was_env("RUNTIME_AUTH_SECRET"),
+    Renamed::new("policy", "SMOLVM_CONTROLLER_POLICY")
+        .was_flag("policy-file")
+        .was_env("POLICY_FILE"),
+    Renamed::new("ops-address", "SMOLVM_CONTROLLER_OPS_ADDRESS")
+        .was_flag("ops-addr")
+        .was_env("OPS_ADDR"),
+    Renamed::new("heartbeat-timeout", "SMOLVM_CONTROLLER_HEARTBEAT_TIMEOUT").was_flag("heartbeat-timeout-secs"),
+    Renamed::new("resync-interval", "SMOLVM_CONTROLLER_RESYNC_INTERVAL").was_flag("resync-secs"),
+    Renamed::new("orphan-grace", "SMOLVM_CONTROLLER_ORPHAN_GRACE")
+        .was_flag("orphan-grace-secs")
+        .was_env("SMOLVM_CONTROLLER_ORPHAN_GRACE_SECS"),
+    Renamed::new(
+        "runtime-ca-check-interval",
+        "SMOLVM_CONTROLLER_RUNTIME_CA_CHECK_INTERVAL",
+    )
+    .was_flag("runtime-ca-check-secs")
+    .was_env("SMOLVM_CONTROLLER_RUNTIME_CA_CHECK_SECS"),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+    use smolvm_kit::cli::upgrade_args;
+
+    #[test]
+    fn defaults() {
+        let flags = Flags::try_parse_from(["smolvm-controller"]).expect("flags");
+        assert_eq!(flags.heartbeat_timeout, Duration::from_secs(40));
+        assert_eq!(flags.resync_interval, Duration::from_secs(300));
+        assert_eq!(flags.orphan_grace, Duration::from_secs(600));
+        assert_eq!(flags.runtime_ca_check_interval, Duration::from_secs(30));
+        assert_eq!(flags.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn old_spellings_still_parse() {
+        let argv = [
+            "smolvm-controller",
+            "--policy-file=/p",
+            "--ops-addr",
+            "127.0.0.1:1",
+            "--heartbeat-timeout-secs=7",
+            "--resync-secs=30",
+            "--orphan-grace-secs=10",
+            "--runtime-ca-check-secs=2",
+        ];
+        let upgraded = upgrade_args(argv.map(Into::into), RENAMED, |_| None);
+        assert_eq!(upgraded.warnings.len(), 6, "{:?}", upgraded.warnings);
+        let flags = Flags::try_parse_from(upgraded.args).expect("flags");
+        assert_eq!(flags.policy, Some(PathBuf::from("/p")));
+        assert_eq!(flags.ops_address, "127.0.0.1:1".parse().expect("addr"));
+        assert_eq!(flags.heartbeat_timeout, Duration::from_secs(7));
+        assert_eq!(flags.resync_interval, Duration::from_secs(30));
+        assert_eq!(flags.orphan_grace, Duration::from_secs(10));
+        assert_eq!(flags.runtime_ca_check_interval, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn help_speaks_the_shared_vocabulary() {
+        let help = Flags::command().render_long_help().to_string();
+        assert_eq!(
+            smolvm_kit::cli::help_problems(&help, "SMOLVM_CONTROLLER_", RENAMED),
+            Vec::<String>::new()
+        );
+    }
+}

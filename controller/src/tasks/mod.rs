@@ -1,0 +1,14 @@
+//! The long-running tasks `main` wires together, one per file. Each is a thin loop around pure
+//! decisions that live elsewhere (placement's `NodeTracker`, the ledger, the signer's judgement).
+//!
+//! - [`nodes`]: the SmolVMNode watch that wakes the SmolVMs a node change concerns;
+//! - [`ledger`]: releasing the reservations of SmolVMs that are gone;
+//! - [`policy`]: re-reading the policy file;
+//! - [`csr`]: approving and signing the runtime agents' certificate requests;
+//! - [`ops`]: what the ops server reports (readiness as leader or standby, metrics).
+
+pub mod csr;
+pub mod ledger;
+pub mod nodes;
+pub mod ops;
+pub mod policy;

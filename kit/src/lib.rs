@@ -1,0 +1,16 @@
+//! What the three smolvm-operator binaries (`smolvm-webhook`, `smolvm-controller`,
+//! `smolvm-runtime`) share, so that they look alike from outside and carry one copy of the
+//! plumbing, as kubert does for linkerd's controllers:
+//!
+//! - [`cli`]: the flag vocabulary (`--ops-address`, `--log-format json|text`, durations such as
+//!   `10s` parsed by one function) and the retired spellings, still accepted with a warning;
+//! - [`log`]: the tracing set-up;
+//! - [`shutdown`]: the signal that stops a binary (SIGTERM or Ctrl-C);
+//! - [`ops`]: the plain-HTTP ops server (`/healthz`, `/readyz`, `/metrics`);
+//! - [`watch`]: re-reading mounted files when their contents change.
+
+pub mod cli;
+pub mod log;
+pub mod ops;
+pub mod shutdown;
+pub mod watch;

@@ -1,0 +1,162 @@
+//! The runtime agent's flags (each also read from a `SMOLVM_RUNTIME_` environment variable, or
+//! the downward API's `NODE_NAME`, and `SMOLVM_BIN` as smolvm's install layout exports it).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use smolvm_kit::cli::{LogFormat, Renamed, parse_duration};
+
+use crate::host;
+
+/// The smolvm runtime agent: supervises `smolvm serve`, serves the node API over mTLS and
+/// reports this node's SmolVMNode.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "smolvm-runtime", version, about)]
+pub struct Flags {
+    /// Kubernetes Node name (downward API `spec.nodeName`).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// Agent state directory; smolvm's state is `<dir>/state`.
+    #[arg(long, env = "SMOLVM_RUNTIME_STATE_DIR", default_value = "/var/lib/smolvm")]
+    pub state_dir: PathBuf,
+    /// Runtime directory; smolvm's socket is `<dir>/smolvm.sock`.
+    #[arg(long, env = "SMOLVM_RUNTIME_RUN_DIR", default_value = "/var/run/smolvm")]
+    pub run_dir: PathBuf,
+    /// smolvm's local image directory (for `local:<name>` images). Default `<state-dir>/images`.
+    #[arg(long, env = "SMOLVM_RUNTIME_LOCAL_IMAGE_DIR")]
+    pub local_image_dir: Option<PathBuf>,
+    /// The smolvm binary.
+    #[arg(long, env = "SMOLVM_BIN", default_value = "smolvm")]
+    pub smolvm_bin: PathBuf,
+    /// smolvm's `--guest-rollout-port` (loopback; distinct per server on a host).
+    #[arg(long, env = "SMOLVM_RUNTIME_GUEST_ROLLOUT_PORT", default_value_t = 10081)]
+    pub guest_rollout_port: u16,
+    /// Extra environment for `smolvm serve`, KEY=VALUE (repeatable); the agent's own
+    /// environment is passed through as well.
+    #[arg(long = "smolvm-env", value_parser = parse_env_pair)]
+    pub smolvm_env: Vec<(String, String)>,
+    /// Attach to an existing smolvm socket instead of starting `smolvm serve`.
+    #[arg(long, env = "SMOLVM_RUNTIME_ATTACH_SOCKET")]
+    pub attach_socket: Option<PathBuf>,
+    /// Address the node API binds.
+    #[arg(long, env = "SMOLVM_RUNTIME_LISTEN_ADDRESS", default_value = "0.0.0.0")]
+    pub listen_address: IpAddr,
+    /// Node API port.
+    #[arg(long, env = "SMOLVM_RUNTIME_PORT", default_value_t = 10443)]
+    pub port: u16,
+    /// Address reported in the SmolVMNode endpoint (falls back to POD_IP, then NODE_IP).
+    #[arg(long, env = "SMOLVM_RUNTIME_ADVERTISE_ADDRESS")]
+    pub advertise_address: Option<String>,
+    /// The node's address, where published ports are forwarded to smolvm's loopback listeners
+    /// (falls back to NODE_IP; a loopback address turns forwarding off).
+    #[arg(long, env = "SMOLVM_RUNTIME_PUBLISH_ADDRESS")]
+    pub publish_address: Option<IpAddr>,
+    /// Plain-HTTP address of /healthz, /readyz and /metrics.
+    #[arg(long, env = "SMOLVM_RUNTIME_OPS_ADDRESS", default_value = "0.0.0.0:9090")]
+    pub ops_address: SocketAddr,
+    /// Bearer token file (the `smolvm-runtime-auth` Secret), re-read on change.
+    #[arg(
+        long,
+        env = "SMOLVM_RUNTIME_TOKEN_FILE",
+        default_value = "/etc/smolvm-runtime/auth/token"
+    )]
+    pub token_file: PathBuf,
+    /// Client CA bundle (the CA ConfigMap's `ca.crt`), re-read on change.
+    #[arg(
+        long,
+        env = "SMOLVM_RUNTIME_CLIENT_CA",
+        default_value = "/etc/smolvm-runtime/ca/ca.crt"
+    )]
+    pub client_ca: PathBuf,
+    /// Serving certificate file (dev/test mode; otherwise a CSR is filed).
+    #[arg(long, env = "SMOLVM_RUNTIME_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Serving key file (with --tls-cert).
+    #[arg(long, env = "SMOLVM_RUNTIME_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Do not talk to Kubernetes (no SmolVMNode reporting; needs --tls-cert/--tls-key).
+    #[arg(long, env = "SMOLVM_RUNTIME_STANDALONE")]
+    pub standalone: bool,
+    /// Interval of SmolVMNode heartbeats (10s, 1m, ...).
+    #[arg(long, env = "SMOLVM_RUNTIME_HEARTBEAT_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub heartbeat_interval: Duration,
+    /// CPUs kept back for the host (the kubelet, this agent, other pods), subtracted from the
+    /// vCPUs the node offers: `auto` (1 on a host with 2 or more CPUs) or a number.
+    #[arg(long, env = "SMOLVM_RUNTIME_RESERVED_CPUS", default_value = "auto", value_parser = host::parse_reserve)]
+    pub reserved_cpus: host::Reserve,
+    /// vCPUs the node offers per host CPU (1 to 16; 1 means no overcommit). Memory and storage
+    /// are never overcommitted.
+    #[arg(long, env = "SMOLVM_RUNTIME_CPU_ALLOCATION_RATIO", default_value = "1", value_parser = host::parse_cpu_allocation_ratio)]
+    pub cpu_allocation_ratio: f64,
+    /// Memory (MiB) kept back for the host: `auto` (25% of the first 4 GiB, 20% of the next 4,
+    /// 10% of the next 8, 6% of the next 112, 2% of the rest) or a number.
+    #[arg(long, env = "SMOLVM_RUNTIME_RESERVED_MEMORY_MIB", default_value = "auto", value_parser = host::parse_reserve)]
+    pub reserved_memory_mib: host::Reserve,
+    /// Storage (GiB) reserved for the host.
+    #[arg(long, env = "SMOLVM_RUNTIME_RESERVED_STORAGE_GIB", default_value_t = 0)]
+    pub reserved_storage_gib: i64,
+    /// The KVM device.
+    #[arg(long, env = "SMOLVM_RUNTIME_KVM_DEVICE", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
+    /// Log line format.
+    #[arg(long, env = "SMOLVM_RUNTIME_LOG_FORMAT", value_enum, default_value = "json")]
+    pub log_format: LogFormat,
+}
+
+/// The variables renamed when the three binaries took one vocabulary; the old spellings work,
+/// with a warning, until the next minor release.
+pub const RENAMED: &[Renamed] =
+    &[Renamed::new("guest-rollout-port", "SMOLVM_RUNTIME_GUEST_ROLLOUT_PORT").was_env("SMOLVM_GUEST_ROLLOUT_PORT")];
+
+/// Parses `KEY=VALUE`.
+pub fn parse_env_pair(text: &str) -> std::result::Result<(String, String), String> {
+    text.split_once('=')
+        .filter(|(k, _)| !k.is_empty())
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("expected KEY=VALUE, got {text:?}"))
+}
+
+/// The address reported in the SmolVMNode endpoint: the flag, else `POD_IP`, else `NODE_IP`.
+pub fn advertise_address(flag: Option<String>) -> Option<String> {
+    flag.or_else(|| std::env::var("POD_IP").ok())
+        .or_else(|| std::env::var("NODE_IP").ok())
+        .filter(|a| !a.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[test]
+    fn flags_parse_with_defaults() {
+        let flags =
+            Flags::try_parse_from(["smolvm-runtime", "--node-name", "n1", "--smolvm-env", "A=b"]).expect("flags");
+        assert_eq!(flags.port, 10443);
+        assert_eq!(flags.heartbeat_interval, Duration::from_secs(10));
+        assert_eq!(flags.smolvm_env, vec![("A".to_string(), "b".to_string())]);
+        assert_eq!(flags.log_format, LogFormat::Json);
+        assert!(Flags::try_parse_from(["smolvm-runtime", "--node-name", "n1", "--tls-cert", "c"]).is_err());
+    }
+
+    #[test]
+    fn the_old_rollout_port_variable_still_works() {
+        let upgraded =
+            smolvm_kit::cli::upgrade_args(["smolvm-runtime", "--node-name=n1"].map(Into::into), RENAMED, |name| {
+                (name == "SMOLVM_GUEST_ROLLOUT_PORT").then(|| "10099".to_string())
+            });
+        assert_eq!(upgraded.warnings.len(), 1);
+        let flags = Flags::try_parse_from(upgraded.args).expect("flags");
+        assert_eq!(flags.guest_rollout_port, 10099);
+    }
+
+    #[test]
+    fn help_speaks_the_shared_vocabulary() {
+        let help = Flags::command().render_long_help().to_string();
+        assert_eq!(
+            smolvm_kit::cli::help_problems(&help, "SMOLVM_RUNTIME_", RENAMED),
+            Vec::<String>::new()
+        );
+    }
+}
