@@ -42,6 +42,16 @@ async fn metrics(State(probe): State<Arc<dyn Probe>>) -> Response {
     ([(header::CONTENT_TYPE, OPENMETRICS)], probe.metrics()).into_response()
 }
 
+/// A prometheus-client registry as OpenMetrics text (empty if encoding fails, which only a
+/// broken metric type can make happen).
+pub fn encode_metrics(registry: &prometheus_client::registry::Registry) -> String {
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
+        out.clear();
+    }
+    out
+}
+
 /// Serves `router` on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,

@@ -3,7 +3,7 @@
 use std::sync::OnceLock;
 
 use prometheus_client::{
-    encoding::{EncodeLabelSet, text::encode},
+    encoding::EncodeLabelSet,
     metrics::{
         counter::Counter,
         family::Family,
@@ -267,11 +267,7 @@ impl Metrics {
 
     /// The text exposition.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        if encode(&mut out, &self.registry).is_err() {
-            out.clear();
-        }
-        out
+        smolvm_kit::ops::encode_metrics(&self.registry)
     }
 }
 
