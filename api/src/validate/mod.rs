@@ -1,0 +1,30 @@
+//! Validation (the validating half of admission): rules V1 to V10.
+//!
+//! Every function here is pure: it takes the operation, the old and new objects and a
+//! [`Context`] (policy, known SmolVMNodes, requester identity), and returns a [`Verdict`] with
+//! every violation and every warning at once. Each [`Finding`] names the field path, the value and
+//! the rule, so the message a user reads tells them what to fix.
+//!
+//! One file per target, as linkerd2's policy controller has a `Validate` per type:
+//! - `verdict`: the answer ([`Verdict`], [`Finding`], [`RuleId`]);
+//! - `context`: what the rules know besides the objects;
+//! - `decode`: from the request's JSON to the rules, per [`Target`];
+//! - `smolvm`, `bound`, `status`, `node`: the rules of each target.
+
+mod bound;
+mod context;
+mod decode;
+mod node;
+mod smolvm;
+mod status;
+mod verdict;
+
+pub use context::{Context, Identity, NodeCatalog, NodeFacts};
+pub use decode::{
+    Raw, Target, decode, validate_raw, validate_smolvm_defaulted, validate_smolvm_json, validate_smolvm_node_json,
+    validate_smolvm_status_json,
+};
+pub use node::{validate_smolvm_node, validate_smolvm_node_status};
+pub use smolvm::validate_smolvm;
+pub use status::validate_smolvm_status;
+pub use verdict::{Finding, Operation, RuleId, Verdict};

@@ -1,0 +1,253 @@
+//! What validation answers: the operation, the rule ids, each [`Finding`] (rule, field path,
+//! JSON pointer, value, message) and the [`Verdict`] that gathers them.
+
+use std::fmt;
+
+/// The admission operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    /// CREATE.
+    Create,
+    /// UPDATE.
+    Update,
+    /// DELETE (never routed to the webhook, but handled).
+    Delete,
+    /// CONNECT.
+    Connect,
+}
+
+impl Operation {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
+            Operation::Connect => "CONNECT",
+        }
+    }
+}
+
+/// The rule a finding comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RuleId {
+    /// The object does not have the API's shape.
+    Schema,
+    /// V1: image.
+    V1,
+    /// V2: resource and storage bounds.
+    V2,
+    /// V3: ports and CIDRs.
+    V3,
+    /// V4: node name and selector syntax.
+    V4,
+    /// V5: pin rules.
+    V5,
+    /// V6: immutability after binding.
+    V6,
+    /// V7: force-delete annotation.
+    V7,
+    /// V8: objects being deleted.
+    V8,
+    /// V9: status binding fields.
+    V9,
+    /// V10: SmolVMNode writes.
+    V10,
+    /// V11: the workload (command, args, env, pull secrets, restart, egress by host name).
+    V11,
+}
+
+impl RuleId {
+    /// The rule id as written in the spec and in metrics (`V1` ... `V10`, `schema`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuleId::Schema => "schema",
+            RuleId::V1 => "V1",
+            RuleId::V2 => "V2",
+            RuleId::V3 => "V3",
+            RuleId::V4 => "V4",
+            RuleId::V5 => "V5",
+            RuleId::V6 => "V6",
+            RuleId::V7 => "V7",
+            RuleId::V8 => "V8",
+            RuleId::V9 => "V9",
+            RuleId::V10 => "V10",
+            RuleId::V11 => "V11",
+        }
+    }
+}
+
+impl fmt::Display for RuleId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One violation or warning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// The rule.
+    pub rule: RuleId,
+    /// Field path, such as `spec.resources.cpus` or `spec.network.ports[1].hostPort`.
+    pub path: String,
+    /// The offending value, rendered as JSON (`96`, `"alpine latest"`), or empty when absent.
+    pub value: String,
+    /// What is wrong, naming the value and the bound or rule it breaks.
+    pub message: String,
+    /// JSON pointer of the field, used to tell new violations from pre-existing ones.
+    pub(super) pointer: String,
+}
+
+impl Finding {
+    pub(super) fn new(
+        rule: RuleId,
+        path: impl Into<String>,
+        pointer: impl Into<String>,
+        value: String,
+        message: String,
+    ) -> Self {
+        Finding {
+            rule,
+            path: path.into(),
+            value,
+            message,
+            pointer: pointer.into(),
+        }
+    }
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} [{}]", self.path, self.message, self.rule)
+    }
+}
+
+/// The outcome of validation: allowed when there is no violation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// Reasons to reject, all of them.
+    pub violations: Vec<Finding>,
+    /// Things the requester should know; they never reject.
+    pub warnings: Vec<Finding>,
+}
+
+impl Verdict {
+    /// Whether the request may proceed.
+    pub fn allowed(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// Every violation, one per line, for the admission response message.
+    pub fn message(&self) -> String {
+        let mut out = String::new();
+        for (i, v) in self.violations.iter().enumerate() {
+            if i > 0 {
+                out.push_str("; ");
+            }
+            out.push_str(&v.to_string());
+        }
+        out
+    }
+
+    /// The rule ids of the violations, deduplicated and sorted (for metrics).
+    pub fn violated_rules(&self) -> Vec<RuleId> {
+        let mut rules: Vec<RuleId> = self.violations.iter().map(|v| v.rule).collect();
+        rules.sort();
+        rules.dedup();
+        rules
+    }
+
+    pub(super) fn violation(&mut self, rule: RuleId, path: &str, pointer: &str, value: String, message: String) {
+        self.violations.push(Finding::new(rule, path, pointer, value, message));
+    }
+
+    pub(super) fn warning(&mut self, rule: RuleId, path: &str, pointer: &str, value: String, message: String) {
+        self.warnings.push(Finding::new(rule, path, pointer, value, message));
+    }
+
+    /// A violation at `path`, its JSON pointer derived from it.
+    pub(super) fn violation_at(&mut self, rule: RuleId, path: &str, value: String, message: String) {
+        self.violation(rule, path, &pointer_of(path), value, message);
+    }
+
+    /// A list at `path` with more `noun` than the policy field `limit` (value `max`) allows.
+    pub(super) fn too_many(&mut self, rule: RuleId, path: &str, noun: &str, count: usize, max: i64, limit: &str) {
+        if count as i64 > max {
+            self.violation_at(
+                rule,
+                path,
+                format!("{count} {noun}"),
+                format!("{count} {noun} exceed the maximum {max} (policy {limit})"),
+            );
+        }
+    }
+
+    /// A value at `path` longer than `max` bytes (policy maxValueBytes). Never echoes the value.
+    pub(super) fn too_long(&mut self, rule: RuleId, path: &str, len: usize, max: usize) {
+        if len > max {
+            self.violation_at(
+                rule,
+                path,
+                format!("{len} bytes"),
+                format!("{len} bytes exceed the maximum {max} (policy maxValueBytes)"),
+            );
+        }
+    }
+
+    /// `value` at `path`, when `check` refuses it, shown with the reason.
+    pub(super) fn invalid(&mut self, rule: RuleId, path: &str, value: &str, check: fn(&str) -> Result<(), String>) {
+        if let Err(reason) = check(value) {
+            self.violation_at(rule, path, render(value), format!("{} {reason}", render(value)));
+        }
+    }
+
+    /// Each entry of the list at `path` that `check` refuses, shown with the reason.
+    pub(super) fn each_invalid(
+        &mut self,
+        rule: RuleId,
+        path: &str,
+        entries: &[String],
+        check: fn(&str) -> Result<(), String>,
+    ) {
+        for (i, entry) in entries.iter().enumerate() {
+            self.invalid(rule, &format!("{path}[{i}]"), entry, check);
+        }
+    }
+}
+
+/// A field path as a JSON pointer: `spec.env[2].name` is `/spec/env/2/name`.
+fn pointer_of(path: &str) -> String {
+    let mut out = String::with_capacity(path.len() + 1);
+    for part in path.split('.') {
+        let (name, indices) = part.split_once('[').unwrap_or((part, ""));
+        out.push('/');
+        out.push_str(name);
+        for index in indices.split('[').filter(|x| !x.is_empty()) {
+            out.push('/');
+            out.push_str(index.trim_end_matches(']'));
+        }
+    }
+    out
+}
+
+/// A value as a finding shows it: its JSON.
+pub(super) fn render<T: serde::Serialize + ?Sized>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pointer_of;
+
+    #[test]
+    fn field_paths_become_json_pointers() {
+        for (path, pointer) in [
+            ("spec.env", "/spec/env"),
+            ("spec.env[2].name", "/spec/env/2/name"),
+            ("spec.network.allowedHosts[0]", "/spec/network/allowedHosts/0"),
+            ("spec.command[12]", "/spec/command/12"),
+        ] {
+            assert_eq!(pointer_of(path), pointer, "{path}");
+        }
+    }
+}
