@@ -1,0 +1,409 @@
+//! The pure core of the webhook: an AdmissionReview v1 body in, an AdmissionReview v1 body out.
+//!
+//! No I/O happens here. [`review`] parses the body, checks that it is an
+//! `admission.k8s.io/v1` `AdmissionReview` with a request for the resource the route serves,
+//! runs the rules of `smolvm-api` (defaulting M1–M2 on the mutating route, validation V1–V10 on
+//! the validating routes) and encodes the response, echoing the request's uid.
+//!
+//! Malformed input is a [`RequestError`] with the HTTP status the server answers with and a
+//! `metav1.Status`-shaped JSON body ([`RequestError::to_json`]).
+//!
+//! Denials: `allowed: false` with `status.code` 422 and reason `Invalid`, except when every
+//! violation is of rule V9 or V10 (who may write binding fields and SmolVMNodes), which is
+//! 403 `Forbidden`. The message lists every violation ([`Verdict::message`]); every warning
+//! finding becomes one entry of `warnings`.
+//!
+//! The module by concern:
+//! - `wire`: the AdmissionReview envelope, its reference reading ([`parse`]) and [`RequestError`];
+//! - `scan`: the fast reading of a review's objects (for speed; answers as [`parse`] does);
+//! - `encode`: the response encoder (for speed; the tests compare it with kube-core's
+//!   `AdmissionResponse`);
+//! - here: the routes and the review flow from body to [`Reviewed`].
+
+use k8s_openapi::api::authentication::v1::UserInfo;
+use kube::core::{GroupVersionResource, admission::Operation as WireOperation};
+use serde_json::{Value, value::RawValue};
+use smolvm_api::{
+    Policy,
+    constants::{GROUP, RESOURCE_SMOLVMNODES, RESOURCE_SMOLVMS},
+    defaulting::default_smolvm,
+    validate::{Context, Identity, NodeCatalog, Operation, Raw, RuleId, Target, Verdict, validate_raw},
+};
+
+mod encode;
+mod scan;
+mod wire;
+
+use encode::*;
+use scan::*;
+use wire::*;
+pub use wire::{ADMISSION_API_VERSION, ADMISSION_KIND, RequestError, WireRequest, identity_of, operation_of, parse};
+
+/// One of the webhook's endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Route {
+    /// `POST /mutate/smolvms`: defaulting (M1, M2) of SmolVMs.
+    MutateSmolVM,
+    /// `POST /validate/smolvms`: V1–V9 on SmolVMs and their status.
+    ValidateSmolVM,
+    /// `POST /validate/smolvmnodes`: V10 on SmolVMNodes and their status.
+    ValidateSmolVMNode,
+}
+
+impl Route {
+    /// Every route.
+    pub const ALL: [Route; 3] = [Route::MutateSmolVM, Route::ValidateSmolVM, Route::ValidateSmolVMNode];
+
+    /// The URL path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Route::MutateSmolVM => "/mutate/smolvms",
+            Route::ValidateSmolVM => "/validate/smolvms",
+            Route::ValidateSmolVMNode => "/validate/smolvmnodes",
+        }
+    }
+
+    /// The plural resource name the route serves.
+    pub fn resource(self) -> &'static str {
+        match self {
+            Route::MutateSmolVM | Route::ValidateSmolVM => RESOURCE_SMOLVMS,
+            Route::ValidateSmolVMNode => RESOURCE_SMOLVMNODES,
+        }
+    }
+
+    /// `mutate` or `validate` (a metrics label).
+    pub fn kind(self) -> &'static str {
+        match self {
+            Route::MutateSmolVM => "mutate",
+            Route::ValidateSmolVM | Route::ValidateSmolVMNode => "validate",
+        }
+    }
+}
+
+/// What happened to a request, for metrics and logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// `smolvms`, `smolvms/status`, `smolvmnodes` or `smolvmnodes/status`.
+    pub resource: String,
+    /// `CREATE`, `UPDATE`, `DELETE` or `CONNECT`.
+    pub operation: &'static str,
+    /// `allowed` or `denied`.
+    pub verdict: &'static str,
+    /// Whether a non-empty patch was returned.
+    pub patched: bool,
+    /// The rules of the violations (empty when allowed).
+    pub rules: Vec<RuleId>,
+    /// The uid of the request.
+    pub uid: String,
+}
+
+/// The result of reviewing one body: the encoded AdmissionReview and what it decided.
+#[derive(Debug, Clone)]
+pub struct Reviewed {
+    /// The response body (an `admission.k8s.io/v1` AdmissionReview carrying `response`).
+    pub body: Vec<u8>,
+    /// What was decided.
+    pub outcome: Outcome,
+}
+
+/// The status code and reason of a denial: 403 `Forbidden` when every violation is an
+/// identity-and-binding rule (V9, V10), 422 `Invalid` otherwise.
+pub fn denial_code(verdict: &Verdict) -> (u16, &'static str) {
+    let forbidden = !verdict.violations.is_empty()
+        && verdict
+            .violations
+            .iter()
+            .all(|v| matches!(v.rule, RuleId::V9 | RuleId::V10));
+    if forbidden {
+        (403, "Forbidden")
+    } else {
+        (422, "Invalid")
+    }
+}
+
+/// A request's objects: parsed (by [`parse`]) or as JSON text (by [`parse_text`]).
+enum Objects<'a> {
+    Parsed {
+        new: Option<Value>,
+        old: Option<Value>,
+    },
+    Text {
+        new: Option<(&'a str, Scanned<'a>)>,
+        old: Option<&'a str>,
+    },
+}
+
+impl Objects<'_> {
+    fn has_new(&self) -> bool {
+        match self {
+            Objects::Parsed { new, .. } => new.is_some(),
+            Objects::Text { new, .. } => new.is_some(),
+        }
+    }
+
+    fn default_patch(&self, operation: Operation) -> json_patch::Patch {
+        match self {
+            Objects::Parsed { new: Some(new), .. } => default_smolvm(operation, new),
+            Objects::Text {
+                new: Some((text, scan)),
+                ..
+            } => match defaulting_view(scan) {
+                Some(view) => default_smolvm(operation, &view),
+                None => default_smolvm(operation, &serde_json::from_str(text).unwrap_or(Value::Null)),
+            },
+            _ => json_patch::Patch(Vec::new()),
+        }
+    }
+
+    /// Validates the new SmolVM as `patch` (its defaults) leaves it, against the old object as
+    /// it came: the verdict the validating endpoint will reach on the same object, given before
+    /// the API server's schema and CEL checks can stop the request at their first objection.
+    fn validate_defaulted(&self, patch: &json_patch::Patch, operation: Operation, ctx: &Context<'_>) -> Verdict {
+        // The fast path: the object decodes straight from its text; only the small defaulting
+        // view (spec, finalizers) is patched as a Value.
+        if let Objects::Text {
+            new: Some((text, scan)),
+            old,
+        } = self
+            && let Some(mut view) = defaulting_view(scan)
+            && json_patch::patch(&mut view, patch).is_ok()
+        {
+            return smolvm_api::validate::validate_smolvm_defaulted(
+                operation,
+                old.map(Raw::Text),
+                Raw::Text(text),
+                view.get("spec"),
+                ctx,
+            );
+        }
+        let mut new = match self {
+            Objects::Parsed { new: Some(new), .. } => new.clone(),
+            Objects::Text {
+                new: Some((text, _)), ..
+            } => match serde_json::from_str(text) {
+                Ok(value) => value,
+                // Not JSON after all: the rules' own decoding reports it.
+                Err(_) => return self.validate(Route::ValidateSmolVM, false, operation, ctx),
+            },
+            _ => return Verdict::default(),
+        };
+        if json_patch::patch(&mut new, patch).is_err() {
+            // A patch that does not apply is a defaulting bug; judge the object as sent.
+            return self.validate(Route::ValidateSmolVM, false, operation, ctx);
+        }
+        let old = match self {
+            Objects::Parsed { old, .. } => old.as_ref().map(Raw::Value),
+            Objects::Text { old, .. } => old.map(Raw::Text),
+        };
+        validate_raw(Target::SmolVM, operation, old, Raw::Value(&new), ctx)
+    }
+
+    fn validate(&self, route: Route, status: bool, operation: Operation, ctx: &Context<'_>) -> Verdict {
+        let target = match (route, status) {
+            (Route::ValidateSmolVMNode, true) => Target::SmolVMNodeStatus,
+            (Route::ValidateSmolVMNode, false) => Target::SmolVMNode,
+            (_, true) => Target::SmolVMStatus,
+            (_, false) => Target::SmolVM,
+        };
+        match self {
+            Objects::Parsed { new: Some(new), old } => {
+                validate_raw(target, operation, old.as_ref().map(Raw::Value), Raw::Value(new), ctx)
+            }
+            Objects::Text {
+                new: Some((new, _)),
+                old,
+            } => validate_raw(target, operation, old.map(Raw::Text), Raw::Text(new), ctx),
+            _ => Verdict::default(),
+        }
+    }
+}
+
+/// The parts of a request that [`review`] uses.
+struct Request<'a> {
+    uid: String,
+    resource: GroupVersionResource,
+    sub_resource: Option<String>,
+    operation: WireOperation,
+    user_info: UserInfo,
+    objects: Objects<'a>,
+}
+
+impl<O> WireRequest<O> {
+    /// The request, its objects made into [`Objects`] by `objects(new, old)`.
+    fn with_objects<'a>(self, objects: impl FnOnce(Option<O>, Option<O>) -> Objects<'a>) -> Request<'a> {
+        Request {
+            uid: self.uid,
+            resource: self.resource,
+            sub_resource: self.sub_resource,
+            operation: self.operation,
+            user_info: self.user_info,
+            objects: objects(self.object, self.old_object),
+        }
+    }
+}
+
+impl From<WireRequest> for Request<'_> {
+    fn from(r: WireRequest) -> Self {
+        r.with_objects(|new, old| Objects::Parsed {
+            new: new.filter(|o| !o.is_null()),
+            old: old.filter(|o| !o.is_null()),
+        })
+    }
+}
+
+impl<'a> From<(TextRequest<'a>, Option<Scanned<'a>>)> for Request<'a> {
+    fn from((r, scan): (TextRequest<'a>, Option<Scanned<'a>>)) -> Self {
+        // JSON null is `None` already (serde reads `null` into an absent Option).
+        r.with_objects(|new, old| Objects::Text {
+            new: new.map(RawValue::get).zip(scan),
+            old: old.map(RawValue::get),
+        })
+    }
+}
+
+/// Reviews one AdmissionReview body for `route` under `policy`, with `nodes` the known
+/// SmolVMNodes.
+///
+/// A well-formed review is read with its objects left as JSON text, which the rules decode
+/// straight into their types; anything else goes through [`parse`], whose errors are the
+/// answer. Both give the same response.
+pub fn review(route: Route, body: &[u8], policy: &Policy, nodes: &dyn NodeCatalog) -> Result<Reviewed, RequestError> {
+    match parse_text(body) {
+        Some(request) => review_request(route, request.into(), policy, nodes),
+        None => review_request(route, parse(body)?.into(), policy, nodes),
+    }
+}
+
+/// [`review`] through [`parse`] only (objects as Values): the reference the fast path is
+/// checked against.
+#[cfg(test)]
+fn review_parsed(
+    route: Route,
+    body: &[u8],
+    policy: &Policy,
+    nodes: &dyn NodeCatalog,
+) -> Result<Reviewed, RequestError> {
+    review_request(route, parse(body)?.into(), policy, nodes)
+}
+
+fn review_request(
+    route: Route,
+    request: Request<'_>,
+    policy: &Policy,
+    nodes: &dyn NodeCatalog,
+) -> Result<Reviewed, RequestError> {
+    let operation = operation_of(&request.operation);
+    let sub = request.sub_resource.clone().filter(|s| !s.is_empty());
+    let mut outcome = Outcome {
+        resource: match &sub {
+            Some(s) => format!("{}/{s}", request.resource.resource),
+            None => request.resource.resource.clone(),
+        },
+        operation: operation.as_str(),
+        verdict: "allowed",
+        patched: false,
+        rules: Vec::new(),
+        uid: request.uid.clone(),
+    };
+    let base = response_to(&request.uid);
+
+    // A request for another resource (a misconfigured webhook rule) is denied, not guessed at.
+    if request.resource.group != GROUP || request.resource.resource != route.resource() {
+        outcome.verdict = "denied";
+        let message = format!(
+            "{} serves {GROUP}/{}, not {}/{}",
+            route.path(),
+            route.resource(),
+            request.resource.group,
+            request.resource.resource
+        );
+        return Ok(Reviewed {
+            body: encode(deny(base, 400, "BadRequest", &message))?,
+            outcome,
+        });
+    }
+    let status = match sub.as_deref() {
+        None => false,
+        Some("status") => true,
+        Some(other) => {
+            outcome.verdict = "denied";
+            let message = format!("subresource {other:?} is not served by this webhook");
+            return Ok(Reviewed {
+                body: encode(deny(base, 400, "BadRequest", &message))?,
+                outcome,
+            });
+        }
+    };
+    // DELETE and CONNECT never reach the webhook through the shipped configuration; admit them.
+    if !matches!(operation, Operation::Create | Operation::Update) {
+        return Ok(Reviewed {
+            body: encode(base)?,
+            outcome,
+        });
+    }
+    let identity = Identity {
+        username: request.user_info.username.unwrap_or_default(),
+        groups: request.user_info.groups.unwrap_or_default(),
+        extra: request.user_info.extra.unwrap_or_default(),
+    };
+    let objects = request.objects;
+    if !objects.has_new() {
+        return Err(RequestError::Malformed(format!(
+            "request.object is required for {}",
+            operation.as_str()
+        )));
+    }
+
+    let ctx = Context {
+        policy,
+        nodes,
+        identity: &identity,
+    };
+    let response = match route {
+        Route::MutateSmolVM => {
+            if status {
+                base
+            } else {
+                let patch = objects.default_patch(operation);
+                // Every violation in one answer: the API server checks the CRD schema and its CEL
+                // rules after mutating admission and stops at their objection, so the complete
+                // list is given here, on the defaulted object, with the validating endpoint's
+                // text. Warnings are left to the validating endpoint (said once, not twice).
+                let verdict = objects.validate_defaulted(&patch, operation, &ctx);
+                if !verdict.allowed() {
+                    outcome.verdict = "denied";
+                    outcome.rules = verdict.violated_rules();
+                    let (code, reason) = denial_code(&verdict);
+                    deny(base, code, reason, &verdict.message())
+                } else if patch.0.is_empty() {
+                    base
+                } else {
+                    outcome.patched = true;
+                    with_patch(base, &patch)?
+                }
+            }
+        }
+        Route::ValidateSmolVM | Route::ValidateSmolVMNode => {
+            let verdict = objects.validate(route, status, operation, &ctx);
+            let mut response = base;
+            if !verdict.warnings.is_empty() {
+                response.warnings = Some(verdict.warnings.iter().map(finding_text).collect());
+            }
+            if verdict.allowed() {
+                response
+            } else {
+                outcome.verdict = "denied";
+                outcome.rules = verdict.violated_rules();
+                let (code, reason) = denial_code(&verdict);
+                deny(response, code, reason, &verdict.message())
+            }
+        }
+    };
+    Ok(Reviewed {
+        body: encode(response)?,
+        outcome,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,485 @@
+//! The review flow against the reference types: kube-core's `AdmissionReview` reads what the
+//! encoder writes, and the fast scanner answers as the reference reading does.
+
+use super::*;
+use serde_json::json;
+use smolvm_api::fixtures;
+
+fn body(route_resource: &str, sub: Option<&str>, op: &str, object: Value, old: Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "kind": {"group": GROUP, "version": "v1alpha1", "kind": "SmolVM"},
+            "resource": {"group": GROUP, "version": "v1alpha1", "resource": route_resource},
+            "subResource": sub,
+            "name": "alpine", "namespace": "default",
+            "operation": op,
+            "userInfo": {"username": "alice@example.com", "groups": ["system:authenticated"]},
+            "object": object, "oldObject": old, "dryRun": false
+        }
+    }))
+    .unwrap_or_default()
+}
+
+/// The body of `body()` with `object` spliced in as raw text.
+fn body_with_object_text(route_resource: &str, op: &str, object: &str, old: &str) -> Vec<u8> {
+    let template = body(route_resource, None, op, json!("OBJECT"), json!("OLD"));
+    let text = String::from_utf8(template).unwrap_or_default();
+    text.replace("\"OBJECT\"", object).replace("\"OLD\"", old).into_bytes()
+}
+
+fn nested(depth: usize, inner: &str) -> String {
+    format!("{}{inner}{}", "[".repeat(depth), "]".repeat(depth))
+}
+
+/// Reading the objects as text answers exactly as reading them as Values does, for
+/// well-formed reviews and for every kind of malformed object.
+#[test]
+fn text_objects_answer_like_values() {
+    let policy = fixtures::policy();
+    let nodes = vec![fixtures::node("node-a", 4, 4096, 100)];
+    let alpine = serde_json::to_string(&fixtures::alpine()).unwrap_or_default();
+    let bound = serde_json::to_string(&fixtures::bound(fixtures::alpine(), "node-a")).unwrap_or_default();
+    let mut bodies: Vec<(&str, Vec<u8>)> = Vec::new();
+    let mut texts: Vec<(&str, String, String)> = vec![
+        ("alpine", alpine.clone(), "null".into()),
+        ("update", bound.replace("\"cpus\":1", "\"cpus\":2"), bound.clone()),
+        ("bad image", alpine.replace("alpine:latest", "Not An Image"), "null".into()),
+        ("no spec", r#"{"metadata":{"name":"a"}}"#.into(), "null".into()),
+        ("spec string", r#"{"metadata":{"name":"a"},"spec":"x"}"#.into(), "null".into()),
+        ("metadata string", r#"{"metadata":"x","spec":{}}"#.into(), "null".into()),
+        ("metadata array", r#"{"metadata":[],"spec":{"image":"a"}}"#.into(), "null".into()),
+        ("metadata null", r#"{"metadata":null,"spec":{"image":"a"}}"#.into(), "null".into()),
+        ("object array", "[1]".into(), "null".into()),
+        ("object string", r#""x""#.into(), "null".into()),
+        ("old object number", alpine.clone(), "5".into()),
+        ("old does not decode", alpine.clone(), r#"{"spec":{"image":5}}"#.into()),
+        (
+            "repeated metadata, last is a string",
+            r#"{"metadata":{},"metadata":"x","spec":{"image":"a"}}"#.into(),
+            "null".into(),
+        ),
+        (
+            "repeated metadata, last is an object",
+            r#"{"metadata":"x","metadata":{"name":"a"},"spec":{"image":"alpine"}}"#.into(),
+            "null".into(),
+        ),
+        (
+            "repeated spec",
+            r#"{"metadata":{"name":"a"},"spec":{"image":"Bad Image"},"spec":{"image":"alpine"}}"#.into(),
+            "null".into(),
+        ),
+        (
+            "repeated finalizers",
+            r#"{"metadata":{"name":"a","finalizers":["vm.smolvm.dev/node-cleanup"],"finalizers":[]},"spec":{"image":"alpine"}}"#.into(),
+            "null".into(),
+        ),
+        (
+            "repeated labels",
+            r#"{"metadata":{"name":"a","labels":{"a":"1","a":"2"}},"spec":{"image":"alpine","nodeSelector":{"k":"v","k":"Bad Value!"}}}"#.into(),
+            "null".into(),
+        ),
+        (
+            "escaped keys",
+            r#"{"meta\u0064ata":{"name":"a"},"sp\u0065c":{"image":"alpin\u0065","running":null}}"#.into(),
+            "null".into(),
+        ),
+        (
+            "number out of range in an unread field",
+            r#"{"metadata":{"name":"a"},"spec":{"image":"alpine"},"x":1e999}"#.into(),
+            "null".into(),
+        ),
+        (
+            "lone surrogate in an unread field",
+            r#"{"metadata":{"name":"a"},"spec":{"image":"alpine"},"x":"\ud800"}"#.into(),
+            "null".into(),
+        ),
+        (
+            "float where an integer goes",
+            r#"{"metadata":{"name":"a"},"spec":{"image":"alpine","resources":{"cpus":1.0}}}"#.into(),
+            "null".into(),
+        ),
+        (
+            "deleting",
+            serde_json::to_string(&fixtures::deleting(fixtures::alpine())).unwrap_or_default(),
+            "null".into(),
+        ),
+    ];
+    // Nesting around serde_json's limit, in a field the rules do not read.
+    for depth in 120..=128 {
+        let object = format!(
+            r#"{{"metadata":{{"name":"a"}},"spec":{{"image":"alpine"}},"x":{}}}"#,
+            nested(depth, "1")
+        );
+        texts.push(("nested", object, "null".into()));
+    }
+    for (name, object, old) in &texts {
+        for op in ["CREATE", "UPDATE"] {
+            bodies.push((name, body_with_object_text("smolvms", op, object, old)));
+        }
+    }
+    // Whole bodies that are not well-formed reviews.
+    let mut wrong_kind = body("smolvms", None, "CREATE", fixtures::alpine(), Value::Null);
+    wrong_kind = String::from_utf8(wrong_kind)
+        .unwrap_or_default()
+        .replace("AdmissionReview", "Pod")
+        .into_bytes();
+    bodies.push(("wrong kind", wrong_kind));
+    bodies.push(("not json", b"{".to_vec()));
+    bodies.push((
+        "no request",
+        br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.to_vec(),
+    ));
+    bodies.push((
+        "status",
+        body(
+            "smolvms",
+            Some("status"),
+            "UPDATE",
+            fixtures::bound(fixtures::alpine(), "node-a"),
+            fixtures::bound(fixtures::alpine(), "node-a"),
+        ),
+    ));
+    bodies.push((
+        "node",
+        body(
+            "smolvmnodes",
+            None,
+            "CREATE",
+            json!({"metadata": {"name": "n"}, "spec": {}}),
+            Value::Null,
+        ),
+    ));
+    bodies.push((
+        "node status",
+        body(
+            "smolvmnodes",
+            Some("status"),
+            "UPDATE",
+            json!({"metadata": {"name": "n"}, "spec": {}, "status": {"endpoint": {"address": "nope", "port": 0}}}),
+            Value::Null,
+        ),
+    ));
+    bodies.push((
+        "delete",
+        body("smolvms", None, "DELETE", Value::Null, fixtures::alpine()),
+    ));
+    bodies.push((
+        "create without object",
+        body("smolvms", None, "CREATE", Value::Null, Value::Null),
+    ));
+
+    let mut fast = 0;
+    for (name, body) in &bodies {
+        if parse_text(body).is_some() {
+            fast += 1;
+        }
+        for route in Route::ALL {
+            let got = review(route, body, &policy, &nodes);
+            let want = review_parsed(route, body, &policy, &nodes);
+            match (&got, &want) {
+                (Ok(g), Ok(w)) => {
+                    assert_eq!(g.outcome, w.outcome, "{name} {route:?}");
+                    assert_eq!(
+                        String::from_utf8_lossy(&g.body),
+                        String::from_utf8_lossy(&w.body),
+                        "{name} {route:?}"
+                    );
+                }
+                _ => assert_eq!(got.as_ref().err(), want.as_ref().err(), "{name} {route:?}"),
+            }
+        }
+    }
+    // The fast path is actually taken for most of them.
+    assert!(fast > bodies.len() / 2, "{fast} of {}", bodies.len());
+}
+
+/// JSON text for property tests: values with the escapes, numbers and nesting where a
+/// `serde_json::Value` read is stricter than the syntax.
+fn json_text() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    let string = prop::collection::vec(
+        prop_oneof![
+            Just("a".to_string()),
+            Just("metadata".to_string()),
+            Just("spec".to_string()),
+            Just("finalizers".to_string()),
+            Just("deletionTimestamp".to_string()),
+            Just("vm.smolvm.dev/node-cleanup".to_string()),
+            Just("\\\"".to_string()),
+            Just("\\\\".to_string()),
+            Just("\\n".to_string()),
+            Just("\\u0041".to_string()),
+            Just("\\ud800".to_string()),
+            Just("\\udc00".to_string()),
+            Just("\\ud83d\\ude00".to_string()),
+            Just("\\ud83d\\u0041".to_string()),
+            Just("\\ud83d\\n".to_string()),
+            Just("é".to_string()),
+        ],
+        0..4,
+    )
+    .prop_map(|parts| format!("\"{}\"", parts.concat()));
+    let number = prop_oneof![
+        Just("0".to_string()),
+        Just("-0".to_string()),
+        Just("1.5".to_string()),
+        Just("-2e3".to_string()),
+        Just("1e400".to_string()),
+        Just("-1E400".to_string()),
+        Just("1e-400".to_string()),
+        Just("18446744073709551616".to_string()),
+        Just("-9223372036854775809".to_string()),
+        Just("9".repeat(320)),
+        Just("1".to_string()),
+    ];
+    let leaf = prop_oneof![
+        Just("null".to_string()),
+        Just("true".to_string()),
+        Just("false".to_string()),
+        number,
+        string.clone(),
+    ];
+    leaf.prop_recursive(4, 24, 4, move |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(|v| format!("[{}]", v.join(","))),
+            prop::collection::vec((string.clone(), inner), 0..4).prop_map(|v| {
+                let members: Vec<String> = v.into_iter().map(|(k, v)| format!("{k} : {v}")).collect();
+                format!("{{ {} }}", members.join(" , "))
+            }),
+        ]
+    })
+}
+
+proptest::proptest! {
+    /// The text path accepts an object only if the Value path does, and then answers alike.
+    #[test]
+    fn text_path_is_sound(
+        metadata in json_text(),
+        extra in json_text(),
+        depth in 0usize..130,
+        which in 0usize..6,
+    ) {
+        let policy = fixtures::policy();
+        let nodes: Vec<smolvm_api::SmolVMNode> = Vec::new();
+        let object = match which {
+            0 => format!(r#"{{"metadata":{metadata},"spec":{{"image":"alpine"}},"x":{extra}}}"#),
+            1 => format!(r#"{{"metadata":{{"name":"a","annotations":{{"k":{extra}}}}},"spec":{{"image":"alpine"}}}}"#),
+            2 => format!(r#"{{"spec":{{"image":"alpine"}},"x":{}}}"#, nested(depth, &extra)),
+            3 => extra.clone(),
+            4 => format!(
+                r#"{{"metadata":{{"name":"a","finalizers":{extra},"deletionTimestamp":{metadata}}},"spec":{{"image":"alpine","network":{extra}}}}}"#
+            ),
+            _ => format!(
+                r#"{{"spec":{extra},"metadata":{{"finalizers":["vm.smolvm.dev/node-cleanup"],"deletionTimestamp":"t"}},"spec":{{"image":"alpine","resources":{metadata}}},"metadata":{{"name":"b","finalizers":{extra}}}}}"#
+            ),
+        };
+        let body = body_with_object_text("smolvms", "CREATE", &object, "null");
+        let fast = parse_text(&body).is_some();
+        let slow = parse(&body);
+        proptest::prop_assert!(!fast || slow.is_ok(), "{object}: text path accepted, Value path: {:?}", slow.err());
+        // Where the Value path accepts a plain object, the text path does too (it only
+        // leaves escaped keys of the object and of its metadata to the Value path).
+        if slow.is_ok() && which != 3 && !(matches!(which, 0 | 4) && metadata.contains('\\')) {
+            proptest::prop_assert!(fast, "{object}: text path refused what the Value path accepts");
+        }
+        for route in Route::ALL {
+            let got = review(route, &body, &policy, &nodes);
+            let want = review_parsed(route, &body, &policy, &nodes);
+            match (&got, &want) {
+                (Ok(g), Ok(w)) => {
+                    proptest::prop_assert_eq!(&g.outcome, &w.outcome);
+                    proptest::prop_assert_eq!(&g.body, &w.body);
+                }
+                _ => proptest::prop_assert_eq!(got.as_ref().err(), want.as_ref().err()),
+            }
+        }
+    }
+}
+
+/// kube-core's encoding of the same answer: the reference for [`encode`].
+fn encode_with_kube(answer: &Answer) -> Vec<u8> {
+    use kube::core::{Status, TypeMeta, admission::AdmissionResponse};
+    let mut response = AdmissionResponse::invalid("");
+    response.types = TypeMeta {
+        api_version: ADMISSION_API_VERSION.into(),
+        kind: ADMISSION_KIND.into(),
+    };
+    response.uid = answer.uid.clone();
+    response.allowed = true;
+    response.result = Status::default();
+    if let Some(patch) = &answer.patch {
+        let ops: json_patch::Patch = serde_json::from_slice(patch).unwrap_or_else(|e| panic!("{e}"));
+        response = response.with_patch(ops).unwrap_or_else(|e| panic!("{e}"));
+    }
+    response.warnings = answer.warnings.clone();
+    if let Some((code, reason, message)) = &answer.denial {
+        response.allowed = false;
+        response.result = Status::failure(message, reason).with_code(*code);
+    }
+    serde_json::to_vec(&response.into_review()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn finding_text_is_its_display() {
+    let mut bad = fixtures::alpine();
+    bad["spec"]["image"] = json!("Not An Image");
+    bad["spec"]["resources"]["cpus"] = json!(4096);
+    bad["spec"]["network"]["ports"][0]["hostPort"] = json!(80);
+    let policy = fixtures::policy();
+    let nodes: Vec<smolvm_api::SmolVMNode> = Vec::new();
+    let identity = fixtures::user();
+    let ctx = Context {
+        policy: &policy,
+        nodes: &nodes,
+        identity: &identity,
+    };
+    let verdict = smolvm_api::validate::validate_smolvm_json(Operation::Create, None, &bad, &ctx);
+    let findings: Vec<_> = verdict.violations.iter().chain(&verdict.warnings).collect();
+    assert!(findings.len() >= 3, "{findings:?}");
+    for finding in findings {
+        assert_eq!(finding_text(finding), finding.to_string());
+    }
+}
+
+#[test]
+fn byte_values_in_decimal() {
+    for byte in 0..=255u8 {
+        assert_eq!(byte_decimal(byte), byte.to_string().as_bytes());
+    }
+}
+
+#[test]
+fn encoding_matches_kube_core() {
+    let patch = serde_json::to_vec(&default_smolvm(Operation::Create, &json!({"metadata": {}, "spec": {}})))
+        .unwrap_or_default();
+    let uids = ["", "0c9a8d74-9cb7-44dd-b98e-09fd62def2f4", "quote\" back\\ \u{1} ünï €"];
+    let denials = [
+        None,
+        Some((
+            422,
+            "Invalid",
+            "spec.image: \"x y\" contains the character ' ' [V1]; tab\there".to_string(),
+        )),
+        Some((403, "Forbidden", String::new())),
+        Some((400, "BadRequest", "é\u{7f}\u{2028}".to_string())),
+        Some((0, "Invalid", "m".to_string())),
+    ];
+    let warnings = [
+        None,
+        Some(vec![]),
+        Some(vec!["one \"quoted\"".to_string(), "two\n".to_string()]),
+    ];
+    for uid in uids {
+        for denial in &denials {
+            for patch in [None, Some(patch.clone()), Some(b"[]".to_vec())] {
+                for warnings in &warnings {
+                    let answer = Answer {
+                        uid: uid.to_string(),
+                        denial: denial.clone(),
+                        patch: patch.clone(),
+                        warnings: warnings.clone(),
+                    };
+                    let ours = encode(answer.clone()).unwrap_or_default();
+                    assert_eq!(
+                        String::from_utf8_lossy(&ours),
+                        String::from_utf8_lossy(&encode_with_kube(&answer)),
+                        "{answer:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The nesting limit of the text path is serde_json's, at the objects' depth in a review.
+#[test]
+fn nesting_limit_matches_serde_json() {
+    for depth in 118..=130 {
+        let object = format!(r#"{{"spec":{}}}"#, nested(depth, "1"));
+        let body = body_with_object_text("smolvms", "CREATE", &object, "null");
+        assert_eq!(
+            parse_text(&body).is_some(),
+            parse(&body).is_ok(),
+            "depth {depth}: {:?}",
+            parse(&body).err()
+        );
+    }
+}
+
+#[test]
+fn parse_classifies_malformed_bodies() {
+    let table: &[(&[u8], &str)] = &[
+        (b"", "NotJSON"),
+        (b"{", "NotJSON"),
+        (b"not json", "NotJSON"),
+        (b"[]", "WrongKind"),
+        (b"42", "WrongKind"),
+        (b"{}", "WrongKind"),
+        (
+            br#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{}}"#,
+            "WrongKind",
+        ),
+        (br#"{"apiVersion":"admission.k8s.io/v1","kind":"Pod"}"#, "WrongKind"),
+        (
+            br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#,
+            "MissingRequest",
+        ),
+        (
+            br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":null}"#,
+            "MissingRequest",
+        ),
+        (
+            br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":5}}"#,
+            "Malformed",
+        ),
+    ];
+    for (input, reason) in table {
+        let got = parse(input).err().map(|e| e.reason());
+        assert_eq!(got, Some(*reason), "{}", String::from_utf8_lossy(input));
+    }
+}
+
+#[test]
+fn denial_codes() {
+    let policy = fixtures::policy();
+    let nodes: Vec<smolvm_api::SmolVMNode> = Vec::new();
+    let mut bad = fixtures::alpine();
+    bad["spec"]["image"] = json!("Not An Image");
+    let out = review(
+        Route::ValidateSmolVM,
+        &body("smolvms", None, "CREATE", bad, Value::Null),
+        &policy,
+        &nodes,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let v: Value = serde_json::from_slice(&out.body).unwrap_or_default();
+    assert_eq!(v["response"]["status"]["code"], 422);
+    assert_eq!(v["response"]["status"]["reason"], "Invalid");
+    assert_eq!(out.outcome.rules, vec![RuleId::V1]);
+}
+
+#[test]
+fn wrong_resource_and_subresource_are_denied() {
+    let policy = fixtures::policy();
+    let nodes: Vec<smolvm_api::SmolVMNode> = Vec::new();
+    let table: &[(Route, &str, Option<&str>)] = &[
+        (Route::ValidateSmolVMNode, "smolvms", None),
+        (Route::MutateSmolVM, "pods", None),
+        (Route::ValidateSmolVM, "smolvms", Some("scale")),
+    ];
+    for (route, resource, sub) in table {
+        let out = review(
+            *route,
+            &body(resource, *sub, "CREATE", fixtures::alpine(), Value::Null),
+            &policy,
+            &nodes,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let v: Value = serde_json::from_slice(&out.body).unwrap_or_default();
+        assert_eq!(v["response"]["allowed"], false, "{route:?} {resource}");
+        assert_eq!(v["response"]["status"]["code"], 400);
+    }
+}
