@@ -19,6 +19,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::types::Protocol;
+
 /// Path prefix of this protocol version.
 pub const API_PREFIX: &str = "/v1";
 
@@ -75,18 +77,6 @@ pub struct NodeApiError {
     pub details: Option<serde_json::Value>,
 }
 
-/// Transport of a published port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize)]
-pub enum PortProtocol {
-    /// TCP (the default).
-    #[default]
-    #[serde(rename = "TCP")]
-    Tcp,
-    /// UDP.
-    #[serde(rename = "UDP")]
-    Udp,
-}
-
 /// A host port published to a guest port (smolvm binds it on the node's 127.0.0.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -97,7 +87,7 @@ pub struct PortSpec {
     pub guest_port: u16,
     /// Transport; TCP when omitted.
     #[serde(default)]
-    pub protocol: PortProtocol,
+    pub protocol: Protocol,
 }
 
 /// Network settings of a machine.
@@ -416,7 +406,7 @@ mod tests {
         let json = r#"{"image":"alpine:3","cpus":1,"memoryMiB":512,"storageGiB":20,"overlayGiB":10,
             "network":{"enabled":true,"ports":[{"hostPort":8080,"guestPort":80}],"allowedCIDRs":["10.0.0.0/8"]}}"#;
         let spec: MachineSpec = serde_json::from_str(json).expect("parses");
-        assert_eq!(spec.network.ports[0].protocol, PortProtocol::Tcp);
+        assert_eq!(spec.network.ports[0].protocol, Protocol::Tcp);
         assert_eq!(spec.network.allowed_cidrs, vec!["10.0.0.0/8".to_string()]);
         let back = serde_json::to_value(&spec).expect("serializes");
         assert_eq!(back["memoryMiB"], 512);

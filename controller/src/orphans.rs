@@ -21,12 +21,7 @@ use kube::{
         reflector::Store,
     },
 };
-use smolvm_api::{
-    NodeResources, SmolVM, SmolVMNode,
-    constants::MACHINE_NAME_PREFIX,
-    nodeapi::{MachineStatus, PortProtocol},
-    types::Protocol,
-};
+use smolvm_api::{NodeResources, SmolVM, SmolVMNode, constants::MACHINE_NAME_PREFIX, nodeapi::MachineStatus};
 
 use crate::{
     placement::{self, Request},
@@ -177,15 +172,7 @@ pub fn request_of(machine: &MachineStatus) -> Request {
             .network
             .ports
             .iter()
-            .map(|p| {
-                (
-                    i32::from(p.host_port),
-                    match p.protocol {
-                        PortProtocol::Tcp => Protocol::Tcp,
-                        PortProtocol::Udp => Protocol::Udp,
-                    },
-                )
-            })
+            .map(|p| (i32::from(p.host_port), p.protocol))
             .collect(),
         node_selector: BTreeMap::new(),
         pin: None,

@@ -13,10 +13,10 @@ use smolvm_api::{
         RECREATE_LOST_MACHINE_VALUE, condition, reason,
     },
     nodeapi::{
-        MachineSpec, MachineState, MachineStatus, NetworkSpec, PortProtocol, PortSpec, ResizeSpec,
+        MachineSpec, MachineState, MachineStatus, NetworkSpec, PortSpec, ResizeSpec,
         RestartPolicy as NodeRestartPolicy, WorkloadSpec,
     },
-    types::{Protocol, RestartPolicy},
+    types::RestartPolicy,
 };
 
 /// The machine name of a SmolVM on its node: `svm-<uid>` (see [`SmolVM::machine_name`]). The
@@ -208,10 +208,7 @@ pub fn machine_spec(vm: &SmolVM) -> Result<MachineSpec, String> {
                 host_port: u16::try_from(p.host_port).map_err(|_| format!("hostPort {} out of range", p.host_port))?,
                 guest_port: u16::try_from(p.guest_port)
                     .map_err(|_| format!("guestPort {} out of range", p.guest_port))?,
-                protocol: match p.protocol {
-                    Protocol::Tcp => PortProtocol::Tcp,
-                    Protocol::Udp => PortProtocol::Udp,
-                },
+                protocol: p.protocol,
             })
         })
         .collect::<Result<Vec<_>, String>>()?;

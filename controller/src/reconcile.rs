@@ -1135,10 +1135,7 @@ fn effective_of(m: &MachineStatus) -> smolvm_api::EffectiveResources {
             .map(|p| smolvm_api::Port {
                 host_port: i32::from(p.host_port),
                 guest_port: i32::from(p.guest_port),
-                protocol: match p.protocol {
-                    smolvm_api::nodeapi::PortProtocol::Tcp => smolvm_api::Protocol::Tcp,
-                    smolvm_api::nodeapi::PortProtocol::Udp => smolvm_api::Protocol::Udp,
-                },
+                protocol: p.protocol,
             })
             .collect(),
     }

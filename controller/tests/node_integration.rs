@@ -4,10 +4,11 @@
 #[path = "../../runtime/tests/common/mod.rs"]
 mod common;
 
+use smolvm_api::Protocol;
 use std::{sync::Arc, time::Duration};
 
 use common::{NODE, Pki, TOKEN, TestAgent};
-use smolvm_api::nodeapi::{MachineSpec, MachineState, NetworkSpec, PortProtocol, PortSpec, ResizeSpec, error_code};
+use smolvm_api::nodeapi::{MachineSpec, MachineState, NetworkSpec, PortSpec, ResizeSpec, error_code};
 use smolvm_certs::ReloadableResolver;
 use smolvm_controller::nodeclient::{CallError, ClientSettings, ClientTls, Endpoints, NodeClient, client_tls};
 
@@ -37,7 +38,7 @@ fn spec(image: &str, cpus: u32) -> MachineSpec {
             ports: vec![PortSpec {
                 host_port: common::free_port(),
                 guest_port: 80,
-                protocol: PortProtocol::Tcp,
+                protocol: Protocol::Tcp,
             }],
             allowed_cidrs: vec![],
             allowed_hosts: vec![],

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use smolvm_api::{
-    nodeapi::{MachineState, MachineStatus, NetworkSpec, PortProtocol, PortSpec},
+    nodeapi::{MachineState, MachineStatus, NetworkSpec, PortSpec},
     types::Protocol,
 };
 use smolvm_controller::{
@@ -115,7 +115,7 @@ fn an_orphan_holds_its_resources_and_ports_in_placement() {
             ports: vec![PortSpec {
                 host_port: 8080,
                 guest_port: 80,
-                protocol: PortProtocol::Tcp,
+                protocol: Protocol::Tcp,
             }],
             allowed_cidrs: vec![],
             allowed_hosts: vec![],

@@ -6,13 +6,14 @@
 //! echo on 127.0.0.1:<port>, as smolvm's listener would be. Figures, not asserts; where 127.0.0.2
 //! cannot be bound it prints `skipped: …`.
 
+use smolvm_api::Protocol;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use smolvm_runtime::forward::Forwarder;
 use smolvm_runtime::metrics::Metrics;
-use smolvm_runtime::vmm::{Machine, MachineState, PortMapping, PortProtocol};
+use smolvm_runtime::vmm::{Machine, MachineState, PortMapping};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 
@@ -34,7 +35,7 @@ fn running(port: u16) -> Machine {
         storage_gib: None,
         overlay_gib: None,
         image: None,
-        ports: [PortProtocol::Tcp, PortProtocol::Udp]
+        ports: [Protocol::Tcp, Protocol::Udp]
             .into_iter()
             .map(|protocol| PortMapping {
                 host_port: port,

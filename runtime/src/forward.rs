@@ -18,7 +18,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::metrics::Metrics;
-use crate::vmm::{Machine, MachineState, PortProtocol, Vmm};
+use crate::vmm::{Machine, MachineState, Vmm};
+use smolvm_api::Protocol;
 
 /// One published port on the node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -26,16 +27,12 @@ pub struct PortKey {
     /// The host port.
     pub port: u16,
     /// Its transport.
-    pub protocol: PortProtocol,
+    pub protocol: Protocol,
 }
 
 impl std::fmt::Display for PortKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let protocol = match self.protocol {
-            PortProtocol::Tcp => "TCP",
-            PortProtocol::Udp => "UDP",
-        };
-        write!(f, "{}/{protocol}", self.port)
+        write!(f, "{}/{}", self.port, self.protocol)
     }
 }
 
@@ -78,8 +75,8 @@ pub fn plan(machines: &[Machine], open: &BTreeMap<PortKey, String>) -> Plan {
 pub fn port_free(address: IpAddr, key: PortKey) -> bool {
     let at = SocketAddr::new(address, key.port);
     match key.protocol {
-        PortProtocol::Tcp => std::net::TcpListener::bind(at).is_ok(),
-        PortProtocol::Udp => std::net::UdpSocket::bind(at).is_ok(),
+        Protocol::Tcp => std::net::TcpListener::bind(at).is_ok(),
+        Protocol::Udp => std::net::UdpSocket::bind(at).is_ok(),
     }
 }
 
@@ -195,11 +192,11 @@ impl Forwarder {
         let upstream = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), key.port);
         let metrics = self.metrics.clone();
         Ok(match key.protocol {
-            PortProtocol::Tcp => {
+            Protocol::Tcp => {
                 let listener = TcpListener::bind(at).await?;
                 tokio::spawn(relay_tcp(listener, upstream, metrics))
             }
-            PortProtocol::Udp => {
+            Protocol::Udp => {
                 let socket = Arc::new(UdpSocket::bind(at).await?);
                 tokio::spawn(relay_udp(socket, upstream, metrics))
             }
@@ -319,7 +316,7 @@ mod tests {
     use super::*;
     use crate::vmm::PortMapping;
 
-    fn machine(name: &str, state: MachineState, ports: &[(u16, PortProtocol)]) -> Machine {
+    fn machine(name: &str, state: MachineState, ports: &[(u16, Protocol)]) -> Machine {
         Machine {
             name: name.into(),
             state,
@@ -342,15 +339,15 @@ mod tests {
         }
     }
 
-    fn key(port: u16, protocol: PortProtocol) -> PortKey {
+    fn key(port: u16, protocol: Protocol) -> PortKey {
         PortKey { port, protocol }
     }
 
     #[test]
     fn plan_table() {
         use MachineState::{Created, Running, Stopped};
-        use PortProtocol::{Tcp, Udp};
-        let open = |pairs: &[(u16, PortProtocol, &str)]| -> BTreeMap<PortKey, String> {
+        use Protocol::{Tcp, Udp};
+        let open = |pairs: &[(u16, Protocol, &str)]| -> BTreeMap<PortKey, String> {
             pairs
                 .iter()
                 .map(|&(p, proto, m)| (key(p, proto), m.to_string()))
@@ -434,11 +431,11 @@ mod tests {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = taken.local_addr().expect("addr").port();
         let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
-        assert!(!port_free(lo, key(port, PortProtocol::Tcp)));
+        assert!(!port_free(lo, key(port, Protocol::Tcp)));
         drop(taken);
-        assert!(port_free(lo, key(port, PortProtocol::Tcp)));
+        assert!(port_free(lo, key(port, Protocol::Tcp)));
         let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
         let port = udp.local_addr().expect("addr").port();
-        assert!(!port_free(lo, key(port, PortProtocol::Udp)));
+        assert!(!port_free(lo, key(port, Protocol::Udp)));
     }
 }

@@ -5,13 +5,14 @@
 //! The forward opens and closes with the machine state fed to the same sync the agent runs.
 //! Needs root and iproute2; prints `skipped: …` otherwise.
 
+use smolvm_api::Protocol;
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::Command;
 use std::sync::Arc;
 
 use smolvm_runtime::forward::Forwarder;
 use smolvm_runtime::metrics::Metrics;
-use smolvm_runtime::vmm::{Machine, MachineState, PortMapping, PortProtocol};
+use smolvm_runtime::vmm::{Machine, MachineState, PortMapping};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A network namespace with a veth pair to this one; removed on drop, whatever happened.
@@ -83,7 +84,7 @@ fn machine(state: MachineState, port: u16) -> Machine {
         storage_gib: None,
         overlay_gib: None,
         image: None,
-        ports: [PortProtocol::Tcp, PortProtocol::Udp]
+        ports: [Protocol::Tcp, Protocol::Udp]
             .into_iter()
             .map(|protocol| PortMapping {
                 host_port: port,

@@ -10,14 +10,15 @@
 //! 30-second boot watchdog; the boot test then checks that the failure is a `StartFailed` with
 //! smolvm's message and says why the happy start path was skipped.
 
+use smolvm_api::Protocol;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use smolvm_runtime::vmm::{
-    DeleteOutcome, Machine, MachineSpec, MachineState, PortMapping, PortProtocol, ResizeRequest, SmolvmClient,
-    SmolvmConfig, Vmm, VmmError,
+    DeleteOutcome, Machine, MachineSpec, MachineState, PortMapping, ResizeRequest, SmolvmClient, SmolvmConfig, Vmm,
+    VmmError,
 };
 use tokio::process::{Child, Command};
 
@@ -178,12 +179,12 @@ async fn create_get_list_delete_each_twice() {
         PortMapping {
             host_port: port,
             guest_port: 80,
-            protocol: PortProtocol::Tcp,
+            protocol: Protocol::Tcp,
         },
         PortMapping {
             host_port: port,
             guest_port: 53,
-            protocol: PortProtocol::Udp,
+            protocol: Protocol::Udp,
         },
     ];
 
@@ -333,7 +334,7 @@ async fn invalid_creates_are_bad_requests() {
     zero_port.ports = vec![PortMapping {
         host_port: 0,
         guest_port: 80,
-        protocol: PortProtocol::Tcp,
+        protocol: Protocol::Tcp,
     }];
     cases.push((zero_port, "port 0 is not valid"));
 
@@ -431,7 +432,7 @@ async fn published_port_in_use_is_conflict() {
     spec.ports = vec![PortMapping {
         host_port: port,
         guest_port: 80,
-        protocol: PortProtocol::Tcp,
+        protocol: Protocol::Tcp,
     }];
     serve.vmm.create(&spec).await.expect("create");
     for _ in 0..2 {

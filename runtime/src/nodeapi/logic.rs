@@ -7,7 +7,7 @@ use std::path::Path;
 use smolvm_api::nodeapi::{RestartPolicy, WorkloadSpec};
 
 use super::types::{
-    MachineSpec, MachineState, MachineStatus, NetworkSpec, NodeApiError, PortProtocol, PortSpec, ResizeSpec, error_code,
+    MachineSpec, MachineState, MachineStatus, NetworkSpec, NodeApiError, PortSpec, ResizeSpec, error_code,
 };
 use crate::vmm::{self, Machine, PortMapping, ResizeRequest, VmmError};
 
@@ -114,10 +114,7 @@ fn to_vmm_port(port: &PortSpec) -> PortMapping {
     PortMapping {
         host_port: port.host_port,
         guest_port: port.guest_port,
-        protocol: match port.protocol {
-            PortProtocol::Tcp => vmm::PortProtocol::Tcp,
-            PortProtocol::Udp => vmm::PortProtocol::Udp,
-        },
+        protocol: port.protocol,
     }
 }
 
@@ -125,10 +122,7 @@ fn from_vmm_port(port: &PortMapping) -> PortSpec {
     PortSpec {
         host_port: port.host_port,
         guest_port: port.guest_port,
-        protocol: match port.protocol {
-            vmm::PortProtocol::Tcp => PortProtocol::Tcp,
-            vmm::PortProtocol::Udp => PortProtocol::Udp,
-        },
+        protocol: port.protocol,
     }
 }
 
@@ -315,6 +309,7 @@ pub fn pending_live_fields(live: &ResizeRequest) -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use smolvm_api::Protocol;
 
     fn machine() -> Machine {
         let raw = serde_json::json!({"name":"m","image":"alpine:3","state":"created","cpus":1,"memoryMb":512,
@@ -334,7 +329,7 @@ mod tests {
                 ports: vec![PortSpec {
                     host_port: 8080,
                     guest_port: 80,
-                    protocol: PortProtocol::Tcp,
+                    protocol: Protocol::Tcp,
                 }],
                 allowed_cidrs: vec!["10.0.0.0/8".into()],
                 allowed_hosts: vec!["example.com".into()],
@@ -365,10 +360,7 @@ mod tests {
             (|s| s.overlay_gib = 11, vec!["overlayGiB"]),
             (|s| s.network.enabled = false, vec!["network.enabled"]),
             (|s| s.network.ports[0].guest_port = 81, vec!["network.ports"]),
-            (
-                |s| s.network.ports[0].protocol = PortProtocol::Udp,
-                vec!["network.ports"],
-            ),
+            (|s| s.network.ports[0].protocol = Protocol::Udp, vec!["network.ports"]),
             (|s| s.network.allowed_cidrs.clear(), vec!["network.allowedCIDRs"]),
             (
                 |s| s.network.allowed_hosts = vec!["other.example".into()],

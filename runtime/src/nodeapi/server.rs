@@ -134,10 +134,7 @@ impl NodeApiState {
                 .as_ref()
                 .is_some_and(|f| !f.holds(key, machine) && !port_free(f.address(), key));
             if loopback_taken || node_taken {
-                let protocol = match p.protocol {
-                    crate::vmm::PortProtocol::Tcp => "TCP",
-                    crate::vmm::PortProtocol::Udp => "UDP",
-                };
+                let protocol = p.protocol.as_str();
                 return Err(ApiFailure::new(
                     409,
                     error_code::HOST_PORT_IN_USE,

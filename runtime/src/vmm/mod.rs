@@ -11,6 +11,8 @@
 
 use std::fmt;
 
+use smolvm_api::Protocol;
+
 use async_trait::async_trait;
 pub use smolvm_api::nodeapi::{RegistryAuth, Sensitive};
 
@@ -111,26 +113,6 @@ impl fmt::Display for MachineState {
     }
 }
 
-/// Transport of a published port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub enum PortProtocol {
-    /// TCP (the default).
-    #[default]
-    Tcp,
-    /// UDP.
-    Udp,
-}
-
-impl PortProtocol {
-    /// Lower-case name as smolvm spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Tcp => "tcp",
-            Self::Udp => "udp",
-        }
-    }
-}
-
 /// A host port published to a guest port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PortMapping {
@@ -139,7 +121,7 @@ pub struct PortMapping {
     /// Port inside the machine.
     pub guest_port: u16,
     /// Transport.
-    pub protocol: PortProtocol,
+    pub protocol: Protocol,
 }
 
 /// A machine as the runtime reports it.

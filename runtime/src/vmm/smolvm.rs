@@ -14,13 +14,14 @@ use hyper::header::{CONTENT_TYPE, HOST};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
+use smolvm_api::Protocol;
 use smolvm_api::text::clean_external;
 use tokio::net::UnixStream;
 use tokio::task::JoinHandle;
 
 use super::{
-    DeleteOutcome, Machine, MachineSpec, MachineState, PortMapping, PortProtocol, RegistryAuth, ResizeRequest,
-    Sensitive, Vmm, VmmError, VmmHealth,
+    DeleteOutcome, Machine, MachineSpec, MachineState, PortMapping, RegistryAuth, ResizeRequest, Sensitive, Vmm,
+    VmmError, VmmHealth,
 };
 
 /// Where smolvm listens and how long each kind of call may take.
@@ -460,11 +461,7 @@ pub fn machine_from_json(value: serde_json::Value) -> Result<Machine, VmmError> 
         .map(|port| {
             let host_port = u16::try_from(port.host).ok();
             let guest_port = u16::try_from(port.guest).ok();
-            let protocol = match port.protocol.as_deref() {
-                None | Some("tcp") => Some(PortProtocol::Tcp),
-                Some("udp") => Some(PortProtocol::Udp),
-                Some(_) => None,
-            };
+            let protocol = protocol_from_smolvm(port.protocol.as_deref());
             match (host_port, guest_port, protocol) {
                 (Some(host_port), Some(guest_port), Some(protocol)) => Ok(PortMapping {
                     host_port,
@@ -613,7 +610,7 @@ fn create_wire(spec: &MachineSpec, image: Option<String>) -> CreateWire<'_> {
             .map(|port| PortWireOut {
                 host: port.host_port,
                 guest: port.guest_port,
-                protocol: port.protocol.as_str(),
+                protocol: smolvm_protocol(port.protocol),
             })
             .collect(),
         allowed_cidrs: spec.allowed_cidrs.as_deref(),
@@ -669,6 +666,23 @@ struct ResizeWire {
     storage_gb: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     overlay_gb: Option<u64>,
+}
+
+/// smolvm's spelling of a port protocol (lower case; the node API and the CRD write `TCP`).
+fn smolvm_protocol(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+    }
+}
+
+/// A port protocol as smolvm reports it (absent means TCP); `None` for one it does not name.
+fn protocol_from_smolvm(text: Option<&str>) -> Option<Protocol> {
+    match text {
+        None | Some("tcp") => Some(Protocol::Tcp),
+        Some("udp") => Some(Protocol::Udp),
+        Some(_) => None,
+    }
 }
 
 #[cfg(test)]
@@ -794,12 +808,12 @@ mod tests {
                 PortMapping {
                     host_port: 18081,
                     guest_port: 80,
-                    protocol: PortProtocol::Tcp
+                    protocol: Protocol::Tcp
                 },
                 PortMapping {
                     host_port: 18095,
                     guest_port: 53,
-                    protocol: PortProtocol::Udp
+                    protocol: Protocol::Udp
                 }
             ]
         );
@@ -847,7 +861,7 @@ mod tests {
             ports: vec![crate::vmm::PortMapping {
                 host_port: 8080,
                 guest_port: 80,
-                protocol: crate::vmm::PortProtocol::Tcp,
+                protocol: crate::vmm::Protocol::Tcp,
             }],
             allowed_cidrs: None,
             allowed_hosts: None,
