@@ -15,7 +15,7 @@
 //! | `DELETE /v1/machines/{name}` | – | 200 [`DeleteResponse`] |
 //! | `POST /v1/machines/{name}/resize` | [`ResizeSpec`] | 200 [`MachineStatus`] |
 //!
-//! Every failure is a [`NodeApiError`] body with a stable [`error_code`].
+//! Every failure is a [`NodeApiError`] body with a stable [`ErrorCode`].
 
 use serde::{Deserialize, Serialize};
 
@@ -27,49 +27,181 @@ pub const API_PREFIX: &str = "/v1";
 /// Longest machine name accepted.
 pub const MAX_MACHINE_NAME_LEN: usize = 63;
 
-/// Stable error codes of [`NodeApiError::code`], with their HTTP statuses.
-pub mod error_code {
+/// The stable code of every [`NodeApiError`], with its HTTP status. On the wire it is the
+/// variant's name (`"MachineNotFound"`); a code this build does not know (from a newer agent)
+/// decodes as [`ErrorCode::Other`], never as an error.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum ErrorCode {
     /// 400: malformed JSON, unknown fields, invalid machine name, or smolvm refused the values.
-    pub const INVALID_REQUEST: &str = "InvalidRequest";
+    InvalidRequest,
     /// 401: missing or wrong bearer token.
-    pub const UNAUTHENTICATED: &str = "Unauthenticated";
+    Unauthenticated,
     /// 403: authenticated but not allowed.
-    pub const FORBIDDEN: &str = "Forbidden";
+    Forbidden,
     /// 404: no machine of that name on this node.
-    pub const MACHINE_NOT_FOUND: &str = "MachineNotFound";
+    MachineNotFound,
     /// 404: no such route.
-    pub const ROUTE_NOT_FOUND: &str = "RouteNotFound";
+    RouteNotFound,
     /// 405: the route exists, the method does not.
-    pub const METHOD_NOT_ALLOWED: &str = "MethodNotAllowed";
+    MethodNotAllowed,
     /// 409: a machine of that name exists with a different spec; `details.fields` names them.
-    pub const MACHINE_SPEC_CONFLICT: &str = "MachineSpecConflict";
+    MachineSpecConflict,
     /// 409: CPU/memory can change only on a running machine; `details.pending` names the
     /// fields not applied (disk growth in the same request was applied).
-    pub const RESIZE_REQUIRES_RUNNING: &str = "ResizeRequiresRunning";
+    ResizeRequiresRunning,
     /// 409: a published host port is taken on the node (smolvm's message is kept).
-    pub const HOST_PORT_IN_USE: &str = "HostPortInUse";
+    HostPortInUse,
     /// 409: another conflict reported by smolvm.
-    pub const CONFLICT: &str = "Conflict";
+    Conflict,
     /// 413: request body larger than the limit.
-    pub const PAYLOAD_TOO_LARGE: &str = "PayloadTooLarge";
+    PayloadTooLarge,
     /// 500: the machine did not start; the message is smolvm's, verbatim.
-    pub const START_FAILED: &str = "StartFailed";
+    StartFailed,
     /// 500: smolvm failed the request otherwise.
-    pub const RUNTIME_ERROR: &str = "RuntimeError";
+    RuntimeError,
     /// 502: smolvm answered something the agent cannot read.
-    pub const RUNTIME_PROTOCOL_ERROR: &str = "RuntimeProtocolError";
+    RuntimeProtocolError,
     /// 503: smolvm is down or restarting.
-    pub const RUNTIME_UNAVAILABLE: &str = "RuntimeUnavailable";
+    RuntimeUnavailable,
     /// 504: smolvm did not answer in time; the operation may still complete.
-    pub const RUNTIME_TIMEOUT: &str = "RuntimeTimeout";
+    RuntimeTimeout,
+    /// A code this build does not know, as sent.
+    Other(String),
+}
+
+impl ErrorCode {
+    /// Every code this build knows.
+    pub const KNOWN: [ErrorCode; 16] = [
+        ErrorCode::InvalidRequest,
+        ErrorCode::Unauthenticated,
+        ErrorCode::Forbidden,
+        ErrorCode::MachineNotFound,
+        ErrorCode::RouteNotFound,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::MachineSpecConflict,
+        ErrorCode::ResizeRequiresRunning,
+        ErrorCode::HostPortInUse,
+        ErrorCode::Conflict,
+        ErrorCode::PayloadTooLarge,
+        ErrorCode::StartFailed,
+        ErrorCode::RuntimeError,
+        ErrorCode::RuntimeProtocolError,
+        ErrorCode::RuntimeUnavailable,
+        ErrorCode::RuntimeTimeout,
+    ];
+
+    /// The wire spelling.
+    pub fn as_str(&self) -> &str {
+        match self {
+            ErrorCode::InvalidRequest => "InvalidRequest",
+            ErrorCode::Unauthenticated => "Unauthenticated",
+            ErrorCode::Forbidden => "Forbidden",
+            ErrorCode::MachineNotFound => "MachineNotFound",
+            ErrorCode::RouteNotFound => "RouteNotFound",
+            ErrorCode::MethodNotAllowed => "MethodNotAllowed",
+            ErrorCode::MachineSpecConflict => "MachineSpecConflict",
+            ErrorCode::ResizeRequiresRunning => "ResizeRequiresRunning",
+            ErrorCode::HostPortInUse => "HostPortInUse",
+            ErrorCode::Conflict => "Conflict",
+            ErrorCode::PayloadTooLarge => "PayloadTooLarge",
+            ErrorCode::StartFailed => "StartFailed",
+            ErrorCode::RuntimeError => "RuntimeError",
+            ErrorCode::RuntimeProtocolError => "RuntimeProtocolError",
+            ErrorCode::RuntimeUnavailable => "RuntimeUnavailable",
+            ErrorCode::RuntimeTimeout => "RuntimeTimeout",
+            ErrorCode::Other(code) => code,
+        }
+    }
+
+    /// A label for metrics: the code, or `Other` for one this build does not know (so a peer
+    /// cannot grow the label set).
+    pub fn label(&self) -> &'static str {
+        match self {
+            ErrorCode::InvalidRequest => "InvalidRequest",
+            ErrorCode::Unauthenticated => "Unauthenticated",
+            ErrorCode::Forbidden => "Forbidden",
+            ErrorCode::MachineNotFound => "MachineNotFound",
+            ErrorCode::RouteNotFound => "RouteNotFound",
+            ErrorCode::MethodNotAllowed => "MethodNotAllowed",
+            ErrorCode::MachineSpecConflict => "MachineSpecConflict",
+            ErrorCode::ResizeRequiresRunning => "ResizeRequiresRunning",
+            ErrorCode::HostPortInUse => "HostPortInUse",
+            ErrorCode::Conflict => "Conflict",
+            ErrorCode::PayloadTooLarge => "PayloadTooLarge",
+            ErrorCode::StartFailed => "StartFailed",
+            ErrorCode::RuntimeError => "RuntimeError",
+            ErrorCode::RuntimeProtocolError => "RuntimeProtocolError",
+            ErrorCode::RuntimeUnavailable => "RuntimeUnavailable",
+            ErrorCode::RuntimeTimeout => "RuntimeTimeout",
+            ErrorCode::Other(_) => "Other",
+        }
+    }
+
+    /// The HTTP status that goes with the code (500 for one this build does not know).
+    pub fn status(&self) -> u16 {
+        match self {
+            ErrorCode::InvalidRequest => 400,
+            ErrorCode::Unauthenticated => 401,
+            ErrorCode::Forbidden => 403,
+            ErrorCode::MachineNotFound | ErrorCode::RouteNotFound => 404,
+            ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::MachineSpecConflict
+            | ErrorCode::ResizeRequiresRunning
+            | ErrorCode::HostPortInUse
+            | ErrorCode::Conflict => 409,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::StartFailed | ErrorCode::RuntimeError => 500,
+            ErrorCode::RuntimeProtocolError => 502,
+            ErrorCode::RuntimeUnavailable => 503,
+            ErrorCode::RuntimeTimeout => 504,
+            ErrorCode::Other(_) => 500,
+        }
+    }
+
+    /// Whether the code says the node's runtime could not be reached (down, restarting or too
+    /// slow), as opposed to a refusal.
+    pub fn is_runtime_unreachable(&self) -> bool {
+        matches!(self, ErrorCode::RuntimeUnavailable | ErrorCode::RuntimeTimeout)
+    }
+}
+
+impl From<&str> for ErrorCode {
+    fn from(code: &str) -> Self {
+        ErrorCode::KNOWN
+            .into_iter()
+            .find(|known| known.as_str() == code)
+            .unwrap_or_else(|| ErrorCode::Other(code.to_string()))
+    }
+}
+
+impl From<String> for ErrorCode {
+    fn from(code: String) -> Self {
+        ErrorCode::from(code.as_str())
+    }
+}
+
+impl From<ErrorCode> for String {
+    fn from(code: ErrorCode) -> Self {
+        match code {
+            ErrorCode::Other(code) => code,
+            known => known.as_str().to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Body of every error answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeApiError {
-    /// Stable code from [`error_code`].
-    pub code: String,
+    /// The stable code.
+    pub code: ErrorCode,
     /// Human-readable message; for runtime failures smolvm's own text, verbatim.
     pub message: String,
     /// Structured extras (e.g. `{"fields": [...]}` for a spec conflict).
@@ -439,5 +571,21 @@ mod tests {
             assert_eq!(serde_json::to_string(&value).expect("json"), text);
             assert_eq!(serde_json::from_str::<DeleteResponse>(text).expect("parse"), value);
         }
+    }
+
+    #[test]
+    fn error_codes_round_trip_and_unknown_ones_decode() {
+        for code in ErrorCode::KNOWN {
+            let text = serde_json::to_string(&code).expect("encode");
+            assert_eq!(text, format!("\"{}\"", code.as_str()));
+            assert_eq!(serde_json::from_str::<ErrorCode>(&text).expect("decode"), code);
+            assert_eq!(code.label(), code.as_str());
+            assert!((400..600).contains(&code.status()), "{code}");
+        }
+        let body: NodeApiError =
+            serde_json::from_str(r#"{"code":"SomethingNew","message":"m"}"#).expect("a newer agent's code decodes");
+        assert_eq!(body.code, ErrorCode::Other("SomethingNew".into()));
+        assert_eq!((body.code.label(), body.code.status()), ("Other", 500));
+        assert_eq!(serde_json::to_value(&body).expect("encode")["code"], "SomethingNew");
     }
 }

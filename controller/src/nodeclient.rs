@@ -28,8 +28,8 @@ use hyper_util::{
 use rustls::{ClientConfig, pki_types::ServerName};
 use serde::{Serialize, de::DeserializeOwned};
 use smolvm_api::nodeapi::{
-    DeleteResponse, HealthResponse, IdentityResponse, MachineSpec, MachineStatus, NodeApiError, RegistryAuth,
-    ResizeSpec, StartRequest, error_code,
+    DeleteResponse, ErrorCode, HealthResponse, IdentityResponse, MachineSpec, MachineStatus, NodeApiError,
+    RegistryAuth, ResizeSpec, StartRequest,
 };
 use tokio::net::TcpStream;
 use tokio_rustls::{TlsConnector, client::TlsStream};
@@ -55,8 +55,8 @@ pub enum CallError {
         node: String,
         /// HTTP status.
         status: u16,
-        /// Stable code from [`error_code`].
-        code: String,
+        /// The stable code.
+        code: ErrorCode,
         /// The node's message (smolvm's own text for runtime failures).
         message: String,
         /// Structured details.
@@ -77,9 +77,7 @@ impl CallError {
     pub fn is_unreachable(&self) -> bool {
         match self {
             CallError::Unreachable { .. } => true,
-            CallError::Api { code, .. } => {
-                code == error_code::RUNTIME_UNAVAILABLE || code == error_code::RUNTIME_TIMEOUT
-            }
+            CallError::Api { code, .. } => code.is_runtime_unreachable(),
             CallError::Protocol { .. } => false,
         }
     }
@@ -92,7 +90,7 @@ impl CallError {
     }
 
     /// The node API error code, if the node answered one.
-    pub fn code(&self) -> Option<&str> {
+    pub fn code(&self) -> Option<&ErrorCode> {
         match self {
             CallError::Api { code, .. } => Some(code),
             _ => None,
@@ -349,7 +347,10 @@ impl NodeClient {
             .await
         {
             Ok(m) => Ok(Some(m)),
-            Err(CallError::Api { code, .. }) if code == error_code::MACHINE_NOT_FOUND => Ok(None),
+            Err(CallError::Api {
+                code: ErrorCode::MachineNotFound,
+                ..
+            }) => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -476,11 +477,10 @@ impl NodeClient {
                     node: node.to_string(),
                     status: status.as_u16(),
                     code: if status == StatusCode::SERVICE_UNAVAILABLE {
-                        error_code::RUNTIME_UNAVAILABLE
+                        ErrorCode::RuntimeUnavailable
                     } else {
-                        error_code::RUNTIME_TIMEOUT
-                    }
-                    .to_string(),
+                        ErrorCode::RuntimeTimeout
+                    },
                     message: format!("the agent answered {status} without an error body"),
                     details: None,
                 })

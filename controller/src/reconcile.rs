@@ -24,7 +24,7 @@ use smolvm_api::{
         FIELD_MANAGER_CONTROLLER, FINALIZER, FORCE_DELETE_ANNOTATION, RECREATE_LOST_MACHINE_ANNOTATION, condition,
         reason,
     },
-    nodeapi::{MachineState, MachineStatus, error_code},
+    nodeapi::{ErrorCode, MachineState, MachineStatus},
 };
 
 use crate::{
@@ -598,7 +598,7 @@ async fn converge(
                 machine_now = Some(m);
                 done.push(action);
             }
-            Err(Failure::Call(e)) if e.code() == Some(error_code::RESIZE_REQUIRES_RUNNING) => {
+            Err(Failure::Call(e)) if e.code() == Some(&ErrorCode::ResizeRequiresRunning) => {
                 plan::set_condition(
                     &mut status.conditions,
                     condition::RESIZE_PENDING,
@@ -1020,11 +1020,11 @@ impl RuntimeCall {
 /// Phase and Ready reason after a node API call failed with an error other than unreachable:
 /// the reason names the operation that failed (or smolvm's start failure, whatever the call).
 /// `None` keeps the phase: a failed stop or resize leaves the machine as it was.
-pub fn call_failure(call: RuntimeCall, code: Option<&str>) -> (Option<Phase>, &'static str) {
-    if code == Some(error_code::START_FAILED) {
+pub fn call_failure(call: RuntimeCall, code: Option<&ErrorCode>) -> (Option<Phase>, &'static str) {
+    if code == Some(&ErrorCode::StartFailed) {
         return (Some(Phase::Failed), reason::START_FAILED);
     }
-    if code == Some(error_code::HOST_PORT_IN_USE) && matches!(call, RuntimeCall::Create | RuntimeCall::Start) {
+    if code == Some(&ErrorCode::HostPortInUse) && matches!(call, RuntimeCall::Create | RuntimeCall::Start) {
         return (Some(Phase::Failed), reason::HOST_PORT_IN_USE);
     }
     match call {

@@ -8,7 +8,7 @@ use smolvm_api::Protocol;
 use std::{sync::Arc, time::Duration};
 
 use common::{NODE, Pki, TOKEN, TestAgent};
-use smolvm_api::nodeapi::{MachineSpec, MachineState, NetworkSpec, PortSpec, ResizeSpec, error_code};
+use smolvm_api::nodeapi::{ErrorCode, MachineSpec, MachineState, NetworkSpec, PortSpec, ResizeSpec};
 use smolvm_certs::ReloadableResolver;
 use smolvm_controller::nodeclient::{CallError, ClientSettings, ClientTls, Endpoints, NodeClient, client_tls};
 
@@ -85,7 +85,7 @@ async fn node_client_drives_the_real_runtime_over_mtls() {
             details,
             ..
         }) => {
-            assert_eq!(code, error_code::MACHINE_SPEC_CONFLICT);
+            assert_eq!(code, ErrorCode::MachineSpecConflict);
             let fields = details.unwrap().to_string();
             assert!(fields.contains("image") && fields.contains("cpus"), "{fields}");
         }
@@ -118,12 +118,12 @@ async fn node_client_drives_the_real_runtime_over_mtls() {
         )
         .await
     {
-        Err(e) => assert_eq!(e.code(), Some(error_code::RESIZE_REQUIRES_RUNNING), "{e}"),
+        Err(e) => assert_eq!(e.code(), Some(&ErrorCode::ResizeRequiresRunning), "{e}"),
         Ok(m) => panic!("a live CPU resize of a stopped machine cannot succeed: {m:?}"),
     }
     match nodes.ensure_running(NODE, name, None).await {
         Err(e) => {
-            assert_eq!(e.code(), Some(error_code::START_FAILED), "{e}");
+            assert_eq!(e.code(), Some(&ErrorCode::StartFailed), "{e}");
             assert!(!e.message().is_empty(), "the runtime's own message is carried");
             println!("start failed as expected here: {}", e.message());
         }
@@ -140,7 +140,7 @@ async fn node_client_drives_the_real_runtime_over_mtls() {
     // A wrong token is refused by the agent.
     let wrong = client(&pki, "not-the-token", endpoints.clone());
     match wrong.health(NODE).await {
-        Err(CallError::Api { status: 401, code, .. }) => assert_eq!(code, error_code::UNAUTHENTICATED),
+        Err(CallError::Api { status: 401, code, .. }) => assert_eq!(code, ErrorCode::Unauthenticated),
         other => panic!("expected 401, got {other:?}"),
     }
     // A token replaced in the Secret before this runtime saw it: the client retries with the

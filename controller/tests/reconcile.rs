@@ -57,59 +57,64 @@ async fn add_finalizer_appends_to_other_finalizers() {
 
 #[test]
 fn runtime_failures_are_named_after_the_call() {
-    use smolvm_api::{Phase, nodeapi::error_code};
+    use smolvm_api::{Phase, nodeapi::ErrorCode};
     use smolvm_controller::reconcile::{RuntimeCall, call_failure};
     let cases = [
         (
             "get",
             RuntimeCall::Get,
-            Some("Internal"),
+            Some(&ErrorCode::RuntimeError),
             (Some(Phase::Unknown), "RuntimeError"),
         ),
         (
             "create",
             RuntimeCall::Create,
-            Some("Internal"),
+            Some(&ErrorCode::RuntimeError),
             (Some(Phase::Failed), "CreateFailed"),
         ),
         // A taken host port is its own reason, on create and on start.
         (
             "create_port_taken",
             RuntimeCall::Create,
-            Some(error_code::HOST_PORT_IN_USE),
+            Some(&ErrorCode::HostPortInUse),
             (Some(Phase::Failed), "HostPortInUse"),
         ),
         (
             "start_port_taken",
             RuntimeCall::Start,
-            Some(error_code::HOST_PORT_IN_USE),
+            Some(&ErrorCode::HostPortInUse),
             (Some(Phase::Failed), "HostPortInUse"),
         ),
         (
             "start",
             RuntimeCall::Start,
-            Some("Internal"),
+            Some(&ErrorCode::RuntimeError),
             (Some(Phase::Failed), "StartFailed"),
         ),
         (
             "start_failed",
             RuntimeCall::Start,
-            Some(error_code::START_FAILED),
+            Some(&ErrorCode::StartFailed),
             (Some(Phase::Failed), "StartFailed"),
         ),
-        ("stop", RuntimeCall::Stop, Some("Internal"), (None, "StopFailed")),
+        (
+            "stop",
+            RuntimeCall::Stop,
+            Some(&ErrorCode::RuntimeError),
+            (None, "StopFailed"),
+        ),
         ("stop_no_code", RuntimeCall::Stop, None, (None, "StopFailed")),
         (
             "resize",
             RuntimeCall::Resize,
-            Some("InvalidRequest"),
+            Some(&ErrorCode::InvalidRequest),
             (None, "ResizeFailed"),
         ),
         // smolvm's start failure is a start failure whatever call met it.
         (
             "create_then_start_failed",
             RuntimeCall::Create,
-            Some(error_code::START_FAILED),
+            Some(&ErrorCode::StartFailed),
             (Some(Phase::Failed), "StartFailed"),
         ),
     ];
@@ -120,7 +125,7 @@ fn runtime_failures_are_named_after_the_call() {
 
 #[test]
 fn force_delete_gives_up_only_when_the_agent_itself_is_unreachable() {
-    use smolvm_api::nodeapi::error_code;
+    use smolvm_api::nodeapi::ErrorCode;
     use smolvm_controller::{
         nodeclient::CallError,
         reconcile::{DeleteFailure, delete_failure},
@@ -129,7 +134,7 @@ fn force_delete_gives_up_only_when_the_agent_itself_is_unreachable() {
         node: "node-a".into(),
         message: "connection refused".into(),
     };
-    let answered = |status: u16, code: &str| CallError::Api {
+    let answered = |status: u16, code: ErrorCode| CallError::Api {
         node: "node-a".into(),
         status,
         code: code.into(),
@@ -146,19 +151,19 @@ fn force_delete_gives_up_only_when_the_agent_itself_is_unreachable() {
         (
             "runtime_unavailable_is_never_forced",
             true,
-            answered(503, error_code::RUNTIME_UNAVAILABLE),
+            answered(503, ErrorCode::RuntimeUnavailable),
             DeleteFailure::RuntimeUnavailable,
         ),
         (
             "runtime_timeout_is_never_forced",
             true,
-            answered(504, error_code::RUNTIME_TIMEOUT),
+            answered(504, ErrorCode::RuntimeTimeout),
             DeleteFailure::RuntimeUnavailable,
         ),
         (
             "node_error_is_retried",
             true,
-            answered(500, "Internal"),
+            answered(500, ErrorCode::RuntimeError),
             DeleteFailure::Failed,
         ),
         ("unreadable_answer_is_retried", true, protocol, DeleteFailure::Failed),

@@ -7,7 +7,7 @@ use std::path::Path;
 use smolvm_api::nodeapi::{RestartPolicy, WorkloadSpec};
 
 use super::types::{
-    MachineSpec, MachineState, MachineStatus, NetworkSpec, NodeApiError, PortSpec, ResizeSpec, error_code,
+    ErrorCode, MachineSpec, MachineState, MachineStatus, NetworkSpec, NodeApiError, PortSpec, ResizeSpec,
 };
 use crate::vmm::{self, Machine, PortMapping, ResizeRequest, VmmError};
 
@@ -70,12 +70,12 @@ pub struct ApiFailure {
 }
 
 impl ApiFailure {
-    /// A failure without details.
-    pub fn new(status: u16, code: &str, message: impl Into<String>) -> Self {
+    /// A failure without details, with the code's HTTP status.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
-            status,
+            status: code.status(),
             body: NodeApiError {
-                code: code.to_string(),
+                code,
                 message: message.into(),
                 details: None,
             },
@@ -93,20 +93,20 @@ impl ApiFailure {
 pub fn map_vmm_error(error: &VmmError) -> ApiFailure {
     let message = error.message().to_string();
     match error {
-        VmmError::NotFound { .. } => ApiFailure::new(404, error_code::MACHINE_NOT_FOUND, message),
+        VmmError::NotFound { .. } => ApiFailure::new(ErrorCode::MachineNotFound, message),
         VmmError::Conflict { message } if message.contains("Address already in use") => {
-            ApiFailure::new(409, error_code::HOST_PORT_IN_USE, message.clone())
+            ApiFailure::new(ErrorCode::HostPortInUse, message.clone())
         }
-        VmmError::Conflict { .. } => ApiFailure::new(409, error_code::CONFLICT, message),
+        VmmError::Conflict { .. } => ApiFailure::new(ErrorCode::Conflict, message),
         VmmError::BadRequest { message } if message.contains("requires a running machine") => {
-            ApiFailure::new(409, error_code::RESIZE_REQUIRES_RUNNING, message.clone())
+            ApiFailure::new(ErrorCode::ResizeRequiresRunning, message.clone())
         }
-        VmmError::BadRequest { .. } => ApiFailure::new(400, error_code::INVALID_REQUEST, message),
-        VmmError::StartFailed { .. } => ApiFailure::new(500, error_code::START_FAILED, message),
-        VmmError::Unavailable { .. } => ApiFailure::new(503, error_code::RUNTIME_UNAVAILABLE, error.to_string()),
-        VmmError::Timeout { .. } => ApiFailure::new(504, error_code::RUNTIME_TIMEOUT, message),
-        VmmError::Internal { .. } => ApiFailure::new(500, error_code::RUNTIME_ERROR, message),
-        VmmError::Protocol(_) => ApiFailure::new(502, error_code::RUNTIME_PROTOCOL_ERROR, message),
+        VmmError::BadRequest { .. } => ApiFailure::new(ErrorCode::InvalidRequest, message),
+        VmmError::StartFailed { .. } => ApiFailure::new(ErrorCode::StartFailed, message),
+        VmmError::Unavailable { .. } => ApiFailure::new(ErrorCode::RuntimeUnavailable, error.to_string()),
+        VmmError::Timeout { .. } => ApiFailure::new(ErrorCode::RuntimeTimeout, message),
+        VmmError::Internal { .. } => ApiFailure::new(ErrorCode::RuntimeError, message),
+        VmmError::Protocol(_) => ApiFailure::new(ErrorCode::RuntimeProtocolError, message),
     }
 }
 

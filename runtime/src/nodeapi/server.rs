@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use super::auth::TokenAuth;
 use super::logic::{self, ApiFailure};
 use super::types::{
-    DeleteResponse, HealthResponse, IdentityResponse, MachineSpec, MachineState, ResizeSpec, StartRequest, error_code,
+    DeleteResponse, ErrorCode, HealthResponse, IdentityResponse, MachineSpec, MachineState, ResizeSpec, StartRequest,
     validate_machine_name,
 };
 use crate::metrics::Metrics;
@@ -136,8 +136,7 @@ impl NodeApiState {
             if loopback_taken || node_taken {
                 let protocol = p.protocol.as_str();
                 return Err(ApiFailure::new(
-                    409,
-                    error_code::HOST_PORT_IN_USE,
+                    ErrorCode::HostPortInUse,
                     format!("host port {key} is already in use on this node"),
                 )
                 .with_details(serde_json::json!({"hostPort": p.host_port, "protocol": protocol}))
@@ -225,33 +224,10 @@ impl From<VmmError> for ApiError {
     }
 }
 
-fn static_code(code: &str) -> &'static str {
-    const CODES: [&str; 17] = [
-        error_code::INVALID_REQUEST,
-        error_code::UNAUTHENTICATED,
-        error_code::FORBIDDEN,
-        error_code::MACHINE_NOT_FOUND,
-        error_code::ROUTE_NOT_FOUND,
-        error_code::METHOD_NOT_ALLOWED,
-        error_code::MACHINE_SPEC_CONFLICT,
-        error_code::RESIZE_REQUIRES_RUNNING,
-        error_code::HOST_PORT_IN_USE,
-        error_code::CONFLICT,
-        error_code::PAYLOAD_TOO_LARGE,
-        error_code::START_FAILED,
-        error_code::RUNTIME_ERROR,
-        error_code::RUNTIME_PROTOCOL_ERROR,
-        error_code::RUNTIME_UNAVAILABLE,
-        error_code::RUNTIME_TIMEOUT,
-        "OK",
-    ];
-    CODES.iter().find(|c| **c == code).copied().unwrap_or("Other")
-}
-
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let code = static_code(&self.0.body.code);
+        let code = self.0.body.code.label();
         let mut response = json_response(status, &self.0.body);
         if status == StatusCode::UNAUTHORIZED {
             response
@@ -296,15 +272,14 @@ fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Resul
         let status = rejection.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
             ApiFailure::new(
-                413,
-                error_code::PAYLOAD_TOO_LARGE,
+                ErrorCode::PayloadTooLarge,
                 format!("request body exceeds {MAX_BODY_BYTES} bytes"),
             )
         } else {
-            ApiFailure::new(400, error_code::INVALID_REQUEST, rejection.body_text())
+            ApiFailure::new(ErrorCode::InvalidRequest, rejection.body_text())
         }
     })?;
-    let invalid = |why: String| ApiError(ApiFailure::new(400, error_code::INVALID_REQUEST, why));
+    let invalid = |why: String| ApiError(ApiFailure::new(ErrorCode::InvalidRequest, why));
     let value: serde_json::Value =
         serde_json::from_slice(&bytes).map_err(|e| invalid(format!("invalid JSON body: {e}")))?;
     // serde would read a struct from an array too; the protocol speaks objects only.
@@ -327,13 +302,12 @@ impl<S: Send + Sync> FromRequestParts<S> for MachineName {
             .await
             .map_err(|rejection| {
                 ApiError(ApiFailure::new(
-                    400,
-                    error_code::INVALID_REQUEST,
+                    ErrorCode::InvalidRequest,
                     format!("the machine name in the path: {}", rejection.body_text()),
                 ))
             })?;
         validate_machine_name(&name)
-            .map_err(|message| ApiError(ApiFailure::new(400, error_code::INVALID_REQUEST, message)))?;
+            .map_err(|message| ApiError(ApiFailure::new(ErrorCode::InvalidRequest, message)))?;
         Ok(MachineName(name))
     }
 }
@@ -381,8 +355,7 @@ async fn auth_layer(State(state): State<NodeApiState>, request: Request, next: N
         next.run(request).await
     } else {
         ApiError(ApiFailure::new(
-            401,
-            error_code::UNAUTHENTICATED,
+            ErrorCode::Unauthenticated,
             "a valid bearer token is required",
         ))
         .into_response()
@@ -411,16 +384,14 @@ pub fn router(state: NodeApiState) -> Router {
 
 async fn route_not_found(request: Request) -> ApiError {
     ApiError(ApiFailure::new(
-        404,
-        error_code::ROUTE_NOT_FOUND,
+        ErrorCode::RouteNotFound,
         format!("no route {} {}", request.method(), request.uri().path()),
     ))
 }
 
 async fn method_not_allowed(request: Request) -> ApiError {
     ApiError(ApiFailure::new(
-        405,
-        error_code::METHOD_NOT_ALLOWED,
+        ErrorCode::MethodNotAllowed,
         format!("method {} is not allowed on {}", request.method(), request.uri().path()),
     ))
 }
@@ -456,8 +427,7 @@ async fn identity(State(state): State<NodeApiState>) -> ApiResult {
 
 fn not_found(name: &str) -> ApiError {
     ApiError(ApiFailure::new(
-        404,
-        error_code::MACHINE_NOT_FOUND,
+        ErrorCode::MachineNotFound,
         format!("machine '{name}' not found"),
     ))
 }
@@ -484,8 +454,7 @@ async fn create_machine(
             Ok(ok(StatusCode::OK, &logic::to_status(machine)))
         } else {
             Err(ApiFailure::new(
-                409,
-                error_code::MACHINE_SPEC_CONFLICT,
+                ErrorCode::MachineSpecConflict,
                 format!("machine '{name}' exists with a different spec: {}", fields.join(", ")),
             )
             .with_details(serde_json::json!({ "fields": fields }))
@@ -595,8 +564,7 @@ async fn resize_machine(
         if logic::to_status(&machine).state != MachineState::Running {
             let pending = logic::pending_live_fields(&live);
             return Err(ApiFailure::new(
-                409,
-                error_code::RESIZE_REQUIRES_RUNNING,
+                ErrorCode::ResizeRequiresRunning,
                 format!(
                     "machine '{name}' is not running: {} can change only on a running machine{}",
                     pending.join(" and "),
