@@ -137,7 +137,7 @@ fn force_delete_gives_up_only_when_the_agent_itself_is_unreachable() {
     let answered = |status: u16, code: ErrorCode| CallError::Api {
         node: "node-a".into(),
         status,
-        code: code.into(),
+        code,
         message: "smolvm serve is not answering".into(),
         details: None,
     };
