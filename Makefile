@@ -35,7 +35,7 @@ fmt: ## Format the code.
 .PHONY: vet
 vet: ## Check formatting and lints (clippy, warnings are errors).
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 
 .PHONY: build
 build: ## Build every binary.

@@ -19,7 +19,7 @@ pub fn render() -> Result<Vec<(String, String)>, Error> {
         .into_iter()
         .map(|crd| {
             let name = format!("{}.yaml", crd.metadata.name.clone().unwrap_or_default());
-            let body = serde_yaml::to_string(&crd).map_err(|e| Error::Render(e.to_string()))?;
+            let body = serde_norway::to_string(&crd).map_err(|e| Error::Render(e.to_string()))?;
             Ok((name, format!("{HEADER}{body}")))
         })
         .collect()

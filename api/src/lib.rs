@@ -13,6 +13,7 @@ pub mod constants;
 pub mod crd;
 pub mod defaulting;
 pub mod error;
+#[cfg(feature = "test-fixtures")]
 pub mod fixtures;
 pub mod nodeapi;
 pub mod policy;

@@ -108,7 +108,7 @@ impl Policy {
         if text.trim().is_empty() {
             return Ok(Policy::default());
         }
-        let de = serde_yaml::Deserializer::from_str(text);
+        let de = serde_norway::Deserializer::from_str(text);
         let policy: Policy = serde_path_to_error::deserialize(de).map_err(|e| {
             let field = e.path().to_string();
             let inner = e.into_inner();

@@ -198,7 +198,7 @@ fn write_kubeconfig(path: &Path, url: &str, ca_pem: &str, user: &str, token: &st
         "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}],
         "current-context": "e2e",
     });
-    write(path, &serde_yaml::to_string(&doc)?)
+    write(path, &serde_norway::to_string(&doc)?)
 }
 
 fn write(path: &Path, text: &str) -> anyhow::Result<()> {

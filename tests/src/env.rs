@@ -225,7 +225,7 @@ pub fn render(dir: &Path) -> anyhow::Result<Vec<Value>> {
     }
     let text = String::from_utf8(out.stdout)?;
     let mut objects = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
+    for doc in serde_norway::Deserializer::from_str(&text) {
         let value: Value = serde::Deserialize::deserialize(doc)?;
         if !value.is_null() {
             objects.push(value);

@@ -126,7 +126,7 @@ fn kustomize(dir: &Path) -> Vec<Value> {
         text(&output.stderr)
     );
     let yaml = text(&output.stdout);
-    serde_yaml::Deserializer::from_str(&yaml)
+    serde_norway::Deserializer::from_str(&yaml)
         .map(|doc| Value::deserialize(doc).unwrap_or_else(|e| panic!("{}: rendered YAML: {e}", dir.display())))
         .filter(|v| !v.is_null())
         .collect()
@@ -479,7 +479,7 @@ fn every_object_is_labelled_and_namespaced_in_smolvm_system() {
 #[test]
 fn crds_in_the_install_are_the_generated_ones() {
     let kustomization: Value =
-        serde_yaml::from_str(&read("deploy/crds/kustomization.yaml")).expect("deploy/crds/kustomization.yaml");
+        serde_norway::from_str(&read("deploy/crds/kustomization.yaml")).expect("deploy/crds/kustomization.yaml");
     let listed: BTreeSet<String> = kustomization["resources"]
         .as_array()
         .expect("resources")
@@ -1413,7 +1413,7 @@ fn no_secret_material_ships_in_any_manifest() {
             } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
                 let text = std::fs::read_to_string(&path).expect("read a manifest");
                 assert!(!text.contains("secretGenerator"), "{}: secretGenerator", path.display());
-                for doc in serde_yaml::Deserializer::from_str(&text) {
+                for doc in serde_norway::Deserializer::from_str(&text) {
                     let value = Value::deserialize(doc).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
                     check_no_secret_material(&value, &path.display().to_string());
                 }

@@ -16,7 +16,7 @@ CLIENTS=${CLIENTS:-128}
 SECS=${SECONDS_PER_RUN:-10}
 BODY_BYTES=${BODY_BYTES:-1048000}
 
-(cd "$ROOT" && cargo build --release -p smolvm-webhook --bins)
+(cd "$ROOT" && cargo build --release -p smolvm-webhook --features bench --bins)
 BIN=$TARGET/release
 WORK=$(mktemp -d)
 PID=

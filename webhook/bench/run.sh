@@ -29,7 +29,7 @@ SECS=${SECONDS_PER_RUN:-10}
 RATES=${RATES:-"2000 5000"}
 CONNS=${CONNECTIONS:-16}
 
-(cd "$ROOT" && cargo build --release -p smolvm-webhook --bins)
+(cd "$ROOT" && cargo build --release -p smolvm-webhook --features bench --bins)
 BIN=$TARGET/release
 WORK=$(mktemp -d)
 PIDS=()

@@ -2,7 +2,7 @@
 //! (parse, rules, encode) and the whole admission router (routing, body read, review, metrics,
 //! response), next to the parse-and-echo floor's router for comparison.
 //!
-//! Run: `cargo bench -p smolvm-webhook --bench handler`
+//! Run: `cargo bench -p smolvm-webhook --features bench --bench handler`
 //!
 //! For instruction counts, run one case a fixed number of times outside criterion, e.g.
 //! `HANDLER_BENCH=router-validate:2000 valgrind --tool=callgrind <bench binary>` and subtract a

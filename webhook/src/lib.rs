@@ -10,6 +10,7 @@
 //! - [`client`]: an HTTPS client for tests and the benchmark (verifies certificates).
 
 #[doc(hidden)]
+#[cfg(feature = "bench")]
 pub mod bench_support;
 pub mod cli;
 pub mod client;

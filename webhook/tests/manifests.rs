@@ -14,7 +14,7 @@ fn manifests() -> (MutatingWebhookConfiguration, ValidatingWebhookConfiguration)
         "/../deploy/base/webhook/webhook-configurations.yaml"
     );
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let mut docs = serde_yaml::Deserializer::from_str(&text);
+    let mut docs = serde_norway::Deserializer::from_str(&text);
     let m = MutatingWebhookConfiguration::deserialize(docs.next().unwrap_or_else(|| panic!("no document")))
         .unwrap_or_else(|e| panic!("mutating: {e}"));
     let v = ValidatingWebhookConfiguration::deserialize(docs.next().unwrap_or_else(|| panic!("no document")))
@@ -246,7 +246,7 @@ mod policies {
             "/../deploy/base/admission-policies/identity.yaml"
         );
         let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        serde_yaml::Deserializer::from_str(&text)
+        serde_norway::Deserializer::from_str(&text)
             .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap_or_else(|e| panic!("{path}: {e}")))
             .find(|d| d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"] == name)
             .unwrap_or_else(|| panic!("{path}: no policy {name}"))
