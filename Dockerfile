@@ -20,6 +20,7 @@ COPY kit/Cargo.toml kit/Cargo.toml
 COPY webhook/Cargo.toml webhook/Cargo.toml
 COPY controller/Cargo.toml controller/Cargo.toml
 COPY runtime/Cargo.toml runtime/Cargo.toml
+COPY testkit/Cargo.toml testkit/Cargo.toml
 COPY tests/Cargo.toml tests/Cargo.toml
 COPY deploy/image/stub-workspace.sh /usr/local/bin/stub-workspace.sh
 RUN sh /usr/local/bin/stub-workspace.sh . \

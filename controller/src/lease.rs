@@ -521,10 +521,10 @@ mod tests {
             atomic::{AtomicUsize, Ordering},
         };
 
-        use http::{Method, Request, Response};
-        use kube::client::Body;
+        use http::Method;
+        use smolvm_testkit::apiserver;
 
-        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let (client, mut handle) = apiserver::client("default");
         let config = LeaseConfig {
             namespace: "smolvm-system".into(),
             name: "smolvm-controller".into(),
@@ -534,32 +534,15 @@ mod tests {
         };
         let (leader_tx, mut leader_rx) = watch::channel(false);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let task = tokio::spawn(run(
-            Client::new(service, "default"),
-            config.clone(),
-            leader_tx,
-            shutdown_rx,
-        ));
+        let task = tokio::spawn(run(client, config.clone(), leader_tx, shutdown_rx));
 
-        let (request, send) = handle.next_request().await.unwrap();
-        assert_eq!(request.method(), Method::GET);
-        let not_found = serde_json::json!({
-            "kind": "Status", "apiVersion": "v1", "status": "Failure",
-            "reason": "NotFound", "code": 404, "message": "leases \"smolvm-controller\" not found"
-        });
-        send.send_response(
-            Response::builder()
-                .status(404)
-                .body(Body::from(serde_json::to_vec(&not_found).unwrap()))
-                .unwrap(),
-        );
-        let (request, send) = handle.next_request().await.unwrap();
-        assert_eq!(request.method(), Method::POST);
-        let body = http_body_util::BodyExt::collect(request.into_body())
-            .await
-            .unwrap()
-            .to_bytes();
-        send.send_response(Response::builder().status(201).body(Body::from(body.to_vec())).unwrap());
+        let call = apiserver::next_call(&mut handle).await;
+        assert_eq!(call.method, Method::GET);
+        call.answer(404, &apiserver::not_found("leases", "smolvm-controller"));
+        let call = apiserver::next_call(&mut handle).await;
+        assert_eq!(call.method, Method::POST);
+        let body = call.body.clone();
+        call.answer(201, &body);
 
         tokio::time::timeout(Duration::from_secs(5), leader_rx.wait_for(|l| *l))
             .await

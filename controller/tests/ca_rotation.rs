@@ -7,8 +7,7 @@
 //! by writing the bundle file and signing the agent's CSR with the controller's signing CA; the
 //! rotation's decisions are the controller's own (`rotation_step`, `renewal_due`, `report`).
 
-#[path = "../../runtime/tests/common/mod.rs"]
-mod common;
+use smolvm_testkit::node as common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -1,8 +1,7 @@
 //! The controller's node client against the real runtime agent, supervising a real
 //! `smolvm serve`, over mTLS on loopback. Nothing here is a double.
 
-#[path = "../../runtime/tests/common/mod.rs"]
-mod common;
+use smolvm_testkit::node as common;
 
 use smolvm_api::Protocol;
 use std::{sync::Arc, time::Duration};

@@ -2,21 +2,18 @@
 //! no kube-apiserver; the e2e tier repeats these on a real one). Each case asserts the exact API
 //! calls the reconcile makes, in order.
 
-#[path = "../../runtime/tests/common/mod.rs"]
-mod common;
+use smolvm_testkit::node as common;
 mod support;
 
 use std::time::Duration;
 
-use http::{Method, Request, Response};
-use kube::{Client, client::Body};
+use http::Method;
 use serde_json::json;
 use smolvm_api::{
     constants::{FINALIZER, FORCE_DELETE_ANNOTATION},
     fixtures,
 };
 use support::*;
-use tower_test::mock;
 
 #[tokio::test]
 async fn add_finalizer() {
@@ -196,12 +193,8 @@ async fn bind_writes_the_binding_once_with_a_precondition() {
 
 #[tokio::test]
 async fn a_stale_cache_right_after_a_bind_does_not_bind_again() {
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let ctx = context(
-        Client::new(service, "default"),
-        vec![ready_node("node-a", "uid-a", 5)],
-        None,
-    );
+    let (client, handle) = smolvm_testkit::apiserver::client("default");
+    let ctx = context(client, vec![ready_node("node-a", "uid-a", 5)], None);
     let object = vm(with_finalizer(fixtures::alpine()));
     let calls = vec![
         expect(Method::PUT, VM_STATUS_PATH, |_| {}),
@@ -523,31 +516,24 @@ mod csr {
     /// A test double of the API server's Node endpoint: one GET of the node the token names,
     /// answered with a Node of `uid`, or 404 when `None`.
     fn nodes(node: &'static str, uid: Option<&'static str>) -> Api<k8s_openapi::api::core::v1::Node> {
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let (client, mut handle) = smolvm_testkit::apiserver::client("default");
         tokio::spawn(async move {
-            let Some((request, send)) = handle.next_request().await else {
+            let Some(call) = smolvm_testkit::apiserver::next_call_within(&mut handle, Duration::from_secs(5)).await
+            else {
                 return;
             };
-            assert_eq!(request.method(), Method::GET);
-            assert_eq!(request.uri().path(), format!("/api/v1/nodes/{node}"));
+            assert_eq!(call.method, Method::GET);
+            assert_eq!(call.path, format!("/api/v1/nodes/{node}"));
             let (status, body) = match uid {
                 Some(uid) => (
                     200,
                     json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": uid}}),
                 ),
-                None => (
-                    404,
-                    json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
-                ),
+                None => (404, smolvm_testkit::apiserver::not_found("nodes", node)),
             };
-            send.send_response(
-                Response::builder()
-                    .status(status)
-                    .body(Body::from(serde_json::to_vec(&body).unwrap()))
-                    .unwrap(),
-            );
+            call.answer(status, &body);
         });
-        Api::all(Client::new(service, "default"))
+        Api::all(client)
     }
 
     async fn run(object: CertificateSigningRequest, calls: Vec<Expect>) -> Judgement {
@@ -564,8 +550,8 @@ mod csr {
         calls: Vec<Expect>,
     ) -> Judgement {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let api: Api<CertificateSigningRequest> = Api::all(Client::new(service, "default"));
+        let (client, handle) = smolvm_testkit::apiserver::client("default");
+        let api: Api<CertificateSigningRequest> = Api::all(client);
         let expected = calls.len();
         let server = tokio::spawn(serve(handle, calls, serde_json::to_value(&object).unwrap(), CSR_PATH));
         let ca = smolvm_certs::CertificateAuthority::generate("ca", Duration::from_secs(3600)).unwrap();

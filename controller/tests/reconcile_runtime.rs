@@ -3,8 +3,7 @@
 //! kube-apiserver). Each case asserts the exact API writes: create, run (a start failure here,
 //! where guests cannot boot), stop and resize.
 
-#[path = "../../runtime/tests/common/mod.rs"]
-mod common;
+use smolvm_testkit::node as common;
 mod support;
 
 use std::sync::Arc;

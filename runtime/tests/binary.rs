@@ -6,8 +6,8 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-mod common;
 use common::{NODE, Pki, TOKEN, free_port, http_get, smolvm_install};
+use smolvm_testkit::node as common;
 
 /// Processes whose command line mentions `needle`.
 fn processes_mentioning(needle: &str) -> Vec<u32> {

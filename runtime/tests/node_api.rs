@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-mod common;
 use common::{NODE, NodeClient, Pki, TOKEN, TestAgent, http_get};
+use smolvm_testkit::node as common;
 
 fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()

@@ -1,8 +1,8 @@
-//! SmolVMNode reporting against a TEST DOUBLE of the Kubernetes API server: a `tower-test`
-//! mock service behind a real `kube::Client`. No API server runs here; the double answers each
+//! SmolVMNode reporting against the TEST DOUBLE of the Kubernetes API server
+//! (`smolvm_testkit::apiserver`: a `tower-test` mock service behind a real `kube::Client`). No API server runs here; the double answers each
 //! expected call and the test asserts the exact method, path, query, content type and body.
 
-use http::{Request, Response, StatusCode};
+use http::{Response, StatusCode};
 use http_body_util::BodyExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::client::Body;
@@ -10,11 +10,10 @@ use serde_json::{Value, json};
 use smolvm_api::types::{Endpoint, NodeResources};
 use smolvm_runtime::report::{Observation, Reporter};
 
-type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+use smolvm_testkit::apiserver::{self, Handle};
 
 fn double() -> (kube::Client, Handle) {
-    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    (kube::Client::new(service, "default"), handle)
+    apiserver::client("default")
 }
 
 /// Takes the next request; asserts method, path and query; returns content type and JSON body.
@@ -24,30 +23,11 @@ async fn expect(
     path_and_query: &str,
     answer: (StatusCode, Value),
 ) -> (Option<String>, Value) {
-    let (request, respond) = handle.next_request().await.expect("the reporter made a call");
-    assert_eq!(request.method().as_str(), method, "{}", request.uri());
-    assert_eq!(
-        request.uri().path_and_query().map(|p| p.as_str()),
-        Some(path_and_query),
-        "{method}"
-    );
-    let content_type = request
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let bytes = request.into_body().collect().await.expect("body").to_bytes();
-    let body = if bytes.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&bytes).expect("JSON request body")
-    };
-    let response = Response::builder()
-        .status(answer.0)
-        .header("content-type", "application/json")
-        .body(Body::from(serde_json::to_vec(&answer.1).expect("json")))
-        .expect("response");
-    respond.send_response(response);
+    let call = apiserver::next_call(handle).await;
+    assert_eq!(call.method.as_str(), method, "{}", call.path_and_query);
+    assert_eq!(call.path_and_query, path_and_query, "{method}");
+    let (content_type, body) = (call.content_type.clone(), call.body.clone());
+    call.answer(answer.0.as_u16(), &answer.1);
     (content_type, body)
 }
 

@@ -22,8 +22,8 @@ use smolvm_runtime::vmm::{
 };
 use tokio::process::{Child, Command};
 
-mod common;
 use common::{assert_cleaned_cause, free_port, parse_exports, smolvm_install};
+use smolvm_testkit::node as common;
 
 const PINNED_VERSION: &str = "1.32.2";
 

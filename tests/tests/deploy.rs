@@ -2185,12 +2185,12 @@ fn operations_doc_explains_every_condition_and_reason() {
         ("controller/src/placement.rs", "PinnedNodeUnknown"),
         ("controller/src/placement.rs", "PinnedNodeIneligible"),
         ("controller/src/placement.rs", "NoEligibleNode"),
-        ("controller/src/signer.rs", "RequesterNotRuntime"),
-        ("controller/src/signer.rs", "NoNodeClaim"),
-        ("controller/src/signer.rs", "UsageNotAllowed"),
-        ("controller/src/signer.rs", "InvalidRequest"),
-        ("controller/src/signer.rs", "NamesNotAllowed"),
-        ("controller/src/signer.rs", "RuntimeNodeVerified"),
+        ("controller/src/signer/judge.rs", "RequesterNotRuntime"),
+        ("controller/src/signer/judge.rs", "NoNodeClaim"),
+        ("controller/src/signer/judge.rs", "UsageNotAllowed"),
+        ("controller/src/signer/judge.rs", "InvalidRequest"),
+        ("controller/src/signer/judge.rs", "NamesNotAllowed"),
+        ("controller/src/signer/handle.rs", "RuntimeNodeVerified"),
     ];
     for (file, reason) in literal {
         assert!(

@@ -13,9 +13,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use http::{Method, Request, Response};
-use http_body_util::BodyExt;
-use kube::client::Body;
+use http::Method;
 use serde_json::{Value, json};
 use smolvm_webhook::selfsigned::{self, Material, SelfSignedConfig, ca_bundle_value};
 use tokio::sync::Barrier;
@@ -200,32 +198,16 @@ impl FakeApiServer {
         }
     }
 
-    /// Serves one replica's mock handle until the client is dropped.
-    fn serve(&self, mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>) {
-        let fake = self.clone();
-        tokio::spawn(async move {
-            while let Some((request, send)) = handle.next_request().await {
-                let fake = fake.clone();
-                tokio::spawn(async move {
-                    let (parts, body) = request.into_parts();
-                    let bytes = body.collect().await.map(|c| c.to_bytes().to_vec()).unwrap_or_default();
-                    let (code, value) = fake.handle(parts.method, parts.uri.path().to_string(), bytes).await;
-                    let response = Response::builder()
-                        .status(code)
-                        .header("content-type", "application/json")
-                        .body(Body::from(serde_json::to_vec(&value).unwrap_or_default()));
-                    if let Ok(r) = response {
-                        send.send_response(r);
-                    }
-                });
-            }
-        });
-    }
-
+    /// A client (one replica) whose requests this fake answers, through the shared API-server
+    /// double (`smolvm_testkit::apiserver`), concurrently, until the client is dropped.
     fn client(&self) -> kube::Client {
-        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        self.serve(handle);
-        kube::Client::new(service, NS)
+        let (client, handle) = smolvm_testkit::apiserver::client(NS);
+        let fake = self.clone();
+        smolvm_testkit::apiserver::serve_with(handle, move |method, path, body| {
+            let fake = fake.clone();
+            async move { fake.handle(method, path, body).await }
+        });
+        client
     }
 }
 

@@ -271,73 +271,42 @@ fn csr_status_judgements() {
     }
 }
 
-/// The API server as a tower-test double: serves the expected calls in order (method, path,
-/// answer status, check of the JSON body), answering 2xx with `object`, and fails on any other
-/// call. Returns how many calls it served once the client is gone.
+/// The signing flow against the scripted API-server double of `smolvm_testkit::apiserver`: the
+/// expected calls in order (method, path, answer status, check of the JSON body), 2xx answered
+/// with the CSR, anything else with a Conflict; any other call fails.
 mod api {
     use std::time::Duration;
 
-    use http::{Method, Request, Response};
-    use kube::{Api, Client, client::Body};
+    use http::Method;
+    use kube::Api;
     use serde_json::Value;
-    use tower_test::mock;
+    use smolvm_testkit::apiserver::{self, Expect};
 
     use super::*;
 
     pub const CSR_PATH: &str = "/apis/certificates.k8s.io/v1/certificatesigningrequests/runtime-node-a";
 
-    pub type Check = Box<dyn Fn(&Value) + Send>;
-
-    pub fn call(
-        method: Method,
-        subresource: &str,
-        status: u16,
-        check: impl Fn(&Value) + Send + 'static,
-    ) -> (Method, String, u16, Check) {
-        (method, format!("{CSR_PATH}/{subresource}"), status, Box::new(check))
+    pub fn call(method: Method, subresource: &str, status: u16, check: impl Fn(&Value) + Send + 'static) -> Expect {
+        Expect {
+            method,
+            path: format!("{CSR_PATH}/{subresource}"),
+            check: Box::new(check),
+            answer: (status >= 300).then(|| (status, apiserver::conflict())),
+        }
     }
 
     pub async fn handle(
         object: CertificateSigningRequest,
         node_uid: impl Fn(&str) -> Option<String>,
-        calls: Vec<(Method, String, u16, Check)>,
+        calls: Vec<Expect>,
     ) -> Judgement {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let reply = serde_json::to_vec(&object).unwrap();
+        let (client, handle) = apiserver::client("default");
         let expected = calls.len();
-        let server = tokio::spawn(async move {
-            let mut served = 0;
-            let mut calls = calls.into_iter();
-            loop {
-                let next = tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await;
-                let Ok(Some((request, send))) = next else { break };
-                let Some((method, path, status, check)) = calls.next() else {
-                    panic!("unexpected call {} {}", request.method(), request.uri())
-                };
-                assert_eq!(request.method(), method, "method of call {served}");
-                assert_eq!(request.uri().path(), path, "path of call {served}");
-                let bytes = http_body_util::BodyExt::collect(request.into_body())
-                    .await
-                    .unwrap()
-                    .to_bytes();
-                check(&serde_json::from_slice(&bytes).unwrap_or(Value::Null));
-                let body = if status < 300 {
-                    reply.clone()
-                } else {
-                    serde_json::to_vec(&serde_json::json!({
-                        "kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "reason": "Conflict", "code": status, "message": "the object has been modified"
-                    }))
-                    .unwrap()
-                };
-                send.send_response(Response::builder().status(status).body(Body::from(body)).unwrap());
-                served += 1;
-            }
-            served
-        });
+        let reply = serde_json::to_value(&object).unwrap();
+        let server = tokio::spawn(apiserver::serve(handle, calls, reply, CSR_PATH));
         let judgement = {
-            let api: Api<CertificateSigningRequest> = Api::all(Client::new(service, "default"));
+            let api: Api<CertificateSigningRequest> = Api::all(client);
             let ca = smolvm_certs::CertificateAuthority::generate("ca", Duration::from_secs(3600)).unwrap();
             handle_csr_with_node_uid(&api, &object, &ca, &Policy::default(), node_uid)
                 .await

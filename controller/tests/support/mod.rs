@@ -1,17 +1,15 @@
-//! Shared helpers of the reconcile tests: a tower-test double of the API server that serves an
-//! expected sequence of calls, and fixtures.
+//! Shared helpers of the reconcile tests: fixtures and a reconcile run against the scripted
+//! API-server double of `smolvm_testkit::apiserver` (re-exported here).
 #![allow(dead_code)]
 
 use std::{sync::Arc, time::Duration};
 
-use http::{Method, Request, Response};
 use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
     jiff::Timestamp,
 };
 use kube::{
     Client,
-    client::Body,
     runtime::{
         events::Reporter,
         reflector::{self, store::Writer},
@@ -29,44 +27,9 @@ use smolvm_controller::{
     placement::{self, Ledger},
     reconcile::{Context, Timing, reconcile},
 };
-use tower_test::mock;
-
-pub type Handle = mock::Handle<Request<Body>, Response<Body>>;
-
-/// One expected call: method, path (without query), and a check of the JSON body.
-pub struct Expect {
-    pub method: Method,
-    pub path: &'static str,
-    pub check: Box<dyn Fn(&Value) + Send>,
-    /// The answer's status and body; `None`: 200 with the object (SmolVM writes) or the request
-    /// body echoed.
-    pub answer: Option<(u16, Value)>,
-}
-
-pub fn expect(method: Method, path: &'static str, check: impl Fn(&Value) + Send + 'static) -> Expect {
-    Expect {
-        method,
-        path,
-        check: Box::new(check),
-        answer: None,
-    }
-}
-
-/// An expected call answered with `status` and `body`.
-pub fn expect_answer(method: Method, path: &'static str, status: u16, body: Value) -> Expect {
-    Expect {
-        method,
-        path,
-        check: Box::new(|_| {}),
-        answer: Some((status, body)),
-    }
-}
-
-/// The API server's 404 Status for `kind` `name`.
-pub fn not_found(kind: &str, name: &str) -> Value {
-    serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": format!("{kind} \"{name}\" not found"), "reason": "NotFound", "code": 404})
-}
+// Each test binary uses some of them.
+#[allow(unused_imports)]
+pub use smolvm_testkit::apiserver::{Expect, Handle, expect, expect_answer, not_found, serve};
 
 pub const SERVICE_PATH: &str = "/api/v1/namespaces/default/services/alpine";
 pub const SLICE_PATH: &str = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/alpine";
@@ -74,49 +37,6 @@ pub const SLICE_PATH: &str = "/apis/discovery.k8s.io/v1/namespaces/default/endpo
 pub const VM_PATH: &str = "/apis/vm.smolvm.dev/v1alpha1/namespaces/default/smolvms/alpine";
 pub const VM_STATUS_PATH: &str = "/apis/vm.smolvm.dev/v1alpha1/namespaces/default/smolvms/alpine/status";
 pub const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
-
-/// Serves the expected calls in order, answering each with the object (for SmolVM writes) or the
-/// request body echoed, and fails on any unexpected call.
-pub async fn serve(mut handle: Handle, calls: Vec<Expect>, object: Value, object_path: &str) -> usize {
-    let mut served = 0;
-    for e in calls {
-        let next = tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await;
-        let Ok(Some((request, send))) = next else {
-            panic!("expected {} {}, got no request", e.method, e.path)
-        };
-        assert_eq!(
-            request.method(),
-            &e.method,
-            "method of call {served}: {}",
-            request.uri()
-        );
-        assert_eq!(request.uri().path(), e.path, "path of call {served}");
-        let bytes = http_body_util::BodyExt::collect(request.into_body())
-            .await
-            .unwrap()
-            .to_bytes();
-        let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        (e.check)(&body);
-        // Writes to the SmolVM answer with the object; anything else (events) echoes the body.
-        let (status, reply) = match e.answer {
-            Some(answer) => answer,
-            None if e.path.starts_with(object_path) => (200, object.clone()),
-            None => (200, body.clone()),
-        };
-        send.send_response(
-            Response::builder()
-                .status(status)
-                .body(Body::from(serde_json::to_vec(&reply).unwrap()))
-                .unwrap(),
-        );
-        served += 1;
-    }
-    // Nothing else may be called.
-    if let Ok(Some((request, _))) = tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await {
-        panic!("unexpected call {} {}", request.method(), request.uri());
-    }
-    served
-}
 
 pub fn context(client: Client, nodes: Vec<SmolVMNode>, node_client: Option<NodeClient>) -> Arc<Context> {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -210,8 +130,7 @@ pub async fn run_case_with(
     node_client: Option<NodeClient>,
     calls: Vec<Expect>,
 ) {
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let client = Client::new(service, "default");
+    let (client, handle) = smolvm_testkit::apiserver::client("default");
     let ctx = context(client, nodes, node_client);
     let expected = calls.len();
     let server = tokio::spawn(serve(handle, calls, serde_json::to_value(&object).unwrap(), VM_PATH));

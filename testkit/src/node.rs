@@ -1,9 +1,6 @@
-//! Shared harness of the runtime's integration tests: finding smolvm, a test PKI, an mTLS
-//! node API client and an in-process agent running a real `smolvm serve`.
-//!
-//! The one test double anywhere in these tests is the Kubernetes API server of the reporter
-//! tests (a `tower-test` mock); everything here is real.
-#![allow(dead_code)]
+//! The node side, all real: finding smolvm, a test PKI, an mTLS node API client and an
+//! in-process runtime agent running a real `smolvm serve`. Used by the runtime's and the
+//! controller's integration tests and the node API benchmark.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -130,6 +127,12 @@ pub struct Pki {
     pub server_key: String,
     pub client_cert: String,
     pub client_key: String,
+}
+
+impl Default for Pki {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Pki {

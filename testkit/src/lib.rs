@@ -1,0 +1,11 @@
+//! Test support shared by the workspace's tests and benchmarks (a dev-dependency only; nothing
+//! here ships):
+//!
+//! - [`node`]: the node side, all real: smolvm, a test PKI, an mTLS node API client and an
+//!   in-process runtime agent;
+//! - [`apiserver`]: the one test double of the Kubernetes API server, for what a real one cannot
+//!   drive deterministically (an exact call sequence, a hung answer, a race between replicas).
+//!   The end-to-end tier runs a real kube-apiserver.
+
+pub mod apiserver;
+pub mod node;
