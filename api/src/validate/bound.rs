@@ -14,7 +14,6 @@ pub(super) fn check_bound(bound: &str, old: &SmolVMSpec, new: &SmolVMSpec, v: &m
         v.violation(
             RuleId::V5,
             "spec.nodeName",
-            "/spec/nodeName",
             render(pin),
             format!(
                 "{} cannot be set: the SmolVM is bound to {}; SmolVMs never move; delete and recreate it",
@@ -30,7 +29,6 @@ pub(super) fn check_bound(bound: &str, old: &SmolVMSpec, new: &SmolVMSpec, v: &m
         v.violation(
             RuleId::V6,
             "spec.image",
-            "/spec/image",
             render(&new.image),
             format!("{} (was {}) {immutable}", render(&new.image), render(&old.image)),
         );
@@ -39,7 +37,6 @@ pub(super) fn check_bound(bound: &str, old: &SmolVMSpec, new: &SmolVMSpec, v: &m
         v.violation(
             RuleId::V6,
             "spec.network.enabled",
-            "/spec/network/enabled",
             new.network_enabled().to_string(),
             format!("{} (was {}) {immutable}", new.network_enabled(), old.network_enabled()),
         );
@@ -48,7 +45,6 @@ pub(super) fn check_bound(bound: &str, old: &SmolVMSpec, new: &SmolVMSpec, v: &m
         v.violation(
             RuleId::V6,
             "spec.network.ports",
-            "/spec/network/ports",
             render(new.ports()),
             format!("{} (was {}) {immutable}", render(new.ports()), render(old.ports())),
         );
@@ -57,7 +53,6 @@ pub(super) fn check_bound(bound: &str, old: &SmolVMSpec, new: &SmolVMSpec, v: &m
         v.violation(
             RuleId::V6,
             "spec.network.allowedCIDRs",
-            "/spec/network/allowedCIDRs",
             render(new.allowed_cidrs()),
             format!(
                 "{} (was {}) {immutable}",
@@ -70,7 +65,6 @@ pub(super) fn check_bound(bound: &str, old: &SmolVMSpec, new: &SmolVMSpec, v: &m
         v.violation(
             RuleId::V6,
             "spec.network.allowedHosts",
-            "/spec/network/allowedHosts",
             render(new.allowed_hosts()),
             format!(
                 "{} (was {}) {immutable}",
@@ -110,32 +104,20 @@ pub(super) fn check_bound(bound: &str, old: &SmolVMSpec, new: &SmolVMSpec, v: &m
             v.violation(
                 RuleId::V6,
                 &format!("spec.{field}"),
-                &format!("/spec/{field}"),
                 "(changed)".into(),
                 format!("(changed) {immutable}"),
             );
         }
     }
     let (o, n) = (old.effective(), new.effective());
-    for (path, pointer, before, after) in [
-        (
-            "spec.storage.storageGiB",
-            "/spec/storage/storageGiB",
-            o.storage_gib,
-            n.storage_gib,
-        ),
-        (
-            "spec.storage.overlayGiB",
-            "/spec/storage/overlayGiB",
-            o.overlay_gib,
-            n.overlay_gib,
-        ),
+    for (path, before, after) in [
+        ("spec.storage.storageGiB", o.storage_gib, n.storage_gib),
+        ("spec.storage.overlayGiB", o.overlay_gib, n.overlay_gib),
     ] {
         if after < before {
             v.violation(
                 RuleId::V6,
                 path,
-                pointer,
                 after.to_string(),
                 format!("{after} is smaller than {before}: storage may only grow once bound"),
             );
@@ -145,13 +127,11 @@ pub(super) fn check_bound(bound: &str, old: &SmolVMSpec, new: &SmolVMSpec, v: &m
         v.warning(
             RuleId::V6,
             "spec.resources",
-            "/spec/resources",
             format!("{} CPUs, {} MiB", n.cpus, n.memory_mib),
             format!(
                 "resize from {} CPUs, {} MiB to {} CPUs, {} MiB on node {bound} is applied live where the runtime supports it, otherwise shown as ResizePending",
                 o.cpus, o.memory_mib, n.cpus, n.memory_mib
-            ),
-        );
+            ));
     }
 }
 
@@ -173,40 +153,30 @@ pub(super) fn check_bound_capacity(bound: &str, spec: &SmolVMSpec, ctx: &Context
     };
     let request = spec.request();
     let dimensions = [
-        (
-            "spec.resources.cpus",
-            "/spec/resources/cpus",
-            request.cpus,
-            allocatable.cpus,
-            "CPUs",
-        ),
+        ("spec.resources.cpus", request.cpus, allocatable.cpus, "CPUs"),
         (
             "spec.resources.memoryMiB",
-            "/spec/resources/memoryMiB",
             request.memory_mib,
             allocatable.memory_mib,
             "MiB of memory",
         ),
         (
             "spec.storage",
-            "/spec/storage",
             request.storage_gib,
             allocatable.storage_gib,
             "GiB of disk (storage plus overlay)",
         ),
     ];
-    for (path, pointer, wanted, available, unit) in dimensions {
+    for (path, wanted, available, unit) in dimensions {
         if wanted > available {
             v.violation(
                 RuleId::V5,
                 path,
-                pointer,
                 wanted.to_string(),
                 format!(
                     "{wanted} {unit} can never fit on node {}, whose allocatable is {available}; a bound SmolVM never moves: ask for less, or delete and recreate it to place it elsewhere",
                     render(bound)
-                ),
-            );
+                ));
         }
     }
 }

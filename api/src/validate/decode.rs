@@ -24,17 +24,14 @@ pub fn decode<T: DeserializeOwned>(object: &Value) -> Result<T, Finding> {
             return Finding::new(
                 RuleId::V1,
                 "spec.image",
-                "/spec/image",
                 String::new(),
                 "is required: an OCI reference such as alpine:latest, or local:<name>".into(),
             );
         }
         let path = if path == "." { "object".to_string() } else { path };
-        let pointer = format!("/{}", path.replace('.', "/"));
         Finding::new(
             RuleId::Schema,
             path,
-            pointer,
             String::new(),
             format!("does not match the API schema: {inner}"),
         )
@@ -121,7 +118,6 @@ fn decode_text_via_value<T: RuleDecode>(text: &str) -> Result<T, Finding> {
         Err(e) => Err(Finding::new(
             RuleId::Schema,
             "object",
-            "/object",
             String::new(),
             format!("does not match the API schema: {e}"),
         )),

@@ -19,7 +19,6 @@ pub fn validate_smolvm_node(op: Operation, old: Option<&SmolVMNode>, new: &SmolV
             v.violation(
                 RuleId::V10,
                 "spec.unschedulable",
-                "/spec/unschedulable",
                 after.to_string(),
                 format!("{after} (was {before}): it is the cluster admin's cordon; a runtime agent may not change it"),
             );
@@ -51,7 +50,6 @@ pub fn validate_smolvm_node_status(
         v.violation(
             RuleId::V10,
             "status.nodeUID",
-            "/status/nodeUID",
             render(uid),
             format!(
                 "{} is not the UID of the requester's node ({})",
@@ -75,26 +73,22 @@ fn check_own_node(node: &SmolVMNode, ctx: &Context<'_>, v: &mut Verdict) {
         Some(own) => v.violation(
             RuleId::V10,
             "metadata.name",
-            "/metadata/name",
             render(name),
             format!(
                 "{} is not this runtime agent's node: a runtime agent may only write the SmolVMNode of its own node; {} runs on {}",
                 render(name),
                 render(&ctx.identity.username),
                 render(own)
-            ),
-        ),
+            )),
         None => v.violation(
             RuleId::V10,
             "metadata.name",
-            "/metadata/name",
             render(name),
             format!(
                 "{} cannot be written by the runtime identity {}: it carries no node claim ({EXTRA_NODE_NAME}); use a pod-bound ServiceAccount token",
                 render(name),
                 render(&ctx.identity.username)
-            ),
-        ),
+            )),
     }
 }
 
@@ -106,7 +100,6 @@ fn check_node_status(node: &SmolVMNode, v: &mut Verdict) {
         v.violation(
             RuleId::V10,
             "status.endpoint.address",
-            "/status/endpoint/address",
             render(&endpoint.address),
             format!("{} {reason}", render(&endpoint.address)),
         );
@@ -115,7 +108,6 @@ fn check_node_status(node: &SmolVMNode, v: &mut Verdict) {
         v.violation(
             RuleId::V10,
             "status.endpoint.port",
-            "/status/endpoint/port",
             endpoint.port.to_string(),
             format!("{} is not a port number (1-65535)", endpoint.port),
         );

@@ -37,10 +37,8 @@ pub fn validate_smolvm(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &
             verdict.violation(
                 RuleId::V8,
                 "spec",
-                "/spec",
                 String::new(),
-                "cannot change while the SmolVM is being deleted; only metadata (such as finalizers and annotations) may change".into(),
-            );
+                "cannot change while the SmolVM is being deleted; only metadata (such as finalizers and annotations) may change".into());
         }
         return verdict;
     }
@@ -116,7 +114,6 @@ fn check_expose(vm: &SmolVM, v: &mut Verdict) {
         v.violation(
             RuleId::V3,
             "spec.network.exposeService",
-            "/spec/network/exposeService",
             "true".into(),
             format!("true needs a SmolVM name that can name its Service, and metadata.name {name:?} {why}"),
         );
@@ -126,7 +123,6 @@ fn check_expose(vm: &SmolVM, v: &mut Verdict) {
         v.warning(
             RuleId::V3,
             "spec.network.exposeService",
-            "/spec/network/exposeService",
             "true".into(),
             "is true but spec.network.ports is empty: no Service is made until the SmolVM publishes a port".into(),
         );
@@ -137,7 +133,6 @@ fn check_expose(vm: &SmolVM, v: &mut Verdict) {
             v.warning(
                 RuleId::V3,
                 &format!("spec.network.ports[{i}]"),
-                &format!("/spec/network/ports/{i}"),
                 format!("{}->{}/{}", p.host_port, p.guest_port, p.protocol.as_str()),
                 format!(
                     "{}->{}/{} publishes guest port {} a second time; the Service carries the first only",
@@ -158,7 +153,6 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
         v.violation(
             RuleId::V1,
             "spec.image",
-            "/spec/image",
             render(&spec.image),
             format!("{} {reason}", render(&spec.image)),
         );
@@ -211,17 +205,16 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
             continue; // the common case: nothing to report, nothing to format
         }
         let path = format!("spec.{}", b.path.replace('/', "."));
-        let pointer = format!("/spec/{}", b.path);
         let shown = match b.value {
             Some(x) => x.to_string(),
             None => format!("{} (the default)", b.default),
         };
         if actual < min {
             let message = format!("{shown} is below the minimum {min} (policy {min_name})");
-            v.violation(RuleId::V2, &path, &pointer, actual.to_string(), message);
+            v.violation(RuleId::V2, &path, actual.to_string(), message);
         } else if actual > max {
             let message = format!("{shown} exceeds the maximum {max} (policy {max_name})");
-            v.violation(RuleId::V2, &path, &pointer, actual.to_string(), message);
+            v.violation(RuleId::V2, &path, actual.to_string(), message);
         }
     }
 
@@ -233,7 +226,6 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
             v.violation(
                 RuleId::V3,
                 "spec.network.ports",
-                "/spec/network/ports",
                 format!("{} port(s)", ports.len()),
                 format!("{} port(s) need spec.network.enabled: true", ports.len()),
             );
@@ -242,7 +234,6 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
             v.violation(
                 RuleId::V3,
                 "spec.network.allowedCIDRs",
-                "/spec/network/allowedCIDRs",
                 format!("{} CIDR(s)", cidrs.len()),
                 format!("{} CIDR(s) need spec.network.enabled: true", cidrs.len()),
             );
@@ -263,7 +254,6 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
                 v.violation(
                     RuleId::V3,
                     &format!("spec.network.ports[{i}].{field}"),
-                    &format!("/spec/network/ports/{i}/{field}"),
                     value.to_string(),
                     format!("{value} is not a port number (1-65535)"),
                 );
@@ -274,7 +264,6 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
             v.violation(
                 RuleId::V3,
                 &format!("spec.network.ports[{i}].hostPort"),
-                &format!("/spec/network/ports/{i}/hostPort"),
                 host.to_string(),
                 format!(
                     "{host} is outside the allowed host port range {}-{} (policy hostPortMin, hostPortMax)",
@@ -286,7 +275,6 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
             v.violation(
                 RuleId::V3,
                 &format!("spec.network.ports[{i}]"),
-                &format!("/spec/network/ports/{i}"),
                 format!("{}/{}", port.host_port, port.protocol),
                 format!(
                     "{}/{} duplicates ports[{first}]: a host port and protocol may be used once",
@@ -312,7 +300,6 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
         v.violation(
             RuleId::V4,
             "spec.nodeName",
-            "/spec/nodeName",
             render(node),
             format!("{} {reason}", render(node)),
         );
@@ -322,18 +309,15 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
             v.violation(
                 RuleId::V4,
                 "spec.nodeSelector",
-                "/spec/nodeSelector",
                 format!("{} entries", selector.len()),
                 format!("{} entries exceed the maximum {MAX_SELECTOR_ENTRIES}", selector.len()),
             );
         }
         for (key, value) in selector {
-            let pointer = || format!("/spec/nodeSelector/{}", key.replace('~', "~0").replace('/', "~1"));
             if let Err(reason) = syntax::check_label_key(key) {
                 v.violation(
                     RuleId::V4,
                     &format!("spec.nodeSelector[{}]", render(key)),
-                    &pointer(),
                     render(key),
                     format!("key {} {reason}", render(key)),
                 );
@@ -342,7 +326,6 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
                 v.violation(
                     RuleId::V4,
                     &format!("spec.nodeSelector[{}]", render(key)),
-                    &pointer(),
                     render(value),
                     format!("value {} {reason}", render(value)),
                 );
@@ -370,7 +353,6 @@ fn check_workload(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
             v.violation(
                 RuleId::V11,
                 "spec.workingDir",
-                "/spec/workingDir",
                 render(dir),
                 format!("{} is not an absolute path (it must start with '/')", render(dir)),
             );
@@ -378,7 +360,6 @@ fn check_workload(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
             v.violation(
                 RuleId::V11,
                 "spec.workingDir",
-                "/spec/workingDir",
                 format!("{} bytes", dir.len()),
                 format!("{} bytes exceed the maximum {}", dir.len(), max_bytes.min(4096)),
             );
@@ -390,7 +371,7 @@ fn check_workload(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
         for (i, var) in env.iter().enumerate() {
             let at = |field: &str| format!("spec.env[{i}]{field}");
             if var.name.is_empty() || var.name.contains('=') {
-                v.violation_at(
+                v.violation(
                     RuleId::V11,
                     &at(".name"),
                     render(&var.name),
@@ -401,7 +382,7 @@ fn check_workload(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
                 );
             } else if let Some(first) = seen.insert(var.name.as_str(), i) {
                 seen.insert(var.name.as_str(), first);
-                v.violation_at(
+                v.violation(
                     RuleId::V11,
                     &at(".name"),
                     render(&var.name),
@@ -409,7 +390,7 @@ fn check_workload(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
                 );
             }
             match (&var.value, &var.value_from) {
-                (Some(_), Some(_)) | (None, None) => v.violation_at(
+                (Some(_), Some(_)) | (None, None) => v.violation(
                     RuleId::V11,
                     &at(""),
                     render(&var.name),
@@ -431,7 +412,7 @@ fn check_workload(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
                     ];
                     let given = refs.iter().filter(|(_, r)| r.is_some()).count();
                     if given != 1 {
-                        v.violation_at(
+                        v.violation(
                             RuleId::V11,
                             &at(".valueFrom"),
                             format!("{given} references"),
@@ -461,7 +442,6 @@ fn check_workload(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
         v.violation(
             RuleId::V11,
             "spec.terminationGracePeriodSeconds",
-            "/spec/terminationGracePeriodSeconds",
             grace.to_string(),
             format!("{grace} is outside 0 to 300 seconds"),
         );
@@ -471,7 +451,6 @@ fn check_workload(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
         v.violation(
             RuleId::V11,
             "spec.network.allowedHosts",
-            "/spec/network/allowedHosts",
             format!("{} entries", hosts.len()),
             format!("{} entries need network.enabled: true", hosts.len()),
         );
@@ -501,7 +480,6 @@ fn check_placement(spec: &SmolVMSpec, ctx: &Context<'_>, v: &mut Verdict) {
                 None => v.warning(
                     RuleId::V5,
                     "spec.nodeName",
-                    "/spec/nodeName",
                     render(pin),
                     format!(
                         "no SmolVMNode {} is known; the SmolVM stays Pending until a runtime registers that node",
@@ -515,22 +493,18 @@ fn check_placement(spec: &SmolVMSpec, ctx: &Context<'_>, v: &mut Verdict) {
                         v.violation(
                         RuleId::V5,
                         "spec.nodeName",
-                        "/spec/nodeName",
                         render(pin),
                         format!(
                             "pinned node {} can never hold this SmolVM: it needs {request}, the node's allocatable is {allocatable}",
                             render(pin)
-                        ),
-                    );
+                        ));
                     }
                     if facts.unschedulable {
                         v.warning(
                         RuleId::V5,
                         "spec.nodeName",
-                        "/spec/nodeName",
                         render(pin),
-                        format!("node {} is cordoned (spec.unschedulable); the SmolVM stays Pending until it is uncordoned", render(pin)),
-                    );
+                        format!("node {} is cordoned (spec.unschedulable); the SmolVM stays Pending until it is uncordoned", render(pin)));
                     }
                 }
             }
@@ -540,7 +514,6 @@ fn check_placement(spec: &SmolVMSpec, ctx: &Context<'_>, v: &mut Verdict) {
                 v.warning(
                     RuleId::V5,
                     "spec",
-                    "/spec",
                     String::new(),
                     "no SmolVMNode is registered yet; the SmolVM stays Pending until a runtime agent reports a node"
                         .into(),
@@ -549,7 +522,6 @@ fn check_placement(spec: &SmolVMSpec, ctx: &Context<'_>, v: &mut Verdict) {
                 v.warning(
                     RuleId::V5,
                     "spec.resources",
-                    "/spec/resources",
                     request.to_string(),
                     format!(
                         "no known node can hold {request}{}; the SmolVM stays Pending until one can",
@@ -590,7 +562,6 @@ fn check_force_delete(op: Operation, old: Option<&SmolVM>, new: &SmolVM, v: &mut
     };
     let Some(value) = annotation(new) else { return };
     let path = format!("metadata.annotations[{FORCE_DELETE_ANNOTATION}]");
-    let pointer = format!("/metadata/annotations/{}", FORCE_DELETE_ANNOTATION.replace('/', "~1"));
     if op == Operation::Update && old.and_then(annotation).as_deref() == Some(value.as_str()) {
         return; // unchanged: judged when it was set
     }
@@ -611,7 +582,7 @@ fn check_force_delete(op: Operation, old: Option<&SmolVM>, new: &SmolVM, v: &mut
     }
     if !misuse.is_empty() {
         for message in misuse {
-            v.violation(RuleId::V7, &path, &pointer, shown.clone(), message);
+            v.violation(RuleId::V7, &path, shown.clone(), message);
         }
         return;
     }
@@ -622,7 +593,7 @@ fn check_force_delete(op: Operation, old: Option<&SmolVM>, new: &SmolVM, v: &mut
         ),
         None => format!("{shown}: the SmolVM is not bound to a node; nothing can be orphaned"),
     };
-    v.warning(RuleId::V7, &path, &pointer, shown, message);
+    v.warning(RuleId::V7, &path, shown, message);
 }
 
 /// V7 for the recreate-lost-machine annotation: exactly `"true"`, only on a SmolVM whose machine
@@ -641,10 +612,6 @@ fn check_recreate_lost(op: Operation, old: Option<&SmolVM>, new: &SmolVM, v: &mu
         return; // unchanged: judged when it was set
     }
     let path = format!("metadata.annotations[{RECREATE_LOST_MACHINE_ANNOTATION}]");
-    let pointer = format!(
-        "/metadata/annotations/{}",
-        RECREATE_LOST_MACHINE_ANNOTATION.replace('/', "~1")
-    );
     let shown = render(&value);
     let mut misuse = Vec::new();
     if value != RECREATE_LOST_MACHINE_VALUE {
@@ -669,7 +636,7 @@ fn check_recreate_lost(op: Operation, old: Option<&SmolVM>, new: &SmolVM, v: &mu
     }
     if !misuse.is_empty() {
         for message in misuse {
-            v.violation(RuleId::V7, &path, &pointer, shown.clone(), message);
+            v.violation(RuleId::V7, &path, shown.clone(), message);
         }
         return;
     }
@@ -677,7 +644,6 @@ fn check_recreate_lost(op: Operation, old: Option<&SmolVM>, new: &SmolVM, v: &mu
     v.warning(
         RuleId::V7,
         &path,
-        &pointer,
         shown.clone(),
         format!("{shown}: a fresh, empty machine is created on {node}; the lost machine's disks are not recovered"),
     );

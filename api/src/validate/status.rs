@@ -14,26 +14,15 @@ pub fn validate_smolvm_status(op: Operation, old: Option<&SmolVM>, new: &SmolVM,
     let old_status = old.and_then(|o| o.status.as_ref()).unwrap_or(&empty);
     let new_status = new.status.as_ref().unwrap_or(&empty);
     let fields = [
-        (
-            "status.nodeName",
-            "/status/nodeName",
-            &old_status.node_name,
-            &new_status.node_name,
-        ),
-        (
-            "status.nodeUID",
-            "/status/nodeUID",
-            &old_status.node_uid,
-            &new_status.node_uid,
-        ),
+        ("status.nodeName", &old_status.node_name, &new_status.node_name),
+        ("status.nodeUID", &old_status.node_uid, &new_status.node_uid),
     ];
     let mut binding_written = false;
-    for (path, pointer, before, after) in fields {
+    for (path, before, after) in fields {
         match (before, after) {
             (Some(b), Some(a)) if a != b => v.violation(
                 RuleId::V9,
                 path,
-                pointer,
                 render(a),
                 format!(
                     "{} cannot replace {}: the binding never changes; SmolVMs never move",
@@ -44,7 +33,6 @@ pub fn validate_smolvm_status(op: Operation, old: Option<&SmolVM>, new: &SmolVM,
             (Some(b), None) => v.violation(
                 RuleId::V9,
                 path,
-                pointer,
                 String::new(),
                 format!("cannot be cleared (was {}): the binding never changes", render(b)),
             ),
@@ -57,7 +45,6 @@ pub fn validate_smolvm_status(op: Operation, old: Option<&SmolVM>, new: &SmolVM,
             v.violation(
                 RuleId::V9,
                 "status.nodeName",
-                "/status/nodeName",
                 render(&new_status.node_name),
                 format!(
                     "{}: only the controller may write the binding fields; {} may not",
@@ -70,7 +57,6 @@ pub fn validate_smolvm_status(op: Operation, old: Option<&SmolVM>, new: &SmolVM,
             v.violation(
                 RuleId::V9,
                 "status.nodeName",
-                "/status/nodeName",
                 render(&new_status.node_name),
                 format!(
                     "{} with status.nodeUID {}: status.nodeName and status.nodeUID are written together",
@@ -85,7 +71,6 @@ pub fn validate_smolvm_status(op: Operation, old: Option<&SmolVM>, new: &SmolVM,
             v.violation(
                 RuleId::V9,
                 "status.nodeName",
-                "/status/nodeName",
                 render(name),
                 format!("{} {reason}", render(name)),
             );
@@ -98,7 +83,6 @@ pub fn validate_smolvm_status(op: Operation, old: Option<&SmolVM>, new: &SmolVM,
         v.violation(
             RuleId::V9,
             "status.nodeName",
-            "/status/nodeName",
             render(bound),
             format!("{} must equal the pin spec.nodeName {}", render(bound), render(pin)),
         );
@@ -111,13 +95,11 @@ pub fn validate_smolvm_status(op: Operation, old: Option<&SmolVM>, new: &SmolVM,
 /// report honest rather than guarding the machine; both hold even for a cluster admin.
 fn check_machine_name(old_status: &crate::types::SmolVMStatus, new: &SmolVM, ctx: &Context<'_>, v: &mut Verdict) {
     const PATH: &str = "status.machineName";
-    const POINTER: &str = "/status/machineName";
     let after = new.status.as_ref().and_then(|s| s.machine_name.as_ref());
     match (&old_status.machine_name, after) {
         (Some(b), Some(a)) if a != b => v.violation(
             RuleId::V9,
             PATH,
-            POINTER,
             render(a),
             format!(
                 "{} cannot replace {}: the machine name is written once and never changes",
@@ -128,7 +110,6 @@ fn check_machine_name(old_status: &crate::types::SmolVMStatus, new: &SmolVM, ctx
         (Some(b), None) => v.violation(
             RuleId::V9,
             PATH,
-            POINTER,
             String::new(),
             format!("cannot be cleared (was {}): the machine name never changes", render(b)),
         ),
@@ -137,7 +118,6 @@ fn check_machine_name(old_status: &crate::types::SmolVMStatus, new: &SmolVM, ctx
                 v.violation(
                     RuleId::V9,
                     PATH,
-                    POINTER,
                     render(a),
                     format!(
                         "{}: only the controller may write the machine name; {} may not",
@@ -150,7 +130,6 @@ fn check_machine_name(old_status: &crate::types::SmolVMStatus, new: &SmolVM, ctx
                 Some(expected) if *a != expected => v.violation(
                     RuleId::V9,
                     PATH,
-                    POINTER,
                     render(a),
                     format!(
                         "{} must be {}: the machine name is svm-<metadata.uid>",

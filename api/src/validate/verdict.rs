@@ -99,19 +99,16 @@ pub struct Finding {
 }
 
 impl Finding {
-    pub(super) fn new(
-        rule: RuleId,
-        path: impl Into<String>,
-        pointer: impl Into<String>,
-        value: String,
-        message: String,
-    ) -> Self {
+    /// A finding at `path`, the field as a user reads it; the JSON pointer is derived from it, so
+    /// the two never disagree.
+    pub(super) fn new(rule: RuleId, path: impl Into<String>, value: String, message: String) -> Self {
+        let path = path.into();
         Finding {
             rule,
-            path: path.into(),
+            pointer: pointer_of(&path),
+            path,
             value,
             message,
-            pointer: pointer.into(),
         }
     }
 }
@@ -157,23 +154,20 @@ impl Verdict {
         rules
     }
 
-    pub(super) fn violation(&mut self, rule: RuleId, path: &str, pointer: &str, value: String, message: String) {
-        self.violations.push(Finding::new(rule, path, pointer, value, message));
+    /// A violation at `path`; its JSON pointer is derived from it ([`pointer_of`]).
+    pub(super) fn violation(&mut self, rule: RuleId, path: &str, value: String, message: String) {
+        self.violations.push(Finding::new(rule, path, value, message));
     }
 
-    pub(super) fn warning(&mut self, rule: RuleId, path: &str, pointer: &str, value: String, message: String) {
-        self.warnings.push(Finding::new(rule, path, pointer, value, message));
-    }
-
-    /// A violation at `path`, its JSON pointer derived from it.
-    pub(super) fn violation_at(&mut self, rule: RuleId, path: &str, value: String, message: String) {
-        self.violation(rule, path, &pointer_of(path), value, message);
+    /// A warning at `path`; its JSON pointer is derived from it ([`pointer_of`]).
+    pub(super) fn warning(&mut self, rule: RuleId, path: &str, value: String, message: String) {
+        self.warnings.push(Finding::new(rule, path, value, message));
     }
 
     /// A list at `path` with more `noun` than the policy field `limit` (value `max`) allows.
     pub(super) fn too_many(&mut self, rule: RuleId, path: &str, noun: &str, count: usize, max: i64, limit: &str) {
         if count as i64 > max {
-            self.violation_at(
+            self.violation(
                 rule,
                 path,
                 format!("{count} {noun}"),
@@ -185,7 +179,7 @@ impl Verdict {
     /// A value at `path` longer than `max` bytes (policy maxValueBytes). Never echoes the value.
     pub(super) fn too_long(&mut self, rule: RuleId, path: &str, len: usize, max: usize) {
         if len > max {
-            self.violation_at(
+            self.violation(
                 rule,
                 path,
                 format!("{len} bytes"),
@@ -197,7 +191,7 @@ impl Verdict {
     /// `value` at `path`, when `check` refuses it, shown with the reason.
     pub(super) fn invalid(&mut self, rule: RuleId, path: &str, value: &str, check: fn(&str) -> Result<(), String>) {
         if let Err(reason) = check(value) {
-            self.violation_at(rule, path, render(value), format!("{} {reason}", render(value)));
+            self.violation(rule, path, render(value), format!("{} {reason}", render(value)));
         }
     }
 
@@ -215,16 +209,41 @@ impl Verdict {
     }
 }
 
-/// A field path as a JSON pointer: `spec.env[2].name` is `/spec/env/2/name`.
-fn pointer_of(path: &str) -> String {
-    let mut out = String::with_capacity(path.len() + 1);
-    for part in path.split('.') {
-        let (name, indices) = part.split_once('[').unwrap_or((part, ""));
+/// A field path as a JSON pointer (RFC 6901): `spec.env[2].name` is `/spec/env/2/name`, and a
+/// map key in brackets, bare or as a JSON string, is one escaped segment:
+/// `metadata.annotations[vm.smolvm.dev/force-delete]` is
+/// `/metadata/annotations/vm.smolvm.dev~1force-delete`, `spec.nodeSelector["a/b"]` is
+/// `/spec/nodeSelector/a~1b`.
+///
+/// The path is the one form the rules write (it is what users read); the pointer, which tells a
+/// new violation from one the stored object already had, is derived here rather than written
+/// beside it, so the two never disagree.
+pub(super) fn pointer_of(path: &str) -> String {
+    fn push(out: &mut String, segment: &str) {
         out.push('/');
-        out.push_str(name);
-        for index in indices.split('[').filter(|x| !x.is_empty()) {
-            out.push('/');
-            out.push_str(index.trim_end_matches(']'));
+        out.push_str(&segment.replace('~', "~0").replace('/', "~1"));
+    }
+    let mut out = String::with_capacity(path.len() + 1);
+    let mut rest = path;
+    while !rest.is_empty() {
+        if let Some(tail) = rest.strip_prefix('.') {
+            rest = tail;
+        } else if let Some(tail) = rest.strip_prefix('[') {
+            // A quoted key is a JSON string (it may hold `]`); anything else runs to the `]`.
+            let mut quoted = serde_json::Deserializer::from_str(tail).into_iter::<String>();
+            let (key, used) = match (tail.starts_with('"'), quoted.next()) {
+                (true, Some(Ok(key))) => (key, quoted.byte_offset()),
+                _ => {
+                    let end = tail.find(']').unwrap_or(tail.len());
+                    (tail[..end].to_string(), end)
+                }
+            };
+            push(&mut out, &key);
+            rest = tail[used..].strip_prefix(']').unwrap_or(&tail[used..]);
+        } else {
+            let end = rest.find(['.', '[']).unwrap_or(rest.len());
+            push(&mut out, &rest[..end]);
+            rest = &rest[end..];
         }
     }
     out
@@ -243,6 +262,14 @@ mod tests {
     fn field_paths_become_json_pointers() {
         for (path, pointer) in [
             ("spec.env", "/spec/env"),
+            ("object", "/object"),
+            ("spec.network.ports[1].hostPort", "/spec/network/ports/1/hostPort"),
+            (
+                "metadata.annotations[vm.smolvm.dev/force-delete]",
+                "/metadata/annotations/vm.smolvm.dev~1force-delete",
+            ),
+            ("spec.nodeSelector[\"a/b~c\"]", "/spec/nodeSelector/a~1b~0c"),
+            ("spec.nodeSelector[\"x]y\"]", "/spec/nodeSelector/x]y"),
             ("spec.env[2].name", "/spec/env/2/name"),
             ("spec.network.allowedHosts[0]", "/spec/network/allowedHosts/0"),
             ("spec.command[12]", "/spec/command/12"),
