@@ -3,7 +3,7 @@
 #   docker build --target operator -t IMG .          smolvm-controller and smolvm-webhook
 #   docker build --target runtime  -t RUNTIME_IMG .  smolvm-runtime with smolvm 1.32.2 (linux/amd64)
 # The scripts this file runs live in deploy/image/ and are tested outside Docker
-# (tests/tests/deploy.rs).
+# (tests/tests/deploy/dockerfile.rs).
 
 ARG RUST_VERSION=1.95
 ARG DEBIAN=bookworm

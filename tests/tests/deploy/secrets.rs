@@ -1,0 +1,193 @@
+//! Secrets and the policy.
+
+use super::*;
+
+/// The one Secret a manifest may hold: the webhook's TLS Secret, empty (the webhook fills it).
+pub(super) fn check_no_secret_material(object: &Value, place: &str) {
+    if str_at(object, "/kind") != "Secret" {
+        return;
+    }
+    assert_eq!(
+        str_at(object, "/metadata/name"),
+        "smolvm-webhook-tls",
+        "{place}: ships a Secret"
+    );
+    for key in ["data", "stringData"] {
+        assert!(
+            object
+                .get(key)
+                .is_none_or(|d| d.as_object().is_some_and(|m| m.is_empty())),
+            "{place}: the placeholder Secret carries {key}"
+        );
+    }
+}
+
+#[test]
+pub(super) fn no_secret_material_ships_in_any_manifest() {
+    // No generator either: the node API token is created at install by the controller, random;
+    // the webhook's TLS Secret ships empty and the webhook fills it.
+    fn walk(dir: &Path) {
+        for entry in std::fs::read_dir(dir).expect("read deploy/").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path);
+            } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+                let text = std::fs::read_to_string(&path).expect("read a manifest");
+                assert!(!text.contains("secretGenerator"), "{}: secretGenerator", path.display());
+                for doc in serde_norway::Deserializer::from_str(&text) {
+                    let value = Value::deserialize(doc).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                    check_no_secret_material(&value, &path.display().to_string());
+                }
+            }
+        }
+    }
+    walk(&repo().join("deploy"));
+    require_kubectl!();
+    for name in kustomizations() {
+        let secrets: Vec<&Value> = rendered(&name)
+            .iter()
+            .filter(|o| str_at(o, "/kind") == "Secret")
+            .collect();
+        for object in &secrets {
+            check_no_secret_material(object, &format!("deploy/{name}: {}", describe(object)));
+        }
+        // Exactly the overlays whose webhook runs in self-signed mode carry the placeholder.
+        let self_signed = rendered(&name).iter().any(|o| {
+            str_at(o, "/kind") == "Deployment"
+                && o.pointer("/spec/template/spec/containers/0/args")
+                    .and_then(Value::as_array)
+                    .is_some_and(|args| args.iter().any(|a| a == "--tls-mode=self-signed"))
+        });
+        assert_eq!(
+            secrets.len(),
+            usize::from(self_signed),
+            "deploy/{name}: the webhook TLS placeholder"
+        );
+    }
+}
+
+/// The usernames the identity ValidatingAdmissionPolicies name are the policy's and the rendered
+/// ServiceAccounts': a renamed namespace or account shows up here, never as a silently open rule.
+#[test]
+pub(super) fn admission_policies_name_the_deployments_service_accounts() {
+    require_kubectl!();
+    let literals = |o: &Value| -> BTreeSet<String> {
+        let text = serde_json::to_string(&o["spec"]).unwrap_or_default();
+        text.split('\'')
+            .filter(|piece| piece.starts_with("system:serviceaccount:"))
+            .map(str::to_string)
+            .collect()
+    };
+    for overlay in OVERLAYS {
+        let all = rendered(overlay);
+        let map: ConfigMap = typed(find(all, "ConfigMap", "smolvm-policy"));
+        let text = map
+            .data
+            .as_ref()
+            .and_then(|d| d.get("policy.yaml"))
+            .expect("policy.yaml");
+        let policy = Policy::from_yaml(text).unwrap_or_else(|e| panic!("deploy/{overlay}: policy.yaml: {e}"));
+        let accounts: BTreeSet<String> = objects(all, "ServiceAccount")
+            .map(|o| service_account(str_at(o, "/metadata/namespace"), str_at(o, "/metadata/name")))
+            .collect();
+        let expected = [
+            ("smolvm-status-binding", policy.controller_usernames.clone()),
+            ("smolvm-runtime-own-node", policy.runtime_usernames.clone()),
+            (
+                "smolvm-webhook-cabundle-only",
+                vec![service_account(NAMESPACE, WEBHOOK)],
+            ),
+        ];
+        for (name, users) in expected {
+            let vap = find(all, "ValidatingAdmissionPolicy", name);
+            let named = literals(vap);
+            assert_eq!(
+                named,
+                users.iter().cloned().collect::<BTreeSet<_>>(),
+                "deploy/{overlay}: {name} names other users than the policy"
+            );
+            for user in &named {
+                assert!(
+                    accounts.contains(user),
+                    "deploy/{overlay}: {name}: {user} is not a ServiceAccount here"
+                );
+            }
+            let binding = find(all, "ValidatingAdmissionPolicyBinding", name);
+            assert_eq!(str_at(binding, "/spec/policyName"), name, "deploy/{overlay}");
+            assert_eq!(
+                binding["spec"]["validationActions"],
+                serde_json::json!(["Deny"]),
+                "deploy/{overlay}"
+            );
+            assert_eq!(str_at(vap, "/spec/failurePolicy"), "Fail", "deploy/{overlay}: {name}");
+        }
+    }
+}
+
+#[test]
+pub(super) fn policy_config_map_parses_and_names_the_service_accounts() {
+    require_kubectl!();
+    for overlay in OVERLAYS {
+        let all = rendered(overlay);
+        let map: ConfigMap = typed(find(all, "ConfigMap", "smolvm-policy"));
+        let text = map
+            .data
+            .as_ref()
+            .and_then(|d| d.get("policy.yaml"))
+            .unwrap_or_else(|| panic!("deploy/{overlay}: smolvm-policy has no policy.yaml"));
+        let policy = Policy::from_yaml(text).unwrap_or_else(|e| panic!("deploy/{overlay}: policy.yaml: {e}"));
+        let accounts: BTreeSet<String> = objects(all, "ServiceAccount")
+            .map(|o| service_account(str_at(o, "/metadata/namespace"), str_at(o, "/metadata/name")))
+            .collect();
+        assert_eq!(
+            policy.controller_usernames,
+            vec![service_account(NAMESPACE, CONTROLLER)]
+        );
+        assert_eq!(policy.runtime_usernames, vec![service_account(NAMESPACE, RUNTIME)]);
+        for user in policy.controller_usernames.iter().chain(&policy.runtime_usernames) {
+            assert!(
+                accounts.contains(user),
+                "deploy/{overlay}: {user} is not a ServiceAccount here"
+            );
+        }
+        // The webhook and the controller (--policy) read the mounted file.
+        for (workload, flag) in [(WEBHOOK, "--policy="), (CONTROLLER, "--policy=")] {
+            let (_, template) = workloads(all)
+                .into_iter()
+                .find(|(n, _)| n == workload)
+                .expect("workload");
+            let spec = pod_spec(&template, workload);
+            let volume = spec
+                .volumes
+                .iter()
+                .flatten()
+                .find(|v| v.config_map.as_ref().is_some_and(|c| c.name == "smolvm-policy"))
+                .unwrap_or_else(|| panic!("deploy/{overlay}: {workload} does not mount smolvm-policy"));
+            let c = &spec.containers[0];
+            let mount = c
+                .volume_mounts
+                .iter()
+                .flatten()
+                .find(|m| m.name == volume.name)
+                .expect("policy mount");
+            assert!(mount.sub_path.is_none(), "subPath mounts never see ConfigMap updates");
+            let arg = c
+                .args
+                .iter()
+                .flatten()
+                .find_map(|a| a.strip_prefix(flag))
+                .unwrap_or_else(|| panic!("deploy/{overlay}: {workload} has no {flag}"));
+            assert_eq!(
+                arg,
+                format!("{}/policy.yaml", mount.mount_path),
+                "deploy/{overlay}: {workload}"
+            );
+        }
+    }
+    let checked_in = Policy::from_yaml(&read("deploy/base/policy/policy.yaml")).expect("policy.yaml");
+    assert_eq!(
+        checked_in,
+        Policy::default(),
+        "policy.yaml documents the built-in defaults"
+    );
+}
