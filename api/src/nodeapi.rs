@@ -91,9 +91,9 @@ impl ErrorCode {
         ErrorCode::RuntimeTimeout,
     ];
 
-    /// The wire spelling.
-    pub fn as_str(&self) -> &str {
-        match self {
+    /// The wire spelling of a code this build knows.
+    fn known(&self) -> Option<&'static str> {
+        Some(match self {
             ErrorCode::InvalidRequest => "InvalidRequest",
             ErrorCode::Unauthenticated => "Unauthenticated",
             ErrorCode::Forbidden => "Forbidden",
@@ -110,32 +110,22 @@ impl ErrorCode {
             ErrorCode::RuntimeProtocolError => "RuntimeProtocolError",
             ErrorCode::RuntimeUnavailable => "RuntimeUnavailable",
             ErrorCode::RuntimeTimeout => "RuntimeTimeout",
+            ErrorCode::Other(_) => return None,
+        })
+    }
+
+    /// The wire spelling.
+    pub fn as_str(&self) -> &str {
+        match self {
             ErrorCode::Other(code) => code,
+            known => known.known().unwrap_or_default(),
         }
     }
 
     /// A label for metrics: the code, or `Other` for one this build does not know (so a peer
     /// cannot grow the label set).
     pub fn label(&self) -> &'static str {
-        match self {
-            ErrorCode::InvalidRequest => "InvalidRequest",
-            ErrorCode::Unauthenticated => "Unauthenticated",
-            ErrorCode::Forbidden => "Forbidden",
-            ErrorCode::MachineNotFound => "MachineNotFound",
-            ErrorCode::RouteNotFound => "RouteNotFound",
-            ErrorCode::MethodNotAllowed => "MethodNotAllowed",
-            ErrorCode::MachineSpecConflict => "MachineSpecConflict",
-            ErrorCode::ResizeRequiresRunning => "ResizeRequiresRunning",
-            ErrorCode::HostPortInUse => "HostPortInUse",
-            ErrorCode::Conflict => "Conflict",
-            ErrorCode::PayloadTooLarge => "PayloadTooLarge",
-            ErrorCode::StartFailed => "StartFailed",
-            ErrorCode::RuntimeError => "RuntimeError",
-            ErrorCode::RuntimeProtocolError => "RuntimeProtocolError",
-            ErrorCode::RuntimeUnavailable => "RuntimeUnavailable",
-            ErrorCode::RuntimeTimeout => "RuntimeTimeout",
-            ErrorCode::Other(_) => "Other",
-        }
+        self.known().unwrap_or("Other")
     }
 
     /// The HTTP status that goes with the code (500 for one this build does not know).

@@ -5,7 +5,9 @@
 //!   in-process runtime agent;
 //! - [`apiserver`]: the one test double of the Kubernetes API server, for what a real one cannot
 //!   drive deterministically (an exact call sequence, a hung answer, a race between replicas).
-//!   The end-to-end tier runs a real kube-apiserver.
+//!   The end-to-end tier runs a real kube-apiserver;
+//! - [`flags`]: the shared flag vocabulary, checked on a built binary.
 
 pub mod apiserver;
+pub mod flags;
 pub mod node;
