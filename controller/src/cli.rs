@@ -9,7 +9,7 @@ use smolvm_kit::cli::{LogFormat, Renamed, parse_duration};
 /// The smolvm controller: places SmolVMs on nodes, binds them, drives the node runtimes. One
 /// replica leads at a time (a coordination.k8s.io Lease); the others wait as standbys.
 #[derive(Debug, Clone, clap::Parser)]
-#[command(name = "smolvm-controller", version, about)]
+#[command(name = "smolvm-controller", version)]
 pub struct Flags {
     /// The node API bearer token from a file instead of the Secret (local runs and tests). Without
     /// it the token is read from --runtime-auth-secret, which is created with a random token when

@@ -12,7 +12,7 @@ use crate::host;
 /// The smolvm runtime agent: supervises `smolvm serve`, serves the node API over mTLS and
 /// reports this node's SmolVMNode.
 #[derive(Debug, Clone, clap::Parser)]
-#[command(name = "smolvm-runtime", version, about)]
+#[command(name = "smolvm-runtime", version)]
 pub struct Flags {
     /// Kubernetes Node name (downward API `spec.nodeName`).
     #[arg(long, env = "NODE_NAME")]

@@ -21,9 +21,10 @@ pub enum TlsMode {
     SelfSigned,
 }
 
-/// The smolvm admission webhook.
+/// The smolvm admission webhook: defaults and validates SmolVMs, and validates SmolVMNodes, for
+/// the API server, over TLS.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "smolvm-webhook", version, about)]
+#[command(name = "smolvm-webhook", version)]
 pub struct Args {
     /// HTTPS address of the admission endpoints.
     #[arg(long, env = "SMOLVM_WEBHOOK_LISTEN", default_value = "0.0.0.0:9443")]
