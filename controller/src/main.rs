@@ -260,12 +260,15 @@ async fn main() -> anyhow::Result<()> {
     // Lost the lease: cancel every in-flight reconcile and node call now, and leave; returning
     // ends the signer, the ledger and the watch tasks with the process, before a standby can
     // take over. The pod restarts as a standby.
-    if lease::while_leading(running, leader_rx.clone()).await.is_none() {
+    let stopped = lease::while_leading(running, leader_rx.clone()).await;
+    if stopped.is_none() && !*shutdown_rx.borrow() {
         tracing::warn!(identity = %flags.identity, "lost the lease: in-flight reconciles, the CSR signer and the ledger tasks are cancelled");
         return Ok(());
     }
-    tracing::info!("controller stopped");
-    // Give the election a moment to release the Lease it holds.
+    // Stopping (SIGTERM): the election steps down first, which cancels what was still running
+    // above, then releases the Lease. Returning before that write lands would leave the standby
+    // waiting for the Lease to expire instead of taking over at once.
+    tracing::info!("controller stopped; releasing the lease");
     let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
     Ok(())
 }
