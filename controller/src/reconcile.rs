@@ -152,6 +152,13 @@ pub async fn reconcile(vm: Arc<SmolVM>, ctx: Arc<Context>) -> Result<Action, Err
     result
 }
 
+/// One pass over a SmolVM: the pure [`plan::next_step`] decides, this acts.
+///
+/// The finalizer is added and removed here rather than through `kube::runtime::finalizer`,
+/// whose cleanup can keep the finalizer only by returning an error. A deletion held because the
+/// node is unreachable is not a failed reconcile: it is `DeletionBlocked=True` with a requeue,
+/// and as an error it would be counted in the failure metrics, backed off by the error policy,
+/// and logged as one on every pass until the node returns or the force annotation is set.
 async fn reconcile_inner(vm: Arc<SmolVM>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = vm.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<SmolVM> = Api::namespaced(ctx.client.clone(), &ns);
