@@ -103,8 +103,10 @@ envtest: ## Find or fetch (pinned, checksummed) kube-apiserver and etcd; prints 
 	@bash tests/scripts/envtest.sh
 
 .PHONY: dev
-dev: ## The whole product locally: control plane, webhook, controller, runtime, the example SmolVM (Ctrl-C stops). With KUBECONFIG set: `make run` against that cluster.
-	@if [ -n "$$KUBECONFIG" ]; then \
+dev: ## The whole product locally: control plane, webhook, controller, runtime, the example SmolVM (Ctrl-C stops). CLUSTER=1: as pods on a local node. With KUBECONFIG set: `make run` against that cluster.
+	@if [ -n "$(CLUSTER)" ]; then \
+	  $(MAKE) --no-print-directory cluster-dev; \
+	elif [ -n "$$KUBECONFIG" ]; then \
 	  echo "KUBECONFIG is set: running the controller and webhook against that cluster (make run)"; \
 	  $(MAKE) --no-print-directory run; \
 	else \
@@ -115,6 +117,22 @@ dev: ## The whole product locally: control plane, webhook, controller, runtime, 
 e2e: ## End-to-end scenarios on a real kube-apiserver + etcd (prints why when it skips).
 	$(CARGO) build -q --bins
 	$(SMOLVM_ENV) && $(ENVTEST_ENV) && $(CARGO) test -p smolvm-tests --test e2e
+
+# The real-cluster tier needs root, the Kubernetes node binaries (found like kube-apiserver above:
+# KUBEBUILDER_ASSETS, TEST_ASSET_<NAME>, PATH) and Debian packages the script installs.
+CLUSTER_DEPS = bash tests/scripts/cluster-deps.sh
+
+.PHONY: cluster-e2e
+cluster-e2e: ## deploy/default as real pods on a local Kubernetes node (containerd, kubelet, kube-proxy) in a sandbox; root (prints why when it skips).
+	$(CLUSTER_DEPS)
+	$(CARGO) build -q --bins
+	$(ENVTEST_ENV) && $(CARGO) test -p smolvm-tests --test cluster_e2e
+
+.PHONY: cluster-dev
+cluster-dev: ## What `make dev CLUSTER=1` runs: the node, `make deploy`, the example SmolVM; Ctrl-C removes it all.
+	$(CLUSTER_DEPS)
+	$(CARGO) build -q --bins
+	$(ENVTEST_ENV) && $(CARGO) test -q -p smolvm-tests --test cluster_e2e -- --dev
 
 .PHONY: bench-e2e
 bench-e2e: ## Scale: 1,000 then 10,000 SmolVMs on 50 simulated nodes; prints time, writes per VM, controller RSS.

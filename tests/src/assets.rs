@@ -42,6 +42,61 @@ fn is_executable(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
+/// The binaries of a whole node for the cluster tier (`make cluster-e2e`), found as envtest finds
+/// its own: `TEST_ASSET_<NAME>` (upper case, `-` as `_`), then `KUBEBUILDER_ASSETS`, then `PATH`.
+#[derive(Debug, Clone)]
+pub struct ClusterAssets {
+    /// kube-apiserver and etcd.
+    pub plane: Assets,
+    /// kube-controller-manager.
+    pub controller_manager: PathBuf,
+    /// kube-scheduler.
+    pub scheduler: PathBuf,
+    /// kubelet.
+    pub kubelet: PathBuf,
+    /// kube-proxy.
+    pub kube_proxy: PathBuf,
+}
+
+/// Finds the node's Kubernetes binaries; `Err` is the line to print when skipping.
+pub fn find_cluster() -> Result<ClusterAssets, String> {
+    let plane = find().map_err(str::to_string)?;
+    let one = |name: &str| {
+        let var = format!("TEST_ASSET_{}", name.to_uppercase().replace('-', "_"));
+        locate(&var, name).ok_or_else(|| {
+            format!("skipped: no {name} (set KUBEBUILDER_ASSETS to a directory holding the Kubernetes node binaries, or {var})")
+        })
+    };
+    Ok(ClusterAssets {
+        controller_manager: one("kube-controller-manager")?,
+        scheduler: one("kube-scheduler")?,
+        kubelet: one("kubelet")?,
+        kube_proxy: one("kube-proxy")?,
+        plane,
+    })
+}
+
+/// Finds `name` on `PATH` (and the system directories a root shell has).
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    let dirs = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    dirs.into_iter()
+        .chain(
+            [
+                "/usr/local/sbin",
+                "/usr/local/bin",
+                "/usr/sbin",
+                "/usr/bin",
+                "/sbin",
+                "/bin",
+            ]
+            .map(PathBuf::from),
+        )
+        .map(|d| d.join(name))
+        .find(|p| is_executable(p))
+}
+
 /// Finds both binaries; `Err` is the line to print when skipping.
 pub fn find() -> Result<Assets, &'static str> {
     let kube_apiserver = locate("TEST_ASSET_KUBE_APISERVER", "kube-apiserver").ok_or(SKIP_NO_APISERVER)?;

@@ -187,7 +187,8 @@ pub async fn client_from(path: &Path) -> anyhow::Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
-fn write_kubeconfig(path: &Path, url: &str, ca_pem: &str, user: &str, token: &str) -> anyhow::Result<()> {
+/// Writes a kubeconfig for `url` (trusting `ca_pem`) that authenticates with a bearer token.
+pub fn write_kubeconfig(path: &Path, url: &str, ca_pem: &str, user: &str, token: &str) -> anyhow::Result<()> {
     let ca_file = path.with_extension("ca.crt");
     write(&ca_file, ca_pem)?;
     let doc = serde_json::json!({

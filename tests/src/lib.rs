@@ -3,11 +3,14 @@
 //! built on it.
 //!
 //! - [`assets`]: finding kube-apiserver, etcd and the operator's binaries.
+//! - [`cluster`]: a real Kubernetes node (containerd, kubelet, kube-proxy) in a sandbox, for
+//!   the cluster tier.
 //! - [`controlplane`]: etcd plus kube-apiserver on free loopback ports, certificates by rcgen.
 //! - [`env`]: the whole operator on that control plane, each component its own process.
 //! - [`process`]: child processes that log to files and never outlive the harness.
 
 pub mod assets;
+pub mod cluster;
 pub mod controlplane;
 pub mod env;
 pub mod process;

@@ -259,6 +259,7 @@ fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool 
         .all(|(k, v)| labels.get(k) == Some(v))
 }
 
+mod cluster_images;
 mod dockerfile;
 mod docs;
 mod images;
