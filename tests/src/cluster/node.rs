@@ -340,6 +340,17 @@ impl Node {
             .cloned()
     }
 
+    /// A cluster admin's client that answers a 429 or 503 at once: kube's clients retry those
+    /// by default (up to 15 times, backing off for minutes), which hides a refusal such as a
+    /// PodDisruptionBudget's.
+    pub async fn admin_without_retries(&self) -> anyhow::Result<Client> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.admin_kubeconfig)?;
+        let mut config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default()).await?;
+        config.default_retry = false;
+        Ok(Client::try_from(config)?)
+    }
+
     /// Runs kubectl as the cluster admin; returns its output whatever the exit status.
     pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> anyhow::Result<Output> {
         crate::env::kubectl(&self.admin_kubeconfig, args, stdin)
@@ -648,4 +659,69 @@ pub fn kube_proxy_config(kubeconfig: &Path) -> serde_json::Value {
         "metricsBindAddress": "127.0.0.1:10249",
         "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(cidr: &str) -> (u32, u32) {
+        let (base, prefix) = cidr.split_once('/').expect("a CIDR");
+        let base = u32::from(base.parse::<Ipv4Addr>().expect("an IPv4 address"));
+        let mask = u32::MAX << (32 - prefix.parse::<u32>().expect("a prefix length"));
+        (base & mask, mask)
+    }
+
+    #[test]
+    fn the_node_pod_and_service_networks_do_not_overlap() {
+        let node = format!("{NODE_IP}/{}", super::super::NODE_PREFIX);
+        let nets = [net(&node), net(POD_CIDR), net(SERVICE_CIDR)];
+        for (i, a) in nets.iter().enumerate() {
+            for b in &nets[i + 1..] {
+                let mask = a.1 & b.1;
+                assert_ne!(a.0 & mask, b.0 & mask, "{a:?} overlaps {b:?}");
+            }
+        }
+        assert_eq!(first_service_ip().ok(), Some(IpAddr::V4(Ipv4Addr::new(10, 242, 0, 1))));
+    }
+
+    #[test]
+    fn the_node_is_configured_for_these_machines() {
+        let dir = Path::new("/w");
+        let kubelet = kubelet_config(dir, "/smolvm-ce2e-1", Path::new("/w/c.sock"), Path::new("/w/pki"));
+        for (pointer, want) in [
+            ("/failCgroupV1", json!(false)),
+            ("/cgroupDriver", json!("cgroupfs")),
+            ("/cgroupRoot", json!("/smolvm-ce2e-1")),
+            ("/failSwapOn", json!(false)),
+            ("/authentication/anonymous/enabled", json!(false)),
+            ("/authorization/mode", json!("Webhook")),
+            ("/readOnlyPort", json!(0)),
+            ("/address", json!(NODE_IP)),
+        ] {
+            assert_eq!(kubelet.pointer(pointer), Some(&want), "kubelet {pointer}");
+        }
+        let containerd = containerd_config(dir, Path::new("/w/net.d"), Path::new("/w/c.sock"));
+        for line in [
+            "restrict_oom_score_adj = true",
+            "SystemdCgroup = false",
+            "address = \"/w/c.sock\"",
+            "root = \"/w/root\"",
+            "state = \"/w/state\"",
+        ] {
+            assert!(
+                containerd.lines().any(|l| l.trim() == line),
+                "containerd config lacks {line}"
+            );
+        }
+        let cni = cni_config(dir);
+        assert_eq!(cni.pointer("/plugins/0/ipam/dataDir"), Some(&json!("/w/cni/ipam")));
+        assert_eq!(cni.pointer("/plugins/1/type"), Some(&json!("portmap")));
+        let proxy = kube_proxy_config(Path::new("/w/kubeconfig"));
+        assert_eq!(
+            proxy.pointer("/conntrack/maxPerCore"),
+            Some(&json!(0)),
+            "kube-proxy leaves the host's conntrack limit alone"
+        );
+    }
 }

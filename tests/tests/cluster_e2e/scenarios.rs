@@ -15,10 +15,11 @@ use k8s_openapi::api::{
     certificates::v1::CertificateSigningRequest,
     coordination::v1::Lease,
     core::v1::{Node as KubeNode, Pod, Secret},
+    policy::v1::PodDisruptionBudget,
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, ListParams},
+    api::{DeleteParams, EvictParams, ListParams},
 };
 use serde_json::Value;
 use smolvm_api::{SmolVM, SmolVMNode};
@@ -51,7 +52,7 @@ fn all() -> Vec<(&'static str, Scenario)> {
     scenarios![
         every_pod_of_deploy_default_becomes_ready,
         the_example_is_defaulted_validated_placed_and_created,
-        one_webhook_pod_deleted_applies_keep_working,
+        one_webhook_pod_evicted_applies_keep_working,
         the_runtime_pod_deleted_comes_back_and_loses_nothing,
         // The node has room for one 1-CPU VM (2 CPUs, 1 kept for the host by
         // `--reserved-cpus=auto`): the scenarios below need the example gone first.
@@ -587,21 +588,70 @@ fn port_state(host: &str, port: &str) -> String {
     format!("if timeout 3 bash -c '</dev/tcp/{host}/{port}' 2>/dev/null; then echo open; else echo closed; fi")
 }
 
-/// One webhook pod deleted: applies keep working through the other replica, and the
+/// One webhook pod evicted, as a drain would: the PodDisruptionBudget refuses the second,
+/// applies keep working through the other replica and while the replacement comes, and the
 /// self-signed Secret and the caBundles stay one CA.
-async fn one_webhook_pod_deleted_applies_keep_working(ctx: &mut Ctx) -> anyhow::Result<()> {
+async fn one_webhook_pod_evicted_applies_keep_working(ctx: &mut Ctx) -> anyhow::Result<()> {
     let (secret_ca, bundles) = webhook_ca(ctx).await?;
     ensure!(
         bundles.iter().all(|b| *b == secret_ca),
         "the caBundles differ from the Secret's CA before the test"
     );
-    let victim = pods(ctx, "smolvm-webhook")
-        .await?
-        .into_iter()
-        .next()
-        .context("no webhook pod")?;
-    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), NS);
-    pods_api.delete(&victim.name_any(), &DeleteParams::default()).await?;
+    // As `kubectl drain` does it: cordon the node, then evict through the Eviction API, which the
+    // PodDisruptionBudget guards. The replacement stays Pending while the node is cordoned, so
+    // the budget has one healthy replica left and must refuse to evict it.
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), NS);
+    let allowing = |n: i32| {
+        let budgets = budgets.clone();
+        async move {
+            eventually(
+                &format!("the webhook's PodDisruptionBudget allowing {n} disruption(s)"),
+                Duration::from_secs(60),
+                || async {
+                    let pdb = budgets.get("smolvm-webhook").await?;
+                    Ok(pdb.status.filter(|s| s.disruptions_allowed == n).map(drop))
+                },
+            )
+            .await
+        }
+    };
+    allowing(1).await?;
+    let webhooks = pods(ctx, "smolvm-webhook").await?;
+    let [victim, other] = webhooks.as_slice() else {
+        bail!("{} webhook pods, not 2", webhooks.len());
+    };
+    let victim = victim.clone();
+    let pods_api: Api<Pod> = Api::namespaced(ctx.node.admin_without_retries().await?, NS);
+    kubectl_ok(ctx, &["cordon", NODE_NAME], None)?;
+    let drained = async {
+        pods_api.evict(&victim.name_any(), &EvictParams::default()).await?;
+        allowing(0).await?;
+        match pods_api.evict(&other.name_any(), &EvictParams::default()).await {
+            Err(kube::Error::Api(status)) if status.code == 429 => {}
+            outcome => bail!(
+                "evicting the last ready webhook pod was not refused by the PodDisruptionBudget: {outcome:?}"
+            ),
+        }
+        // Applies go through the one replica left.
+        let probe = r#"{"apiVersion":"vm.smolvm.dev/v1alpha1","kind":"SmolVM","metadata":{"name":"dry-run","namespace":"default"},"spec":{"image":"alpine:3.20"}}"#;
+        for _ in 0..10 {
+            let out = ctx.node.kubectl(&["apply", "--dry-run=server", "-f", "-"], Some(probe))?;
+            ensure!(
+                out.status.success(),
+                "an apply failed with one webhook replica left: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    kubectl_ok(ctx, &["uncordon", NODE_NAME], None)?;
+    drained?;
+    println!(
+        "    node cordoned, {} evicted; evicting {} as well was refused (429, the PodDisruptionBudget); 10 applies through the one replica left",
+        victim.name_any(),
+        other.name_any()
+    );
     let probe = r#"{"apiVersion":"vm.smolvm.dev/v1alpha1","kind":"SmolVM","metadata":{"name":"dry-run","namespace":"default"},"spec":{"image":"alpine:3.20"}}"#;
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), NS);
     let started = Instant::now();
