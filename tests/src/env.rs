@@ -194,6 +194,7 @@ pub fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> anyhow:
     use std::io::Write;
     let mut cmd = std::process::Command::new("kubectl");
     cmd.env("KUBECONFIG", kubeconfig)
+        .env("KUBECACHEDIR", kube_cache_dir(kubeconfig))
         .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -207,6 +208,12 @@ pub fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> anyhow:
         pipe.write_all(text.as_bytes())?;
     }
     Ok(child.wait_with_output()?)
+}
+
+/// Where kubectl keeps its discovery and HTTP caches for a run's kubeconfig (`KUBECACHEDIR`):
+/// beside the kubeconfig, not in the user's `~/.kube/cache`.
+pub fn kube_cache_dir(kubeconfig: &Path) -> PathBuf {
+    kubeconfig.parent().unwrap_or_else(|| Path::new(".")).join("kube-cache")
 }
 
 /// Renders a kustomize directory with `kubectl kustomize` into JSON objects.

@@ -263,7 +263,9 @@ pub fn build(spec: &ImageSpec, work: &Path) -> anyhow::Result<PathBuf> {
     Ok(archive)
 }
 
-/// buildah with its storage in the run's work directory (vfs: no mounts, nothing on the host).
+/// buildah with its storage in the run's work directory (vfs: no mounts). One file it keeps on
+/// the host: Debian's buildah (1.28) has no flag to move the blob-info cache that `commit`
+/// updates, `/var/lib/containers/cache/blob-info-cache-v1.boltdb`, a cache like apt's.
 struct Buildah {
     bin: PathBuf,
     root: PathBuf,

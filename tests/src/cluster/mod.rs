@@ -48,6 +48,10 @@ pub const HOST_PATHS: &[&str] = &[
     "/var/log/containers",
     // containerd pins each pod's network namespace here; `ip netns add` mounts it on the host.
     "/run/netns",
+    // The kubelet's device manager listens here whatever its --root-dir says.
+    "/var/lib/kubelet/device-plugins",
+    // containerd's shims listen here whatever its state directory is.
+    "/run/containerd/s",
 ];
 
 /// The Debian packages the tier needs, as `tests/scripts/cluster-deps.sh` installs them, with the

@@ -1,12 +1,14 @@
 //! The node's sandbox, made and removed by the harness's outer process: a network namespace with
 //! the node's address on an interface that leads nowhere (nothing in it has a path off this machine), a cgroup
-//! subtree in every cgroup v1 hierarchy that holds every process the node starts (containerd's
+//! subtree in every cgroup hierarchy (the v1 ones and, on a hybrid host, the cgroup2 one, where runc
+//! makes each container's cgroup too) that holds every process the node starts (containerd's
 //! shims and the pods included), and the host directories the node writes through its own bind
 //! mounts. The inner process runs in the network namespace and in a mount namespace of its own
 //! (made at spawn, see [`Sandbox::command`]), so every mount the node makes dies with it.
 //!
 //! [`HostSnapshot`] records what the host looked like before, so the teardown can show that it
-//! left no process, mount, network namespace, link, route, iptables rule or directory behind.
+//! left no process, mount, network namespace, link, route, iptables rule, directory or cgroup
+//! behind.
 
 use std::{
     collections::BTreeSet,
@@ -26,7 +28,8 @@ use super::{HOST_PATHS, NODE_IP, NODE_PREFIX, SERVICE_CIDR};
 pub struct Sandbox {
     /// `smolvm-ce2e-<pid>`: the network namespace's name and the cgroup subtree's.
     pub id: String,
-    /// The cgroup v1 hierarchies' mount points (`/sys/fs/cgroup/cpu`, …).
+    /// Every cgroup hierarchy's mount point (`/sys/fs/cgroup/cpu`, …, and on a hybrid host
+    /// `/sys/fs/cgroup/unified`).
     hierarchies: Vec<PathBuf>,
     /// Host directories the harness created as mount points (removed at teardown).
     created: Vec<PathBuf>,
@@ -38,15 +41,15 @@ impl Sandbox {
     /// points. On error, whatever was made is removed again.
     pub fn create() -> anyhow::Result<Self> {
         let id = format!("smolvm-ce2e-{}", std::process::id());
-        let hierarchies = cgroup_v1_hierarchies()?;
-        if hierarchies.is_empty() {
+        let hierarchies = cgroup_mounts()?;
+        if !hierarchies.iter().any(|(_, v1)| *v1) {
             bail!(
                 "no cgroup v1 hierarchy is mounted; the cluster tier's kubelet runs with the cgroupfs driver on cgroup v1"
             );
         }
         let mut sandbox = Self {
             id,
-            hierarchies,
+            hierarchies: hierarchies.into_iter().map(|(path, _)| path).collect(),
             created: Vec::new(),
             torn_down: false,
         };
@@ -59,10 +62,12 @@ impl Sandbox {
 
     fn make(&mut self) -> anyhow::Result<()> {
         for path in HOST_PATHS {
-            let path = Path::new(path);
-            if !path.exists() {
-                std::fs::create_dir_all(path).with_context(|| format!("creating {}", path.display()))?;
-                self.created.push(path.to_path_buf());
+            // Every directory made on the way, outermost first, so that teardown removes them all.
+            let mut missing: Vec<&Path> = Path::new(path).ancestors().take_while(|p| !p.exists()).collect();
+            missing.reverse();
+            for dir in missing {
+                std::fs::create_dir(dir).with_context(|| format!("creating {}", dir.display()))?;
+                self.created.push(dir.to_path_buf());
             }
         }
         let ns = self.id.clone();
@@ -256,6 +261,8 @@ pub struct HostSnapshot {
     pub iptables: BTreeSet<String>,
     /// Whether each of [`HOST_PATHS`] exists.
     pub paths: BTreeSet<String>,
+    /// The top-level cgroups of every hierarchy (`/sys/fs/cgroup/unified/smolvm-ce2e-1`, …).
+    pub cgroups: BTreeSet<String>,
 }
 
 impl HostSnapshot {
@@ -294,6 +301,12 @@ impl HostSnapshot {
             .filter(|p| Path::new(p).exists())
             .map(|p| (*p).to_string())
             .collect();
+        let cgroups = cgroup_mounts()?
+            .iter()
+            .flat_map(|(hierarchy, _)| std::fs::read_dir(hierarchy).into_iter().flatten().flatten())
+            .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|entry| entry.path().display().to_string())
+            .collect();
         Ok(Self {
             mounts,
             netns,
@@ -301,6 +314,7 @@ impl HostSnapshot {
             routes,
             iptables,
             paths,
+            cgroups,
         })
     }
 
@@ -316,6 +330,7 @@ impl HostSnapshot {
         added("route", &self.routes, &after.routes, &mut out);
         added("iptables", &self.iptables, &after.iptables, &mut out);
         added("directory", &self.paths, &after.paths, &mut out);
+        added("cgroup", &self.cgroups, &after.cgroups, &mut out);
         out
     }
 }
@@ -329,18 +344,28 @@ fn mount_points() -> BTreeSet<String> {
         .collect()
 }
 
-/// The mount points of the cgroup v1 hierarchies, from `/proc/self/mountinfo`.
-fn cgroup_v1_hierarchies() -> anyhow::Result<Vec<PathBuf>> {
+/// The mount points of every cgroup hierarchy, from `/proc/self/mountinfo`, each with whether it
+/// is a v1 hierarchy. On a hybrid host the cgroup2 one (`/sys/fs/cgroup/unified`) is among them:
+/// runc makes each container's cgroup there too, so the sandbox's subtree must be there as well.
+fn cgroup_mounts() -> anyhow::Result<Vec<(PathBuf, bool)>> {
     let info = std::fs::read_to_string("/proc/self/mountinfo")?;
-    Ok(info
+    Ok(parse_cgroup_mounts(&info))
+}
+
+fn parse_cgroup_mounts(mountinfo: &str) -> Vec<(PathBuf, bool)> {
+    mountinfo
         .lines()
         .filter_map(|line| {
             let (left, right) = line.split_once(" - ")?;
             let fstype = right.split(' ').next()?;
             let mount_point = left.split(' ').nth(4)?;
-            (fstype == "cgroup").then(|| PathBuf::from(mount_point))
+            match fstype {
+                "cgroup" => Some((PathBuf::from(mount_point), true)),
+                "cgroup2" => Some((PathBuf::from(mount_point), false)),
+                _ => None,
+            }
         })
-        .collect())
+        .collect()
 }
 
 fn collect_pids(dir: &Path, pids: &mut BTreeSet<i32>) {
@@ -420,6 +445,7 @@ mod tests {
             routes: BTreeSet::new(),
             iptables: [":INPUT ACCEPT".to_string()].into(),
             paths: BTreeSet::new(),
+            cgroups: ["/sys/fs/cgroup/cpu/user.slice".to_string()].into(),
         }
     }
 
@@ -435,6 +461,7 @@ mod tests {
         after.netns.insert("smolvm-ce2e-1".into());
         after.links.insert("cni0".into());
         after.iptables.insert("-A KUBE-SERVICES -j DROP".into());
+        after.cgroups.insert("/sys/fs/cgroup/unified/smolvm-ce2e-1".into());
         let left = snap().left_behind(&after);
         assert_eq!(
             left,
@@ -442,7 +469,25 @@ mod tests {
                 "mount: /var/lib/cni",
                 "network namespace: smolvm-ce2e-1",
                 "link: cni0",
-                "iptables: -A KUBE-SERVICES -j DROP"
+                "iptables: -A KUBE-SERVICES -j DROP",
+                "cgroup: /sys/fs/cgroup/unified/smolvm-ce2e-1"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_hybrid_host_s_cgroup2_mount_is_a_hierarchy_too() {
+        // Two lines of a hybrid host's /proc/self/mountinfo, and one that is no cgroup.
+        let info = "\
+35 25 0:30 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 cgroup2 rw
+36 25 0:31 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid shared:11 - cgroup cgroup rw,cpu,cpuacct
+24 1 0:22 / /sys rw,nosuid shared:7 - sysfs sysfs rw
+";
+        assert_eq!(
+            parse_cgroup_mounts(info),
+            [
+                (PathBuf::from("/sys/fs/cgroup/unified"), false),
+                (PathBuf::from("/sys/fs/cgroup/cpu,cpuacct"), true)
             ]
         );
     }

@@ -135,8 +135,12 @@ pub async fn inner(dir: PathBuf, settings: InnerSettings, selected: Vec<&'static
 }
 
 async fn dev_mode(ctx: Ctx) -> ExitCode {
+    // The example goes through the webhook: apply it once the webhook's pods serve.
     let example = repo_root().join("deploy/examples/alpine.yaml");
-    let applied = ctx.node.kubectl(&["apply", "-f", &example.display().to_string()], None);
+    let applied = match all_pods_ready(&ctx).await {
+        Ok(()) => ctx.node.kubectl(&["apply", "-f", &example.display().to_string()], None),
+        Err(e) => Err(e),
+    };
     let netns = format!("smolvm-ce2e-{}", std::os::unix::process::parent_id());
     println!(
         "\nsmolvm-operator runs as pods on the node {NODE_NAME} ({}).\n\
@@ -155,7 +159,7 @@ async fn dev_mode(ctx: Ctx) -> ExitCode {
                     .trim()
                     .to_string()
             )
-            .unwrap_or_else(|e| e.to_string()),
+            .unwrap_or_else(|e| format!("{e:#}")),
         ctx.node.dir.display(),
     );
     let _ = tokio::signal::ctrl_c().await;
@@ -174,6 +178,10 @@ fn deploy(node: &Node) -> anyhow::Result<()> {
             &format!("RUNTIME_IMG={RUNTIME_IMAGE}"),
         ])
         .env("KUBECONFIG", &node.admin_kubeconfig)
+        .env(
+            "KUBECACHEDIR",
+            smolvm_tests::env::kube_cache_dir(&node.admin_kubeconfig),
+        )
         .output()
         .context("running make deploy")?;
     if !out.status.success() {
@@ -256,10 +264,8 @@ fn machines(node: &SmolVMNode) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Every pod of `deploy/default` becomes Ready; the runtime's serving certificate came from a
-/// real CSR filed with its kubelet-projected, pod-bound token; its SmolVMNode turns Ready.
-async fn every_pod_of_deploy_default_becomes_ready(ctx: &mut Ctx) -> anyhow::Result<()> {
-    let started = Instant::now();
+/// Waits until the two webhook and two controller replicas and the runtime pod are Ready.
+async fn all_pods_ready(ctx: &Ctx) -> anyhow::Result<()> {
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), NS);
     let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), NS);
     eventually(
@@ -274,7 +280,14 @@ async fn every_pod_of_deploy_default_becomes_ready(ctx: &mut Ctx) -> anyhow::Res
         },
     )
     .await
-    .map_err(|e| e.context(pod_summary_blocking(ctx)))?;
+    .map_err(|e| e.context(pod_summary_blocking(ctx)))
+}
+
+/// Every pod of `deploy/default` becomes Ready; the runtime's serving certificate came from a
+/// real CSR filed with its kubelet-projected, pod-bound token; its SmolVMNode turns Ready.
+async fn every_pod_of_deploy_default_becomes_ready(ctx: &mut Ctx) -> anyhow::Result<()> {
+    let started = Instant::now();
+    all_pods_ready(ctx).await?;
     println!(
         "    all pods Ready {:.1}s after deploy",
         started.elapsed().as_secs_f64()
