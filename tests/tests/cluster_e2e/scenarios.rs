@@ -453,15 +453,11 @@ async fn the_example_is_defaulted_validated_placed_and_created(ctx: &mut Ctx) ->
         "machineName {:?}",
         vm.machine_name
     );
-    eventually(
+    machine_listed(
+        ctx,
+        &machine,
         "the machine listed by the node's agent",
         Duration::from_secs(60),
-        || async {
-            Ok(smolvm_node(ctx)
-                .await?
-                .filter(|n| machines(n).contains(&machine))
-                .map(drop))
-        },
     )
     .await?;
     // smolvm's start either runs the guest or fails (nested KVM): both are honest ends.
@@ -577,6 +573,17 @@ async fn a_pod_on_the_bridge_reaches_the_node_address(ctx: &mut Ctx) -> anyhow::
 
 /// Waits until the SmolVM `name` in `default` is bound; on timeout the error carries its
 /// Scheduled condition (why nothing fits, say).
+/// Waits until the node's SmolVMNode lists `machine`.
+async fn machine_listed(ctx: &Ctx, machine: &str, what: &str, timeout: Duration) -> anyhow::Result<()> {
+    eventually(what, timeout, || async {
+        Ok(smolvm_node(ctx)
+            .await?
+            .filter(|n| machines(n).iter().any(|m| m == machine))
+            .map(drop))
+    })
+    .await
+}
+
 async fn wait_bound(ctx: &Ctx, name: &str) -> anyhow::Result<()> {
     let vms: Api<SmolVM> = Api::namespaced(ctx.client.clone(), "default");
     let bound = eventually(&format!("SmolVM {name} bound"), Duration::from_secs(60), || async {
@@ -854,15 +861,11 @@ async fn the_controller_pod_deleted_hands_the_lease_over(ctx: &mut Ctx) -> anyho
     let uid = vms.get("after-handoff").await?.uid().context("no uid")?;
     let machine = format!("svm-{uid}");
     wait_bound(ctx, "after-handoff").await?;
-    eventually(
+    machine_listed(
+        ctx,
+        &machine,
         "the new leader creating the machine",
         Duration::from_secs(120),
-        || async {
-            Ok(smolvm_node(ctx)
-                .await?
-                .filter(|n| machines(n).contains(&machine))
-                .map(drop))
-        },
     )
     .await?;
     let held = machines(&smolvm_node(ctx).await?.context("no SmolVMNode")?);
