@@ -22,6 +22,7 @@ fn admission(c: &mut Criterion) {
     let ctx = Context {
         policy: &policy,
         nodes: &nodes,
+        classes: &smolvm_api::class::NO_CLASSES,
         identity: &identity,
     };
 

@@ -18,6 +18,21 @@ pub const KIND_SMOLVM_NODE: &str = "SmolVMNode";
 pub const RESOURCE_SMOLVMS: &str = "smolvms";
 /// Plural resource name of SmolVMNode.
 pub const RESOURCE_SMOLVMNODES: &str = "smolvmnodes";
+/// Kind of the instance-type resource.
+pub const KIND_SMOLVM_CLASS: &str = "SmolVMClass";
+/// Plural resource name of SmolVMClasses.
+pub const RESOURCE_SMOLVMCLASSES: &str = "smolvmclasses";
+/// On a SmolVMClass: `"true"` makes it the class of SmolVMs that name none (at most one; V12).
+pub const ANNOTATION_IS_DEFAULT_CLASS: &str = "vm.smolvm.dev/is-default-class";
+/// The only value of [`ANNOTATION_IS_DEFAULT_CLASS`] that makes a class the default.
+pub const IS_DEFAULT_CLASS_VALUE: &str = "true";
+/// On a SmolVM: the class its defaults came from at CREATE (rule M3).
+pub const ANNOTATION_CLASS: &str = "vm.smolvm.dev/class";
+/// On a SmolVM: the `metadata.generation` of that class when its defaults were taken (rule M3).
+pub const ANNOTATION_CLASS_GENERATION: &str = "vm.smolvm.dev/class-generation";
+/// On a SmolVM: its class, as a label, so that `kubectl get svm -l vm.smolvm.dev/class=large`
+/// lists a class's SmolVMs and the webhook counts them when the class is deleted (rule M3).
+pub const LABEL_CLASS: &str = "vm.smolvm.dev/class";
 
 /// Finalizer that keeps a SmolVM until its node confirmed the machine is gone (rule M2).
 pub const FINALIZER: &str = "vm.smolvm.dev/node-cleanup";

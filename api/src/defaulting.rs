@@ -1,14 +1,18 @@
-//! Defaulting (the mutating half of admission): rules M1 and M2.
+//! Defaulting (the mutating half of admission): rules M1 to M3.
 //!
 //! Works on the raw JSON of the object, so that it never fails on input the typed structs would
 //! reject (validation reports those). The patch is minimal: it only adds what is missing, and a
 //! second pass over the patched object yields an empty patch.
+//!
+//! M3 (the class) comes before M1 (the built-in defaults): [`default_smolvm_with_class`] fills
+//! from the class first, then computes M1 and M2 on the object as the class left it.
 
 use json_patch::{AddOperation, Patch, PatchOperation, jsonptr::PointerBuf};
 use serde_json::{Value, json};
 
 use crate::{
-    constants::FINALIZER,
+    class::SmolVMClass,
+    constants::{ANNOTATION_CLASS, ANNOTATION_CLASS_GENERATION, FINALIZER, LABEL_CLASS},
     types::{
         DEFAULT_CPUS, DEFAULT_EXPOSE_SERVICE, DEFAULT_MEMORY_MIB, DEFAULT_NETWORK_ENABLED, DEFAULT_OVERLAY_GIB,
         DEFAULT_RESTART_POLICY, DEFAULT_RUNNING, DEFAULT_STORAGE_GIB, DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS,
@@ -38,6 +42,147 @@ pub fn default_smolvm(op: Operation, object: &Value) -> Patch {
         add_finalizer(object, &mut ops);
     }
     Patch(ops)
+}
+
+/// Computes the defaulting patch for a SmolVM with its class (rules M3, M1 and M2).
+///
+/// - M3 (CREATE, when `class` is given): every field the SmolVM leaves unset that the class sets
+///   is taken from the class: `resources` and `storage` member by member, `network.enabled`,
+///   `network.allowedCIDRs` and `network.allowedHosts` (the lists only where the network ends up
+///   enabled), `nodeSelector` as a whole, `restartPolicy`, `terminationGracePeriodSeconds`. A
+///   SmolVM that named no class gets `spec.className` (the default class's name). The class's
+///   name and generation are recorded in the annotations `vm.smolvm.dev/class` and
+///   `vm.smolvm.dev/class-generation`, and its name in the label `vm.smolvm.dev/class`.
+/// - then M1 and M2 as [`default_smolvm`] computes them on the object M3 left.
+///
+/// Without a class, or on any other operation, this is [`default_smolvm`].
+pub fn default_smolvm_with_class(op: Operation, object: &Value, class: Option<&SmolVMClass>) -> Patch {
+    let deleting = object
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null());
+    let Some(class) = class.filter(|_| op == Operation::Create && !deleting) else {
+        return default_smolvm(op, object);
+    };
+    let class_ops = class_patch(object, class);
+    if class_ops.is_empty() {
+        return default_smolvm(op, object);
+    }
+    let mut patched = object.clone();
+    if json_patch::patch(&mut patched, &class_ops).is_err() {
+        // The class's additions only go where the object has room (objects it checked for); an
+        // object of some other shape is left to validation, with the built-in defaults alone.
+        return default_smolvm(op, object);
+    }
+    let mut ops = class_ops;
+    ops.extend(default_smolvm(op, &patched).0);
+    Patch(ops)
+}
+
+/// Rule M3's additions for `object` from `class` (empty when the object has everything).
+pub fn class_patch(object: &Value, class: &SmolVMClass) -> Vec<PatchOperation> {
+    let mut ops = Vec::new();
+    let Some(spec) = object.get("spec").and_then(Value::as_object) else {
+        return ops;
+    };
+    let c = &class.spec;
+    if is_absent(spec.get("className")) {
+        ops.push(add(&["spec", "className"], json!(class.name())));
+    }
+    // The members the class sets, added where the SmolVM lacks them.
+    let fill = |field: &str, pairs: &[(&str, Option<Value>)], ops: &mut Vec<PatchOperation>| {
+        let members: Vec<(&str, Value)> = pairs.iter().filter_map(|(k, v)| v.clone().map(|v| (*k, v))).collect();
+        if !members.is_empty() {
+            default_object(spec, field, &members, ops);
+        }
+    };
+    let resources = c.resources.as_ref();
+    fill(
+        "resources",
+        &[
+            ("cpus", resources.and_then(|r| r.cpus).map(|v| json!(v))),
+            ("memoryMiB", resources.and_then(|r| r.memory_mib).map(|v| json!(v))),
+        ],
+        &mut ops,
+    );
+    let storage = c.storage.as_ref();
+    fill(
+        "storage",
+        &[
+            ("storageGiB", storage.and_then(|s| s.storage_gib).map(|v| json!(v))),
+            ("overlayGiB", storage.and_then(|s| s.overlay_gib).map(|v| json!(v))),
+        ],
+        &mut ops,
+    );
+    if let Some(network) = &c.network {
+        let own = spec.get("network");
+        let own_enabled = own.and_then(|n| n.get("enabled")).and_then(Value::as_bool);
+        let enabled = own_enabled.or(network.enabled).unwrap_or(false);
+        let lists = |fill: bool| -> Vec<(&str, Option<Value>)> {
+            vec![
+                (
+                    "allowedCIDRs",
+                    network.allowed_cidrs.clone().filter(|_| fill).map(|v| json!(v)),
+                ),
+                (
+                    "allowedHosts",
+                    network.allowed_hosts.clone().filter(|_| fill).map(|v| json!(v)),
+                ),
+            ]
+        };
+        let mut pairs = vec![("enabled", network.enabled.map(|v| json!(v)))];
+        pairs.extend(lists(enabled));
+        fill("network", &pairs, &mut ops);
+    }
+    if is_absent(spec.get("nodeSelector"))
+        && let Some(selector) = &c.node_selector
+    {
+        ops.push(add(&["spec", "nodeSelector"], json!(selector)));
+    }
+    if is_absent(spec.get("restartPolicy"))
+        && let Some(policy) = c.restart_policy
+    {
+        ops.push(add(&["spec", "restartPolicy"], json!(policy.as_str())));
+    }
+    if is_absent(spec.get("terminationGracePeriodSeconds"))
+        && let Some(seconds) = c.termination_grace_period_seconds
+    {
+        ops.push(add(&["spec", "terminationGracePeriodSeconds"], json!(seconds)));
+    }
+    let generation = class.metadata.generation.unwrap_or(0).to_string();
+    record(
+        object,
+        "annotations",
+        &[
+            (ANNOTATION_CLASS, class.name()),
+            (ANNOTATION_CLASS_GENERATION, &generation),
+        ],
+        &mut ops,
+    );
+    record(object, "labels", &[(LABEL_CLASS, class.name())], &mut ops);
+    ops
+}
+
+/// Sets `metadata.<map>.<key>` to each value (a value a user wrote there is corrected: the
+/// record tells where the defaults came from).
+fn record(object: &Value, map: &str, entries: &[(&str, &str)], ops: &mut Vec<PatchOperation>) {
+    let Some(metadata) = object.get("metadata").and_then(Value::as_object) else {
+        return;
+    };
+    match metadata.get(map) {
+        None | Some(Value::Null) => {
+            let value: serde_json::Map<String, Value> =
+                entries.iter().map(|(k, v)| ((*k).to_string(), json!(v))).collect();
+            ops.push(add(&["metadata", map], Value::Object(value)));
+        }
+        Some(Value::Object(existing)) => {
+            for (key, value) in entries {
+                if existing.get(*key).and_then(Value::as_str) != Some(value) {
+                    ops.push(add(&["metadata", map, key], json!(value)));
+                }
+            }
+        }
+        Some(_) => {}
+    }
 }
 
 fn default_spec(spec: &serde_json::Map<String, Value>, ops: &mut Vec<PatchOperation>) {

@@ -37,6 +37,25 @@ pub fn smolvm(name: &str, spec: Value) -> Value {
     })
 }
 
+/// A SmolVMClass as JSON: `name`, generation 1, the default class when `default`.
+pub fn class_json(name: &str, spec: Value, default: bool) -> Value {
+    let mut object = json!({
+        "apiVersion": "vm.smolvm.dev/v1alpha1",
+        "kind": "SmolVMClass",
+        "metadata": {"name": name, "generation": 1},
+        "spec": spec
+    });
+    if default {
+        object["metadata"]["annotations"] = json!({crate::constants::ANNOTATION_IS_DEFAULT_CLASS: "true"});
+    }
+    object
+}
+
+/// A SmolVMClass, as [`class_json`] makes it.
+pub fn class(name: &str, spec: Value, default: bool) -> crate::SmolVMClass {
+    serde_json::from_value(class_json(name, spec, default)).unwrap_or_else(|e| panic!("class fixture {name}: {e}"))
+}
+
 /// `object` bound to `node` (status.nodeName and status.nodeUID set).
 pub fn bound(mut object: Value, node: &str) -> Value {
     let machine = object["metadata"]["uid"]

@@ -1,14 +1,16 @@
 //! SmolVM API types, constants, policy, and the pure admission rules.
 //!
 //! - [`types`]: the `SmolVM` and `SmolVMNode` custom resources.
+//! - [`class`]: the `SmolVMClass` custom resource (instance types) and the catalogue of classes.
 //! - [`constants`]: finalizer, annotations, labels, condition types and reasons.
 //! - [`policy`]: the admission policy (bounds, port range, identities) and its loader.
-//! - [`defaulting`]: rules M1 and M2, as a minimal JSON Patch.
-//! - [`validate`]: rules V1 to V10, returning every violation and warning at once.
+//! - [`defaulting`]: rules M1 to M3, as a minimal JSON Patch.
+//! - [`validate`]: rules V1 to V12, returning every violation and warning at once.
 //! - [`crd`]: the generated CustomResourceDefinitions.
 //! - [`nodeapi`]: the wire types of the node API between the controller and the runtime agents.
 //! - [`text`]: cleaning of other programs' messages before they reach users.
 
+pub mod class;
 pub mod constants;
 pub mod crd;
 pub mod defaulting;
@@ -22,6 +24,7 @@ pub mod text;
 pub mod types;
 pub mod validate;
 
+pub use class::{SmolVMClass, SmolVMClassSpec};
 pub use error::Error;
 pub use policy::Policy;
 pub use types::*;

@@ -1,4 +1,4 @@
-//! The `SmolVM` and `SmolVMNode` custom resources (group `vm.smolvm.dev`, version `v1alpha1`).
+//! The `SmolVM` and `SmolVMNode` custom resources (`SmolVMClass` is in [`crate::class`]) (group `vm.smolvm.dev`, version `v1alpha1`).
 //!
 //! Doc comments become the `kubectl explain` descriptions; `#[x_kube(validation)]` rules become
 //! the CRD's `x-kubernetes-validations` (CEL), which keep the API safe even while the webhook is
@@ -59,6 +59,7 @@ pub const MAX_SELECTOR_ENTRIES: usize = 32;
     printcolumn(name = "Node", type_ = "string", json_path = ".status.nodeName", description = "Node the machine is bound to"),
     printcolumn(name = "CPUs", type_ = "integer", json_path = ".spec.resources.cpus", description = "Virtual CPUs"),
     printcolumn(name = "Memory", type_ = "integer", json_path = ".spec.resources.memoryMiB", description = "Memory in MiB"),
+    printcolumn(name = "Class", type_ = "string", json_path = ".spec.className", priority = 1, description = "The SmolVMClass whose defaults it took at CREATE"),
     printcolumn(name = "Image", type_ = "string", json_path = ".spec.image", priority = 1, description = "Image the machine boots"),
     printcolumn(name = "Address", type_ = "string", json_path = ".status.nodeAddress", priority = 1, description = "The node's InternalIP, where the published ports are reachable"),
     printcolumn(name = "Ports", type_ = "string", json_path = ".status.ports", priority = 1, description = "Published ports: hostPort->guestPort/protocol"),
@@ -91,6 +92,9 @@ pub const MAX_SELECTOR_ENTRIES: usize = 32;
     validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || (has(self.spec.network) && has(self.spec.network.allowedHosts) ? self.spec.network.allowedHosts : []) == (has(oldSelf.spec.network) && has(oldSelf.spec.network.allowedHosts) ? oldSelf.spec.network.allowedHosts : [])")
         .message("spec.network.allowedHosts are immutable once the SmolVM is bound to a node: delete and recreate (V6)")
         .field_path(".spec.network"),
+    validation = Rule::new("(has(self.spec.className) ? self.spec.className : '') == (has(oldSelf.spec.className) ? oldSelf.spec.className : '')")
+        .message("spec.className never changes after CREATE: the class's defaults were applied then; delete and recreate (V12)")
+        .field_path(".spec.className"),
     validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || !has(oldSelf.spec.storage) || !has(oldSelf.spec.storage.storageGiB) || (has(self.spec.storage) && has(self.spec.storage.storageGiB) && self.spec.storage.storageGiB >= oldSelf.spec.storage.storageGiB)")
         .message("spec.storage.storageGiB may only grow once the SmolVM is bound to a node (V6)")
         .field_path(".spec.storage.storageGiB"),
@@ -172,6 +176,12 @@ pub struct SmolVMSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 300))]
     pub termination_grace_period_seconds: Option<i64>,
+
+    /// The SmolVMClass (instance type) whose defaults fill, at CREATE, every field this SmolVM leaves unset: resources, storage, network.enabled, allowedCIDRs and allowedHosts, nodeSelector, restartPolicy, terminationGracePeriodSeconds. Fields set here always win. Omitted: the class annotated `vm.smolvm.dev/is-default-class: "true"`, if any, whose name is then written here. Must name an existing class; never changes after CREATE (see `kubectl get smolvmclasses`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("className must be a DNS-1123 subdomain: lower-case letters, digits, '-' and '.' (V12)"))]
+    pub class_name: Option<String>,
 }
 
 /// The schema's most `env` entries (the policy's `maxEnv` may lower it).

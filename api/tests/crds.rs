@@ -12,7 +12,7 @@ fn crds_dir() -> PathBuf {
 #[test]
 fn committed_crds_match_the_generated_ones() {
     let rendered = crd::render().unwrap();
-    assert_eq!(rendered.len(), 2);
+    assert_eq!(rendered.len(), 3);
     for (name, body) in rendered {
         let path = crds_dir().join(&name);
         let committed =
@@ -69,8 +69,11 @@ fn crds_are_structural_and_documented() {
         let name = crd.metadata.name.clone().unwrap_or_default();
         assert_eq!(crd.spec.versions.len(), 1, "{name}");
         let version = &crd.spec.versions[0];
-        assert!(
-            version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(),
+        // A SmolVMClass is pure configuration: no status.
+        let has_status = version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some();
+        assert_eq!(
+            has_status,
+            crd.spec.names.kind != "SmolVMClass",
             "{name}: status subresource"
         );
         let schema =
@@ -107,10 +110,10 @@ fn crds_are_structural_and_documented() {
             .filter(|c| c.priority.is_none())
             .map(|c| c.name.clone())
             .collect();
-        let expected: &[&str] = if name.starts_with("smolvms.") {
-            &["Phase", "Node", "CPUs", "Memory", "Age"]
-        } else {
-            &["Ready", "Endpoint", "CPUs", "Memory", "Runtime", "Heartbeat", "Age"]
+        let expected: &[&str] = match name.split('.').next().unwrap_or_default() {
+            "smolvms" => &["Phase", "Node", "CPUs", "Memory", "Age"],
+            "smolvmclasses" => &["CPUs", "Memory", "Storage", "Default", "Age"],
+            _ => &["Ready", "Endpoint", "CPUs", "Memory", "Runtime", "Heartbeat", "Age"],
         };
         assert_eq!(columns, expected, "{name}: printer columns");
     }

@@ -1,12 +1,12 @@
-//! Property tests: defaulting is idempotent (M1, M2), every defaulted object that obeys the policy
-//! validates, no input (arbitrary JSON, arbitrary old/new pairs) makes the rules panic, and JSON
+//! Property tests: defaulting is idempotent (M1, M2, and M3 with any class), every defaulted
+//! object that obeys the policy validates (with any in-policy class too), no input (arbitrary JSON, arbitrary old/new pairs) makes the rules panic, and JSON
 //! text gets the verdict its parsed Value gets.
 
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 use smolvm_api::{
-    SmolVMNode,
-    defaulting::default_smolvm,
+    SmolVMClass, SmolVMNode,
+    defaulting::{default_smolvm, default_smolvm_with_class},
     fixtures,
     policy::Policy,
     validate::{
@@ -313,6 +313,69 @@ fn patched(object: &Value, op: Operation) -> Value {
     doc
 }
 
+/// A SmolVMClass within the default policy: any subset of its fields, the default or not.
+fn valid_class() -> impl Strategy<Value = SmolVMClass> {
+    (
+        prop::option::of((prop::option::of(1i32..=32), prop::option::of(128i64..=131072))),
+        prop::option::of((prop::option::of(1i64..=2048), prop::option::of(1i64..=1024))),
+        prop::option::of((prop::option::of(any::<bool>()), 0usize..3, 0usize..3)),
+        prop::option::of(prop::sample::select(vec!["Always", "OnFailure", "Never"])),
+        prop::option::of(0i64..=300),
+        any::<bool>(),
+    )
+        .prop_map(|(resources, storage, network, restart, grace, default)| {
+            let mut spec = json!({});
+            if let Some((cpus, memory)) = resources {
+                spec["resources"] = json!({});
+                if let Some(c) = cpus {
+                    spec["resources"]["cpus"] = json!(c);
+                }
+                if let Some(m) = memory {
+                    spec["resources"]["memoryMiB"] = json!(m);
+                }
+            }
+            if let Some((size, overlay)) = storage {
+                spec["storage"] = json!({});
+                if let Some(x) = size {
+                    spec["storage"]["storageGiB"] = json!(x);
+                }
+                if let Some(x) = overlay {
+                    spec["storage"]["overlayGiB"] = json!(x);
+                }
+            }
+            if let Some((enabled, cidrs, hosts)) = network {
+                spec["network"] = json!({});
+                if let Some(e) = enabled {
+                    spec["network"]["enabled"] = json!(e);
+                }
+                // Egress lists need an enabled network (V3, V11).
+                if enabled == Some(true) {
+                    let cidrs: Vec<String> = (0..cidrs).map(|i| format!("10.{i}.0.0/16")).collect();
+                    let hosts: Vec<String> = (0..hosts).map(|i| format!("h{i}.example.com")).collect();
+                    spec["network"]["allowedCIDRs"] = json!(cidrs);
+                    spec["network"]["allowedHosts"] = json!(hosts);
+                }
+            }
+            if let Some(r) = restart {
+                spec["restartPolicy"] = json!(r);
+            }
+            if let Some(g) = grace {
+                spec["terminationGracePeriodSeconds"] = json!(g);
+            }
+            fixtures::class("c", spec, default)
+        })
+}
+
+fn patched_with(object: &Value, class: &SmolVMClass) -> Value {
+    let mut doc = object.clone();
+    json_patch::patch(
+        &mut doc,
+        &default_smolvm_with_class(Operation::Create, object, Some(class)),
+    )
+    .expect("a defaulting patch always applies");
+    doc
+}
+
 fn identities() -> impl Strategy<Value = Identity> {
     prop::sample::select(vec![
         fixtures::user(),
@@ -334,11 +397,39 @@ proptest! {
     }
 
     #[test]
+    fn m3_defaulting_with_any_class_is_idempotent(object in smolvm_like(), class in valid_class()) {
+        let once = patched_with(&object, &class);
+        let again = default_smolvm_with_class(Operation::Create, &once, Some(&class));
+        prop_assert!(again.0.is_empty(), "second pass added {:?}", again);
+        prop_assert!(default_smolvm(Operation::Update, &once).0.is_empty());
+    }
+
+    #[test]
+    fn defaulted_objects_within_policy_validate_with_any_class(object in valid_spec(), class in valid_class()) {
+        let policy = Policy::default();
+        let nodes = vec![fixtures::node("node-a", 64, 1 << 20, 1 << 14)];
+        let identity = fixtures::user();
+        let classes = vec![class.clone()];
+        let ctx = Context { policy: &policy, nodes: &nodes, classes: &classes, identity: &identity };
+        let defaulted = patched_with(&object, &class);
+        let verdict = validate_smolvm_json(Operation::Create, None, &defaulted, &ctx);
+        prop_assert!(verdict.allowed(), "{}\n{}", defaulted, verdict.message());
+        let class_verdict = validate_raw(
+            Target::SmolVMClass,
+            Operation::Create,
+            None,
+            Raw::Value(&serde_json::to_value(&class).unwrap_or_default()),
+            &ctx,
+        );
+        prop_assert!(class_verdict.allowed(), "{}", class_verdict.message());
+    }
+
+    #[test]
     fn defaulted_objects_within_policy_validate(object in valid_spec()) {
         let policy = Policy::default();
         let nodes = vec![fixtures::node("node-a", 64, 1 << 20, 1 << 14)];
         let identity = fixtures::user();
-        let ctx = Context { policy: &policy, nodes: &nodes, identity: &identity };
+        let ctx = Context { policy: &policy, nodes: &nodes, classes: &smolvm_api::class::NO_CLASSES, identity: &identity };
         let defaulted = patched(&object, Operation::Create);
         let verdict = validate_smolvm_json(Operation::Create, None, &defaulted, &ctx);
         prop_assert!(verdict.allowed(), "{}\n{}", defaulted, verdict.message());
@@ -349,7 +440,7 @@ proptest! {
     fn no_input_panics(old in prop::option::of(arbitrary_json()), new in arbitrary_json(), identity in identities()) {
         let policy = Policy::default();
         let nodes: Vec<SmolVMNode> = vec![fixtures::node("node-a", 4, 4096, 100)];
-        let ctx = Context { policy: &policy, nodes: &nodes, identity: &identity };
+        let ctx = Context { policy: &policy, nodes: &nodes, classes: &smolvm_api::class::NO_CLASSES, identity: &identity };
         for op in [Operation::Create, Operation::Update, Operation::Delete, Operation::Connect] {
             let _ = default_smolvm(op, &new);
             let _ = validate_smolvm_json(op, old.as_ref(), &new, &ctx);
@@ -363,7 +454,7 @@ proptest! {
     fn no_old_new_pair_of_smolvms_panics(old in smolvm_like(), new in smolvm_like(), bind in any::<bool>(), identity in identities()) {
         let policy = Policy::default();
         let nodes: Vec<SmolVMNode> = vec![fixtures::node("node-a", 4, 4096, 100)];
-        let ctx = Context { policy: &policy, nodes: &nodes, identity: &identity };
+        let ctx = Context { policy: &policy, nodes: &nodes, classes: &smolvm_api::class::NO_CLASSES, identity: &identity };
         let old = if bind { fixtures::bound(old, "node-a") } else { old };
         let new_defaulted = patched(&new, Operation::Update);
         for candidate in [&new, &new_defaulted] {
@@ -386,7 +477,7 @@ proptest! {
     ) {
         let policy = Policy::default();
         let nodes: Vec<SmolVMNode> = vec![fixtures::node("node-a", 4, 4096, 100)];
-        let ctx = Context { policy: &policy, nodes: &nodes, identity: &identity };
+        let ctx = Context { policy: &policy, nodes: &nodes, classes: &smolvm_api::class::NO_CLASSES, identity: &identity };
         let old = old.map(|o| if bind { fixtures::bound(o, "node-a") } else { o });
         // The Values compared with are those the texts parse to (a float need not survive
         // printing and parsing to the same bits).

@@ -308,6 +308,7 @@ impl Env {
                 "--timeout=60s",
                 "crd/smolvms.vm.smolvm.dev",
                 "crd/smolvmnodes.vm.smolvm.dev",
+                "crd/smolvmclasses.vm.smolvm.dev",
             ],
             None,
         )?;

@@ -20,7 +20,7 @@ use http_body_util::BodyExt;
 use smolvm_api::{Policy, SmolVMNode};
 use smolvm_webhook::{
     bench_support::{floor_router, review_json},
-    review::{Route, review},
+    review::{Catalogs, Route, review},
     server::admission_router,
     state::{AppState, PolicyHandle},
 };
@@ -70,7 +70,7 @@ fn call(s: &Setup, router: &Router, path: &str) -> usize {
 }
 
 fn review_once(s: &Setup, route: Route) -> usize {
-    let out = review(route, black_box(&s.body), &s.policy, &s.nodes).unwrap_or_else(|e| panic!("{e}"));
+    let out = review(route, black_box(&s.body), &s.policy, Catalogs::nodes(&s.nodes)).unwrap_or_else(|e| panic!("{e}"));
     out.body.len()
 }
 

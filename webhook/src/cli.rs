@@ -94,7 +94,8 @@ pub struct Args {
     #[arg(long, env = "SMOLVM_WEBHOOK_BODY_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub body_timeout: Duration,
     /// Run without a Kubernetes API server: no SmolVMNode cache (rule V5's capacity checks then
-    /// only warn), `files` TLS mode only. For local testing and benchmarks, not for clusters.
+    /// only warn), no SmolVMClasses (a SmolVM naming one is refused), `files` TLS mode only. For
+    /// local testing and benchmarks, not for clusters.
     #[arg(long, env = "SMOLVM_WEBHOOK_WITHOUT_CLUSTER", default_value_t = false)]
     pub without_cluster: bool,
     /// Worker threads of the async runtime (0: one per core).

@@ -2,19 +2,20 @@
 
 use std::{sync::Arc, time::Duration};
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use kube::{
-    Api, Client,
+    Api, Client, Resource,
+    core::PartialObjectMeta,
     runtime::{WatchStreamExt, reflector, watcher},
 };
-use smolvm_api::SmolVMNode;
+use smolvm_api::{SmolVM, SmolVMClass, SmolVMNode, constants::LABEL_CLASS};
 use smolvm_certs::ReloadableResolver;
 use smolvm_webhook::{
     Error, Result,
     cli::{Args, RENAMED, TlsMode},
     reload, selfsigned,
     server::{admission_router, serve_ops, serve_tls},
-    state::{AppState, PolicyHandle, StoreCatalog},
+    state::{AppState, ClassStore, PolicyHandle, StoreCatalog},
 };
 
 fn main() -> std::process::ExitCode {
@@ -43,31 +44,70 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// The SmolVMNode cache for rule V5: a reflector; /readyz waits for its first full list.
-fn start_node_cache(
-    client: Client,
-    reader: reflector::Store<SmolVMNode>,
-    writer: reflector::store::Writer<SmolVMNode>,
-    state: &AppState,
-) {
-    let nodes: Api<SmolVMNode> = Api::all(client);
-    let reflect = watcher(nodes, watcher::Config::default())
+/// Keeps `writer`'s store current from a watch `stream` (retrying with backoff) and calls
+/// `synced` once the first full list is in.
+fn reflect<K>(
+    what: &'static str,
+    stream: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
+    writer: reflector::store::Writer<K>,
+    synced: impl FnOnce() + Send + 'static,
+) where
+    K: Resource + Clone + Send + Sync + std::fmt::Debug + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
+{
+    let reader = writer.as_reader();
+    let reflect = stream
         .default_backoff()
         .reflect(writer)
         .applied_objects()
-        .for_each(|event| async move {
+        .for_each(move |event| async move {
             if let Err(e) = event {
-                tracing::warn!(error = %e, "SmolVMNode watch error; retrying");
+                tracing::warn!(cache = what, error = %e, "watch error; retrying");
             }
         });
     tokio::spawn(reflect);
-    let readiness = state.readiness.clone();
     tokio::spawn(async move {
         if reader.wait_until_ready().await.is_ok() {
-            readiness.set_nodes_synced();
-            tracing::info!("SmolVMNode cache synced");
+            synced();
+            tracing::info!(cache = what, "cache synced");
         }
     });
+}
+
+/// The caches the rules read, all reflectors: SmolVMNodes (rule V5) and SmolVMClasses (M3, V12),
+/// on which /readyz waits, and the class-labelled SmolVMs' metadata (counted when a class is
+/// deleted).
+fn start_caches(
+    client: &Client,
+    nodes: reflector::store::Writer<SmolVMNode>,
+    classes: reflector::store::Writer<SmolVMClass>,
+    members: reflector::store::Writer<PartialObjectMeta<SmolVM>>,
+    state: &AppState,
+) {
+    let readiness = state.readiness.clone();
+    reflect(
+        "smolvmnodes",
+        watcher(Api::<SmolVMNode>::all(client.clone()), watcher::Config::default()),
+        nodes,
+        move || readiness.set_nodes_synced(),
+    );
+    let readiness = state.readiness.clone();
+    reflect(
+        "smolvmclasses",
+        watcher(Api::<SmolVMClass>::all(client.clone()), watcher::Config::default()),
+        classes,
+        move || readiness.set_classes_synced(),
+    );
+    reflect(
+        "smolvm-class-labels",
+        // An Api of PartialObjectMeta asks for metadata only.
+        watcher(
+            Api::<PartialObjectMeta<SmolVM>>::all(client.clone()),
+            watcher::Config::default().labels(LABEL_CLASS),
+        ),
+        members,
+        || {},
+    );
 }
 
 async fn run(args: Args) -> Result<()> {
@@ -75,22 +115,31 @@ async fn run(args: Args) -> Result<()> {
     let interval = args.reload_interval.max(Duration::from_secs(1));
     let policy = PolicyHandle::new(reload::load_policy(args.policy.as_deref())?);
     let client = if args.without_cluster {
-        tracing::warn!("running without a cluster: no SmolVMNode cache; V5 capacity checks only warn");
+        tracing::warn!(
+            "running without a cluster: no SmolVMNode or SmolVMClass cache; V5 capacity checks only warn, no class is known"
+        );
         None
     } else {
         Some(Client::try_default().await?)
     };
-    let (reader, writer) = reflector::store::<SmolVMNode>();
+    let (nodes, nodes_writer) = reflector::store::<SmolVMNode>();
+    let (classes, classes_writer) = reflector::store::<SmolVMClass>();
+    let (members, members_writer) = reflector::store::<PartialObjectMeta<SmolVM>>();
     let state = match client {
-        Some(_) => AppState::new(policy.clone(), Arc::new(StoreCatalog(reader.clone()))),
+        Some(_) => AppState::new(policy.clone(), Arc::new(StoreCatalog(nodes)))
+            .with_classes(Arc::new(ClassStore { classes, members })),
+        // Without a cluster no class is known: a SmolVM naming one is refused (V12).
         None => AppState::new(policy.clone(), Arc::new(Vec::<SmolVMNode>::new())),
     };
     let mut state = state.with_max_concurrent_reviews(args.max_concurrent_reviews);
     state.body_limit = args.body_limit;
     state.body_timeout = args.body_timeout.max(Duration::from_secs(1));
     match &client {
-        Some(client) => start_node_cache(client.clone(), reader, writer, &state),
-        None => state.readiness.set_nodes_synced(),
+        Some(client) => start_caches(client, nodes_writer, classes_writer, members_writer, &state),
+        None => {
+            state.readiness.set_nodes_synced();
+            state.readiness.set_classes_synced();
+        }
     }
 
     if let Some(path) = args.policy.clone() {

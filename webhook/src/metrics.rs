@@ -57,7 +57,13 @@ fn latency_histogram() -> Histogram {
 }
 
 /// The resources a route can report (`Outcome::resource`), for [`Handles`].
-const KNOWN_RESOURCES: [&str; 4] = ["smolvms", "smolvms/status", "smolvmnodes", "smolvmnodes/status"];
+const KNOWN_RESOURCES: [&str; 5] = [
+    "smolvms",
+    "smolvms/status",
+    "smolvmnodes",
+    "smolvmnodes/status",
+    "smolvmclasses",
+];
 const OPERATIONS: [&str; 4] = ["CREATE", "UPDATE", "DELETE", "CONNECT"];
 const VERDICTS: [&str; 2] = ["allowed", "denied"];
 const REQUEST_SLOTS: usize = Route::ALL.len() * KNOWN_RESOURCES.len() * OPERATIONS.len() * VERDICTS.len();
@@ -75,6 +81,7 @@ fn route_index(route: Route) -> usize {
         Route::MutateSmolVM => 0,
         Route::ValidateSmolVM => 1,
         Route::ValidateSmolVMNode => 2,
+        Route::ValidateSmolVMClass => 3,
     }
 }
 

@@ -16,7 +16,7 @@ use tower_http::{catch_panic::CatchPanicLayer, timeout::TimeoutLayer};
 
 use crate::{
     error::{Error, Result},
-    review::{RequestError, Route, review},
+    review::{Catalogs, RequestError, Route, review},
     state::AppState,
 };
 
@@ -122,7 +122,15 @@ async fn admit(state: AppState, route: Route, request: Request<Body>) -> Respons
     let result = match read_body(&state, request).await {
         Ok(body) => {
             let policy = state.policy.current();
-            review(route, &body, &policy, state.nodes.as_ref())
+            review(
+                route,
+                &body,
+                &policy,
+                Catalogs {
+                    nodes: state.nodes.as_ref(),
+                    classes: state.classes.as_ref(),
+                },
+            )
         }
         Err(e) => Err(e),
     };
@@ -159,13 +167,14 @@ async fn not_found() -> Response {
         StatusCode::NOT_FOUND,
         serde_json::to_vec(&serde_json::json!({
             "apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 404, "reason": "NotFound",
-            "message": "no such endpoint; use /mutate/smolvms, /validate/smolvms or /validate/smolvmnodes"
+            "message": "no such endpoint; use /mutate/smolvms, /validate/smolvms, /validate/smolvmnodes or /validate/smolvmclasses"
         }))
         .unwrap_or_default(),
     )
 }
 
-/// The admission router: `/mutate/smolvms`, `/validate/smolvms`, `/validate/smolvmnodes`.
+/// The admission router: `/mutate/smolvms`, `/validate/smolvms`, `/validate/smolvmnodes`,
+/// `/validate/smolvmclasses`.
 pub fn admission_router(state: AppState) -> Router {
     let mut router = Router::new();
     for route in Route::ALL {

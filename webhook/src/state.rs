@@ -1,13 +1,19 @@
-//! Shared server state: the current policy, the SmolVMNode catalog, readiness and metrics.
+//! Shared server state: the current policy, the SmolVMNode and SmolVMClass catalogues, readiness
+//! and metrics.
 
 use std::sync::{
     Arc, RwLock,
     atomic::{AtomicBool, Ordering},
 };
 
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{
+    core::PartialObjectMeta,
+    runtime::reflector::{ObjectRef, Store},
+};
 use smolvm_api::{
-    Policy, SmolVMNode,
+    Policy, SmolVM, SmolVMClass, SmolVMNode,
+    class::ClassCatalog,
+    constants::LABEL_CLASS,
     validate::{NodeCatalog, NodeFacts},
 };
 
@@ -38,6 +44,7 @@ impl PolicyHandle {
 #[derive(Debug, Default)]
 pub struct Readiness {
     nodes_synced: AtomicBool,
+    classes_synced: AtomicBool,
     tls_loaded: AtomicBool,
 }
 
@@ -45,6 +52,11 @@ impl Readiness {
     /// Marks the SmolVMNode cache as synced.
     pub fn set_nodes_synced(&self) {
         self.nodes_synced.store(true, Ordering::Release);
+    }
+
+    /// Marks the SmolVMClass cache as synced.
+    pub fn set_classes_synced(&self) {
+        self.classes_synced.store(true, Ordering::Release);
     }
 
     /// Marks the serving certificate as loaded.
@@ -57,6 +69,9 @@ impl Readiness {
         let mut out = Vec::new();
         if !self.nodes_synced.load(Ordering::Acquire) {
             out.push("smolvmnode cache not synced");
+        }
+        if !self.classes_synced.load(Ordering::Acquire) {
+            out.push("smolvmclass cache not synced");
         }
         if !self.tls_loaded.load(Ordering::Acquire) {
             out.push("serving certificate not loaded");
@@ -81,6 +96,51 @@ impl NodeCatalog for StoreCatalog {
     }
 }
 
+/// The known SmolVMClasses as a kube reflector store sees them, with the SmolVMs that carry the
+/// class label (a metadata-only store) to count a class's SmolVMs when it is deleted.
+#[derive(Clone)]
+pub struct ClassStore {
+    /// The classes.
+    pub classes: Store<SmolVMClass>,
+    /// The SmolVMs labelled `vm.smolvm.dev/class`, metadata only.
+    pub members: Store<PartialObjectMeta<SmolVM>>,
+}
+
+impl ClassCatalog for ClassStore {
+    fn class(&self, name: &str) -> Option<SmolVMClass> {
+        self.classes.get(&ObjectRef::new(name)).map(|c| (*c).clone())
+    }
+    fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.classes.state().iter().map(|c| c.name().to_string()).collect();
+        names.sort();
+        names
+    }
+    fn defaults(&self) -> Vec<SmolVMClass> {
+        self.classes
+            .state()
+            .iter()
+            .filter(|c| c.is_default())
+            .map(|c| (**c).clone())
+            .collect()
+    }
+    fn users(&self, name: &str) -> Option<usize> {
+        Some(
+            self.members
+                .state()
+                .iter()
+                .filter(|m| {
+                    m.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(LABEL_CLASS))
+                        .map(String::as_str)
+                        == Some(name)
+                })
+                .count(),
+        )
+    }
+}
+
 /// Everything a request handler needs.
 /// Review slots by default. Sized against the pod's memory limit (256 MiB): each slot holds at
 /// most one body of `--body-limit` (1 MiB) plus its parsed form (about twice the text), so 32
@@ -94,6 +154,8 @@ pub struct AppState {
     pub policy: PolicyHandle,
     /// The SmolVMNode catalog (a reflector store in production).
     pub nodes: Arc<dyn NodeCatalog + Send + Sync>,
+    /// The SmolVMClass catalogue (reflector stores in production).
+    pub classes: Arc<dyn ClassCatalog + Send + Sync>,
     /// Readiness conditions.
     pub readiness: Arc<Readiness>,
     /// Metrics.
@@ -110,12 +172,13 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// State with the given policy and catalog, default limits (1 MiB, 10 s,
+    /// State with the given policy and node catalogue, no classes, default limits (1 MiB, 10 s,
     /// [`DEFAULT_MAX_CONCURRENT_REVIEWS`] reviews at once).
     pub fn new(policy: PolicyHandle, nodes: Arc<dyn NodeCatalog + Send + Sync>) -> Self {
         AppState {
             policy,
             nodes,
+            classes: Arc::new(Vec::<SmolVMClass>::new()),
             readiness: Arc::new(Readiness::default()),
             metrics: Arc::new(Metrics::new()),
             body_limit: 1024 * 1024,
@@ -123,6 +186,12 @@ impl AppState {
             reviews: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_CONCURRENT_REVIEWS)),
             max_concurrent_reviews: DEFAULT_MAX_CONCURRENT_REVIEWS,
         }
+    }
+
+    /// Sets the SmolVMClass catalogue.
+    pub fn with_classes(mut self, classes: Arc<dyn ClassCatalog + Send + Sync>) -> Self {
+        self.classes = classes;
+        self
     }
 
     /// Sets the number of review slots.
@@ -171,10 +240,11 @@ mod tests {
     }
 
     #[test]
-    fn readiness_needs_both() {
+    fn readiness_needs_every_cache_and_the_certificate() {
         let r = Readiness::default();
-        assert_eq!(r.missing().len(), 2);
+        assert_eq!(r.missing().len(), 3);
         r.set_tls_loaded();
+        r.set_classes_synced();
         assert_eq!(r.missing(), vec!["smolvmnode cache not synced"]);
         r.set_nodes_synced();
         assert!(r.missing().is_empty());

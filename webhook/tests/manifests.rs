@@ -29,7 +29,7 @@ fn webhook_configurations_have_the_required_shape() {
     let mutating = m.webhooks.unwrap_or_default();
     let validating = v.webhooks.unwrap_or_default();
     assert_eq!(mutating.len(), 1);
-    assert_eq!(validating.len(), 2);
+    assert_eq!(validating.len(), 4);
     for w in &mutating {
         assert_eq!(w.reinvocation_policy.as_deref(), Some("IfNeeded"), "{}", w.name);
     }
@@ -60,13 +60,25 @@ fn webhook_configurations_have_the_required_shape() {
             )
         }));
     for (name, failure, side_effects, timeout, versions, rules, conditions, client) in all {
-        assert_eq!(failure.as_deref(), Some("Fail"), "{name}");
+        // The one webhook a DELETE reaches is the SmolVMClass deletion warning: it refuses
+        // nothing, so it fails open; every other webhook fails closed and never sees a DELETE.
+        let warn_only = name.starts_with("warn-delete.");
+        let classes = rules
+            .iter()
+            .flatten()
+            .all(|r| r.resources.iter().flatten().all(|x| x == "smolvmclasses"));
+        assert_eq!(
+            failure.as_deref(),
+            Some(if warn_only { "Ignore" } else { "Fail" }),
+            "{name}"
+        );
         assert_eq!(side_effects, "None", "{name}");
         assert!(timeout.is_some_and(|t| (1..=5).contains(&t)), "{name}");
         assert_eq!(versions, &vec!["v1".to_string()], "{name}");
+        // Classes have no finalizers to exempt.
         assert_eq!(
             conditions.as_ref().map(Vec::len),
-            Some(1),
+            if classes { None } else { Some(1) },
             "{name}: the finalizer exemption"
         );
         let service = client.service.as_ref().unwrap_or_else(|| panic!("{name}: service"));
@@ -76,12 +88,16 @@ fn webhook_configurations_have_the_required_shape() {
         );
         for rule in rules.iter().flatten() {
             let ops = rule.operations.clone().unwrap_or_default();
-            assert!(!ops.iter().any(|o| o == "DELETE" || o == "*"), "{name}: {ops:?}");
-            assert!(ops.contains(&"CREATE".to_string()) && ops.contains(&"UPDATE".to_string()));
+            if warn_only {
+                assert_eq!(ops, vec!["DELETE".to_string()], "{name}");
+            } else {
+                assert!(!ops.iter().any(|o| o == "DELETE" || o == "*"), "{name}: {ops:?}");
+                assert!(ops.contains(&"CREATE".to_string()) && ops.contains(&"UPDATE".to_string()));
+            }
             resources.extend(rule.resources.clone().unwrap_or_default());
         }
     }
-    for r in ["smolvms", "smolvmnodes"] {
+    for r in ["smolvms", "smolvmnodes", "smolvmclasses"] {
         assert!(resources.iter().any(|x| x == r), "{r} not covered");
     }
     // Status writes (heartbeats, the controller's status) never wait on the webhook: their
@@ -103,7 +119,9 @@ fn webhook_configurations_have_the_required_shape() {
         vec![
             Some("/mutate/smolvms".into()),
             Some("/validate/smolvms".into()),
-            Some("/validate/smolvmnodes".into())
+            Some("/validate/smolvmnodes".into()),
+            Some("/validate/smolvmclasses".into()),
+            Some("/validate/smolvmclasses".into())
         ]
     );
 }

@@ -921,7 +921,10 @@ async fn readyz_waits_for_cache_sync() {
     let (status, body) = h.ops_get("/readyz").await;
     assert_eq!(status, 503);
     assert!(body.contains("smolvmnode cache not synced"), "{body}");
+    assert!(body.contains("smolvmclass cache not synced"), "{body}");
     h.state.readiness.set_nodes_synced();
+    assert_eq!(h.ops_get("/readyz").await.0, 503, "the class cache is not synced yet");
+    h.state.readiness.set_classes_synced();
     assert_eq!(h.ops_get("/readyz").await.0, 200);
     let (status, metrics) = h.ops_get("/metrics").await;
     assert_eq!(status, 200);
@@ -956,4 +959,112 @@ async fn policy_change_applies_without_restart() {
             .unwrap_or("")
             .contains("[V2]")
     );
+}
+
+/// A catalogue of classes that counts one SmolVM of `large` (as the webhook's label cache would).
+struct CountingClasses(Vec<smolvm_api::SmolVMClass>);
+
+impl smolvm_api::class::ClassCatalog for CountingClasses {
+    fn class(&self, name: &str) -> Option<smolvm_api::SmolVMClass> {
+        self.0.class(name)
+    }
+    fn names(&self) -> Vec<String> {
+        self.0.names()
+    }
+    fn defaults(&self) -> Vec<smolvm_api::SmolVMClass> {
+        self.0.defaults()
+    }
+    fn users(&self, name: &str) -> Option<usize> {
+        Some(usize::from(name == "large"))
+    }
+}
+
+/// M3 and V12 over the wire: a SmolVM naming a class comes back with the class's sizes and the
+/// record of it; the default class applies to one naming none; an unknown class is refused with
+/// the list; a second default class is refused naming the first; deleting a class in use is
+/// allowed with a warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classes_over_the_wire() {
+    let classes = vec![
+        fixtures::class("small", json!({"resources": {"cpus": 1, "memoryMiB": 512}}), true),
+        fixtures::class(
+            "large",
+            json!({"resources": {"cpus": 4, "memoryMiB": 8192}, "storage": {"storageGiB": 50}}),
+            false,
+        ),
+    ];
+    let catalog = std::sync::Arc::new(CountingClasses(classes));
+    let h = Harness::start_with(nodes(), |state| state.classes = catalog).await;
+    let mut conn = h.connect(Version::Http2).await;
+
+    let large = fixtures::smolvm("big", json!({"image": "alpine:3.20", "className": "large"}));
+    let object = defaulted(&mut conn, &large).await;
+    assert_eq!(object["spec"]["resources"], json!({"cpus": 4, "memoryMiB": 8192}));
+    assert_eq!(
+        object["spec"]["storage"],
+        json!({"storageGiB": 50, "overlayGiB": 10}),
+        "M1 after M3"
+    );
+    assert_eq!(object["metadata"]["annotations"]["vm.smolvm.dev/class"], "large");
+    assert_eq!(object["metadata"]["annotations"]["vm.smolvm.dev/class-generation"], "1");
+    assert_eq!(object["metadata"]["labels"]["vm.smolvm.dev/class"], "large");
+    assert_eq!(object["metadata"]["finalizers"], json!([FINALIZER]));
+    let again = review("smolvms", "", "CREATE", &fixtures::user(), &object, None);
+    let (_, body) = post(&mut conn, "/mutate/smolvms", &again).await;
+    assert!(
+        body["response"].get("patch").is_none(),
+        "a second pass adds nothing: {body}"
+    );
+
+    let bare = defaulted(&mut conn, &fixtures::smolvm("bare", json!({"image": "alpine:3.20"}))).await;
+    assert_eq!(bare["spec"]["className"], "small", "the default class");
+
+    let unknown = fixtures::smolvm("odd", json!({"image": "alpine:3.20", "className": "huge"}));
+    for path in ["/mutate/smolvms", "/validate/smolvms"] {
+        let req = review("smolvms", "", "CREATE", &fixtures::user(), &unknown, None);
+        let (_, body) = post(&mut conn, path, &req).await;
+        assert_eq!(body["response"]["allowed"], false, "{path}");
+        assert_eq!(body["response"]["status"]["code"], 422, "{path}");
+        let message = body["response"]["status"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("spec.className") && message.contains("V12") && message.contains("large, small"),
+            "{path}: {message}"
+        );
+    }
+
+    let second = fixtures::class_json("xl", json!({}), true);
+    let req = review("smolvmclasses", "", "CREATE", &fixtures::user(), &second, None);
+    let (_, body) = post(&mut conn, "/validate/smolvmclasses", &req).await;
+    assert_eq!(body["response"]["allowed"], false, "{body}");
+    let message = body["response"]["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("\"small\"") && message.contains("V12"), "{message}");
+
+    let out_of_policy = fixtures::class_json("huge", json!({"resources": {"cpus": 1000}}), false);
+    let req = review("smolvmclasses", "", "CREATE", &fixtures::user(), &out_of_policy, None);
+    let (_, body) = post(&mut conn, "/validate/smolvmclasses", &req).await;
+    assert_eq!(body["response"]["allowed"], false);
+    let message = body["response"]["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("spec.resources.cpus") && message.contains("V2"),
+        "{message}"
+    );
+
+    let stored = serde_json::to_value(catalog_class(&h, "large")).unwrap_or_default();
+    let mut req = review(
+        "smolvmclasses",
+        "",
+        "DELETE",
+        &fixtures::user(),
+        &Value::Null,
+        Some(&stored),
+    );
+    req["request"]["name"] = json!("large");
+    let (_, body) = post(&mut conn, "/validate/smolvmclasses", &req).await;
+    assert_eq!(body["response"]["allowed"], true, "{body}");
+    let warnings = body["response"]["warnings"].to_string();
+    assert!(warnings.contains("1 SmolVM(s) name the class"), "{warnings}");
+}
+
+fn catalog_class(h: &Harness, name: &str) -> Option<smolvm_api::SmolVMClass> {
+    h.state.classes.class(name)
 }

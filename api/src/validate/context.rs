@@ -1,9 +1,11 @@
 //! What validation knows besides the objects: who sent the request ([`Identity`]), the known
-//! SmolVMNodes ([`NodeCatalog`]) and the policy, gathered in [`Context`].
+//! SmolVMNodes ([`NodeCatalog`]) and SmolVMClasses ([`ClassCatalog`]) and the policy, gathered
+//! in [`Context`].
 
 use std::{borrow::Borrow, collections::BTreeMap};
 
 use crate::{
+    class::ClassCatalog,
     constants::{EXTRA_NODE_NAME, EXTRA_NODE_UID},
     policy::{Policy, Role},
     types::{NodeResources, SmolVMNode},
@@ -103,6 +105,8 @@ pub struct Context<'a> {
     pub policy: &'a Policy,
     /// The known SmolVMNodes.
     pub nodes: &'a dyn NodeCatalog,
+    /// The known SmolVMClasses (rule V12; [`crate::class::NO_CLASSES`] where there are none).
+    pub classes: &'a dyn ClassCatalog,
     /// The requester.
     pub identity: &'a Identity,
 }

@@ -6,9 +6,12 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, de::DeserializeOwned};
 use serde_json::Value;
 
-use crate::types::{SmolVM, SmolVMNode};
+use crate::{
+    class::SmolVMClass,
+    types::{SmolVM, SmolVMNode},
+};
 
-use super::{context::*, node::*, smolvm::*, status::*, verdict::*};
+use super::{class::*, context::*, node::*, smolvm::*, status::*, verdict::*};
 
 /// Deserializes an object, turning a failure into a finding that names the path.
 pub fn decode<T: DeserializeOwned>(object: &Value) -> Result<T, Finding> {
@@ -137,6 +140,19 @@ impl RuleDecode for SmolVM {
     }
 }
 
+impl RuleDecode for SmolVMClass {
+    type Spec = crate::class::SmolVMClassSpec;
+    // A class has no status; whatever a request carries there is not read.
+    type Status = serde::de::IgnoredAny;
+
+    fn assemble(o: RuleObject<Self::Spec, Self::Status>) -> Self {
+        SmolVMClass {
+            metadata: o.metadata.into_object_meta(),
+            spec: o.spec,
+        }
+    }
+}
+
 impl RuleDecode for SmolVMNode {
     type Spec = crate::types::SmolVMNodeSpec;
     type Status = crate::types::SmolVMNodeStatus;
@@ -172,6 +188,8 @@ pub enum Target {
     SmolVMNode,
     /// The status subresource of a SmolVMNode (V10).
     SmolVMNodeStatus,
+    /// A SmolVMClass (V12, and V2, V3, V4, V11 on its fields).
+    SmolVMClass,
 }
 
 fn decode_raw<T: RuleDecode>(raw: Raw<'_>) -> Result<T, Finding> {
@@ -221,6 +239,7 @@ pub fn validate_raw(target: Target, op: Operation, old: Option<Raw<'_>>, new: Ra
         Target::SmolVMStatus => on_decoded(old, new, |o, n| validate_smolvm_status(op, o, n, ctx)),
         Target::SmolVMNode => on_decoded(old, new, |o, n| validate_smolvm_node(op, o, n, ctx)),
         Target::SmolVMNodeStatus => on_decoded(old, new, |o, n| validate_smolvm_node_status(op, o, n, ctx)),
+        Target::SmolVMClass => on_decoded(old, new, |o, n| validate_smolvm_class(op, o, n, ctx)),
     }
 }
 

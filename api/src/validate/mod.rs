@@ -1,4 +1,4 @@
-//! Validation (the validating half of admission): rules V1 to V10.
+//! Validation (the validating half of admission): rules V1 to V12.
 //!
 //! Every function here is pure: it takes the operation, the old and new objects and a
 //! [`Context`] (policy, known SmolVMNodes, requester identity), and returns a [`Verdict`] with
@@ -9,9 +9,10 @@
 //! - `verdict`: the answer ([`Verdict`], [`Finding`], [`RuleId`]);
 //! - `context`: what the rules know besides the objects;
 //! - `decode`: from the request's JSON to the rules, per [`Target`];
-//! - `smolvm`, `bound`, `status`, `node`: the rules of each target.
+//! - `smolvm`, `bound`, `status`, `node`, `class`: the rules of each target.
 
 mod bound;
+mod class;
 mod context;
 mod decode;
 mod node;
@@ -19,6 +20,7 @@ mod smolvm;
 mod status;
 mod verdict;
 
+pub use class::validate_smolvm_class;
 pub use context::{Context, Identity, NodeCatalog, NodeFacts};
 pub use decode::{
     Raw, Target, decode, validate_raw, validate_smolvm_defaulted, validate_smolvm_json, validate_smolvm_node_json,

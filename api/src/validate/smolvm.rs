@@ -25,6 +25,7 @@ pub fn validate_smolvm(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &
         return verdict;
     }
     let old = if op == Operation::Update { old } else { None };
+    check_class_name(op, old, new, ctx, &mut verdict);
     check_force_delete(op, old, new, &mut verdict);
     check_recreate_lost(op, old, new, &mut verdict);
 
@@ -148,6 +149,20 @@ fn check_expose(vm: &SmolVM, v: &mut Verdict) {
 
 /// V1 to V4 and V11: the spec on its own, against the policy.
 fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
+    check_spec_fields(spec, policy, Unset::Defaulted, v);
+}
+
+/// How [`check_spec_fields`] treats a size the spec leaves unset.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Unset {
+    /// Checked as its built-in default (M1), which the SmolVM will get.
+    Defaulted,
+    /// Not checked: a SmolVMClass's unset field is no value at all.
+    Skipped,
+}
+
+/// V1 to V4 and V11 on a spec against the policy.
+pub(super) fn check_spec_fields(spec: &SmolVMSpec, policy: &Policy, unset: Unset, v: &mut Verdict) {
     // V1
     if let Err(reason) = syntax::parse_image(&spec.image) {
         v.violation(
@@ -199,7 +214,11 @@ fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
         },
     ];
     for b in bounds {
-        let actual = b.value.unwrap_or(b.default);
+        let actual = match (b.value, unset) {
+            (Some(value), _) => value,
+            (None, Unset::Defaulted) => b.default,
+            (None, Unset::Skipped) => continue,
+        };
         let ((min_name, min), (max_name, max)) = (b.min, b.max);
         if (min..=max).contains(&actual) {
             continue; // the common case: nothing to report, nothing to format
@@ -647,4 +666,44 @@ fn check_recreate_lost(op: Operation, old: Option<&SmolVM>, new: &SmolVM, v: &mu
         shown.clone(),
         format!("{shown}: a fresh, empty machine is created on {node}; the lost machine's disks are not recovered"),
     );
+}
+
+/// V12: at CREATE `spec.className` names a known class (the mutating webhook has then applied
+/// it); it never changes afterwards. A class deleted later does not concern existing SmolVMs.
+fn check_class_name(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &Context<'_>, v: &mut Verdict) {
+    let name = new.spec.class_name.as_deref();
+    let shown = |n: Option<&str>| n.map_or_else(|| "none".to_string(), render);
+    match (op, old) {
+        (Operation::Update, Some(old)) if old.spec.class_name.as_deref() != name => {
+            v.violation(
+                RuleId::V12,
+                "spec.className",
+                name.map(render).unwrap_or_default(),
+                format!(
+                    "cannot change from {} to {}: a SmolVM's class is applied once, at CREATE; delete and recreate to change it",
+                    shown(old.spec.class_name.as_deref()),
+                    shown(name),
+                ),
+            );
+        }
+        (Operation::Create, _) => {
+            if let Some(name) = name
+                && ctx.classes.class(name).is_none()
+            {
+                let known = ctx.classes.names();
+                let known = if known.is_empty() {
+                    "no SmolVMClass exists".to_string()
+                } else {
+                    format!("known classes: {}", known.join(", "))
+                };
+                v.violation(
+                    RuleId::V12,
+                    "spec.className",
+                    render(name),
+                    format!("{} names no SmolVMClass ({known})", render(name)),
+                );
+            }
+        }
+        _ => {}
+    }
 }

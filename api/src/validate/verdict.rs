@@ -55,6 +55,8 @@ pub enum RuleId {
     V10,
     /// V11: the workload (command, args, env, pull secrets, restart, egress by host name).
     V11,
+    /// V12: classes (a known, unchanging `spec.className`; classes within the policy; one default).
+    V12,
 }
 
 impl RuleId {
@@ -73,6 +75,7 @@ impl RuleId {
             RuleId::V9 => "V9",
             RuleId::V10 => "V10",
             RuleId::V11 => "V11",
+            RuleId::V12 => "V12",
         }
     }
 }

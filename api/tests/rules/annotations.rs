@@ -47,6 +47,7 @@ fn v7_force_delete_annotation() {
     let ctx = Context {
         policy: &policy,
         nodes: &Vec::<SmolVMNode>::new(),
+        classes: &smolvm_api::class::NO_CLASSES,
         identity: &identity,
     };
     let old = deleting(bound(stored(), "node-a"));
@@ -243,6 +244,7 @@ fn v7_every_misuse_is_reported() {
     let ctx = Context {
         policy: &policy,
         nodes: &nodes,
+        classes: &smolvm_api::class::NO_CLASSES,
         identity: &identity,
     };
     let new = annotated(alpine(), "yes");

@@ -198,6 +198,7 @@ fn v6_workload_immutable_after_binding() {
     let ctx = Context {
         policy: &Policy::default(),
         nodes: &nodes,
+        classes: &smolvm_api::class::NO_CLASSES,
         identity: &user(),
     };
     let verdict = validate_smolvm_json(

@@ -29,6 +29,7 @@ fn transition_matrix_unbound_bound_deleting_pinned() {
                 let ctx = Context {
                     policy: &policy,
                     nodes: &nodes,
+                    classes: &smolvm_api::class::NO_CLASSES,
                     identity: &identity,
                 };
                 let v = validate_smolvm_json(Update, Some(&old), &meta, &ctx);
@@ -86,6 +87,7 @@ fn m1_m2_defaults_then_validates() {
     let ctx = Context {
         policy: &policy,
         nodes: &nodes,
+        classes: &smolvm_api::class::NO_CLASSES,
         identity: &identity,
     };
     let verdict = validate_smolvm_json(Create, None, &patched, &ctx);
@@ -99,6 +101,7 @@ fn malformed_objects_are_schema_violations() {
     let ctx = Context {
         policy: &policy,
         nodes: &Vec::<SmolVMNode>::new(),
+        classes: &smolvm_api::class::NO_CLASSES,
         identity: &identity,
     };
     for bad in [

@@ -100,6 +100,7 @@ fn run(case: &Case, policy: &Policy, nodes: &Vec<SmolVMNode>) -> Verdict {
     let ctx = Context {
         policy,
         nodes,
+        classes: &smolvm_api::class::NO_CLASSES,
         identity: &case.identity,
     };
     match case.kind {

@@ -113,6 +113,7 @@ fn v5_bound_message_says_never_move() {
     let ctx = Context {
         policy: &policy,
         nodes: &Vec::<SmolVMNode>::new(),
+        classes: &smolvm_api::class::NO_CLASSES,
         identity: &identity,
     };
     let old = bound(stored(), "node-a");

@@ -146,6 +146,7 @@ fn v2_message_names_field_value_and_policy() {
     let ctx = Context {
         policy: &policy,
         nodes: &nodes,
+        classes: &smolvm_api::class::NO_CLASSES,
         identity: &identity,
     };
     let object = with(
@@ -182,6 +183,7 @@ fn v2_default_outside_policy_names_the_default() {
     let ctx = Context {
         policy: &policy,
         nodes: &nodes,
+        classes: &smolvm_api::class::NO_CLASSES,
         identity: &identity,
     };
     let object = smolvm("a", json!({"image": "alpine"}));

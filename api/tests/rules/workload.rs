@@ -203,6 +203,7 @@ fn v11_every_violation_is_listed_and_no_value_is_echoed() {
     let ctx = Context {
         policy: &Policy::default(),
         nodes: &nodes,
+        classes: &smolvm_api::class::NO_CLASSES,
         identity: &user(),
     };
     let verdict = validate_smolvm_json(Create, None, &object, &ctx);

@@ -35,6 +35,8 @@ pub(super) const RBAC_WEBHOOK_DEFAULT: &str = "
 smolvm-webhook     cluster        admissionregistration.k8s.io/mutatingwebhookconfigurations  smolvm-webhook  get,patch
 smolvm-webhook     cluster        admissionregistration.k8s.io/validatingwebhookconfigurations  smolvm-webhook  get,patch
 smolvm-webhook     cluster        vm.smolvm.dev/smolvmnodes  -  list,watch
+smolvm-webhook     cluster        vm.smolvm.dev/smolvmclasses  -  list,watch
+smolvm-webhook     cluster        vm.smolvm.dev/smolvms  -  list,watch
 smolvm-webhook     smolvm-system  core/secrets  smolvm-webhook-tls  get,update
 ";
 
@@ -48,6 +50,8 @@ smolvm-controller  cluster        core/secrets  -  get
 /// cert-manager mode: the webhook needs neither its TLS Secret nor the webhook configurations.
 pub(super) const RBAC_WEBHOOK_CERT_MANAGER: &str = "
 smolvm-webhook     cluster        vm.smolvm.dev/smolvmnodes  -  list,watch
+smolvm-webhook     cluster        vm.smolvm.dev/smolvmclasses  -  list,watch
+smolvm-webhook     cluster        vm.smolvm.dev/smolvms  -  list,watch
 ";
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

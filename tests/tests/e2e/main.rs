@@ -38,6 +38,7 @@ macro_rules! scenarios {
 
 // Scenario families added beside the core list live in their own files; each exports
 // `scenarios()`, appended to the run in this order.
+mod classes;
 mod cluster;
 mod reach;
 mod workload;
@@ -179,6 +180,7 @@ fn extra_scenarios() -> Vec<(&'static str, Scenario)> {
     let mut all = cluster::scenarios();
     all.extend(workload::scenarios());
     all.extend(reach::scenarios());
+    all.extend(classes::scenarios());
     all
 }
 
@@ -414,6 +416,10 @@ pub(crate) async fn crds_install_and_explain_teaches_the_api(env: &mut Env) -> a
         ("smolvm.spec.env.valueFrom", &["secretKeyRef", "configMapKeyRef"][..]),
         ("smolvm.spec.restartPolicy", &["OnFailure", "Always"][..]),
         ("smolvm.spec.imagePullSecrets", &["registry"][..]),
+        // Classes: what a class fills, and how a SmolVM names one.
+        ("smolvm.spec.className", &["SmolVMClass", "CREATE"][..]),
+        ("smolvmclass", &["instance type", "is-default-class"][..]),
+        ("smolvmclass.spec.resources", &["cpus", "memoryMiB"][..]),
     ] {
         let out = env.kubectl(&["explain", path], None)?;
         let text = String::from_utf8_lossy(&out.stdout);

@@ -2,7 +2,7 @@
 //!
 //! No I/O happens here. [`review`] parses the body, checks that it is an
 //! `admission.k8s.io/v1` `AdmissionReview` with a request for the resource the route serves,
-//! runs the rules of `smolvm-api` (defaulting M1–M2 on the mutating route, validation V1–V10 on
+//! runs the rules of `smolvm-api` (defaulting M1–M3 on the mutating route, validation V1–V12 on
 //! the validating routes) and encodes the response, echoing the request's uid.
 //!
 //! Malformed input is a [`RequestError`] with the HTTP status the server answers with and a
@@ -24,9 +24,10 @@ use k8s_openapi::api::authentication::v1::UserInfo;
 use kube::core::{GroupVersionResource, admission::Operation as WireOperation};
 use serde_json::{Value, value::RawValue};
 use smolvm_api::{
-    Policy,
-    constants::{GROUP, RESOURCE_SMOLVMNODES, RESOURCE_SMOLVMS},
-    defaulting::default_smolvm,
+    Policy, SmolVMClass,
+    class::{ClassCatalog, class_for},
+    constants::{GROUP, RESOURCE_SMOLVMCLASSES, RESOURCE_SMOLVMNODES, RESOURCE_SMOLVMS},
+    defaulting::{default_smolvm, default_smolvm_with_class},
     validate::{Context, Identity, NodeCatalog, Operation, Raw, RuleId, Target, Verdict, validate_raw},
 };
 
@@ -48,11 +49,18 @@ pub enum Route {
     ValidateSmolVM,
     /// `POST /validate/smolvmnodes`: V10 on SmolVMNodes and their status.
     ValidateSmolVMNode,
+    /// `POST /validate/smolvmclasses`: V12 (and V2, V3, V4, V11 on the fields) on SmolVMClasses.
+    ValidateSmolVMClass,
 }
 
 impl Route {
     /// Every route.
-    pub const ALL: [Route; 3] = [Route::MutateSmolVM, Route::ValidateSmolVM, Route::ValidateSmolVMNode];
+    pub const ALL: [Route; 4] = [
+        Route::MutateSmolVM,
+        Route::ValidateSmolVM,
+        Route::ValidateSmolVMNode,
+        Route::ValidateSmolVMClass,
+    ];
 
     /// The URL path.
     pub fn path(self) -> &'static str {
@@ -60,6 +68,7 @@ impl Route {
             Route::MutateSmolVM => "/mutate/smolvms",
             Route::ValidateSmolVM => "/validate/smolvms",
             Route::ValidateSmolVMNode => "/validate/smolvmnodes",
+            Route::ValidateSmolVMClass => "/validate/smolvmclasses",
         }
     }
 
@@ -68,6 +77,7 @@ impl Route {
         match self {
             Route::MutateSmolVM | Route::ValidateSmolVM => RESOURCE_SMOLVMS,
             Route::ValidateSmolVMNode => RESOURCE_SMOLVMNODES,
+            Route::ValidateSmolVMClass => RESOURCE_SMOLVMCLASSES,
         }
     }
 
@@ -75,7 +85,7 @@ impl Route {
     pub fn kind(self) -> &'static str {
         match self {
             Route::MutateSmolVM => "mutate",
-            Route::ValidateSmolVM | Route::ValidateSmolVMNode => "validate",
+            Route::ValidateSmolVM | Route::ValidateSmolVMNode | Route::ValidateSmolVMClass => "validate",
         }
     }
 }
@@ -141,7 +151,33 @@ impl Objects<'_> {
         }
     }
 
-    fn default_patch(&self, operation: Operation) -> json_patch::Patch {
+    /// The new object's `spec.className`, if it is a string.
+    fn class_name(&self) -> Option<String> {
+        let spec = match self {
+            Objects::Parsed { new: Some(new), .. } => new.get("spec").cloned(),
+            Objects::Text {
+                new: Some((_, scan)), ..
+            } => scan.spec.and_then(|s| serde_json::from_str::<Value>(s).ok()),
+            _ => None,
+        }?;
+        spec.get("className").and_then(Value::as_str).map(str::to_string)
+    }
+
+    /// The defaulting patch: M3 from `class` when there is one (on the whole object, since it
+    /// writes annotations and labels), then M1 and M2.
+    fn default_patch(&self, operation: Operation, class: Option<&SmolVMClass>) -> json_patch::Patch {
+        if let Some(class) = class {
+            return match self {
+                Objects::Parsed { new: Some(new), .. } => default_smolvm_with_class(operation, new, Some(class)),
+                Objects::Text {
+                    new: Some((text, _)), ..
+                } => match serde_json::from_str::<Value>(text) {
+                    Ok(new) => default_smolvm_with_class(operation, &new, Some(class)),
+                    Err(_) => json_patch::Patch(Vec::new()),
+                },
+                _ => json_patch::Patch(Vec::new()),
+            };
+        }
         match self {
             Objects::Parsed { new: Some(new), .. } => default_smolvm(operation, new),
             Objects::Text {
@@ -200,6 +236,7 @@ impl Objects<'_> {
 
     fn validate(&self, route: Route, status: bool, operation: Operation, ctx: &Context<'_>) -> Verdict {
         let target = match (route, status) {
+            (Route::ValidateSmolVMClass, _) => Target::SmolVMClass,
             (Route::ValidateSmolVMNode, true) => Target::SmolVMNodeStatus,
             (Route::ValidateSmolVMNode, false) => Target::SmolVMNode,
             (_, true) => Target::SmolVMStatus,
@@ -261,36 +298,50 @@ impl<'a> From<(TextRequest<'a>, Option<Scanned<'a>>)> for Request<'a> {
     }
 }
 
-/// Reviews one AdmissionReview body for `route` under `policy`, with `nodes` the known
-/// SmolVMNodes.
+/// What the rules know besides the request: the known SmolVMNodes and SmolVMClasses.
+#[derive(Clone, Copy)]
+pub struct Catalogs<'a> {
+    /// The known SmolVMNodes.
+    pub nodes: &'a dyn NodeCatalog,
+    /// The known SmolVMClasses.
+    pub classes: &'a dyn ClassCatalog,
+}
+
+impl<'a> Catalogs<'a> {
+    /// Known nodes and no classes.
+    pub fn nodes(nodes: &'a dyn NodeCatalog) -> Self {
+        Catalogs {
+            nodes,
+            classes: &smolvm_api::class::NO_CLASSES,
+        }
+    }
+}
+
+/// Reviews one AdmissionReview body for `route` under `policy`, with `catalogs` the known
+/// SmolVMNodes and SmolVMClasses.
 ///
 /// A well-formed review is read with its objects left as JSON text, which the rules decode
 /// straight into their types; anything else goes through [`parse`], whose errors are the
 /// answer. Both give the same response.
-pub fn review(route: Route, body: &[u8], policy: &Policy, nodes: &dyn NodeCatalog) -> Result<Reviewed, RequestError> {
+pub fn review(route: Route, body: &[u8], policy: &Policy, catalogs: Catalogs<'_>) -> Result<Reviewed, RequestError> {
     match parse_text(body) {
-        Some(request) => review_request(route, request.into(), policy, nodes),
-        None => review_request(route, parse(body)?.into(), policy, nodes),
+        Some(request) => review_request(route, request.into(), policy, catalogs),
+        None => review_request(route, parse(body)?.into(), policy, catalogs),
     }
 }
 
 /// [`review`] through [`parse`] only (objects as Values): the reference the fast path is
 /// checked against.
 #[cfg(test)]
-fn review_parsed(
-    route: Route,
-    body: &[u8],
-    policy: &Policy,
-    nodes: &dyn NodeCatalog,
-) -> Result<Reviewed, RequestError> {
-    review_request(route, parse(body)?.into(), policy, nodes)
+fn review_parsed(route: Route, body: &[u8], policy: &Policy, catalogs: Catalogs<'_>) -> Result<Reviewed, RequestError> {
+    review_request(route, parse(body)?.into(), policy, catalogs)
 }
 
 fn review_request(
     route: Route,
     request: Request<'_>,
     policy: &Policy,
-    nodes: &dyn NodeCatalog,
+    catalogs: Catalogs<'_>,
 ) -> Result<Reviewed, RequestError> {
     let operation = operation_of(&request.operation);
     let sub = request.sub_resource.clone().filter(|s| !s.is_empty());
@@ -334,8 +385,10 @@ fn review_request(
             });
         }
     };
-    // DELETE and CONNECT never reach the webhook through the shipped configuration; admit them.
-    if !matches!(operation, Operation::Create | Operation::Update) {
+    // A class's DELETE is admitted with a warning of how many SmolVMs name it; no other DELETE
+    // (nor any CONNECT) reaches the webhook through the shipped configuration: admit them.
+    let class_delete = route == Route::ValidateSmolVMClass && operation == Operation::Delete;
+    if !matches!(operation, Operation::Create | Operation::Update) && !class_delete {
         return Ok(Reviewed {
             body: encode(base)?,
             outcome,
@@ -346,7 +399,29 @@ fn review_request(
         groups: request.user_info.groups.unwrap_or_default(),
         extra: request.user_info.extra.unwrap_or_default(),
     };
-    let objects = request.objects;
+    let mut objects = request.objects;
+    if class_delete {
+        // The rules read the class being deleted (the request's oldObject) as the object.
+        objects = match objects {
+            Objects::Parsed { old, .. } => Objects::Parsed { new: old, old: None },
+            Objects::Text { old, .. } => match old.and_then(|text| scan_object(text).map(|scan| (text, scan))) {
+                Some(new) => Objects::Text {
+                    new: Some(new),
+                    old: None,
+                },
+                None => Objects::Parsed {
+                    new: old.and_then(|text| serde_json::from_str(text).ok()),
+                    old: None,
+                },
+            },
+        };
+        if !objects.has_new() {
+            return Ok(Reviewed {
+                body: encode(base)?,
+                outcome,
+            });
+        }
+    }
     if !objects.has_new() {
         return Err(RequestError::Malformed(format!(
             "request.object is required for {}",
@@ -356,7 +431,8 @@ fn review_request(
 
     let ctx = Context {
         policy,
-        nodes,
+        nodes: catalogs.nodes,
+        classes: catalogs.classes,
         identity: &identity,
     };
     let response = match route {
@@ -364,7 +440,16 @@ fn review_request(
             if status {
                 base
             } else {
-                let patch = objects.default_patch(operation);
+                // M3: at CREATE, the class the SmolVM names, or the default class. An unknown
+                // name applies none; validation below reports it (V12).
+                let class = if operation == Operation::Create {
+                    class_for(objects.class_name().as_deref(), catalogs.classes)
+                        .ok()
+                        .flatten()
+                } else {
+                    None
+                };
+                let patch = objects.default_patch(operation, class.as_ref());
                 // Every violation in one answer: the API server checks the CRD schema and its CEL
                 // rules after mutating admission and stops at their objection, so the complete
                 // list is given here, on the defaulted object, with the validating endpoint's
@@ -383,7 +468,7 @@ fn review_request(
                 }
             }
         }
-        Route::ValidateSmolVM | Route::ValidateSmolVMNode => {
+        Route::ValidateSmolVM | Route::ValidateSmolVMNode | Route::ValidateSmolVMClass => {
             let verdict = objects.validate(route, status, operation, &ctx);
             let mut response = base;
             if !verdict.warnings.is_empty() {

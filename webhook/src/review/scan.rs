@@ -81,7 +81,7 @@ pub(super) struct Scanned<'a> {
     /// The kind of its last `metadata` member, if any.
     metadata: Option<Kind>,
     /// The text of its last `spec` member.
-    spec: Option<&'a str>,
+    pub(super) spec: Option<&'a str>,
     /// The text of the last `deletionTimestamp` member of the last `metadata`, if an object.
     deletion_timestamp: Option<&'a str>,
     /// The text of the last `finalizers` member of the last `metadata`, if an object.
@@ -105,7 +105,7 @@ enum Member {
 /// (later repeats of a key win, as in a Value). `None` when a Value read would fail, or when a
 /// key of the object or of its `metadata` has escapes (not worth decoding here; the Value path
 /// handles it).
-fn scan_object(text: &str) -> Option<Scanned<'_>> {
+pub(super) fn scan_object(text: &str) -> Option<Scanned<'_>> {
     let b = text.as_bytes();
     let mut out = Scanned {
         kind: kind_at(*b.first()?),

@@ -177,8 +177,8 @@ fn text_objects_answer_like_values() {
             fast += 1;
         }
         for route in Route::ALL {
-            let got = review(route, body, &policy, &nodes);
-            let want = review_parsed(route, body, &policy, &nodes);
+            let got = review(route, body, &policy, Catalogs::nodes(&nodes));
+            let want = review_parsed(route, body, &policy, Catalogs::nodes(&nodes));
             match (&got, &want) {
                 (Ok(g), Ok(w)) => {
                     assert_eq!(g.outcome, w.outcome, "{name} {route:?}");
@@ -286,8 +286,8 @@ proptest::proptest! {
             proptest::prop_assert!(fast, "{object}: text path refused what the Value path accepts");
         }
         for route in Route::ALL {
-            let got = review(route, &body, &policy, &nodes);
-            let want = review_parsed(route, &body, &policy, &nodes);
+            let got = review(route, &body, &policy, Catalogs::nodes(&nodes));
+            let want = review_parsed(route, &body, &policy, Catalogs::nodes(&nodes));
             match (&got, &want) {
                 (Ok(g), Ok(w)) => {
                     proptest::prop_assert_eq!(&g.outcome, &w.outcome);
@@ -334,6 +334,7 @@ fn finding_text_is_its_display() {
     let ctx = Context {
         policy: &policy,
         nodes: &nodes,
+        classes: &smolvm_api::class::NO_CLASSES,
         identity: &identity,
     };
     let verdict = smolvm_api::validate::validate_smolvm_json(Operation::Create, None, &bad, &ctx);
@@ -452,7 +453,7 @@ fn denial_codes() {
         Route::ValidateSmolVM,
         &body("smolvms", None, "CREATE", bad, Value::Null),
         &policy,
-        &nodes,
+        Catalogs::nodes(&nodes),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let v: Value = serde_json::from_slice(&out.body).unwrap_or_default();
@@ -475,7 +476,7 @@ fn wrong_resource_and_subresource_are_denied() {
             *route,
             &body(resource, *sub, "CREATE", fixtures::alpine(), Value::Null),
             &policy,
-            &nodes,
+            Catalogs::nodes(&nodes),
         )
         .unwrap_or_else(|e| panic!("{e}"));
         let v: Value = serde_json::from_slice(&out.body).unwrap_or_default();

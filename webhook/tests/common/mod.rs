@@ -101,17 +101,17 @@ impl Harness {
 
 /// An AdmissionReview exactly as kube-apiserver sends it.
 pub fn review(resource: &str, sub: &str, op: &str, user: &Identity, object: &Value, old: Option<&Value>) -> Value {
-    let kind = if resource == "smolvmnodes" {
-        "SmolVMNode"
-    } else {
-        "SmolVM"
+    let kind = match resource {
+        "smolvmnodes" => "SmolVMNode",
+        "smolvmclasses" => "SmolVMClass",
+        _ => "SmolVM",
     };
     let gvk = json!({"group": "vm.smolvm.dev", "version": "v1alpha1", "kind": kind});
     let gvr = json!({"group": "vm.smolvm.dev", "version": "v1alpha1", "resource": resource});
-    let options_kind = if op == "CREATE" {
-        "CreateOptions"
-    } else {
-        "UpdateOptions"
+    let options_kind = match op {
+        "CREATE" => "CreateOptions",
+        "DELETE" => "DeleteOptions",
+        _ => "UpdateOptions",
     };
     let mut request = json!({
         "uid": format!("uid-{}-{}", op.to_lowercase(), rand_suffix()),
