@@ -17,7 +17,7 @@ use axum::{
 };
 use criterion::Criterion;
 use http_body_util::BodyExt;
-use smolvm_api::{Policy, SmolVMNode};
+use smolvm_api::{Policy, SmolVMClass, SmolVMNode};
 use smolvm_webhook::{
     bench_support::{floor_router, review_json},
     review::{Catalogs, Route, review},
@@ -28,6 +28,9 @@ use tower::ServiceExt;
 
 struct Setup {
     body: Bytes,
+    /// The same review, its SmolVM naming the class `medium` (M3 runs).
+    class_body: Bytes,
+    classes: Vec<SmolVMClass>,
     policy: Policy,
     nodes: Vec<SmolVMNode>,
     webhook: Router,
@@ -37,6 +40,21 @@ struct Setup {
 
 fn setup() -> Setup {
     let body = Bytes::from(serde_json::to_vec(&review_json()).unwrap_or_default());
+    let mut classed = review_json();
+    classed["request"]["object"]["spec"]["className"] = serde_json::json!("medium");
+    let class_body = Bytes::from(serde_json::to_vec(&classed).unwrap_or_default());
+    // The three classes of deploy/examples/classes.yaml.
+    let classes = [("small", 1, 2048, 20), ("medium", 2, 4096, 40), ("large", 4, 8192, 80)]
+        .into_iter()
+        .map(|(name, cpus, memory, storage)| {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVMClass",
+                "metadata": {"name": name, "generation": 1},
+                "spec": {"resources": {"cpus": cpus, "memoryMiB": memory}, "storage": {"storageGiB": storage, "overlayGiB": 10}}
+            }))
+            .unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
     // As run by webhook/bench/run.sh: --without-cluster (no nodes), default policy.
     let state = AppState::new(PolicyHandle::new(Policy::default()), Arc::new(Vec::<SmolVMNode>::new()));
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -45,6 +63,8 @@ fn setup() -> Setup {
         .unwrap_or_else(|e| panic!("{e}"));
     Setup {
         body,
+        class_body,
+        classes,
         policy: Policy::default(),
         nodes: Vec::new(),
         webhook: admission_router(state),
@@ -74,9 +94,10 @@ fn review_once(s: &Setup, route: Route) -> usize {
     out.body.len()
 }
 
-const CASES: [&str; 5] = [
+const CASES: [&str; 6] = [
     "review-validate",
     "review-mutate",
+    "review-mutate-class",
     "router-validate",
     "router-mutate",
     "router-floor",
@@ -86,6 +107,20 @@ fn run_case(s: &Setup, case: &str) -> usize {
     match case {
         "review-validate" => review_once(s, Route::ValidateSmolVM),
         "review-mutate" => review_once(s, Route::MutateSmolVM),
+        "review-mutate-class" => {
+            let catalogs = Catalogs {
+                nodes: &s.nodes,
+                classes: &s.classes,
+            };
+            let out = review(Route::MutateSmolVM, black_box(&s.class_body), &s.policy, catalogs)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                out.outcome.patched && out.outcome.verdict == "allowed",
+                "{:?}",
+                out.outcome
+            );
+            out.body.len()
+        }
         "router-validate" => call(s, &s.webhook, "/validate/smolvms"),
         "router-mutate" => call(s, &s.webhook, "/mutate/smolvms"),
         "router-floor" => call(s, &s.floor, "/echo"),
