@@ -52,6 +52,9 @@ pub enum ErrorCode {
     ResizeRequiresRunning,
     /// 409: a published host port is taken on the node (smolvm's message is kept).
     HostPortInUse,
+    /// 409: the call needs a running machine (exec); `details.state` names the machine's state.
+    /// The agent answers it before asking smolvm, which would boot a stopped machine instead.
+    MachineNotRunning,
     /// 409: another conflict reported by smolvm.
     Conflict,
     /// 413: request body larger than the limit.
@@ -72,7 +75,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code this build knows.
-    pub const KNOWN: [ErrorCode; 16] = [
+    pub const KNOWN: [ErrorCode; 17] = [
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
@@ -82,6 +85,7 @@ impl ErrorCode {
         ErrorCode::MachineSpecConflict,
         ErrorCode::ResizeRequiresRunning,
         ErrorCode::HostPortInUse,
+        ErrorCode::MachineNotRunning,
         ErrorCode::Conflict,
         ErrorCode::PayloadTooLarge,
         ErrorCode::StartFailed,
@@ -103,6 +107,7 @@ impl ErrorCode {
             ErrorCode::MachineSpecConflict => "MachineSpecConflict",
             ErrorCode::ResizeRequiresRunning => "ResizeRequiresRunning",
             ErrorCode::HostPortInUse => "HostPortInUse",
+            ErrorCode::MachineNotRunning => "MachineNotRunning",
             ErrorCode::Conflict => "Conflict",
             ErrorCode::PayloadTooLarge => "PayloadTooLarge",
             ErrorCode::StartFailed => "StartFailed",
@@ -139,6 +144,7 @@ impl ErrorCode {
             ErrorCode::MachineSpecConflict
             | ErrorCode::ResizeRequiresRunning
             | ErrorCode::HostPortInUse
+            | ErrorCode::MachineNotRunning
             | ErrorCode::Conflict => 409,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::StartFailed | ErrorCode::RuntimeError => 500,
@@ -413,6 +419,44 @@ pub struct DeleteResponse {
     /// There was no such machine (already deleted): cleanup is confirmed all the same.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub missing: bool,
+}
+
+/// Body of `POST /v1/machines/{name}/exec`: one command in the running machine, waited for.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecRequest {
+    /// The program and its arguments (not run through a shell).
+    pub command: Vec<String>,
+    /// Extra environment.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Working directory inside the machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// Text piped to the command's standard input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    /// Seconds the command may run (1 to [`EXEC_MAX_TIMEOUT_SECONDS`]; default
+    /// [`EXEC_DEFAULT_TIMEOUT_SECONDS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u32>,
+}
+
+/// Default time limit of an exec.
+pub const EXEC_DEFAULT_TIMEOUT_SECONDS: u32 = 30;
+/// Longest time limit an exec may ask for.
+pub const EXEC_MAX_TIMEOUT_SECONDS: u32 = 3600;
+
+/// Answer of `POST /v1/machines/{name}/exec`: the exit code and the output, byte-exact (base64).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecResponse {
+    /// The command's exit code.
+    pub exit_code: i32,
+    /// Standard output, base64.
+    pub stdout_base64: String,
+    /// Standard error, base64.
+    pub stderr_base64: String,
 }
 
 /// Body of `POST /v1/machines/{name}/resize`: target sizes; omitted fields stay. Disks only

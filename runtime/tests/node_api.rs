@@ -830,3 +830,154 @@ async fn a_taken_host_port_is_refused_before_smolvm_is_asked() {
     assert_eq!(deleted.status, 200, "{deleted:?}");
     agent.agent.shutdown().await;
 }
+
+/// Logs and exec against real smolvm. A machine never started has an empty log (200; with
+/// `follow` too, and the stream ends); exec on it is 409 `MachineNotRunning` naming its state,
+/// and smolvm is never asked (it would boot the machine: its state stays `created`). After a
+/// start, the log reads whatever smolvm kept and ends; where guests boot, exec runs and answers
+/// the exit code and the output byte-exact. Unknown machines are 404, bad queries 400.
+#[tokio::test]
+async fn logs_and_exec_against_real_smolvm() {
+    common::init();
+    let dir = tempdir();
+    let Some(agent) =
+        TestAgent::with_smolvm("logs_and_exec_against_real_smolvm", dir.path(), Arc::new(Pki::new())).await
+    else {
+        return;
+    };
+    let mut c = agent.client().await;
+    let name = "logs-1";
+    let created = c
+        .call(
+            "PUT",
+            &format!("/v1/machines/{name}"),
+            Some(small_spec("localhost:1/none:latest")),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+
+    // Never started: an empty log, followed or not, that ends.
+    for query in [
+        "",
+        "?follow=true",
+        "?source=workload&tail=10",
+        "?source=console&follow=true&tail=5",
+    ] {
+        let path = format!("/v1/machines/{name}/logs{query}");
+        let answer = tokio::time::timeout(Duration::from_secs(30), c.call("GET", &path, None))
+            .await
+            .unwrap_or_else(|_| panic!("GET {path} hung"));
+        assert_eq!(answer.status, 200, "{path}: {answer:?}");
+        assert_eq!(
+            answer.content_type.as_deref(),
+            Some("text/plain; charset=utf-8"),
+            "{path}"
+        );
+        assert!(answer.raw.is_empty(), "{path}: a machine never started has no log yet");
+    }
+
+    // exec needs a running machine; smolvm is not asked (it would boot this one).
+    let exec = json!({"command": ["echo", "hi"]});
+    let answer = c
+        .call("POST", &format!("/v1/machines/{name}/exec"), Some(exec.clone()))
+        .await;
+    assert_error(&answer, 409, "MachineNotRunning");
+    assert_eq!(answer.body["details"]["state"], "Created", "{answer:?}");
+    let machine = c.call("GET", &format!("/v1/machines/{name}"), None).await;
+    assert_eq!(
+        machine.body["runtimeState"], "created",
+        "exec must not boot the machine"
+    );
+
+    // Bad requests, answered before any machine is asked.
+    for (path, body) in [
+        (format!("/v1/machines/{name}/exec"), json!({"command": []})),
+        (
+            format!("/v1/machines/{name}/exec"),
+            json!({"command": ["true"], "timeoutSeconds": 0}),
+        ),
+        (
+            format!("/v1/machines/{name}/exec"),
+            json!({"command": ["true"], "bogus": 1}),
+        ),
+    ] {
+        assert_error(&c.call("POST", &path, Some(body)).await, 400, "InvalidRequest");
+    }
+    for query in ["?source=kernel", "?tail=many", "?follow=maybe", "?since=1h"] {
+        let answer = c.call("GET", &format!("/v1/machines/{name}/logs{query}"), None).await;
+        assert_error(&answer, 400, "InvalidRequest");
+    }
+    assert_error(
+        &c.call("GET", "/v1/machines/nope/logs", None).await,
+        404,
+        "MachineNotFound",
+    );
+    assert_error(
+        &c.call("POST", "/v1/machines/nope/exec", Some(exec.clone())).await,
+        404,
+        "MachineNotFound",
+    );
+
+    // After a start (failed here: the image's registry does not exist), the log reads and ends.
+    let started = c
+        .call("POST", &format!("/v1/machines/{name}/ensure-running"), None)
+        .await;
+    assert_error(&started, 500, "StartFailed");
+    for query in ["", "?follow=true", "?source=workload"] {
+        let path = format!("/v1/machines/{name}/logs{query}");
+        let answer = tokio::time::timeout(Duration::from_secs(30), c.call("GET", &path, None))
+            .await
+            .unwrap_or_else(|_| panic!("GET {path} hung after a failed start"));
+        assert_eq!(answer.status, 200, "{path}: {answer:?}");
+        println!(
+            "log of a machine whose start failed ({path}): {} bytes",
+            answer.raw.len()
+        );
+    }
+    let answer = c
+        .call("POST", &format!("/v1/machines/{name}/exec"), Some(exec.clone()))
+        .await;
+    assert_error(&answer, 409, "MachineNotRunning");
+
+    // The happy path needs a guest that boots: smolvm's own agent rootfs, as the boot probe.
+    let mut spec = smolvm_runtime::vmm::MachineSpec::new("exec-1", 1, 256);
+    spec.storage_gib = Some(2);
+    spec.overlay_gib = Some(1);
+    agent.agent.vmm().create(&spec).await.expect("create");
+    let boot = c.call("POST", "/v1/machines/exec-1/ensure-running", None).await;
+    if boot.status == 200 {
+        let answer = c
+            .call(
+                "POST",
+                "/v1/machines/exec-1/exec",
+                Some(json!({"command": ["sh", "-c", "printf 'a\\000b'; echo err >&2; exit 3"]})),
+            )
+            .await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+        assert_eq!(answer.body["exitCode"], 3);
+        use base64::Engine as _;
+        let engine = base64::engine::general_purpose::STANDARD;
+        let stdout = engine
+            .decode(answer.body["stdoutBase64"].as_str().unwrap_or_default())
+            .unwrap_or_default();
+        assert_eq!(stdout, b"a\0b", "byte-exact");
+        let logs = c.call("GET", "/v1/machines/exec-1/logs?tail=20", None).await;
+        assert_eq!(logs.status, 200);
+        println!("guests boot here: exec ran, console log {} bytes", logs.raw.len());
+    } else {
+        assert_error(&boot, 500, "StartFailed");
+        // The console of the boot that failed, as plain lines (the SSE framing taken off).
+        let logs = c.call("GET", "/v1/machines/exec-1/logs?tail=50", None).await;
+        assert_eq!(logs.status, 200, "{logs:?}");
+        let text = String::from_utf8_lossy(&logs.raw);
+        assert!(!text.lines().any(|l| l.starts_with("data:")), "{text}");
+        println!("console of a failed boot: {} lines", text.lines().count());
+        let answer = c.call("POST", "/v1/machines/exec-1/exec", Some(exec)).await;
+        assert_error(&answer, 409, "MachineNotRunning");
+        println!("exec happy path skipped: guests cannot boot on this machine");
+    }
+    for machine in [name, "exec-1"] {
+        c.call("DELETE", &format!("/v1/machines/{machine}"), None).await;
+    }
+    agent.agent.shutdown().await;
+}

@@ -306,6 +306,81 @@ pub fn pending_live_fields(live: &ResizeRequest) -> Vec<&'static str> {
     out
 }
 
+/// Reads the query of a logs call: `source` (`console`, the default, or `workload`), `tail`
+/// (a line count) and `follow` (`true` or `false`). Anything else is a 400 naming it.
+pub fn parse_log_query(query: &str) -> Result<vmm::LogQuery, ApiFailure> {
+    let mut out = vmm::LogQuery::default();
+    let bad = |message: String| ApiFailure::new(ErrorCode::InvalidRequest, message);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "source" => {
+                out.source = vmm::LogSource::parse(value)
+                    .ok_or_else(|| bad(format!("source {value:?} is not one of console, workload")))?;
+            }
+            "tail" => {
+                out.tail = Some(
+                    value
+                        .parse()
+                        .map_err(|_| bad(format!("tail {value:?} is not a line count")))?,
+                );
+            }
+            "follow" => {
+                out.follow = match value {
+                    "true" | "" => true,
+                    "false" => false,
+                    _ => return Err(bad(format!("follow {value:?} is not true or false"))),
+                };
+            }
+            other => {
+                return Err(bad(format!(
+                    "unknown query parameter {other:?}; known: source, tail, follow"
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Checks an exec request before any machine is asked: a command, a time limit in range.
+pub fn check_exec(request: &super::types::ExecRequest) -> Result<(), ApiFailure> {
+    let bad = |message: String| ApiFailure::new(ErrorCode::InvalidRequest, message);
+    if request.command.first().is_none_or(String::is_empty) {
+        return Err(bad("command is required: the program and its arguments".into()));
+    }
+    let max = smolvm_api::nodeapi::EXEC_MAX_TIMEOUT_SECONDS;
+    if let Some(seconds) = request.timeout_seconds
+        && !(1..=max).contains(&seconds)
+    {
+        return Err(bad(format!("timeoutSeconds {seconds} is outside 1-{max}")));
+    }
+    Ok(())
+}
+
+/// 409 `MachineNotRunning` for a call that needs a running machine.
+pub fn not_running(name: &str, status: &MachineStatus, what: &str) -> ApiFailure {
+    let state = serde_json::to_value(&status.state).unwrap_or_default();
+    ApiFailure::new(
+        ErrorCode::MachineNotRunning,
+        format!(
+            "machine '{name}' is {}: {what} needs a running machine",
+            state.as_str().unwrap_or("not running")
+        ),
+    )
+    .with_details(serde_json::json!({ "state": state }))
+}
+
+/// The wire answer of an exec.
+pub fn exec_response(output: &vmm::ExecOutput) -> super::types::ExecResponse {
+    use base64::Engine as _;
+    let engine = base64::engine::general_purpose::STANDARD;
+    super::types::ExecResponse {
+        exit_code: output.exit_code,
+        stdout_base64: engine.encode(&output.stdout),
+        stderr_base64: engine.encode(&output.stderr),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

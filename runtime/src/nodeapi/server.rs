@@ -324,6 +324,8 @@ pub fn operation_name(method: &Method, path: &str) -> &'static str {
         ("POST", ["v1", "machines", _, "ensure-running"]) => "EnsureMachineRunning",
         ("POST", ["v1", "machines", _, "stop"]) => "StopMachine",
         ("POST", ["v1", "machines", _, "resize"]) => "ResizeMachine",
+        ("GET", ["v1", "machines", _, "logs"]) => "MachineLogs",
+        ("POST", ["v1", "machines", _, "exec"]) => "ExecInMachine",
         _ => "Unknown",
     }
 }
@@ -374,6 +376,8 @@ pub fn router(state: NodeApiState) -> Router {
         .route("/v1/machines/{name}/ensure-running", post(ensure_running))
         .route("/v1/machines/{name}/stop", post(stop_machine))
         .route("/v1/machines/{name}/resize", post(resize_machine))
+        .route("/v1/machines/{name}/logs", get(machine_logs))
+        .route("/v1/machines/{name}/exec", post(exec_in_machine))
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -546,6 +550,76 @@ async fn delete_machine(State(state): State<NodeApiState>, MachineName(name): Ma
     Ok(ok(StatusCode::OK, &body))
 }
 
+/// How often a followed log checks that its machine still runs (the stream ends when it stops).
+const FOLLOW_STATE_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `GET /v1/machines/{name}/logs?source=console|workload&tail=N&follow=true`: the log as plain
+/// text lines, streamed as smolvm sends them (the client's reading paces the stream). A log not
+/// written yet is empty. `follow` keeps the stream open while the machine runs and ends it when
+/// the machine stops or its runtime goes; on a machine that is not running it reads what is
+/// there and ends, never hangs.
+async fn machine_logs(
+    State(state): State<NodeApiState>,
+    MachineName(name): MachineName,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> ApiResult {
+    let mut query = logic::parse_log_query(query.as_deref().unwrap_or_default())?;
+    let Some(machine) = state.vmm.get(&name).await? else {
+        return Err(not_found(&name));
+    };
+    let running = logic::to_status(&machine).state == MachineState::Running;
+    query.follow &= running;
+    let lines = state.vmm.logs(&name, &query).await?;
+    let stream = if query.follow {
+        let vmm = state.vmm.clone();
+        let watched = name.clone();
+        let stopped = async move {
+            loop {
+                tokio::time::sleep(FOLLOW_STATE_CHECK).await;
+                match vmm.get(&watched).await {
+                    Ok(Some(m)) if logic::to_status(&m).state == MachineState::Running => {}
+                    _ => return,
+                }
+            }
+        };
+        futures::StreamExt::boxed(futures::StreamExt::take_until(lines, Box::pin(stopped)))
+    } else {
+        lines
+    };
+    let mut response = Response::new(Body::from_stream(stream));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response.extensions_mut().insert(ResponseCode("OK"));
+    Ok(response)
+}
+
+/// `POST /v1/machines/{name}/exec`: one command in a running machine, its exit code and output.
+/// A machine that is not running is 409 `MachineNotRunning` naming its state (smolvm would boot
+/// it instead, which a command must never do).
+async fn exec_in_machine(
+    State(state): State<NodeApiState>,
+    MachineName(name): MachineName,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let request: super::types::ExecRequest = parse_body(body)?;
+    logic::check_exec(&request)?;
+    let Some(machine) = state.vmm.get(&name).await? else {
+        return Err(not_found(&name));
+    };
+    let status = logic::to_status(&machine);
+    if status.state != MachineState::Running {
+        return Err(logic::not_running(&name, &status, "exec").into());
+    }
+    let output = state.vmm.exec(&name, &request).await.map_err(|error| match error {
+        // Stopped between the check and the call: smolvm refused to boot it.
+        VmmError::Conflict { .. } => ApiError(logic::not_running(&name, &status, "exec")),
+        other => ApiError::from(other),
+    })?;
+    Ok(ok(StatusCode::OK, &logic::exec_response(&output)))
+}
+
 async fn resize_machine(
     State(state): State<NodeApiState>,
     MachineName(name): MachineName,
@@ -598,6 +672,8 @@ mod tests {
             (Method::POST, "/v1/machines/a/ensure-running", "EnsureMachineRunning"),
             (Method::POST, "/v1/machines/a/stop", "StopMachine"),
             (Method::POST, "/v1/machines/a/resize", "ResizeMachine"),
+            (Method::GET, "/v1/machines/a/logs", "MachineLogs"),
+            (Method::POST, "/v1/machines/a/exec", "ExecInMachine"),
             (Method::POST, "/v1/machines/a", "Unknown"),
             (Method::GET, "/nope", "Unknown"),
         ];

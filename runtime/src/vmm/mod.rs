@@ -17,6 +17,7 @@ use async_trait::async_trait;
 pub use smolvm_api::nodeapi::{RegistryAuth, Sensitive};
 
 pub mod smolvm;
+pub mod sse;
 
 pub use smolvm::{SmolvmClient, SmolvmConfig};
 
@@ -49,6 +50,83 @@ pub trait Vmm: Send + Sync {
     /// Grows disks (any state) or changes CPUs / memory live (running machines only, as smolvm
     /// allows). Asking for the current size again succeeds.
     async fn resize(&self, name: &str, request: &ResizeRequest) -> Result<Machine, VmmError>;
+
+    /// A machine's log as plain text lines. A log that does not exist yet (a machine never
+    /// started) is empty; with `follow` the stream stays open for new lines.
+    async fn logs(&self, name: &str, query: &LogQuery) -> Result<LogStream, VmmError> {
+        let _ = (name, query);
+        Err(unsupported("logs"))
+    }
+
+    /// Runs one command in a running machine and waits for it. Never boots a stopped machine:
+    /// that is a [`VmmError::Conflict`].
+    async fn exec(&self, name: &str, request: &ExecRequest) -> Result<ExecOutput, VmmError> {
+        let _ = (name, request);
+        Err(unsupported("exec"))
+    }
+}
+
+fn unsupported(what: &str) -> VmmError {
+    VmmError::BadRequest {
+        message: format!("this runtime does not support {what}"),
+    }
+}
+
+/// Which log of a machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogSource {
+    /// The guest agent's and kernel's console (smolvm's default).
+    #[default]
+    Console,
+    /// The workload's standard output and error (kept while the machine is stopped).
+    Workload,
+}
+
+impl LogSource {
+    /// Reads `console` or `workload`.
+    pub fn parse(source: &str) -> Option<Self> {
+        match source {
+            "console" => Some(Self::Console),
+            "workload" => Some(Self::Workload),
+            _ => None,
+        }
+    }
+
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Console => "console",
+            Self::Workload => "workload",
+        }
+    }
+}
+
+/// What part of a log to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LogQuery {
+    /// Which log.
+    pub source: LogSource,
+    /// Only the last this many lines.
+    pub tail: Option<u32>,
+    /// Keep the stream open for new lines.
+    pub follow: bool,
+}
+
+/// A log as chunks of text, each a whole number of lines.
+pub type LogStream = futures::stream::BoxStream<'static, Result<bytes::Bytes, VmmError>>;
+
+/// One command to run in a machine.
+pub type ExecRequest = smolvm_api::nodeapi::ExecRequest;
+
+/// What a command left: its exit code and its output, byte-exact.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExecOutput {
+    /// Exit code.
+    pub exit_code: i32,
+    /// Standard output.
+    pub stdout: Vec<u8>,
+    /// Standard error.
+    pub stderr: Vec<u8>,
 }
 
 /// What the runtime says about itself.

@@ -19,9 +19,12 @@ use smolvm_api::text::clean_external;
 use tokio::net::UnixStream;
 use tokio::task::JoinHandle;
 
+use base64::Engine as _;
+use futures::StreamExt as _;
+
 use super::{
-    DeleteOutcome, Machine, MachineSpec, MachineState, PortMapping, RegistryAuth, ResizeRequest, Sensitive, Vmm,
-    VmmError, VmmHealth,
+    DeleteOutcome, ExecOutput, ExecRequest, LogQuery, LogStream, Machine, MachineSpec, MachineState, PortMapping,
+    RegistryAuth, ResizeRequest, Sensitive, Vmm, VmmError, VmmHealth,
 };
 
 /// Where smolvm listens and how long each kind of call may take.
@@ -86,6 +89,8 @@ pub enum Operation {
     Stop,
     Delete,
     Resize,
+    Logs,
+    Exec,
 }
 
 impl SmolvmClient {
@@ -140,7 +145,19 @@ impl SmolvmClient {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, Bytes), VmmError> {
-        let limit = self.timeout_for(operation);
+        self.call_within(self.timeout_for(operation), operation, method, path, body)
+            .await
+    }
+
+    /// [`Self::call`] with its own time limit.
+    async fn call_within(
+        &self,
+        limit: Duration,
+        operation: Operation,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, Bytes), VmmError> {
         let started = Instant::now();
         let result = tokio::time::timeout(limit, self.exchange(method.clone(), path, body)).await;
         let result = match result {
@@ -168,6 +185,35 @@ impl SmolvmClient {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, Bytes), VmmError> {
+        let (response, _connection) = self.send(method.clone(), path, body).await?;
+        let status = response.status();
+        let max = self.config.max_response_bytes;
+        let body = Limited::new(response.into_body(), max)
+            .collect()
+            .await
+            .map_err(|error| {
+                if error.is::<http_body_util::LengthLimitError>() {
+                    VmmError::Protocol(format!("answer to {method} {path} is larger than {max} bytes"))
+                } else {
+                    VmmError::Unavailable {
+                        message: format!(
+                            "{method} {path}: connection to smolvm broke while reading the answer: {error}"
+                        ),
+                    }
+                }
+            })?
+            .to_bytes();
+        Ok((status, body))
+    }
+
+    /// Sends one request on a new connection and returns the response head with its body still
+    /// to be read, and the connection's task (the connection ends when it is dropped).
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(hyper::Response<hyper::body::Incoming>, AbortOnDrop), VmmError> {
         let socket = &self.config.socket_path;
         let unavailable = |what: String| VmmError::Unavailable { message: what };
         let stream = match tokio::time::timeout(self.config.connect_timeout, UnixStream::connect(socket)).await {
@@ -186,7 +232,7 @@ impl SmolvmClient {
         let (mut sender, connection) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream))
             .await
             .map_err(|error| unavailable(format!("HTTP handshake with smolvm: {error}")))?;
-        let _connection = AbortOnDrop(tokio::spawn(async move {
+        let connection = AbortOnDrop(tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::trace!(%error, "smolvm connection ended with an error");
             }
@@ -208,22 +254,7 @@ impl SmolvmClient {
             .send_request(request)
             .await
             .map_err(|error| unavailable(format!("{method} {path}: connection to smolvm failed: {error}")))?;
-        let status = response.status();
-        let max = self.config.max_response_bytes;
-        let body = Limited::new(response.into_body(), max)
-            .collect()
-            .await
-            .map_err(|error| {
-                if error.is::<http_body_util::LengthLimitError>() {
-                    VmmError::Protocol(format!("answer to {method} {path} is larger than {max} bytes"))
-                } else {
-                    unavailable(format!(
-                        "{method} {path}: connection to smolvm broke while reading the answer: {error}"
-                    ))
-                }
-            })?
-            .to_bytes();
-        Ok((status, body))
+        Ok((response, connection))
     }
 
     /// A call whose success body is a machine.
@@ -355,6 +386,134 @@ impl Vmm for SmolvmClient {
         self.machine_call(Operation::Resize, Method::POST, &path, Some(body))
             .await
     }
+
+    async fn logs(&self, name: &str, query: &LogQuery) -> Result<LogStream, VmmError> {
+        let mut path = format!(
+            "{}/logs?source={}&follow={}",
+            machine_path(name),
+            query.source.as_str(),
+            query.follow
+        );
+        if let Some(tail) = query.tail {
+            path.push_str(&format!("&tail={tail}"));
+        }
+        let limit = self.config.request_timeout;
+        let (response, connection) = tokio::time::timeout(limit, self.send(Method::GET, &path, None))
+            .await
+            .map_err(|_| VmmError::Timeout {
+                message: format!("smolvm did not answer GET {path} within {}s", limit.as_secs_f64()),
+            })??;
+        let status = response.status();
+        if !status.is_success() {
+            let bytes = Limited::new(response.into_body(), self.config.max_response_bytes)
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            return match map_error(Operation::Logs, status, &bytes) {
+                // smolvm answers 404 for a log not written yet (a machine never started) as for
+                // an unknown machine: only the latter is an error.
+                VmmError::NotFound { .. } if self.get(name).await?.is_some() => Ok(futures::stream::empty().boxed()),
+                error => Err(error),
+            };
+        }
+        let state = (response.into_body(), super::sse::SseLines::default(), Some(connection));
+        let stream = futures::stream::unfold(state, |(mut body, mut lines, connection)| async move {
+            // The connection task lives as long as the stream reads from it.
+            let connection = connection?;
+            loop {
+                match body.frame().await {
+                    Some(Ok(frame)) => {
+                        let Ok(data) = frame.into_data() else { continue };
+                        let text = lines.push(&data);
+                        if !text.is_empty() {
+                            return Some((Ok(text), (body, lines, Some(connection))));
+                        }
+                    }
+                    Some(Err(error)) => {
+                        let error = VmmError::Unavailable {
+                            message: format!("the log stream from smolvm broke: {error}"),
+                        };
+                        return Some((Err(error), (body, lines, None)));
+                    }
+                    None => {
+                        let rest = lines.finish();
+                        drop(connection);
+                        return (!rest.is_empty()).then(|| (Ok(rest), (body, lines, None)));
+                    }
+                }
+            }
+        });
+        Ok(stream.boxed())
+    }
+
+    async fn exec(&self, name: &str, request: &ExecRequest) -> Result<ExecOutput, VmmError> {
+        let seconds = request
+            .timeout_seconds
+            .unwrap_or(smolvm_api::nodeapi::EXEC_DEFAULT_TIMEOUT_SECONDS);
+        let wire = ExecWire {
+            command: &request.command,
+            env: request
+                .env
+                .iter()
+                .map(|e| EnvWire {
+                    name: &e.name,
+                    value: &e.value,
+                })
+                .collect(),
+            workdir: request.working_dir.as_deref(),
+            stdin: request.stdin.as_deref(),
+            timeout_secs: seconds,
+            // Never boot a stopped machine to run a command: that is a 409.
+            auto_start: false,
+        };
+        let body = to_json(&wire)?;
+        let path = format!("{}/exec", machine_path(name));
+        let limit = Duration::from_secs(u64::from(seconds)) + self.config.request_timeout;
+        let (status, bytes) = self
+            .call_within(limit, Operation::Exec, Method::POST, &path, Some(body))
+            .await?;
+        if !status.is_success() {
+            return Err(map_error(Operation::Exec, status, &bytes));
+        }
+        let wire: ExecAnswerWire = parse_json(&bytes, "exec answer")?;
+        let decode = |field: &str, text: &str| {
+            base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .map_err(|e| VmmError::Protocol(format!("exec answer: {field} is not base64: {e}")))
+        };
+        Ok(ExecOutput {
+            exit_code: wire.exit_code,
+            stdout: decode("stdoutB64", &wire.stdout_b64)?,
+            stderr: decode("stderrB64", &wire.stderr_b64)?,
+        })
+    }
+}
+
+/// smolvm's exec request (`deny_unknown_fields` on its side).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ExecWire<'a> {
+    command: &'a [String],
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    env: Vec<EnvWire<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    workdir: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stdin: Option<&'a str>,
+    timeout_secs: u32,
+    auto_start: bool,
+}
+
+/// smolvm's exec answer: the byte-exact base64 fields are read, the lossy text ones are not.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ExecAnswerWire {
+    exit_code: i32,
+    #[serde(rename = "stdoutB64")]
+    stdout_b64: String,
+    #[serde(rename = "stderrB64")]
+    stderr_b64: String,
 }
 
 const MACHINES: &str = "/api/v1/machines";
