@@ -52,7 +52,7 @@ pub enum ErrorCode {
     ResizeRequiresRunning,
     /// 409: a published host port is taken on the node (smolvm's message is kept).
     HostPortInUse,
-    /// 409: the call needs a running machine (exec); `details.state` names the machine's state.
+    /// 409: the call needs a running machine (exec, files); `details.state` names its state.
     /// The agent answers it before asking smolvm, which would boot a stopped machine instead.
     MachineNotRunning,
     /// 409: another conflict reported by smolvm.

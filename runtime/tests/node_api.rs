@@ -831,17 +831,21 @@ async fn a_taken_host_port_is_refused_before_smolvm_is_asked() {
     agent.agent.shutdown().await;
 }
 
-/// Logs and exec against real smolvm. A machine never started has an empty log (200; with
+/// Logs, exec and files against real smolvm. A machine never started has an empty log (200; with
 /// `follow` too, and the stream ends); exec on it is 409 `MachineNotRunning` naming its state,
 /// and smolvm is never asked (it would boot the machine: its state stays `created`). After a
 /// start, the log reads whatever smolvm kept and ends; where guests boot, exec runs and answers
 /// the exit code and the output byte-exact. Unknown machines are 404, bad queries 400.
 #[tokio::test]
-async fn logs_and_exec_against_real_smolvm() {
+async fn logs_exec_and_files_against_real_smolvm() {
     common::init();
     let dir = tempdir();
-    let Some(agent) =
-        TestAgent::with_smolvm("logs_and_exec_against_real_smolvm", dir.path(), Arc::new(Pki::new())).await
+    let Some(agent) = TestAgent::with_smolvm(
+        "logs_exec_and_files_against_real_smolvm",
+        dir.path(),
+        Arc::new(Pki::new()),
+    )
+    .await
     else {
         return;
     };
@@ -939,6 +943,30 @@ async fn logs_and_exec_against_real_smolvm() {
         .await;
     assert_error(&answer, 409, "MachineNotRunning");
 
+    // Files too need a running machine (smolvm would boot it), and a plain path.
+    for method in ["GET", "PUT"] {
+        let answer = c
+            .call(method, &format!("/v1/machines/{name}/files/etc/hostname"), None)
+            .await;
+        assert_error(&answer, 409, "MachineNotRunning");
+        // After a failed start smolvm reports the machine created or stopped (both seen).
+        let state = answer.body["details"]["state"].as_str().unwrap_or_default();
+        assert!(["Created", "Stopped"].contains(&state), "{answer:?}");
+        let answer = c
+            .call(method, &format!("/v1/machines/{name}/files/a/%2E%2E/b"), None)
+            .await;
+        assert_error(&answer, 400, "InvalidRequest");
+        assert_error(
+            &c.call(method, "/v1/machines/nope/files/etc/hostname", None).await,
+            404,
+            "MachineNotFound",
+        );
+    }
+    let answer = c
+        .call("PUT", &format!("/v1/machines/{name}/files/tmp/x?mode=999"), None)
+        .await;
+    assert_error(&answer, 400, "InvalidRequest");
+
     // The happy path needs a guest that boots: smolvm's own agent rootfs, as the boot probe.
     let mut spec = smolvm_runtime::vmm::MachineSpec::new("exec-1", 1, 256);
     spec.storage_gib = Some(2);
@@ -963,6 +991,19 @@ async fn logs_and_exec_against_real_smolvm() {
         assert_eq!(stdout, b"a\0b", "byte-exact");
         let logs = c.call("GET", "/v1/machines/exec-1/logs?tail=20", None).await;
         assert_eq!(logs.status, 200);
+        // A file in and out, byte-exact.
+        let content: Vec<u8> = (0..=255u8).collect();
+        let put = c
+            .send_raw(
+                "PUT",
+                "/v1/machines/exec-1/files/tmp/copied?mode=0600",
+                Some(content.clone()),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("PUT: {e}"));
+        assert_eq!(put.status, 200, "{put:?}");
+        let got = c.call("GET", "/v1/machines/exec-1/files/tmp/copied", None).await;
+        assert_eq!((got.status, got.raw.to_vec()), (200, content));
         println!("guests boot here: exec ran, console log {} bytes", logs.raw.len());
     } else {
         assert_error(&boot, 500, "StartFailed");
@@ -974,7 +1015,7 @@ async fn logs_and_exec_against_real_smolvm() {
         println!("console of a failed boot: {} lines", text.lines().count());
         let answer = c.call("POST", "/v1/machines/exec-1/exec", Some(exec)).await;
         assert_error(&answer, 409, "MachineNotRunning");
-        println!("exec happy path skipped: guests cannot boot on this machine");
+        println!("exec and files happy paths skipped: guests cannot boot on this machine");
     }
     for machine in [name, "exec-1"] {
         c.call("DELETE", &format!("/v1/machines/{machine}"), None).await;

@@ -357,6 +357,42 @@ pub fn check_exec(request: &super::types::ExecRequest) -> Result<(), ApiFailure>
     Ok(())
 }
 
+/// Checks a file path of a files call: absolute inside the machine once a leading `/` is added,
+/// no `.` or `..` segment, no NUL, at most 4096 bytes. Returns it with one leading `/`.
+pub fn check_file_path(path: &str) -> Result<String, ApiFailure> {
+    let bad = |why: &str| ApiFailure::new(ErrorCode::InvalidRequest, format!("file path {path:?}: {why}"));
+    let trimmed = path.trim_start_matches('/');
+    if trimmed.is_empty() {
+        return Err(bad("names no file"));
+    }
+    if path.len() > 4096 || path.contains('\0') {
+        return Err(bad("is longer than 4096 bytes or holds a NUL"));
+    }
+    if trimmed.split('/').any(|s| s == "." || s == ".." || s.is_empty()) {
+        return Err(bad("has an empty, `.` or `..` segment"));
+    }
+    Ok(format!("/{trimmed}"))
+}
+
+/// Reads a write's query: `mode` in octal (`0644`, `755`), nothing else.
+pub fn parse_file_mode(query: &str) -> Result<Option<u32>, ApiFailure> {
+    let bad = |message: String| ApiFailure::new(ErrorCode::InvalidRequest, message);
+    let mut mode = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("mode", value)) => {
+                let parsed = u32::from_str_radix(value, 8)
+                    .ok()
+                    .filter(|m| *m <= 0o7777)
+                    .ok_or_else(|| bad(format!("mode {value:?} is not an octal file mode such as 0644")))?;
+                mode = Some(parsed);
+            }
+            _ => return Err(bad(format!("unknown query parameter {pair:?}; known: mode"))),
+        }
+    }
+    Ok(mode)
+}
+
 /// 409 `MachineNotRunning` for a call that needs a running machine.
 pub fn not_running(name: &str, status: &MachineStatus, what: &str) -> ApiFailure {
     let state = serde_json::to_value(&status.state).unwrap_or_default();
@@ -385,6 +421,85 @@ pub fn exec_response(output: &vmm::ExecOutput) -> super::types::ExecResponse {
 mod tests {
     use super::*;
     use smolvm_api::Protocol;
+
+    #[test]
+    fn log_queries() {
+        let ok = [
+            ("", vmm::LogQuery::default()),
+            (
+                "source=workload&tail=10&follow=true",
+                vmm::LogQuery {
+                    source: vmm::LogSource::Workload,
+                    tail: Some(10),
+                    follow: true,
+                },
+            ),
+            (
+                "follow&source=console",
+                vmm::LogQuery {
+                    follow: true,
+                    ..Default::default()
+                },
+            ),
+        ];
+        for (query, want) in ok {
+            assert_eq!(parse_log_query(query).map_err(|e| e.body.message), Ok(want), "{query}");
+        }
+        for query in ["source=kernel", "tail=-1", "tail=many", "follow=yes", "since=1h"] {
+            let error = parse_log_query(query).err().map(|e| e.body.code);
+            assert_eq!(error, Some(ErrorCode::InvalidRequest), "{query}");
+        }
+    }
+
+    #[test]
+    fn file_paths_and_modes() {
+        for (path, want) in [
+            ("etc/hostname", "/etc/hostname"),
+            ("/tmp/a b", "/tmp/a b"),
+            ("//x", "/x"),
+        ] {
+            assert_eq!(
+                check_file_path(path).map_err(|e| e.body.message),
+                Ok(want.to_string()),
+                "{path}"
+            );
+        }
+        for path in ["", "/", "a/../b", "./a", "a//b", "a/\0", &"x".repeat(5000)] {
+            assert!(check_file_path(path).is_err(), "{path:?}");
+        }
+        assert_eq!(parse_file_mode("").map_err(|e| e.body.message), Ok(None));
+        assert_eq!(
+            parse_file_mode("mode=0644").map_err(|e| e.body.message),
+            Ok(Some(0o644))
+        );
+        assert_eq!(parse_file_mode("mode=755").map_err(|e| e.body.message), Ok(Some(0o755)));
+        for query in ["mode=9", "mode=77777", "uid=0", "mode="] {
+            assert!(parse_file_mode(query).is_err(), "{query}");
+        }
+    }
+
+    #[test]
+    fn exec_requests_are_checked_before_any_machine() {
+        let request = |command: &[&str], timeout: Option<u32>| super::super::types::ExecRequest {
+            command: command.iter().map(|s| s.to_string()).collect(),
+            timeout_seconds: timeout,
+            ..Default::default()
+        };
+        assert!(check_exec(&request(&["true"], None)).is_ok());
+        assert!(check_exec(&request(&["true"], Some(3600))).is_ok());
+        for bad in [
+            request(&[], None),
+            request(&[""], None),
+            request(&["true"], Some(0)),
+            request(&["true"], Some(3601)),
+        ] {
+            assert_eq!(
+                check_exec(&bad).err().map(|e| e.body.code),
+                Some(ErrorCode::InvalidRequest),
+                "{bad:?}"
+            );
+        }
+    }
 
     fn machine() -> Machine {
         let raw = serde_json::json!({"name":"m","image":"alpine:3","state":"created","cpus":1,"memoryMb":512,

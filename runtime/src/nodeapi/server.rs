@@ -27,6 +27,8 @@ use crate::vmm::{DeleteOutcome, Vmm, VmmError};
 
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Largest file copied into or out of a machine.
+pub const MAX_FILE_BYTES: usize = 64 * 1024 * 1024;
 
 /// What the agent knows about itself, shared with the supervisor and the reporter.
 #[derive(Debug)]
@@ -326,6 +328,8 @@ pub fn operation_name(method: &Method, path: &str) -> &'static str {
         ("POST", ["v1", "machines", _, "resize"]) => "ResizeMachine",
         ("GET", ["v1", "machines", _, "logs"]) => "MachineLogs",
         ("POST", ["v1", "machines", _, "exec"]) => "ExecInMachine",
+        ("GET", ["v1", "machines", _, "files", ..]) => "ReadFile",
+        ("PUT", ["v1", "machines", _, "files", ..]) => "WriteFile",
         _ => "Unknown",
     }
 }
@@ -378,6 +382,12 @@ pub fn router(state: NodeApiState) -> Router {
         .route("/v1/machines/{name}/resize", post(resize_machine))
         .route("/v1/machines/{name}/logs", get(machine_logs))
         .route("/v1/machines/{name}/exec", post(exec_in_machine))
+        .route(
+            "/v1/machines/{name}/files/{*path}",
+            get(read_file)
+                .put(write_file)
+                .layer(DefaultBodyLimit::max(MAX_FILE_BYTES)),
+        )
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -620,6 +630,71 @@ async fn exec_in_machine(
     Ok(ok(StatusCode::OK, &logic::exec_response(&output)))
 }
 
+/// The machine and the file path of a files call, both checked, and the machine's status, which
+/// must be running (smolvm would boot a stopped machine to serve the call).
+async fn running_machine_and_path(
+    state: &NodeApiState,
+    Path((name, path)): Path<(String, String)>,
+    what: &str,
+) -> Result<(String, String), ApiError> {
+    validate_machine_name(&name).map_err(|message| ApiError(ApiFailure::new(ErrorCode::InvalidRequest, message)))?;
+    let path = logic::check_file_path(&path)?;
+    let Some(machine) = state.vmm.get(&name).await? else {
+        return Err(not_found(&name));
+    };
+    let status = logic::to_status(&machine);
+    if status.state != MachineState::Running {
+        return Err(logic::not_running(&name, &status, what).into());
+    }
+    Ok((name, path))
+}
+
+/// `GET /v1/machines/{name}/files/{path}`: a file of a running machine, streamed (at most
+/// [`MAX_FILE_BYTES`]), or a directory's listing as JSON.
+async fn read_file(State(state): State<NodeApiState>, path: Path<(String, String)>) -> ApiResult {
+    let (name, path) = running_machine_and_path(&state, path, "copying files").await?;
+    let file = state.vmm.read_file(&name, &path, MAX_FILE_BYTES as u64).await?;
+    let mut response = Response::new(Body::from_stream(file.stream));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(if file.directory {
+            "application/json"
+        } else {
+            "application/octet-stream"
+        }),
+    );
+    response.extensions_mut().insert(ResponseCode("OK"));
+    Ok(response)
+}
+
+/// `PUT /v1/machines/{name}/files/{path}?mode=0644`: writes the body (at most
+/// [`MAX_FILE_BYTES`]) as a file in a running machine, its parent directories made.
+async fn write_file(
+    State(state): State<NodeApiState>,
+    path: Path<(String, String)>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let mode = logic::parse_file_mode(query.as_deref().unwrap_or_default())?;
+    let content = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiFailure::new(
+                ErrorCode::PayloadTooLarge,
+                format!("the file exceeds {MAX_FILE_BYTES} bytes"),
+            )
+        } else {
+            ApiFailure::new(ErrorCode::InvalidRequest, rejection.body_text())
+        }
+    })?;
+    let (name, path) = running_machine_and_path(&state, path, "copying files").await?;
+    let written = content.len();
+    state.vmm.write_file(&name, &path, mode, content).await?;
+    Ok(ok(
+        StatusCode::OK,
+        &serde_json::json!({ "path": path, "bytes": written }),
+    ))
+}
+
 async fn resize_machine(
     State(state): State<NodeApiState>,
     MachineName(name): MachineName,
@@ -674,6 +749,8 @@ mod tests {
             (Method::POST, "/v1/machines/a/resize", "ResizeMachine"),
             (Method::GET, "/v1/machines/a/logs", "MachineLogs"),
             (Method::POST, "/v1/machines/a/exec", "ExecInMachine"),
+            (Method::GET, "/v1/machines/a/files/etc/hostname", "ReadFile"),
+            (Method::PUT, "/v1/machines/a/files/tmp/x", "WriteFile"),
             (Method::POST, "/v1/machines/a", "Unknown"),
             (Method::GET, "/nope", "Unknown"),
         ];

@@ -64,6 +64,33 @@ pub trait Vmm: Send + Sync {
         let _ = (name, request);
         Err(unsupported("exec"))
     }
+
+    /// A file of a running machine, streamed (at most `limit` bytes: the stream fails beyond),
+    /// or a directory's listing as JSON. Never boots a stopped machine: callers check first.
+    async fn read_file(&self, name: &str, path: &str, limit: u64) -> Result<FileContent, VmmError> {
+        let _ = (name, path, limit);
+        Err(unsupported("reading files"))
+    }
+
+    /// Writes a file into a running machine (parents made), with `mode` when given.
+    async fn write_file(
+        &self,
+        name: &str,
+        path: &str,
+        mode: Option<u32>,
+        content: bytes::Bytes,
+    ) -> Result<(), VmmError> {
+        let _ = (name, path, mode, content);
+        Err(unsupported("writing files"))
+    }
+}
+
+/// What reading a path of a machine gives.
+pub struct FileContent {
+    /// Whether the path is a directory (the stream is then its JSON listing).
+    pub directory: bool,
+    /// The bytes.
+    pub stream: LogStream,
 }
 
 fn unsupported(what: &str) -> VmmError {
@@ -112,7 +139,7 @@ pub struct LogQuery {
     pub follow: bool,
 }
 
-/// A log as chunks of text, each a whole number of lines.
+/// A stream of bytes from the runtime: a log (chunks of whole lines) or a file.
 pub type LogStream = futures::stream::BoxStream<'static, Result<bytes::Bytes, VmmError>>;
 
 /// One command to run in a machine.

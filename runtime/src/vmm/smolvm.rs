@@ -23,8 +23,8 @@ use base64::Engine as _;
 use futures::StreamExt as _;
 
 use super::{
-    DeleteOutcome, ExecOutput, ExecRequest, LogQuery, LogStream, Machine, MachineSpec, MachineState, PortMapping,
-    RegistryAuth, ResizeRequest, Sensitive, Vmm, VmmError, VmmHealth,
+    DeleteOutcome, ExecOutput, ExecRequest, FileContent, LogQuery, LogStream, Machine, MachineSpec, MachineState,
+    PortMapping, RegistryAuth, ResizeRequest, Sensitive, Vmm, VmmError, VmmHealth,
 };
 
 /// Where smolvm listens and how long each kind of call may take.
@@ -91,6 +91,7 @@ pub enum Operation {
     Resize,
     Logs,
     Exec,
+    Files,
 }
 
 impl SmolvmClient {
@@ -145,18 +146,19 @@ impl SmolvmClient {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, Bytes), VmmError> {
+        let body = body.map(|b| (Bytes::from(b), "application/json"));
         self.call_within(self.timeout_for(operation), operation, method, path, body)
             .await
     }
 
-    /// [`Self::call`] with its own time limit.
+    /// [`Self::call`] with its own time limit and a body of any content type.
     async fn call_within(
         &self,
         limit: Duration,
         operation: Operation,
         method: Method,
         path: &str,
-        body: Option<Vec<u8>>,
+        body: Option<(Bytes, &'static str)>,
     ) -> Result<(StatusCode, Bytes), VmmError> {
         let started = Instant::now();
         let result = tokio::time::timeout(limit, self.exchange(method.clone(), path, body)).await;
@@ -183,7 +185,7 @@ impl SmolvmClient {
         &self,
         method: Method,
         path: &str,
-        body: Option<Vec<u8>>,
+        body: Option<(Bytes, &'static str)>,
     ) -> Result<(StatusCode, Bytes), VmmError> {
         let (response, _connection) = self.send(method.clone(), path, body).await?;
         let status = response.status();
@@ -212,7 +214,7 @@ impl SmolvmClient {
         &self,
         method: Method,
         path: &str,
-        body: Option<Vec<u8>>,
+        body: Option<(Bytes, &'static str)>,
     ) -> Result<(hyper::Response<hyper::body::Incoming>, AbortOnDrop), VmmError> {
         let socket = &self.config.socket_path;
         let unavailable = |what: String| VmmError::Unavailable { message: what };
@@ -243,9 +245,7 @@ impl SmolvmClient {
             .uri(path)
             .header(HOST, "localhost");
         let request = match body {
-            Some(body) => builder
-                .header(CONTENT_TYPE, "application/json")
-                .body(Full::new(Bytes::from(body))),
+            Some((body, content_type)) => builder.header(CONTENT_TYPE, content_type).body(Full::new(body)),
             None => builder.body(Full::new(Bytes::new())),
         }
         .map_err(|error| VmmError::Protocol(format!("cannot build {method} {path}: {error}")))?;
@@ -471,7 +471,13 @@ impl Vmm for SmolvmClient {
         let path = format!("{}/exec", machine_path(name));
         let limit = Duration::from_secs(u64::from(seconds)) + self.config.request_timeout;
         let (status, bytes) = self
-            .call_within(limit, Operation::Exec, Method::POST, &path, Some(body))
+            .call_within(
+                limit,
+                Operation::Exec,
+                Method::POST,
+                &path,
+                Some((Bytes::from(body), "application/json")),
+            )
             .await?;
         if !status.is_success() {
             return Err(map_error(Operation::Exec, status, &bytes));
@@ -488,6 +494,86 @@ impl Vmm for SmolvmClient {
             stderr: decode("stderrB64", &wire.stderr_b64)?,
         })
     }
+
+    async fn read_file(&self, name: &str, path: &str, limit: u64) -> Result<FileContent, VmmError> {
+        let url = file_path(name, path);
+        let timeout = self.config.request_timeout;
+        let (response, connection) = tokio::time::timeout(timeout, self.send(Method::GET, &url, None))
+            .await
+            .map_err(|_| VmmError::Timeout {
+                message: format!("smolvm did not answer GET {url} within {}s", timeout.as_secs_f64()),
+            })??;
+        let status = response.status();
+        if !status.is_success() {
+            let bytes = Limited::new(response.into_body(), self.config.max_response_bytes)
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            return Err(map_error(Operation::Files, status, &bytes));
+        }
+        let directory = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/json"));
+        let state = (response.into_body(), 0u64, Some(connection));
+        let stream = futures::stream::unfold(state, move |(mut body, mut sent, connection)| async move {
+            let connection = connection?;
+            loop {
+                match body.frame().await {
+                    Some(Ok(frame)) => {
+                        let Ok(data) = frame.into_data() else { continue };
+                        sent += data.len() as u64;
+                        if sent > limit {
+                            let error = VmmError::BadRequest {
+                                message: format!("the file is larger than the limit of {limit} bytes"),
+                            };
+                            return Some((Err(error), (body, sent, None)));
+                        }
+                        return Some((Ok(data), (body, sent, Some(connection))));
+                    }
+                    Some(Err(error)) => {
+                        let error = VmmError::Unavailable {
+                            message: format!("reading the file from smolvm broke: {error}"),
+                        };
+                        return Some((Err(error), (body, sent, None)));
+                    }
+                    None => return None,
+                }
+            }
+        });
+        Ok(FileContent {
+            directory,
+            stream: stream.boxed(),
+        })
+    }
+
+    async fn write_file(&self, name: &str, path: &str, mode: Option<u32>, content: Bytes) -> Result<(), VmmError> {
+        let mut url = file_path(name, path);
+        if let Some(mode) = mode {
+            url.push_str(&format!("?mode={mode:o}"));
+        }
+        let (status, bytes) = self
+            .call_within(
+                self.timeout_for(Operation::Files),
+                Operation::Files,
+                Method::PUT,
+                &url,
+                Some((content, "application/octet-stream")),
+            )
+            .await?;
+        if !status.is_success() {
+            return Err(map_error(Operation::Files, status, &bytes));
+        }
+        Ok(())
+    }
+}
+
+/// `/api/v1/machines/{name}/files/{path}`: each segment of `path` percent-encoded.
+fn file_path(name: &str, path: &str) -> String {
+    let segments: Vec<String> = path.split('/').filter(|s| !s.is_empty()).map(encode_segment).collect();
+    format!("{}/files/{}", machine_path(name), segments.join("/"))
 }
 
 /// smolvm's exec request (`deny_unknown_fields` on its side).
