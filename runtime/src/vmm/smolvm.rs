@@ -208,6 +208,31 @@ impl SmolvmClient {
         Ok((status, body))
     }
 
+    /// Opens a streamed GET: the head of a successful answer with its connection, whose body
+    /// is still to be read; an error status is the mapped error.
+    async fn open_stream(
+        &self,
+        operation: Operation,
+        path: &str,
+    ) -> Result<(hyper::Response<hyper::body::Incoming>, AbortOnDrop), VmmError> {
+        let limit = self.config.request_timeout;
+        let (response, connection) = tokio::time::timeout(limit, self.send(Method::GET, path, None))
+            .await
+            .map_err(|_| VmmError::Timeout {
+                message: format!("smolvm did not answer GET {path} within {}s", limit.as_secs_f64()),
+            })??;
+        let status = response.status();
+        if status.is_success() {
+            return Ok((response, connection));
+        }
+        let bytes = Limited::new(response.into_body(), self.config.max_response_bytes)
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        Err(map_error(operation, status, &bytes))
+    }
+
     /// Sends one request on a new connection and returns the response head with its body still
     /// to be read, and the connection's task (the connection ends when it is dropped).
     async fn send(
@@ -397,54 +422,20 @@ impl Vmm for SmolvmClient {
         if let Some(tail) = query.tail {
             path.push_str(&format!("&tail={tail}"));
         }
-        let limit = self.config.request_timeout;
-        let (response, connection) = tokio::time::timeout(limit, self.send(Method::GET, &path, None))
-            .await
-            .map_err(|_| VmmError::Timeout {
-                message: format!("smolvm did not answer GET {path} within {}s", limit.as_secs_f64()),
-            })??;
-        let status = response.status();
-        if !status.is_success() {
-            let bytes = Limited::new(response.into_body(), self.config.max_response_bytes)
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            return match map_error(Operation::Logs, status, &bytes) {
-                // smolvm answers 404 for a log not written yet (a machine never started) as for
-                // an unknown machine: only the latter is an error.
-                VmmError::NotFound { .. } if self.get(name).await?.is_some() => Ok(futures::stream::empty().boxed()),
-                error => Err(error),
-            };
-        }
-        let state = (response.into_body(), super::sse::SseLines::default(), Some(connection));
-        let stream = futures::stream::unfold(state, |(mut body, mut lines, connection)| async move {
-            // The connection task lives as long as the stream reads from it.
-            let connection = connection?;
-            loop {
-                match body.frame().await {
-                    Some(Ok(frame)) => {
-                        let Ok(data) = frame.into_data() else { continue };
-                        let text = lines.push(&data);
-                        if !text.is_empty() {
-                            return Some((Ok(text), (body, lines, Some(connection))));
-                        }
-                    }
-                    Some(Err(error)) => {
-                        let error = VmmError::Unavailable {
-                            message: format!("the log stream from smolvm broke: {error}"),
-                        };
-                        return Some((Err(error), (body, lines, None)));
-                    }
-                    None => {
-                        let rest = lines.finish();
-                        drop(connection);
-                        return (!rest.is_empty()).then(|| (Ok(rest), (body, lines, None)));
-                    }
-                }
+        let (response, connection) = match self.open_stream(Operation::Logs, &path).await {
+            Ok(opened) => opened,
+            // smolvm answers 404 for a log not written yet (a machine never started) as for an
+            // unknown machine: only the latter is an error.
+            Err(VmmError::NotFound { .. }) if self.get(name).await?.is_some() => {
+                return Ok(futures::stream::empty().boxed());
             }
-        });
-        Ok(stream.boxed())
+            Err(error) => return Err(error),
+        };
+        let mut lines = super::sse::SseLines::default();
+        Ok(chunks(response, connection, "the log stream")
+            .map(move |chunk| chunk.map(|chunk| lines.push(&chunk)))
+            .filter(|lines| futures::future::ready(lines.as_ref().map_or(true, |l| !l.is_empty())))
+            .boxed())
     }
 
     async fn exec(&self, name: &str, request: &ExecRequest) -> Result<ExecOutput, VmmError> {
@@ -496,52 +487,22 @@ impl Vmm for SmolvmClient {
     }
 
     async fn read_file(&self, name: &str, path: &str, limit: u64) -> Result<FileContent, VmmError> {
-        let url = file_path(name, path);
-        let timeout = self.config.request_timeout;
-        let (response, connection) = tokio::time::timeout(timeout, self.send(Method::GET, &url, None))
-            .await
-            .map_err(|_| VmmError::Timeout {
-                message: format!("smolvm did not answer GET {url} within {}s", timeout.as_secs_f64()),
-            })??;
-        let status = response.status();
-        if !status.is_success() {
-            let bytes = Limited::new(response.into_body(), self.config.max_response_bytes)
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            return Err(map_error(Operation::Files, status, &bytes));
-        }
+        let (response, connection) = self.open_stream(Operation::Files, &file_path(name, path)).await?;
         let directory = response
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("application/json"));
-        let state = (response.into_body(), 0u64, Some(connection));
-        let stream = futures::stream::unfold(state, move |(mut body, mut sent, connection)| async move {
-            let connection = connection?;
-            loop {
-                match body.frame().await {
-                    Some(Ok(frame)) => {
-                        let Ok(data) = frame.into_data() else { continue };
-                        sent += data.len() as u64;
-                        if sent > limit {
-                            let error = VmmError::BadRequest {
-                                message: format!("the file is larger than the limit of {limit} bytes"),
-                            };
-                            return Some((Err(error), (body, sent, None)));
-                        }
-                        return Some((Ok(data), (body, sent, Some(connection))));
-                    }
-                    Some(Err(error)) => {
-                        let error = VmmError::Unavailable {
-                            message: format!("reading the file from smolvm broke: {error}"),
-                        };
-                        return Some((Err(error), (body, sent, None)));
-                    }
-                    None => return None,
-                }
+        let mut sent = 0u64;
+        let stream = chunks(response, connection, "the file").map(move |chunk| {
+            let chunk = chunk?;
+            sent += chunk.len() as u64;
+            if sent > limit {
+                return Err(VmmError::BadRequest {
+                    message: format!("the file is larger than the limit of {limit} bytes"),
+                });
             }
+            Ok(chunk)
         });
         Ok(FileContent {
             directory,
@@ -568,6 +529,32 @@ impl Vmm for SmolvmClient {
         }
         Ok(())
     }
+}
+
+/// The data of a streamed answer's body, chunk by chunk as smolvm sends them; the connection
+/// lives as long as the stream. A broken connection is the stream's last item.
+fn chunks(response: hyper::Response<hyper::body::Incoming>, connection: AbortOnDrop, what: &'static str) -> LogStream {
+    let state = (response.into_body(), Some(connection));
+    futures::stream::unfold(state, move |(mut body, connection)| async move {
+        let connection = connection?;
+        loop {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        return Some((Ok(data), (body, Some(connection))));
+                    }
+                }
+                Some(Err(error)) => {
+                    let error = VmmError::Unavailable {
+                        message: format!("{what} from smolvm broke: {error}"),
+                    };
+                    return Some((Err(error), (body, None)));
+                }
+                None => return None,
+            }
+        }
+    })
+    .boxed()
 }
 
 /// `/api/v1/machines/{name}/files/{path}`: each segment of `path` percent-encoded.
