@@ -114,23 +114,18 @@ pub fn class_patch(object: &Value, class: &SmolVMClass) -> Vec<PatchOperation> {
         &mut ops,
     );
     if let Some(network) = &c.network {
-        let own = spec.get("network");
-        let own_enabled = own.and_then(|n| n.get("enabled")).and_then(Value::as_bool);
+        let own_enabled = spec
+            .get("network")
+            .and_then(|n| n.get("enabled"))
+            .and_then(Value::as_bool);
+        // The egress lists only where the network ends up enabled.
         let enabled = own_enabled.or(network.enabled).unwrap_or(false);
-        let lists = |fill: bool| -> Vec<(&str, Option<Value>)> {
-            vec![
-                (
-                    "allowedCIDRs",
-                    network.allowed_cidrs.clone().filter(|_| fill).map(|v| json!(v)),
-                ),
-                (
-                    "allowedHosts",
-                    network.allowed_hosts.clone().filter(|_| fill).map(|v| json!(v)),
-                ),
-            ]
-        };
-        let mut pairs = vec![("enabled", network.enabled.map(|v| json!(v)))];
-        pairs.extend(lists(enabled));
+        let list = |l: &Option<Vec<String>>| l.as_ref().filter(|_| enabled).map(|v| json!(v));
+        let pairs = [
+            ("enabled", network.enabled.map(|v| json!(v))),
+            ("allowedCIDRs", list(&network.allowed_cidrs)),
+            ("allowedHosts", list(&network.allowed_hosts)),
+        ];
         fill("network", &pairs, &mut ops);
     }
     if is_absent(spec.get("nodeSelector"))

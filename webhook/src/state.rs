@@ -110,18 +110,12 @@ impl ClassCatalog for ClassStore {
     fn class(&self, name: &str) -> Option<SmolVMClass> {
         self.classes.get(&ObjectRef::new(name)).map(|c| (*c).clone())
     }
+    // The store's snapshot is a list of classes: the list's own catalogue answers these.
     fn names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.classes.state().iter().map(|c| c.name().to_string()).collect();
-        names.sort();
-        names
+        self.classes.state().names()
     }
     fn defaults(&self) -> Vec<SmolVMClass> {
-        self.classes
-            .state()
-            .iter()
-            .filter(|c| c.is_default())
-            .map(|c| (**c).clone())
-            .collect()
+        self.classes.state().defaults()
     }
     fn users(&self, name: &str) -> Option<usize> {
         Some(

@@ -13,6 +13,7 @@ use axum::http::{HeaderValue, Method, StatusCode, header, request::Parts};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use futures::StreamExt as _;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -592,7 +593,7 @@ async fn machine_logs(
                 }
             }
         };
-        futures::StreamExt::boxed(futures::StreamExt::take_until(lines, Box::pin(stopped)))
+        lines.take_until(Box::pin(stopped)).boxed()
     } else {
         lines
     };

@@ -151,43 +151,52 @@ impl Objects<'_> {
         }
     }
 
-    /// The new object's `spec.className`, if it is a string.
+    /// The new object's `spec.className`, if it is a string. On the text path only that field
+    /// is read (every CREATE asks), the rest of the spec skipped without being built.
     fn class_name(&self) -> Option<String> {
-        let spec = match self {
-            Objects::Parsed { new: Some(new), .. } => new.get("spec").cloned(),
+        #[derive(serde::Deserialize)]
+        struct ClassNameOnly {
+            #[serde(rename = "className", default)]
+            class_name: Option<Value>,
+        }
+        let name = match self {
+            Objects::Parsed { new: Some(new), .. } => new.pointer("/spec/className").cloned(),
             Objects::Text {
                 new: Some((_, scan)), ..
-            } => scan.spec.and_then(|s| serde_json::from_str::<Value>(s).ok()),
+            } => scan
+                .spec
+                .and_then(|s| serde_json::from_str::<ClassNameOnly>(s).ok())
+                .and_then(|s| s.class_name),
             _ => None,
         }?;
-        spec.get("className").and_then(Value::as_str).map(str::to_string)
+        name.as_str().map(str::to_string)
     }
 
-    /// The defaulting patch: M3 from `class` when there is one (on the whole object, since it
-    /// writes annotations and labels), then M1 and M2.
+    /// The defaulting patch: M3 from `class` when there is one, then M1 and M2. A class writes
+    /// annotations and labels, which the text path's small view lacks: with a class, the
+    /// objects are [`Objects::into_parsed`] first.
     fn default_patch(&self, operation: Operation, class: Option<&SmolVMClass>) -> json_patch::Patch {
-        if let Some(class) = class {
-            return match self {
-                Objects::Parsed { new: Some(new), .. } => default_smolvm_with_class(operation, new, Some(class)),
-                Objects::Text {
-                    new: Some((text, _)), ..
-                } => match serde_json::from_str::<Value>(text) {
-                    Ok(new) => default_smolvm_with_class(operation, &new, Some(class)),
-                    Err(_) => json_patch::Patch(Vec::new()),
-                },
-                _ => json_patch::Patch(Vec::new()),
-            };
-        }
         match self {
-            Objects::Parsed { new: Some(new), .. } => default_smolvm(operation, new),
+            Objects::Parsed { new: Some(new), .. } => default_smolvm_with_class(operation, new, class),
             Objects::Text {
                 new: Some((text, scan)),
                 ..
-            } => match defaulting_view(scan) {
+            } => match defaulting_view(scan).filter(|_| class.is_none()) {
                 Some(view) => default_smolvm(operation, &view),
-                None => default_smolvm(operation, &serde_json::from_str(text).unwrap_or(Value::Null)),
+                None => default_smolvm_with_class(operation, &serde_json::from_str(text).unwrap_or(Value::Null), class),
             },
             _ => json_patch::Patch(Vec::new()),
+        }
+    }
+
+    /// The same objects as parsed Values (text is parsed once, here).
+    fn into_parsed(self) -> Self {
+        match self {
+            Objects::Text { new, old } => Objects::Parsed {
+                new: new.and_then(|(text, _)| serde_json::from_str(text).ok()),
+                old: old.and_then(|text| serde_json::from_str(text).ok()),
+            },
+            parsed => parsed,
         }
     }
 
@@ -449,6 +458,10 @@ fn review_request(
                 } else {
                     None
                 };
+                if class.is_some() {
+                    // Defaulting and validation then share one parse of the object.
+                    objects = objects.into_parsed();
+                }
                 let patch = objects.default_patch(operation, class.as_ref());
                 // Every violation in one answer: the API server checks the CRD schema and its CEL
                 // rules after mutating admission and stops at their objection, so the complete
