@@ -22,6 +22,7 @@ COPY controller/Cargo.toml controller/Cargo.toml
 COPY runtime/Cargo.toml runtime/Cargo.toml
 COPY testkit/Cargo.toml testkit/Cargo.toml
 COPY tests/Cargo.toml tests/Cargo.toml
+COPY kubectl-smolvm/Cargo.toml kubectl-smolvm/Cargo.toml
 COPY deploy/image/stub-workspace.sh /usr/local/bin/stub-workspace.sh
 RUN sh /usr/local/bin/stub-workspace.sh . \
  && cargo build --release --locked --bin smolvm-controller --bin smolvm-webhook --bin smolvm-runtime

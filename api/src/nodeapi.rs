@@ -442,6 +442,9 @@ pub struct ExecRequest {
     pub timeout_seconds: Option<u32>,
 }
 
+/// Largest file copied into or out of a machine (64 MiB), by the node API and the access API.
+pub const MAX_FILE_BYTES: usize = 64 * 1024 * 1024;
+
 /// Default time limit of an exec.
 pub const EXEC_DEFAULT_TIMEOUT_SECONDS: u32 = 30;
 /// Longest time limit an exec may ask for.

@@ -29,7 +29,8 @@ pub use pem::{
     remaining,
 };
 pub use tls::{
-    ReloadableResolver, SERVER_ALPN, client_config, crypto_provider, mtls_server_config, root_store, server_config,
+    ReloadableResolver, SERVER_ALPN, client_config, crypto_provider, mtls_server_config,
+    optional_client_cert_server_config, root_store, server_config,
 };
 pub use trust::{fingerprint, issuer_in, signed_by};
 pub use validity::{CLOCK_SKEW_ALLOWANCE, Validity};

@@ -140,6 +140,26 @@ pub fn mtls_server_config(resolver: Arc<ReloadableResolver>, client_ca_pem: &str
     Ok(config)
 }
 
+/// Server config that asks for a client certificate and, when one is presented, accepts it only
+/// if it chains to `client_ca_pem`; a client without one still connects (the application then
+/// decides, for instance answering 401). For the aggregated API, whose one legitimate caller,
+/// the API server's front proxy, presents a certificate from the requestheader CA.
+pub fn optional_client_cert_server_config(
+    resolver: Arc<ReloadableResolver>,
+    client_ca_pem: &str,
+) -> Result<ServerConfig> {
+    let provider = crypto_provider();
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(root_store(client_ca_pem)?), provider.clone())
+        .allow_unauthenticated()
+        .build()?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(resolver);
+    config.alpn_protocols = SERVER_ALPN.iter().map(|p| p.to_vec()).collect();
+    Ok(config)
+}
+
 /// Client config that trusts only `ca_pem`, optionally presenting a client certificate.
 ///
 /// Server identity is checked by rustls against the `ServerName` passed at connect time; for a

@@ -55,6 +55,86 @@ pub struct Flags {
     /// progress (at least 1s).
     #[arg(long, env = "SMOLVM_CONTROLLER_RUNTIME_CA_CHECK_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub runtime_ca_check_interval: Duration,
+    /// HTTPS address of the access API (subresources.vm.smolvm.dev: logs, exec, files), served
+    /// by every replica to the API server's aggregator.
+    #[arg(long, env = "SMOLVM_CONTROLLER_ACCESS_ADDRESS", default_value = "0.0.0.0:8443")]
+    pub access_address: SocketAddr,
+    /// Where the access API's serving certificate comes from; `off` serves no access API.
+    #[arg(
+        long,
+        env = "SMOLVM_CONTROLLER_ACCESS_TLS_MODE",
+        value_enum,
+        default_value = "self-signed"
+    )]
+    pub access_tls_mode: AccessTlsMode,
+    /// PEM certificate chain of the access API (files mode).
+    #[arg(long, env = "SMOLVM_CONTROLLER_ACCESS_TLS_CERT")]
+    pub access_tls_cert: Option<PathBuf>,
+    /// PEM private key of the access API (files mode).
+    #[arg(long, env = "SMOLVM_CONTROLLER_ACCESS_TLS_KEY")]
+    pub access_tls_key: Option<PathBuf>,
+    /// The Service in front of the access API (its DNS names go into the self-signed certificate).
+    #[arg(long, env = "SMOLVM_CONTROLLER_ACCESS_SERVICE", default_value = "smolvm-access")]
+    pub access_service: String,
+    /// Secret (in --namespace) holding the access API's self-signed CA and serving pair.
+    #[arg(long, env = "SMOLVM_CONTROLLER_ACCESS_SECRET", default_value = "smolvm-access-tls")]
+    pub access_secret: String,
+    /// The APIService whose caBundle gets the self-signed CA.
+    #[arg(long, env = "SMOLVM_CONTROLLER_ACCESS_API_SERVICE", default_value = crate::access::API_SERVICE)]
+    pub access_api_service: String,
+    /// How often the access API's certificate and the API server's front-proxy settings are
+    /// looked at again (at least 10s).
+    #[arg(long, env = "SMOLVM_CONTROLLER_ACCESS_CHECK_INTERVAL", default_value = "1m", value_parser = parse_duration)]
+    pub access_check_interval: Duration,
+}
+
+/// Where the access API's serving certificate comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AccessTlsMode {
+    /// A CA and serving certificate generated once into --access-secret (shared by the
+    /// replicas), the CA injected into the APIService, renewed before expiry.
+    SelfSigned,
+    /// --access-tls-cert and --access-tls-key (a cert-manager Certificate's Secret, with
+    /// cert-manager injecting the CA into the APIService); reloaded when they change.
+    Files,
+    /// No access API.
+    Off,
+}
+
+impl Flags {
+    /// How the access API is served, or `None` when it is off.
+    pub fn access(&self) -> anyhow::Result<Option<crate::access::AccessConfig>> {
+        use crate::access::{AccessConfig, ServingTls};
+        let tls = match self.access_tls_mode {
+            AccessTlsMode::Off => return Ok(None),
+            AccessTlsMode::Files => match (&self.access_tls_cert, &self.access_tls_key) {
+                (Some(cert), Some(key)) => ServingTls::Files {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                },
+                _ => anyhow::bail!("--access-tls-mode files needs --access-tls-cert and --access-tls-key"),
+            },
+            AccessTlsMode::SelfSigned => ServingTls::SelfSigned(smolvm_kit::selfsigned::SelfSignedConfig {
+                namespace: self.namespace.clone(),
+                secret_name: self.access_secret.clone(),
+                service_name: self.access_service.clone(),
+                targets: vec![smolvm_kit::selfsigned::CaBundleTarget::ApiService(
+                    self.access_api_service.clone(),
+                )],
+                manager: smolvm_api::constants::FIELD_MANAGER_CONTROLLER,
+                ca_lifetime: Duration::from_secs(10 * 365 * 86_400),
+                cert_lifetime: Duration::from_secs(90 * 86_400),
+            }),
+        };
+        Ok(Some(AccessConfig {
+            address: self.access_address,
+            namespace: self.namespace.clone(),
+            tls,
+            check_interval: self.access_check_interval.max(Duration::from_secs(10)),
+            runtime_auth_secret: self.runtime_auth_secret.clone(),
+            token_file: self.token_file.clone(),
+        }))
+    }
 }
 
 /// The flags and variables renamed when the three binaries took one vocabulary; the old

@@ -4,7 +4,9 @@
 //! - [`placement`]: the pure placement function and the reservation ledger.
 //! - [`plan`]: what to do next for a SmolVM, as pure functions of what was observed.
 //! - [`nodeclient`]: the mTLS client of the runtime agents' node API.
+//! - [`access`]: the aggregated access API (logs, exec, files), served by every replica.
 
+pub mod access;
 pub mod cli;
 pub mod events;
 pub mod expose;

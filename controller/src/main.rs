@@ -63,6 +63,22 @@ async fn main() -> anyhow::Result<()> {
             tracing::error!(%error, "ops server failed");
         }
     });
+    // The access API, on every replica (the standby too): it waits for the leader's runtime CA.
+    if let Some(access) = flags.access()? {
+        let listener = std::net::TcpListener::bind(access.address)
+            .with_context(|| format!("binding the access API address {}", access.address))?;
+        let mut stop = shutdown_rx.clone();
+        let client = client.clone();
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            if let Err(error) = smolvm_controller::access::run(client, access, listener, metrics, stopped).await {
+                tracing::error!(error = format!("{error:#}"), "access API stopped");
+            }
+        });
+    }
     // SIGTERM (a Pod being stopped) or Ctrl-C: stop reconciling and release the Lease, so a
     // standby replica takes over at once instead of waiting for the Lease to expire.
     tokio::spawn(async move {

@@ -43,6 +43,24 @@ pub struct OperationLabel {
     pub operation: String,
 }
 
+/// Labels: an access call's subresource and outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AccessLabels {
+    /// `log`, `exec`, `files` (or `discovery`).
+    pub subresource: &'static str,
+    /// `ok` or the refusal's stable reason.
+    pub outcome: &'static str,
+}
+
+/// Labels: bytes through the access API.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StreamLabels {
+    /// `log`, `exec`, `files`.
+    pub subresource: &'static str,
+    /// `out` (from the machine to the user) or `in`.
+    pub direction: &'static str,
+}
+
 /// The controller's metrics.
 pub struct Metrics {
     registry: Registry,
@@ -58,6 +76,10 @@ pub struct Metrics {
     pub runtime_calls: Family<OperationLabel, Histogram>,
     /// Machines no SmolVM owns, by node.
     pub orphans: Family<NodeLabel, Gauge>,
+    /// Access API calls by subresource and outcome.
+    pub access_calls: Family<AccessLabels, Counter>,
+    /// Bytes streamed through the access API.
+    pub access_bytes: Family<StreamLabels, Counter>,
 }
 
 fn buckets() -> impl Iterator<Item = f64> {
@@ -98,8 +120,22 @@ impl Default for Metrics {
             "Machines on a node that no SmolVM owns (booked in placement, deleted after the grace period), by node",
             orphans.clone(),
         );
+        let access_calls = Family::<AccessLabels, Counter>::default();
+        registry.register(
+            "access_calls",
+            "Calls of the access API (subresources.vm.smolvm.dev) by subresource and outcome",
+            access_calls.clone(),
+        );
+        let access_bytes = Family::<StreamLabels, Counter>::default();
+        registry.register(
+            "access_bytes",
+            "Bytes streamed through the access API, by subresource and direction",
+            access_bytes.clone(),
+        );
         Metrics {
             registry,
+            access_calls,
+            access_bytes,
             reconciles,
             reconcile_duration,
             vms,
@@ -142,6 +178,20 @@ impl Metrics {
         for (node, n) in counts {
             self.orphans.get_or_create(&NodeLabel { node }).set(n);
         }
+    }
+
+    /// Records one access call.
+    pub fn access_call(&self, subresource: &'static str, outcome: &'static str) {
+        self.access_calls
+            .get_or_create(&AccessLabels { subresource, outcome })
+            .inc();
+    }
+
+    /// Counts bytes through the access API.
+    pub fn access_streamed(&self, subresource: &'static str, direction: &'static str, bytes: u64) {
+        self.access_bytes
+            .get_or_create(&StreamLabels { subresource, direction })
+            .inc_by(bytes);
     }
 
     /// The text exposition.

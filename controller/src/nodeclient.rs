@@ -412,6 +412,46 @@ impl NodeClient {
         body: Option<&B>,
         timeout: Duration,
     ) -> Result<T, CallError> {
+        let bytes = match body {
+            Some(b) => Bytes::from(serde_json::to_vec(b).map_err(|e| CallError::Protocol {
+                node: node.to_string(),
+                message: e.to_string(),
+            })?),
+            None => Bytes::new(),
+        };
+        let response = self
+            .open(node, method, path, "application/json", bytes, timeout)
+            .await?;
+        let status = response.status();
+        let collected = tokio::time::timeout(timeout, Limited::new(response.into_body(), MAX_BODY).collect())
+            .await
+            .map_err(|_| CallError::Unreachable {
+                node: node.to_string(),
+                message: format!("body not received within {timeout:?}"),
+            })?
+            .map_err(|e| CallError::Protocol {
+                node: node.to_string(),
+                message: format!("reading the body: {e}"),
+            })?
+            .to_bytes();
+        serde_json::from_slice(&collected).map_err(|e| CallError::Protocol {
+            node: node.to_string(),
+            message: format!("{status}: {e}"),
+        })
+    }
+
+    /// Sends one request to `node`'s agent and returns its answer once the headers arrive (within
+    /// `timeout`), its body still to be read: for streamed answers (logs, files). An answer that
+    /// is not a success is read and returned as the [`CallError`] it carries.
+    pub async fn open(
+        &self,
+        node: &str,
+        method: Method,
+        path: &str,
+        content_type: &'static str,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, CallError> {
         let unreachable = |message: String| CallError::Unreachable {
             node: node.to_string(),
             message,
@@ -423,18 +463,14 @@ impl NodeClient {
         let uri: Uri = format!("https://{node}{path}")
             .parse()
             .map_err(|e| protocol(format!("bad request URI: {e}")))?;
-        let bytes = match body {
-            Some(b) => Bytes::from(serde_json::to_vec(b).map_err(|e| protocol(e.to_string()))?),
-            None => Bytes::new(),
-        };
         let send = |token: String| {
             let request = Request::builder()
                 .method(method.clone())
                 .uri(uri.clone())
                 .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
-                .header(hyper::header::CONTENT_TYPE, "application/json")
+                .header(hyper::header::CONTENT_TYPE, content_type)
                 .header(hyper::header::ACCEPT, "application/json")
-                .body(Full::new(bytes.clone()))
+                .body(Full::new(body.clone()))
                 .map_err(|e| protocol(e.to_string()));
             async move {
                 let request = request?;
@@ -453,14 +489,14 @@ impl NodeClient {
             response = send(previous).await?;
         }
         let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
         let collected = tokio::time::timeout(timeout, Limited::new(response.into_body(), MAX_BODY).collect())
             .await
             .map_err(|_| unreachable(format!("body not received within {timeout:?}")))?
             .map_err(|e| protocol(format!("reading the body: {e}")))?
             .to_bytes();
-        if status.is_success() {
-            return serde_json::from_slice(&collected).map_err(|e| protocol(format!("{status}: {e}")));
-        }
         match serde_json::from_slice::<NodeApiError>(&collected) {
             // The agent cleans smolvm's text already; cleaning again bounds what any agent
             // (an older one, a misbehaving one) can put into conditions and events.

@@ -7,10 +7,16 @@
 //! - [`log`]: the tracing set-up;
 //! - [`shutdown`]: the signal that stops a binary (SIGTERM or Ctrl-C);
 //! - [`ops`]: the plain-HTTP ops server (`/healthz`, `/readyz`, `/metrics`);
-//! - [`watch`]: re-reading mounted files when their contents change.
+//! - [`watch`]: re-reading mounted files when their contents change;
+//! - [`selfsigned`]: a CA and serving certificate in a shared Secret, injected as `caBundle`
+//!   where the API server needs it, renewed and hot-swapped (the webhook, the access API).
 
 pub mod cli;
+pub mod error;
 pub mod log;
 pub mod ops;
+pub mod selfsigned;
 pub mod shutdown;
 pub mod watch;
+
+pub use error::{Error, Result};

@@ -113,6 +113,8 @@ pub struct OperatorBins {
     pub controller: PathBuf,
     /// smolvm-runtime.
     pub runtime: PathBuf,
+    /// kubectl-smolvm, the kubectl plugin.
+    pub plugin: PathBuf,
 }
 
 /// Finds the operator binaries in the target directory of the running test or dev binary.
@@ -141,5 +143,6 @@ pub fn operator_bins() -> anyhow::Result<OperatorBins> {
         webhook: find("smolvm-webhook")?,
         controller: find("smolvm-controller")?,
         runtime: find("smolvm-runtime")?,
+        plugin: find("kubectl-smolvm")?,
     })
 }

@@ -23,6 +23,11 @@ use crate::{
 /// How long the API server may take to report ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// The common name of the API server's front-proxy client certificate (its key and the
+/// certificate are `pki/front-proxy-client.{crt,key}` under the plane's directory; tests of the
+/// access API present it to prove that only the API server may speak for a user).
+pub const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
+
 /// etcd plus kube-apiserver, stopped when dropped.
 pub struct ControlPlane {
     /// The API server's URL.
@@ -60,6 +65,14 @@ impl ControlPlane {
             &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
             Duration::from_secs(7 * 24 * 3600),
         )?;
+        // Aggregation (the access API): the front proxy's CA and the client certificate the API
+        // server presents to aggregated API servers, as kubeadm makes them.
+        let front_proxy_ca =
+            CertificateAuthority::generate("smolvm-e2e-front-proxy-ca", Duration::from_secs(7 * 24 * 3600))?;
+        let front_proxy_client = front_proxy_ca.issue_client(FRONT_PROXY_CLIENT, Duration::from_secs(7 * 24 * 3600))?;
+        write(&pki.join("front-proxy-ca.crt"), front_proxy_ca.cert_pem())?;
+        write(&pki.join("front-proxy-client.crt"), &front_proxy_client.cert_pem)?;
+        write_private(&pki.join("front-proxy-client.key"), &front_proxy_client.key_pem)?;
         let sa_key = rcgen::KeyPair::generate().context("ServiceAccount signing key")?;
         let admin_token = hex_token()?;
         write(&pki.join("ca.crt"), ca.cert_pem())?;
@@ -115,6 +128,22 @@ impl ControlPlane {
                 // the ServiceAccounts it needs itself.
                 "--endpoint-reconciler-type=none".to_string(),
                 "--disable-admission-plugins=ServiceAccount".to_string(),
+                format!(
+                    "--requestheader-client-ca-file={}",
+                    pki.join("front-proxy-ca.crt").display()
+                ),
+                format!("--requestheader-allowed-names={FRONT_PROXY_CLIENT}"),
+                "--requestheader-username-headers=X-Remote-User".to_string(),
+                "--requestheader-group-headers=X-Remote-Group".to_string(),
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-".to_string(),
+                format!(
+                    "--proxy-client-cert-file={}",
+                    pki.join("front-proxy-client.crt").display()
+                ),
+                format!(
+                    "--proxy-client-key-file={}",
+                    pki.join("front-proxy-client.key").display()
+                ),
             ],
             &[],
             &dir.join("kube-apiserver.log"),

@@ -128,6 +128,9 @@ pub struct Env {
     pub runtime: Option<Proc>,
     /// The runtime's node API port.
     pub runtime_port: u16,
+    /// The controller's access API port (the APIService routes here through an ExternalName
+    /// Service naming `localhost`, as nothing proxies Service addresses in this tier).
+    pub access_port: u16,
     /// The policy file the webhook and controller read.
     pub policy_file: PathBuf,
     /// The options it started with.
@@ -300,6 +303,8 @@ impl Env {
             .cloned()
             .collect();
         apply(&plane.admin_kubeconfig, &install)?;
+        let access_port = free_port()?;
+        apply(&plane.admin_kubeconfig, &access_objects(&rendered, access_port)?)?;
         let out = kubectl(
             &plane.admin_kubeconfig,
             &[
@@ -349,6 +354,7 @@ impl Env {
             controller: None,
             runtime: None,
             runtime_port: free_port()?,
+            access_port,
             policy_file,
             options,
             smolvm_env,
@@ -509,6 +515,8 @@ impl Env {
                 "--orphan-grace=10s".to_string(),
                 // A runtime CA rotation's steps are looked at every 2 s here (30 s by default).
                 "--runtime-ca-check-interval=2s".to_string(),
+                format!("--access-address=127.0.0.1:{}", self.access_port),
+                "--access-check-interval=10s".to_string(),
             ],
             &[
                 ("KUBECONFIG".into(), kubeconfig.display().to_string()),
@@ -743,6 +751,40 @@ impl Env {
     pub fn log_tail(&self, name: &str, lines: usize) -> String {
         crate::process::tail(&self.log(name), lines)
     }
+}
+
+/// The access API's APIService and Service as rendered, pointed at the controller on this
+/// machine: the Service becomes an ExternalName naming `localhost` (the aggregator dials it with
+/// the APIService's port, and still checks the certificate against the Service's DNS name), the
+/// only kind of Service the API server reaches without a Service proxy or a routable endpoint.
+fn access_objects(rendered: &[Value], port: u16) -> anyhow::Result<Vec<Value>> {
+    let mut out = Vec::new();
+    for o in rendered {
+        match (kind(o), o["metadata"]["name"].as_str()) {
+            ("APIService", _) => {
+                let mut api_service = o.clone();
+                api_service["spec"]["service"]["port"] = Value::from(port);
+                out.push(api_service);
+            }
+            ("Service", Some("smolvm-access")) => {
+                let mut service = o.clone();
+                service["spec"] = serde_json::json!({
+                    "type": "ExternalName",
+                    "externalName": "localhost",
+                    "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+                });
+                out.push(service);
+            }
+            _ => {}
+        }
+    }
+    if out.len() != 2 {
+        bail!(
+            "deploy/default renders {} of the access API's APIService and Service, expected both",
+            out.len()
+        );
+    }
+    Ok(out)
 }
 
 /// A ServiceAccount token from the TokenRequest API; bound to `pod` when given, so the API

@@ -5,10 +5,9 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use clap::{Parser, ValueEnum};
 use smolvm_kit::cli::{LogFormat, Renamed, parse_duration};
 
-use crate::{
-    error::{Error, Result},
-    selfsigned::SelfSignedConfig,
-};
+use smolvm_kit::selfsigned::{CaBundleTarget, SelfSignedConfig};
+
+use crate::error::{Error, Result};
 
 /// Where the serving certificate comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -156,8 +155,11 @@ impl Args {
             namespace: self.namespace.clone(),
             secret_name: self.secret_name.clone(),
             service_name: self.service_name.clone(),
-            mutating_configuration: self.mutating_configuration.clone(),
-            validating_configuration: self.validating_configuration.clone(),
+            targets: vec![
+                CaBundleTarget::MutatingWebhooks(self.mutating_configuration.clone()),
+                CaBundleTarget::ValidatingWebhooks(self.validating_configuration.clone()),
+            ],
+            manager: "smolvm-webhook",
             ca_lifetime: self.ca_lifetime.max(DAY),
             cert_lifetime: self.cert_lifetime.max(DAY),
         }

@@ -40,6 +40,9 @@ pub enum Error {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The self-signed TLS mode failed (see [`smolvm_kit::selfsigned`]).
+    #[error(transparent)]
+    SelfSigned(#[from] smolvm_kit::Error),
     /// A TLS or HTTP client error (used by the test and benchmark client).
     #[error("client: {0}")]
     Client(String),
@@ -56,6 +59,7 @@ impl Error {
             Error::Kube(_) => "Kube",
             Error::BadSecret { .. } => "BadSecret",
             Error::Serve { .. } => "Serve",
+            Error::SelfSigned(e) => e.reason(),
             Error::Client(_) => "Client",
         }
     }

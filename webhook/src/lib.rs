@@ -4,7 +4,6 @@
 //! - [`server`]: the HTTPS admission router and the plain ops router.
 //! - [`state`]: policy handle, SmolVMNode catalog over a reflector store, readiness.
 //! - [`reload`]: policy and certificate file reloading.
-//! - [`selfsigned`]: the self-signed TLS mode (one shared Secret, caBundle injection, rotation).
 //! - [`metrics`]: Prometheus metrics.
 //! - [`cli`]: the command-line flags.
 //! - [`client`]: an HTTPS client for tests and the benchmark (verifies certificates).
@@ -18,7 +17,6 @@ pub mod error;
 pub mod metrics;
 pub mod reload;
 pub mod review;
-pub mod selfsigned;
 pub mod server;
 pub mod state;
 

@@ -10,10 +10,11 @@ use kube::{
 };
 use smolvm_api::{SmolVM, SmolVMClass, SmolVMNode, constants::LABEL_CLASS};
 use smolvm_certs::ReloadableResolver;
+use smolvm_kit::selfsigned;
 use smolvm_webhook::{
     Error, Result,
     cli::{Args, RENAMED, TlsMode},
-    reload, selfsigned,
+    reload,
     server::{admission_router, serve_ops, serve_tls},
     state::{AppState, ClassStore, PolicyHandle, StoreCatalog},
 };
@@ -164,11 +165,12 @@ async fn run(args: Args) -> Result<()> {
             let cfg = args.self_signed();
             let material = selfsigned::bootstrap(&client, &cfg).await?;
             let resolver = Arc::new(ReloadableResolver::from_pem(&material.cert_pem, &material.key_pem)?);
+            let metrics = state.metrics.clone();
             tokio::spawn(selfsigned::rotate_forever(
                 client.clone(),
                 cfg,
                 resolver.clone(),
-                state.metrics.clone(),
+                move |swapped| metrics.certificate_reloaded(swapped),
                 material,
                 args.rotation_check_interval.max(Duration::from_secs(10)),
             ));

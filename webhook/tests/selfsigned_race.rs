@@ -15,7 +15,7 @@ use std::{
 
 use http::Method;
 use serde_json::{Value, json};
-use smolvm_webhook::selfsigned::{self, Material, SelfSignedConfig, ca_bundle_value};
+use smolvm_kit::selfsigned::{self, CaBundleTarget, Material, SelfSignedConfig, ca_bundle_value};
 use tokio::sync::Barrier;
 
 const NS: &str = "smolvm-system";
@@ -36,8 +36,11 @@ fn cfg() -> SelfSignedConfig {
         namespace: NS.into(),
         secret_name: SECRET.into(),
         service_name: "smolvm-webhook".into(),
-        mutating_configuration: "smolvm-webhook".into(),
-        validating_configuration: "smolvm-webhook".into(),
+        targets: vec![
+            CaBundleTarget::MutatingWebhooks("smolvm-webhook".into()),
+            CaBundleTarget::ValidatingWebhooks("smolvm-webhook".into()),
+        ],
+        manager: "smolvm-webhook",
         ca_lifetime: Duration::from_secs(3650 * 86_400),
         cert_lifetime: Duration::from_secs(3 * 86_400),
     }

@@ -28,8 +28,7 @@ use crate::vmm::{DeleteOutcome, Vmm, VmmError};
 
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
-/// Largest file copied into or out of a machine.
-pub const MAX_FILE_BYTES: usize = 64 * 1024 * 1024;
+pub use smolvm_api::nodeapi::MAX_FILE_BYTES;
 
 /// What the agent knows about itself, shared with the supervisor and the reporter.
 #[derive(Debug)]

@@ -128,6 +128,7 @@ fn bins() -> OperatorBins {
         webhook: PathBuf::from("smolvm-webhook"),
         controller: PathBuf::from("smolvm-controller"),
         runtime: PathBuf::from("smolvm-runtime"),
+        plugin: PathBuf::from("kubectl-smolvm"),
     }
 }
 

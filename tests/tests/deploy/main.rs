@@ -29,6 +29,7 @@ use k8s_openapi::{
     },
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString},
+    kube_aggregator::pkg::apis::apiregistration::v1::APIService,
 };
 use serde::{Deserialize, de::DeserializeOwned};
 use serde_json::{Value, json};

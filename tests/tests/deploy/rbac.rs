@@ -6,6 +6,8 @@ use super::*;
 /// Compared with the expected tables below; printed by the audit test. The controller and the
 /// runtime hold the same grants in both overlays; only the webhook's differ.
 pub(super) const RBAC_CONTROLLER_AND_RUNTIME: &str = "
+smolvm-controller  cluster        apiregistration.k8s.io/apiservices  v1alpha1.subresources.vm.smolvm.dev  get,patch
+smolvm-controller  cluster        authorization.k8s.io/subjectaccessreviews  -  create
 smolvm-controller  cluster        certificates.k8s.io/certificatesigningrequests  -  list,watch
 smolvm-controller  cluster        certificates.k8s.io/certificatesigningrequests/approval  -  patch
 smolvm-controller  cluster        certificates.k8s.io/certificatesigningrequests/status  -  patch
@@ -14,14 +16,16 @@ smolvm-controller  cluster        core/nodes  -  get
 smolvm-controller  cluster        core/services  -  create,delete,get,patch
 smolvm-controller  cluster        discovery.k8s.io/endpointslices  -  create,delete,get,patch
 smolvm-controller  cluster        events.k8s.io/events  -  create
-smolvm-controller  cluster        vm.smolvm.dev/smolvmnodes  -  list,watch
-smolvm-controller  cluster        vm.smolvm.dev/smolvms  -  list,patch,watch
+smolvm-controller  cluster        vm.smolvm.dev/smolvmnodes  -  get,list,watch
+smolvm-controller  cluster        vm.smolvm.dev/smolvms  -  get,list,patch,watch
 smolvm-controller  cluster        vm.smolvm.dev/smolvms/status  -  patch,update
+smolvm-controller  kube-system    core/configmaps  extension-apiserver-authentication  get
 smolvm-controller  smolvm-system  coordination.k8s.io/leases  -  create
 smolvm-controller  smolvm-system  coordination.k8s.io/leases  smolvm-controller  get,update
 smolvm-controller  smolvm-system  core/configmaps  -  create
 smolvm-controller  smolvm-system  core/configmaps  smolvm-runtime-ca  patch
 smolvm-controller  smolvm-system  core/secrets  -  create
+smolvm-controller  smolvm-system  core/secrets  smolvm-access-tls  get,update
 smolvm-controller  smolvm-system  core/secrets  smolvm-runtime-auth  get
 smolvm-controller  smolvm-system  core/secrets  smolvm-runtime-ca  get,update
 smolvm-runtime     cluster        certificates.k8s.io/certificatesigningrequests  -  create,get
@@ -276,5 +280,65 @@ pub(super) fn rbac_is_least_privilege_and_matches_the_expected_table() {
             missing.is_empty() && extra.is_empty(),
             "deploy/{overlay}: RBAC differs from the expected table\nmissing: {missing:#?}\nunexpected: {extra:#?}"
         );
+    }
+}
+
+/// The roles for users (bound by no ServiceAccount of the install): each aggregates into the
+/// built-in roles named, with exactly these rules. `view` reads SmolVMs and their log; `edit`
+/// and `admin` also change SmolVMs, run commands in them and copy files (SPEC 6.1).
+const USER_ROLES: &str = "
+smolvm-editor      admin,edit  vm.smolvm.dev/smolvms  create,delete,deletecollection,patch,update
+smolvm-exec        admin,edit  subresources.vm.smolvm.dev/smolvms/exec  create,get
+smolvm-exec        admin,edit  subresources.vm.smolvm.dev/smolvms/files  create,get
+smolvm-log-viewer  view  subresources.vm.smolvm.dev/smolvms/log  get
+smolvm-viewer      view  vm.smolvm.dev/smolvmclasses  get,list,watch
+smolvm-viewer      view  vm.smolvm.dev/smolvms  get,list,watch
+";
+
+#[test]
+pub(super) fn user_roles_aggregate_into_the_built_in_roles_and_grant_nothing_broader() {
+    require_kubectl!();
+    for overlay in OVERLAYS {
+        let all = rendered(overlay);
+        let bound: BTreeSet<String> = objects(all, "ClusterRoleBinding")
+            .map(|o| str_at(o, "/roleRef/name").to_string())
+            .collect();
+        let mut table = Vec::new();
+        for object in objects(all, "ClusterRole") {
+            let name = str_at(object, "/metadata/name").to_string();
+            if bound.contains(&name) {
+                continue;
+            }
+            let role: ClusterRole = typed(object);
+            let labels = role.metadata.labels.unwrap_or_default();
+            let into: Vec<&str> = ["admin", "edit", "view"]
+                .into_iter()
+                .filter(|r| {
+                    labels
+                        .get(&format!("rbac.authorization.k8s.io/aggregate-to-{r}"))
+                        .is_some_and(|v| v == "true")
+                })
+                .collect();
+            assert!(
+                !into.is_empty(),
+                "deploy/{overlay}: ClusterRole {name} is bound by nothing and aggregates nowhere"
+            );
+            for rule in role.rules.unwrap_or_default() {
+                assert!(rule.resource_names.is_none(), "deploy/{overlay}: {name}: {rule:?}");
+                let mut verbs = rule.verbs.clone();
+                verbs.sort();
+                for group in rule.api_groups.unwrap_or_default() {
+                    for resource in rule.resources.clone().unwrap_or_default() {
+                        table.push(format!(
+                            "{name} {} {group}/{resource} {}",
+                            into.join(","),
+                            verbs.join(",")
+                        ));
+                    }
+                }
+            }
+        }
+        table.sort();
+        assert_eq!(table, normalize(USER_ROLES), "deploy/{overlay}: the user roles");
     }
 }

@@ -38,6 +38,7 @@ macro_rules! scenarios {
 
 // Scenario families added beside the core list live in their own files; each exports
 // `scenarios()`, appended to the run in this order.
+mod access;
 mod classes;
 mod cluster;
 mod reach;
@@ -181,6 +182,7 @@ fn extra_scenarios() -> Vec<(&'static str, Scenario)> {
     all.extend(workload::scenarios());
     all.extend(reach::scenarios());
     all.extend(classes::scenarios());
+    all.extend(access::scenarios());
     all
 }
 

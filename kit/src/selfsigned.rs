@@ -1,7 +1,8 @@
-//! `--tls-mode self-signed`: a CA and a serving certificate for the Service's DNS names, kept in
-//! ONE Secret shared by every replica, the CA injected as `caBundle` into the named
-//! MutatingWebhookConfiguration and ValidatingWebhookConfiguration, and the serving certificate
-//! renewed (same CA) before expiry and hot-swapped.
+//! Self-signed serving TLS for a component that the API server calls (the webhook's admission
+//! endpoints, the controller's aggregated access API): a CA and a serving certificate for the
+//! Service's DNS names, kept in ONE Secret shared by every replica, the CA injected as
+//! `caBundle` into the configurations that point at the Service ([`CaBundleTarget`]), and the
+//! serving certificate renewed (same CA) before expiry and hot-swapped.
 //!
 //! Concurrency between replicas is settled by the API server: the Secret is created only if
 //! absent (a `409 AlreadyExists` means another replica won: load the winner), and a renewal is
@@ -9,16 +10,16 @@
 //! load theirs). The CA is never replaced by this code; its lifetime defaults to ten years
 //! (delete the Secret's data, or the Secret, to start over with a new CA).
 //!
-//! The install may pre-create the Secret empty (`deploy/default` does), so the webhook's
-//! ServiceAccount needs only `get` and `update` on that one name, never an unrestricted secret
-//! `create`: an existing Secret without data is filled the way a renewal is written (a
-//! `replace` carrying the `resourceVersion` read, keeping its type, labels and annotations), so
-//! racing replicas converge on one CA here too.
+//! The install may pre-create the Secret empty (`deploy/default` does), so the ServiceAccount
+//! needs only `get` and `update` on that one name, never an unrestricted secret `create`: an
+//! existing Secret without data is filled the way a renewal is written (a `replace` carrying the
+//! `resourceVersion` read, keeping its type, labels and annotations), so racing replicas converge
+//! on one CA here too.
 
 use std::{
     collections::BTreeMap,
     sync::Arc,
-    time::{Duration, SystemTime},
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use json_patch::{AddOperation, Patch, PatchOperation, TestOperation, jsonptr::PointerBuf};
@@ -29,6 +30,7 @@ use k8s_openapi::{
         core::v1::Secret,
     },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    kube_aggregator::pkg::apis::apiregistration::v1::APIService,
 };
 use kube::{
     Api, Client,
@@ -41,11 +43,7 @@ use rustls::{
 use serde_json::Value;
 use smolvm_certs::{CertificateAuthority, RENEWAL_FRACTION, ReloadableResolver, needs_renewal, parse_cert_pem};
 
-use crate::{
-    error::{Error, Result},
-    metrics::Metrics,
-    reload::unix_seconds,
-};
+use crate::error::{Error, Result};
 
 /// Secret key of the CA certificate.
 pub const KEY_CA_CERT: &str = "ca.crt";
@@ -56,6 +54,17 @@ pub const KEY_TLS_CERT: &str = "tls.crt";
 /// Secret key of the serving key.
 pub const KEY_TLS_KEY: &str = "tls.key";
 
+/// A configuration whose `caBundle` must hold the CA.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaBundleTarget {
+    /// Every webhook of this MutatingWebhookConfiguration.
+    MutatingWebhooks(String),
+    /// Every webhook of this ValidatingWebhookConfiguration.
+    ValidatingWebhooks(String),
+    /// This APIService (`spec.caBundle`).
+    ApiService(String),
+}
+
 /// What the self-signed mode needs to know.
 #[derive(Debug, Clone)]
 pub struct SelfSignedConfig {
@@ -65,10 +74,10 @@ pub struct SelfSignedConfig {
     pub secret_name: String,
     /// Name of the Service in front of the webhook (its DNS names go into the certificate).
     pub service_name: String,
-    /// Name of the MutatingWebhookConfiguration to inject the CA into.
-    pub mutating_configuration: String,
-    /// Name of the ValidatingWebhookConfiguration to inject the CA into.
-    pub validating_configuration: String,
+    /// Where the CA goes as `caBundle`.
+    pub targets: Vec<CaBundleTarget>,
+    /// Who manages the Secret (its `app.kubernetes.io/managed-by` label).
+    pub manager: &'static str,
     /// CA lifetime.
     pub ca_lifetime: Duration,
     /// Serving certificate lifetime (renewed after [`RENEWAL_FRACTION`] of it).
@@ -154,7 +163,7 @@ fn secret_data(material: &Material) -> BTreeMap<String, ByteString> {
     .collect()
 }
 
-const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "smolvm-webhook");
+const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 
 /// The Secret holding `material`, as created when none exists.
 pub fn secret_for(cfg: &SelfSignedConfig, material: &Material) -> Secret {
@@ -162,7 +171,7 @@ pub fn secret_for(cfg: &SelfSignedConfig, material: &Material) -> Secret {
         metadata: ObjectMeta {
             name: Some(cfg.secret_name.clone()),
             namespace: Some(cfg.namespace.clone()),
-            labels: Some(BTreeMap::from([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())])),
+            labels: Some(BTreeMap::from([(MANAGED_BY.to_string(), cfg.manager.to_string())])),
             ..Default::default()
         },
         type_: Some("kubernetes.io/tls".to_string()),
@@ -181,13 +190,13 @@ pub fn is_placeholder(secret: &Secret) -> bool {
 /// `existing` holding `material`, to be written with `replace`: its `resourceVersion` (the
 /// precondition), type (immutable), labels and annotations are kept, and the managed-by label
 /// is added.
-pub fn filled(existing: &Secret, material: &Material) -> Secret {
+pub fn filled(cfg: &SelfSignedConfig, existing: &Secret, material: &Material) -> Secret {
     let mut next = existing.clone();
     next.metadata.managed_fields = None;
     next.metadata
         .labels
         .get_or_insert_with(BTreeMap::new)
-        .insert(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string());
+        .insert(MANAGED_BY.to_string(), cfg.manager.to_string());
     next.data = Some(secret_data(material));
     next.string_data = None;
     next
@@ -247,7 +256,7 @@ pub async fn ensure_secret(api: &Api<Secret>, cfg: &SelfSignedConfig, now: Syste
                 let material = generate(cfg)?;
                 match api.create(&PostParams::default(), &secret_for(cfg, &material)).await {
                     Ok(_) => {
-                        tracing::info!(secret = %cfg.secret_name, "created the webhook CA and serving certificate");
+                        tracing::info!(secret = %cfg.secret_name, "created the CA and serving certificate");
                         return Ok(material);
                     }
                     Err(e) if is_status(&e, 409) => {
@@ -279,7 +288,11 @@ pub async fn ensure_secret(api: &Api<Secret>, cfg: &SelfSignedConfig, now: Syste
                     (reissue_leaf(&material, cfg)?, "renewed the serving certificate")
                 };
                 match api
-                    .replace(&cfg.secret_name, &PostParams::default(), &filled(&secret, &material))
+                    .replace(
+                        &cfg.secret_name,
+                        &PostParams::default(),
+                        &filled(cfg, &secret, &material),
+                    )
                     .await
                 {
                     Ok(_) => {
@@ -348,41 +361,59 @@ where
     Ok(true)
 }
 
-/// Injects the CA into both webhook configurations (only the caBundle fields). A missing
-/// configuration is logged and skipped (it may be applied later; the next check retries).
+/// Injects the CA into every target (only the caBundle fields). A missing configuration is
+/// logged and skipped (it may be applied later; the next check retries).
 pub async fn inject_ca_bundle(client: &Client, cfg: &SelfSignedConfig, ca_pem: &str) -> Result<()> {
-    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let hooks = mutating.get_opt(&cfg.mutating_configuration).await?.map(|c| {
-        let webhooks = c.webhooks.unwrap_or_default();
-        webhooks
-            .into_iter()
-            .map(|w| (w.name, w.client_config.ca_bundle))
-            .collect()
-    });
-    inject_into(
-        mutating,
-        "MutatingWebhookConfiguration",
-        &cfg.mutating_configuration,
-        hooks,
-        ca_pem,
-    )
-    .await?;
-    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    let hooks = validating.get_opt(&cfg.validating_configuration).await?.map(|c| {
-        let webhooks = c.webhooks.unwrap_or_default();
-        webhooks
-            .into_iter()
-            .map(|w| (w.name, w.client_config.ca_bundle))
-            .collect()
-    });
-    inject_into(
-        validating,
-        "ValidatingWebhookConfiguration",
-        &cfg.validating_configuration,
-        hooks,
-        ca_pem,
-    )
-    .await
+    for target in &cfg.targets {
+        match target {
+            CaBundleTarget::MutatingWebhooks(name) => {
+                let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+                let hooks = api.get_opt(name).await?.map(|c| {
+                    let webhooks = c.webhooks.unwrap_or_default();
+                    webhooks
+                        .into_iter()
+                        .map(|w| (w.name, w.client_config.ca_bundle))
+                        .collect()
+                });
+                inject_into(api, "MutatingWebhookConfiguration", name, hooks, ca_pem).await?;
+            }
+            CaBundleTarget::ValidatingWebhooks(name) => {
+                let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+                let hooks = api.get_opt(name).await?.map(|c| {
+                    let webhooks = c.webhooks.unwrap_or_default();
+                    webhooks
+                        .into_iter()
+                        .map(|w| (w.name, w.client_config.ca_bundle))
+                        .collect()
+                });
+                inject_into(api, "ValidatingWebhookConfiguration", name, hooks, ca_pem).await?;
+            }
+            CaBundleTarget::ApiService(name) => inject_into_api_service(client, name, ca_pem).await?,
+        }
+    }
+    Ok(())
+}
+
+/// The merge patch that sets an APIService's `spec.caBundle`, or `None` when it already holds
+/// `ca_pem`.
+pub fn api_service_patch(current: Option<&ByteString>, ca_pem: &str) -> Option<Value> {
+    let want = ByteString(ca_pem.as_bytes().to_vec());
+    (current != Some(&want)).then(|| serde_json::json!({ "spec": { "caBundle": ca_bundle_value(ca_pem) } }))
+}
+
+async fn inject_into_api_service(client: &Client, name: &str, ca_pem: &str) -> Result<()> {
+    let api: Api<APIService> = Api::all(client.clone());
+    let Some(service) = api.get_opt(name).await? else {
+        tracing::warn!(%name, kind = "APIService", "not found; caBundle not injected");
+        return Ok(());
+    };
+    let current = service.spec.as_ref().and_then(|s| s.ca_bundle.as_ref());
+    if let Some(patch) = api_service_patch(current, ca_pem) {
+        api.patch(name, &PatchParams::default(), &KubePatch::Merge(patch))
+            .await?;
+        tracing::info!(%name, kind = "APIService", "caBundle injected");
+    }
+    Ok(())
 }
 
 /// Patches one configuration's caBundles (`hooks`: its webhooks' names and current bundles), or
@@ -403,7 +434,7 @@ where
                 tracing::info!(%name, kind, "caBundle injected");
             }
         }
-        None => tracing::warn!(%name, kind, "webhook configuration not found; caBundle not injected"),
+        None => tracing::warn!(%name, kind, "not found; caBundle not injected"),
     }
     Ok(())
 }
@@ -418,12 +449,13 @@ pub async fn bootstrap(client: &Client, cfg: &SelfSignedConfig) -> Result<Materi
 
 /// Re-checks every `interval`: renews the serving certificate when due (or picks up another
 /// replica's renewal), swaps it into `resolver` (new handshakes get it; open connections
-/// continue), and re-injects the caBundle if something reset it.
+/// continue), and re-injects the caBundle if something reset it. `on_swap` hears each swap: the
+/// new certificate's expiry (Unix seconds) or the reason it was rejected.
 pub async fn rotate_forever(
     client: Client,
     cfg: SelfSignedConfig,
     resolver: Arc<ReloadableResolver>,
-    metrics: Arc<Metrics>,
+    on_swap: impl Fn(std::result::Result<i64, &'static str>) + Send + 'static,
     mut serving: Material,
     interval: Duration,
 ) {
@@ -437,12 +469,12 @@ pub async fn rotate_forever(
                 if material.cert_pem != serving.cert_pem {
                     match resolver.swap_pem(&material.cert_pem, &material.key_pem) {
                         Ok(()) => {
-                            metrics.certificate_reloaded(Ok(unix_seconds(resolver.current_not_after())));
+                            on_swap(Ok(unix_seconds(resolver.current_not_after())));
                             tracing::info!("serving certificate rotated");
                             serving = material;
                         }
                         Err(e) => {
-                            metrics.certificate_reloaded(Err(e.reason()));
+                            on_swap(Err(e.reason()));
                             tracing::error!(reason = e.reason(), error = %e, "rotated certificate rejected; keeping the current one");
                         }
                     }
@@ -455,6 +487,13 @@ pub async fn rotate_forever(
     }
 }
 
+/// Seconds since the Unix epoch (0 before it).
+pub fn unix_seconds(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,8 +503,11 @@ mod tests {
             namespace: "smolvm-system".into(),
             secret_name: "smolvm-webhook-tls".into(),
             service_name: "smolvm-webhook".into(),
-            mutating_configuration: "smolvm-webhook".into(),
-            validating_configuration: "smolvm-webhook".into(),
+            targets: vec![
+                CaBundleTarget::MutatingWebhooks("smolvm-webhook".into()),
+                CaBundleTarget::ValidatingWebhooks("smolvm-webhook".into()),
+            ],
+            manager: "smolvm-webhook",
             ca_lifetime: Duration::from_secs(10 * 365 * 86_400),
             cert_lifetime,
         }
@@ -548,7 +590,7 @@ mod tests {
             ..Default::default()
         };
         assert!(is_placeholder(&empty));
-        let filled = filled(&empty, &m);
+        let filled = filled(&c, &empty, &m);
         assert_eq!(material_from_secret(&filled).ok(), Some(m));
         assert_eq!(filled.type_, None, "the existing type is kept");
     }
@@ -574,5 +616,24 @@ mod tests {
             ])
         );
         assert!(ca_bundle_patch(&hooks[1..2], ca).0.is_empty());
+    }
+
+    #[test]
+    fn api_service_patch_only_when_stale() {
+        let ca = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        let same = ByteString(ca.as_bytes().to_vec());
+        let old = ByteString(b"old".to_vec());
+        let table: [(&str, Option<&ByteString>, bool); 3] = [
+            ("unset", None, true),
+            ("stale", Some(&old), true),
+            ("current", Some(&same), false),
+        ];
+        for (what, current, want) in table {
+            let patch = api_service_patch(current, ca);
+            assert_eq!(patch.is_some(), want, "{what}");
+            if let Some(patch) = patch {
+                assert_eq!(patch["spec"]["caBundle"], ca_bundle_value(ca), "{what}");
+            }
+        }
     }
 }

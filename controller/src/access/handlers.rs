@@ -1,0 +1,254 @@
+//! The access API's handlers: authenticate the front proxy's user, authorize the call with a
+//! SubjectAccessReview, find the VM's node and machine, and pass the call to that node's agent
+//! over the node API (mTLS + token), streaming what comes back.
+
+use std::{sync::Arc, time::Duration};
+
+use axum::{
+    Extension,
+    body::{Body, Bytes},
+    extract::{Path, RawQuery, State, rejection::BytesRejection},
+    http::{HeaderMap, HeaderValue, Method, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use futures::TryStreamExt;
+use http_body_util::BodyExt;
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use kube::{Api, api::PostParams};
+use smolvm_api::{
+    SmolVM, SmolVMNode,
+    nodeapi::{EXEC_DEFAULT_TIMEOUT_SECONDS, ExecRequest},
+};
+
+use super::{
+    AccessError, AccessState,
+    error::Outcome,
+    frontproxy::{Peer, User},
+    request::{self, Subresource, Target},
+};
+
+/// Extra time an exec's answer may take beyond the command's own limit.
+const EXEC_MARGIN: Duration = Duration::from_secs(30);
+
+/// The user, authorized, and where their VM's machine is.
+struct Call {
+    user: User,
+    target: Target,
+}
+
+impl AccessState {
+    /// Authenticates, authorizes and locates one call; every refusal is logged (naming the user
+    /// and the VM) and answered as a Kubernetes `Status`.
+    async fn begin(
+        &self,
+        peer: &Peer,
+        headers: &HeaderMap,
+        (namespace, name): (&str, &str),
+        sub: Subresource,
+        method: &Method,
+    ) -> Result<Call, AccessError> {
+        let verb = sub.verb(method).ok_or_else(|| {
+            AccessError::MethodNotAllowed(format!("smolvms/{} does not serve {method}", sub.as_str()))
+        })?;
+        let user = self.requestheader().authenticate(peer, headers)?;
+        let review = request::access_review(&user, namespace, name, sub, verb);
+        let reviewed = Api::<SubjectAccessReview>::all(self.kube.clone())
+            .create(&PostParams::default(), &review)
+            .await?;
+        if let Err(denied) = request::verdict(reviewed.status.as_ref(), &user, namespace, name, sub, verb) {
+            tracing::info!(user = %user.name, %namespace, smolvm = %name, subresource = sub.as_str(), verb, "access denied by the SubjectAccessReview");
+            return Err(denied);
+        }
+        let vm = Api::<SmolVM>::namespaced(self.kube.clone(), namespace)
+            .get_opt(name)
+            .await?
+            .ok_or_else(|| AccessError::NotFound(format!("smolvms.vm.smolvm.dev {name:?} not found")))?;
+        let target = request::target(&vm)?;
+        let node = Api::<SmolVMNode>::all(self.kube.clone()).get_opt(&target.node).await?;
+        let endpoint = node
+            .as_ref()
+            .and_then(|n| n.status.as_ref())
+            .and_then(|s| s.endpoint.as_ref())
+            .and_then(|e| u16::try_from(e.port).ok().map(|port| (e.address.clone(), port)));
+        match endpoint {
+            Some((address, port)) => self.nodes.endpoints().set(&target.node, &address, port),
+            None => {
+                return Err(AccessError::Unavailable(format!(
+                    "SmolVM {} runs on node {}, whose runtime agent has not reported where it listens{}",
+                    target.vm,
+                    target.node,
+                    if node.is_none() {
+                        " (no SmolVMNode of that name)"
+                    } else {
+                        ""
+                    }
+                )));
+            }
+        }
+        tracing::info!(user = %user.name, %namespace, smolvm = %name, subresource = sub.as_str(), verb, node = %target.node, "access granted");
+        Ok(Call { user, target })
+    }
+
+    /// Counts the outcome of a call and turns its error into the answer.
+    fn finish(&self, sub: Subresource, result: Result<Response, AccessError>) -> Response {
+        let response = result.unwrap_or_else(IntoResponse::into_response);
+        let outcome = response.extensions().get::<Outcome>().map_or("ok", |o| o.0);
+        if outcome != "ok" {
+            tracing::info!(
+                subresource = sub.as_str(),
+                outcome,
+                status = response.status().as_u16(),
+                "access call not served"
+            );
+        }
+        self.metrics.access_call(sub.as_str(), outcome);
+        response
+    }
+
+    /// A streamed answer from the agent, counted as it passes.
+    fn relay(
+        &self,
+        sub: Subresource,
+        response: hyper::Response<hyper::body::Incoming>,
+        content_type: &str,
+    ) -> Response {
+        let metrics = self.metrics.clone();
+        let label = sub.as_str();
+        let stream = response
+            .into_body()
+            .into_data_stream()
+            .inspect_ok(move |chunk| metrics.access_streamed(label, "out", chunk.len() as u64));
+        let mut out = Response::new(Body::from_stream(stream));
+        if let Ok(value) = HeaderValue::from_str(content_type) {
+            out.headers_mut().insert(header::CONTENT_TYPE, value);
+        }
+        out
+    }
+}
+
+fn content_type_of(response: &hyper::Response<hyper::body::Incoming>, default: &'static str) -> String {
+    response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or(default)
+        .to_string()
+}
+
+/// `GET …/namespaces/{ns}/smolvms/{name}/log?follow=true&tailLines=N&source=console|workload`:
+/// the log as text, streamed while the machine runs when followed.
+pub async fn log(
+    State(state): State<Arc<AccessState>>,
+    Extension(peer): Extension<Peer>,
+    Path((namespace, name)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+    method: Method,
+    headers: HeaderMap,
+) -> Response {
+    let sub = Subresource::Log;
+    let result = async {
+        let node_query = request::node_log_query(query.as_deref())?;
+        let call = state.begin(&peer, &headers, (&namespace, &name), sub, &method).await?;
+        let path = format!("/v1/machines/{}/logs?{node_query}", call.target.machine);
+        let response = state
+            .nodes
+            .open(
+                &call.target.node,
+                Method::GET,
+                &path,
+                "application/json",
+                Bytes::new(),
+                state.call_timeout,
+            )
+            .await
+            .map_err(|e| request::from_call(e, &call.target))?;
+        Ok(state.relay(sub, response, "text/plain; charset=utf-8"))
+    }
+    .await;
+    state.finish(sub, result)
+}
+
+/// `POST …/smolvms/{name}/exec` with an exec request (`command`, `env`, `workingDir`, `stdin`,
+/// `timeoutSeconds`): the exit code and the output, base64, byte-exact. The command and its
+/// output are never logged.
+pub async fn exec(
+    State(state): State<Arc<AccessState>>,
+    Extension(peer): Extension<Peer>,
+    Path((namespace, name)): Path<(String, String)>,
+    method: Method,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let sub = Subresource::Exec;
+    let result = async {
+        let body = body.map_err(|r| rejection(r, super::MAX_EXEC_BODY))?;
+        let exec: ExecRequest = serde_json::from_slice(&body)
+            .map_err(|e| AccessError::BadRequest(format!("the exec request does not parse: {e}")))?;
+        if exec.command.first().is_none_or(String::is_empty) {
+            return Err(AccessError::BadRequest("command is required: the program and its arguments".into()));
+        }
+        let call = state.begin(&peer, &headers, (&namespace, &name), sub, &method).await?;
+        tracing::info!(user = %call.user.name, %namespace, smolvm = %name, program = %exec.command[0], arguments = exec.command.len() - 1, "exec");
+        let limit = Duration::from_secs(u64::from(exec.timeout_seconds.unwrap_or(EXEC_DEFAULT_TIMEOUT_SECONDS)));
+        let path = format!("/v1/machines/{}/exec", call.target.machine);
+        let response = state
+            .nodes
+            .open(&call.target.node, Method::POST, &path, "application/json", body, limit + EXEC_MARGIN)
+            .await
+            .map_err(|e| request::from_call(e, &call.target))?;
+        Ok(state.relay(sub, response, "application/json"))
+    }
+    .await;
+    state.finish(sub, result)
+}
+
+/// `GET …/smolvms/{name}/files?path=/abs/path`: the file, streamed (or a directory's listing as
+/// JSON); `POST …/files?path=/abs/path&mode=0644` with the content: writes it.
+pub async fn files(
+    State(state): State<Arc<AccessState>>,
+    Extension(peer): Extension<Peer>,
+    Path((namespace, name)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+    method: Method,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let sub = Subresource::Files;
+    let result = async {
+        let files = request::files_query(query.as_deref())?;
+        let body = body.map_err(|r| rejection(r, smolvm_api::nodeapi::MAX_FILE_BYTES))?;
+        let call = state.begin(&peer, &headers, (&namespace, &name), sub, &method).await?;
+        let writing = method == Method::POST;
+        let path = request::node_file_path(
+            &call.target.machine,
+            &files.path,
+            if writing { files.mode.as_deref().or(Some("0644")) } else { None },
+        );
+        tracing::info!(user = %call.user.name, %namespace, smolvm = %name, path = %files.path, direction = if writing { "in" } else { "out" }, "files");
+        let response = if writing {
+            state.metrics.access_streamed(sub.as_str(), "in", body.len() as u64);
+            state
+                .nodes
+                .open(&call.target.node, Method::PUT, &path, "application/octet-stream", body, state.file_timeout)
+                .await
+        } else {
+            state
+                .nodes
+                .open(&call.target.node, Method::GET, &path, "application/json", Bytes::new(), state.call_timeout)
+                .await
+        }
+        .map_err(|e| request::from_call(e, &call.target))?;
+        let content_type = content_type_of(&response, "application/octet-stream");
+        Ok(state.relay(sub, response, &content_type))
+    }
+    .await;
+    state.finish(sub, result)
+}
+
+fn rejection(rejection: BytesRejection, limit: usize) -> AccessError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        AccessError::TooLarge(format!("the body exceeds {limit} bytes"))
+    } else {
+        AccessError::BadRequest(rejection.body_text())
+    }
+}

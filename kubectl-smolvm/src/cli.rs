@@ -1,0 +1,345 @@
+//! The command line: kubectl's global flags, and one subcommand per thing a user does to a
+//! SmolVM. Parsing only; the commands live in their own modules.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::cp::parse_mode;
+use crate::duration::parse_duration;
+use crate::exec::{EnvVar, parse_env};
+use crate::paths::LogSource;
+
+const ABOUT: &str = "Work with SmolVMs (microVMs run by the smolvm operator) from kubectl";
+
+const LONG_ABOUT: &str = "Work with SmolVMs (microVMs run by the smolvm operator) from kubectl. \
+Read a machine's console or workload log, run a one-shot command in it, copy single files in and out, \
+and start, stop or restart it. Every request goes through the cluster's API server with your kubeconfig's \
+credentials (and --as impersonation), so Kubernetes RBAC decides who may do what: logs, exec and cp use the \
+aggregated API subresources.vm.smolvm.dev, start, stop and restart patch the SmolVM in vm.smolvm.dev.";
+
+const EXAMPLES: &str = "\
+Examples:
+  # Follow the workload log of SmolVM web in namespace shop
+  kubectl smolvm logs web -n shop -f --source workload
+
+  # Run a command and get its exit code
+  kubectl smolvm exec web -- cat /etc/os-release
+
+  # Copy a file out of the machine, and one into it
+  kubectl smolvm cp web:/var/log/app.log ./app.log
+  kubectl smolvm cp ./config.toml web:/etc/app/config.toml
+
+  # Stop the machine (keeping its disks), start it again, restart it
+  kubectl smolvm stop web
+  kubectl smolvm start web
+  kubectl smolvm restart web";
+
+const LOGS_EXAMPLES: &str = "\
+Examples:
+  # Print the console log of SmolVM web so far
+  kubectl smolvm logs web
+
+  # Follow the workload's output, starting 50 lines back (Ctrl-C to stop)
+  kubectl smolvm logs web -f --tail 50 --source workload";
+
+const EXEC_EXAMPLES: &str = "\
+Examples:
+  # Run a command; its stdout and stderr come back, and its exit code becomes ours
+  kubectl smolvm exec web -- ls -l /data
+
+  # Pass environment, a working directory and a timeout
+  kubectl smolvm exec web -e MODE=check -w /srv/app --timeout 2m -- ./healthcheck.sh
+
+  # Feed local stdin (UTF-8 text) to the command
+  echo 'SELECT 1;' | kubectl smolvm exec db -i -- psql -U postgres";
+
+const CP_EXAMPLES: &str = "\
+Examples:
+  # Copy a file out of SmolVM web (into a directory keeps the file's name)
+  kubectl smolvm cp web:/etc/hostname ./hostname
+  kubectl smolvm cp web:/etc/hostname ./backups/
+
+  # Print a file in the machine on stdout
+  kubectl smolvm cp web:/etc/os-release -
+
+  # Copy a local file in (mode from the local file unless --mode is given)
+  kubectl smolvm cp ./app.conf web:/etc/app/app.conf
+  kubectl smolvm cp ./run.sh web:/usr/local/bin/ --mode 0755
+
+  # Copy stdin in
+  tar -czf - ./site | kubectl smolvm cp - web:/tmp/site.tar.gz";
+
+const START_EXAMPLES: &str = "\
+Examples:
+  # Start SmolVM web (sets spec.running to true)
+  kubectl smolvm start web -n shop";
+
+const STOP_EXAMPLES: &str = "\
+Examples:
+  # Stop SmolVM web, keeping its disks (sets spec.running to false)
+  kubectl smolvm stop web -n shop";
+
+const RESTART_EXAMPLES: &str = "\
+Examples:
+  # Ask the controller to restart the running SmolVM web once
+  kubectl smolvm restart web -n shop";
+
+/// `kubectl smolvm`: the parsed command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kubectl-smolvm",
+    bin_name = "kubectl smolvm",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    after_help = EXAMPLES,
+    propagate_version = true
+)]
+pub struct Cli {
+    /// How to reach the cluster (kubectl's flags).
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// kubectl's flags for choosing the cluster, the identity and the namespace.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Global options")]
+pub struct GlobalArgs {
+    /// The namespace of the SmolVM (default: the kubeconfig context's namespace).
+    #[arg(short = 'n', long, global = true, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+    /// The kubeconfig file to use (default: $KUBECONFIG, then ~/.kube/config, then the in-cluster config).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub context: Option<String>,
+    /// The kubeconfig cluster to use.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub cluster: Option<String>,
+    /// The kubeconfig user to use.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub user: Option<String>,
+    /// The user to impersonate for the request (a user or a service account).
+    #[arg(long = "as", global = true, value_name = "USER")]
+    pub as_user: Option<String>,
+    /// A group to impersonate; repeat it for several groups.
+    #[arg(long = "as-group", global = true, value_name = "GROUP")]
+    pub as_group: Vec<String>,
+    /// The UID to impersonate.
+    #[arg(long = "as-uid", global = true, value_name = "UID")]
+    pub as_uid: Option<String>,
+    /// How long to wait for the server's answer (`30s`, `2m`; 0 waits forever). For logs, the
+    /// wait for the stream to start.
+    #[arg(long, global = true, value_name = "DURATION", value_parser = parse_duration)]
+    pub request_timeout: Option<Duration>,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the console or workload log of a SmolVM.
+    #[command(after_help = LOGS_EXAMPLES)]
+    Logs(LogsArgs),
+    /// Run a one-shot command in a running SmolVM.
+    #[command(after_help = EXEC_EXAMPLES)]
+    Exec(ExecArgs),
+    /// Copy a single file into or out of a running SmolVM.
+    #[command(after_help = CP_EXAMPLES)]
+    Cp(CpArgs),
+    /// Start a SmolVM (set spec.running to true).
+    #[command(after_help = START_EXAMPLES)]
+    Start(NameArgs),
+    /// Stop a SmolVM, keeping its disks (set spec.running to false).
+    #[command(after_help = STOP_EXAMPLES)]
+    Stop(NameArgs),
+    /// Restart a running SmolVM once.
+    #[command(after_help = RESTART_EXAMPLES)]
+    Restart(NameArgs),
+}
+
+/// `logs NAME [-f] [--tail N] [--source console|workload]`.
+#[derive(Debug, Clone, Args)]
+pub struct LogsArgs {
+    /// The SmolVM.
+    pub name: String,
+    /// Keep printing new lines as they are written, until Ctrl-C or the end of the log.
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+    /// Start this many lines before the end (default: the whole log the server keeps).
+    #[arg(long, value_name = "N")]
+    pub tail: Option<u64>,
+    /// Which log: the machine's serial console, or the workload's output (default: the server's choice).
+    #[arg(long, value_enum, value_name = "SOURCE")]
+    pub source: Option<LogSource>,
+}
+
+/// `exec NAME [-i] [-t] [--timeout D] [-e KEY=VALUE]... [-w DIR] -- CMD [ARGS...]`.
+#[derive(Debug, Clone, Args)]
+pub struct ExecArgs {
+    /// The SmolVM.
+    pub name: String,
+    /// Read local stdin to its end and pass it (UTF-8 text) to the command.
+    #[arg(short = 'i', long = "stdin")]
+    pub stdin: bool,
+    /// Attach an interactive terminal (not available in this version; run a one-shot command).
+    #[arg(short = 't', long)]
+    pub tty: bool,
+    /// How long the command may run before the server stops it (`30s`, `2m`, or seconds).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+    /// An environment variable for the command, KEY=VALUE; repeat it for several.
+    #[arg(short = 'e', long = "env", value_name = "KEY=VALUE", value_parser = parse_env)]
+    pub env: Vec<EnvVar>,
+    /// The working directory of the command in the machine.
+    #[arg(short = 'w', long = "workdir", value_name = "DIR")]
+    pub workdir: Option<String>,
+    /// The command and its arguments (after `--`).
+    #[arg(value_name = "CMD", required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<String>,
+}
+
+/// `cp SRC DST`: one side is `NAME:/abs/path`, the other a local path or `-`.
+#[derive(Debug, Clone, Args)]
+pub struct CpArgs {
+    /// Where to copy from: `NAME:/abs/path`, a local file, or `-` for stdin.
+    #[arg(value_name = "SRC")]
+    pub src: String,
+    /// Where to copy to: `NAME:/abs/path` (ending in `/` keeps the local file's name), a local
+    /// file or directory, or `-` for stdout.
+    #[arg(value_name = "DST")]
+    pub dst: String,
+    /// The mode of a file copied in, in octal (`0644`, `755`); default: the local file's permission bits, 0644 for stdin.
+    #[arg(long, value_name = "OCTAL", value_parser = parse_mode)]
+    pub mode: Option<u32>,
+}
+
+/// A subcommand that takes only the SmolVM's name.
+#[derive(Debug, Clone, Args)]
+pub struct NameArgs {
+    /// The SmolVM.
+    pub name: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("kubectl-smolvm").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn command_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn help_teaches_with_examples() {
+        let mut top = Cli::command();
+        let help = top.render_long_help().to_string();
+        assert!(help.contains("Examples:"), "{help}");
+        assert!(help.contains("kubectl smolvm exec web --"), "{help}");
+        for sub in ["logs", "exec", "cp", "start", "stop", "restart"] {
+            let mut cmd = Cli::command();
+            // Building propagates the global flags and the bin name into the subcommands.
+            cmd.build();
+            let sub_cmd = cmd
+                .find_subcommand_mut(sub)
+                .unwrap_or_else(|| panic!("no subcommand {sub}"));
+            let help = sub_cmd.render_long_help().to_string();
+            assert!(help.contains("Examples:"), "{sub}: {help}");
+            assert!(help.contains(&format!("kubectl smolvm {sub} ")), "{sub}: {help}");
+            assert!(
+                help.contains("--namespace"),
+                "{sub} help lacks the global flags: {help}"
+            );
+        }
+    }
+
+    #[test]
+    fn exec_takes_the_command_after_dashes() {
+        let cli = parse(&[
+            "exec", "web", "-it", "-e", "A=b", "-e", "C=", "-w", "/x", "--", "ls", "-l", "-n", "x",
+        ])
+        .expect("parses");
+        let Command::Exec(args) = cli.command else {
+            panic!("not exec")
+        };
+        assert!(args.stdin && args.tty);
+        assert_eq!(args.command, ["ls", "-l", "-n", "x"]);
+        assert_eq!(args.env.len(), 2);
+        assert_eq!(args.workdir.as_deref(), Some("/x"));
+        assert!(cli.global.namespace.is_none());
+
+        let cli = parse(&["-n", "shop", "exec", "web", "--timeout", "2m", "uname", "-a"]).expect("parses");
+        let Command::Exec(args) = cli.command else {
+            panic!("not exec")
+        };
+        assert_eq!(args.command, ["uname", "-a"]);
+        assert_eq!(args.timeout, Some(Duration::from_secs(120)));
+        assert_eq!(cli.global.namespace.as_deref(), Some("shop"));
+    }
+
+    #[test]
+    fn global_flags_go_anywhere() {
+        let cli = parse(&[
+            "logs",
+            "web",
+            "-f",
+            "--tail",
+            "10",
+            "--source",
+            "workload",
+            "-n",
+            "shop",
+            "--context",
+            "prod",
+            "--as",
+            "jane",
+            "--as-group",
+            "a",
+            "--as-group",
+            "b",
+            "--request-timeout",
+            "5s",
+        ])
+        .expect("parses");
+        assert_eq!(cli.global.namespace.as_deref(), Some("shop"));
+        assert_eq!(cli.global.context.as_deref(), Some("prod"));
+        assert_eq!(cli.global.as_user.as_deref(), Some("jane"));
+        assert_eq!(cli.global.as_group, ["a", "b"]);
+        assert_eq!(cli.global.request_timeout, Some(Duration::from_secs(5)));
+        let Command::Logs(args) = cli.command else {
+            panic!("not logs")
+        };
+        assert!(args.follow);
+        assert_eq!(args.tail, Some(10));
+        assert_eq!(args.source, Some(LogSource::Workload));
+    }
+
+    #[test]
+    fn bad_input_is_a_parse_error() {
+        let bad: &[&[&str]] = &[
+            &["exec", "web"],
+            &["exec", "web", "-e", "NOEQUALS", "--", "ls"],
+            &["exec", "web", "--timeout", "soon", "--", "ls"],
+            &["logs", "web", "--source", "kernel"],
+            &["logs", "web", "--tail", "-1"],
+            &["cp", "a"],
+            &["cp", "a", "web:/b", "--mode", "999"],
+            &["start"],
+            &["reboot", "web"],
+        ];
+        for args in bad {
+            assert!(parse(args).is_err(), "{args:?}");
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! The kubectl plugin for SmolVMs: `kubectl smolvm logs|exec|cp|start|stop|restart`.
+//!
+//! The binary (`src/main.rs`) parses the command line and calls [`run`]. The pure parts (cp
+//! specs, paths and queries, `KEY=VALUE`, modes, durations, exit codes, error lines) are
+//! functions of their modules, table-tested there.
+//!
+//! Exit codes: 0 when the command did what it was asked, 1 with one line on stderr when it did
+//! not (`error: …`, or `Error from server (Reason): …` as kubectl prints an API error), and for
+//! `exec` the remote command's own exit code.
+
+pub mod cli;
+pub mod client;
+pub mod cp;
+pub mod duration;
+pub mod error;
+pub mod exec;
+pub mod lifecycle;
+pub mod logs;
+pub mod paths;
+
+pub use cli::Cli;
+pub use error::Error;
+
+use cli::Command;
+
+/// Runs a parsed command line; the exit code to end with when it ran.
+pub async fn run(cli: Cli) -> Result<u8, Error> {
+    let global = &cli.global;
+    match &cli.command {
+        Command::Logs(args) => logs::run(global, args).await.map(|()| 0),
+        Command::Exec(args) => exec::run(global, args).await,
+        Command::Cp(args) => cp::run(global, args).await.map(|()| 0),
+        Command::Start(args) => lifecycle::set_running(global, &args.name, true).await.map(|()| 0),
+        Command::Stop(args) => lifecycle::set_running(global, &args.name, false).await.map(|()| 0),
+        Command::Restart(args) => lifecycle::restart(global, &args.name).await.map(|()| 0),
+    }
+}

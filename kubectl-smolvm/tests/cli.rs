@@ -1,0 +1,345 @@
+//! The built binary against a TEST DOUBLE of the API server (plain HTTP on loopback, from a
+//! kubeconfig written for the test): the requests it makes, what it prints, and its exit codes.
+//!
+//! The double stands in for what cannot run here: a booted guest behind the access API (guests
+//! do not boot on these machines), so exec's exit code and bytes and cp in both directions are
+//! checked against recorded answers. The plugin against the real kube-apiserver, its aggregator
+//! and the controller's access API is `tests/tests/e2e/access.rs`.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use serde_json::{Value, json};
+
+const SUB: &str = "/apis/subresources.vm.smolvm.dev/v1alpha1/namespaces/shop/smolvms";
+const CRD: &str = "/apis/vm.smolvm.dev/v1alpha1/namespaces/shop/smolvms";
+
+/// One request the stand-in server saw.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: Method,
+    uri: String,
+    headers: HeaderMap,
+    body: Vec<u8>,
+}
+
+#[derive(Clone, Default)]
+struct Server {
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Server {
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+fn status(code: StatusCode, reason: &str, message: &str) -> Response {
+    let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code.as_u16(), "reason": reason, "message": message});
+    (code, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+fn smolvm(name: &str, running: bool) -> Response {
+    let body = json!({"apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVM", "metadata": {"name": name, "namespace": "shop"}, "spec": {"running": running}});
+    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+async fn answer(State(server): State<Server>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    let seen = Seen {
+        method: method.clone(),
+        uri: uri.to_string(),
+        headers,
+        body: body.to_vec(),
+    };
+    if let Ok(mut all) = server.seen.lock() {
+        all.push(seen);
+    }
+    let path = uri.path();
+    let query = uri.query().unwrap_or("");
+    match (method, path) {
+        (Method::GET, p) if p == format!("{SUB}/web/log") => "boot ok\nworkload up\n".into_response(),
+        (Method::POST, p) if p == format!("{SUB}/web/exec") => {
+            let echo = STANDARD.encode(&body);
+            let body = json!({"exitCode": 7, "stdoutBase64": echo, "stderrBase64": STANDARD.encode(b"warn\n")});
+            ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+        }
+        (Method::POST, p) if p == format!("{SUB}/broken/exec") => status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            "SmolVM shop/broken is not running (phase Failed): disk lost",
+        ),
+        (Method::GET, p) if p == format!("{SUB}/web/files") && query == "path=/etc" => {
+            ([(header::CONTENT_TYPE, "application/json")], r#"{"entries":[]}"#).into_response()
+        }
+        (Method::GET, p) if p == format!("{SUB}/web/files") => (
+            [(header::CONTENT_TYPE, "application/octet-stream")],
+            &b"\x00bytes\xff"[..],
+        )
+            .into_response(),
+        (Method::POST, p) if p == format!("{SUB}/web/files") => {
+            let body = json!({"path": "/x", "bytes": body.len()});
+            ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+        }
+        (Method::GET, p) if p == format!("{CRD}/web") => smolvm("web", true),
+        (Method::GET, p) if p == format!("{CRD}/idle") => smolvm("idle", false),
+        (Method::PATCH, p) if p.starts_with(CRD) => smolvm("web", true),
+        _ => status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            &format!("smolvms.vm.smolvm.dev {path:?} not found"),
+        ),
+    }
+}
+
+/// Starts the stand-in server and writes a kubeconfig for it (namespace `shop`).
+async fn start() -> (Server, tempfile::TempDir, PathBuf) {
+    let server = Server::default();
+    let app = axum::Router::new().fallback(answer).with_state(server.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: test\nclusters:\n- name: test\n  cluster:\n    server: http://{addr}\n\
+         contexts:\n- name: test\n  context:\n    cluster: test\n    user: test\n    namespace: shop\n\
+         users:\n- name: test\n  user:\n    token: secret-token\n"
+    );
+    std::fs::write(&kubeconfig, text).expect("write kubeconfig");
+    (server, dir, kubeconfig)
+}
+
+struct Run {
+    code: Option<i32>,
+    stdout: Vec<u8>,
+    stderr: String,
+}
+
+async fn kubectl_smolvm(kubeconfig: &Path, args: &[&str], stdin: &[u8]) -> Run {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubectl-smolvm"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    if let Some(mut input) = child.stdin.take() {
+        input.write_all(stdin).await.expect("write stdin");
+    }
+    let out = child.wait_with_output().await.expect("run");
+    Run {
+        code: out.status.code(),
+        stdout: out.stdout,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn logs_stream_with_the_query_asked_for() {
+    let (server, _dir, kubeconfig) = start().await;
+    let run = kubectl_smolvm(
+        &kubeconfig,
+        &["logs", "web", "-f", "--tail", "5", "--source", "workload"],
+        b"",
+    )
+    .await;
+    assert_eq!((run.code, run.stderr.as_str()), (Some(0), ""));
+    assert_eq!(run.stdout, b"boot ok\nworkload up\n");
+    let seen = server.seen();
+    assert_eq!(
+        seen[0].uri,
+        format!("{SUB}/web/log?follow=true&tailLines=5&source=workload")
+    );
+    assert_eq!(
+        seen[0].headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()),
+        Some("Bearer secret-token")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_sends_the_request_and_takes_the_exit_code() {
+    let (server, _dir, kubeconfig) = start().await;
+    let args = [
+        "exec",
+        "web",
+        "-i",
+        "-e",
+        "A=b",
+        "-w",
+        "/srv",
+        "--timeout",
+        "2m",
+        "--as",
+        "jane",
+        "--as-group",
+        "ops",
+        "--",
+        "cat",
+        "-n",
+    ];
+    let run = kubectl_smolvm(&kubeconfig, &args, b"hello").await;
+    assert_eq!(run.code, Some(7), "{}", run.stderr);
+    assert_eq!(run.stderr, "warn\n");
+    let sent: Value = serde_json::from_slice(&run.stdout).expect("the echoed request");
+    assert_eq!(
+        sent,
+        json!({"command": ["cat", "-n"], "env": [{"name": "A", "value": "b"}], "workingDir": "/srv", "stdin": "hello", "timeoutSeconds": 120})
+    );
+    let seen = server.seen();
+    assert_eq!(
+        seen[0].headers.get("impersonate-user").and_then(|v| v.to_str().ok()),
+        Some("jane")
+    );
+    assert_eq!(
+        seen[0].headers.get("impersonate-group").and_then(|v| v.to_str().ok()),
+        Some("ops")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_failures_read_like_kubectl() {
+    let (server, _dir, kubeconfig) = start().await;
+    let run = kubectl_smolvm(&kubeconfig, &["exec", "broken", "--", "true"], b"").await;
+    assert_eq!(run.code, Some(1));
+    assert_eq!(
+        run.stderr,
+        "Error from server (Conflict): SmolVM shop/broken is not running (phase Failed): disk lost\n"
+    );
+
+    let run = kubectl_smolvm(&kubeconfig, &["exec", "web", "-it", "--", "sh"], b"").await;
+    assert_eq!(run.code, Some(1));
+    assert!(
+        run.stderr
+            .starts_with("error: interactive exec (-t/--tty) is not available"),
+        "{}",
+        run.stderr
+    );
+
+    let run = kubectl_smolvm(&kubeconfig, &["exec", "web", "-i", "--", "cat"], b"\xff\xfe").await;
+    assert_eq!(run.code, Some(1));
+    assert!(run.stderr.starts_with("error: stdin is not UTF-8"), "{}", run.stderr);
+    assert_eq!(server.seen().len(), 1, "nothing is sent for local errors");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cp_copies_both_ways() {
+    let (server, dir, kubeconfig) = start().await;
+    let out = dir.path().join("out.bin");
+    let out_arg = out.to_string_lossy().into_owned();
+    let run = kubectl_smolvm(&kubeconfig, &["cp", "web:/var/a b", &out_arg], b"").await;
+    assert_eq!((run.code, run.stderr.as_str()), (Some(0), ""));
+    assert_eq!(std::fs::read(&out).expect("copied"), b"\x00bytes\xff");
+
+    let run = kubectl_smolvm(&kubeconfig, &["cp", "web:/etc", "-"], b"").await;
+    assert_eq!(run.code, Some(1));
+    assert_eq!(
+        run.stderr,
+        "error: web:/etc is a directory in the SmolVM; cp copies single files\n"
+    );
+
+    let run = kubectl_smolvm(&kubeconfig, &["cp", &out_arg, "web:/tmp/", "--mode", "755"], b"").await;
+    assert_eq!((run.code, run.stderr.as_str()), (Some(0), ""));
+    let run = kubectl_smolvm(&kubeconfig, &["cp", "-", "web:/tmp/in.txt"], b"from stdin").await;
+    assert_eq!((run.code, run.stderr.as_str()), (Some(0), ""));
+
+    let seen = server.seen();
+    let uris: Vec<&str> = seen.iter().map(|s| s.uri.as_str()).collect();
+    assert_eq!(
+        uris,
+        [
+            format!("{SUB}/web/files?path=/var/a%20b"),
+            format!("{SUB}/web/files?path=/etc"),
+            format!("{SUB}/web/files?path=/tmp/out.bin&mode=0755"),
+            format!("{SUB}/web/files?path=/tmp/in.txt&mode=0644"),
+        ]
+    );
+    assert_eq!(seen[2].body, b"\x00bytes\xff");
+    assert_eq!(seen[3].body, b"from stdin");
+    assert_eq!(
+        seen[3].headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()),
+        Some("application/octet-stream")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn start_stop_restart_patch_the_smolvm() {
+    let (server, _dir, kubeconfig) = start().await;
+    let run = kubectl_smolvm(&kubeconfig, &["start", "web"], b"").await;
+    assert_eq!(
+        String::from_utf8_lossy(&run.stdout),
+        "smolvm.vm.smolvm.dev/web started (no change)\n"
+    );
+    let run = kubectl_smolvm(&kubeconfig, &["stop", "web"], b"").await;
+    assert_eq!(
+        String::from_utf8_lossy(&run.stdout),
+        "smolvm.vm.smolvm.dev/web stopped\n"
+    );
+    let run = kubectl_smolvm(&kubeconfig, &["restart", "web"], b"").await;
+    assert_eq!(
+        String::from_utf8_lossy(&run.stdout),
+        "smolvm.vm.smolvm.dev/web restart requested\n"
+    );
+    let run = kubectl_smolvm(&kubeconfig, &["restart", "idle"], b"").await;
+    assert_eq!(run.code, Some(1));
+    assert!(
+        run.stderr
+            .starts_with("error: SmolVM shop/idle is stopped (spec.running is false)"),
+        "{}",
+        run.stderr
+    );
+    let run = kubectl_smolvm(&kubeconfig, &["start", "gone"], b"").await;
+    assert_eq!(run.code, Some(1));
+    assert!(
+        run.stderr.starts_with("Error from server (NotFound): "),
+        "{}",
+        run.stderr
+    );
+
+    let patches: Vec<Seen> = server
+        .seen()
+        .into_iter()
+        .filter(|s| s.method == Method::PATCH)
+        .collect();
+    assert_eq!(patches.len(), 2, "no patch for no change, none for a stopped SmolVM");
+    assert_eq!(patches[0].body, br#"{"spec":{"running":false}}"#);
+    assert_eq!(
+        patches[0]
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+        Some("application/merge-patch+json")
+    );
+    let restart: Value = serde_json::from_slice(&patches[1].body).expect("json");
+    let at = restart
+        .pointer("/metadata/annotations/vm.smolvm.dev~1restart-requested-at")
+        .and_then(Value::as_str);
+    assert!(at.is_some_and(|at| at.len() == 20 && at.ends_with('Z')), "{restart}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn usage_errors_fail_with_one() {
+    let (_server, _dir, kubeconfig) = start().await;
+    let run = kubectl_smolvm(&kubeconfig, &["cp", "a", "b"], b"").await;
+    assert_eq!(run.code, Some(1));
+    assert_eq!(
+        run.stderr,
+        "error: cp: both SRC and DST are local; one of them must be a SmolVM path, NAME:/abs/path\n"
+    );
+    let run = kubectl_smolvm(&kubeconfig, &["logs", "Bad_Name"], b"").await;
+    assert_eq!(run.code, Some(1));
+    let run = kubectl_smolvm(&kubeconfig, &["frobnicate"], b"").await;
+    assert_eq!(run.code, Some(1));
+    let run = kubectl_smolvm(&kubeconfig, &["--help"], b"").await;
+    assert_eq!(run.code, Some(0));
+    assert!(String::from_utf8_lossy(&run.stdout).contains("Examples:"));
+}
