@@ -52,6 +52,10 @@ bench: ## Run the benchmarks and print their figures.
 	$(SMOLVM_ENV) && $(CARGO) bench -p smolvm-runtime --bench nodeapi_latency
 	$(CARGO) bench -p smolvm-runtime --bench forward
 
+.PHONY: plugin
+plugin: ## Install the kubectl plugin (kubectl smolvm logs|exec|cp|start|stop|restart) into ~/.cargo/bin.
+	$(CARGO) install --locked --path kubectl-smolvm
+
 .PHONY: install
 install: ## Install the CRDs into the cluster of the current KUBECONFIG.
 	$(KUBECTL) apply --server-side -k deploy/crds
@@ -117,6 +121,11 @@ dev: ## The whole product locally: control plane, webhook, controller, runtime, 
 e2e: ## End-to-end scenarios on a real kube-apiserver + etcd (prints why when it skips).
 	$(CARGO) build -q --bins
 	$(SMOLVM_ENV) && $(ENVTEST_ENV) && $(CARGO) test -p smolvm-tests --test e2e
+
+.PHONY: bench-access
+bench-access: ## Access API latency through kube-apiserver: log first byte (SPEC p99 <= 100 ms), the API server's floor, exec; prints, never asserts.
+	$(CARGO) build -q --release --bins
+	$(SMOLVM_ENV) && $(ENVTEST_ENV) && $(CARGO) bench -p smolvm-tests --bench access
 
 # The real-cluster tier needs root, the Kubernetes node binaries (found like kube-apiserver above:
 # KUBEBUILDER_ASSETS, TEST_ASSET_<NAME>, PATH) and Debian packages the script installs.

@@ -47,6 +47,10 @@ pub const FORCE_DELETE_VALUE: &str = "true";
 pub const RECREATE_LOST_MACHINE_ANNOTATION: &str = "vm.smolvm.dev/recreate-lost-machine";
 /// The only value [`RECREATE_LOST_MACHINE_ANNOTATION`] may carry.
 pub const RECREATE_LOST_MACHINE_VALUE: &str = "true";
+/// Asks for one restart of a running machine (`kubectl smolvm restart` sets it to the time of
+/// the request, RFC 3339). The controller stops and starts the machine, then removes the
+/// annotation (only if it still holds the value it acted on), so each request is honoured once.
+pub const RESTART_ANNOTATION: &str = "vm.smolvm.dev/restart-requested-at";
 /// Prefix of every machine name the operator creates on a node: `svm-<metadata.uid>`.
 pub const MACHINE_NAME_PREFIX: &str = "svm-";
 

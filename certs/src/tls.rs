@@ -129,9 +129,21 @@ pub fn server_config(resolver: Arc<ReloadableResolver>) -> Result<ServerConfig> 
 
 /// mTLS server config: a client certificate chaining to `client_ca_pem` is mandatory.
 pub fn mtls_server_config(resolver: Arc<ReloadableResolver>, client_ca_pem: &str) -> Result<ServerConfig> {
+    client_verified_server_config(resolver, client_ca_pem, false)
+}
+
+fn client_verified_server_config(
+    resolver: Arc<ReloadableResolver>,
+    client_ca_pem: &str,
+    optional: bool,
+) -> Result<ServerConfig> {
     let provider = crypto_provider();
-    let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(root_store(client_ca_pem)?), provider.clone()).build()?;
+    let builder = WebPkiClientVerifier::builder_with_provider(Arc::new(root_store(client_ca_pem)?), provider.clone());
+    let verifier = if optional {
+        builder.allow_unauthenticated().build()?
+    } else {
+        builder.build()?
+    };
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(verifier)
@@ -148,16 +160,7 @@ pub fn optional_client_cert_server_config(
     resolver: Arc<ReloadableResolver>,
     client_ca_pem: &str,
 ) -> Result<ServerConfig> {
-    let provider = crypto_provider();
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(root_store(client_ca_pem)?), provider.clone())
-        .allow_unauthenticated()
-        .build()?;
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_client_cert_verifier(verifier)
-        .with_cert_resolver(resolver);
-    config.alpn_protocols = SERVER_ALPN.iter().map(|p| p.to_vec()).collect();
-    Ok(config)
+    client_verified_server_config(resolver, client_ca_pem, true)
 }
 
 /// Client config that trusts only `ca_pem`, optionally presenting a client certificate.

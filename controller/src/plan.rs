@@ -249,6 +249,43 @@ pub fn machine_spec(vm: &SmolVM) -> Result<MachineSpec, String> {
     })
 }
 
+/// The restart request on `vm` (the value of [`smolvm_api::constants::RESTART_ANNOTATION`]),
+/// if any.
+pub fn restart_request(vm: &SmolVM) -> Option<&str> {
+    vm.metadata
+        .annotations
+        .as_ref()?
+        .get(smolvm_api::constants::RESTART_ANNOTATION)
+        .map(String::as_str)
+}
+
+/// What a restart request asks of this pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restart {
+    /// No request.
+    None,
+    /// Stop the running machine first, then run it (whatever the restart policy).
+    StopThenRun,
+    /// The machine does not run: run it.
+    Run,
+    /// `spec.running` is false: nothing to restart; the request is dropped with an event.
+    Skip,
+}
+
+/// Decides what a restart request means for the machine the node reports.
+pub fn restart(vm: &SmolVM, machine: Option<&MachineStatus>) -> Restart {
+    if restart_request(vm).is_none() {
+        return Restart::None;
+    }
+    if !vm.spec.running() {
+        return Restart::Skip;
+    }
+    match machine {
+        Some(m) if m.state == MachineState::Running => Restart::StopThenRun,
+        _ => Restart::Run,
+    }
+}
+
 /// Whether the machine should run in this pass, as `spec.running` and the restart policy decide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunGoal {

@@ -506,12 +506,28 @@ async fn converge(
             }
         }
     }
-    let goal = plan::run_goal(vm, observed.as_ref());
+    // A restart request (`kubectl smolvm restart`): a running machine is stopped here and started
+    // by the steps below, whatever the restart policy; the request is dropped after the status
+    // write, once.
+    let restart = plan::restart(vm, observed.as_ref());
+    let goal = match restart {
+        plan::Restart::StopThenRun | plan::Restart::Run => plan::RunGoal::Run,
+        plan::Restart::None | plan::Restart::Skip => plan::run_goal(vm, observed.as_ref()),
+    };
     let running = goal.running();
     // Drive the machine through as many steps as it needs in this pass (create, then start; or
     // resize, then start), so a new VM costs one status write rather than one per step.
     let mut machine_now = observed;
     let mut done: Vec<MachineAction> = Vec::new();
+    if restart == plan::Restart::StopThenRun {
+        match timed(ctx, "StopMachine", ctx.node_client.stop_machine(node, machine)).await {
+            Ok(m) => {
+                machine_now = Some(m);
+                done.push(MachineAction::Stop);
+            }
+            Err(e) => return report_call_error(api, vm, ctx, status, node, RuntimeCall::Stop, e).await,
+        }
+    }
     let mut settled = false;
     // Warning events to publish after the status write: (reason, action, note).
     let mut warnings: Vec<(&str, &str, String)> = Vec::new();
@@ -623,6 +639,11 @@ async fn converge(
                 if recreating && done.iter().any(|a| matches!(a, MachineAction::Create(_))) {
                     forget_recreate_request(api, vm, ctx, node, machine).await?;
                 }
+                // The restart was carried out as far as it goes: a start that failed is retried
+                // like any other, whatever the restart policy.
+                if restart != plan::Restart::None {
+                    forget_restart_request(api, vm, ctx, restart, node, machine).await?;
+                }
                 // The machine exists (it may have been created in this pass): record that, so
                 // its later loss is told as MachineLost rather than re-created empty.
                 if let Some(m) = machine_now.as_ref() {
@@ -697,6 +718,9 @@ async fn converge(
     write_status(api, vm, &status).await?;
     if recreating && done.iter().any(|a| matches!(a, MachineAction::Create(_))) {
         forget_recreate_request(api, vm, ctx, node, machine).await?;
+    }
+    if restart != plan::Restart::None {
+        forget_restart_request(api, vm, ctx, restart, node, machine).await?;
     }
     // A transition no action of this pass told (a crash, a recovery, a start that finished).
     if let Some(t) = plan::transition_event(vm.status.as_ref(), &status, steps_reported) {
@@ -969,6 +993,55 @@ async fn forget_recreate_request(
         ),
     )
     .await;
+    Ok(())
+}
+
+/// Drops an honoured (or skipped) restart request, only if it still holds the value acted on: a
+/// newer request made meanwhile stays for the next pass.
+async fn forget_restart_request(
+    api: &Api<SmolVM>,
+    vm: &SmolVM,
+    ctx: &Context,
+    restart: plan::Restart,
+    node: &str,
+    machine: &str,
+) -> Result<(), Error> {
+    let Some(requested) = plan::restart_request(vm) else {
+        return Ok(());
+    };
+    let pointer = format!(
+        "/metadata/annotations/{}",
+        smolvm_api::constants::RESTART_ANNOTATION.replace('/', "~1")
+    );
+    let patch = json!([
+        {"op": "test", "path": pointer, "value": requested},
+        {"op": "remove", "path": pointer}
+    ]);
+    match api
+        .patch(
+            &vm.name_any(),
+            &PatchParams::default(),
+            &Patch::Json::<()>(serde_json::from_value(patch)?),
+        )
+        .await
+    {
+        Ok(_) => {}
+        // The test failed: a newer request replaced it; the next pass honours that one.
+        Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    let (reason, note) = if restart == plan::Restart::Skip {
+        (
+            "RestartSkipped",
+            format!("restart requested at {requested} not done: spec.running is false, nothing runs to restart"),
+        )
+    } else {
+        (
+            "Restarted",
+            format!("machine {machine} on node {node} restarted as requested at {requested}"),
+        )
+    };
+    publish(ctx, vm, EventType::Normal, reason, "Restart", note).await;
     Ok(())
 }
 

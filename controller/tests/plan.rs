@@ -13,9 +13,9 @@ use smolvm_api::{
     nodeapi::{MachineState, MachineStatus, NetworkSpec, ResizeSpec},
 };
 use smolvm_controller::plan::{
-    MachineAction, NodeHealth, RunGoal, Step, exited_message, machine_action, machine_name, machine_resources,
-    machine_spec, next_step, node_health, resize_shortfall, run_goal, set_condition, step_events, transition_event,
-    unsettled_delay,
+    MachineAction, NodeHealth, Restart, RunGoal, Step, exited_message, machine_action, machine_name, machine_resources,
+    machine_spec, next_step, node_health, resize_shortfall, restart, restart_request, run_goal, set_condition,
+    step_events, transition_event, unsettled_delay,
 };
 
 const UID: &str = "6f1c0a52-3b0e-4a57-9d0c-1f2e3d4c5b6a";
@@ -885,4 +885,55 @@ fn unsettled_passes_back_off() {
     assert_eq!(delays, vec![1, 2, 4, 8, 16, 30, 30, 30]);
     assert_eq!(unsettled_delay(0).as_secs(), 1);
     assert_eq!(unsettled_delay(u32::MAX).as_secs(), 30);
+}
+
+#[test]
+fn restart_request_table() {
+    let with_request = |running: bool| {
+        let mut vm = vm_with(running, RestartPolicy::Never, None);
+        vm.metadata.annotations = Some(BTreeMap::from([(
+            smolvm_api::constants::RESTART_ANNOTATION.to_string(),
+            "2026-11-24T12:00:00Z".to_string(),
+        )]));
+        vm
+    };
+    let up = machine(MachineState::Running, 1, 512, 20);
+    let down = machine(MachineState::Stopped, 1, 512, 20);
+    let table: [(&str, SmolVM, Option<&MachineStatus>, Restart); 6] = [
+        (
+            "no request",
+            vm_with(true, RestartPolicy::Always, None),
+            Some(&up),
+            Restart::None,
+        ),
+        (
+            "running machine: stop, then run",
+            with_request(true),
+            Some(&up),
+            Restart::StopThenRun,
+        ),
+        (
+            "stopped machine: run (even with restartPolicy Never)",
+            with_request(true),
+            Some(&down),
+            Restart::Run,
+        ),
+        ("no machine yet: run", with_request(true), None, Restart::Run),
+        (
+            "spec.running false: skipped",
+            with_request(false),
+            Some(&down),
+            Restart::Skip,
+        ),
+        (
+            "spec.running false, still running: skipped (the stop is spec.running's)",
+            with_request(false),
+            Some(&up),
+            Restart::Skip,
+        ),
+    ];
+    for (what, vm, machine, want) in table {
+        assert_eq!(restart(&vm, machine), want, "{what}");
+    }
+    assert_eq!(restart_request(&with_request(true)), Some("2026-11-24T12:00:00Z"));
 }

@@ -367,26 +367,32 @@ pub async fn inject_ca_bundle(client: &Client, cfg: &SelfSignedConfig, ca_pem: &
     for target in &cfg.targets {
         match target {
             CaBundleTarget::MutatingWebhooks(name) => {
-                let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-                let hooks = api.get_opt(name).await?.map(|c| {
-                    let webhooks = c.webhooks.unwrap_or_default();
-                    webhooks
-                        .into_iter()
-                        .map(|w| (w.name, w.client_config.ca_bundle))
-                        .collect()
-                });
-                inject_into(api, "MutatingWebhookConfiguration", name, hooks, ca_pem).await?;
+                let bundles = |c: MutatingWebhookConfiguration| {
+                    let hooks = c.webhooks.unwrap_or_default();
+                    hooks.into_iter().map(|w| (w.name, w.client_config.ca_bundle)).collect()
+                };
+                inject_into(
+                    Api::all(client.clone()),
+                    "MutatingWebhookConfiguration",
+                    name,
+                    bundles,
+                    ca_pem,
+                )
+                .await?;
             }
             CaBundleTarget::ValidatingWebhooks(name) => {
-                let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-                let hooks = api.get_opt(name).await?.map(|c| {
-                    let webhooks = c.webhooks.unwrap_or_default();
-                    webhooks
-                        .into_iter()
-                        .map(|w| (w.name, w.client_config.ca_bundle))
-                        .collect()
-                });
-                inject_into(api, "ValidatingWebhookConfiguration", name, hooks, ca_pem).await?;
+                let bundles = |c: ValidatingWebhookConfiguration| {
+                    let hooks = c.webhooks.unwrap_or_default();
+                    hooks.into_iter().map(|w| (w.name, w.client_config.ca_bundle)).collect()
+                };
+                inject_into(
+                    Api::all(client.clone()),
+                    "ValidatingWebhookConfiguration",
+                    name,
+                    bundles,
+                    ca_pem,
+                )
+                .await?;
             }
             CaBundleTarget::ApiService(name) => inject_into_api_service(client, name, ca_pem).await?,
         }
@@ -416,19 +422,19 @@ async fn inject_into_api_service(client: &Client, name: &str, ca_pem: &str) -> R
     Ok(())
 }
 
-/// Patches one configuration's caBundles (`hooks`: its webhooks' names and current bundles), or
-/// logs that it does not exist yet.
+/// Patches one webhook configuration's caBundles (`bundles` lists its webhooks' names and
+/// current bundles), or logs that it does not exist yet.
 async fn inject_into<K>(
     api: Api<K>,
     kind: &str,
     name: &str,
-    hooks: Option<Vec<(String, Option<ByteString>)>>,
+    bundles: impl FnOnce(K) -> Vec<(String, Option<ByteString>)>,
     ca_pem: &str,
 ) -> Result<()>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    match hooks {
+    match api.get_opt(name).await?.map(bundles) {
         Some(hooks) => {
             if patch_if_needed(api, name, hooks, ca_pem).await? {
                 tracing::info!(%name, kind, "caBundle injected");

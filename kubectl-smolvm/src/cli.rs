@@ -7,9 +7,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::cp::parse_mode;
-use crate::duration::parse_duration;
 use crate::exec::{EnvVar, parse_env};
 use crate::paths::LogSource;
+use smolvm_kit::cli::parse_duration;
 
 const ABOUT: &str = "Work with SmolVMs (microVMs run by the smolvm operator) from kubectl";
 

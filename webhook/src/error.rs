@@ -24,14 +24,6 @@ pub enum Error {
     /// A call to the Kubernetes API failed.
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
-    /// The self-signed Secret exists but does not hold a usable CA and serving pair.
-    #[error("secret {name}: {message}")]
-    BadSecret {
-        /// The Secret's name.
-        name: String,
-        /// What is wrong with it.
-        message: String,
-    },
     /// Binding or serving a socket failed.
     #[error("serving {what}: {source}")]
     Serve {
@@ -57,7 +49,6 @@ impl Error {
             Error::Policy(_) => "Policy",
             Error::Certs(_) => "Certs",
             Error::Kube(_) => "Kube",
-            Error::BadSecret { .. } => "BadSecret",
             Error::Serve { .. } => "Serve",
             Error::SelfSigned(e) => e.reason(),
             Error::Client(_) => "Client",

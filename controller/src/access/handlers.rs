@@ -126,6 +126,24 @@ impl AccessState {
     }
 }
 
+impl AccessState {
+    /// One call to the agent of the call's node; its failure as the user reads it.
+    async fn forward(
+        &self,
+        call: &Call,
+        method: Method,
+        path: &str,
+        content_type: &'static str,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, AccessError> {
+        self.nodes
+            .open(&call.target.node, method, path, content_type, body, timeout)
+            .await
+            .map_err(|e| request::from_call(e, &call.target))
+    }
+}
+
 fn content_type_of(response: &hyper::Response<hyper::body::Incoming>, default: &'static str) -> String {
     response
         .headers()
@@ -151,17 +169,15 @@ pub async fn log(
         let call = state.begin(&peer, &headers, (&namespace, &name), sub, &method).await?;
         let path = format!("/v1/machines/{}/logs?{node_query}", call.target.machine);
         let response = state
-            .nodes
-            .open(
-                &call.target.node,
+            .forward(
+                &call,
                 Method::GET,
                 &path,
                 "application/json",
                 Bytes::new(),
                 state.call_timeout,
             )
-            .await
-            .map_err(|e| request::from_call(e, &call.target))?;
+            .await?;
         Ok(state.relay(sub, response, "text/plain; charset=utf-8"))
     }
     .await;
@@ -191,11 +207,7 @@ pub async fn exec(
         tracing::info!(user = %call.user.name, %namespace, smolvm = %name, program = %exec.command[0], arguments = exec.command.len() - 1, "exec");
         let limit = Duration::from_secs(u64::from(exec.timeout_seconds.unwrap_or(EXEC_DEFAULT_TIMEOUT_SECONDS)));
         let path = format!("/v1/machines/{}/exec", call.target.machine);
-        let response = state
-            .nodes
-            .open(&call.target.node, Method::POST, &path, "application/json", body, limit + EXEC_MARGIN)
-            .await
-            .map_err(|e| request::from_call(e, &call.target))?;
+        let response = state.forward(&call, Method::POST, &path, "application/json", body, limit + EXEC_MARGIN).await?;
         Ok(state.relay(sub, response, "application/json"))
     }
     .await;
@@ -227,17 +239,10 @@ pub async fn files(
         tracing::info!(user = %call.user.name, %namespace, smolvm = %name, path = %files.path, direction = if writing { "in" } else { "out" }, "files");
         let response = if writing {
             state.metrics.access_streamed(sub.as_str(), "in", body.len() as u64);
-            state
-                .nodes
-                .open(&call.target.node, Method::PUT, &path, "application/octet-stream", body, state.file_timeout)
-                .await
+            state.forward(&call, Method::PUT, &path, "application/octet-stream", body, state.file_timeout).await
         } else {
-            state
-                .nodes
-                .open(&call.target.node, Method::GET, &path, "application/json", Bytes::new(), state.call_timeout)
-                .await
-        }
-        .map_err(|e| request::from_call(e, &call.target))?;
+            state.forward(&call, Method::GET, &path, "application/json", Bytes::new(), state.call_timeout).await
+        }?;
         let content_type = content_type_of(&response, "application/octet-stream");
         Ok(state.relay(sub, response, &content_type))
     }

@@ -61,11 +61,13 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
          \x20 export KUBECONFIG={kubeconfig}\n\
          \x20 kubectl get smolvms,smolvmnodes        # short names: svm, svmn\n\
          \x20 kubectl describe svm alpine             # conditions and events explain every step\n\
-         \x20 kubectl explain smolvm.spec\n\n\
+         \x20 kubectl explain smolvm.spec\n\
+         \x20 {} logs alpine    # its log through the access API; `make plugin` makes it `kubectl smolvm`\n\n\
          example: {}\
          logs:    {}/*.log\n\n\
          Ctrl-C stops everything and removes {}.",
         env.plane.url,
+        env.bins.plugin.display(),
         applied.trim_end().to_string() + "\n",
         dir.path().display(),
         dir.path().display(),

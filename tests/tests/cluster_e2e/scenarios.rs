@@ -52,6 +52,7 @@ fn all() -> Vec<(&'static str, Scenario)> {
     scenarios![
         every_pod_of_deploy_default_becomes_ready,
         the_example_is_defaulted_validated_placed_and_created,
+        kubectl_smolvm_follows_the_built_in_roles,
         one_webhook_pod_evicted_applies_keep_working,
         the_runtime_pod_deleted_comes_back_and_loses_nothing,
         // The node has room for one 1-CPU VM (2 CPUs, 1 kept for the host by
@@ -400,6 +401,87 @@ fn pod_summary_blocking(ctx: &Ctx) -> String {
 /// The README's example goes through the webhook Service (defaulted, validated), an invalid one
 /// is rejected with every violation, and the VM is placed, bound and created in smolvm inside the
 /// DaemonSet pod, ending StartFailed with smolvm's cleaned message where guests cannot boot.
+/// `kubectl smolvm` through the controller pods' access API, behind the real aggregator (pod
+/// endpoints, `--enable-aggregator-routing`), with the built-in roles picking up the install's
+/// roles by aggregation (kube-controller-manager runs here): `view` reads the log but may not
+/// exec, `edit` may exec (409 on the example, which does not run here), no role is Forbidden.
+async fn kubectl_smolvm_follows_the_built_in_roles(ctx: &mut Ctx) -> anyhow::Result<()> {
+    let plugin = assets::operator_bins()?.plugin;
+    let kubeconfig = ctx.node.admin_kubeconfig.display().to_string();
+    let run = |user: &str, args: &[&str]| -> anyhow::Result<std::process::Output> {
+        let mut all = vec!["--kubeconfig", kubeconfig.as_str(), "-n", "default", "--as", user];
+        all.extend_from_slice(args);
+        Ok(std::process::Command::new(&plugin).args(&all).output()?)
+    };
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    eventually(
+        "APIService v1alpha1.subresources.vm.smolvm.dev Available",
+        Duration::from_secs(90),
+        || async {
+            let out = ctx.node.kubectl(
+                &[
+                    "get",
+                    "apiservice",
+                    "v1alpha1.subresources.vm.smolvm.dev",
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
+                ],
+                None,
+            )?;
+            Ok((text(&out.stdout) == "True").then_some(()))
+        },
+    )
+    .await?;
+    for (user, role) in [("viewer", "view"), ("editor", "edit")] {
+        kubectl_ok(
+            ctx,
+            &[
+                "create",
+                "rolebinding",
+                &format!("{user}-{role}"),
+                &format!("--clusterrole={role}"),
+                &format!("--user={user}"),
+                "-n",
+                "default",
+            ],
+            None,
+        )?;
+    }
+    let started = std::time::Instant::now();
+    eventually(
+        "view to read the log (the role aggregated)",
+        Duration::from_secs(60),
+        || async {
+            let out = run("viewer", &["logs", "alpine", "--tail", "20"])?;
+            Ok(out.status.success().then_some(()))
+        },
+    )
+    .await?;
+    println!(
+        "    (kubectl smolvm logs as a `view` user: ok after {:.1}s)",
+        started.elapsed().as_secs_f64()
+    );
+    let out = run("viewer", &["exec", "alpine", "--", "true"])?;
+    ensure!(
+        text(&out.stderr).contains("Forbidden"),
+        "exec as a `view` user: {}",
+        text(&out.stderr)
+    );
+    let out = run("nobody", &["logs", "alpine"])?;
+    ensure!(
+        text(&out.stderr).contains("Forbidden"),
+        "logs with no role: {}",
+        text(&out.stderr)
+    );
+    let out = run("editor", &["exec", "alpine", "--", "true"])?;
+    ensure!(
+        out.status.success() || text(&out.stderr).contains("Conflict"),
+        "exec as an `edit` user: {}",
+        text(&out.stderr)
+    );
+    Ok(())
+}
+
 async fn the_example_is_defaulted_validated_placed_and_created(ctx: &mut Ctx) -> anyhow::Result<()> {
     let example = repo_root().join("deploy/examples/alpine.yaml");
     kubectl_ok(ctx, &["apply", "-f", &example.display().to_string()], None)?;

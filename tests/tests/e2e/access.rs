@@ -1,7 +1,8 @@
 //! The access API (`subresources.vm.smolvm.dev`) through the real API server's aggregator, and
 //! `kubectl smolvm` on top of it: a user with the log role reads the log, a user with no role is
 //! Forbidden, exec on a VM that does not run answers 409, a call without the front proxy's
-//! certificate is refused, the server asks RBAC itself, and a VM whose node is away is a 503.
+//! certificate is refused, the server asks RBAC itself, a VM whose node is away is a 503, and
+//! `stop`, `start` and `restart` move the VM.
 //!
 //! This tier runs no kube-controller-manager, so the built-in `view`/`edit` roles do not pick up
 //! the install's roles by aggregation here; users are bound to `smolvm-log-viewer` and
@@ -16,7 +17,7 @@ use serde_json::json;
 use smolvm_tests::env::{Env, eventually};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{NS, Scenario, condition, small, vm, vms, wait_gone, wait_vm};
+use super::{NS, Scenario, condition, events_for, small, vm, vms, wait_gone, wait_started_or_failed, wait_vm};
 use smolvm_api::constants;
 
 pub(crate) fn scenarios() -> Vec<(&'static str, Scenario)> {
@@ -98,18 +99,7 @@ async fn access_api_is_served_through_the_aggregator(env: &mut Env) -> anyhow::R
 async fn kubectl_smolvm_logs_and_exec_follow_rbac_and_the_vm_state(env: &mut Env) -> anyhow::Result<()> {
     let out = env.kubectl(&["apply", "-f", "-"], Some(&vm(VM, small(true)).to_string()))?;
     ensure!(out.status.success(), "{}", text(&out.stderr));
-    let settled = wait_vm(
-        env,
-        VM,
-        "Ready=False StartFailed (or Running)",
-        Duration::from_secs(120),
-        |v| {
-            condition(v, constants::condition::READY).is_some_and(|c| {
-                (c.status == "False" && c.reason == constants::reason::START_FAILED) || c.status == "True"
-            })
-        },
-    )
-    .await?;
+    let settled = wait_started_or_failed(env, VM).await?;
     let running = condition(&settled, constants::condition::READY).is_some_and(|c| c.status == "True");
 
     // The log: whatever smolvm kept of the failed start (empty is an answer; a hang is not).
@@ -269,6 +259,29 @@ async fn kubectl_smolvm_stop_and_start_move_the_vm(env: &mut Env) -> anyhow::Res
     )
     .await?;
     println!("    (after start: phase {:?})", phase(&started));
+    // A restart is honoured once: the controller (re)starts the machine and drops the request.
+    let out = plugin(env, ALICE, &["restart", VM])?;
+    ensure!(out.status.success(), "restart: {}", text(&out.stderr));
+    wait_vm(
+        env,
+        VM,
+        "the restart request honoured and dropped",
+        Duration::from_secs(90),
+        |v| {
+            v.metadata
+                .annotations
+                .as_ref()
+                .is_none_or(|a| !a.contains_key(constants::RESTART_ANNOTATION))
+        },
+    )
+    .await?;
+    eventually("a Restarted event", Duration::from_secs(30), || async {
+        Ok(events_for(env, VM)
+            .await?
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("Restarted")))
+    })
+    .await?;
     let out = plugin(env, MALLORY, &["stop", VM])?;
     ensure!(
         text(&out.stderr).contains("Forbidden"),

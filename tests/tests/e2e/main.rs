@@ -290,6 +290,23 @@ pub(crate) async fn wait_vm(
     })
 }
 
+/// Waits until the VM's start settled: Ready=False StartFailed (guests cannot boot on these
+/// machines) or Ready=True (where they can).
+pub(crate) async fn wait_started_or_failed(env: &Env, name: &str) -> anyhow::Result<SmolVM> {
+    wait_vm(
+        env,
+        name,
+        "Ready=False StartFailed (or Running)",
+        Duration::from_secs(120),
+        |v| {
+            condition(v, constants::condition::READY).is_some_and(|c| {
+                (c.status == "False" && c.reason == constants::reason::START_FAILED) || c.status == "True"
+            })
+        },
+    )
+    .await
+}
+
 /// Waits until the VM is gone.
 pub(crate) async fn wait_gone(env: &Env, name: &str, timeout: Duration) -> anyhow::Result<()> {
     let api = vms(env).await?;
@@ -600,18 +617,7 @@ pub(crate) async fn vm_is_placed_bound_and_created_on_the_runtime(env: &mut Env)
     )
     .await?;
     // Guests cannot boot on these machines: the start failure must surface honestly.
-    let failed = wait_vm(
-        env,
-        name,
-        "Ready=False StartFailed (or Running)",
-        Duration::from_secs(120),
-        |v| {
-            condition(v, constants::condition::READY).is_some_and(|c| {
-                (c.status == "False" && c.reason == constants::reason::START_FAILED) || c.status == "True"
-            })
-        },
-    )
-    .await?;
+    let failed = wait_started_or_failed(env, name).await?;
     if let Some(c) = condition(&failed, constants::condition::READY)
         && c.status == "False"
     {
