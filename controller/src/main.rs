@@ -146,13 +146,7 @@ async fn main() -> anyhow::Result<()> {
         ));
     }
     let node_client = NodeClient::new(
-        ClientSettings {
-            tls: trust.client_tls(),
-            token,
-            connect_timeout: Duration::from_secs(5),
-            call_timeout: Duration::from_secs(30),
-            start_timeout: Duration::from_secs(300),
-        },
+        ClientSettings::standard(trust.client_tls(), token),
         Endpoints::default(),
     );
 

@@ -289,6 +289,19 @@ pub struct ClientSettings {
     pub start_timeout: Duration,
 }
 
+impl ClientSettings {
+    /// The controller's settings: 5 s to connect, 30 s for quick calls, 5 minutes for a start.
+    pub fn standard(tls: Arc<ClientTls>, token: Arc<BearerToken>) -> Self {
+        ClientSettings {
+            tls,
+            token,
+            connect_timeout: Duration::from_secs(5),
+            call_timeout: Duration::from_secs(30),
+            start_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
 /// The node API client.
 #[derive(Clone)]
 pub struct NodeClient {

@@ -753,6 +753,25 @@ impl Env {
     }
 }
 
+/// Waits until the APIService `name` reports `Available=True`.
+pub async fn wait_api_service_available(kubeconfig: &Path, name: &str, timeout: Duration) -> anyhow::Result<()> {
+    eventually(&format!("APIService {name} Available=True"), timeout, || {
+        let out = kubectl(
+            kubeconfig,
+            &[
+                "get",
+                "apiservice",
+                name,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
+            ],
+            None,
+        );
+        async move { Ok(out.ok().filter(|o| o.stdout == b"True").map(drop)) }
+    })
+    .await
+}
+
 /// The access API's APIService and Service as rendered, pointed at the controller on this
 /// machine: the Service becomes an ExternalName naming `localhost` (the aggregator dials it with
 /// the APIService's port, and still checks the certificate against the Service's DNS name), the

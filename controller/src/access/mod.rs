@@ -228,13 +228,7 @@ pub async fn run(
     )
     .await;
     let nodes = NodeClient::new(
-        ClientSettings {
-            tls: trust.client_tls(),
-            token,
-            connect_timeout: Duration::from_secs(5),
-            call_timeout: Duration::from_secs(30),
-            start_timeout: Duration::from_secs(300),
-        },
+        ClientSettings::standard(trust.client_tls(), token),
         Endpoints::default(),
     );
     let rustls = RustlsConfig::from_config(server::tls_config(&resolver, &requestheader)?);

@@ -414,22 +414,10 @@ async fn kubectl_smolvm_follows_the_built_in_roles(ctx: &mut Ctx) -> anyhow::Res
         Ok(std::process::Command::new(&plugin).args(&all).output()?)
     };
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    eventually(
-        "APIService v1alpha1.subresources.vm.smolvm.dev Available",
+    smolvm_tests::env::wait_api_service_available(
+        &ctx.node.admin_kubeconfig,
+        "v1alpha1.subresources.vm.smolvm.dev",
         Duration::from_secs(90),
-        || async {
-            let out = ctx.node.kubectl(
-                &[
-                    "get",
-                    "apiservice",
-                    "v1alpha1.subresources.vm.smolvm.dev",
-                    "-o",
-                    "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
-                ],
-                None,
-            )?;
-            Ok((text(&out.stdout) == "True").then_some(()))
-        },
     )
     .await?;
     for (user, role) in [("viewer", "view"), ("editor", "edit")] {

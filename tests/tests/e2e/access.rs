@@ -53,19 +53,11 @@ fn text(bytes: &[u8]) -> String {
 
 async fn access_api_is_served_through_the_aggregator(env: &mut Env) -> anyhow::Result<()> {
     // The APIService turns Available once the controller serves it with the injected caBundle.
-    eventually("APIService Available=True", Duration::from_secs(60), || {
-        let out = env.kubectl(
-            &[
-                "get",
-                "apiservice",
-                "v1alpha1.subresources.vm.smolvm.dev",
-                "-o",
-                "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
-            ],
-            None,
-        );
-        async move { Ok(out.ok().filter(|o| text(&o.stdout) == "True").map(drop)) }
-    })
+    smolvm_tests::env::wait_api_service_available(
+        &env.plane.admin_kubeconfig,
+        "v1alpha1.subresources.vm.smolvm.dev",
+        Duration::from_secs(60),
+    )
     .await?;
     let out = env.kubectl(&["get", "--raw", "/apis/subresources.vm.smolvm.dev/v1alpha1"], None)?;
     ensure!(out.status.success(), "discovery: {}", text(&out.stderr));
