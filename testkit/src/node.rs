@@ -109,10 +109,46 @@ pub fn parse_exports(text: &str) -> Result<Vec<(String, String)>, String> {
 }
 
 pub fn free_port() -> u16 {
-    match std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
-        Ok(addr) => addr.port(),
+    match listen_port() {
+        Ok(port) => port,
         Err(error) => panic!("no free port: {error}"),
     }
+}
+
+/// A loopback TCP port for a test's server to listen on later, free now, chosen below the
+/// kernel's ephemeral range.
+///
+/// A port the kernel hands out for `bind(:0)` comes from the ephemeral range, which outgoing
+/// connections draw their source ports from as well: between this function letting it go and
+/// the server binding it, any connection may take it (a CI run once lost smolvm's guest rollout
+/// port that way). Below the range only another listener can, and ports handed out here are
+/// never handed out twice in one process.
+pub fn listen_port() -> std::io::Result<u16> {
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    static DRAW: AtomicU64 = AtomicU64::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next().and_then(|l| l.parse::<u16>().ok()))
+        .unwrap_or(32768);
+    let (low, high) = (10_000u16, ephemeral_low.max(10_001));
+    let random = std::collections::hash_map::RandomState::new();
+    for _ in 0..1000 {
+        let draw = random.hash_one(DRAW.fetch_add(1, Ordering::Relaxed));
+        let port = low + u16::try_from(draw % u64::from(high - low)).unwrap_or(0);
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
+        if handed_out.contains(&port) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed_out.push(port);
+            return Ok(port);
+        }
+    }
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
 }
 
 pub fn init() {

@@ -151,8 +151,8 @@ pub fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// A free loopback TCP port (bound and released; good enough for a test harness).
+/// A loopback TCP port for a harness server, free now and outside the ephemeral range (see
+/// `smolvm_testkit::node::listen_port`).
 pub fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(listener.local_addr()?.port())
+    smolvm_testkit::node::listen_port().context("finding a free port")
 }
