@@ -33,12 +33,8 @@ impl Cluster {
     pub async fn connect(global: &GlobalArgs) -> Result<Self, Error> {
         let mut config = load_config(global).await?;
         apply_identity(&mut config, global);
-        if config.accept_invalid_certs {
-            // kubectl-smolvm always checks the API server's certificate.
-            eprintln!(
-                "warning: ignoring insecure-skip-tls-verify in the kubeconfig: kubectl-smolvm always verifies the API server's certificate"
-            );
-            config.accept_invalid_certs = false;
+        if let Some(warning) = always_verify_the_server(&mut config) {
+            eprintln!("warning: {warning}");
         }
         // One attempt, as kubectl makes: kube's clients retry a 429, 503 or 504 up to 15 times
         // with a growing backoff by default, which leaves a user waiting minutes for an answer
@@ -206,6 +202,16 @@ fn kubeconfig_error(err: KubeconfigError) -> Error {
     Error::Kubeconfig(clean(&err.to_string()))
 }
 
+/// Turns verification of the API server's certificate back on where a kubeconfig's
+/// `insecure-skip-tls-verify` turned it off: kubectl-smolvm never connects without it. Returns
+/// the warning to print when the kubeconfig asked otherwise.
+fn always_verify_the_server(config: &mut Config) -> Option<&'static str> {
+    let asked_to_skip = std::mem::replace(&mut config.accept_invalid_certs, false);
+    asked_to_skip.then_some(
+        "ignoring insecure-skip-tls-verify in the kubeconfig: kubectl-smolvm always verifies the API server's certificate",
+    )
+}
+
 /// Applies `--as`, `--as-group` and `--as-uid` over whatever the kubeconfig says.
 fn apply_identity(config: &mut Config, global: &GlobalArgs) {
     if let Some(user) = &global.as_user {
@@ -246,6 +252,15 @@ mod tests {
             Error::Api(status.boxed()).render(),
             "Error from server (NotFound): the server answered HTTP 404 with no message"
         );
+    }
+
+    #[test]
+    fn the_server_certificate_is_always_verified() {
+        let mut config = Config::new(http::Uri::from_static("https://example.invalid"));
+        assert_eq!(always_verify_the_server(&mut config), None);
+        config.accept_invalid_certs = true;
+        assert!(always_verify_the_server(&mut config).is_some(), "the user hears it");
+        assert!(!config.accept_invalid_certs, "verification is back on");
     }
 
     #[test]

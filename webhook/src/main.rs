@@ -179,7 +179,7 @@ async fn run(args: Args) -> Result<()> {
     };
     state
         .metrics
-        .set_certificate_not_after(reload::unix_seconds(resolver.current_not_after()));
+        .set_certificate_not_after(selfsigned::unix_seconds(resolver.current_not_after()));
     state.readiness.set_tls_loaded();
 
     let listener = std::net::TcpListener::bind(args.listen).map_err(|source| Error::Serve {

@@ -7,12 +7,12 @@
 use std::{
     path::{Path, PathBuf},
     sync::Arc,
-    time::{Duration, UNIX_EPOCH},
+    time::Duration,
 };
 
 use smolvm_api::Policy;
 use smolvm_certs::ReloadableResolver;
-use smolvm_kit::watch::FileSet;
+use smolvm_kit::{selfsigned::unix_seconds, watch::FileSet};
 
 use crate::{
     error::{Error, Result},
@@ -100,11 +100,6 @@ pub async fn watch_policy(path: PathBuf, handle: PolicyHandle, metrics: Arc<Metr
         tick.tick().await;
         apply_policy_poll(&mut watched, &handle, &metrics);
     }
-}
-
-/// Unix seconds of a certificate's expiry.
-pub fn unix_seconds(t: std::time::SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 
 /// Applies one poll of the certificate and key files to `resolver`. Returns whether a new

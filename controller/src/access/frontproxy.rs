@@ -32,7 +32,8 @@ pub struct RequestHeaderConfig {
     pub uid_headers: Vec<String>,
     /// Headers naming the user's groups (every value counts).
     pub group_headers: Vec<String>,
-    /// Prefixes of headers carrying the user's extra attributes.
+    /// Prefixes of headers carrying the user's extra attributes, lower-cased (as header names
+    /// arrive).
     pub extra_prefixes: Vec<String>,
 }
 
@@ -98,7 +99,10 @@ impl RequestHeaderConfig {
             username_headers,
             uid_headers: json_list(data, "requestheader-uid-headers")?,
             group_headers: json_list(data, "requestheader-group-headers")?,
-            extra_prefixes: json_list(data, "requestheader-extra-headers-prefix")?,
+            extra_prefixes: json_list(data, "requestheader-extra-headers-prefix")?
+                .into_iter()
+                .map(|p| p.to_ascii_lowercase())
+                .collect(),
         })
     }
 
@@ -144,10 +148,11 @@ impl RequestHeaderConfig {
         let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (header, value) in headers {
             let header = header.as_str();
-            let Some(key) = self.extra_prefixes.iter().find_map(|p| {
-                let p = p.to_ascii_lowercase();
-                header.strip_prefix(p.as_str()).filter(|k| !k.is_empty())
-            }) else {
+            let Some(key) = self
+                .extra_prefixes
+                .iter()
+                .find_map(|p| header.strip_prefix(p.as_str()).filter(|k| !k.is_empty()))
+            else {
                 continue;
             };
             if let Ok(value) = value.to_str() {

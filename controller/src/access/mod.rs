@@ -71,7 +71,7 @@ pub struct AccessState {
 }
 
 impl AccessState {
-    fn requestheader(&self) -> frontproxy::RequestHeaderConfig {
+    fn requestheader(&self) -> Arc<frontproxy::RequestHeaderConfig> {
         self.requestheader.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
@@ -232,7 +232,7 @@ pub async fn run(
         Endpoints::default(),
     );
     let rustls = RustlsConfig::from_config(server::tls_config(&resolver, &requestheader)?);
-    let slot: server::RequestHeaderSlot = Arc::new(std::sync::RwLock::new(requestheader));
+    let slot: server::RequestHeaderSlot = Arc::new(std::sync::RwLock::new(Arc::new(requestheader)));
     tokio::spawn(server::follow_requestheader(
         client.clone(),
         slot.clone(),

@@ -65,7 +65,7 @@ where
 }
 
 /// The front-proxy settings in force, shared by the TLS config and the handlers.
-pub type RequestHeaderSlot = Arc<RwLock<RequestHeaderConfig>>;
+pub type RequestHeaderSlot = Arc<RwLock<Arc<RequestHeaderConfig>>>;
 
 /// Reads the API server's front-proxy settings once.
 pub async fn read_requestheader(client: &Client) -> Result<RequestHeaderConfig, super::AccessError> {
@@ -106,7 +106,7 @@ pub async fn follow_requestheader(
             }
         };
         let current = slot.read().unwrap_or_else(|p| p.into_inner()).clone();
-        if next == current {
+        if next == *current {
             continue;
         }
         if next.client_ca_pem != current.client_ca_pem {
@@ -118,7 +118,7 @@ pub async fn follow_requestheader(
                 }
             }
         }
-        *slot.write().unwrap_or_else(|p| p.into_inner()) = next;
+        *slot.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
         tracing::info!("access API: front-proxy settings changed and in force");
     }
 }
