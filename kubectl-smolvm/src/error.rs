@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use kube::core::Status;
 
-/// The longest piece of foreign text (in characters) an error line carries.
+/// The longest piece of foreign text (in bytes) an error line carries.
 const MAX_FOREIGN_TEXT: usize = 1_000;
 
 /// Everything that can make a `kubectl smolvm` command fail.
@@ -179,30 +179,11 @@ fn status_message(status: &Status) -> String {
     }
 }
 
-/// Makes foreign text safe for one line of a terminal: control characters (newlines, escape
-/// sequences' ESC) become spaces, runs of whitespace collapse, and the text is cut at
-/// [`MAX_FOREIGN_TEXT`] characters.
+/// Makes foreign text (the API server's messages, kube's errors) safe for one line of a
+/// terminal, as the operator cleans every other program's text: `smolvm_api::text::clean_external`
+/// (escape sequences and control characters gone, whitespace collapsed, bounded).
 pub fn clean(text: &str) -> String {
-    let mut out = String::with_capacity(text.len().min(MAX_FOREIGN_TEXT));
-    let mut last_space = true;
-    for (count, c) in text.chars().enumerate() {
-        if count == MAX_FOREIGN_TEXT {
-            out.push('…');
-            break;
-        }
-        if c.is_control() || c.is_whitespace() {
-            if !last_space {
-                out.push(' ');
-                last_space = true;
-            }
-        } else {
-            out.push(c);
-            last_space = false;
-        }
-    }
-    let trimmed = out.trim_end().len();
-    out.truncate(trimmed);
-    out
+    smolvm_api::text::clean_external_bounded(text, MAX_FOREIGN_TEXT)
 }
 
 #[cfg(test)]
@@ -285,7 +266,7 @@ mod tests {
         let cases = [
             ("plain", "plain"),
             ("two\nlines\r\n", "two lines"),
-            ("\x1b[31mred\x1b[0m", "[31mred [0m"),
+            ("\x1b[31mred\x1b[0m", "red"),
             ("  tabs\t\tand  spaces ", "tabs and spaces"),
             ("", ""),
         ];
@@ -293,6 +274,6 @@ mod tests {
             assert_eq!(clean(input), want, "{input:?}");
         }
         let long = "x".repeat(MAX_FOREIGN_TEXT + 50);
-        assert_eq!(clean(&long).chars().count(), MAX_FOREIGN_TEXT + 1);
+        assert!(clean(&long).len() <= MAX_FOREIGN_TEXT + '…'.len_utf8());
     }
 }

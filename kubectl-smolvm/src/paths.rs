@@ -114,30 +114,16 @@ pub fn encode_query_value(value: &str) -> String {
     out
 }
 
-/// Whether `name` is a DNS-1123 subdomain: at most 253 characters, dot-separated labels of
-/// lower-case letters, digits and `-`, each starting and ending with a letter or digit.
+/// Whether `name` is a DNS-1123 subdomain, as Kubernetes checks object names (the operator's
+/// own check, `smolvm_api::syntax::check_dns1123_subdomain`).
 pub fn is_dns1123_subdomain(name: &str) -> bool {
-    !name.is_empty() && name.len() <= 253 && name.split('.').all(is_label_shaped)
+    smolvm_api::syntax::check_dns1123_subdomain(name).is_ok()
 }
 
-/// Whether `name` is a DNS-1123 label (a subdomain of one label, at most 63 characters).
+/// Whether `name` is a DNS-1123 label, as Kubernetes checks namespace names: a subdomain of one
+/// part, at most 63 characters.
 pub fn is_dns1123_label(name: &str) -> bool {
-    name.len() <= 63 && is_label_shaped(name)
-}
-
-fn is_label_shaped(label: &str) -> bool {
-    let bytes = label.as_bytes();
-    match (bytes.first(), bytes.last()) {
-        (Some(first), Some(last)) => {
-            first.is_ascii_alphanumeric()
-                && last.is_ascii_alphanumeric()
-                && bytes
-                    .iter()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-                && label.len() <= 63
-        }
-        _ => false,
-    }
+    name.len() <= 63 && !name.contains('.') && is_dns1123_subdomain(name)
 }
 
 /// Checks a SmolVM name given on the command line.
@@ -263,7 +249,9 @@ mod tests {
             assert_eq!(check_name(name).is_ok(), want, "{name:?}");
         }
         assert!(is_dns1123_subdomain(&["a".repeat(63), "b".repeat(63)].join(".")));
-        assert!(!is_dns1123_subdomain(&"a".repeat(64)));
+        // Kubernetes limits the whole name, not each part: a SmolVM may be named so.
+        assert!(is_dns1123_subdomain(&"a".repeat(64)));
+        assert!(!is_dns1123_subdomain(&"a".repeat(254)));
         assert!(!is_dns1123_subdomain(&vec!["a".repeat(63); 4].join(".")));
         assert!(check_namespace("kube-system").is_ok());
         assert!(check_namespace("a.b").is_err());
