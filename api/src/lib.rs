@@ -10,6 +10,7 @@
 //! - [`nodeapi`]: the wire types of the node API between the controller and the runtime agents.
 //! - [`text`]: cleaning of other programs' messages before they reach users.
 
+pub mod channel;
 pub mod class;
 pub mod constants;
 pub mod crd;

@@ -501,41 +501,139 @@ impl NodeClient {
         {
             response = send(previous).await?;
         }
-        let status = response.status();
-        if status.is_success() {
+        if response.status().is_success() {
             return Ok(response);
         }
-        let collected = tokio::time::timeout(timeout, Limited::new(response.into_body(), MAX_BODY).collect())
+        Err(refusal(node, response, timeout).await)
+    }
+
+    /// Opens an interactive session on `node`'s agent: `GET path` upgraded (a WebSocket), with
+    /// the client's handshake `headers` passed through and the token added, on a connection of
+    /// its own that offers HTTP/1.1 only (an upgrade cannot ride HTTP/2). `Ok`: the agent's
+    /// `101 Switching Protocols` headers and the upgraded connection; a refusal is the
+    /// [`CallError`] its body carries, as for [`NodeClient::open`].
+    pub async fn upgrade(
+        &self,
+        node: &str,
+        path: &str,
+        headers: &hyper::HeaderMap,
+        timeout: Duration,
+    ) -> Result<(hyper::HeaderMap, hyper::upgrade::Upgraded), CallError> {
+        let unreachable = |message: String| CallError::Unreachable {
+            node: node.to_string(),
+            message,
+        };
+        let protocol = |message: String| CallError::Protocol {
+            node: node.to_string(),
+            message,
+        };
+        let uri: Uri = format!("https://{node}{path}")
+            .parse()
+            .map_err(|e| protocol(format!("bad request URI: {e}")))?;
+        let mut config = (*self.settings.tls.current()).clone();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let mut connector = NodeConnector {
+            endpoints: self.endpoints.clone(),
+            tls: ClientTls::new(config),
+            connect_timeout: self.settings.connect_timeout,
+        };
+        let mut send = |token: String| {
+            let mut request = Request::get(uri.clone()).header(hyper::header::HOST, node);
+            for (name, value) in headers {
+                request = request.header(name, value);
+            }
+            let request = request
+                .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
+                .body(http_body_util::Empty::<Bytes>::new())
+                .map_err(|e| protocol(e.to_string()));
+            let stream = tower::Service::call(&mut connector, uri.clone());
+            async move {
+                let request = request?;
+                let exchange = async {
+                    let stream = stream.await.map_err(|e| unreachable(error_chain(e.as_ref())))?;
+                    let (mut sender, connection) = hyper::client::conn::http1::handshake(stream)
+                        .await
+                        .map_err(|e| unreachable(error_chain(&e)))?;
+                    tokio::spawn(async move {
+                        if let Err(error) = connection.with_upgrades().await {
+                            tracing::debug!(%error, "upgraded node API connection ended");
+                        }
+                    });
+                    sender
+                        .send_request(request)
+                        .await
+                        .map_err(|e| unreachable(error_chain(&e)))
+                };
+                tokio::time::timeout(timeout, exchange)
+                    .await
+                    .map_err(|_| unreachable(format!("no answer within {timeout:?}")))?
+            }
+        };
+        let mut response = send(self.settings.token.current()).await?;
+        if response.status() == StatusCode::UNAUTHORIZED
+            && let Some(previous) = self.settings.token.previous()
+        {
+            response = send(previous).await?;
+        }
+        if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+            if response.status().is_success() {
+                return Err(protocol(format!(
+                    "the agent answered {} instead of switching protocols",
+                    response.status()
+                )));
+            }
+            return Err(refusal(node, response, timeout).await);
+        }
+        let upgraded = tokio::time::timeout(timeout, hyper::upgrade::on(&mut response))
             .await
-            .map_err(|_| unreachable(format!("body not received within {timeout:?}")))?
-            .map_err(|e| protocol(format!("reading the body: {e}")))?
-            .to_bytes();
-        match serde_json::from_slice::<NodeApiError>(&collected) {
-            // The agent cleans smolvm's text already; cleaning again bounds what any agent
-            // (an older one, a misbehaving one) can put into conditions and events.
-            Ok(err) => Err(CallError::Api {
+            .map_err(|_| unreachable(format!("the upgrade did not complete within {timeout:?}")))?
+            .map_err(|e| protocol(format!("the upgrade failed: {e}")))?;
+        Ok((response.headers().clone(), upgraded))
+    }
+}
+
+/// The [`CallError`] a node's refusal (an answer that is not a success) carries: its JSON
+/// error body read (within `timeout`), or what its status says when it has none.
+async fn refusal(node: &str, response: hyper::Response<hyper::body::Incoming>, timeout: Duration) -> CallError {
+    let unreachable = |message: String| CallError::Unreachable {
+        node: node.to_string(),
+        message,
+    };
+    let protocol = |message: String| CallError::Protocol {
+        node: node.to_string(),
+        message,
+    };
+    let status = response.status();
+    let collected = match tokio::time::timeout(timeout, Limited::new(response.into_body(), MAX_BODY).collect()).await {
+        Err(_) => return unreachable(format!("body not received within {timeout:?}")),
+        Ok(Err(e)) => return protocol(format!("reading the body: {e}")),
+        Ok(Ok(body)) => body.to_bytes(),
+    };
+    match serde_json::from_slice::<NodeApiError>(&collected) {
+        // The agent cleans smolvm's text already; cleaning again bounds what any agent
+        // (an older one, a misbehaving one) can put into conditions and events.
+        Ok(err) => CallError::Api {
+            node: node.to_string(),
+            status: status.as_u16(),
+            code: err.code,
+            message: smolvm_api::text::clean_external(&err.message),
+            details: err.details,
+        },
+        // The agent answered, so it is reachable; its runtime is not.
+        Err(_) if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::GATEWAY_TIMEOUT => {
+            CallError::Api {
                 node: node.to_string(),
                 status: status.as_u16(),
-                code: err.code,
-                message: smolvm_api::text::clean_external(&err.message),
-                details: err.details,
-            }),
-            // The agent answered, so it is reachable; its runtime is not.
-            Err(_) if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::GATEWAY_TIMEOUT => {
-                Err(CallError::Api {
-                    node: node.to_string(),
-                    status: status.as_u16(),
-                    code: if status == StatusCode::SERVICE_UNAVAILABLE {
-                        ErrorCode::RuntimeUnavailable
-                    } else {
-                        ErrorCode::RuntimeTimeout
-                    },
-                    message: format!("the agent answered {status} without an error body"),
-                    details: None,
-                })
+                code: if status == StatusCode::SERVICE_UNAVAILABLE {
+                    ErrorCode::RuntimeUnavailable
+                } else {
+                    ErrorCode::RuntimeTimeout
+                },
+                message: format!("the agent answered {status} without an error body"),
+                details: None,
             }
-            Err(_) => Err(protocol(format!("{status} without an error body"))),
         }
+        Err(_) => protocol(format!("{status} without an error body")),
     }
 }
 

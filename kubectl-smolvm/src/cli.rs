@@ -14,7 +14,8 @@ use smolvm_kit::cli::parse_duration;
 const ABOUT: &str = "Work with SmolVMs (microVMs run by the smolvm operator) from kubectl";
 
 const LONG_ABOUT: &str = "Work with SmolVMs (microVMs run by the smolvm operator) from kubectl. \
-Read a machine's console or workload log, run a one-shot command in it, copy single files in and out, \
+Read a machine's console or workload log, run a command in it (one-shot, or an interactive shell with -it), \
+copy single files in and out, \
 and start, stop or restart it. Every request goes through the cluster's API server with your kubeconfig's \
 credentials (and --as impersonation), so Kubernetes RBAC decides who may do what: logs, exec and cp use the \
 aggregated API subresources.vm.smolvm.dev, start, stop and restart patch the SmolVM in vm.smolvm.dev.";
@@ -26,6 +27,9 @@ Examples:
 
   # Run a command and get its exit code
   kubectl smolvm exec web -- cat /etc/os-release
+
+  # Open a shell in the machine (exit or Ctrl-D to leave)
+  kubectl smolvm exec -it web -- sh
 
   # Copy a file out of the machine, and one into it
   kubectl smolvm cp web:/var/log/app.log ./app.log
@@ -53,7 +57,10 @@ Examples:
   kubectl smolvm exec web -e MODE=check -w /srv/app --timeout 2m -- ./healthcheck.sh
 
   # Feed local stdin (UTF-8 text) to the command
-  echo 'SELECT 1;' | kubectl smolvm exec db -i -- psql -U postgres";
+  echo 'SELECT 1;' | kubectl smolvm exec db -i -- psql -U postgres
+
+  # An interactive shell: a terminal, keys as typed, resizes followed
+  kubectl smolvm exec -it web -- sh";
 
 const CP_EXAMPLES: &str = "\
 Examples:
@@ -146,7 +153,7 @@ pub enum Command {
     /// Print the console or workload log of a SmolVM.
     #[command(after_help = LOGS_EXAMPLES)]
     Logs(LogsArgs),
-    /// Run a one-shot command in a running SmolVM.
+    /// Run a command in a running SmolVM: one-shot, or interactive with -it.
     #[command(after_help = EXEC_EXAMPLES)]
     Exec(ExecArgs),
     /// Copy a single file into or out of a running SmolVM.
@@ -184,10 +191,12 @@ pub struct LogsArgs {
 pub struct ExecArgs {
     /// The SmolVM.
     pub name: String,
-    /// Read local stdin to its end and pass it (UTF-8 text) to the command.
+    /// Send local stdin to the command: read to its end (UTF-8 text) for a one-shot command,
+    /// as it is typed with -t.
     #[arg(short = 'i', long = "stdin")]
     pub stdin: bool,
-    /// Attach an interactive terminal (not available in this version; run a one-shot command).
+    /// Attach a terminal: an interactive session (keys go to the command as typed, its output
+    /// comes back as written, resizes follow); with -i, local stdin is sent as it is typed.
     #[arg(short = 't', long)]
     pub tty: bool,
     /// How long the command may run before the server stops it (`30s`, `2m`, or seconds).

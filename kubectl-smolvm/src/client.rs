@@ -54,6 +54,11 @@ impl Cluster {
         })
     }
 
+    /// The Kubernetes client.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
     /// The namespace the commands work in.
     pub fn namespace(&self) -> &str {
         &self.namespace
@@ -118,7 +123,8 @@ impl Cluster {
         .await
     }
 
-    async fn bounded<T>(&self, work: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+    /// `work`, bounded by `--request-timeout` when one is set.
+    pub async fn bounded<T>(&self, work: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
         match self.request_timeout {
             Some(limit) => tokio::time::timeout(limit, work)
                 .await

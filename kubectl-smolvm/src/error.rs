@@ -47,12 +47,9 @@ pub enum Error {
     #[error("unexpected answer from the server: {0}")]
     UnexpectedResponse(String),
 
-    /// `exec -t`: interactive terminals are not supported yet.
-    #[error(
-        "interactive exec (-t/--tty) is not available in this version of kubectl-smolvm; \
-         run a one-shot command instead: kubectl smolvm exec NAME [-i] -- CMD [ARGS...]"
-    )]
-    TtyUnsupported,
+    /// `exec -t`: the session failed without an exit code of the command (the server says why).
+    #[error("the session failed: {0}")]
+    SessionFailed(String),
 
     /// `exec -i`: what was read from stdin is not UTF-8 text.
     #[error("stdin is not UTF-8 text; exec -i sends stdin as text (to copy binary data, use kubectl smolvm cp)")]
@@ -110,7 +107,7 @@ impl Error {
             Error::Request(_) => "RequestFailed",
             Error::Timeout(_) => "RequestTimeout",
             Error::UnexpectedResponse(_) => "UnexpectedResponse",
-            Error::TtyUnsupported => "TtyUnsupported",
+            Error::SessionFailed(_) => "SessionFailed",
             Error::StdinNotUtf8 => "StdinNotUtf8",
             Error::TooLarge { .. } => "TooLarge",
             Error::IsDirectory { .. } => "IsDirectory",
@@ -222,8 +219,8 @@ mod tests {
                 "Error from server (Forbidden): the server answered HTTP 403 with no message",
             ),
             (
-                Error::TtyUnsupported,
-                "error: interactive exec (-t/--tty) is not available in this version of kubectl-smolvm; run a one-shot command instead: kubectl smolvm exec NAME [-i] -- CMD [ARGS...]",
+                Error::SessionFailed("the runtime could not run the command".into()),
+                "error: the session failed: the runtime could not run the command",
             ),
             (Error::InvalidArgument("bad\nflag".into()), "error: bad flag"),
         ];
@@ -235,7 +232,7 @@ mod tests {
     #[test]
     fn reasons_are_stable() {
         assert_eq!(status(409, "Conflict", "x").reason(), "ServerError");
-        assert_eq!(Error::TtyUnsupported.reason(), "TtyUnsupported");
+        assert_eq!(Error::SessionFailed(String::new()).reason(), "SessionFailed");
         assert_eq!(Error::StdinNotUtf8.reason(), "StdinNotUtf8");
         assert_eq!(
             Error::IsDirectory {

@@ -1,5 +1,6 @@
 //! `kubectl smolvm exec`: one command, run to its end in the machine; its stdout and stderr
-//! written here byte for byte, its exit code made ours.
+//! written here byte for byte, its exit code made ours. With `-t` it is an interactive session
+//! instead ([`crate::session`]).
 
 use std::io::Write;
 
@@ -106,7 +107,17 @@ pub fn exit_code_for(code: i64) -> u8 {
 /// Runs the command and returns the exit code to end with.
 pub async fn run(global: &GlobalArgs, args: &ExecArgs) -> Result<u8, Error> {
     if args.tty {
-        return Err(Error::TtyUnsupported);
+        if crate::terminal::stdin_is_terminal() {
+            return crate::session::run(global, args, true).await;
+        }
+        // kubectl's rule: no terminal to attach, so none. Piped input must reach its end in the
+        // command, which only a one-shot exec can give (smolvm's sessions cannot close stdin).
+        if args.stdin {
+            eprintln!("Unable to use a TTY - input is not a terminal; running the command one-shot with stdin");
+        } else {
+            eprintln!("Unable to use a TTY - input is not a terminal; running without one");
+            return crate::session::run(global, args, false).await;
+        }
     }
     check_name(&args.name)?;
     let stdin = if args.stdin {

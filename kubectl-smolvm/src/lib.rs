@@ -17,6 +17,8 @@ pub mod exec;
 pub mod lifecycle;
 pub mod logs;
 pub mod paths;
+pub mod session;
+pub mod terminal;
 
 pub use cli::Cli;
 pub use error::Error;

@@ -97,10 +97,60 @@ async fn answer(State(server): State<Server>, method: Method, uri: Uri, headers:
     }
 }
 
+/// `GET …/smolvms/{name}/exec` upgraded: plays a command in Kubernetes' channel protocol, as
+/// the access API relays it from a node: `out` on stdout, `err` on stderr, exit code 3.
+/// `broken` is refused before the upgrade, as a VM that is not running is.
+async fn session(
+    State(server): State<Server>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    upgrade: axum::extract::ws::WebSocketUpgrade,
+) -> Response {
+    use axum::extract::ws::Message;
+    use smolvm_api::channel::{self, Ending};
+    if let Ok(mut all) = server.seen.lock() {
+        all.push(Seen {
+            method: Method::GET,
+            uri: uri.to_string(),
+            headers,
+            body: Vec::new(),
+        });
+    }
+    if name == "broken" {
+        return status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            "SmolVM shop/broken is not running (phase Failed): disk lost",
+        );
+    }
+    upgrade
+        .protocols(channel::PROTOCOLS)
+        .on_upgrade(|mut socket| async move {
+            for (ch, data) in [
+                (channel::STDOUT, b"out\x00\xff\n".to_vec()),
+                (channel::STDERR, b"err\n".to_vec()),
+                (
+                    channel::STATUS,
+                    channel::status(&Ending::Exited(3)).to_string().into_bytes(),
+                ),
+            ] {
+                let _ = socket.send(Message::Binary(channel::frame(ch, &data).into())).await;
+            }
+            let _ = socket.send(Message::Close(None)).await;
+        })
+}
+
 /// Starts the stand-in server and writes a kubeconfig for it (namespace `shop`).
 async fn start() -> (Server, tempfile::TempDir, PathBuf) {
     let server = Server::default();
-    let app = axum::Router::new().fallback(answer).with_state(server.clone());
+    let app = axum::Router::new()
+        .route(
+            "/apis/subresources.vm.smolvm.dev/v1alpha1/namespaces/shop/smolvms/{name}/exec",
+            axum::routing::get(session).post(answer),
+        )
+        .fallback(answer)
+        .with_state(server.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("address");
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -216,19 +266,27 @@ async fn exec_failures_read_like_kubectl() {
         "Error from server (Conflict): SmolVM shop/broken is not running (phase Failed): disk lost\n"
     );
 
-    let run = kubectl_smolvm(&kubeconfig, &["exec", "web", "-it", "--", "sh"], b"").await;
+    // A session refused before the upgrade reads as the one-shot refusal does.
+    let run = kubectl_smolvm(&kubeconfig, &["exec", "broken", "-t", "--", "sh"], b"").await;
     assert_eq!(run.code, Some(1));
     assert!(
         run.stderr
-            .starts_with("error: interactive exec (-t/--tty) is not available"),
+            .ends_with("Error from server (Conflict): SmolVM shop/broken is not running (phase Failed): disk lost\n"),
         "{}",
         run.stderr
     );
+    let run = kubectl_smolvm(&kubeconfig, &["exec", "web", "-t", "-e", "A=b", "--", "sh"], b"").await;
+    assert_eq!(run.code, Some(1));
+    assert!(run.stderr.contains("apply to one-shot commands"), "{}", run.stderr);
 
     let run = kubectl_smolvm(&kubeconfig, &["exec", "web", "-i", "--", "cat"], b"\xff\xfe").await;
     assert_eq!(run.code, Some(1));
     assert!(run.stderr.starts_with("error: stdin is not UTF-8"), "{}", run.stderr);
-    assert_eq!(server.seen().len(), 1, "nothing is sent for local errors");
+    assert_eq!(
+        server.seen().len(),
+        2,
+        "the two refused execs were sent; nothing is sent for local errors"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -342,4 +400,62 @@ async fn usage_errors_fail_with_one() {
     let run = kubectl_smolvm(&kubeconfig, &["--help"], b"").await;
     assert_eq!(run.code, Some(0));
     assert!(String::from_utf8_lossy(&run.stdout).contains("Examples:"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_without_a_terminal_streams_output_and_ends_with_the_exit_code() {
+    let (server, _dir, kubeconfig) = start().await;
+    // -t with stdin not a terminal and no -i: a session over the channel protocol, no terminal.
+    let run = kubectl_smolvm(&kubeconfig, &["exec", "web", "-t", "--", "play", "a b"], b"").await;
+    assert_eq!(run.code, Some(3), "the command's exit code; stderr: {}", run.stderr);
+    assert_eq!(run.stdout, b"out\x00\xff\n", "stdout byte for byte");
+    assert!(run.stderr.starts_with("Unable to use a TTY"), "{}", run.stderr);
+    assert!(run.stderr.ends_with("err\n"), "stderr apart: {}", run.stderr);
+    let seen = server.seen();
+    let request = seen.last().expect("a request");
+    assert_eq!(request.method, Method::GET);
+    let uri: Uri = request.uri.parse().expect("uri");
+    assert_eq!(uri.path(), format!("{SUB}/web/exec"));
+    let mut query: Vec<(String, String)> = uri
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (k.to_string(), v.to_string())
+        })
+        .collect();
+    query.sort();
+    let want = [
+        ("command", "a+b"),
+        ("command", "play"),
+        ("stderr", "true"),
+        ("stdout", "true"),
+    ];
+    assert_eq!(
+        query,
+        want.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<Vec<_>>(),
+        "the command in order, no stdin and no terminal asked for"
+    );
+    let protocols = request
+        .headers
+        .get("sec-websocket-protocol")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    assert!(protocols.contains("v5.channel.k8s.io"), "{protocols}");
+
+    // -it with stdin not a terminal: one-shot, stdin read to its end.
+    let run = kubectl_smolvm(&kubeconfig, &["exec", "web", "-it", "--", "cat"], b"piped").await;
+    assert_eq!(run.code, Some(7), "{}", run.stderr);
+    let seen = server.seen();
+    let request = seen.last().expect("a request");
+    assert_eq!(
+        (request.method.clone(), request.uri.as_str()),
+        (Method::POST, format!("{SUB}/web/exec").as_str())
+    );
+    let sent: Value = serde_json::from_slice(&request.body).expect("JSON");
+    assert_eq!(sent["stdin"], "piped");
 }

@@ -887,6 +887,15 @@ async fn logs_exec_and_files_against_real_smolvm() {
         .await;
     assert_error(&answer, 409, "MachineNotRunning");
     assert_eq!(answer.body["details"]["state"], "Created", "{answer:?}");
+    // Interactive exec too: refused before the upgrade, smolvm never asked.
+    let interactive = format!("/v1/machines/{name}/exec?command=sh&stdin=true&tty=true");
+    let (status, body) = agent.exec_session(&interactive).await.expect_err("refused");
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("MachineNotRunning")),
+        "{body}"
+    );
+    assert_eq!(body["details"]["state"], "Created", "{body}");
     let machine = c.call("GET", &format!("/v1/machines/{name}"), None).await;
     assert_eq!(
         machine.body["runtimeState"], "created",
@@ -942,6 +951,12 @@ async fn logs_exec_and_files_against_real_smolvm() {
         .call("POST", &format!("/v1/machines/{name}/exec"), Some(exec.clone()))
         .await;
     assert_error(&answer, 409, "MachineNotRunning");
+    let (status, body) = agent.exec_session(&interactive).await.expect_err("refused");
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("MachineNotRunning")),
+        "{body}"
+    );
 
     // Files too need a running machine (smolvm would boot it), and a plain path.
     for method in ["GET", "PUT"] {
@@ -1004,7 +1019,29 @@ async fn logs_exec_and_files_against_real_smolvm() {
         assert_eq!(put.status, 200, "{put:?}");
         let got = c.call("GET", "/v1/machines/exec-1/files/tmp/copied", None).await;
         assert_eq!((got.status, got.raw.to_vec()), (200, content));
-        println!("guests boot here: exec ran, console log {} bytes", logs.raw.len());
+        // Interactive, without a terminal (a PTY may rewrite bytes): output, then the exit code.
+        use futures::StreamExt as _;
+        use smolvm_api::channel;
+        let path = "/v1/machines/exec-1/exec?command=sh&command=-c&command=echo%20out%3B%20echo%20err%20%3E%262%3B%20exit%205&stdout=true&stderr=true";
+        let mut socket = agent.exec_session(path).await.expect("interactive exec upgrades");
+        let (mut stdout, mut stderr, mut status) = (Vec::new(), Vec::new(), None);
+        while let Ok(Some(Ok(message))) = tokio::time::timeout(Duration::from_secs(30), socket.next()).await {
+            if let tokio_tungstenite::tungstenite::Message::Binary(bytes) = message {
+                match bytes.split_first() {
+                    Some((&channel::STDOUT, data)) => stdout.extend_from_slice(data),
+                    Some((&channel::STDERR, data)) => stderr.extend_from_slice(data),
+                    Some((&channel::STATUS, data)) => status = serde_json::from_slice::<serde_json::Value>(data).ok(),
+                    _ => {}
+                }
+            }
+        }
+        let _ = socket.close(None).await;
+        assert_eq!((stdout.as_slice(), stderr.as_slice()), (&b"out\n"[..], &b"err\n"[..]));
+        assert_eq!(status.as_ref().and_then(channel::exit_code_of), Some(5), "{status:?}");
+        println!(
+            "guests boot here: exec ran (one-shot and interactive), console log {} bytes",
+            logs.raw.len()
+        );
     } else {
         assert_error(&boot, 500, "StartFailed");
         // The console of the boot that failed, as plain lines (the SSE framing taken off).
@@ -1015,7 +1052,7 @@ async fn logs_exec_and_files_against_real_smolvm() {
         println!("console of a failed boot: {} lines", text.lines().count());
         let answer = c.call("POST", "/v1/machines/exec-1/exec", Some(exec)).await;
         assert_error(&answer, 409, "MachineNotRunning");
-        println!("exec and files happy paths skipped: guests cannot boot on this machine");
+        println!("exec (one-shot and interactive) and files happy paths skipped: guests cannot boot on this machine");
     }
     for machine in [name, "exec-1"] {
         c.call("DELETE", &format!("/v1/machines/{machine}"), None).await;

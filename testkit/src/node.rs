@@ -406,7 +406,49 @@ impl TestAgent {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default()
     }
+
+    /// Opens an interactive exec (`GET path` upgraded to a WebSocket, offering the channel
+    /// subprotocols) over mTLS with the token. `Err`: the answer before any upgrade, its status
+    /// and JSON body.
+    pub async fn exec_session(&self, path: &str) -> Result<ExecSocket, (u16, serde_json::Value)> {
+        use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest};
+        let server_name = smolvm_certs::runtime_server_name(NODE);
+        let mut request = format!("wss://{server_name}{path}")
+            .into_client_request()
+            .expect("request");
+        let headers = request.headers_mut();
+        headers.insert(
+            "sec-websocket-protocol",
+            http::HeaderValue::from_static("v5.channel.k8s.io, v4.channel.k8s.io"),
+        );
+        headers.insert(
+            "authorization",
+            http::HeaderValue::from_str(&format!("Bearer {TOKEN}")).expect("header"),
+        );
+        let tcp = tokio::net::TcpStream::connect(self.agent.node_api_addr())
+            .await
+            .expect("connect");
+        let name = rustls::pki_types::ServerName::try_from(server_name).expect("server name");
+        let tls = TlsConnector::from(self.pki.client_tls())
+            .connect(name, tcp)
+            .await
+            .expect("TLS handshake");
+        match tokio_tungstenite::client_async(request, tls).await {
+            Ok((socket, _)) => Ok(socket),
+            Err(tungstenite::Error::Http(response)) => {
+                let body = response.body().as_deref().unwrap_or_default();
+                Err((
+                    response.status().as_u16(),
+                    serde_json::from_slice(body).unwrap_or(serde_json::Value::Null),
+                ))
+            }
+            Err(other) => panic!("interactive exec {path}: {other}"),
+        }
+    }
 }
+
+/// An interactive exec session on the node API.
+pub type ExecSocket = tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
 
 /// A plain HTTP GET (ops port); returns status and body.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {

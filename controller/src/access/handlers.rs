@@ -214,6 +214,61 @@ pub async fn exec(
     state.finish(sub, result)
 }
 
+/// `GET …/smolvms/{name}/exec?command=…&stdin=…&stdout=…&stderr=…&tty=…`, a WebSocket upgrade
+/// offering `v5.channel.k8s.io` (or v4): an interactive command, as `kubectl exec` runs one in
+/// a pod. Authorized as `create smolvms/exec` by this server's own SubjectAccessReview (the API
+/// server checks only `get` for a WebSocket). The upgrade goes on to the agent, which speaks
+/// the protocol; once it switched, the two connections are joined byte for byte until either
+/// side ends. Every refusal (400, 403, 404, 409, 503) is a `Status` before any upgrade. The
+/// program and the argument count are logged, never the arguments or anything typed or shown.
+pub async fn exec_stream(
+    State(state): State<Arc<AccessState>>,
+    Extension(peer): Extension<Peer>,
+    Path((namespace, name)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+    mut request: axum::extract::Request,
+) -> Response {
+    let sub = Subresource::Exec;
+    let result = async {
+        let headers = request.headers();
+        let handshake = request::websocket_handshake(headers)?;
+        let session = request::exec_stream_query(query.as_deref())?;
+        let call = state
+            .begin(&peer, headers, (&namespace, &name), sub, request.method())
+            .await?;
+        tracing::info!(user = %call.user.name, %namespace, smolvm = %name, program = %session.command[0], arguments = session.command.len() - 1, tty = session.tty, "interactive exec");
+        let path = format!("/v1/machines/{}/exec?{}", call.target.machine, session.to_query());
+        let (agent_headers, agent) = state
+            .nodes
+            .upgrade(&call.target.node, &path, &handshake, state.call_timeout)
+            .await
+            .map_err(|e| request::from_call(e, &call.target))?;
+        let client = hyper::upgrade::on(&mut request);
+        let metrics = state.metrics.clone();
+        let (user, started) = (call.user.name.clone(), std::time::Instant::now());
+        tokio::spawn(async move {
+            let client = match client.await {
+                Ok(client) => client,
+                Err(error) => {
+                    tracing::info!(%error, %user, %namespace, smolvm = %name, "interactive exec: the client's upgrade failed");
+                    return;
+                }
+            };
+            let (mut client, mut agent) = (hyper_util::rt::TokioIo::new(client), hyper_util::rt::TokioIo::new(agent));
+            let (sent, received, ended) = match tokio::io::copy_bidirectional(&mut client, &mut agent).await {
+                Ok((sent, received)) => (sent, received, "closed".to_string()),
+                Err(error) => (0, 0, error.to_string()),
+            };
+            metrics.access_streamed(sub.as_str(), "in", sent);
+            metrics.access_streamed(sub.as_str(), "out", received);
+            tracing::info!(%user, %namespace, smolvm = %name, seconds = started.elapsed().as_secs(), bytes_in = sent, bytes_out = received, %ended, "interactive exec ended");
+        });
+        Ok(request::switching_protocols(&agent_headers))
+    }
+    .await;
+    state.finish(sub, result)
+}
+
 /// `GET …/smolvms/{name}/files?path=/abs/path`: the file, streamed (or a directory's listing as
 /// JSON); `POST …/files?path=/abs/path&mode=0644` with the content: writes it.
 pub async fn files(

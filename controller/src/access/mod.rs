@@ -98,7 +98,7 @@ pub fn router(state: Arc<AccessState>) -> Router {
         .route(
             &format!("{base}/exec"),
             post(handlers::exec)
-                .get(handlers::exec)
+                .get(handlers::exec_stream)
                 .layer(DefaultBodyLimit::max(MAX_EXEC_BODY)),
         )
         .route(

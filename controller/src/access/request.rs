@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use axum::http::{HeaderMap, HeaderValue};
+
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec, SubjectAccessReviewStatus,
 };
@@ -38,7 +40,8 @@ impl Subresource {
         use axum::http::Method;
         match (self, method) {
             (Subresource::Log, &Method::GET) => Some("get"),
-            (Subresource::Exec, &Method::POST) => Some("create"),
+            // GET is an interactive exec (a WebSocket upgrade): a command all the same.
+            (Subresource::Exec, &Method::POST | &Method::GET) => Some("create"),
             (Subresource::Files, &Method::GET) => Some("get"),
             (Subresource::Files, &Method::POST) => Some("create"),
             _ => None,
@@ -127,6 +130,57 @@ pub fn node_log_query(query: Option<&str>) -> Result<String, AccessError> {
         }
     }
     Ok(out.join("&"))
+}
+
+/// The WebSocket handshake headers of an upgrade request, to pass on to the agent (which
+/// answers the handshake): `Connection`, `Upgrade`, `Sec-WebSocket-Key`, `-Version` and
+/// `-Protocol`. A request that is no WebSocket upgrade is a 400 saying what to send instead.
+pub fn websocket_handshake(headers: &HeaderMap) -> Result<HeaderMap, AccessError> {
+    use axum::http::header::{CONNECTION, SEC_WEBSOCKET_KEY, SEC_WEBSOCKET_PROTOCOL, SEC_WEBSOCKET_VERSION, UPGRADE};
+    let has = |name, token: &str| {
+        headers.get_all(name).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        })
+    };
+    if !(has(UPGRADE, "websocket") && has(CONNECTION, "upgrade") && headers.contains_key(SEC_WEBSOCKET_KEY)) {
+        return Err(AccessError::BadRequest(format!(
+            "GET smolvms/exec is an interactive session: send a WebSocket upgrade offering {} \
+             (as kubectl exec does), or POST to run one command",
+            smolvm_api::channel::PROTOCOLS.join(" or ")
+        )));
+    }
+    let mut out = HeaderMap::new();
+    out.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
+    out.insert(UPGRADE, HeaderValue::from_static("websocket"));
+    for name in [SEC_WEBSOCKET_KEY, SEC_WEBSOCKET_VERSION, SEC_WEBSOCKET_PROTOCOL] {
+        for value in headers.get_all(&name) {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// The query of an interactive exec, checked (see [`smolvm_api::channel::ExecStreamQuery`]).
+pub fn exec_stream_query(query: Option<&str>) -> Result<smolvm_api::channel::ExecStreamQuery, AccessError> {
+    smolvm_api::channel::ExecStreamQuery::parse(query.unwrap_or_default()).map_err(AccessError::BadRequest)
+}
+
+/// The `101 Switching Protocols` answered to the client, with the agent's handshake answer
+/// (`Sec-WebSocket-Accept`, the subprotocol it chose).
+pub fn switching_protocols(agent: &HeaderMap) -> axum::response::Response {
+    use axum::http::header::{CONNECTION, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_PROTOCOL, UPGRADE};
+    let mut response = axum::response::Response::new(axum::body::Body::empty());
+    *response.status_mut() = axum::http::StatusCode::SWITCHING_PROTOCOLS;
+    let headers = response.headers_mut();
+    headers.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
+    headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
+    for name in [SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_PROTOCOL] {
+        if let Some(value) = agent.get(&name) {
+            headers.insert(name, value.clone());
+        }
+    }
+    response
 }
 
 /// What a files call names: the path in the machine, and (for a write) the mode.
@@ -278,7 +332,9 @@ mod tests {
             (Subresource::Log, Method::GET, Some("get")),
             (Subresource::Log, Method::POST, None),
             (Subresource::Exec, Method::POST, Some("create")),
-            (Subresource::Exec, Method::GET, None),
+            // A WebSocket exec is a GET, authorized as create: `get` must never give a shell.
+            (Subresource::Exec, Method::GET, Some("create")),
+            (Subresource::Exec, Method::PUT, None),
             (Subresource::Files, Method::GET, Some("get")),
             (Subresource::Files, Method::POST, Some("create")),
             (Subresource::Files, Method::PUT, None),
@@ -287,6 +343,104 @@ mod tests {
         for (sub, method, want) in table {
             assert_eq!(sub.verb(&method), want, "{sub:?} {method}");
         }
+    }
+
+    #[test]
+    fn websocket_handshakes() {
+        let headers = |pairs: &[(&str, &str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in pairs {
+                map.append(
+                    axum::http::HeaderName::from_bytes(name.as_bytes()).expect("name"),
+                    HeaderValue::from_str(value).expect("value"),
+                );
+            }
+            map
+        };
+        let good = [
+            ("connection", "Upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            ("sec-websocket-version", "13"),
+            ("sec-websocket-protocol", "v5.channel.k8s.io, v4.channel.k8s.io"),
+            ("x-remote-user", "alice"),
+            ("authorization", "Bearer secret"),
+        ];
+        let passed = websocket_handshake(&headers(&good)).expect("a handshake");
+        let mut names: Vec<_> = passed.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "connection",
+                "sec-websocket-key",
+                "sec-websocket-protocol",
+                "sec-websocket-version",
+                "upgrade"
+            ],
+            "only the handshake goes on: never the user's headers or credentials"
+        );
+        assert_eq!(passed["sec-websocket-protocol"], "v5.channel.k8s.io, v4.channel.k8s.io");
+        // Token lists and case, as proxies write them.
+        assert!(
+            websocket_handshake(&headers(&[
+                ("connection", "keep-alive, upgrade"),
+                ("upgrade", "WebSocket"),
+                ("sec-websocket-key", "k"),
+            ]))
+            .is_ok()
+        );
+        for (what, pairs) in [
+            ("no headers", &[][..]),
+            ("no upgrade", &good[..1]),
+            (
+                "h2c upgrade",
+                &[
+                    ("connection", "Upgrade"),
+                    ("upgrade", "h2c"),
+                    ("sec-websocket-key", "k"),
+                ][..],
+            ),
+            ("no key", &[("connection", "Upgrade"), ("upgrade", "websocket")][..]),
+        ] {
+            match websocket_handshake(&headers(pairs)) {
+                Err(AccessError::BadRequest(message)) => {
+                    assert!(
+                        message.contains("WebSocket upgrade") && message.contains("POST"),
+                        "{what}: {message}"
+                    )
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn interactive_exec_answers() {
+        assert!(matches!(exec_stream_query(Some("command=sh&tty=true&stdin=true")), Ok(q) if q.tty && q.stdin));
+        assert!(
+            matches!(exec_stream_query(None), Err(AccessError::BadRequest(m)) if m.contains("command is required"))
+        );
+        let mut agent = HeaderMap::new();
+        agent.insert(
+            "sec-websocket-accept",
+            HeaderValue::from_static("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="),
+        );
+        agent.insert("sec-websocket-protocol", HeaderValue::from_static("v5.channel.k8s.io"));
+        agent.insert("x-other", HeaderValue::from_static("x"));
+        let response = switching_protocols(&agent);
+        assert_eq!(response.status(), 101);
+        let h = response.headers();
+        assert_eq!(h["sec-websocket-accept"], "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+        assert_eq!(h["sec-websocket-protocol"], "v5.channel.k8s.io");
+        assert_eq!(
+            (&h["upgrade"], &h["connection"]),
+            (
+                &HeaderValue::from_static("websocket"),
+                &HeaderValue::from_static("Upgrade")
+            )
+        );
+        assert!(!h.contains_key("x-other"));
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! The node API: JSON over HTTPS with mutual TLS and a bearer token.
 //!
 //! [`types`] re-exports the wire contract from `smolvm_api::nodeapi`; [`logic`] holds the
-//! pure mapping to the VMM; [`server`] is the axum router; [`tls`] serves it over mTLS with a
+//! pure mapping to the VMM; [`server`] is the axum router; [`stream`] bridges interactive exec
+//! (Kubernetes' channel protocol) to the runtime; [`tls`] serves it over mTLS with a
 //! reloadable serving certificate and client CA.
 
 pub mod auth;
 pub mod logic;
 pub mod server;
+pub mod stream;
 pub mod tls;
 pub mod types;
 

@@ -328,6 +328,7 @@ pub fn operation_name(method: &Method, path: &str) -> &'static str {
         ("POST", ["v1", "machines", _, "resize"]) => "ResizeMachine",
         ("GET", ["v1", "machines", _, "logs"]) => "MachineLogs",
         ("POST", ["v1", "machines", _, "exec"]) => "ExecInMachine",
+        ("GET", ["v1", "machines", _, "exec"]) => "ExecInteractive",
         ("GET", ["v1", "machines", _, "files", ..]) => "ReadFile",
         ("PUT", ["v1", "machines", _, "files", ..]) => "WriteFile",
         _ => "Unknown",
@@ -381,7 +382,7 @@ pub fn router(state: NodeApiState) -> Router {
         .route("/v1/machines/{name}/stop", post(stop_machine))
         .route("/v1/machines/{name}/resize", post(resize_machine))
         .route("/v1/machines/{name}/logs", get(machine_logs))
-        .route("/v1/machines/{name}/exec", post(exec_in_machine))
+        .route("/v1/machines/{name}/exec", post(exec_in_machine).get(exec_interactive))
         .route(
             "/v1/machines/{name}/files/{*path}",
             get(read_file)
@@ -630,6 +631,64 @@ async fn exec_in_machine(
     Ok(ok(StatusCode::OK, &logic::exec_response(&output)))
 }
 
+/// `GET /v1/machines/{name}/exec?command=…&stdin=…&stdout=…&stderr=…&tty=…`, upgraded to a
+/// WebSocket in Kubernetes' channel protocol (`v5.channel.k8s.io`, `v4.channel.k8s.io`; see
+/// [`super::stream`]): a command in a running machine, attached while it runs. Every refusal
+/// comes before the upgrade, as JSON: 400 for a bad query, a request that is no WebSocket
+/// upgrade or offers no subprotocol served; 404; 409 `MachineNotRunning` naming the state
+/// (smolvm would boot a stopped machine instead). The command is logged by its program and
+/// argument count, never its arguments or output.
+async fn exec_interactive(
+    State(state): State<NodeApiState>,
+    MachineName(name): MachineName,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+    upgrade: Result<axum::extract::ws::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> ApiResult {
+    use smolvm_api::channel::{self, ExecStreamQuery};
+    let invalid = |message: String| ApiError(ApiFailure::new(ErrorCode::InvalidRequest, message));
+    let query = ExecStreamQuery::parse(query.as_deref().unwrap_or_default()).map_err(invalid)?;
+    let upgrade = upgrade
+        .map_err(|rejection| {
+            invalid(format!(
+                "GET exec is an interactive session and must be a WebSocket upgrade ({}); POST runs one command",
+                rejection.body_text()
+            ))
+        })?
+        .protocols(channel::PROTOCOLS);
+    if upgrade.selected_protocol().is_none() {
+        return Err(invalid(format!(
+            "offer one of the WebSocket subprotocols {} (Sec-WebSocket-Protocol)",
+            channel::PROTOCOLS.join(", ")
+        )));
+    }
+    let Some(machine) = state.vmm.get(&name).await? else {
+        return Err(not_found(&name));
+    };
+    let status = logic::to_status(&machine);
+    if status.state != MachineState::Running {
+        return Err(logic::not_running(&name, &status, "exec").into());
+    }
+    let request = crate::vmm::InteractiveRequest {
+        command: query.command.clone(),
+        tty: query.tty,
+    };
+    let session = state
+        .vmm
+        .exec_interactive(&name, &request)
+        .await
+        .map_err(|error| match error {
+            // Stopped between the check and the call: smolvm refused to boot it.
+            VmmError::Conflict { .. } => ApiError(logic::not_running(&name, &status, "exec")),
+            other => ApiError::from(other),
+        })?;
+    tracing::info!(machine = %name, program = %query.command[0], arguments = query.command.len() - 1, tty = query.tty, "interactive exec");
+    let mut response = upgrade
+        .on_failed_upgrade(|error| tracing::info!(%error, "interactive exec: the WebSocket upgrade failed"))
+        .on_upgrade(move |socket| super::stream::bridge(socket, session, query));
+    response.extensions_mut().insert(ResponseCode("OK"));
+    Ok(response)
+}
+
 /// The machine and the file path of a files call, both checked, and the machine's status, which
 /// must be running (smolvm would boot a stopped machine to serve the call).
 async fn running_machine_and_path(
@@ -749,6 +808,7 @@ mod tests {
             (Method::POST, "/v1/machines/a/resize", "ResizeMachine"),
             (Method::GET, "/v1/machines/a/logs", "MachineLogs"),
             (Method::POST, "/v1/machines/a/exec", "ExecInMachine"),
+            (Method::GET, "/v1/machines/a/exec", "ExecInteractive"),
             (Method::GET, "/v1/machines/a/files/etc/hostname", "ReadFile"),
             (Method::PUT, "/v1/machines/a/files/tmp/x", "WriteFile"),
             (Method::POST, "/v1/machines/a", "Unknown"),

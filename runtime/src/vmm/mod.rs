@@ -16,9 +16,11 @@ use smolvm_api::Protocol;
 use async_trait::async_trait;
 pub use smolvm_api::nodeapi::{RegistryAuth, Sensitive};
 
+pub mod interactive;
 pub mod smolvm;
 pub mod sse;
 
+pub use interactive::{InteractiveRequest, Session, SessionInput, SessionOutput};
 pub use smolvm::{SmolvmClient, SmolvmConfig};
 
 /// A machine runtime on this node (smolvm, or a stand-in in tests).
@@ -63,6 +65,14 @@ pub trait Vmm: Send + Sync {
     async fn exec(&self, name: &str, request: &ExecRequest) -> Result<ExecOutput, VmmError> {
         let _ = (name, request);
         Err(unsupported("exec"))
+    }
+
+    /// Starts a command in a running machine, attached: its stdin, stdout and stderr stream
+    /// while it runs (on a terminal when asked), then how it ended. Never boots a stopped
+    /// machine: callers check first.
+    async fn exec_interactive(&self, name: &str, request: &InteractiveRequest) -> Result<Session, VmmError> {
+        let _ = (name, request);
+        Err(unsupported("interactive exec"))
     }
 
     /// A file of a running machine, streamed (at most `limit` bytes: the stream fails beyond),

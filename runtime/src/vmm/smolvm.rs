@@ -438,6 +438,20 @@ impl Vmm for SmolvmClient {
             .boxed())
     }
 
+    async fn exec_interactive(
+        &self,
+        name: &str,
+        request: &super::InteractiveRequest,
+    ) -> Result<super::Session, VmmError> {
+        super::interactive::open(
+            &self.config.socket_path,
+            &machine_path(name),
+            request,
+            self.config.connect_timeout + self.config.request_timeout,
+        )
+        .await
+    }
+
     async fn exec(&self, name: &str, request: &ExecRequest) -> Result<ExecOutput, VmmError> {
         let seconds = request
             .timeout_seconds

@@ -1,6 +1,7 @@
 //! The access API (`subresources.vm.smolvm.dev`) through the real API server's aggregator, and
 //! `kubectl smolvm` on top of it: a user with the log role reads the log, a user with no role is
-//! Forbidden, exec on a VM that does not run answers 409, a call without the front proxy's
+//! Forbidden, exec (one-shot and interactive, over the WebSocket channel protocol) on a VM that
+//! does not run answers 409, a role that may only `get` smolvms/exec gets no shell, a call without the front proxy's
 //! certificate is refused, the server asks RBAC itself, a VM whose node is away is a 503, and
 //! `stop`, `start` and `restart` move the VM.
 //!
@@ -35,6 +36,8 @@ const VM: &str = "acc";
 const ALICE: &str = "alice";
 /// A user with no role at all.
 const MALLORY: &str = "mallory";
+/// A user who may only `get` smolvms/exec (what the API server checks for a WebSocket).
+const GETTER: &str = "getter";
 
 /// Runs `kubectl-smolvm` as `user` (the admin impersonating them, as `kubectl --as` does).
 fn plugin(env: &Env, user: &str, args: &[&str]) -> anyhow::Result<Output> {
@@ -144,6 +147,65 @@ async fn kubectl_smolvm_logs_and_exec_follow_rbac_and_the_vm_state(env: &mut Env
             text(&out.stderr)
         );
     }
+
+    // Interactive exec: a WebSocket upgrade in Kubernetes' channel protocol, through the API
+    // server's aggregator to the controller and on to the node's agent. (stdin is no terminal
+    // here, so the session runs without one, output only, as kubectl does.)
+    let out = plugin(env, ALICE, &["exec", VM, "-t", "--", "cat", "/etc/hostname"])?;
+    let stderr = text(&out.stderr);
+    if running {
+        ensure!(out.status.success(), "interactive exec on a running VM: {stderr}");
+        println!("    (the guest booted here: an interactive exec ran)");
+    } else {
+        ensure!(
+            out.status.code() == Some(1)
+                && stderr.contains("Conflict")
+                && stderr.contains("not running")
+                && stderr.contains("phase")
+                && stderr.contains("needs a running machine"),
+            "interactive exec on a VM that does not run (the node's agent refuses it): exit {:?}: {stderr}",
+            out.status.code()
+        );
+    }
+    let out = plugin(env, MALLORY, &["exec", VM, "-t", "--", "sh"])?;
+    ensure!(
+        out.status.code() == Some(1) && text(&out.stderr).contains("Forbidden"),
+        "interactive exec as {MALLORY}: {}",
+        text(&out.stderr)
+    );
+    // The API server authorizes a WebSocket GET as `get`; the access API asks for `create`
+    // itself, so a role that may only read smolvms/exec never gives a shell.
+    let getter = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "exec-get-only", "namespace": NS},
+         "rules": [{"apiGroups": ["subresources.vm.smolvm.dev"], "resources": ["smolvms/exec"], "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "exec-get-only", "namespace": NS},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "exec-get-only"},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": GETTER}]},
+    ]});
+    let out = env.kubectl(&["apply", "-f", "-"], Some(&getter.to_string()))?;
+    ensure!(out.status.success(), "get-only role: {}", text(&out.stderr));
+    // Until the binding reaches the API server's authorizer, it refuses `get` itself.
+    let stderr = eventually(
+        "the access API's own refusal of an interactive exec to a get-only user",
+        Duration::from_secs(20),
+        || async {
+            let out = plugin(env, GETTER, &["exec", VM, "-t", "--", "sh"])?;
+            let stderr = text(&out.stderr);
+            ensure!(
+                out.status.code() == Some(1),
+                "exec as {GETTER} exited {:?}: {stderr}",
+                out.status.code()
+            );
+            Ok(stderr.contains("cannot create resource").then_some(stderr))
+        },
+    )
+    .await?;
+    ensure!(
+        stderr.contains("Forbidden") && stderr.contains("cannot create resource \"smolvms/exec\""),
+        "interactive exec as {GETTER} (get only): {stderr}"
+    );
     Ok(())
 }
 

@@ -1,0 +1,393 @@
+//! Interactive exec on the node API: Kubernetes' channel protocol over a real WebSocket (the
+//! agent's real router, served on 127.0.0.1), bridged to `ScriptedRuntime`, a TEST DOUBLE of
+//! the runtime. No guest boots on these machines, so a command cannot really run here (the
+//! 409 and the refusals against real smolvm are in `node_api.rs`). The double plays a command
+//! as smolvm's documented interactive exec does: it echoes stdin to stdout, answers a resize
+//! with the size, writes `err` to stderr, and exits with N on `exit N`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::{SinkExt as _, StreamExt as _};
+use smolvm_api::channel::{self, Ending};
+use smolvm_runtime::metrics::Metrics;
+use smolvm_runtime::nodeapi::auth::TokenAuth;
+use smolvm_runtime::nodeapi::{Identity, NodeApiState, router};
+use smolvm_runtime::vmm::{
+    DeleteOutcome, InteractiveRequest, Machine, MachineSpec, MachineState, RegistryAuth, ResizeRequest, Session,
+    SessionInput, SessionOutput, Vmm, VmmError, VmmHealth,
+};
+use tokio_tungstenite::tungstenite::{self, Message, client::IntoClientRequest};
+
+const TOKEN: &str = "stream-test-token";
+
+/// TEST DOUBLE of the runtime: machine `running` runs, `stopped` does not; interactive exec
+/// plays the script above. Counts sessions opened and records that a session's input ended.
+#[derive(Default)]
+struct ScriptedRuntime {
+    opened: AtomicUsize,
+    input_ended: Arc<AtomicBool>,
+}
+
+#[async_trait]
+impl Vmm for ScriptedRuntime {
+    async fn health(&self) -> Result<VmmHealth, VmmError> {
+        Err(VmmError::Unavailable {
+            message: "test double".into(),
+        })
+    }
+    async fn list(&self) -> Result<Vec<Machine>, VmmError> {
+        Ok(Vec::new())
+    }
+    async fn get(&self, name: &str) -> Result<Option<Machine>, VmmError> {
+        let state = match name {
+            "running" => MachineState::Running,
+            "stopped" => MachineState::Stopped,
+            _ => return Ok(None),
+        };
+        Ok(Some(Machine {
+            name: name.into(),
+            state,
+            cpus: 1,
+            memory_mib: 256,
+            storage_gib: None,
+            overlay_gib: None,
+            image: None,
+            ports: Vec::new(),
+            network: false,
+            pid: None,
+            raw: serde_json::Value::Null,
+        }))
+    }
+    async fn create(&self, _: &MachineSpec) -> Result<Machine, VmmError> {
+        unreachable_call()
+    }
+    async fn start(&self, _: &str, _: Option<&RegistryAuth>) -> Result<Machine, VmmError> {
+        unreachable_call()
+    }
+    async fn stop(&self, _: &str) -> Result<Machine, VmmError> {
+        unreachable_call()
+    }
+    async fn delete(&self, _: &str) -> Result<DeleteOutcome, VmmError> {
+        unreachable_call()
+    }
+    async fn resize(&self, _: &str, _: &ResizeRequest) -> Result<Machine, VmmError> {
+        unreachable_call()
+    }
+    async fn exec_interactive(&self, _: &str, request: &InteractiveRequest) -> Result<Session, VmmError> {
+        self.opened.fetch_add(1, Ordering::SeqCst);
+        assert_eq!(request.command[0], "play", "the command reaches the runtime");
+        let (session, mut input, output) = Session::pair();
+        let ended = self.input_ended.clone();
+        tokio::spawn(async move {
+            let out = |b: &[u8]| SessionOutput::Stdout(Bytes::copy_from_slice(b));
+            while let Some(message) = input.recv().await {
+                let reply = match message {
+                    SessionInput::Resize { cols, rows } => out(format!("size {cols}x{rows}").as_bytes()),
+                    SessionInput::Stdin(bytes) if bytes.as_ref() == b"err" => {
+                        SessionOutput::Stderr(Bytes::from_static(b"err"))
+                    }
+                    SessionInput::Stdin(bytes) => match std::str::from_utf8(&bytes)
+                        .ok()
+                        .and_then(|t| t.strip_prefix("exit "))
+                        .and_then(|code| code.parse().ok())
+                    {
+                        Some(code) => SessionOutput::Ended(Ending::Exited(code)),
+                        None => out(&bytes),
+                    },
+                };
+                let last = matches!(reply, SessionOutput::Ended(_));
+                if output.send(reply).await.is_err() || last {
+                    return;
+                }
+            }
+            ended.store(true, Ordering::SeqCst);
+        });
+        Ok(session)
+    }
+}
+
+fn unreachable_call<T>() -> Result<T, VmmError> {
+    Err(VmmError::BadRequest {
+        message: "not part of this test double".into(),
+    })
+}
+
+async fn serve(runtime: Arc<ScriptedRuntime>) -> std::net::SocketAddr {
+    let state = NodeApiState::new(
+        runtime,
+        TokenAuth::fixed(TOKEN).expect("token"),
+        Identity::new("node-a"),
+        Arc::new(Metrics::default()),
+        None,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, router(state)).await });
+    addr
+}
+
+type Socket = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+/// Opens a session; `Err` is the answer before the upgrade: its status and JSON body.
+async fn open(
+    addr: std::net::SocketAddr,
+    path: &str,
+    protocols: Option<&str>,
+    token: Option<&str>,
+) -> Result<(Socket, Option<String>), (u16, serde_json::Value)> {
+    let mut request = format!("ws://{addr}{path}").into_client_request().expect("request");
+    if let Some(protocols) = protocols {
+        request
+            .headers_mut()
+            .insert("sec-websocket-protocol", protocols.parse().expect("header"));
+    }
+    if let Some(token) = token {
+        request
+            .headers_mut()
+            .insert("authorization", format!("Bearer {token}").parse().expect("header"));
+    }
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    match tokio_tungstenite::client_async(request, tcp).await {
+        Ok((socket, response)) => {
+            let protocol = response
+                .headers()
+                .get("sec-websocket-protocol")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            Ok((socket, protocol))
+        }
+        Err(tungstenite::Error::Http(response)) => {
+            let body = response.body().as_deref().unwrap_or_default();
+            Err((
+                response.status().as_u16(),
+                serde_json::from_slice(body).unwrap_or(serde_json::Value::Null),
+            ))
+        }
+        Err(other) => panic!("{path}: {other}"),
+    }
+}
+
+async fn send(socket: &mut Socket, channel: u8, data: &[u8]) {
+    socket
+        .send(Message::binary(channel::frame(channel, data)))
+        .await
+        .expect("send");
+}
+
+/// The next frame from the server: its channel and data (`None`: the socket closed).
+async fn next(socket: &mut Socket) -> Option<(u8, Vec<u8>)> {
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(10), socket.next())
+            .await
+            .expect("the server answers within 10 s");
+        match message {
+            Some(Ok(Message::Binary(bytes))) => {
+                let (channel, data) = bytes.split_first().expect("a frame has a channel");
+                return Some((*channel, data.to_vec()));
+            }
+            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return None,
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+async fn final_status(socket: &mut Socket) -> serde_json::Value {
+    let (channel, data) = next(socket).await.expect("a status frame");
+    assert_eq!(channel, channel::STATUS, "{}", String::from_utf8_lossy(&data));
+    let status = serde_json::from_slice(&data).expect("status JSON");
+    assert!(next(socket).await.is_none(), "the server closes after the status");
+    status
+}
+
+const PROTOCOLS: &str = "v5.channel.k8s.io, v4.channel.k8s.io";
+
+#[tokio::test]
+async fn a_terminal_session_echoes_resizes_and_exits() {
+    let runtime = Arc::new(ScriptedRuntime::default());
+    let addr = serve(runtime.clone()).await;
+    let path = "/v1/machines/running/exec?command=play&command=-x&stdin=true&stdout=true&tty=true";
+    let (mut socket, protocol) = open(addr, path, Some(PROTOCOLS), Some(TOKEN)).await.expect("upgrade");
+    assert_eq!(protocol.as_deref(), Some("v5.channel.k8s.io"), "v5 preferred");
+    send(&mut socket, channel::RESIZE, br#"{"Width":120,"Height":40}"#).await;
+    assert_eq!(
+        next(&mut socket).await,
+        Some((channel::STDOUT, b"size 120x40".to_vec()))
+    );
+    send(&mut socket, channel::STDIN, b"hello \x00\xff bytes").await;
+    assert_eq!(
+        next(&mut socket).await,
+        Some((channel::STDOUT, b"hello \x00\xff bytes".to_vec())),
+        "stdin and stdout byte for byte"
+    );
+    send(&mut socket, channel::STDIN, b"exit 0").await;
+    let status = final_status(&mut socket).await;
+    assert_eq!(status["status"], "Success", "{status}");
+    assert_eq!(channel::exit_code_of(&status), Some(0));
+}
+
+#[tokio::test]
+async fn without_a_terminal_stderr_is_apart_and_the_exit_code_travels() {
+    let runtime = Arc::new(ScriptedRuntime::default());
+    let addr = serve(runtime.clone()).await;
+    // Only v4 offered (older clients): the same framing, no close messages.
+    let path = "/v1/machines/running/exec?command=play&stdin=true&stdout=true&stderr=true";
+    let (mut socket, protocol) = open(addr, path, Some("v4.channel.k8s.io"), Some(TOKEN))
+        .await
+        .expect("upgrade");
+    assert_eq!(protocol.as_deref(), Some("v4.channel.k8s.io"));
+    send(&mut socket, channel::STDIN, b"err").await;
+    assert_eq!(next(&mut socket).await, Some((channel::STDERR, b"err".to_vec())));
+    // A resize without a terminal is not passed on; the v5 end of stdin needs no action.
+    send(&mut socket, channel::RESIZE, br#"{"Width":1,"Height":1}"#).await;
+    send(&mut socket, channel::CLOSE, &[channel::STDIN]).await;
+    send(&mut socket, channel::STDIN, b"exit 3").await;
+    let status = final_status(&mut socket).await;
+    assert_eq!(status["reason"], "NonZeroExitCode", "{status}");
+    assert_eq!(channel::exit_code_of(&status), Some(3));
+}
+
+#[tokio::test]
+async fn the_client_leaving_ends_the_command_and_bad_frames_end_the_session() {
+    let runtime = Arc::new(ScriptedRuntime::default());
+    let addr = serve(runtime.clone()).await;
+    let path = "/v1/machines/running/exec?command=play&stdin=true&stdout=true&tty=true";
+    let (mut socket, _) = open(addr, path, Some(PROTOCOLS), Some(TOKEN)).await.expect("upgrade");
+    send(&mut socket, channel::STDIN, b"x").await;
+    assert_eq!(next(&mut socket).await, Some((channel::STDOUT, b"x".to_vec())));
+    socket.close(None).await.expect("close");
+    let mut waited = 0;
+    while !runtime.input_ended.load(Ordering::SeqCst) && waited < 100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += 1;
+    }
+    assert!(
+        runtime.input_ended.load(Ordering::SeqCst),
+        "the runtime's session (and its command) ends when the client goes"
+    );
+
+    for (what, message) in [
+        ("a text frame", Message::text("ls")),
+        (
+            "a frame on stdout",
+            Message::binary(channel::frame(channel::STDOUT, b"x")),
+        ),
+        ("a bad resize", Message::binary(channel::frame(channel::RESIZE, b"{}"))),
+    ] {
+        let (mut socket, _) = open(addr, path, Some(PROTOCOLS), Some(TOKEN)).await.expect("upgrade");
+        socket.send(message).await.expect("send");
+        let status = final_status(&mut socket).await;
+        assert_eq!(status["reason"], "InternalError", "{what}: {status}");
+        assert!(
+            status["message"].as_str().is_some_and(|m| m.contains("protocol error")),
+            "{what}: {status}"
+        );
+        assert_eq!(channel::exit_code_of(&status), None, "{what}");
+    }
+}
+
+#[tokio::test]
+async fn refusals_come_before_the_upgrade_as_json() {
+    let runtime = Arc::new(ScriptedRuntime::default());
+    let addr = serve(runtime.clone()).await;
+    let ok = "command=play&stdin=true&tty=true";
+    let cases = [
+        (
+            "stopped machine",
+            format!("/v1/machines/stopped/exec?{ok}"),
+            Some(PROTOCOLS),
+            Some(TOKEN),
+            409,
+            "MachineNotRunning",
+        ),
+        (
+            "unknown machine",
+            format!("/v1/machines/nope/exec?{ok}"),
+            Some(PROTOCOLS),
+            Some(TOKEN),
+            404,
+            "MachineNotFound",
+        ),
+        (
+            "no subprotocol",
+            format!("/v1/machines/running/exec?{ok}"),
+            None,
+            Some(TOKEN),
+            400,
+            "InvalidRequest",
+        ),
+        (
+            "another subprotocol",
+            format!("/v1/machines/running/exec?{ok}"),
+            Some("channel.k8s.io"),
+            Some(TOKEN),
+            400,
+            "InvalidRequest",
+        ),
+        (
+            "no command",
+            "/v1/machines/running/exec?tty=true".to_string(),
+            Some(PROTOCOLS),
+            Some(TOKEN),
+            400,
+            "InvalidRequest",
+        ),
+        (
+            "tty with stderr",
+            format!("/v1/machines/running/exec?{ok}&stderr=true"),
+            Some(PROTOCOLS),
+            Some(TOKEN),
+            400,
+            "InvalidRequest",
+        ),
+        (
+            "no token",
+            format!("/v1/machines/running/exec?{ok}"),
+            Some(PROTOCOLS),
+            None,
+            401,
+            "Unauthenticated",
+        ),
+    ];
+    for (what, path, protocols, token, status, code) in cases {
+        let (got, body) = match open(addr, &path, protocols, token).await {
+            Ok(_) => panic!("{what}: upgraded"),
+            Err(refused) => refused,
+        };
+        assert_eq!((got, body["code"].as_str()), (status, Some(code)), "{what}: {body}");
+        println!("{what}: {status} {}", body["message"]);
+    }
+    assert_eq!(
+        runtime.opened.load(Ordering::SeqCst),
+        0,
+        "no refused request reaches the runtime (a stopped machine is never booted)"
+    );
+
+    // A plain GET (no upgrade) is a 400 saying what to do.
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .expect("handshake");
+    tokio::spawn(connection);
+    let request = hyper::Request::get(format!("/v1/machines/running/exec?{ok}"))
+        .header("host", "node")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(http_body_util::Empty::<Bytes>::new())
+        .expect("request");
+    let response = sender.send_request(request).await.expect("answer");
+    assert_eq!(response.status(), 400);
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .expect("body")
+        .to_bytes();
+    let body: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("WebSocket upgrade")),
+        "{body}"
+    );
+}
