@@ -1,0 +1,242 @@
+//! The controller's half of interactive exec: `NodeClient::upgrade` opens the node API's
+//! WebSocket over real mTLS (HTTP/1.1 only, the token added, the client's handshake passed
+//! through) and hands back the upgraded connection, which then carries Kubernetes' channel
+//! protocol end to end. Behind the agent's real node API router runs `EchoRuntime`, a TEST
+//! DOUBLE of the runtime: no guest boots on these machines, so no real command can answer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::{SinkExt as _, StreamExt as _};
+use hyper::HeaderMap;
+use smolvm_api::channel::{self, Ending};
+use smolvm_api::nodeapi::ErrorCode;
+use smolvm_certs::ReloadableResolver;
+use smolvm_controller::nodeclient::{
+    BearerToken, CallError, ClientSettings, ClientTls, Endpoints, NodeClient, client_tls,
+};
+use smolvm_runtime::metrics::Metrics;
+use smolvm_runtime::nodeapi::auth::TokenAuth;
+use smolvm_runtime::nodeapi::tls::MtlsServer;
+use smolvm_runtime::nodeapi::{Identity, NodeApiState, router};
+use smolvm_runtime::vmm::{
+    DeleteOutcome, InteractiveRequest, Machine, MachineSpec, MachineState, RegistryAuth, ResizeRequest, Session,
+    SessionInput, SessionOutput, Vmm, VmmError, VmmHealth,
+};
+use smolvm_testkit::node::{NODE, Pki, TOKEN};
+use tokio_tungstenite::tungstenite::{Message, handshake::derive_accept_key, protocol::Role};
+
+/// TEST DOUBLE of the runtime: machine `running` runs and echoes its stdin until `exit N`;
+/// `stopped` does not run.
+struct EchoRuntime;
+
+fn machine(name: &str, state: MachineState) -> Machine {
+    Machine {
+        name: name.into(),
+        state,
+        cpus: 1,
+        memory_mib: 256,
+        storage_gib: None,
+        overlay_gib: None,
+        image: None,
+        ports: Vec::new(),
+        network: false,
+        pid: None,
+        raw: serde_json::Value::Null,
+    }
+}
+
+fn not_here<T>() -> Result<T, VmmError> {
+    Err(VmmError::BadRequest {
+        message: "not part of this test double".into(),
+    })
+}
+
+#[async_trait]
+impl Vmm for EchoRuntime {
+    async fn health(&self) -> Result<VmmHealth, VmmError> {
+        not_here()
+    }
+    async fn list(&self) -> Result<Vec<Machine>, VmmError> {
+        Ok(Vec::new())
+    }
+    async fn get(&self, name: &str) -> Result<Option<Machine>, VmmError> {
+        Ok(match name {
+            "running" => Some(machine(name, MachineState::Running)),
+            "stopped" => Some(machine(name, MachineState::Stopped)),
+            _ => None,
+        })
+    }
+    async fn create(&self, _: &MachineSpec) -> Result<Machine, VmmError> {
+        not_here()
+    }
+    async fn start(&self, _: &str, _: Option<&RegistryAuth>) -> Result<Machine, VmmError> {
+        not_here()
+    }
+    async fn stop(&self, _: &str) -> Result<Machine, VmmError> {
+        not_here()
+    }
+    async fn delete(&self, _: &str) -> Result<DeleteOutcome, VmmError> {
+        not_here()
+    }
+    async fn resize(&self, _: &str, _: &ResizeRequest) -> Result<Machine, VmmError> {
+        not_here()
+    }
+    async fn exec_interactive(&self, _: &str, _: &InteractiveRequest) -> Result<Session, VmmError> {
+        let (session, mut input, output) = Session::pair();
+        tokio::spawn(async move {
+            while let Some(SessionInput::Stdin(bytes)) = input.recv().await {
+                let exit = std::str::from_utf8(&bytes)
+                    .ok()
+                    .and_then(|t| t.strip_prefix("exit "))
+                    .and_then(|n| n.parse().ok());
+                let out = match exit {
+                    Some(code) => SessionOutput::Ended(Ending::Exited(code)),
+                    None => SessionOutput::Stdout(bytes),
+                };
+                let last = matches!(out, SessionOutput::Ended(_));
+                if output.send(out).await.is_err() || last {
+                    return;
+                }
+            }
+        });
+        Ok(session)
+    }
+}
+
+/// The node API on loopback over mTLS with the double behind it, and a node client of it.
+fn agent_and_client(pki: &Pki, token: &str) -> (MtlsServer, NodeClient) {
+    let state = NodeApiState::new(
+        Arc::new(EchoRuntime),
+        TokenAuth::fixed(TOKEN).expect("token"),
+        Identity::new(NODE),
+        Arc::new(Metrics::default()),
+        None,
+    );
+    let resolver = Arc::new(ReloadableResolver::from_pem(&pki.server_cert, &pki.server_key).expect("resolver"));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let server = MtlsServer::start(listener, router(state), resolver, pki.ca.cert_pem()).expect("serve");
+    let endpoints = Endpoints::default();
+    endpoints.set(NODE, "127.0.0.1", server.local_addr().port());
+    let cert = Arc::new(ReloadableResolver::from_pem(&pki.client_cert, &pki.client_key).expect("client cert"));
+    let client = NodeClient::new(
+        ClientSettings::standard(
+            ClientTls::new(client_tls(pki.ca.cert_pem(), cert).expect("client TLS")),
+            BearerToken::new(token.to_string()),
+        ),
+        endpoints,
+    );
+    (server, client)
+}
+
+const KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
+
+fn handshake() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (name, value) in [
+        ("connection", "Upgrade"),
+        ("upgrade", "websocket"),
+        ("sec-websocket-version", "13"),
+        ("sec-websocket-key", KEY),
+        ("sec-websocket-protocol", "v5.channel.k8s.io, v4.channel.k8s.io"),
+    ] {
+        headers.insert(name, value.parse().expect("header"));
+    }
+    headers
+}
+
+const SESSION: &str = "/v1/machines/running/exec?command=sh&stdin=true&stdout=true&tty=true";
+
+#[tokio::test]
+async fn the_upgrade_reaches_the_agent_and_carries_the_channel_protocol() {
+    smolvm_testkit::node::init();
+    let pki = Pki::new();
+    let (_server, client) = agent_and_client(&pki, TOKEN);
+    let (headers, upgraded) = client
+        .upgrade(NODE, SESSION, &handshake(), Duration::from_secs(10))
+        .await
+        .expect("the agent switches protocols");
+    assert_eq!(headers["sec-websocket-protocol"], "v5.channel.k8s.io");
+    assert_eq!(
+        headers["sec-websocket-accept"].to_str().ok(),
+        Some(derive_accept_key(KEY.as_bytes()).as_str()),
+        "the agent answered the client's own handshake, so a relay of it is valid for the client"
+    );
+    let mut socket =
+        tokio_tungstenite::WebSocketStream::from_raw_socket(hyper_util::rt::TokioIo::new(upgraded), Role::Client, None)
+            .await;
+    socket
+        .send(Message::binary(channel::frame(channel::STDIN, b"hi \x00\xff")))
+        .await
+        .expect("send");
+    let echoed = recv(&mut socket).await.expect("output");
+    assert_eq!(
+        echoed.as_ref(),
+        b"\x01hi \x00\xff",
+        "stdin out on stdout, byte for byte"
+    );
+    socket
+        .send(Message::binary(channel::frame(channel::STDIN, b"exit 4")))
+        .await
+        .expect("send");
+    let status = recv(&mut socket).await.expect("status");
+    assert_eq!(status.first(), Some(&channel::STATUS));
+    let status: serde_json::Value = serde_json::from_slice(&status[1..]).expect("JSON");
+    assert_eq!(channel::exit_code_of(&status), Some(4), "{status}");
+}
+
+async fn recv<S>(socket: &mut tokio_tungstenite::WebSocketStream<S>) -> Option<Bytes>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), socket.next()).await {
+            Ok(Some(Ok(Message::Binary(bytes)))) => return Some(bytes),
+            Ok(Some(Ok(Message::Close(_)))) | Ok(None) | Ok(Some(Err(_))) => return None,
+            Ok(Some(Ok(_))) => {}
+            Err(_) => panic!("no answer within 10 s"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn refusals_before_the_upgrade_are_the_agents_errors() {
+    smolvm_testkit::node::init();
+    let pki = Pki::new();
+    let (_server, client) = agent_and_client(&pki, TOKEN);
+    let stopped = "/v1/machines/stopped/exec?command=sh&stdin=true&stdout=true&tty=true";
+    match client
+        .upgrade(NODE, stopped, &handshake(), Duration::from_secs(10))
+        .await
+    {
+        Err(CallError::Api { status, code, .. }) => assert_eq!((status, code), (409, ErrorCode::MachineNotRunning)),
+        other => panic!("a stopped machine: {:?}", other.map(|(h, _)| h)),
+    }
+    let (_server, stranger) = agent_and_client(&pki, "another-token");
+    match stranger
+        .upgrade(NODE, SESSION, &handshake(), Duration::from_secs(10))
+        .await
+    {
+        Err(CallError::Api { status, code, .. }) => assert_eq!((status, code), (401, ErrorCode::Unauthenticated)),
+        other => panic!("a wrong token: {:?}", other.map(|(h, _)| h)),
+    }
+    let away = NodeClient::new(
+        ClientSettings::standard(
+            ClientTls::new(
+                client_tls(
+                    pki.ca.cert_pem(),
+                    Arc::new(ReloadableResolver::from_pem(&pki.client_cert, &pki.client_key).expect("cert")),
+                )
+                .expect("TLS"),
+            ),
+            BearerToken::new(TOKEN.to_string()),
+        ),
+        Endpoints::default(),
+    );
+    match away.upgrade(NODE, SESSION, &handshake(), Duration::from_secs(10)).await {
+        Err(error @ CallError::Unreachable { .. }) => assert!(error.is_unreachable()),
+        other => panic!("a node with no endpoint: {:?}", other.map(|(h, _)| h)),
+    }
+}
