@@ -124,6 +124,30 @@ async fn session(
             "SmolVM shop/broken is not running (phase Failed): disk lost",
         );
     }
+    if name == "term" {
+        // A terminal session: answers the first resize with the size, then exits 5.
+        return upgrade
+            .protocols(channel::PROTOCOLS)
+            .on_upgrade(|mut socket| async move {
+                while let Some(Ok(message)) = socket.recv().await {
+                    let Message::Binary(bytes) = message else { continue };
+                    if let Ok(channel::Inbound::Resize { cols, rows }) = channel::decode(&bytes) {
+                        let text = format!("size {cols}x{rows}\r\n");
+                        let _ = socket
+                            .send(Message::Binary(channel::frame(channel::STDOUT, text.as_bytes()).into()))
+                            .await;
+                        break;
+                    }
+                }
+                let status = channel::status(&Ending::Exited(5)).to_string();
+                let _ = socket
+                    .send(Message::Binary(
+                        channel::frame(channel::STATUS, status.as_bytes()).into(),
+                    ))
+                    .await;
+                let _ = socket.send(Message::Close(None)).await;
+            });
+    }
     upgrade
         .protocols(channel::PROTOCOLS)
         .on_upgrade(|mut socket| async move {
@@ -458,4 +482,43 @@ async fn a_session_without_a_terminal_streams_output_and_ends_with_the_exit_code
     );
     let sent: Value = serde_json::from_slice(&request.body).expect("JSON");
     assert_eq!(sent["stdin"], "piped");
+}
+
+/// `exec -it` on a real pseudo-terminal (util-linux `script` provides one): the session asks
+/// for a terminal, sends the terminal's size, puts the terminal in raw mode and restores it,
+/// and ends with the remote exit code.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_terminal_session_sends_its_size_and_restores_the_terminal() {
+    if std::process::Command::new("script").arg("--version").output().is_err() {
+        println!("skipped: no `script` (util-linux) to give the plugin a pseudo-terminal");
+        return;
+    }
+    let (server, _dir, kubeconfig) = start().await;
+    let shell = format!(
+        "stty rows 40 cols 120; before=$(stty -g); '{}' --kubeconfig '{}' exec term -it -- sh; code=$?; \
+         [ \"$before\" = \"$(stty -g)\" ] && echo terminal-restored; echo exit=$code",
+        env!("CARGO_BIN_EXE_kubectl-smolvm"),
+        kubeconfig.display()
+    );
+    let out = tokio::process::Command::new("script")
+        .args(["-qec", &shell, "/dev/null"])
+        .env_remove("KUBECONFIG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("run script");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("size 120x40"),
+        "the terminal's size reaches the session: {text}"
+    );
+    assert!(text.contains("terminal-restored"), "raw mode undone: {text}");
+    assert!(text.contains("exit=5"), "the remote exit code: {text}");
+    let seen = server.seen();
+    let request = seen.last().expect("a request");
+    let query = request.uri.split_once('?').map(|(_, q)| q).unwrap_or_default();
+    for part in ["stdin=true", "stdout=true", "tty=true", "command=sh"] {
+        assert!(query.split('&').any(|p| p == part), "{part} in {query}");
+    }
+    assert!(!query.contains("stderr"), "a terminal merges stderr: {query}");
 }
