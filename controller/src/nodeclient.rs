@@ -73,6 +73,22 @@ pub enum CallError {
 }
 
 impl CallError {
+    /// [`CallError::Unreachable`] for `node`.
+    fn unreachable(node: &str, message: String) -> Self {
+        CallError::Unreachable {
+            node: node.to_string(),
+            message,
+        }
+    }
+
+    /// [`CallError::Protocol`] for `node`.
+    fn protocol(node: &str, message: String) -> Self {
+        CallError::Protocol {
+            node: node.to_string(),
+            message,
+        }
+    }
+
     /// Whether the failure means the runtime could not be reached (as opposed to a refusal).
     pub fn is_unreachable(&self) -> bool {
         match self {
@@ -208,23 +224,33 @@ impl tower::Service<Uri> for NodeConnector {
     fn call(&mut self, uri: Uri) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
-            let node = uri.host().ok_or("request has no node name")?.to_string();
-            let (address, port) = this
-                .endpoints
-                .get(&node)
-                .ok_or_else(|| format!("node {node} advertises no endpoint"))?;
-            let server_name = ServerName::try_from(smolvm_certs::runtime_server_name(&node))
-                .map_err(|e| format!("node name {node:?} makes no valid TLS server name: {e}"))?;
-            let tcp = tokio::time::timeout(this.connect_timeout, TcpStream::connect((address.as_str(), port)))
-                .await
-                .map_err(|_| format!("connect to {address}:{port} timed out"))??;
-            tcp.set_nodelay(true)?;
-            let connector = TlsConnector::from(this.tls.current());
-            let tls = tokio::time::timeout(this.connect_timeout, connector.connect(server_name, tcp))
-                .await
-                .map_err(|_| format!("TLS handshake with {address}:{port} timed out"))??;
-            Ok(NodeStream(TokioIo::new(tls)))
+            let node = uri.host().ok_or("request has no node name")?;
+            this.dial(node, this.tls.current()).await
         })
+    }
+}
+
+impl NodeConnector {
+    /// A TLS connection to `node`'s advertised endpoint with `config`, the node's identity
+    /// verified (each step within the connect timeout).
+    async fn dial(&self, node: &str, config: Arc<ClientConfig>) -> Result<NodeStream, BoxError> {
+        let (address, port) = self
+            .endpoints
+            .get(node)
+            .ok_or_else(|| format!("node {node} advertises no endpoint"))?;
+        let server_name = ServerName::try_from(smolvm_certs::runtime_server_name(node))
+            .map_err(|e| format!("node name {node:?} makes no valid TLS server name: {e}"))?;
+        let tcp = tokio::time::timeout(self.connect_timeout, TcpStream::connect((address.as_str(), port)))
+            .await
+            .map_err(|_| format!("connect to {address}:{port} timed out"))??;
+        tcp.set_nodelay(true)?;
+        let tls = tokio::time::timeout(
+            self.connect_timeout,
+            TlsConnector::from(config).connect(server_name, tcp),
+        )
+        .await
+        .map_err(|_| format!("TLS handshake with {address}:{port} timed out"))??;
+        Ok(NodeStream(TokioIo::new(tls)))
     }
 }
 
@@ -306,6 +332,7 @@ impl ClientSettings {
 #[derive(Clone)]
 pub struct NodeClient {
     client: Client<NodeConnector, Full<Bytes>>,
+    connector: NodeConnector,
     endpoints: Endpoints,
     settings: ClientSettings,
 }
@@ -321,9 +348,10 @@ impl NodeClient {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(4)
-            .build(connector);
+            .build(connector.clone());
         NodeClient {
             client,
+            connector,
             endpoints,
             settings,
         }
@@ -426,10 +454,7 @@ impl NodeClient {
         timeout: Duration,
     ) -> Result<T, CallError> {
         let bytes = match body {
-            Some(b) => Bytes::from(serde_json::to_vec(b).map_err(|e| CallError::Protocol {
-                node: node.to_string(),
-                message: e.to_string(),
-            })?),
+            Some(b) => Bytes::from(serde_json::to_vec(b).map_err(|e| CallError::protocol(node, e.to_string()))?),
             None => Bytes::new(),
         };
         let response = self
@@ -438,19 +463,10 @@ impl NodeClient {
         let status = response.status();
         let collected = tokio::time::timeout(timeout, Limited::new(response.into_body(), MAX_BODY).collect())
             .await
-            .map_err(|_| CallError::Unreachable {
-                node: node.to_string(),
-                message: format!("body not received within {timeout:?}"),
-            })?
-            .map_err(|e| CallError::Protocol {
-                node: node.to_string(),
-                message: format!("reading the body: {e}"),
-            })?
+            .map_err(|_| CallError::unreachable(node, format!("body not received within {timeout:?}")))?
+            .map_err(|e| CallError::protocol(node, format!("reading the body: {e}")))?
             .to_bytes();
-        serde_json::from_slice(&collected).map_err(|e| CallError::Protocol {
-            node: node.to_string(),
-            message: format!("{status}: {e}"),
-        })
+        serde_json::from_slice(&collected).map_err(|e| CallError::protocol(node, format!("{status}: {e}")))
     }
 
     /// Sends one request to `node`'s agent and returns its answer once the headers arrive (within
@@ -465,42 +481,25 @@ impl NodeClient {
         body: Bytes,
         timeout: Duration,
     ) -> Result<hyper::Response<hyper::body::Incoming>, CallError> {
-        let unreachable = |message: String| CallError::Unreachable {
-            node: node.to_string(),
-            message,
-        };
-        let protocol = |message: String| CallError::Protocol {
-            node: node.to_string(),
-            message,
-        };
-        let uri: Uri = format!("https://{node}{path}")
-            .parse()
-            .map_err(|e| protocol(format!("bad request URI: {e}")))?;
-        let send = |token: String| {
-            let request = Request::builder()
-                .method(method.clone())
-                .uri(uri.clone())
-                .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
-                .header(hyper::header::CONTENT_TYPE, content_type)
-                .header(hyper::header::ACCEPT, "application/json")
-                .body(Full::new(body.clone()))
-                .map_err(|e| protocol(e.to_string()));
-            async move {
-                let request = request?;
-                tokio::time::timeout(timeout, self.client.request(request))
-                    .await
-                    .map_err(|_| unreachable(format!("no answer within {timeout:?}")))?
-                    .map_err(|e| unreachable(error_chain(&e)))
-            }
-        };
-        let mut response = send(self.settings.token.current()).await?;
-        // During a token replacement a runtime may still hold the old one for a minute: retry
-        // once with the token it replaced.
-        if response.status() == StatusCode::UNAUTHORIZED
-            && let Some(previous) = self.settings.token.previous()
-        {
-            response = send(previous).await?;
-        }
+        let uri = request_uri(node, path)?;
+        let response = self
+            .with_token(|token| {
+                let request = Request::builder()
+                    .method(method.clone())
+                    .uri(uri.clone())
+                    .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
+                    .header(hyper::header::CONTENT_TYPE, content_type)
+                    .header(hyper::header::ACCEPT, "application/json")
+                    .body(Full::new(body.clone()))
+                    .map_err(|e| CallError::protocol(node, e.to_string()));
+                async move {
+                    tokio::time::timeout(timeout, self.client.request(request?))
+                        .await
+                        .map_err(|_| CallError::unreachable(node, format!("no answer within {timeout:?}")))?
+                        .map_err(|e| CallError::unreachable(node, error_chain(&e)))
+                }
+            })
+            .await?;
         if response.status().is_success() {
             return Ok(response);
         }
@@ -519,38 +518,28 @@ impl NodeClient {
         headers: &hyper::HeaderMap,
         timeout: Duration,
     ) -> Result<(hyper::HeaderMap, hyper::upgrade::Upgraded), CallError> {
-        let unreachable = |message: String| CallError::Unreachable {
-            node: node.to_string(),
-            message,
-        };
-        let protocol = |message: String| CallError::Protocol {
-            node: node.to_string(),
-            message,
-        };
-        let uri: Uri = format!("https://{node}{path}")
-            .parse()
-            .map_err(|e| protocol(format!("bad request URI: {e}")))?;
+        let uri = request_uri(node, path)?;
         let mut config = (*self.settings.tls.current()).clone();
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let mut connector = NodeConnector {
-            endpoints: self.endpoints.clone(),
-            tls: ClientTls::new(config),
-            connect_timeout: self.settings.connect_timeout,
-        };
-        let mut send = |token: String| {
-            let mut request = Request::get(uri.clone()).header(hyper::header::HOST, node);
-            for (name, value) in headers {
-                request = request.header(name, value);
-            }
-            let request = request
-                .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
-                .body(http_body_util::Empty::<Bytes>::new())
-                .map_err(|e| protocol(e.to_string()));
-            let stream = tower::Service::call(&mut connector, uri.clone());
-            async move {
-                let request = request?;
-                let exchange = async {
-                    let stream = stream.await.map_err(|e| unreachable(error_chain(e.as_ref())))?;
+        let config = Arc::new(config);
+        let mut response = self
+            .with_token(|token| {
+                let mut request = Request::get(uri.clone()).header(hyper::header::HOST, node);
+                for (name, value) in headers {
+                    request = request.header(name, value);
+                }
+                let request = request
+                    .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
+                    .body(http_body_util::Empty::<Bytes>::new())
+                    .map_err(|e| CallError::protocol(node, e.to_string()));
+                let config = config.clone();
+                let exchange = async move {
+                    let unreachable = |message| CallError::unreachable(node, message);
+                    let stream = self
+                        .connector
+                        .dial(node, config)
+                        .await
+                        .map_err(|e| unreachable(error_chain(e.as_ref())))?;
                     let (mut sender, connection) = hyper::client::conn::http1::handshake(stream)
                         .await
                         .map_err(|e| unreachable(error_chain(&e)))?;
@@ -560,53 +549,65 @@ impl NodeClient {
                         }
                     });
                     sender
-                        .send_request(request)
+                        .send_request(request?)
                         .await
                         .map_err(|e| unreachable(error_chain(&e)))
                 };
-                tokio::time::timeout(timeout, exchange)
-                    .await
-                    .map_err(|_| unreachable(format!("no answer within {timeout:?}")))?
-            }
-        };
-        let mut response = send(self.settings.token.current()).await?;
-        if response.status() == StatusCode::UNAUTHORIZED
-            && let Some(previous) = self.settings.token.previous()
-        {
-            response = send(previous).await?;
-        }
+                async move {
+                    tokio::time::timeout(timeout, exchange)
+                        .await
+                        .map_err(|_| CallError::unreachable(node, format!("no answer within {timeout:?}")))?
+                }
+            })
+            .await?;
         if response.status() != StatusCode::SWITCHING_PROTOCOLS {
             if response.status().is_success() {
-                return Err(protocol(format!(
-                    "the agent answered {} instead of switching protocols",
-                    response.status()
-                )));
+                return Err(CallError::protocol(
+                    node,
+                    format!(
+                        "the agent answered {} instead of switching protocols",
+                        response.status()
+                    ),
+                ));
             }
             return Err(refusal(node, response, timeout).await);
         }
         let upgraded = tokio::time::timeout(timeout, hyper::upgrade::on(&mut response))
             .await
-            .map_err(|_| unreachable(format!("the upgrade did not complete within {timeout:?}")))?
-            .map_err(|e| protocol(format!("the upgrade failed: {e}")))?;
+            .map_err(|_| CallError::unreachable(node, format!("the upgrade did not complete within {timeout:?}")))?
+            .map_err(|e| CallError::protocol(node, format!("the upgrade failed: {e}")))?;
         Ok((response.headers().clone(), upgraded))
     }
+
+    /// Sends with the token in force; during a token replacement a runtime may still hold the
+    /// old one for a minute, so a 401 is retried once with the token it replaced.
+    async fn with_token<F, Fut>(&self, mut send: F) -> Result<hyper::Response<hyper::body::Incoming>, CallError>
+    where
+        F: FnMut(String) -> Fut,
+        Fut: Future<Output = Result<hyper::Response<hyper::body::Incoming>, CallError>>,
+    {
+        let response = send(self.settings.token.current()).await?;
+        match self.settings.token.previous() {
+            Some(previous) if response.status() == StatusCode::UNAUTHORIZED => send(previous).await,
+            _ => Ok(response),
+        }
+    }
+}
+
+/// `https://<node><path>`, which the connector resolves to the node's endpoint.
+fn request_uri(node: &str, path: &str) -> Result<Uri, CallError> {
+    format!("https://{node}{path}")
+        .parse()
+        .map_err(|e| CallError::protocol(node, format!("bad request URI: {e}")))
 }
 
 /// The [`CallError`] a node's refusal (an answer that is not a success) carries: its JSON
 /// error body read (within `timeout`), or what its status says when it has none.
 async fn refusal(node: &str, response: hyper::Response<hyper::body::Incoming>, timeout: Duration) -> CallError {
-    let unreachable = |message: String| CallError::Unreachable {
-        node: node.to_string(),
-        message,
-    };
-    let protocol = |message: String| CallError::Protocol {
-        node: node.to_string(),
-        message,
-    };
     let status = response.status();
     let collected = match tokio::time::timeout(timeout, Limited::new(response.into_body(), MAX_BODY).collect()).await {
-        Err(_) => return unreachable(format!("body not received within {timeout:?}")),
-        Ok(Err(e)) => return protocol(format!("reading the body: {e}")),
+        Err(_) => return CallError::unreachable(node, format!("body not received within {timeout:?}")),
+        Ok(Err(e)) => return CallError::protocol(node, format!("reading the body: {e}")),
         Ok(Ok(body)) => body.to_bytes(),
     };
     match serde_json::from_slice::<NodeApiError>(&collected) {
@@ -633,7 +634,7 @@ async fn refusal(node: &str, response: hyper::Response<hyper::body::Incoming>, t
                 details: None,
             }
         }
-        Err(_) => protocol(format!("{status} without an error body")),
+        Err(_) => CallError::protocol(node, format!("{status} without an error body")),
     }
 }
 

@@ -1,17 +1,17 @@
 //! The controller's half of interactive exec: `NodeClient::upgrade` opens the node API's
 //! WebSocket over real mTLS (HTTP/1.1 only, the token added, the client's handshake passed
 //! through) and hands back the upgraded connection, which then carries Kubernetes' channel
-//! protocol end to end. Behind the agent's real node API router runs `EchoRuntime`, a TEST
-//! DOUBLE of the runtime: no guest boots on these machines, so no real command can answer.
+//! protocol end to end. Behind the agent's real node API router runs `ScriptedRuntime`
+//! (`smolvm_testkit::runtime_double`), a TEST DOUBLE of the runtime: no guest boots on these
+//! machines, so no real command can answer.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{SinkExt as _, StreamExt as _};
 use hyper::HeaderMap;
-use smolvm_api::channel::{self, Ending};
+use smolvm_api::channel;
 use smolvm_api::nodeapi::ErrorCode;
 use smolvm_certs::ReloadableResolver;
 use smolvm_controller::nodeclient::{
@@ -21,95 +21,14 @@ use smolvm_runtime::metrics::Metrics;
 use smolvm_runtime::nodeapi::auth::TokenAuth;
 use smolvm_runtime::nodeapi::tls::MtlsServer;
 use smolvm_runtime::nodeapi::{Identity, NodeApiState, router};
-use smolvm_runtime::vmm::{
-    DeleteOutcome, InteractiveRequest, Machine, MachineSpec, MachineState, RegistryAuth, ResizeRequest, Session,
-    SessionInput, SessionOutput, Vmm, VmmError, VmmHealth,
-};
 use smolvm_testkit::node::{NODE, Pki, TOKEN};
+use smolvm_testkit::runtime_double::ScriptedRuntime;
 use tokio_tungstenite::tungstenite::{Message, handshake::derive_accept_key, protocol::Role};
-
-/// TEST DOUBLE of the runtime: machine `running` runs and echoes its stdin until `exit N`;
-/// `stopped` does not run.
-struct EchoRuntime;
-
-fn machine(name: &str, state: MachineState) -> Machine {
-    Machine {
-        name: name.into(),
-        state,
-        cpus: 1,
-        memory_mib: 256,
-        storage_gib: None,
-        overlay_gib: None,
-        image: None,
-        ports: Vec::new(),
-        network: false,
-        pid: None,
-        raw: serde_json::Value::Null,
-    }
-}
-
-fn not_here<T>() -> Result<T, VmmError> {
-    Err(VmmError::BadRequest {
-        message: "not part of this test double".into(),
-    })
-}
-
-#[async_trait]
-impl Vmm for EchoRuntime {
-    async fn health(&self) -> Result<VmmHealth, VmmError> {
-        not_here()
-    }
-    async fn list(&self) -> Result<Vec<Machine>, VmmError> {
-        Ok(Vec::new())
-    }
-    async fn get(&self, name: &str) -> Result<Option<Machine>, VmmError> {
-        Ok(match name {
-            "running" => Some(machine(name, MachineState::Running)),
-            "stopped" => Some(machine(name, MachineState::Stopped)),
-            _ => None,
-        })
-    }
-    async fn create(&self, _: &MachineSpec) -> Result<Machine, VmmError> {
-        not_here()
-    }
-    async fn start(&self, _: &str, _: Option<&RegistryAuth>) -> Result<Machine, VmmError> {
-        not_here()
-    }
-    async fn stop(&self, _: &str) -> Result<Machine, VmmError> {
-        not_here()
-    }
-    async fn delete(&self, _: &str) -> Result<DeleteOutcome, VmmError> {
-        not_here()
-    }
-    async fn resize(&self, _: &str, _: &ResizeRequest) -> Result<Machine, VmmError> {
-        not_here()
-    }
-    async fn exec_interactive(&self, _: &str, _: &InteractiveRequest) -> Result<Session, VmmError> {
-        let (session, mut input, output) = Session::pair();
-        tokio::spawn(async move {
-            while let Some(SessionInput::Stdin(bytes)) = input.recv().await {
-                let exit = std::str::from_utf8(&bytes)
-                    .ok()
-                    .and_then(|t| t.strip_prefix("exit "))
-                    .and_then(|n| n.parse().ok());
-                let out = match exit {
-                    Some(code) => SessionOutput::Ended(Ending::Exited(code)),
-                    None => SessionOutput::Stdout(bytes),
-                };
-                let last = matches!(out, SessionOutput::Ended(_));
-                if output.send(out).await.is_err() || last {
-                    return;
-                }
-            }
-        });
-        Ok(session)
-    }
-}
 
 /// The node API on loopback over mTLS with the double behind it, and a node client of it.
 fn agent_and_client(pki: &Pki, token: &str) -> (MtlsServer, NodeClient) {
     let state = NodeApiState::new(
-        Arc::new(EchoRuntime),
+        Arc::new(ScriptedRuntime::default()),
         TokenAuth::fixed(TOKEN).expect("token"),
         Identity::new(NODE),
         Arc::new(Metrics::default()),

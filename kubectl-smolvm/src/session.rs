@@ -117,20 +117,19 @@ pub async fn run(global: &GlobalArgs, args: &ExecArgs, tty: bool) -> Result<u8, 
         None
     };
     if tty && let Some(mut sizes) = process.terminal_size() {
+        // The size now, then after each change of the local terminal (SIGWINCH).
         tokio::spawn(async move {
-            let send = |(width, height)| TerminalSize { width, height };
-            if let Some(size) = terminal::size()
-                && futures::SinkExt::send(&mut sizes, send(size)).await.is_err()
-            {
-                return;
-            }
-            let Ok(mut changes) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change()) else {
-                return;
-            };
-            while changes.recv().await.is_some() {
-                if let Some(size) = terminal::size()
-                    && futures::SinkExt::send(&mut sizes, send(size)).await.is_err()
+            let mut changes = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change()).ok();
+            loop {
+                if let Some((width, height)) = terminal::size()
+                    && futures::SinkExt::send(&mut sizes, TerminalSize { width, height })
+                        .await
+                        .is_err()
                 {
+                    return;
+                }
+                let Some(changes) = changes.as_mut() else { return };
+                if changes.recv().await.is_none() {
                     return;
                 }
             }

@@ -1,120 +1,24 @@
 //! Interactive exec on the node API: Kubernetes' channel protocol over a real WebSocket (the
-//! agent's real router, served on 127.0.0.1), bridged to `ScriptedRuntime`, a TEST DOUBLE of
-//! the runtime. No guest boots on these machines, so a command cannot really run here (the
-//! 409 and the refusals against real smolvm are in `node_api.rs`). The double plays a command
-//! as smolvm's documented interactive exec does: it echoes stdin to stdout, answers a resize
-//! with the size, writes `err` to stderr, and exits with N on `exit N`.
+//! agent's real router, served on 127.0.0.1), bridged to `smolvm_testkit::runtime_double`'s
+//! `ScriptedRuntime`, a TEST DOUBLE of the runtime. No guest boots on these machines, so a
+//! command cannot really run here (the 409 and the refusals against real smolvm are in
+//! `node_api.rs`). The double echoes stdin to stdout, answers a resize with the size, writes
+//! `err` to stderr, and exits with N on `exit N`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{SinkExt as _, StreamExt as _};
-use smolvm_api::channel::{self, Ending};
+use smolvm_api::channel;
 use smolvm_runtime::metrics::Metrics;
 use smolvm_runtime::nodeapi::auth::TokenAuth;
 use smolvm_runtime::nodeapi::{Identity, NodeApiState, router};
-use smolvm_runtime::vmm::{
-    DeleteOutcome, InteractiveRequest, Machine, MachineSpec, MachineState, RegistryAuth, ResizeRequest, Session,
-    SessionInput, SessionOutput, Vmm, VmmError, VmmHealth,
-};
+use smolvm_testkit::runtime_double::ScriptedRuntime;
 use tokio_tungstenite::tungstenite::{self, Message, client::IntoClientRequest};
 
 const TOKEN: &str = "stream-test-token";
-
-/// TEST DOUBLE of the runtime: machine `running` runs, `stopped` does not; interactive exec
-/// plays the script above. Counts sessions opened and records that a session's input ended.
-#[derive(Default)]
-struct ScriptedRuntime {
-    opened: AtomicUsize,
-    input_ended: Arc<AtomicBool>,
-}
-
-#[async_trait]
-impl Vmm for ScriptedRuntime {
-    async fn health(&self) -> Result<VmmHealth, VmmError> {
-        Err(VmmError::Unavailable {
-            message: "test double".into(),
-        })
-    }
-    async fn list(&self) -> Result<Vec<Machine>, VmmError> {
-        Ok(Vec::new())
-    }
-    async fn get(&self, name: &str) -> Result<Option<Machine>, VmmError> {
-        let state = match name {
-            "running" => MachineState::Running,
-            "stopped" => MachineState::Stopped,
-            _ => return Ok(None),
-        };
-        Ok(Some(Machine {
-            name: name.into(),
-            state,
-            cpus: 1,
-            memory_mib: 256,
-            storage_gib: None,
-            overlay_gib: None,
-            image: None,
-            ports: Vec::new(),
-            network: false,
-            pid: None,
-            raw: serde_json::Value::Null,
-        }))
-    }
-    async fn create(&self, _: &MachineSpec) -> Result<Machine, VmmError> {
-        unreachable_call()
-    }
-    async fn start(&self, _: &str, _: Option<&RegistryAuth>) -> Result<Machine, VmmError> {
-        unreachable_call()
-    }
-    async fn stop(&self, _: &str) -> Result<Machine, VmmError> {
-        unreachable_call()
-    }
-    async fn delete(&self, _: &str) -> Result<DeleteOutcome, VmmError> {
-        unreachable_call()
-    }
-    async fn resize(&self, _: &str, _: &ResizeRequest) -> Result<Machine, VmmError> {
-        unreachable_call()
-    }
-    async fn exec_interactive(&self, _: &str, request: &InteractiveRequest) -> Result<Session, VmmError> {
-        self.opened.fetch_add(1, Ordering::SeqCst);
-        assert_eq!(request.command[0], "play", "the command reaches the runtime");
-        let (session, mut input, output) = Session::pair();
-        let ended = self.input_ended.clone();
-        tokio::spawn(async move {
-            let out = |b: &[u8]| SessionOutput::Stdout(Bytes::copy_from_slice(b));
-            while let Some(message) = input.recv().await {
-                let reply = match message {
-                    SessionInput::Resize { cols, rows } => out(format!("size {cols}x{rows}").as_bytes()),
-                    SessionInput::Stdin(bytes) if bytes.as_ref() == b"err" => {
-                        SessionOutput::Stderr(Bytes::from_static(b"err"))
-                    }
-                    SessionInput::Stdin(bytes) => match std::str::from_utf8(&bytes)
-                        .ok()
-                        .and_then(|t| t.strip_prefix("exit "))
-                        .and_then(|code| code.parse().ok())
-                    {
-                        Some(code) => SessionOutput::Ended(Ending::Exited(code)),
-                        None => out(&bytes),
-                    },
-                };
-                let last = matches!(reply, SessionOutput::Ended(_));
-                if output.send(reply).await.is_err() || last {
-                    return;
-                }
-            }
-            ended.store(true, Ordering::SeqCst);
-        });
-        Ok(session)
-    }
-}
-
-fn unreachable_call<T>() -> Result<T, VmmError> {
-    Err(VmmError::BadRequest {
-        message: "not part of this test double".into(),
-    })
-}
 
 async fn serve(runtime: Arc<ScriptedRuntime>) -> std::net::SocketAddr {
     let state = NodeApiState::new(
@@ -226,6 +130,11 @@ async fn a_terminal_session_echoes_resizes_and_exits() {
     send(&mut socket, channel::STDIN, b"exit 0").await;
     let status = final_status(&mut socket).await;
     assert_eq!(status["status"], "Success", "{status}");
+    assert_eq!(
+        runtime.commands.lock().map(|c| c.clone()).unwrap_or_default(),
+        [["play", "-x"]],
+        "the command reaches the runtime"
+    );
     assert_eq!(channel::exit_code_of(&status), Some(0));
 }
 

@@ -6,8 +6,11 @@
 //! - [`apiserver`]: the one test double of the Kubernetes API server, for what a real one cannot
 //!   drive deterministically (an exact call sequence, a hung answer, a race between replicas).
 //!   The end-to-end tier runs a real kube-apiserver;
-//! - [`flags`]: the shared flag vocabulary, checked on a built binary.
+//! - [`flags`]: the shared flag vocabulary, checked on a built binary;
+//! - [`runtime_double`]: a test double of the runtime for interactive exec, which no guest here
+//!   can serve.
 
 pub mod apiserver;
 pub mod flags;
 pub mod node;
+pub mod runtime_double;

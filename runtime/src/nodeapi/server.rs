@@ -616,18 +616,12 @@ async fn exec_in_machine(
 ) -> ApiResult {
     let request: super::types::ExecRequest = parse_body(body)?;
     logic::check_exec(&request)?;
-    let Some(machine) = state.vmm.get(&name).await? else {
-        return Err(not_found(&name));
-    };
-    let status = logic::to_status(&machine);
-    if status.state != MachineState::Running {
-        return Err(logic::not_running(&name, &status, "exec").into());
-    }
-    let output = state.vmm.exec(&name, &request).await.map_err(|error| match error {
-        // Stopped between the check and the call: smolvm refused to boot it.
-        VmmError::Conflict { .. } => ApiError(logic::not_running(&name, &status, "exec")),
-        other => ApiError::from(other),
-    })?;
+    let status = running(&state, &name, "exec").await?;
+    let output = state
+        .vmm
+        .exec(&name, &request)
+        .await
+        .map_err(|error| stopped_meanwhile(error, &name, &status, "exec"))?;
     Ok(ok(StatusCode::OK, &logic::exec_response(&output)))
 }
 
@@ -661,13 +655,7 @@ async fn exec_interactive(
             channel::PROTOCOLS.join(", ")
         )));
     }
-    let Some(machine) = state.vmm.get(&name).await? else {
-        return Err(not_found(&name));
-    };
-    let status = logic::to_status(&machine);
-    if status.state != MachineState::Running {
-        return Err(logic::not_running(&name, &status, "exec").into());
-    }
+    let status = running(&state, &name, "exec").await?;
     let request = crate::vmm::InteractiveRequest {
         command: query.command.clone(),
         tty: query.tty,
@@ -676,11 +664,7 @@ async fn exec_interactive(
         .vmm
         .exec_interactive(&name, &request)
         .await
-        .map_err(|error| match error {
-            // Stopped between the check and the call: smolvm refused to boot it.
-            VmmError::Conflict { .. } => ApiError(logic::not_running(&name, &status, "exec")),
-            other => ApiError::from(other),
-        })?;
+        .map_err(|error| stopped_meanwhile(error, &name, &status, "exec"))?;
     tracing::info!(machine = %name, program = %query.command[0], arguments = query.command.len() - 1, tty = query.tty, "interactive exec");
     let mut response = upgrade
         .on_failed_upgrade(|error| tracing::info!(%error, "interactive exec: the WebSocket upgrade failed"))
@@ -698,14 +682,31 @@ async fn running_machine_and_path(
 ) -> Result<(String, String), ApiError> {
     validate_machine_name(&name).map_err(|message| ApiError(ApiFailure::new(ErrorCode::InvalidRequest, message)))?;
     let path = logic::check_file_path(&path)?;
-    let Some(machine) = state.vmm.get(&name).await? else {
-        return Err(not_found(&name));
+    running(state, &name, what).await?;
+    Ok((name, path))
+}
+
+/// The status of machine `name`, which must be running for `what`: 404 when it does not exist,
+/// 409 `MachineNotRunning` naming its state when it does not run (smolvm would boot it to serve
+/// the call, which a command or a copy must never do).
+async fn running(state: &NodeApiState, name: &str, what: &str) -> Result<super::types::MachineStatus, ApiError> {
+    let Some(machine) = state.vmm.get(name).await? else {
+        return Err(not_found(name));
     };
     let status = logic::to_status(&machine);
     if status.state != MachineState::Running {
-        return Err(logic::not_running(&name, &status, what).into());
+        return Err(logic::not_running(name, &status, what).into());
     }
-    Ok((name, path))
+    Ok(status)
+}
+
+/// A runtime error of a call [`running`] let through: a conflict means the machine stopped
+/// between the check and the call (smolvm refused to boot it).
+fn stopped_meanwhile(error: VmmError, name: &str, status: &super::types::MachineStatus, what: &str) -> ApiError {
+    match error {
+        VmmError::Conflict { .. } => ApiError(logic::not_running(name, status, what)),
+        other => ApiError::from(other),
+    }
 }
 
 /// `GET /v1/machines/{name}/files/{path}`: a file of a running machine, streamed (at most
