@@ -328,10 +328,16 @@ impl ClientSettings {
     }
 }
 
+/// A request body streamed to a node as it is produced (a file's content on its way from a
+/// user of the access API), never held whole.
+pub type StreamedBody = http_body_util::combinators::UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
 /// The node API client.
 #[derive(Clone)]
 pub struct NodeClient {
     client: Client<NodeConnector, Full<Bytes>>,
+    /// The same connector, for requests whose body streams ([`NodeClient::open_streaming`]).
+    streaming: Client<NodeConnector, StreamedBody>,
     connector: NodeConnector,
     endpoints: Endpoints,
     settings: ClientSettings,
@@ -345,12 +351,18 @@ impl NodeClient {
             tls: settings.tls.clone(),
             connect_timeout: settings.connect_timeout,
         };
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(4)
-            .build(connector.clone());
+        let builder = {
+            let mut builder = Client::builder(TokioExecutor::new());
+            builder
+                .pool_idle_timeout(Duration::from_secs(60))
+                .pool_max_idle_per_host(4);
+            builder
+        };
+        let client = builder.build(connector.clone());
+        let streaming = builder.build(connector.clone());
         NodeClient {
             client,
+            streaming,
             connector,
             endpoints,
             settings,
@@ -504,6 +516,62 @@ impl NodeClient {
             return Ok(response);
         }
         Err(refusal(node, response, timeout).await)
+    }
+
+    /// Sends one request whose body streams to `node`'s agent as `body` yields it, and returns
+    /// the answer once its headers arrive (within `timeout`, the body's sending included), as
+    /// [`NodeClient::open`] does. A body that fails ends the request: the agent never sees a
+    /// whole one. Since a body cannot be sent twice, during a token replacement the token the
+    /// agent takes is found first with a bodiless call.
+    pub async fn open_streaming(
+        &self,
+        node: &str,
+        method: Method,
+        path: &str,
+        content_type: &'static str,
+        body: StreamedBody,
+        timeout: Duration,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, CallError> {
+        let uri = request_uri(node, path)?;
+        let token = self.token_taken_by(node, timeout).await?;
+        let request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(hyper::header::CONTENT_TYPE, content_type)
+            .header(hyper::header::ACCEPT, "application/json")
+            .body(body)
+            .map_err(|e| CallError::protocol(node, e.to_string()))?;
+        let response = tokio::time::timeout(timeout, self.streaming.request(request))
+            .await
+            .map_err(|_| CallError::unreachable(node, format!("no answer within {timeout:?}")))?
+            .map_err(|e| CallError::unreachable(node, error_chain(&e)))?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        Err(refusal(node, response, timeout).await)
+    }
+
+    /// The token `node`'s agent takes: the one in force, or, while a replaced one is still
+    /// offered and the agent refuses the new one, the replaced one.
+    async fn token_taken_by(&self, node: &str, timeout: Duration) -> Result<String, CallError> {
+        let current = self.settings.token.current();
+        let Some(previous) = self.settings.token.previous() else {
+            return Ok(current);
+        };
+        let probe = Request::get(request_uri(node, "/v1/identity")?)
+            .header(hyper::header::AUTHORIZATION, format!("Bearer {current}"))
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| CallError::protocol(node, e.to_string()))?;
+        let response = tokio::time::timeout(timeout, self.client.request(probe))
+            .await
+            .map_err(|_| CallError::unreachable(node, format!("no answer within {timeout:?}")))?
+            .map_err(|e| CallError::unreachable(node, error_chain(&e)))?;
+        Ok(if response.status() == StatusCode::UNAUTHORIZED {
+            previous
+        } else {
+            current
+        })
     }
 
     /// Opens an interactive session on `node`'s agent: `GET path` upgraded (a WebSocket), with

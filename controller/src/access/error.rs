@@ -34,6 +34,13 @@ pub enum AccessError {
     /// A body beyond the limit.
     #[error("{0}")]
     TooLarge(String),
+    /// This replica is at its limit of calls, streams or buffered bytes: try again shortly
+    /// (answered with `Retry-After`).
+    #[error("{0}")]
+    TooManyRequests(String),
+    /// The caller sent nothing for too long while its body was expected.
+    #[error("{0}")]
+    Timeout(String),
     /// The VM's node, its agent or its runtime cannot be reached now.
     #[error("{0}")]
     Unavailable(String),
@@ -59,6 +66,8 @@ impl AccessError {
             AccessError::MethodNotAllowed(_) => "MethodNotAllowed",
             AccessError::Conflict(_) => "Conflict",
             AccessError::TooLarge(_) => "TooLarge",
+            AccessError::TooManyRequests(_) => "TooManyRequests",
+            AccessError::Timeout(_) => "Timeout",
             AccessError::Unavailable(_) => "Unavailable",
             AccessError::BadGateway(_) => "BadGateway",
             AccessError::NotReady(_) => "NotReady",
@@ -76,6 +85,8 @@ impl AccessError {
             AccessError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             AccessError::Conflict(_) => StatusCode::CONFLICT,
             AccessError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            AccessError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
+            AccessError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
             AccessError::Unavailable(_) | AccessError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             AccessError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             AccessError::Kube(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -92,16 +103,26 @@ impl AccessError {
             AccessError::MethodNotAllowed(_) => "MethodNotAllowed",
             AccessError::Conflict(_) => "Conflict",
             AccessError::TooLarge(_) => "RequestEntityTooLarge",
+            AccessError::TooManyRequests(_) => "TooManyRequests",
+            AccessError::Timeout(_) => "Timeout",
             AccessError::Unavailable(_) | AccessError::NotReady(_) => "ServiceUnavailable",
             AccessError::BadGateway(_) | AccessError::Kube(_) => "InternalError",
         }
     }
 
-    /// The error as a Kubernetes `Status` object.
+    /// The error as a Kubernetes `Status` object; a 429 says when to retry in its details, as
+    /// the API server's own do.
     pub fn to_status(&self) -> serde_json::Value {
-        status_object(self.status().as_u16(), self.status_reason(), &self.to_string())
+        let mut status = status_object(self.status().as_u16(), self.status_reason(), &self.to_string());
+        if let AccessError::TooManyRequests(_) = self {
+            status["details"] = serde_json::json!({ "retryAfterSeconds": RETRY_AFTER_SECONDS });
+        }
+        status
     }
 }
+
+/// When a caller shed with 429 is told to retry (`Retry-After`, `details.retryAfterSeconds`).
+pub const RETRY_AFTER_SECONDS: u64 = 1;
 
 /// A failure `Status` object (`kind: Status`, `apiVersion: v1`), as the API server writes them.
 pub fn status_object(code: u16, reason: &str, message: &str) -> serde_json::Value {
@@ -124,6 +145,11 @@ impl IntoResponse for AccessError {
             header::CONTENT_TYPE,
             header::HeaderValue::from_static("application/json"),
         );
+        if let AccessError::TooManyRequests(_) = self {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(RETRY_AFTER_SECONDS));
+        }
         response.extensions_mut().insert(Outcome(self.reason()));
         response
     }

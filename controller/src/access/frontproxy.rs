@@ -106,8 +106,16 @@ impl RequestHeaderConfig {
         })
     }
 
-    /// The user of a request on a connection from `peer`, or why there is none.
-    pub fn authenticate(&self, peer: &Peer, headers: &HeaderMap) -> Result<User, AccessError> {
+    /// Whether `peer` is the front proxy: a certificate of the requestheader CA (the TLS
+    /// handshake checked the chain) with a name the API server allows (any, when it lists none).
+    pub fn allows_name(&self, common_name: Option<&str>) -> bool {
+        self.allowed_names.is_empty() || common_name.is_some_and(|cn| self.allowed_names.iter().any(|n| n == cn))
+    }
+
+    /// Checks that a connection from `peer` is the front proxy's. The TLS handshake refuses
+    /// every other caller already; this holds for a connection made before the API server's
+    /// allowed names changed.
+    pub fn check_proxy(&self, peer: &Peer) -> Result<(), AccessError> {
         if !peer.presented {
             return Err(AccessError::Unauthenticated(
                 "no front-proxy client certificate: this API is served through the Kubernetes API server \
@@ -115,18 +123,18 @@ impl RequestHeaderConfig {
                     .into(),
             ));
         }
-        if !self.allowed_names.is_empty() {
-            let allowed = peer
-                .common_name
-                .as_deref()
-                .is_some_and(|cn| self.allowed_names.iter().any(|n| n == cn));
-            if !allowed {
-                return Err(AccessError::Unauthenticated(format!(
-                    "the client certificate's common name {:?} is not among the API server's requestheader-allowed-names",
-                    peer.common_name.as_deref().unwrap_or("")
-                )));
-            }
+        if !self.allows_name(peer.common_name.as_deref()) {
+            return Err(AccessError::Unauthenticated(format!(
+                "the client certificate's common name {:?} is not among the API server's requestheader-allowed-names",
+                peer.common_name.as_deref().unwrap_or("")
+            )));
         }
+        Ok(())
+    }
+
+    /// The user of a request on a connection from `peer`, or why there is none.
+    pub fn authenticate(&self, peer: &Peer, headers: &HeaderMap) -> Result<User, AccessError> {
+        self.check_proxy(peer)?;
         let first = |names: &[String]| {
             names
                 .iter()

@@ -7,25 +7,27 @@ use std::{sync::Arc, time::Duration};
 use axum::{
     Extension,
     body::{Body, Bytes},
-    extract::{Path, RawQuery, State, rejection::BytesRejection},
-    http::{HeaderMap, HeaderValue, Method, StatusCode, header},
+    extract::{Path, RawQuery, State},
+    http::{HeaderMap, HeaderValue, Method, header},
     response::{IntoResponse, Response},
 };
 use futures::TryStreamExt;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, StreamBody};
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use kube::{Api, api::PostParams};
 use smolvm_api::{
     SmolVM, SmolVMNode,
-    nodeapi::{EXEC_DEFAULT_TIMEOUT_SECONDS, ExecRequest},
+    nodeapi::{EXEC_DEFAULT_TIMEOUT_SECONDS, ExecRequest, MAX_FILE_BYTES},
 };
 
 use super::{
     AccessError, AccessState,
     error::Outcome,
     frontproxy::{Peer, User},
+    limits::Slot,
     request::{self, Subresource, Target},
 };
+use crate::nodeclient::StreamedBody;
 
 /// Extra time an exec's answer may take beyond the command's own limit.
 const EXEC_MARGIN: Duration = Duration::from_secs(30);
@@ -186,24 +188,32 @@ pub async fn log(
 
 /// `POST …/smolvms/{name}/exec` with an exec request (`command`, `env`, `workingDir`, `stdin`,
 /// `timeoutSeconds`): the exit code and the output, base64, byte-exact. The command and its
-/// output are never logged.
+/// output are never logged. The request is read only once the call is authorized, into this
+/// replica's body budget.
 pub async fn exec(
     State(state): State<Arc<AccessState>>,
     Extension(peer): Extension<Peer>,
     Path((namespace, name)): Path<(String, String)>,
     method: Method,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
     let sub = Subresource::Exec;
     let result = async {
-        let body = body.map_err(|r| rejection(r, super::MAX_EXEC_BODY))?;
+        let limit = super::MAX_EXEC_BODY;
+        let declared = declared_length(&headers)?;
+        if declared.is_some_and(|n| n > limit as u64) {
+            return Err(too_large(limit));
+        }
+        let call = state.begin(&peer, &headers, (&namespace, &name), sub, &method).await?;
+        let reserve = declared.map_or(limit, |n| usize::try_from(n).unwrap_or(limit).min(limit));
+        let _budget = state.gates.buffer(reserve)?;
+        let body = read_small(body, limit, state.gates.limits().body_idle_timeout).await?;
         let exec: ExecRequest = serde_json::from_slice(&body)
             .map_err(|e| AccessError::BadRequest(format!("the exec request does not parse: {e}")))?;
         if exec.command.first().is_none_or(String::is_empty) {
             return Err(AccessError::BadRequest("command is required: the program and its arguments".into()));
         }
-        let call = state.begin(&peer, &headers, (&namespace, &name), sub, &method).await?;
         tracing::info!(user = %call.user.name, %namespace, smolvm = %name, program = %exec.command[0], arguments = exec.command.len() - 1, "exec");
         let limit = Duration::from_secs(u64::from(exec.timeout_seconds.unwrap_or(EXEC_DEFAULT_TIMEOUT_SECONDS)));
         let path = format!("/v1/machines/{}/exec", call.target.machine);
@@ -244,9 +254,12 @@ pub async fn exec_stream(
             .await
             .map_err(|e| request::from_call(e, &call.target))?;
         let client = hyper::upgrade::on(&mut request);
+        // The session keeps its slot of this replica's sessions until it ends.
+        let slot = request.extensions().get::<Slot>().cloned();
         let metrics = state.metrics.clone();
         let (user, started) = (call.user.name.clone(), std::time::Instant::now());
         tokio::spawn(async move {
+            let _slot = slot;
             let client = match client.await {
                 Ok(client) => client,
                 Err(error) => {
@@ -270,7 +283,10 @@ pub async fn exec_stream(
 }
 
 /// `GET …/smolvms/{name}/files?path=/abs/path`: the file, streamed (or a directory's listing as
-/// JSON); `POST …/files?path=/abs/path&mode=0644` with the content: writes it.
+/// JSON); `POST …/files?path=/abs/path&mode=0644` with the content: writes it. The content is
+/// read only once the call is authorized, and then streamed to the node's agent as it comes
+/// (at most [`MAX_FILE_BYTES`], with no pause longer than the body idle timeout): this replica
+/// never holds a file whole.
 pub async fn files(
     State(state): State<Arc<AccessState>>,
     Extension(peer): Extension<Peer>,
@@ -278,14 +294,16 @@ pub async fn files(
     RawQuery(query): RawQuery,
     method: Method,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
     let sub = Subresource::Files;
     let result = async {
         let files = request::files_query(query.as_deref())?;
-        let body = body.map_err(|r| rejection(r, smolvm_api::nodeapi::MAX_FILE_BYTES))?;
-        let call = state.begin(&peer, &headers, (&namespace, &name), sub, &method).await?;
         let writing = method == Method::POST;
+        if writing && declared_length(&headers)?.is_some_and(|n| n > MAX_FILE_BYTES as u64) {
+            return Err(too_large(MAX_FILE_BYTES));
+        }
+        let call = state.begin(&peer, &headers, (&namespace, &name), sub, &method).await?;
         let path = request::node_file_path(
             &call.target.machine,
             &files.path,
@@ -293,8 +311,19 @@ pub async fn files(
         );
         tracing::info!(user = %call.user.name, %namespace, smolvm = %name, path = %files.path, direction = if writing { "in" } else { "out" }, "files");
         let response = if writing {
-            state.metrics.access_streamed(sub.as_str(), "in", body.len() as u64);
-            state.forward(&call, Method::PUT, &path, "application/octet-stream", body, state.file_timeout).await
+            let (upload, ended) = upload_body(body, &state, sub);
+            state
+                .nodes
+                .open_streaming(
+                    &call.target.node,
+                    Method::PUT,
+                    &path,
+                    "application/octet-stream",
+                    upload,
+                    state.file_timeout,
+                )
+                .await
+                .map_err(|e| ended.error().unwrap_or_else(|| request::from_call(e, &call.target)))
         } else {
             state.forward(&call, Method::GET, &path, "application/json", Bytes::new(), state.call_timeout).await
         }?;
@@ -305,10 +334,94 @@ pub async fn files(
     state.finish(sub, result)
 }
 
-fn rejection(rejection: BytesRejection, limit: usize) -> AccessError {
-    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        AccessError::TooLarge(format!("the body exceeds {limit} bytes"))
-    } else {
-        AccessError::BadRequest(rejection.body_text())
+/// The `Content-Length` a request declares, if any.
+fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, AccessError> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .map(|v| {
+            v.to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| AccessError::BadRequest("Content-Length is not a number".into()))
+        })
+        .transpose()
+}
+
+fn too_large(limit: usize) -> AccessError {
+    AccessError::TooLarge(format!("the body exceeds {limit} bytes"))
+}
+
+/// Reads a small body whole (at most `limit` bytes, with no pause longer than `idle`).
+async fn read_small(body: Body, limit: usize, idle: Duration) -> Result<Bytes, AccessError> {
+    let mut body = body;
+    let mut out = bytes::BytesMut::new();
+    loop {
+        let frame = tokio::time::timeout(idle, body.frame())
+            .await
+            .map_err(|_| idle_error(idle))?;
+        let Some(frame) = frame else {
+            return Ok(out.freeze());
+        };
+        let frame = frame.map_err(|e| AccessError::BadRequest(format!("reading the request body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            if out.len() + data.len() > limit {
+                return Err(too_large(limit));
+            }
+            out.extend_from_slice(&data);
+        }
     }
+}
+
+fn idle_error(idle: Duration) -> AccessError {
+    AccessError::Timeout(format!("the request body paused for more than {}s", idle.as_secs()))
+}
+
+/// Why an upload ended before the agent answered, when the cause was on the caller's side.
+#[derive(Debug, Default)]
+struct UploadEnd(std::sync::Mutex<Option<AccessError>>);
+
+impl UploadEnd {
+    fn set(&self, error: AccessError) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(error);
+    }
+
+    /// The caller's side of a failed upload, if it was the cause.
+    fn error(&self) -> Option<AccessError> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// A caller's file body on its way to the agent, frame by frame as it arrives: counted, held to
+/// [`MAX_FILE_BYTES`] and to the idle timeout. A failure ends the node request, and is recorded
+/// in the [`UploadEnd`] for the answer.
+fn upload_body(body: Body, state: &AccessState, sub: Subresource) -> (StreamedBody, Arc<UploadEnd>) {
+    let ended = Arc::new(UploadEnd::default());
+    let idle = state.gates.limits().body_idle_timeout;
+    let metrics = state.metrics.clone();
+    let record = ended.clone();
+    let frames = futures::stream::unfold(Some((body, 0usize)), move |next| {
+        let (metrics, record) = (metrics.clone(), record.clone());
+        async move {
+            let (mut body, seen) = next?;
+            let fail = |error: AccessError| {
+                let message = error.to_string();
+                record.set(error);
+                Some((Err(message.into()), None))
+            };
+            let frame = match tokio::time::timeout(idle, body.frame()).await {
+                Err(_) => return fail(idle_error(idle)),
+                Ok(None) => return None,
+                Ok(Some(Err(e))) => return fail(AccessError::BadRequest(format!("the upload broke off: {e}"))),
+                Ok(Some(Ok(frame))) => frame,
+            };
+            let size = frame.data_ref().map_or(0, Bytes::len);
+            let seen = seen + size;
+            if seen > MAX_FILE_BYTES {
+                return fail(too_large(MAX_FILE_BYTES));
+            }
+            metrics.access_streamed(sub.as_str(), "in", size as u64);
+            Some((Ok(frame), Some((body, seen))))
+        }
+    });
+    (StreamBody::new(frames).boxed_unsync(), ended)
 }

@@ -6,12 +6,14 @@
 //! client certificate from the runtime CA and the node API token); every replica serves it,
 //! the standby too, so a leader hand-off never interrupts it. Per call:
 //!
-//! 1. [`frontproxy`]: the connection must carry the API server's front-proxy client
-//!    certificate; the user comes from its headers.
-//! 2. [`request`]: a SubjectAccessReview on `smolvms/<subresource>` in this group, for that user.
-//! 3. The SmolVM's binding names the node and the machine; the node's SmolVMNode names the agent's
+//! 1. [`server`], [`frontproxy`]: the TLS handshake requires the API server's front-proxy client
+//!    certificate (the requestheader CA, an allowed name); the user comes from its headers.
+//! 2. [`limits`]: a slot of this replica's calls or sessions, or 429 at once.
+//! 3. [`request`]: a SubjectAccessReview on `smolvms/<subresource>` in this group, for that user.
+//! 4. The SmolVM's binding names the node and the machine; the node's SmolVMNode names the agent's
 //!    address.
-//! 4. [`handlers`]: the call goes to the agent over mTLS, and its answer streams back.
+//! 5. [`handlers`]: only now is a body read: the call goes to the agent over mTLS, a file's
+//!    content streamed through as it comes, and the answer streams back.
 //!
 //! Refusals are Kubernetes `Status` objects, so `kubectl` prints them as it prints its own.
 
@@ -20,6 +22,7 @@ pub mod discovery;
 mod error;
 pub mod frontproxy;
 pub mod handlers;
+pub mod limits;
 pub mod request;
 pub mod server;
 
@@ -28,10 +31,10 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use anyhow::Context as _;
 use axum::{
     Json, Router,
-    extract::DefaultBodyLimit,
     routing::{get, post},
 };
 use axum_server::tls_rustls::RustlsConfig;
+use hyper_util::rt::TokioTimer;
 use kube::{Api, Client};
 use smolvm_certs::ReloadableResolver;
 use smolvm_kit::selfsigned::{self, SelfSignedConfig};
@@ -68,15 +71,38 @@ pub struct AccessState {
     pub call_timeout: Duration,
     /// How long a file write may take.
     pub file_timeout: Duration,
+    /// What this replica holds at most.
+    pub gates: limits::Gates,
 }
 
 impl AccessState {
+    /// The state of a replica with the standard timeouts of agent calls (30 s to answer, 5
+    /// minutes for a file write) and `limits`.
+    pub fn new(
+        kube: Client,
+        nodes: NodeClient,
+        requestheader: server::RequestHeaderSlot,
+        metrics: Arc<Metrics>,
+        limits: limits::Limits,
+    ) -> Self {
+        AccessState {
+            kube,
+            nodes,
+            requestheader,
+            metrics,
+            call_timeout: Duration::from_secs(30),
+            file_timeout: Duration::from_secs(300),
+            gates: limits::Gates::new(limits),
+        }
+    }
+
     fn requestheader(&self) -> Arc<frontproxy::RequestHeaderConfig> {
         self.requestheader.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 
-/// The routes: discovery, and the three subresources.
+/// The routes: discovery, and the three subresources, behind [`limits::guard`]. No route reads
+/// a body before its handler has authorized the call.
 pub fn router(state: Arc<AccessState>) -> Router {
     let base = "/apis/subresources.vm.smolvm.dev/v1alpha1/namespaces/{namespace}/smolvms/{name}";
     Router::new()
@@ -95,21 +121,45 @@ pub fn router(state: Arc<AccessState>) -> Router {
         .route("/readyz", get(|| async { "ok" }))
         .route("/livez", get(|| async { "ok" }))
         .route(&format!("{base}/log"), get(handlers::log).post(handlers::log))
-        .route(
-            &format!("{base}/exec"),
-            post(handlers::exec)
-                .get(handlers::exec_stream)
-                .layer(DefaultBodyLimit::max(MAX_EXEC_BODY)),
-        )
+        .route(&format!("{base}/exec"), post(handlers::exec).get(handlers::exec_stream))
         .route(
             &format!("{base}/files"),
-            get(handlers::files)
-                .post(handlers::files)
-                .put(handlers::files)
-                .layer(DefaultBodyLimit::max(smolvm_api::nodeapi::MAX_FILE_BYTES)),
+            get(handlers::files).post(handlers::files).put(handlers::files),
         )
         .fallback(|| async { AccessError::NotFound("no such path in subresources.vm.smolvm.dev/v1alpha1".into()) })
+        .layer(axum::middleware::from_fn_with_state(state.clone(), limits::guard))
         .with_state(state)
+}
+
+/// Serves `state`'s access API on `listener` with `tls` (see [`server::tls_config`]) until
+/// `handle` shuts it down: the front proxy authenticated at the handshake, headers within the
+/// header timeout, at most as many HTTP/2 streams per connection as the replica has slots.
+pub async fn serve(
+    listener: std::net::TcpListener,
+    state: Arc<AccessState>,
+    tls: RustlsConfig,
+    handle: axum_server::Handle<SocketAddr>,
+) -> anyhow::Result<()> {
+    listener.set_nonblocking(true)?;
+    let limits = state.gates.limits().clone();
+    let mut server = axum_server::from_tcp(listener)?
+        .acceptor(server::PeerAcceptor::new(tls))
+        .handle(handle);
+    let builder = server.http_builder();
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(u32::try_from(limits.max_calls + limits.max_streams).unwrap_or(u32::MAX))
+        .keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(10));
+    server
+        .serve(router(state).into_make_service())
+        .await
+        .context("serving the access API")
 }
 
 /// Where the serving certificate comes from.
@@ -240,26 +290,19 @@ pub async fn run(
         resolver,
         cfg.check_interval.max(Duration::from_secs(10)),
     ));
-    let state = Arc::new(AccessState {
-        kube: client,
+    let state = Arc::new(AccessState::new(
+        client,
         nodes,
-        requestheader: slot,
+        slot,
         metrics,
-        call_timeout: Duration::from_secs(30),
-        file_timeout: Duration::from_secs(300),
-    });
+        limits::Limits::default(),
+    ));
     let handle = axum_server::Handle::new();
     let stopper = handle.clone();
     tokio::spawn(async move {
         shutdown.await;
         stopper.graceful_shutdown(Some(Duration::from_secs(5)));
     });
-    listener.set_nonblocking(true)?;
     tracing::info!(address = %cfg.address, "access API (subresources.vm.smolvm.dev) serving");
-    axum_server::from_tcp(listener)?
-        .acceptor(server::PeerAcceptor::new(rustls))
-        .handle(handle)
-        .serve(router(state).into_make_service())
-        .await
-        .context("serving the access API")
+    serve(listener, state, rustls, handle).await
 }

@@ -1,6 +1,8 @@
 //! Serving the access API over TLS: the serving certificate (self-signed with the APIService's
-//! caBundle injected, or files from cert-manager), client certificates verified against the API
-//! server's requestheader CA, and each connection's verified peer put on its requests.
+//! caBundle injected, or files from cert-manager), and the front proxy authenticated at the
+//! handshake: a client certificate is required, it must chain to the API server's requestheader
+//! CA and carry a name the API server allows. Anyone else is refused before a byte of HTTP is
+//! read. Each connection's verified peer is put on its requests.
 
 use std::{
     collections::BTreeMap,
@@ -14,7 +16,16 @@ use axum_server::{accept::Accept, tls_rustls::RustlsAcceptor, tls_rustls::Rustls
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client};
-use smolvm_certs::{ReloadableResolver, cert_info_from_der, optional_client_cert_server_config};
+use rustls::{
+    DigitallySignedStruct, DistinguishedName, SignatureScheme,
+    client::danger::HandshakeSignatureValid,
+    pki_types::{CertificateDer, UnixTime},
+    server::{
+        WebPkiClientVerifier,
+        danger::{ClientCertVerified, ClientCertVerifier},
+    },
+};
+use smolvm_certs::{ReloadableResolver, cert_info_from_der};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::server::TlsStream;
 use tower::Layer;
@@ -50,8 +61,8 @@ where
         let inner = self.inner.clone();
         Box::pin(async move {
             let (stream, service) = inner.accept(stream, service).await?;
-            // rustls has verified the chain against the requestheader CA when a certificate
-            // was presented; only then is there a peer.
+            // rustls has verified the chain against the requestheader CA and the allowed
+            // names (the certificate is mandatory): the peer is the front proxy.
             let peer = match stream.get_ref().1.peer_certificates().and_then(|c| c.first()) {
                 Some(leaf) => Peer {
                     common_name: cert_info_from_der(leaf).ok().and_then(|i| i.subject_cn),
@@ -78,16 +89,93 @@ pub async fn read_requestheader(client: &Client) -> Result<RequestHeaderConfig, 
     RequestHeaderConfig::from_configmap(&data)
 }
 
-/// The rustls config for `requestheader`'s CA and the serving certificate.
+/// The rustls config for the serving certificate and `requestheader`'s front proxy: a client
+/// certificate is mandatory, verified against the requestheader CA (WebPKI: chain, validity,
+/// client usage) and then held to the allowed names. Without one, or with another name, the
+/// handshake fails (alert `certificate_required` or `access_denied`): no request of that
+/// connection is ever read.
 pub fn tls_config(
     resolver: &Arc<ReloadableResolver>,
     requestheader: &RequestHeaderConfig,
 ) -> Result<Arc<rustls::ServerConfig>, smolvm_certs::Error> {
-    optional_client_cert_server_config(resolver.clone(), &requestheader.client_ca_pem).map(Arc::new)
+    let provider = smolvm_certs::crypto_provider();
+    let roots = Arc::new(smolvm_certs::root_store(&requestheader.client_ca_pem)?);
+    let chain = WebPkiClientVerifier::builder_with_provider(roots, provider.clone()).build()?;
+    let verifier = Arc::new(FrontProxyVerifier {
+        chain,
+        requestheader: requestheader.clone(),
+    });
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(resolver.clone());
+    config.alpn_protocols = smolvm_certs::SERVER_ALPN.iter().map(|p| p.to_vec()).collect();
+    Ok(Arc::new(config))
+}
+
+/// The requestheader CA's verifier (every check it makes, unchanged), and then the API server's
+/// allowed names: a certificate of that CA issued to anyone else is refused too.
+#[derive(Debug)]
+struct FrontProxyVerifier {
+    chain: Arc<dyn ClientCertVerifier>,
+    requestheader: RequestHeaderConfig,
+}
+
+impl ClientCertVerifier for FrontProxyVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        true
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.chain.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self.chain.verify_client_cert(end_entity, intermediates, now)?;
+        let name = cert_info_from_der(end_entity).ok().and_then(|i| i.subject_cn);
+        if self.requestheader.allows_name(name.as_deref()) {
+            Ok(verified)
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.chain.supported_verify_schemes()
+    }
 }
 
 /// Re-reads the front-proxy settings every `interval` and puts a change in force: new
-/// handshakes verify against a new CA, new requests read new header names. A broken or missing
+/// handshakes verify against a new CA and allowed names, new requests read new header names. A broken or missing
 /// ConfigMap keeps what is in force.
 pub async fn follow_requestheader(
     client: Client,
@@ -109,11 +197,11 @@ pub async fn follow_requestheader(
         if next == *current {
             continue;
         }
-        if next.client_ca_pem != current.client_ca_pem {
+        if next.client_ca_pem != current.client_ca_pem || next.allowed_names != current.allowed_names {
             match tls_config(&resolver, &next) {
                 Ok(config) => rustls.reload_from_config(config),
                 Err(error) => {
-                    tracing::warn!(%error, "access API: the new requestheader CA does not load; keeping the one in force");
+                    tracing::warn!(%error, "access API: the new requestheader settings do not load; keeping the ones in force");
                     continue;
                 }
             }

@@ -2,7 +2,7 @@
 //! `kubectl smolvm` on top of it: a user with the log role reads the log, a user with no role is
 //! Forbidden, exec (one-shot and interactive, over the WebSocket channel protocol) on a VM that
 //! does not run answers 409, a role that may only `get` smolvms/exec gets no shell, a call without the front proxy's
-//! certificate is refused, the server asks RBAC itself, a VM whose node is away is a 503, and
+//! certificate is refused at the TLS handshake, the server asks RBAC itself, a VM whose node is away is a 503, and
 //! `stop`, `start` and `restart` move the VM.
 //!
 //! This tier runs no kube-controller-manager, so the built-in `view`/`edit` roles do not pick up
@@ -259,12 +259,26 @@ async fn access_api_refuses_callers_other_than_the_front_proxy_and_asks_rbac_its
         .map(|b| text(&b.0))
         .ok_or_else(|| anyhow!("smolvm-access-tls has no ca.crt"))?;
     let path = format!("/apis/subresources.vm.smolvm.dev/v1alpha1/namespaces/{NS}/smolvms/{VM}/log");
-    // Straight to the port, claiming to be the cluster admin, without the proxy's certificate.
-    let forged = get_status(env, &access_tls(env, &ca, false)?, &path, "e2e-admin").await?;
-    ensure!(
-        forged == 401,
-        "a forged user header without the front-proxy certificate got {forged}"
-    );
+    // Straight to the port, claiming to be the cluster admin, without the proxy's certificate:
+    // the TLS handshake refuses the connection (alert certificate_required), so not even the
+    // request's headers are read.
+    match get_status(env, &access_tls(env, &ca, false)?, &path, "e2e-admin").await {
+        Ok(code) => anyhow::bail!("a forged user header without the front-proxy certificate got {code}"),
+        Err(error) => {
+            let alert = error
+                .downcast_ref::<std::io::Error>()
+                .and_then(|e| e.get_ref())
+                .and_then(|e| e.downcast_ref::<rustls::Error>())
+                .cloned();
+            ensure!(
+                alert
+                    == Some(rustls::Error::AlertReceived(
+                        rustls::AlertDescription::CertificateRequired
+                    )),
+                "a caller without the front-proxy certificate: {error:#}"
+            );
+        }
+    }
     // With the proxy's certificate, the access API still asks RBAC about the user named.
     let proxy = access_tls(env, &ca, true)?;
     let denied = get_status(env, &proxy, &path, MALLORY).await?;
