@@ -125,6 +125,9 @@ pub mod reason {
     pub const RESTARTED: &str = "Restarted";
     /// A published host port is taken on the node (told by its agent before smolvm is asked).
     pub const HOST_PORT_IN_USE: &str = "HostPortInUse";
+    /// A published host port is one the policy excludes (`excludedHostPorts`); the node's agent
+    /// refused to create the machine whatever admission did.
+    pub const HOST_PORT_EXCLUDED: &str = "HostPortExcluded";
     /// The Service for `network.exposeService` routes to the machine's node and host ports.
     pub const SERVICE_READY: &str = "ServiceReady";
     /// A Service of the SmolVM's name exists and the SmolVM does not own it: it is not touched.

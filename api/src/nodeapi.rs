@@ -45,6 +45,10 @@ pub enum ErrorCode {
     RouteNotFound,
     /// 405: the route exists, the method does not.
     MethodNotAllowed,
+    /// 403: a published host port is one the policy excludes (`excludedHostPorts`: the node's
+    /// own services and the agent's ports); `details` names the port, protocol and rule. Only a
+    /// new machine is refused: an existing machine keeps its ports.
+    HostPortExcluded,
     /// 409: a machine of that name exists with a different spec; `details.fields` names them.
     MachineSpecConflict,
     /// 409: CPU/memory can change only on a running machine; `details.pending` names the
@@ -75,13 +79,14 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code this build knows.
-    pub const KNOWN: [ErrorCode; 17] = [
+    pub const KNOWN: [ErrorCode; 18] = [
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
         ErrorCode::MachineNotFound,
         ErrorCode::RouteNotFound,
         ErrorCode::MethodNotAllowed,
+        ErrorCode::HostPortExcluded,
         ErrorCode::MachineSpecConflict,
         ErrorCode::ResizeRequiresRunning,
         ErrorCode::HostPortInUse,
@@ -104,6 +109,7 @@ impl ErrorCode {
             ErrorCode::MachineNotFound => "MachineNotFound",
             ErrorCode::RouteNotFound => "RouteNotFound",
             ErrorCode::MethodNotAllowed => "MethodNotAllowed",
+            ErrorCode::HostPortExcluded => "HostPortExcluded",
             ErrorCode::MachineSpecConflict => "MachineSpecConflict",
             ErrorCode::ResizeRequiresRunning => "ResizeRequiresRunning",
             ErrorCode::HostPortInUse => "HostPortInUse",
@@ -138,7 +144,7 @@ impl ErrorCode {
         match self {
             ErrorCode::InvalidRequest => 400,
             ErrorCode::Unauthenticated => 401,
-            ErrorCode::Forbidden => 403,
+            ErrorCode::Forbidden | ErrorCode::HostPortExcluded => 403,
             ErrorCode::MachineNotFound | ErrorCode::RouteNotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::MachineSpecConflict

@@ -1,5 +1,5 @@
-//! The admission policy: resource bounds, the host port range, and the identities of the
-//! operator's own components.
+//! The admission policy: resource bounds, the host port range and its excluded ports, and the
+//! identities of the operator's own components.
 //!
 //! It comes from a YAML file mounted from a ConfigMap; every field is optional and falls back to
 //! the built-in default. A bad file gets an error naming the field.
@@ -41,6 +41,11 @@ pub struct Policy {
     pub host_port_min: i64,
     /// Highest host port a SmolVM may forward.
     pub host_port_max: i64,
+    /// Host ports no SmolVM may publish, inside the range or not: the node's own services (the
+    /// kubelet, kube-proxy, the NodePort range) and the runtime agent's listeners. Each entry is
+    /// a port (`10250`) or an inclusive range (`"30000-32767"`). A file that sets the list
+    /// replaces the default list whole. The webhook (V3) and every node's agent enforce it.
+    pub excluded_host_ports: Vec<PortRange>,
     /// Most forwarded ports per SmolVM.
     pub max_ports: i64,
     /// Most allowedCIDRs entries per SmolVM.
@@ -73,6 +78,7 @@ impl Default for Policy {
             max_overlay_gib: 1024,
             host_port_min: 1024,
             host_port_max: 65_535,
+            excluded_host_ports: DEFAULT_EXCLUDED_HOST_PORTS.to_vec(),
             max_ports: 16,
             max_allowed_cidrs: 32,
             max_env: 64,
@@ -82,6 +88,130 @@ impl Default for Policy {
             controller_usernames: vec![service_account(DEFAULT_NAMESPACE, "smolvm-controller")],
             runtime_usernames: vec![service_account(DEFAULT_NAMESPACE, "smolvm-runtime")],
         }
+    }
+}
+
+/// Port of the runtime agent's node API (its `--port` default).
+pub const AGENT_NODE_API_PORT: u16 = 10443;
+/// Port of the runtime agent's ops listener (its `--ops-address` default).
+pub const AGENT_OPS_PORT: u16 = 9090;
+/// smolvm's guest rollout port on the node's loopback (the agent's `--guest-rollout-port` default).
+pub const SMOLVM_GUEST_ROLLOUT_PORT: u16 = 10081;
+
+/// The default excluded host ports: kube-proxy's metrics (10249) and health (10256) ports, the
+/// kubelet's API (10250), the NodePort range, and the runtime agent's own ports.
+pub const DEFAULT_EXCLUDED_HOST_PORTS: [PortRange; 7] = [
+    PortRange::one(10249),
+    PortRange::one(10250),
+    PortRange::one(10256),
+    PortRange {
+        first: 30000,
+        last: 32767,
+    },
+    PortRange::one(AGENT_OPS_PORT),
+    PortRange::one(SMOLVM_GUEST_ROLLOUT_PORT),
+    PortRange::one(AGENT_NODE_API_PORT),
+];
+
+/// Most entries in `excludedHostPorts`.
+pub const MAX_EXCLUDED_HOST_PORTS: usize = 256;
+
+/// A host port, or an inclusive range of host ports. Written as a number (`10250`) or as a
+/// string (`"30000-32767"`, or `"10250"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PortRange {
+    /// The first port of the range.
+    pub first: u16,
+    /// The last port of the range (equal to `first` for one port).
+    pub last: u16,
+}
+
+impl PortRange {
+    /// One port.
+    pub const fn one(port: u16) -> Self {
+        PortRange {
+            first: port,
+            last: port,
+        }
+    }
+
+    /// Whether `port` lies in the range.
+    pub fn contains(&self, port: i64) -> bool {
+        (i64::from(self.first)..=i64::from(self.last)).contains(&port)
+    }
+
+    /// Reads `"10250"` or `"30000-32767"`: ports 1 to 65535, the first not above the last.
+    pub fn parse(text: &str) -> Result<PortRange, String> {
+        let port = |t: &str| -> Result<u16, String> {
+            t.trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p >= 1)
+                .ok_or_else(|| format!("{:?} is not a port number (1-65535)", t.trim()))
+        };
+        let range = match text.split_once('-') {
+            Some((first, last)) => PortRange {
+                first: port(first)?,
+                last: port(last)?,
+            },
+            None => PortRange::one(port(text)?),
+        };
+        if range.first > range.last {
+            return Err(format!(
+                "{text:?} is not a range: {} is above {}",
+                range.first, range.last
+            ));
+        }
+        Ok(range)
+    }
+}
+
+impl std::fmt::Display for PortRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.first == self.last {
+            write!(f, "{}", self.first)
+        } else {
+            write!(f, "{}-{}", self.first, self.last)
+        }
+    }
+}
+
+impl Serialize for PortRange {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if self.first == self.last {
+            serializer.serialize_u16(self.first)
+        } else {
+            serializer.collect_str(self)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for PortRange {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = PortRange;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a port (1-65535) or a range such as \"30000-32767\"")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<PortRange, E> {
+                u16::try_from(v)
+                    .ok()
+                    .filter(|p| *p >= 1)
+                    .map(PortRange::one)
+                    .ok_or_else(|| E::custom(format!("{v} is not a port number (1-65535)")))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<PortRange, E> {
+                match u64::try_from(v) {
+                    Ok(v) => self.visit_u64(v),
+                    Err(_) => Err(E::custom(format!("{v} is not a port number (1-65535)"))),
+                }
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<PortRange, E> {
+                PortRange::parse(v).map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_any(Visitor)
     }
 }
 
@@ -195,6 +325,23 @@ impl Policy {
                 ));
             }
         }
+        if self.excluded_host_ports.len() > MAX_EXCLUDED_HOST_PORTS {
+            return Err(invalid(
+                "excludedHostPorts",
+                format!(
+                    "{} entries exceed the maximum {MAX_EXCLUDED_HOST_PORTS}",
+                    self.excluded_host_ports.len()
+                ),
+            ));
+        }
+        for (i, range) in self.excluded_host_ports.iter().enumerate() {
+            if range.first < 1 || range.first > range.last {
+                return Err(invalid(
+                    &format!("excludedHostPorts[{i}]"),
+                    format!("{}-{} is not a port range", range.first, range.last),
+                ));
+            }
+        }
         for (name, list) in [
             ("controllerUsernames", &self.controller_usernames),
             ("runtimeUsernames", &self.runtime_usernames),
@@ -204,6 +351,11 @@ impl Policy {
             }
         }
         Ok(())
+    }
+
+    /// The excluded range that holds host port `port`, if any (V3; the agent checks the same).
+    pub fn excluded_host_port(&self, port: i64) -> Option<PortRange> {
+        self.excluded_host_ports.iter().copied().find(|r| r.contains(port))
     }
 
     /// The role of a username under this policy.
@@ -249,6 +401,12 @@ mod tests {
             ("maxPorts: 100\n", "maxPorts"),
             ("controllerUsernames: ['']\n", "controllerUsernames[0]"),
             ("runtimeUsernames: 3\n", "runtimeUsernames"),
+            ("excludedHostPorts: [0]\n", "excludedHostPorts[0]"),
+            ("excludedHostPorts: [10250, 70000]\n", "excludedHostPorts[1]"),
+            ("excludedHostPorts: ['32767-30000']\n", "excludedHostPorts[0]"),
+            ("excludedHostPorts: ['a-b']\n", "excludedHostPorts[0]"),
+            ("excludedHostPorts: [-1]\n", "excludedHostPorts[0]"),
+            ("excludedHostPorts: 10250\n", "excludedHostPorts"),
             ("- a\n", "."),
         ];
         for (text, field) in cases {
@@ -262,6 +420,59 @@ mod tests {
         }
         let unknown = Policy::from_yaml("maxCPUs: 4\n").unwrap_err().to_string();
         assert!(unknown.contains("maxCPUs"), "{unknown}");
+    }
+
+    #[test]
+    fn excluded_host_ports() {
+        let p = Policy::default();
+        for (port, rule) in [
+            (10249, Some("10249")),
+            (10250, Some("10250")),
+            (10256, Some("10256")),
+            (30000, Some("30000-32767")),
+            (31234, Some("30000-32767")),
+            (32767, Some("30000-32767")),
+            (AGENT_NODE_API_PORT.into(), Some("10443")),
+            (AGENT_OPS_PORT.into(), Some("9090")),
+            (SMOLVM_GUEST_ROLLOUT_PORT.into(), Some("10081")),
+            (8080, None),
+            (29999, None),
+            (32768, None),
+            (10251, None),
+        ] {
+            assert_eq!(
+                p.excluded_host_port(port).map(|r| r.to_string()).as_deref(),
+                rule,
+                "{port}"
+            );
+        }
+        // A file's list replaces the default; ports are numbers or strings, ranges strings.
+        let p = Policy::from_yaml("excludedHostPorts: [22, '8000-8099', '443']\n").unwrap();
+        assert_eq!(
+            p.excluded_host_ports,
+            vec![
+                PortRange::one(22),
+                PortRange {
+                    first: 8000,
+                    last: 8099
+                },
+                PortRange::one(443)
+            ]
+        );
+        assert_eq!(p.excluded_host_port(10250), None);
+        assert_eq!(
+            p.excluded_host_port(8050),
+            Some(PortRange {
+                first: 8000,
+                last: 8099
+            })
+        );
+        let p = Policy::from_yaml("excludedHostPorts: []\n").unwrap();
+        assert!(p.excluded_host_ports.is_empty());
+        // Written back as it is read.
+        let text = serde_norway::to_string(&Policy::default()).unwrap();
+        assert_eq!(Policy::from_yaml(&text).unwrap(), Policy::default());
+        assert!(text.contains("30000-32767"), "{text}");
     }
 
     #[test]

@@ -196,7 +196,13 @@ fn valid_spec() -> impl Strategy<Value = Value> {
         "localhost:5000/a/b",
         "local:img",
     ]);
-    let ports = prop::collection::btree_set((1024i32..65535, any::<bool>()), 0..=16).prop_map(|set| {
+    // Outside the default policy's excluded host ports (the node's services, NodePorts, the agent's).
+    let host_port = (1024i32..65535).prop_filter("an excluded host port", |p| {
+        smolvm_api::Policy::default()
+            .excluded_host_port(i64::from(*p))
+            .is_none()
+    });
+    let ports = prop::collection::btree_set((host_port, any::<bool>()), 0..=16).prop_map(|set| {
         set.into_iter()
             .enumerate()
             .map(|(i, (host, udp))| {

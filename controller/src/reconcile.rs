@@ -1107,6 +1107,10 @@ pub fn call_failure(call: RuntimeCall, code: Option<&ErrorCode>) -> (Option<Phas
     if code == Some(&ErrorCode::HostPortInUse) && matches!(call, RuntimeCall::Create | RuntimeCall::Start) {
         return (Some(Phase::Failed), reason::HOST_PORT_IN_USE);
     }
+    // The agent's own refusal, whatever admission did: an excluded host port.
+    if code == Some(&ErrorCode::HostPortExcluded) {
+        return (Some(Phase::Failed), reason::HOST_PORT_EXCLUDED);
+    }
     match call {
         RuntimeCall::Get => (Some(Phase::Unknown), "RuntimeError"),
         RuntimeCall::Create => (Some(Phase::Failed), reason::CREATE_FAILED),

@@ -107,6 +107,13 @@ fn runtime_failures_are_named_after_the_call() {
             Some(&ErrorCode::InvalidRequest),
             (None, "ResizeFailed"),
         ),
+        // The agent's refusal whatever admission did, its own reason.
+        (
+            "create_port_excluded",
+            RuntimeCall::Create,
+            Some(&ErrorCode::HostPortExcluded),
+            (Some(Phase::Failed), "HostPortExcluded"),
+        ),
         // smolvm's start failure is a start failure whatever call met it.
         (
             "create_then_start_failed",

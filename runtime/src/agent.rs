@@ -54,6 +54,9 @@ pub struct AgentOptions {
     /// The node's address, where published ports are forwarded to smolvm's loopback listeners
     /// ([`crate::forward`]); `None`, a loopback or an unspecified address turns forwarding off.
     pub publish_address: Option<std::net::IpAddr>,
+    /// What the agent refuses whatever admission did ([`crate::guards`]): the policy file of
+    /// excluded host ports (the built-in defaults without one).
+    pub guards: crate::guards::GuardOptions,
 }
 
 /// A running agent.
@@ -65,6 +68,8 @@ pub struct Agent {
     identity: Arc<Identity>,
     vmm: Arc<dyn Vmm>,
     forwarder: Option<(Arc<Forwarder>, tokio::task::JoinHandle<()>)>,
+    /// The policy file's watcher, if any.
+    policy_watch: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Agent {
@@ -72,6 +77,14 @@ impl Agent {
     pub async fn start(options: AgentOptions) -> Result<Self> {
         let metrics = Arc::new(Metrics::default());
         let identity = Identity::new(options.node_name.clone());
+        // The agent's own ports are excluded whatever the policy says.
+        let own_ports = own_ports(&options);
+        let host_ports = crate::guards::HostPortGuard::load(options.guards.policy_file.as_deref(), &own_ports)?;
+        let policy_watch = options
+            .guards
+            .policy_file
+            .clone()
+            .map(|path| host_ports.spawn_reload(path, options.file_poll_interval));
         let mut smolvm_config = SmolvmConfig::new(&options.supervisor.socket);
         if let Some(dir) = &options.local_image_dir {
             smolvm_config = smolvm_config.with_local_image_dir(dir);
@@ -90,6 +103,7 @@ impl Agent {
             Some(dir) => state.with_workload_records(dir),
             None => state,
         };
+        let state = state.with_host_ports(host_ports);
         let forwarder = match options.publish_address {
             Some(address) if !address.is_loopback() && !address.is_unspecified() => {
                 let forwarder = Forwarder::new(address, metrics.clone());
@@ -150,6 +164,7 @@ impl Agent {
             identity,
             vmm,
             forwarder,
+            policy_watch,
         })
     }
 
@@ -199,10 +214,29 @@ impl Agent {
         if let Some((_, sync)) = &self.forwarder {
             sync.abort();
         }
+        if let Some(watch) = &self.policy_watch {
+            watch.abort();
+        }
         self.node_api.shutdown(grace).await;
         if let Some(ops) = self.ops {
             ops.shutdown(grace).await;
         }
         self.supervisor.shutdown().await;
     }
+}
+
+/// The ports the agent listens on: the node API, the ops port, and the guest rollout port of
+/// the smolvm it starts. No VM may publish them.
+fn own_ports(options: &AgentOptions) -> Vec<u16> {
+    let mut ports = Vec::new();
+    if let Ok(address) = options.node_api_listener.local_addr() {
+        ports.push(address.port());
+    }
+    if let Some(Ok(address)) = options.ops_listener.as_ref().map(std::net::TcpListener::local_addr) {
+        ports.push(address.port());
+    }
+    if let Some(spawn) = &options.supervisor.spawn {
+        ports.push(spawn.guest_rollout_port);
+    }
+    ports
 }

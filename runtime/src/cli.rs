@@ -99,6 +99,11 @@ pub struct Flags {
     /// The KVM device.
     #[arg(long, env = "SMOLVM_RUNTIME_KVM_DEVICE", default_value = "/dev/kvm")]
     pub kvm_device: PathBuf,
+    /// The admission policy file (the `smolvm-policy` ConfigMap the webhook reads), re-read on
+    /// change: the agent refuses to create a machine on a host port it excludes. Without it,
+    /// the built-in defaults apply. The agent's own ports are always excluded.
+    #[arg(long, env = "SMOLVM_RUNTIME_POLICY")]
+    pub policy: Option<PathBuf>,
     /// Log line format.
     #[arg(long, env = "SMOLVM_RUNTIME_LOG_FORMAT", value_enum, default_value = "json")]
     pub log_format: LogFormat,

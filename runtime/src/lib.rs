@@ -4,6 +4,7 @@ pub mod agent;
 pub mod cli;
 pub mod error;
 pub mod forward;
+pub mod guards;
 pub mod host;
 pub mod metrics;
 pub mod nodeapi;

@@ -93,6 +93,9 @@ async fn run(flags: Flags) -> Result<()> {
         publish_address: flags
             .publish_address
             .or_else(|| std::env::var("NODE_IP").ok().and_then(|ip| ip.parse().ok())),
+        guards: smolvm_runtime::guards::GuardOptions {
+            policy_file: flags.policy.clone(),
+        },
     })
     .await?;
 

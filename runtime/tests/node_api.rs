@@ -1059,3 +1059,83 @@ async fn logs_exec_and_files_against_real_smolvm() {
     }
     agent.agent.shutdown().await;
 }
+
+/// A host port the policy excludes (the built-in defaults here: the kubelet's 10250, the
+/// NodePort range, ...) or one the agent itself listens on is refused at create with 403
+/// HostPortExcluded naming the port, its protocol and the rule, and smolvm never gets the
+/// machine. A machine that already has such a port (made before the policy excluded it) keeps
+/// it: its repeated create is answered as the same machine and its start is not refused for it.
+#[tokio::test]
+async fn excluded_host_ports_are_refused_at_create_and_kept_by_existing_machines() {
+    common::init();
+    let dir = tempdir();
+    let Some(agent) = TestAgent::with_smolvm(
+        "excluded_host_ports_are_refused_at_create_and_kept_by_existing_machines",
+        dir.path(),
+        Arc::new(Pki::new()),
+    )
+    .await
+    else {
+        return;
+    };
+    let mut c = agent.client().await;
+    let own = agent.agent.node_api_addr().port();
+    let free = common::free_port();
+    let spec_on = |port: u16, protocol: &str| {
+        let mut spec = small_spec("localhost:1/app:1");
+        spec["network"] = json!({"enabled": true, "ports": [{"hostPort": free, "guestPort": 8080}, {"hostPort": port, "guestPort": 80, "protocol": protocol}]});
+        spec
+    };
+    let cases = [
+        (10250, "TCP", "10250".to_string()),
+        (10249, "UDP", "10249".to_string()),
+        (30080, "TCP", "30000-32767".to_string()),
+        (own, "TCP", own.to_string()),
+    ];
+    for (i, (port, protocol, rule)) in cases.into_iter().enumerate() {
+        let name = format!("svm-excluded-{i}");
+        let refused = c
+            .call("PUT", &format!("/v1/machines/{name}"), Some(spec_on(port, protocol)))
+            .await;
+        assert_error(&refused, 403, "HostPortExcluded");
+        assert_eq!(
+            refused.body["details"],
+            json!({"hostPort": port, "protocol": protocol, "rule": rule}),
+            "{refused:?}"
+        );
+        assert!(
+            agent.agent.vmm().get(&name).await.expect("smolvm answers").is_none(),
+            "smolvm never got {name}"
+        );
+    }
+
+    // A machine made before the policy excluded its port (here: straight through smolvm).
+    let name = "svm-bound-before-the-policy";
+    let mut existing = smolvm_runtime::vmm::MachineSpec::new(name, 1, 256);
+    existing.image = Some("localhost:1/app:1".into());
+    existing.storage_gib = Some(2);
+    existing.overlay_gib = Some(1);
+    existing.network = true;
+    existing.ports = vec![
+        smolvm_runtime::vmm::PortMapping {
+            host_port: free,
+            guest_port: 8080,
+            protocol: smolvm_api::Protocol::Tcp,
+        },
+        smolvm_runtime::vmm::PortMapping {
+            host_port: 10250,
+            guest_port: 80,
+            protocol: smolvm_api::Protocol::Tcp,
+        },
+    ];
+    agent.agent.vmm().create(&existing).await.expect("smolvm creates it");
+    let path = format!("/v1/machines/{name}");
+    let again = c.call("PUT", &path, Some(spec_on(10250, "TCP"))).await;
+    assert_eq!(again.status, 200, "the existing machine is answered: {again:?}");
+    let start = c.call("POST", &format!("{path}/ensure-running"), None).await;
+    assert_ne!(start.body["code"], "HostPortExcluded", "{start:?}");
+    // The image's registry does not exist: smolvm's start fails, after the agent let it through.
+    assert_error(&start, 500, "StartFailed");
+    assert_eq!(c.call("DELETE", &path, None).await.status, 200);
+    agent.agent.shutdown().await;
+}

@@ -116,7 +116,7 @@ pub fn free_port() -> u16 {
 }
 
 /// A loopback TCP port for a test's server to listen on later, free now, chosen below the
-/// kernel's ephemeral range.
+/// kernel's ephemeral range and outside the default policy's excluded host ports.
 ///
 /// A port the kernel hands out for `bind(:0)` comes from the ephemeral range, which outgoing
 /// connections draw their source ports from as well: between this function letting it go and
@@ -138,7 +138,9 @@ pub fn listen_port() -> std::io::Result<u16> {
         let draw = random.hash_one(DRAW.fetch_add(1, Ordering::Relaxed));
         let port = low + u16::try_from(draw % u64::from(high - low)).unwrap_or(0);
         let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
-        if handed_out.contains(&port) {
+        // Never a port the default policy excludes (the node's services, the NodePort range,
+        // the agent's own): an agent or webhook would refuse a VM that publishes it.
+        if handed_out.contains(&port) || smolvm_api::Policy::default().excluded_host_port(port.into()).is_some() {
             continue;
         }
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
@@ -381,6 +383,7 @@ impl TestAgent {
             file_poll_interval: Duration::from_millis(100),
             workload_records: Some(dir.join("workloads")),
             publish_address: None,
+            guards: Default::default(),
         })
         .await
         .expect("agent starts");

@@ -682,6 +682,9 @@ impl Env {
                 format!("--ops-address=127.0.0.1:{ops}"),
                 format!("--token-file={}", token_file.display()),
                 format!("--client-ca={}", ca_file.display()),
+                // The webhook's policy, as the DaemonSet mounts it: excluded host ports are
+                // refused on the node too.
+                format!("--policy={}", self.policy_file.display()),
                 format!("--heartbeat-interval={}s", self.options.heartbeat.as_secs().max(1)),
                 "--log-format=text".to_string(),
                 // Sixteen vCPUs per host CPU: a 2-core machine then holds the scenarios' VMs (20

@@ -289,6 +289,15 @@ pub(super) fn check_spec_fields(spec: &SmolVMSpec, policy: &Policy, unset: Unset
                     policy.host_port_min, policy.host_port_max
                 ),
             );
+        } else if let Some(rule) = policy.excluded_host_port(host) {
+            v.violation(
+                RuleId::V3,
+                &format!("spec.network.ports[{i}].hostPort"),
+                host.to_string(),
+                format!(
+                    "{host} is an excluded host port ({rule}, policy excludedHostPorts): it is reserved for the node's own services or the runtime agent"
+                ),
+            );
         }
         if let Some(first) = seen.insert((port.host_port, port.protocol), i) {
             v.violation(

@@ -194,6 +194,56 @@ fn v2_default_outside_policy_names_the_default() {
     );
 }
 
+/// V3 and V6: a VM bound to a host port the policy excludes later keeps it (its ports cannot
+/// change after binding); its updates are admitted with a warning naming the rule.
+#[test]
+fn v3_a_bound_vm_keeps_a_port_excluded_later() {
+    let old = smolvm_api::fixtures::bound(ports(json!([{"hostPort": 10250, "guestPort": 80}])), "node-a");
+    check(vec![
+        case(
+            "v3_excluded_port_predating_the_policy_is_a_warning",
+            Update,
+            Some(old.clone()),
+            with(old.clone(), "/spec/running", json!(false)),
+            Warn(RuleId::V3),
+        ),
+        case(
+            "v3_moving_an_unbound_vm_onto_an_excluded_port_is_rejected",
+            Update,
+            Some(ports(json!([{"hostPort": 8080, "guestPort": 80}]))),
+            ports(json!([{"hostPort": 30000, "guestPort": 80}])),
+            Reject(RuleId::V3, "spec.network.ports[0].hostPort"),
+        ),
+    ]);
+    // The message names the field, the value and the rule.
+    let policy = Policy::default();
+    let nodes = nodes();
+    let identity = user();
+    let ctx = Context {
+        policy: &policy,
+        nodes: &nodes,
+        classes: &smolvm_api::class::NO_CLASSES,
+        identity: &identity,
+    };
+    let verdict = validate_smolvm_json(
+        Create,
+        None,
+        &ports(json!([{"hostPort": 31000, "guestPort": 80}])),
+        &ctx,
+    );
+    assert_eq!(verdict.violations.len(), 1, "{verdict:#?}");
+    let text = verdict.violations[0].to_string();
+    for part in [
+        "spec.network.ports[0].hostPort",
+        "31000",
+        "30000-32767",
+        "excludedHostPorts",
+        "[V3]",
+    ] {
+        assert!(text.contains(part), "{part}: {text}");
+    }
+}
+
 #[test]
 fn v3_ports_and_cidrs() {
     let many: Vec<Value> = (0..17)
@@ -227,6 +277,50 @@ fn v3_ports_and_cidrs() {
             None,
             ports(json!([{"hostPort": 0, "guestPort": 80}])),
             Reject(RuleId::V3, "spec.network.ports[0].hostPort"),
+        ),
+        case(
+            "v3_kubelet_port_excluded",
+            Create,
+            None,
+            ports(json!([{"hostPort": 10250, "guestPort": 80}])),
+            Reject(RuleId::V3, "spec.network.ports[0].hostPort"),
+        ),
+        case(
+            "v3_kube_proxy_ports_excluded",
+            Create,
+            None,
+            ports(
+                json!([{"hostPort": 8080, "guestPort": 80}, {"hostPort": 10256, "guestPort": 81, "protocol": "UDP"}]),
+            ),
+            Reject(RuleId::V3, "spec.network.ports[1].hostPort"),
+        ),
+        case(
+            "v3_node_port_range_excluded",
+            Create,
+            None,
+            ports(json!([{"hostPort": 30080, "guestPort": 80}])),
+            Reject(RuleId::V3, "spec.network.ports[0].hostPort"),
+        ),
+        case(
+            "v3_agent_node_api_port_excluded",
+            Create,
+            None,
+            ports(json!([{"hostPort": 10443, "guestPort": 443}])),
+            Reject(RuleId::V3, "spec.network.ports[0].hostPort"),
+        ),
+        case(
+            "v3_agent_ops_port_excluded",
+            Create,
+            None,
+            ports(json!([{"hostPort": 9090, "guestPort": 80}])),
+            Reject(RuleId::V3, "spec.network.ports[0].hostPort"),
+        ),
+        case(
+            "v3_next_to_the_node_port_range_accepted",
+            Create,
+            None,
+            ports(json!([{"hostPort": 29999, "guestPort": 80}, {"hostPort": 32768, "guestPort": 81}])),
+            Allow,
         ),
         case(
             "v3_guest_port_too_large_rejected",

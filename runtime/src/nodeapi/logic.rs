@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use smolvm_api::nodeapi::{RestartPolicy, WorkloadSpec};
+use smolvm_api::policy::PortRange;
 
 use super::types::{
     ErrorCode, MachineSpec, MachineState, MachineStatus, NetworkSpec, NodeApiError, PortSpec, ResizeSpec,
@@ -108,6 +109,31 @@ pub fn map_vmm_error(error: &VmmError) -> ApiFailure {
         VmmError::Internal { .. } => ApiFailure::new(ErrorCode::RuntimeError, message),
         VmmError::Protocol(_) => ApiFailure::new(ErrorCode::RuntimeProtocolError, message),
     }
+}
+
+/// Pure: `HostPortExcluded` (403) for the first published port that lies in an `excluded`
+/// range (the policy's `excludedHostPorts` and the agent's own ports), naming the port, its
+/// protocol and the rule.
+pub fn check_excluded_ports(ports: &[PortSpec], excluded: &[PortRange]) -> Result<(), ApiFailure> {
+    for port in ports {
+        let Some(rule) = excluded.iter().find(|r| r.contains(i64::from(port.host_port))) else {
+            continue;
+        };
+        let protocol = port.protocol.as_str();
+        return Err(ApiFailure::new(
+            ErrorCode::HostPortExcluded,
+            format!(
+                "host port {}/{protocol} is excluded on this node ({rule}, policy excludedHostPorts): it is reserved for the node's own services or the runtime agent",
+                port.host_port
+            ),
+        )
+        .with_details(serde_json::json!({
+            "hostPort": port.host_port,
+            "protocol": protocol,
+            "rule": rule.to_string(),
+        })));
+    }
+    Ok(())
 }
 
 fn to_vmm_port(port: &PortSpec) -> PortMapping {
@@ -690,6 +716,48 @@ mod tests {
         for (request, disks, live) in cases {
             assert_eq!(plan_resize(&request, &m), ResizePlan { disks, live }, "{request:?}");
         }
+    }
+
+    #[test]
+    fn excluded_host_ports_are_refused() {
+        let port = |host_port: u16, protocol: Protocol| PortSpec {
+            host_port,
+            guest_port: 80,
+            protocol,
+        };
+        let excluded = smolvm_api::Policy::default().excluded_host_ports;
+        let cases = [
+            (vec![], None),
+            (vec![port(8080, Protocol::Tcp)], None),
+            (vec![port(10250, Protocol::Tcp)], Some((10250, "TCP", "10250"))),
+            (vec![port(10249, Protocol::Udp)], Some((10249, "UDP", "10249"))),
+            (vec![port(10256, Protocol::Tcp)], Some((10256, "TCP", "10256"))),
+            (
+                vec![port(8080, Protocol::Tcp), port(30080, Protocol::Udp)],
+                Some((30080, "UDP", "30000-32767")),
+            ),
+            (vec![port(32767, Protocol::Tcp)], Some((32767, "TCP", "30000-32767"))),
+            (vec![port(32768, Protocol::Tcp), port(29999, Protocol::Tcp)], None),
+            (vec![port(10443, Protocol::Tcp)], Some((10443, "TCP", "10443"))),
+            (vec![port(9090, Protocol::Tcp)], Some((9090, "TCP", "9090"))),
+            (vec![port(10081, Protocol::Tcp)], Some((10081, "TCP", "10081"))),
+        ];
+        for (ports, expected) in cases {
+            let got = check_excluded_ports(&ports, &excluded).err();
+            let got = got.map(|f| {
+                assert_eq!((f.status, &f.body.code), (403, &ErrorCode::HostPortExcluded));
+                let d = f.body.details.unwrap_or_default();
+                (
+                    d["hostPort"].as_u64().unwrap_or_default(),
+                    d["protocol"].as_str().unwrap_or_default().to_string(),
+                    d["rule"].as_str().unwrap_or_default().to_string(),
+                )
+            });
+            let expected = expected.map(|(p, proto, rule)| (p, proto.to_string(), rule.to_string()));
+            assert_eq!(got, expected, "{ports:?}");
+        }
+        // Nothing excluded: nothing refused.
+        assert!(check_excluded_ports(&[port(10250, Protocol::Tcp)], &[]).is_ok());
     }
 
     #[test]

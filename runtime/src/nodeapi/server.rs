@@ -90,6 +90,8 @@ pub struct NodeApiState {
     pub workload_records: Option<crate::workload_records::WorkloadRecords>,
     /// The forwards of published ports to the node's address; `None` where forwarding is off.
     pub forwarder: Option<Arc<crate::forward::Forwarder>>,
+    /// Host ports no new machine may publish ([`crate::guards`]); `None` refuses none.
+    pub host_ports: Option<Arc<crate::guards::HostPortGuard>>,
     locks: MachineLocks,
 }
 
@@ -110,6 +112,7 @@ impl NodeApiState {
             local_image_dir,
             workload_records: None,
             forwarder: None,
+            host_ports: None,
             locks: Arc::default(),
         }
     }
@@ -146,6 +149,12 @@ impl NodeApiState {
             }
         }
         Ok(())
+    }
+
+    /// Refuses a new machine on host ports the policy excludes ([`crate::guards`]).
+    pub fn with_host_ports(mut self, guard: Arc<crate::guards::HostPortGuard>) -> Self {
+        self.host_ports = Some(guard);
+        self
     }
 
     /// Tells the forwarder a machine changed.
@@ -479,6 +488,11 @@ async fn create_machine(
     if let Some(existing) = state.vmm.get(&name).await? {
         return compare(&existing);
     }
+    // Only a new machine is refused an excluded host port: an existing one (answered above, and
+    // started by ensure-running) keeps the ports it was bound with (V6).
+    if let Some(guard) = &state.host_ports {
+        logic::check_excluded_ports(&spec.network.ports, &guard.excluded())?;
+    }
     let vmm_spec = logic::to_vmm_spec(&name, &spec);
     state.check_ports(&name, &vmm_spec.ports)?;
     match state.vmm.create(&vmm_spec).await {
@@ -526,6 +540,12 @@ async fn ensure_running(
             .and_then(smolvm_api::syntax::registry_of)
             .map_or_else(|| "unknown".into(), |(host, _)| host);
         tracing::info!(machine = %name, %registry, "starting with a registry credential (for this start only; not stored)");
+    }
+    if let Some(guard) = &state.host_ports
+        && let Err(excluded) = logic::check_excluded_ports(&logic::to_status(&machine).network.ports, &guard.excluded())
+    {
+        // Ports never change after binding (V6): the machine keeps them; operators are told.
+        tracing::warn!(machine = %name, reason = %excluded.body.message, "starting a machine that publishes a host port the policy now excludes; it keeps the ports it was created with");
     }
     state.check_ports(&name, &machine.ports)?;
     let started = state.vmm.start(&name, request.registry_auth.as_ref()).await;

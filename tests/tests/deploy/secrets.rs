@@ -150,8 +150,12 @@ pub(super) fn policy_config_map_parses_and_names_the_service_accounts() {
                 "deploy/{overlay}: {user} is not a ServiceAccount here"
             );
         }
-        // The webhook and the controller (--policy) read the mounted file.
-        for (workload, flag) in [(WEBHOOK, "--policy="), (CONTROLLER, "--policy=")] {
+        // The webhook, the controller and the runtime agents (--policy) read the mounted file.
+        for (workload, flag) in [
+            (WEBHOOK, "--policy="),
+            (CONTROLLER, "--policy="),
+            (RUNTIME, "--policy="),
+        ] {
             let (_, template) = workloads(all)
                 .into_iter()
                 .find(|(n, _)| n == workload)
