@@ -152,6 +152,7 @@ async fn runtime_ca_rotates_under_a_running_agent_without_losing_a_call() {
         file_poll_interval: Duration::from_millis(50),
         workload_records: None,
         publish_address: None,
+        limits: Default::default(),
         guards: Default::default(),
     })
     .await

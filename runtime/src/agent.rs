@@ -57,6 +57,8 @@ pub struct AgentOptions {
     /// What the agent refuses whatever admission did ([`crate::guards`]): the policy file of
     /// excluded host ports (the built-in defaults without one).
     pub guards: crate::guards::GuardOptions,
+    /// What one client may hold through the forwarder ([`crate::limits`]).
+    pub limits: crate::limits::Limits,
 }
 
 /// A running agent.
@@ -106,9 +108,9 @@ impl Agent {
         let state = state.with_host_ports(host_ports);
         let forwarder = match options.publish_address {
             Some(address) if !address.is_loopback() && !address.is_unspecified() => {
-                let forwarder = Forwarder::new(address, metrics.clone());
+                let forwarder = Forwarder::with_limits(address, metrics.clone(), options.limits.forward);
                 let sync = forwarder.spawn_sync(vmm.clone(), Duration::from_secs(1));
-                tracing::info!(%address, "forwarding published ports from the node's address to smolvm's loopback listeners");
+                tracing::info!(%address, limits = ?options.limits.forward, "forwarding published ports from the node's address to smolvm's loopback listeners");
                 Some((forwarder, sync))
             }
             Some(address) => {

@@ -55,6 +55,26 @@ pub struct Flags {
     /// Plain-HTTP address of /healthz, /readyz and /metrics.
     #[arg(long, env = "SMOLVM_RUNTIME_OPS_ADDRESS", default_value = "0.0.0.0:9090")]
     pub ops_address: SocketAddr,
+    /// Most concurrent TCP connections per forwarded port; more are closed at once.
+    #[arg(long, env = "SMOLVM_RUNTIME_FORWARD_MAX_CONNECTIONS_PER_PORT", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub forward_max_connections_per_port: u32,
+    /// Most concurrent forwarded TCP connections and UDP sessions of the agent, all ports
+    /// together; lowered to fit the open-files limit less --forward-fd-reserve.
+    #[arg(long, env = "SMOLVM_RUNTIME_FORWARD_MAX_CONNECTIONS", default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..))]
+    pub forward_max_connections: u32,
+    /// File descriptors the forwarder never uses: kept for the node API, smolvm's socket and
+    /// the agent's files (at most half the open-files limit).
+    #[arg(long, env = "SMOLVM_RUNTIME_FORWARD_FD_RESERVE", default_value_t = 1024)]
+    pub forward_fd_reserve: u64,
+    /// A forwarded TCP connection that carries no byte either way for this long is closed.
+    #[arg(long, env = "SMOLVM_RUNTIME_FORWARD_IDLE_TIMEOUT", default_value = "1h", value_parser = parse_duration)]
+    pub forward_idle_timeout: Duration,
+    /// Most concurrent UDP client sessions per forwarded port; datagrams of more are dropped.
+    #[arg(long, env = "SMOLVM_RUNTIME_FORWARD_MAX_UDP_SESSIONS_PER_PORT", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub forward_max_udp_sessions_per_port: u32,
+    /// Most concurrent UDP client sessions from one source address on a forwarded port.
+    #[arg(long, env = "SMOLVM_RUNTIME_FORWARD_MAX_UDP_SESSIONS_PER_SOURCE", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub forward_max_udp_sessions_per_source: u32,
     /// Bearer token file (the `smolvm-runtime-auth` Secret), re-read on change.
     #[arg(
         long,
@@ -142,6 +162,11 @@ mod tests {
         assert_eq!(flags.heartbeat_interval, Duration::from_secs(10));
         assert_eq!(flags.smolvm_env, vec![("A".to_string(), "b".to_string())]);
         assert_eq!(flags.log_format, LogFormat::Json);
+        let limits = crate::limits::Limits::from_flags(&flags, Some(1 << 20));
+        assert_eq!(limits, crate::limits::Limits::default());
+        assert!(
+            Flags::try_parse_from(["smolvm-runtime", "--node-name", "n1", "--forward-max-connections", "0"]).is_err()
+        );
         assert!(Flags::try_parse_from(["smolvm-runtime", "--node-name", "n1", "--tls-cert", "c"]).is_err());
     }
 

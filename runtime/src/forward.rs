@@ -7,14 +7,26 @@
 //! to open and close from the machines smolvm reports; [`Forwarder`] does it. The agent re-syncs
 //! every second and at once after each node API call that changes a machine, and at start, so a
 //! restarted agent picks up the machines that kept running.
+//!
+//! Anyone who can reach the node's address reaches a published port, so the forwarder bounds
+//! what clients may hold ([`ForwardLimits`]): concurrent TCP connections per port and for the
+//! whole agent (within a file-descriptor budget that keeps a reserve for the node API and
+//! smolvm's socket, [`connection_budget`]), UDP sessions per port and per source address, and
+//! time without a byte either way. A connection beyond a cap is closed at once and counted
+//! (`smolvm_runtime_forward_refused_total`); accept errors (out of descriptors) back off instead
+//! of spinning.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::metrics::Metrics;
@@ -82,8 +94,116 @@ pub fn port_free(address: IpAddr, key: PortKey) -> bool {
 
 /// Idle UDP sessions are dropped after this long.
 const UDP_IDLE: Duration = Duration::from_secs(60);
-/// Most concurrent UDP clients per port; datagrams from more are dropped.
-const UDP_MAX_SESSIONS: usize = 1024;
+
+/// What one client may hold through the forwarder; see the module's doc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForwardLimits {
+    /// Most concurrent TCP connections per published port.
+    pub connections_per_port: usize,
+    /// Most concurrent TCP connections and UDP sessions over all ports of the agent (already
+    /// within the file-descriptor budget, [`connection_budget`]).
+    pub connections: usize,
+    /// A TCP connection that carries no byte either way for this long is closed.
+    pub idle_timeout: Duration,
+    /// Most concurrent UDP client sessions per published port.
+    pub udp_sessions_per_port: usize,
+    /// Most concurrent UDP client sessions per source address on one port.
+    pub udp_sessions_per_source: usize,
+}
+
+impl Default for ForwardLimits {
+    /// The flags' defaults (`smolvm-runtime --help`).
+    fn default() -> Self {
+        Self {
+            connections_per_port: 1024,
+            connections: 8192,
+            idle_timeout: Duration::from_secs(3600),
+            udp_sessions_per_port: 1024,
+            udp_sessions_per_source: 256,
+        }
+    }
+}
+
+/// File descriptors one forwarded TCP connection holds: the client's and smolvm's side. (A UDP
+/// session holds one; it is counted as a connection, which errs on the safe side.)
+pub const FDS_PER_CONNECTION: u64 = 2;
+
+/// The open-files limit assumed when it cannot be read (the usual soft default).
+pub const ASSUMED_NOFILE: u64 = 1024;
+
+/// The agent-wide connection cap: `wanted` (the flag), within what the process's open-files
+/// limit `nofile` leaves once `reserve` descriptors are kept for the node API, smolvm's socket,
+/// the log and state files. A reserve above half the limit is cut to half, so a low limit
+/// still forwards something and still keeps half for the rest. An unknown limit is taken as
+/// [`ASSUMED_NOFILE`].
+pub fn connection_budget(wanted: usize, nofile: Option<u64>, reserve: u64) -> usize {
+    let nofile = nofile.unwrap_or(ASSUMED_NOFILE);
+    let reserve = reserve.min(nofile / 2);
+    let budget = nofile.saturating_sub(reserve) / FDS_PER_CONNECTION;
+    wanted.min(usize::try_from(budget).unwrap_or(usize::MAX))
+}
+
+/// Waits after failed accepts (out of file descriptors, mostly): 5 ms doubling to 1 s, as Go's
+/// `net/http` server does, back to nothing after a success. Retrying at once would spin a core
+/// while the descriptors stay gone.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct AcceptBackoff(Option<Duration>);
+
+impl AcceptBackoff {
+    const FIRST: Duration = Duration::from_millis(5);
+    const MOST: Duration = Duration::from_secs(1);
+
+    /// How long to wait after one more failure.
+    pub fn failed(&mut self) -> Duration {
+        let wait = self.0.map_or(Self::FIRST, |d| (d * 2).min(Self::MOST));
+        self.0 = Some(wait);
+        wait
+    }
+
+    /// An accept succeeded.
+    pub fn succeeded(&mut self) {
+        self.0 = None;
+    }
+
+    /// Whether the last accept failed.
+    pub fn failing(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+/// Why a connection or session was refused (the metric's `reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The port's cap.
+    Port,
+    /// The agent's cap (or its file-descriptor budget).
+    Agent,
+    /// The per-source cap of a UDP port.
+    Source,
+}
+
+impl Refusal {
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::Port => "port",
+            Refusal::Agent => "agent",
+            Refusal::Source => "source",
+        }
+    }
+}
+
+/// Whether a UDP port with `sessions` sessions, `from_source` of them from the new client's
+/// address, may open one more.
+pub fn admit_udp(sessions: usize, from_source: usize, limits: &ForwardLimits) -> Result<(), Refusal> {
+    if sessions >= limits.udp_sessions_per_port {
+        Err(Refusal::Port)
+    } else if from_source >= limits.udp_sessions_per_source {
+        Err(Refusal::Source)
+    } else {
+        Ok(())
+    }
+}
 
 struct Open {
     machine: String,
@@ -104,17 +224,33 @@ pub struct Forwarder {
     open: Mutex<BTreeMap<PortKey, Open>>,
     metrics: Arc<Metrics>,
     poke: Notify,
+    limits: ForwardLimits,
+    /// The agent-wide connection slots, shared by every port.
+    slots: Arc<Semaphore>,
 }
 
 impl Forwarder {
-    /// A forwarder that listens on `address` (the node's, never loopback or unspecified).
+    /// A forwarder that listens on `address` (the node's, never loopback or unspecified), with
+    /// the default limits.
     pub fn new(address: IpAddr, metrics: Arc<Metrics>) -> Arc<Self> {
+        Self::with_limits(address, metrics, ForwardLimits::default())
+    }
+
+    /// A forwarder bounded by `limits`.
+    pub fn with_limits(address: IpAddr, metrics: Arc<Metrics>, limits: ForwardLimits) -> Arc<Self> {
         Arc::new(Self {
             address,
             open: Mutex::default(),
             metrics,
             poke: Notify::new(),
+            slots: Arc::new(Semaphore::new(limits.connections.min(Semaphore::MAX_PERMITS))),
+            limits,
         })
+    }
+
+    /// Its limits.
+    pub fn limits(&self) -> ForwardLimits {
+        self.limits
     }
 
     /// The address it listens on.
@@ -190,38 +326,142 @@ impl Forwarder {
     async fn listen(&self, key: PortKey) -> std::io::Result<JoinHandle<()>> {
         let at = SocketAddr::new(self.address, key.port);
         let upstream = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), key.port);
-        let metrics = self.metrics.clone();
+        let bounds = Bounds {
+            metrics: self.metrics.clone(),
+            limits: self.limits,
+            agent: self.slots.clone(),
+        };
         Ok(match key.protocol {
             Protocol::Tcp => {
                 let listener = TcpListener::bind(at).await?;
-                tokio::spawn(relay_tcp(listener, upstream, metrics))
+                tokio::spawn(relay_tcp(listener, upstream, bounds))
             }
             Protocol::Udp => {
                 let socket = Arc::new(UdpSocket::bind(at).await?);
-                tokio::spawn(relay_udp(socket, upstream, metrics))
+                tokio::spawn(relay_udp(socket, upstream, bounds))
             }
         })
+    }
+}
+
+/// What every relay of a forwarder shares.
+#[derive(Clone)]
+struct Bounds {
+    metrics: Arc<Metrics>,
+    limits: ForwardLimits,
+    agent: Arc<Semaphore>,
+}
+
+impl Bounds {
+    fn agent_slot(&self, protocol: &'static str) -> Option<OwnedSemaphorePermit> {
+        let slot = self.agent.clone().try_acquire_owned().ok();
+        if slot.is_none() {
+            self.metrics.inc_forward_refused(protocol, Refusal::Agent.label());
+        }
+        slot
+    }
+}
+
+/// The time of the last byte a relayed connection carried, either way, and how many.
+struct Activity {
+    start: tokio::time::Instant,
+    last_ms: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            start: tokio::time::Instant::now(),
+            last_ms: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+        })
+    }
+
+    fn moved(&self, n: usize) {
+        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(now, Ordering::Relaxed);
+        self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Resolves once `limit` has passed without a byte.
+    async fn idle_for(&self, limit: Duration) {
+        loop {
+            let last = self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+            if tokio::time::Instant::now() >= last + limit {
+                return;
+            }
+            tokio::time::sleep_until(last + limit).await;
+        }
+    }
+}
+
+/// A relayed stream whose reads (the bytes it brings in) count as [`Activity`].
+struct Watched<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        if n > 0 {
+            self.activity.moved(n);
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
 // Each relay owns its connections and sessions in a JoinSet: closing the forward (aborting the
 // relay) ends them too and releases every socket of the port.
 
-async fn relay_tcp(listener: TcpListener, upstream: SocketAddr, metrics: Arc<Metrics>) {
+async fn relay_tcp(listener: TcpListener, upstream: SocketAddr, bounds: Bounds) {
+    let port_slots = Arc::new(Semaphore::new(
+        bounds.limits.connections_per_port.min(Semaphore::MAX_PERMITS),
+    ));
+    let mut backoff = AcceptBackoff::default();
     let mut connections = tokio::task::JoinSet::new();
     loop {
         while connections.try_join_next().is_some() {}
-        let (mut client, peer) = match listener.accept().await {
+        let (client, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(error) => {
-                tracing::debug!(%error, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                if !backoff.failing() {
+                    tracing::warn!(%error, "accepting a forwarded connection failed; backing off");
+                }
+                tokio::time::sleep(backoff.failed()).await;
                 continue;
             }
         };
-        let metrics = metrics.clone();
+        backoff.succeeded();
+        // Beyond a cap the connection is closed at once: it never holds smolvm's side.
+        let Ok(port_slot) = port_slots.clone().try_acquire_owned() else {
+            bounds.metrics.inc_forward_refused("tcp", Refusal::Port.label());
+            tracing::debug!(%peer, "forwarded port at its connection cap; closed");
+            continue;
+        };
+        let Some(agent_slot) = bounds.agent_slot("tcp") else {
+            tracing::debug!(%peer, "forwarder at its connection cap; closed");
+            continue;
+        };
+        let (metrics, idle) = (bounds.metrics.clone(), bounds.limits.idle_timeout);
         connections.spawn(async move {
-            let mut server = match TcpStream::connect(upstream).await {
+            let _slots = (port_slot, agent_slot);
+            let server = match TcpStream::connect(upstream).await {
                 Ok(server) => server,
                 Err(error) => {
                     tracing::debug!(%peer, %upstream, %error, "smolvm's port refused the connection");
@@ -229,59 +469,117 @@ async fn relay_tcp(listener: TcpListener, upstream: SocketAddr, metrics: Arc<Met
                 }
             };
             metrics.inc_forwarded_connections("tcp");
-            match tokio::io::copy_bidirectional(&mut client, &mut server).await {
-                Ok((to_vm, from_vm)) => metrics.add_forwarded_bytes("tcp", to_vm + from_vm),
-                Err(error) => tracing::debug!(%peer, %error, "forwarded connection ended with an error"),
+            let activity = Activity::new();
+            let mut client = Watched {
+                inner: client,
+                activity: activity.clone(),
+            };
+            let mut server = Watched {
+                inner: server,
+                activity: activity.clone(),
+            };
+            tokio::select! {
+                copied = tokio::io::copy_bidirectional(&mut client, &mut server) => {
+                    if let Err(error) = copied {
+                        tracing::debug!(%peer, %error, "forwarded connection ended with an error");
+                    }
+                }
+                () = activity.idle_for(idle) => {
+                    metrics.inc_forward_idle_closed("tcp");
+                    tracing::debug!(%peer, "forwarded connection idle; closed");
+                }
             }
+            metrics.add_forwarded_bytes("tcp", activity.bytes.load(Ordering::Relaxed));
         });
     }
 }
 
-async fn relay_udp(socket: Arc<UdpSocket>, upstream: SocketAddr, metrics: Arc<Metrics>) {
-    let sessions: Arc<Mutex<HashMap<SocketAddr, Arc<UdpSocket>>>> = Arc::default();
+/// One UDP port's client sessions, counted per source address.
+#[derive(Default)]
+struct UdpSessions {
+    by_client: HashMap<SocketAddr, Arc<UdpSocket>>,
+    by_source: HashMap<IpAddr, usize>,
+}
+
+impl UdpSessions {
+    fn insert(&mut self, client: SocketAddr, session: Arc<UdpSocket>) {
+        if self.by_client.insert(client, session).is_none() {
+            *self.by_source.entry(client.ip()).or_default() += 1;
+        }
+    }
+
+    fn remove(&mut self, client: &SocketAddr) {
+        if self.by_client.remove(client).is_some()
+            && let Some(n) = self.by_source.get_mut(&client.ip())
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.by_source.remove(&client.ip());
+            }
+        }
+    }
+
+    fn admit(&self, client: &SocketAddr, limits: &ForwardLimits) -> Result<(), Refusal> {
+        let from_source = self.by_source.get(&client.ip()).copied().unwrap_or(0);
+        admit_udp(self.by_client.len(), from_source, limits)
+    }
+}
+
+type SharedSessions = Arc<Mutex<UdpSessions>>;
+
+fn lock_sessions(sessions: &SharedSessions) -> std::sync::MutexGuard<'_, UdpSessions> {
+    sessions.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+async fn relay_udp(socket: Arc<UdpSocket>, upstream: SocketAddr, bounds: Bounds) {
+    let sessions = SharedSessions::default();
     let mut replies = tokio::task::JoinSet::new();
     let mut buf = vec![0u8; 65_536];
+    let mut backoff = AcceptBackoff::default();
     loop {
         while replies.try_join_next().is_some() {}
         let (n, client) = match socket.recv_from(&mut buf).await {
             Ok(received) => received,
             Err(error) => {
-                tracing::debug!(%error, "UDP receive failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                if !backoff.failing() {
+                    tracing::debug!(%error, "UDP receive failed; backing off");
+                }
+                tokio::time::sleep(backoff.failed()).await;
                 continue;
             }
         };
-        let existing = sessions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&client)
-            .cloned();
+        backoff.succeeded();
+        let existing = lock_sessions(&sessions).by_client.get(&client).cloned();
         let session = match existing {
             Some(session) => session,
             None => {
-                if sessions.lock().unwrap_or_else(PoisonError::into_inner).len() >= UDP_MAX_SESSIONS {
+                // Datagrams from a client beyond a cap are dropped (and counted); its next one
+                // is judged again.
+                if let Err(refusal) = lock_sessions(&sessions).admit(&client, &bounds.limits) {
+                    bounds.metrics.inc_forward_refused("udp", refusal.label());
                     continue;
                 }
+                let Some(agent_slot) = bounds.agent_slot("udp") else {
+                    continue;
+                };
                 let Ok(session) = new_udp_session(upstream).await else {
                     continue;
                 };
-                metrics.inc_forwarded_connections("udp");
-                sessions
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(client, session.clone());
+                bounds.metrics.inc_forwarded_connections("udp");
+                lock_sessions(&sessions).insert(client, session.clone());
                 replies.spawn(udp_replies(
                     socket.clone(),
                     session.clone(),
                     client,
                     sessions.clone(),
-                    metrics.clone(),
+                    bounds.metrics.clone(),
+                    agent_slot,
                 ));
                 session
             }
         };
         if session.send(&buf[..n]).await.is_ok() {
-            metrics.add_forwarded_bytes("udp", n as u64);
+            bounds.metrics.add_forwarded_bytes("udp", n as u64);
         }
     }
 }
@@ -297,8 +595,9 @@ async fn udp_replies(
     socket: Arc<UdpSocket>,
     session: Arc<UdpSocket>,
     client: SocketAddr,
-    sessions: Arc<Mutex<HashMap<SocketAddr, Arc<UdpSocket>>>>,
+    sessions: SharedSessions,
     metrics: Arc<Metrics>,
+    _agent_slot: OwnedSemaphorePermit,
 ) {
     let mut buf = vec![0u8; 65_536];
     // An upstream that refuses (nothing listens yet) ends the session; the client's next
@@ -308,7 +607,7 @@ async fn udp_replies(
             metrics.add_forwarded_bytes("udp", n as u64);
         }
     }
-    sessions.lock().unwrap_or_else(PoisonError::into_inner).remove(&client);
+    lock_sessions(&sessions).remove(&client);
 }
 
 #[cfg(test)]
@@ -424,6 +723,85 @@ mod tests {
             };
             assert_eq!(got, want, "{name}");
         }
+    }
+
+    #[test]
+    fn connection_budget_table() {
+        // (wanted, RLIMIT_NOFILE, reserve, cap)
+        let cases: [(usize, Option<u64>, u64, usize); 7] = [
+            (8192, Some(1_048_576), 1024, 8192),
+            (8192, Some(65_536), 1024, 8192),
+            (8192, Some(8192), 1024, 3584),
+            (8192, Some(1024), 1024, 256),
+            (8192, None, 1024, 256),
+            (8192, Some(10), 1024, 2),
+            (0, Some(1_048_576), 1024, 0),
+        ];
+        for (wanted, nofile, reserve, cap) in cases {
+            assert_eq!(
+                connection_budget(wanted, nofile, reserve),
+                cap,
+                "{wanted} {nofile:?} {reserve}"
+            );
+        }
+    }
+
+    #[test]
+    fn accept_backoff_doubles_to_a_second_and_resets() {
+        let mut backoff = AcceptBackoff::default();
+        assert!(!backoff.failing());
+        let waits: Vec<u64> = (0..10).map(|_| backoff.failed().as_millis() as u64).collect();
+        assert_eq!(waits, [5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
+        backoff.succeeded();
+        assert!(!backoff.failing());
+        assert_eq!(backoff.failed(), Duration::from_millis(5));
+    }
+
+    #[test]
+    fn udp_admission_table() {
+        let limits = ForwardLimits {
+            udp_sessions_per_port: 4,
+            udp_sessions_per_source: 2,
+            ..ForwardLimits::default()
+        };
+        let cases = [
+            (0, 0, Ok(())),
+            (3, 1, Ok(())),
+            (3, 2, Err(Refusal::Source)),
+            (4, 0, Err(Refusal::Port)),
+            (4, 2, Err(Refusal::Port)),
+        ];
+        for (sessions, from_source, want) in cases {
+            assert_eq!(
+                admit_udp(sessions, from_source, &limits),
+                want,
+                "{sessions} {from_source}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn udp_sessions_are_counted_per_source() {
+        let limits = ForwardLimits {
+            udp_sessions_per_port: 3,
+            udp_sessions_per_source: 2,
+            ..ForwardLimits::default()
+        };
+        let socket = Arc::new(UdpSocket::bind("127.0.0.1:0").await.expect("bind"));
+        let client = |ip: [u8; 4], port: u16| SocketAddr::from((ip, port));
+        let mut sessions = UdpSessions::default();
+        sessions.insert(client([10, 0, 0, 1], 1), socket.clone());
+        sessions.insert(client([10, 0, 0, 1], 1), socket.clone());
+        sessions.insert(client([10, 0, 0, 1], 2), socket.clone());
+        assert_eq!(sessions.admit(&client([10, 0, 0, 1], 3), &limits), Err(Refusal::Source));
+        assert_eq!(sessions.admit(&client([10, 0, 0, 2], 1), &limits), Ok(()));
+        sessions.insert(client([10, 0, 0, 2], 1), socket.clone());
+        assert_eq!(sessions.admit(&client([10, 0, 0, 3], 1), &limits), Err(Refusal::Port));
+        sessions.remove(&client([10, 0, 0, 1], 1));
+        sessions.remove(&client([10, 0, 0, 1], 1));
+        assert_eq!(sessions.admit(&client([10, 0, 0, 1], 3), &limits), Ok(()));
+        sessions.remove(&client([10, 0, 0, 1], 2));
+        assert!(!sessions.by_source.contains_key(&IpAddr::from([10, 0, 0, 1])));
     }
 
     #[test]

@@ -96,6 +96,7 @@ async fn run(flags: Flags) -> Result<()> {
         guards: smolvm_runtime::guards::GuardOptions {
             policy_file: flags.policy.clone(),
         },
+        limits: smolvm_runtime::limits::Limits::from_flags(&flags, smolvm_runtime::limits::open_files_limit()),
     })
     .await?;
 

@@ -34,6 +34,13 @@ struct ProtocolLabel {
     protocol: &'static str,
 }
 
+/// Labels: `tcp` or `udp`, and which cap refused (`port`, `agent`, `source`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusedLabels {
+    protocol: &'static str,
+    reason: &'static str,
+}
+
 fn latency_histogram() -> Histogram {
     Histogram::new(LATENCY_BUCKETS)
 }
@@ -49,6 +56,8 @@ pub struct Metrics {
     forwarded_connections: Family<ProtocolLabel, Counter>,
     forwarded_bytes: Family<ProtocolLabel, Counter>,
     open_forwards: Gauge,
+    forward_refused: Family<RefusedLabels, Counter>,
+    forward_idle_closed: Family<ProtocolLabel, Counter>,
     serving_cert_loaded: AtomicBool,
 }
 
@@ -91,6 +100,37 @@ impl Default for Metrics {
             "Published ports forwarded from the node's address now",
             open_forwards.clone(),
         );
+        let forward_refused = Family::<RefusedLabels, Counter>::default();
+        registry.register(
+            "forward_refused",
+            "TCP connections closed at once and UDP datagrams dropped because a cap of the forwarder was reached (reason: port, agent or source)",
+            forward_refused.clone(),
+        );
+        let forward_idle_closed = Family::<ProtocolLabel, Counter>::default();
+        registry.register(
+            "forward_idle_closed",
+            "Forwarded TCP connections closed after the idle timeout without a byte either way",
+            forward_idle_closed.clone(),
+        );
+        let guest_bootable = Gauge::default();
+        registry.register(
+            "guest_bootable",
+            "Result of the last guest boot check: 1 a canary guest booted, 0 none did, -1 no check finished yet",
+            guest_bootable.clone(),
+        );
+        guest_bootable.set(-1);
+        let canary_boot = Histogram::new(CANARY_BUCKETS);
+        registry.register(
+            "canary_boot_seconds",
+            "Time a canary guest took to boot, of the checks where one booted",
+            canary_boot.clone(),
+        );
+        let canary_checks = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "canary_checks",
+            "Guest boot checks run, by result (Booted, or the cause: DeviceNotAccessible, HostCannotRunGuest, Timeout, InternalError)",
+            canary_checks.clone(),
+        );
         let runtime_ready = Gauge::default();
         registry.register(
             "runtime_ready",
@@ -106,6 +146,8 @@ impl Default for Metrics {
             forwarded_connections,
             forwarded_bytes,
             open_forwards,
+            forward_refused,
+            forward_idle_closed,
             serving_cert_loaded: AtomicBool::new(false),
         }
     }
@@ -144,6 +186,36 @@ impl Metrics {
     /// Sets how many port forwards are open.
     pub fn set_open_forwards(&self, n: u64) {
         self.open_forwards.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Counts one connection (TCP) or datagram (UDP) refused by a cap of the forwarder.
+    pub fn inc_forward_refused(&self, protocol: &'static str, reason: &'static str) {
+        self.forward_refused
+            .get_or_create(&RefusedLabels { protocol, reason })
+            .inc();
+    }
+
+    /// Refusals counted by [`Metrics::inc_forward_refused`].
+    pub fn forward_refused(&self, protocol: &'static str, reason: &'static str) -> u64 {
+        self.forward_refused
+            .get(&RefusedLabels { protocol, reason })
+            .map(|c| c.get())
+            .unwrap_or(0)
+    }
+
+    /// Counts one forwarded connection closed for idleness.
+    pub fn inc_forward_idle_closed(&self, protocol: &'static str) {
+        self.forward_idle_closed
+            .get_or_create(&ProtocolLabel { protocol })
+            .inc();
+    }
+
+    /// Idle closures counted by [`Metrics::inc_forward_idle_closed`].
+    pub fn forward_idle_closed(&self, protocol: &'static str) -> u64 {
+        self.forward_idle_closed
+            .get(&ProtocolLabel { protocol })
+            .map(|c| c.get())
+            .unwrap_or(0)
     }
 
     /// Counts one restart of `smolvm serve`.
@@ -199,6 +271,8 @@ mod tests {
         metrics.observe_request("GetMachine", "MachineNotFound", Duration::from_millis(20));
         metrics.inc_smolvm_restarts();
         metrics.set_runtime_ready(true);
+        metrics.inc_forward_refused("tcp", "port");
+        metrics.inc_forward_idle_closed("tcp");
         let text = metrics.encode();
         for line in [
             "smolvm_runtime_node_api_requests_total{operation=\"GetMachine\",code=\"OK\"} 1",
@@ -209,6 +283,8 @@ mod tests {
             "smolvm_runtime_node_api_request_duration_seconds_count{operation=\"GetMachine\"} 2",
             "smolvm_runtime_smolvm_restarts_total 1",
             "smolvm_runtime_runtime_ready 1",
+            "smolvm_runtime_forward_refused_total{protocol=\"tcp\",reason=\"port\"} 1",
+            "smolvm_runtime_forward_idle_closed_total{protocol=\"tcp\"} 1",
             "# EOF",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");

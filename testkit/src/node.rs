@@ -384,6 +384,7 @@ impl TestAgent {
             workload_records: Some(dir.join("workloads")),
             publish_address: None,
             guards: Default::default(),
+            limits: Default::default(),
         })
         .await
         .expect("agent starts");

@@ -1,0 +1,50 @@
+//! What the agent's listeners let one client hold, from the flags: the port forwarder's caps
+//! and idle timeout (within the process's open-files limit).
+
+use crate::cli::Flags;
+use crate::forward::{ForwardLimits, connection_budget};
+
+/// The bounds the agent starts with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// The port forwarder's.
+    pub forward: ForwardLimits,
+}
+
+impl Limits {
+    /// The bounds the flags ask for, the forwarder's agent-wide cap fitted to `nofile` (the
+    /// open-files limit; see [`connection_budget`]).
+    pub fn from_flags(flags: &Flags, nofile: Option<u64>) -> Self {
+        let wanted = flags.forward_max_connections as usize;
+        Self {
+            forward: ForwardLimits {
+                connections_per_port: flags.forward_max_connections_per_port as usize,
+                connections: connection_budget(wanted, nofile, flags.forward_fd_reserve),
+                idle_timeout: flags.forward_idle_timeout,
+                udp_sessions_per_port: flags.forward_max_udp_sessions_per_port as usize,
+                udp_sessions_per_source: flags.forward_max_udp_sessions_per_source as usize,
+            },
+        }
+    }
+}
+
+/// The process's open-files limit (RLIMIT_NOFILE's soft value) now, if it can be read.
+pub fn open_files_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct it is given, which lives on this stack.
+    let read = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    (read == 0).then_some(limit.rlim_cur)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_open_files_limit_is_read() {
+        assert!(open_files_limit().is_some_and(|n| n > 0));
+    }
+}
