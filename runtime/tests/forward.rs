@@ -251,3 +251,66 @@ async fn run_blocking(other: &OtherHost, script: &str) -> String {
         .await
         .expect("client")
 }
+
+/// A forwarded TCP connection that carries nothing either way for the idle timeout is closed
+/// (and counted); one that keeps talking is not. On 127.0.0.2 (the node's address stood in for)
+/// relayed to an echo on 127.0.0.1; prints `skipped: …` where 127.0.0.2 cannot be bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed() {
+    smolvm_runtime::install_crypto_provider();
+    let node = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    if std::net::TcpListener::bind((node, 0)).is_err() {
+        println!("skipped: cannot listen on {node} here");
+        return;
+    }
+    let port = free_port(node);
+    let echo = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port))
+        .await
+        .expect("echo");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = echo.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    let metrics = Arc::new(Metrics::default());
+    let limits = smolvm_runtime::forward::ForwardLimits {
+        idle_timeout: std::time::Duration::from_millis(500),
+        ..Default::default()
+    };
+    let forwarder = Forwarder::with_limits(node, metrics.clone(), limits);
+    forwarder.sync(&[machine(MachineState::Running, port)]).await;
+
+    let mut idle = tokio::net::TcpStream::connect((node, port)).await.expect("connect");
+    let mut busy = tokio::net::TcpStream::connect((node, port)).await.expect("connect");
+    let mut byte = [0u8; 1];
+    for s in [&mut idle, &mut busy] {
+        s.write_all(b"x").await.expect("write");
+        s.read_exact(&mut byte).await.expect("echo");
+    }
+    // The busy one talks more often than the timeout while the idle one says nothing.
+    let wait = std::time::Duration::from_secs(30);
+    let closed = async {
+        let mut rest = Vec::new();
+        idle.read_to_end(&mut rest).await
+    };
+    let talking = async {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            busy.write_all(b"y").await.expect("the busy connection stays open");
+            busy.read_exact(&mut [0u8; 1]).await.expect("and carried");
+        }
+    };
+    tokio::select! {
+        ended = tokio::time::timeout(wait, closed) => {
+            assert!(ended.is_ok(), "the idle connection is closed");
+        }
+        () = talking => {}
+    }
+    assert_eq!(metrics.forward_idle_closed("tcp"), 1, "only the idle one");
+    busy.write_all(b"z").await.expect("write");
+    busy.read_exact(&mut byte).await.expect("the busy one still carries");
+    assert_eq!(&byte, b"z");
+}
