@@ -1,5 +1,7 @@
-//! From the request's JSON to the rules: decoding only what the rules read (a failure becomes
-//! the single violation, naming the path) and dispatching each [`Target`] to its rules.
+//! From the request's JSON to the rules: decoding only what the rules read and dispatching each
+//! [`Target`] to its rules. A field of the new object whose value does not decode becomes one
+//! violation at its path, and the rules still run on the rest ([`decode_leniently`]), so every
+//! violation is in one answer.
 
 use std::collections::BTreeMap;
 
@@ -39,6 +41,298 @@ pub fn decode<T: DeserializeOwned>(object: &Value) -> Result<T, Finding> {
             format!("does not match the API schema: {inner}"),
         )
     })
+}
+
+/// Most fields of one object that [`decode_leniently`] replaces; past them it stops, reporting
+/// those it found and that more do not decode. Each repair decodes the object again, so this
+/// bounds the work a request with many bad fields can cause.
+const MAX_REPAIRS: usize = 16;
+
+/// One step of a field path: a member of an object or an entry of a list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Step {
+    Key(String),
+    Index(usize),
+}
+
+/// The field path of `steps` as the rules write it: `spec.network.ports[1].protocol`; a key that
+/// is not a plain name is a quoted JSON string in brackets (`spec.nodeSelector["a/b"]`).
+fn path_text(steps: &[Step]) -> String {
+    if steps.is_empty() {
+        return "object".into();
+    }
+    let mut out = String::new();
+    for step in steps {
+        match step {
+            Step::Index(i) => out.push_str(&format!("[{i}]")),
+            Step::Key(key) if !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(key);
+            }
+            Step::Key(key) => out.push_str(&format!("[{}]", render(key))),
+        }
+    }
+    out
+}
+
+/// The value at `steps` in `value`.
+fn at_mut<'a>(value: &'a mut Value, steps: &[Step]) -> Option<&'a mut Value> {
+    steps.iter().try_fold(value, |v, step| match (v, step) {
+        (Value::Object(map), Step::Key(key)) => map.get_mut(key),
+        (Value::Array(list), Step::Index(i)) => list.get_mut(*i),
+        _ => None,
+    })
+}
+
+/// Sets the value at `steps` (a member is added to its object); false when there is no parent.
+fn put(value: &mut Value, steps: &[Step], new: Value) -> bool {
+    let Some((last, parent)) = steps.split_last() else {
+        return false;
+    };
+    match (at_mut(value, parent), last) {
+        (Some(Value::Object(map)), Step::Key(key)) => {
+            map.insert(key.clone(), new);
+            true
+        }
+        (Some(Value::Array(list)), Step::Index(i)) => match list.get_mut(*i) {
+            Some(slot) => {
+                *slot = new;
+                true
+            }
+            None => false,
+        },
+        _ => false,
+    }
+}
+
+/// Removes a member of an object (an optional field then reads as absent); false for an entry
+/// of a list (removing it would move the entries after it) or a path that is not there.
+fn remove_member(value: &mut Value, steps: &[Step]) -> bool {
+    let Some((Step::Key(key), parent)) = steps.split_last() else {
+        return false;
+    };
+    match at_mut(value, parent) {
+        Some(Value::Object(map)) => map.remove(key).is_some(),
+        _ => false,
+    }
+}
+
+/// The names between backquotes in `text` (serde's list of expected variants).
+fn quoted_names(text: &str) -> Vec<&str> {
+    text.split('`').skip(1).step_by(2).collect()
+}
+
+/// What serde's message says the field should have been, and a neutral value of that kind (the
+/// first supported value of an enum, zero, an empty string, list or object, false).
+struct Expected {
+    /// "must be ..." text, or the supported values of an enum.
+    what: Expectation,
+    neutral: Option<Value>,
+}
+
+enum Expectation {
+    OneOf(Vec<String>),
+    Kind(String),
+}
+
+fn expected_of(message: &str) -> Expected {
+    if let Some(rest) = message.strip_prefix("unknown variant `") {
+        let after = rest.split_once('`').map(|(_, after)| after).unwrap_or("");
+        let names: Vec<String> = quoted_names(after).into_iter().map(str::to_string).collect();
+        return Expected {
+            neutral: names.first().map(|n| Value::String(n.clone())),
+            what: Expectation::OneOf(names),
+        };
+    }
+    let expected = message.rsplit_once(", expected ").map(|(_, e)| e).unwrap_or("");
+    let (kind, neutral) = match expected {
+        "i32" => ("an integer (int32)".to_string(), Some(Value::from(0))),
+        "i64" => ("an integer (int64)".to_string(), Some(Value::from(0))),
+        "i8" | "i16" | "u8" | "u16" | "u32" | "u64" | "usize" | "isize" | "i128" | "u128" => {
+            (format!("an integer ({expected})"), Some(Value::from(0)))
+        }
+        "f32" | "f64" => ("a number".to_string(), Some(Value::from(0))),
+        "a string" | "string or map" => ("a string".to_string(), Some(Value::String(String::new()))),
+        "a boolean" => ("a boolean".to_string(), Some(Value::Bool(false))),
+        "a sequence" => ("a list".to_string(), Some(Value::Array(Vec::new()))),
+        "a map" => ("an object".to_string(), Some(Value::Object(serde_json::Map::new()))),
+        e if e.starts_with("struct ") => ("an object".to_string(), Some(Value::Object(serde_json::Map::new()))),
+        "" => ("of the type the API defines".to_string(), None),
+        e => (e.to_string(), None),
+    };
+    Expected {
+        what: Expectation::Kind(kind),
+        neutral,
+    }
+}
+
+/// How a finding shows a value that did not decode: scalars as JSON (at most 64 bytes of it),
+/// lists and objects by their kind, and an env entry's value never (it may be a secret).
+fn shown(steps: &[Step], value: Option<&Value>) -> String {
+    let secret = matches!(steps, [Step::Key(spec), Step::Key(env), Step::Index(_), Step::Key(field)]
+        if spec == "spec" && env == "env" && field == "value");
+    match value {
+        None => "null".into(),
+        Some(Value::Array(_)) => "a list".into(),
+        Some(Value::Object(_)) => "an object".into(),
+        Some(Value::String(_)) if secret => "a string".into(),
+        Some(Value::Number(_)) if secret => "a number".into(),
+        Some(Value::Bool(_)) if secret => "a boolean".into(),
+        Some(scalar) => {
+            let text = render(scalar);
+            if text.len() <= 64 {
+                text
+            } else {
+                let mut end = 60;
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                format!("{}...", &text[..end])
+            }
+        }
+    }
+}
+
+/// The finding for a field whose value does not decode: its path, its value and what the API
+/// accepts there, in the words of Kubernetes' own field errors (`Unsupported value`,
+/// `Invalid value`).
+fn undecodable(steps: &[Step], value: Option<&Value>, expected: &Expected, serde_message: &str) -> Finding {
+    let shown = shown(steps, value);
+    let message = match &expected.what {
+        Expectation::OneOf(names) if !names.is_empty() => {
+            let names: Vec<String> = names.iter().map(render).collect();
+            format!("Unsupported value: {shown}: supported values: {}", names.join(", "))
+        }
+        Expectation::Kind(kind) if expected.neutral.is_some() => format!("Invalid value: {shown}: must be {kind}"),
+        _ => format!("Invalid value: {shown}: does not match the API schema: {serde_message}"),
+    };
+    Finding::new(RuleId::Schema, path_text(steps), shown, message)
+}
+
+/// The finding for a required field that is absent.
+fn required(steps: &[Step]) -> Finding {
+    if steps == [Step::Key("spec".into()), Step::Key("image".into())] {
+        return Finding::new(
+            RuleId::V1,
+            "spec.image",
+            String::new(),
+            "is required: an OCI reference such as alpine:latest, or local:<name>".into(),
+        );
+    }
+    Finding::new(RuleId::Schema, path_text(steps), String::new(), "Required value".into())
+}
+
+/// A finding for what the lenient decode cannot repair, at `path`.
+fn schema_finding(path: &str, serde_message: &str) -> Finding {
+    Finding::new(
+        RuleId::Schema,
+        if path.is_empty() { "object" } else { path },
+        String::new(),
+        format!("does not match the API schema: {serde_message}"),
+    )
+}
+
+/// The steps of a serde path, when every one is a member or an entry.
+fn steps_of(path: &serde_path_to_error::Path) -> Option<Vec<Step>> {
+    path.iter()
+        .map(|segment| match segment {
+            serde_path_to_error::Segment::Map { key } => Some(Step::Key(key.clone())),
+            serde_path_to_error::Segment::Seq { index } => Some(Step::Index(*index)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Decodes `object` as `T` whatever its fields hold: each field whose value does not decode (an
+/// unknown enum value, a wrong type, a required field absent) becomes one finding at its path,
+/// and is read as absent or, where the type needs a value, as a neutral one of its type (the
+/// first supported value, zero, empty). The rules then run on what decoded, so that every
+/// violation is reported in one answer, those of the fields that did not decode included.
+///
+/// `Err` with the findings when the object cannot be read (not an object, a field that cannot
+/// be repaired, or more than [`MAX_REPAIRS`] fields). Called only after the strict decode failed:
+/// a valid object never pays for it.
+fn decode_leniently<T: DeserializeOwned>(object: &Value) -> Result<(T, Vec<Finding>), Vec<Finding>> {
+    let mut value = object.clone();
+    let mut findings: Vec<Finding> = Vec::new();
+    // The fields repaired so far, each with the neutral value of its type when known.
+    let mut repaired: Vec<(Vec<Step>, Option<Value>)> = Vec::new();
+    // A field takes at most three decodes (removed, null, then the neutral value).
+    for _ in 0..3 * MAX_REPAIRS + 1 {
+        let error = match serde_path_to_error::deserialize::<_, T>(&value) {
+            Ok(decoded) => return Ok((decoded, findings)),
+            Err(error) => error,
+        };
+        let steps = steps_of(error.path());
+        let message = error.into_inner().to_string();
+        let Some(mut steps) = steps else {
+            findings.push(schema_finding("", &message));
+            return Err(findings);
+        };
+        let missing = message
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split_once('`'))
+            .map(|(field, _)| field.to_string());
+        if let Some(field) = &missing {
+            steps.push(Step::Key(field.clone()));
+        }
+        // One finding per field; none for what lies inside a field already reported.
+        let inside_reported = repaired.iter().any(|(p, _)| steps.starts_with(p));
+        if steps.is_empty() || (!inside_reported && repaired.len() >= MAX_REPAIRS) {
+            findings.push(schema_finding(&path_text(&steps), &message));
+            return Err(findings);
+        }
+        let expected = expected_of(&message);
+        if !inside_reported {
+            findings.push(match &missing {
+                Some(_) => required(&steps),
+                None => undecodable(&steps, at_mut(&mut value, &steps).map(|v| &*v), &expected, &message),
+            });
+        }
+        let known = repaired.iter().position(|(p, _)| *p == steps);
+        let fixed = match (known, missing.is_some()) {
+            // Absent, or removed by an earlier step: the neutral value, or null to learn the
+            // type from the next error.
+            (Some(i), true) => {
+                let neutral = repaired[i].1.clone().unwrap_or(Value::Null);
+                put(&mut value, &steps, neutral)
+            }
+            (None, true) => {
+                repaired.push((steps.clone(), None));
+                put(&mut value, &steps, Value::Null)
+            }
+            // What was put in does not decode either: the value this error asks for.
+            (Some(i), false) => match expected.neutral {
+                Some(neutral) if at_mut(&mut value, &steps).is_some_and(|v| *v != neutral) => {
+                    repaired[i].1 = Some(neutral.clone());
+                    put(&mut value, &steps, neutral)
+                }
+                _ => false,
+            },
+            // First seen: the neutral value of its type (present, as the user's value was), else
+            // absent where it may be, else null to learn the type from the next error.
+            (None, false) => {
+                let neutral = expected.neutral;
+                repaired.push((steps.clone(), neutral.clone()));
+                match neutral {
+                    Some(neutral) => put(&mut value, &steps, neutral),
+                    None => remove_member(&mut value, &steps) || put(&mut value, &steps, Value::Null),
+                }
+            }
+        };
+        if !fixed {
+            if inside_reported {
+                // The finding of the field around it stands; this is not the user's to fix.
+                return Err(findings);
+            }
+            findings.push(schema_finding(&path_text(&steps), &message));
+            return Err(findings);
+        }
+    }
+    findings.push(schema_finding("object", "too many fields do not decode"));
+    Err(findings)
 }
 
 /// The metadata the rules read. Decoding only these skips what they never look at (notably
@@ -98,6 +392,17 @@ trait RuleDecode: Sized {
         decode::<RuleObject<Self::Spec, Self::Status>>(object).map(Self::assemble)
     }
 
+    /// Decodes `object` for the rules whatever its fields hold: every field that does not
+    /// decode is one finding, and is read as absent or neutral ([`decode_leniently`]). The
+    /// strict decode first: only an object that fails it takes the lenient path.
+    fn decode_for_rules_leniently(object: &Value) -> Result<Lenient<Self>, Vec<Finding>> {
+        match RuleObject::<Self::Spec, Self::Status>::deserialize(object) {
+            Ok(o) => Ok((Self::assemble(o), Vec::new())),
+            Err(_) => decode_leniently::<RuleObject<Self::Spec, Self::Status>>(object)
+                .map(|(o, findings)| (Self::assemble(o), findings)),
+        }
+    }
+
     /// The same as [`RuleDecode::decode_for_rules`] on the `serde_json::Value` that `text`
     /// parses to, without building that Value when the text decodes directly.
     ///
@@ -108,23 +413,36 @@ trait RuleDecode: Sized {
     fn decode_for_rules_text(text: &str) -> Result<Self, Finding> {
         match serde_json::from_str::<RuleObject<Self::Spec, Self::Status>>(text) {
             Ok(object) => Ok(Self::assemble(object)),
-            Err(_) => decode_text_via_value(text),
+            Err(_) => parse_text(text).and_then(|value| Self::decode_for_rules(&value)),
+        }
+    }
+
+    /// [`RuleDecode::decode_for_rules_leniently`] on the text, which decodes directly when it can.
+    fn decode_for_rules_text_leniently(text: &str) -> Result<Lenient<Self>, Vec<Finding>> {
+        match serde_json::from_str::<RuleObject<Self::Spec, Self::Status>>(text) {
+            Ok(object) => Ok((Self::assemble(object), Vec::new())),
+            Err(_) => match parse_text(text) {
+                Ok(value) => Self::decode_for_rules_leniently(&value),
+                Err(finding) => Err(vec![finding]),
+            },
         }
     }
 }
 
-/// The Value path of [`RuleDecode::decode_for_rules_text`]: parse, then decode the Value.
-fn decode_text_via_value<T: RuleDecode>(text: &str) -> Result<T, Finding> {
-    match serde_json::from_str::<Value>(text) {
-        Ok(value) => T::decode_for_rules(&value),
-        // Callers pass text that parses as a Value; anything else does not match the schema.
-        Err(e) => Err(Finding::new(
+/// An object decoded for the rules, with a finding for each field that did not decode.
+type Lenient<T> = (T, Vec<Finding>);
+
+/// The Value that `text` parses to, for the Value path of the text decodes.
+fn parse_text(text: &str) -> Result<Value, Finding> {
+    // Callers pass text that parses as a Value; anything else does not match the schema.
+    serde_json::from_str::<Value>(text).map_err(|e| {
+        Finding::new(
             RuleId::Schema,
             "object",
             String::new(),
             format!("does not match the API schema: {e}"),
-        )),
-    }
+        )
+    })
 }
 
 impl RuleDecode for SmolVM {
@@ -199,34 +517,84 @@ fn decode_raw<T: RuleDecode>(raw: Raw<'_>) -> Result<T, Finding> {
     }
 }
 
-/// Decodes the new and old objects of a request; a failure becomes the single violation.
-fn decode_pair<T: RuleDecode>(old: Option<Raw<'_>>, new: Raw<'_>) -> Result<(Option<T>, T), Finding> {
-    let new = decode_raw(new)?;
-    let old = old.map(decode_raw).transpose().map_err(|finding| Finding {
-        message: format!(
-            "the stored object does not decode ({}); refusing a transition that cannot be checked",
-            finding.message
-        ),
-        ..finding
-    })?;
-    Ok((old, new))
+/// Decodes the new object of a request for the rules, leniently (see [`decode_leniently`]).
+fn decode_new<T: RuleDecode>(raw: Raw<'_>) -> Result<Lenient<T>, Vec<Finding>> {
+    match raw {
+        Raw::Value(value) => T::decode_for_rules_leniently(value),
+        Raw::Text(text) => T::decode_for_rules_text_leniently(text),
+    }
 }
 
-/// Runs `rule` on a decoded pair, or rejects with the decoding finding.
+/// Runs `rule` on the decoded pair. A field of the new object that does not decode is one
+/// violation, listed with every violation the rules find in the rest; a stored object that does
+/// not decode refuses the transition, which cannot be checked.
 fn on_decoded<T: RuleDecode>(
     old: Option<Raw<'_>>,
     new: Raw<'_>,
     rule: impl FnOnce(Option<&T>, &T) -> Verdict,
 ) -> Verdict {
-    match decode_pair::<T>(old, new) {
-        Ok((old, new)) => rule(old.as_ref(), &new),
-        Err(finding) => rejected(finding),
-    }
+    let (new, undecodable) = match decode_new::<T>(new) {
+        Ok(decoded) => decoded,
+        Err(findings) => return rejected(findings),
+    };
+    let old = match old.map(decode_raw::<T>).transpose() {
+        Ok(old) => old,
+        Err(finding) => {
+            let mut findings = undecodable;
+            findings.push(Finding {
+                message: format!(
+                    "the stored object does not decode ({}); refusing a transition that cannot be checked",
+                    finding.message
+                ),
+                ..finding
+            });
+            return rejected(findings);
+        }
+    };
+    with_undecodable(rule(old.as_ref(), &new), undecodable)
 }
 
-fn rejected(finding: Finding) -> Verdict {
+/// The list entry (`spec.network.ports[2]`) whose member `path` is, if it is one.
+fn entry_of(path: &str) -> Option<&str> {
+    let parent = match path.strip_suffix(']') {
+        Some(_) => &path[..path.rfind('[')?],
+        None => &path[..path.rfind('.')?],
+    };
+    let index = &parent[parent.rfind('[')? + 1..parent.len().checked_sub(1)?];
+    (parent.ends_with(']') && !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit())).then_some(parent)
+}
+
+/// The rules' verdict with the findings of the fields that did not decode first. What the rules
+/// found at or inside such a field is left out, and so is what they found about the whole list
+/// entry holding it (a duplicate port, an env entry's value and valueFrom): it is about the
+/// neutral value read in its place, not the user's.
+fn with_undecodable(mut verdict: Verdict, undecodable: Vec<Finding>) -> Verdict {
+    if undecodable.is_empty() {
+        return verdict;
+    }
+    let entries: Vec<String> = undecodable
+        .iter()
+        .filter_map(|u| entry_of(&u.path))
+        .map(pointer_of)
+        .collect();
+    let about_neutral = |finding: &Finding| {
+        entries.contains(&finding.pointer)
+            || undecodable.iter().any(|u| {
+                finding.pointer == u.pointer
+                    || (finding.pointer.starts_with(&u.pointer) && finding.pointer[u.pointer.len()..].starts_with('/'))
+            })
+    };
+    verdict.violations.retain(|f| !about_neutral(f));
+    verdict.warnings.retain(|f| !about_neutral(f));
+    let mut violations = undecodable;
+    violations.append(&mut verdict.violations);
+    verdict.violations = violations;
+    verdict
+}
+
+fn rejected(violations: Vec<Finding>) -> Verdict {
     Verdict {
-        violations: vec![finding],
+        violations,
         warnings: Vec::new(),
     }
 }
@@ -256,7 +624,15 @@ pub fn validate_smolvm_defaulted(
     ctx: &Context<'_>,
 ) -> Verdict {
     on_decoded(old, new, |o, n: &SmolVM| {
-        let spec = defaulted_spec.and_then(|s| crate::types::SmolVMSpec::deserialize(s).ok());
+        // A spec with fields that do not decode is read as the new object is (its findings are
+        // the object's own, already in hand).
+        let spec = defaulted_spec.and_then(|s| {
+            crate::types::SmolVMSpec::deserialize(s).ok().or_else(|| {
+                decode_leniently::<crate::types::SmolVMSpec>(s)
+                    .ok()
+                    .map(|(spec, _)| spec)
+            })
+        });
         match spec {
             Some(spec) => {
                 let defaulted = SmolVM {
@@ -296,4 +672,191 @@ pub fn validate_smolvm_node_json(
         Target::SmolVMNode
     };
     validate_raw(target, op, old.map(Raw::Value), Raw::Value(new), ctx)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn verdict_of(spec: Value) -> Verdict {
+        let policy = crate::policy::Policy::default();
+        let identity = Identity::user("alice@example.com");
+        let ctx = Context {
+            policy: &policy,
+            nodes: &Vec::<SmolVMNode>::new(),
+            classes: &crate::class::NO_CLASSES,
+            identity: &identity,
+        };
+        let object = json!({
+            "apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVM",
+            "metadata": {"name": "x", "namespace": "default"},
+            "spec": spec,
+        });
+        let by_value = validate_smolvm_json(Operation::Create, None, &object, &ctx);
+        let text = object.to_string();
+        let by_text = validate_raw(Target::SmolVM, Operation::Create, None, Raw::Text(&text), &ctx);
+        assert_eq!(by_value, by_text, "text and value agree");
+        by_value
+    }
+
+    /// (rule, path, message) of each violation.
+    fn listed(v: &Verdict) -> Vec<(RuleId, String, String)> {
+        v.violations
+            .iter()
+            .map(|f| (f.rule, f.path.clone(), f.message.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn undecodable_fields_are_listed_with_every_other_violation() {
+        type Case = (&'static str, Value, &'static [(RuleId, &'static str, &'static str)]);
+        let table: &[Case] = &[
+            (
+                "unknown enum value with a relative workingDir and a duplicate env name",
+                json!({"image": "alpine:latest", "restartPolicy": "Sometimes", "workingDir": "rel",
+                    "env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}),
+                &[
+                    (
+                        RuleId::Schema,
+                        "spec.restartPolicy",
+                        r#"Unsupported value: "Sometimes": supported values: "Always", "OnFailure", "Never""#,
+                    ),
+                    (RuleId::V11, "spec.workingDir", "not an absolute path"),
+                    (RuleId::V11, "spec.env[1].name", "duplicates env[0]"),
+                ],
+            ),
+            (
+                "wrong types beside bounds",
+                json!({"image": "alpine:latest", "resources": {"cpus": "two", "memoryMiB": 1},
+                    "running": "yes"}),
+                &[
+                    (
+                        RuleId::Schema,
+                        "spec.resources.cpus",
+                        r#"Invalid value: "two": must be an integer (int32)"#,
+                    ),
+                    (
+                        RuleId::Schema,
+                        "spec.running",
+                        r#"Invalid value: "yes": must be a boolean"#,
+                    ),
+                    (RuleId::V2, "spec.resources.memoryMiB", ""),
+                ],
+            ),
+            (
+                "in list entries, a required field absent",
+                json!({"image": "alpine:latest", "network": {"enabled": true, "ports": [
+                    {"hostPort": 8080, "guestPort": 80, "protocol": "SCTP"},
+                    {"hostPort": "x", "guestPort": 81},
+                    {"guestPort": 82},
+                    {"hostPort": 22, "guestPort": 22}]}, "command": ["sh", 5]}),
+                &[
+                    (
+                        RuleId::Schema,
+                        "spec.network.ports[0].protocol",
+                        r#"Unsupported value: "SCTP": supported values: "TCP", "UDP""#,
+                    ),
+                    (
+                        RuleId::Schema,
+                        "spec.network.ports[1].hostPort",
+                        r#"Invalid value: "x""#,
+                    ),
+                    (RuleId::Schema, "spec.network.ports[2].hostPort", "Required value"),
+                    (RuleId::Schema, "spec.command[1]", "Invalid value: 5: must be a string"),
+                    (RuleId::V3, "spec.network.ports[3].hostPort", ""),
+                ],
+            ),
+            (
+                "an out-of-range integer and a map value of the wrong type",
+                json!({"image": "Bad Image", "resources": {"cpus": 5_000_000_000i64},
+                    "nodeSelector": {"kubernetes.io/arch": 5}}),
+                &[
+                    (RuleId::Schema, "spec.resources.cpus", "Invalid value: 5000000000"),
+                    (
+                        RuleId::Schema,
+                        r#"spec.nodeSelector["kubernetes.io/arch"]"#,
+                        "must be a string",
+                    ),
+                    (RuleId::V1, "spec.image", ""),
+                ],
+            ),
+            (
+                "image absent and of the wrong type elsewhere",
+                json!({"restartPolicy": 7}),
+                &[
+                    (RuleId::Schema, "spec.restartPolicy", "Invalid value: 7"),
+                    (RuleId::V1, "spec.image", "is required"),
+                ],
+            ),
+            (
+                "a spec that is not an object",
+                json!(1),
+                &[(RuleId::Schema, "spec", "must be an object")],
+            ),
+        ];
+        for (name, spec, expected) in table {
+            let verdict = verdict_of(spec.clone());
+            let got = listed(&verdict);
+            for (rule, path, text) in *expected {
+                assert!(
+                    got.iter().any(|(r, p, m)| r == rule && p == path && m.contains(text)),
+                    "{name}: no {rule} at {path} saying {text:?} in {got:#?}"
+                );
+            }
+            // Nothing is said twice about one field, and nothing about the neutral values.
+            let mut paths: Vec<&String> = got.iter().map(|(_, p, _)| p).collect();
+            paths.sort();
+            paths.dedup();
+            assert_eq!(paths.len(), got.len(), "{name}: {got:#?}");
+            assert_eq!(got.len(), expected.len(), "{name}: {got:#?}");
+            for finding in &verdict.violations {
+                assert!(finding.to_string().contains(&finding.value), "{name}: {finding}");
+            }
+        }
+    }
+
+    #[test]
+    fn list_entries_of_paths() {
+        for (path, entry) in [
+            ("spec.network.ports[2].hostPort", Some("spec.network.ports[2]")),
+            ("spec.env[0].valueFrom", Some("spec.env[0]")),
+            ("spec.command[1]", None),
+            ("spec.restartPolicy", None),
+            ("spec", None),
+            ("object", None),
+            (r#"spec.nodeSelector["a[1]"]"#, None),
+            ("spec.x[].y", None),
+        ] {
+            assert_eq!(entry_of(path), entry, "{path}");
+        }
+    }
+
+    #[test]
+    fn env_values_are_never_echoed() {
+        let verdict = verdict_of(json!({"image": "alpine:latest", "env": [{"name": "PASSWORD", "value": 12345678}]}));
+        assert_eq!(verdict.violations.len(), 1, "{verdict:?}");
+        let text = verdict.violations[0].to_string();
+        assert!(text.starts_with("spec.env[0].value"), "{text}");
+        assert!(!text.contains("12345678"), "{text}");
+    }
+
+    #[test]
+    fn unreadable_objects_and_many_bad_fields_stay_bounded() {
+        // Not an object: one finding at the object.
+        let bad: Vec<u32> = Vec::new();
+        let found = decode_leniently::<RuleObject<crate::types::SmolVMSpec, crate::types::SmolVMStatus>>(&json!(bad));
+        assert!(matches!(&found, Err(f) if f.len() == 1 && f[0].path == "object"));
+        // A hundred bad entries: at most MAX_REPAIRS of them, and a finding that more do not decode.
+        let command: Vec<u32> = (0..100).collect();
+        let verdict = verdict_of(json!({"image": "alpine:latest", "command": command}));
+        assert!(verdict.violations.len() <= MAX_REPAIRS + 1, "{verdict:?}");
+        assert!(
+            verdict
+                .violations
+                .iter()
+                .any(|f| f.message.contains("does not match the API schema"))
+        );
+    }
 }
