@@ -54,6 +54,25 @@ pub const RESTART_ANNOTATION: &str = "vm.smolvm.dev/restart-requested-at";
 /// Prefix of every machine name the operator creates on a node: `svm-<metadata.uid>`.
 pub const MACHINE_NAME_PREFIX: &str = "svm-";
 
+/// On a SmolVMNode: `"true"` asks its agent to run the guest boot check (the canary) again now;
+/// the agent removes the annotation when it acts on it.
+pub const RECHECK_BOOT_ANNOTATION: &str = "vm.smolvm.dev/recheck-boot";
+/// The only value of [`RECHECK_BOOT_ANNOTATION`] that asks for a check.
+pub const RECHECK_BOOT_VALUE: &str = "true";
+/// Name of the machine the canary boots on a node (never `svm-…`: orphan collection leaves it alone).
+pub const CANARY_MACHINE_NAME: &str = "smolvm-operator-canary";
+
+/// Prefix of the label keys the runtime agent owns on its SmolVMNode; a Node label with such a
+/// key is not mirrored over them.
+pub const AGENT_LABEL_PREFIX: &str = "vm.smolvm.dev/";
+/// SmolVMNode label: `"true"` or `"false"`, the last canary boot's result (absent while pending
+/// or with the check off). A `nodeSelector` can ask for it.
+pub const LABEL_GUEST_BOOTABLE: &str = "vm.smolvm.dev/guest-bootable";
+/// SmolVMNode label: `"true"` when smolvm runs nested-virtualization machines here.
+pub const LABEL_NESTED_VIRT: &str = "vm.smolvm.dev/nested-virt";
+/// SmolVMNode label: how many CUDA devices smolvm sees here, when it sees any.
+pub const LABEL_GPU_COUNT: &str = "vm.smolvm.dev/gpu-count";
+
 /// Label set on SmolVMNodes, naming the Kubernetes Node (mirrors `kubernetes.io/hostname`).
 pub const LABEL_NODE: &str = "vm.smolvm.dev/node";
 /// Label the operator sets on objects it manages.
@@ -104,6 +123,9 @@ pub mod condition {
     pub const KVM_AVAILABLE: &str = "KVMAvailable";
     /// SmolVMNode: the supervised `smolvm serve` answers its health check.
     pub const RUNTIME_READY: &str = "RuntimeReady";
+    /// SmolVMNode: a canary machine (smolvm's own guest, no image, no network) booted here.
+    /// `/dev/kvm` answering (KVMAvailable) is not proof that a guest boots.
+    pub const GUEST_BOOTABLE: &str = "GuestBootable";
 }
 
 /// Condition reasons (CamelCase, stable: dashboards and alerts match on them).
@@ -177,3 +199,12 @@ pub mod reason {
     /// `smolvm serve` is down or restarting.
     pub const RUNTIME_DOWN: &str = "RuntimeDown";
 }
+    /// SmolVMNode GuestBootable True: the canary machine booted (the message gives how long it took).
+    pub const CANARY_BOOTED: &str = "CanaryBooted";
+    /// SmolVMNode GuestBootable False: the canary machine did not boot (the message says why,
+    /// and what to fix where the cause can be told).
+    pub const CANARY_FAILED: &str = "CanaryFailed";
+    /// SmolVMNode GuestBootable Unknown: the first canary boot has not finished.
+    pub const CANARY_PENDING: &str = "CanaryPending";
+    /// Event on a SmolVMNode: its agent's clock is far from the controller's.
+    pub const CLOCK_SKEW: &str = "ClockSkew";

@@ -495,6 +495,11 @@ pub struct SmolVMStatus {
     #[schemars(length(max = 2048))]
     pub ports: Option<String>,
 
+    /// The restart request (the value of the `vm.smolvm.dev/restart-requested-at` annotation) the controller last acted on, written before it stops the machine: a request with this value is never acted on twice, even when removing the annotation fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub restart_handled: Option<String>,
+
     /// Current state as conditions: Scheduled, Ready, DeletionBlocked, ResizePending.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
@@ -553,6 +558,18 @@ pub struct EffectiveResources {
         json_path = ".status.endpoint.port",
         priority = 1,
         description = "Node API port"
+    ),
+    printcolumn(
+        name = "Bootable",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"GuestBootable\")].status",
+        description = "Whether a canary guest booted here (GuestBootable)"
+    ),
+    printcolumn(
+        name = "Boot-ms",
+        type_ = "integer",
+        json_path = ".status.canary.bootMillis",
+        description = "How long the last canary boot took, in milliseconds"
     ),
     printcolumn(
         name = "CPUs",
@@ -636,11 +653,33 @@ pub struct SmolVMNodeStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serving_certificate: Option<ServingCertificate>,
 
-    /// Current state as conditions: Ready, KVMAvailable, RuntimeReady.
+    /// The last guest boot check (canary) the agent ran; absent with the check off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryStatus>,
+
+    /// Current state as conditions: Ready, KVMAvailable, RuntimeReady, GuestBootable.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
+}
+
+/// The last guest boot check of a node: a smallest machine from smolvm's own guest (no image
+/// pull, no network) created, started and deleted by the agent.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CanaryStatus {
+    /// When the check last finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_run: Option<Time>,
+    /// How long the guest took to boot, in milliseconds, when it booted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub boot_millis: Option<i64>,
+    /// The smolvm version the check ran with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub smolvm_version: Option<String>,
 }
 
 /// A node API serving certificate, as its agent reports it.

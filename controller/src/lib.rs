@@ -11,6 +11,7 @@ pub mod cli;
 pub mod events;
 pub mod expose;
 pub mod fetch;
+pub mod heartbeat;
 pub mod lease;
 pub mod metrics;
 pub mod nodeclient;

@@ -172,6 +172,11 @@ async fn main() -> anyhow::Result<()> {
     // concerns: only changes placement or health depends on (not the periodic heartbeat), plus
     // heartbeats going stale or coming back, found by a periodic look at the cache.
     let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded::<reflector::ObjectRef<SmolVM>>();
+    // Heartbeats are judged by this controller's clock, from when it saw each one change.
+    let liveness = placement::Config::observed(
+        heartbeat_timeout,
+        Arc::new(smolvm_controller::heartbeat::HeartbeatClock::new()),
+    );
     let node_events = watcher(nodes_api, watcher::Config::default())
         .default_backoff()
         .reflect(node_writer);
@@ -180,7 +185,8 @@ async fn main() -> anyhow::Result<()> {
         node_store.clone(),
         vm_store.clone(),
         wake_tx,
-        heartbeat_timeout,
+        liveness.clone(),
+        Some(events.clone()),
     ));
     anyhow::ensure!(
         smolvm_controller::store_ready(&node_store).await,
@@ -192,7 +198,7 @@ async fn main() -> anyhow::Result<()> {
             namespace: flags.namespace.clone(),
             trust: trust.clone(),
             nodes: node_store.clone(),
-            heartbeat_timeout,
+            liveness: liveness.clone(),
             events: events.clone(),
         },
         flags.runtime_ca_check_interval.max(Duration::from_secs(1)),
@@ -208,7 +214,7 @@ async fn main() -> anyhow::Result<()> {
             resync: flags.resync_interval,
             retry: Duration::from_secs(30),
         },
-        placement: placement::Config { heartbeat_timeout },
+        placement: liveness,
         metrics: metrics.clone(),
         unsettled: Default::default(),
     });

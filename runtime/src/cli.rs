@@ -126,6 +126,18 @@ pub struct Flags {
     pub policy: Option<PathBuf>,
     /// Log line format.
     #[arg(long, env = "SMOLVM_RUNTIME_LOG_FORMAT", value_enum, default_value = "json")]
+    /// The guest boot check (a canary machine from smolvm's own guest, booted and deleted): `on`
+    /// reports GuestBootable and keeps VMs off a node where no guest boots; `off` (for test
+    /// harnesses on machines that boot no guest) reports no GuestBootable condition.
+    #[arg(long, env = "SMOLVM_RUNTIME_CANARY", value_enum, default_value = "on")]
+    pub canary: Switch,
+    /// Time between guest boot checks when nothing changes (a host reboot, a smolvm restart or
+    /// upgrade, and the annotation vm.smolvm.dev/recheck-boot=true check at once).
+    #[arg(long, env = "SMOLVM_RUNTIME_CANARY_INTERVAL", default_value = "30m", value_parser = parse_duration)]
+    pub canary_interval: Duration,
+    /// Longest a canary boot may take before it counts as failed.
+    #[arg(long, env = "SMOLVM_RUNTIME_CANARY_BOOT_TIMEOUT", default_value = "3m", value_parser = parse_duration)]
+    pub canary_boot_timeout: Duration,
     pub log_format: LogFormat,
 }
 
@@ -136,6 +148,15 @@ pub const RENAMED: &[Renamed] =
 
 /// Parses `KEY=VALUE`.
 pub fn parse_env_pair(text: &str) -> std::result::Result<(String, String), String> {
+/// `on` or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    /// On.
+    On,
+    /// Off.
+    Off,
+}
+
     text.split_once('=')
         .filter(|(k, _)| !k.is_empty())
         .map(|(k, v)| (k.to_string(), v.to_string()))

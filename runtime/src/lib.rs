@@ -1,6 +1,7 @@
 //! The node-local runtime agent: supervises smolvm serve and serves the node API over mTLS.
 
 pub mod agent;
+pub mod canary;
 pub mod cli;
 pub mod error;
 pub mod forward;

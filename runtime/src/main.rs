@@ -9,7 +9,8 @@ use std::time::Duration;
 use smolvm_api::types::Endpoint;
 use smolvm_certs::ReloadableResolver;
 use smolvm_runtime::agent::{Agent, AgentOptions, ClientCa};
-use smolvm_runtime::cli::{Flags, RENAMED, advertise_address};
+use smolvm_runtime::canary;
+use smolvm_runtime::cli::{Flags, RENAMED, Switch, advertise_address};
 use smolvm_runtime::error::{Error, Result};
 use smolvm_runtime::host;
 use smolvm_runtime::nodeapi::auth::TokenAuth;
@@ -102,6 +103,9 @@ async fn run(flags: Flags) -> Result<()> {
 
     let mut background = Vec::new();
     if let Some(client) = client {
+    // The guest boot check runs while the agent reports (it needs no Kubernetes itself, but only
+    // a reported SmolVMNode makes its result matter); dropped, it stops.
+    let mut canary_task: Option<canary::Canary> = None;
         if flags.tls_cert.is_none() {
             // Checked every 5 s: a CA rotation waits for this agent's new certificate.
             background.push(serving_cert::spawn_renewal(
@@ -128,6 +132,33 @@ async fn run(flags: Flags) -> Result<()> {
         let last_capacity = std::sync::Mutex::new(None);
         let port = i32::from(flags.port);
         let client_ca = agent.node_api().client_ca().clone();
+        let canary = match flags.canary {
+            Switch::On => Some(canary::spawn(
+                agent.vmm().clone(),
+                agent.supervisor().status(),
+                agent.metrics().clone(),
+                canary::Config {
+                    interval: flags.canary_interval,
+                    boot_timeout: flags.canary_boot_timeout,
+                    poll: Duration::from_secs(5),
+                    kvm_device: flags.kvm_device.clone(),
+                    smolvm_env: flags.smolvm_env.clone(),
+                },
+            )),
+            Switch::Off => {
+                tracing::warn!(
+                    "guest boot check off (--canary=off): VMs are placed here without proof that a guest boots"
+                );
+                None
+            }
+        };
+        let reporter = Reporter::new(client, flags.node_name.clone());
+        let reporter = match &canary {
+            Some(canary) => reporter.with_recheck(canary.requester()),
+            None => reporter,
+        };
+        let boot_check = canary.as_ref().map(canary::Canary::subscribe);
+        canary_task = canary;
         background.push(spawn_reporter(
             Reporter::new(client, flags.node_name.clone()),
             flags.heartbeat_interval,
@@ -169,12 +200,14 @@ async fn run(flags: Flags) -> Result<()> {
                     machines: runtime.ready.then(|| runtime.machines.clone()),
                     serving_certificate: Some(serving_cert::report_current(&resolver, &client_ca)),
                 }
+                    boot_check: boot_check.as_ref().map(|check| check.borrow().clone()),
             },
         ));
     }
 
     smolvm_kit::shutdown::signal().await;
     for task in background {
+    drop(canary_task);
         task.abort();
     }
     agent.shutdown().await;

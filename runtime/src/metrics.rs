@@ -41,6 +41,16 @@ struct RefusedLabels {
     reason: &'static str,
 }
 
+/// Label: how a guest boot check ended (`Booted`, or the cause it failed with).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+/// Upper bounds (seconds) of the canary boot histogram: a guest boots in well under a second
+/// on a good host and smolvm gives up after 30 s.
+pub const CANARY_BUCKETS: [f64; 10] = [0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0];
+
 fn latency_histogram() -> Histogram {
     Histogram::new(LATENCY_BUCKETS)
 }
@@ -59,6 +69,9 @@ pub struct Metrics {
     forward_refused: Family<RefusedLabels, Counter>,
     forward_idle_closed: Family<ProtocolLabel, Counter>,
     serving_cert_loaded: AtomicBool,
+    guest_bootable: Gauge,
+    canary_boot: Histogram,
+    canary_checks: Family<ResultLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -149,6 +162,9 @@ impl Default for Metrics {
             forward_refused,
             forward_idle_closed,
             serving_cert_loaded: AtomicBool::new(false),
+            guest_bootable,
+            canary_boot,
+            canary_checks,
         }
     }
 }
@@ -226,6 +242,21 @@ impl Metrics {
     /// Restarts of `smolvm serve` so far.
     pub fn smolvm_restarts(&self) -> u64 {
         self.smolvm_restarts.get()
+    }
+
+    /// Records a finished guest boot check: whether a guest booted, how long it took, and the
+    /// result label (`Booted` or the cause).
+    pub fn observe_canary(&self, booted: bool, boot_time: Option<Duration>, result: &'static str) {
+        self.guest_bootable.set(i64::from(booted));
+        if let Some(time) = boot_time {
+            self.canary_boot.observe(time.as_secs_f64());
+        }
+        self.canary_checks.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    /// Guest boot checks counted with a result.
+    pub fn canary_checks(&self, result: &'static str) -> u64 {
+        self.canary_checks.get(&ResultLabel { result }).map_or(0, |c| c.get())
     }
 
     /// Sets the runtime-ready gauge.

@@ -64,6 +64,10 @@ pub struct Options {
     pub heartbeat_timeout: Duration,
     /// Start a runtime agent.
     pub runtime: bool,
+    /// Run the agent's guest boot check. Off by default: no guest boots on these machines, so
+    /// with it on the real agent's node takes no VM, and the scenarios that place VMs there
+    /// need it to (the truthful-nodes scenario turns it on).
+    pub canary: bool,
 }
 
 impl Default for Options {
@@ -72,6 +76,7 @@ impl Default for Options {
             heartbeat: Duration::from_secs(2),
             heartbeat_timeout: Duration::from_secs(12),
             runtime: true,
+            canary: false,
         }
     }
 }
@@ -686,6 +691,7 @@ impl Env {
                 // refused on the node too.
                 format!("--policy={}", self.policy_file.display()),
                 format!("--heartbeat-interval={}s", self.options.heartbeat.as_secs().max(1)),
+                format!("--canary={}", if self.options.canary { "on" } else { "off" }),
                 "--log-format=text".to_string(),
                 // Sixteen vCPUs per host CPU: a 2-core machine then holds the scenarios' VMs (20
                 // created at once in one of them) beside the default host reservation.

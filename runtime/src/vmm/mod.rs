@@ -32,6 +32,11 @@ pub trait Vmm: Send + Sync {
     /// Every machine the runtime knows, in the runtime's order.
     async fn list(&self) -> Result<Vec<Machine>, VmmError>;
 
+    /// What the runtime says of this host: its serve process's boot id and its devices.
+    async fn capacity(&self) -> Result<VmmCapacity, VmmError> {
+        Err(unsupported("capacity"))
+    }
+
     /// One machine, or `None` when the runtime has no machine of that name.
     async fn get(&self, name: &str) -> Result<Option<Machine>, VmmError>;
 
@@ -181,6 +186,16 @@ pub struct VmmHealth {
     pub machines_running: Option<u64>,
     /// Seconds since the runtime server started, when it says.
     pub uptime_seconds: Option<u64>,
+}
+
+/// What the runtime says of this host (smolvm's `/capacity`), the parts the agent uses.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct VmmCapacity {
+    /// An opaque id minted once per runtime server process: it changes exactly when the runtime
+    /// restarts.
+    pub boot_id: Option<String>,
+    /// CUDA devices the runtime sees (0 when it reports none).
+    pub gpu_count: u32,
 }
 
 /// A machine's lifecycle state as the runtime reports it.

@@ -24,7 +24,7 @@ use futures::StreamExt as _;
 
 use super::{
     DeleteOutcome, ExecOutput, ExecRequest, FileContent, LogQuery, LogStream, Machine, MachineSpec, MachineState,
-    PortMapping, RegistryAuth, ResizeRequest, Sensitive, Vmm, VmmError, VmmHealth,
+    PortMapping, RegistryAuth, ResizeRequest, Sensitive, Vmm, VmmCapacity, VmmError, VmmHealth,
 };
 
 /// Where smolvm listens and how long each kind of call may take.
@@ -82,6 +82,7 @@ pub struct SmolvmClient {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Operation {
     Health,
+    Capacity,
     List,
     Get,
     Create,
@@ -338,6 +339,20 @@ impl Vmm for SmolvmClient {
             machines_total: wire.machines.as_ref().map(|m| m.total),
             machines_running: wire.machines.as_ref().map(|m| m.running),
             uptime_seconds: wire.uptime_seconds,
+        })
+    }
+
+    async fn capacity(&self) -> Result<VmmCapacity, VmmError> {
+        let (status, bytes) = self.call(Operation::Capacity, Method::GET, "/capacity", None).await?;
+        if !status.is_success() {
+            return Err(map_error(Operation::Capacity, status, &bytes));
+        }
+        let wire: CapacityWire = parse_json(&bytes, "capacity")?;
+        Ok(VmmCapacity {
+            boot_id: wire.boot_id,
+            gpu_count: wire
+                .cuda_devices
+                .map_or(0, |devices| u32::try_from(devices.len()).unwrap_or(u32::MAX)),
         })
     }
 
@@ -764,6 +779,15 @@ struct HealthWire {
     machines: Option<CountsWire>,
     #[serde(default)]
     uptime_seconds: Option<u64>,
+}
+
+/// smolvm's `/capacity`, the fields the agent reads (`CapacityResponse` in its OpenAPI document).
+#[derive(Debug, Deserialize)]
+struct CapacityWire {
+    #[serde(default)]
+    boot_id: Option<String>,
+    #[serde(default)]
+    cuda_devices: Option<Vec<serde_json::Value>>,
 }
 
 #[derive(Debug, Deserialize)]

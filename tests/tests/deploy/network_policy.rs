@@ -114,3 +114,97 @@ pub(super) fn network_policy_admits_only_addresses_to_the_admission_port() {
         );
     }
 }
+
+/// The controller's ports, by container port name: the access API (the API server's aggregator
+/// only) and ops (any pod). The controller listens on nothing else.
+const CONTROLLER_ACCESS_PORT: (&str, i32) = ("access", 8443);
+const CONTROLLER_OPS_PORT: (&str, i32) = ("ops", 8080);
+
+#[test]
+pub(super) fn network_policy_admits_only_the_access_and_ops_ports_to_the_controller() {
+    require_kubectl!();
+    for overlay in OVERLAYS {
+        let all = rendered(overlay);
+        let controller = pod_labels(all, CONTROLLER);
+        // The policy covers every port the controller opens.
+        let (_, template) = workloads(all)
+            .into_iter()
+            .find(|(n, _)| n == CONTROLLER)
+            .expect("the controller Deployment");
+        let mut declared: Vec<(String, i32)> = pod_spec(&template, CONTROLLER)
+            .containers
+            .iter()
+            .flat_map(|c| c.ports.clone().unwrap_or_default())
+            .map(|p| (p.name.unwrap_or_default(), p.container_port))
+            .collect();
+        declared.sort();
+        let mut expected = vec![CONTROLLER_ACCESS_PORT, CONTROLLER_OPS_PORT]
+            .into_iter()
+            .map(|(n, p)| (n.to_string(), p))
+            .collect::<Vec<_>>();
+        expected.sort();
+        assert_eq!(declared, expected, "deploy/{overlay}: the controller's container ports");
+
+        let (mut isolating, mut access_admitted, mut ops_admitted) = (0, false, false);
+        for o in objects(all, "NetworkPolicy") {
+            let policy: NetworkPolicy = typed(o);
+            let what = format!("deploy/{overlay}: {}", describe(o));
+            let spec = policy.spec.expect("spec");
+            if !selects(&spec.pod_selector.clone().unwrap_or_default(), &controller) {
+                continue;
+            }
+            isolating += 1;
+            assert!(
+                spec.policy_types.iter().flatten().any(|t| t == "Ingress"),
+                "{what}: not an ingress policy"
+            );
+            for rule in spec.ingress.iter().flatten() {
+                // Every rule names its ports, and only these two: no rule admits "every port".
+                let ports = rule.ports.clone().unwrap_or_default();
+                assert!(!ports.is_empty(), "{what}: a rule admits every port");
+                for port in &ports {
+                    let one = Some(vec![port.clone()]);
+                    let known = [CONTROLLER_ACCESS_PORT, CONTROLLER_OPS_PORT]
+                        .iter()
+                        .any(|(name, number)| admits_port(one.as_ref(), *number, name));
+                    let exact = matches!(
+                        (&port.port, port.end_port),
+                        (Some(IntOrString::Int(n)), None) if *n == CONTROLLER_ACCESS_PORT.1 || *n == CONTROLLER_OPS_PORT.1
+                    ) || matches!(
+                        &port.port,
+                        Some(IntOrString::String(n)) if n == CONTROLLER_ACCESS_PORT.0 || n == CONTROLLER_OPS_PORT.0
+                    );
+                    assert!(known && exact, "{what}: admits another port: {port:?}");
+                }
+                if admits_port(rule.ports.as_ref(), CONTROLLER_OPS_PORT.1, CONTROLLER_OPS_PORT.0) {
+                    ops_admitted = true;
+                }
+                if !admits_port(rule.ports.as_ref(), CONTROLLER_ACCESS_PORT.1, CONTROLLER_ACCESS_PORT.0) {
+                    continue;
+                }
+                let peers = rule.from.clone().unwrap_or_default();
+                assert!(!peers.is_empty(), "{what}: admits every pod to the access API");
+                for peer in peers {
+                    // The API server's aggregator is not a pod: an address block is the only peer.
+                    assert!(
+                        peer.pod_selector.is_none() && peer.namespace_selector.is_none() && peer.ip_block.is_some(),
+                        "{what}: admits pods to the access API: {peer:?}"
+                    );
+                }
+                access_admitted = true;
+            }
+        }
+        assert!(
+            isolating > 0,
+            "deploy/{overlay}: no NetworkPolicy isolates the controller pods"
+        );
+        assert!(
+            access_admitted,
+            "deploy/{overlay}: the API server must reach the access API"
+        );
+        assert!(
+            ops_admitted,
+            "deploy/{overlay}: the controller's ops port must stay reachable"
+        );
+    }
+}
