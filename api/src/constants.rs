@@ -150,6 +150,9 @@ pub mod reason {
     /// A published host port is one the policy excludes (`excludedHostPorts`); the node's agent
     /// refused to create the machine whatever admission did.
     pub const HOST_PORT_EXCLUDED: &str = "HostPortExcluded";
+    /// The image was pulled on the node with registry credentials and the SmolVM has none for
+    /// its registry (`imagePullSecrets`): the node's agent refused to start it.
+    pub const IMAGE_PULL_CREDENTIALS_REQUIRED: &str = "ImagePullCredentialsRequired";
     /// The Service for `network.exposeService` routes to the machine's node and host ports.
     pub const SERVICE_READY: &str = "ServiceReady";
     /// A Service of the SmolVM's name exists and the SmolVM does not own it: it is not touched.
@@ -198,7 +201,6 @@ pub mod reason {
     pub const KVM_UNAVAILABLE: &str = "KVMUnavailable";
     /// `smolvm serve` is down or restarting.
     pub const RUNTIME_DOWN: &str = "RuntimeDown";
-}
     /// SmolVMNode GuestBootable True: the canary machine booted (the message gives how long it took).
     pub const CANARY_BOOTED: &str = "CanaryBooted";
     /// SmolVMNode GuestBootable False: the canary machine did not boot (the message says why,
@@ -208,3 +210,4 @@ pub mod reason {
     pub const CANARY_PENDING: &str = "CanaryPending";
     /// Event on a SmolVMNode: its agent's clock is far from the controller's.
     pub const CLOCK_SKEW: &str = "ClockSkew";
+}

@@ -152,6 +152,7 @@ pub fn ready_node(name: &str, resources: NodeResources, heartbeat: k8s_openapi::
         allocatable: Some(resources),
         machines: None,
         serving_certificate: None,
+        canary: None,
         conditions: vec![Condition {
             type_: crate::constants::condition::READY.into(),
             status: "True".into(),

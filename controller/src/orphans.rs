@@ -208,7 +208,7 @@ pub async fn run(ctx: Arc<Context>, vms: Store<SmolVM>, every: Duration, grace: 
         let nodes = ctx.nodes.state();
         let mut reported = BTreeMap::new();
         for node in &nodes {
-            let fresh = placement::heartbeat_fresh(node, now, ctx.timing.heartbeat_timeout);
+            let fresh = placement::heartbeat_fresh(node, now, &ctx.placement);
             if let (true, Some(machines)) = (fresh, node.status.as_ref().and_then(|s| s.machines.clone())) {
                 reported.insert(node.name_any(), machines);
             }

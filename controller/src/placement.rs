@@ -7,7 +7,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    sync::Mutex,
+    sync::{Arc, Mutex},
 };
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -15,6 +15,8 @@ use smolvm_api::{
     NodeResources, Port, Protocol, SmolVM, SmolVMNode,
     constants::{PROTOCOL_VERSION, condition},
 };
+
+use crate::heartbeat::HeartbeatClock;
 
 /// What a VM asks of a node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,18 +47,52 @@ fn host_ports(ports: &[Port]) -> Vec<(i32, Protocol)> {
     ports.iter().map(|p| (p.host_port, p.protocol)).collect()
 }
 
-/// Tunables of placement.
-#[derive(Debug, Clone, Copy)]
+/// Tunables of placement, and how heartbeats are judged.
+#[derive(Debug, Clone)]
 pub struct Config {
     /// A heartbeat older than this makes a node ineligible.
     pub heartbeat_timeout: SignedDuration,
+    /// The controller's own record of heartbeats ([`crate::heartbeat`]): age is the time since
+    /// the controller saw a node's heartbeat change. `None` compares the node's timestamp with
+    /// `now` instead, for tables and benchmarks whose nodes carry their heartbeat; even then a
+    /// timestamp further in the future than the timeout is not fresh.
+    pub clock: Option<Arc<HeartbeatClock>>,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Config {
             heartbeat_timeout: SignedDuration::from_secs(40),
+            clock: None,
         }
+    }
+}
+
+impl Config {
+    /// Judged by the controller's own clock, with `timeout`.
+    pub fn observed(heartbeat_timeout: SignedDuration, clock: Arc<HeartbeatClock>) -> Self {
+        Config {
+            heartbeat_timeout,
+            clock: Some(clock),
+        }
+    }
+
+    /// How old `node`'s heartbeat is at `now`; `None` when it never sent one.
+    pub fn heartbeat_age(&self, node: &SmolVMNode, now: Timestamp) -> Option<SignedDuration> {
+        match &self.clock {
+            Some(clock) => clock.look(node, now).age,
+            None => node
+                .status
+                .as_ref()
+                .and_then(|s| s.heartbeat_time.as_ref())
+                .map(|t| now.duration_since(t.0).abs()),
+        }
+    }
+
+    /// Whether `node`'s heartbeat is fresh at `now`.
+    pub fn fresh(&self, node: &SmolVMNode, now: Timestamp) -> bool {
+        self.heartbeat_age(node, now)
+            .is_some_and(|age| age <= self.heartbeat_timeout)
     }
 }
 
@@ -67,12 +103,14 @@ pub enum Ineligible {
     NotReady,
     /// The heartbeat is older than the timeout (or missing).
     StaleHeartbeat,
+    /// GuestBootable is False: the canary guest did not boot there.
+    CannotBootGuests,
+    /// GuestBootable is Unknown: the first canary boot has not finished.
+    GuestBootPending,
     /// The runtime speaks another node API protocol.
     ProtocolMismatch,
     /// `spec.unschedulable` is true.
     Cordoned,
-    /// The node's labels do not match the VM's nodeSelector.
-    SelectorMismatch,
     /// No endpoint, node UID or allocatable reported yet.
     NotReported,
     /// Not enough free CPUs.
@@ -83,6 +121,8 @@ pub enum Ineligible {
     InsufficientStorage,
     /// A requested host port is already taken there.
     HostPortConflict,
+    /// The node's labels do not match the VM's nodeSelector.
+    SelectorMismatch,
 }
 
 impl Ineligible {
@@ -91,6 +131,8 @@ impl Ineligible {
         match self {
             Ineligible::NotReady => "NotReady",
             Ineligible::StaleHeartbeat => "StaleHeartbeat",
+            Ineligible::CannotBootGuests => "CannotBootGuests",
+            Ineligible::GuestBootPending => "GuestBootPending",
             Ineligible::ProtocolMismatch => "ProtocolMismatch",
             Ineligible::Cordoned => "Cordoned",
             Ineligible::SelectorMismatch => "SelectorMismatch",
@@ -102,20 +144,82 @@ impl Ineligible {
         }
     }
 
-    fn words(self) -> &'static str {
+    /// What `count` nodes rejected for this reason are, as the scheduler words it; `want` and
+    /// `free` are the request and the most any of them has free, for the resource reasons.
+    fn words(self, count: usize, want: i64, free: i64) -> String {
+        let one = count == 1;
+        let (is, has, does) = if one {
+            ("is", "has", "does")
+        } else {
+            ("are", "have", "do")
+        };
+        let at_most = if one { "" } else { "at most " };
         match self {
-            Ineligible::NotReady => "not Ready",
-            Ineligible::StaleHeartbeat => "stale heartbeat",
-            Ineligible::ProtocolMismatch => "incompatible node API protocol",
-            Ineligible::Cordoned => "cordoned (spec.unschedulable)",
-            Ineligible::SelectorMismatch => "labels do not match nodeSelector",
-            Ineligible::NotReported => "not reported yet",
-            Ineligible::InsufficientCpu => "insufficient CPUs",
-            Ineligible::InsufficientMemory => "insufficient memory",
-            Ineligible::InsufficientStorage => "insufficient disk",
-            Ineligible::HostPortConflict => "host port taken",
+            Ineligible::NotReady => format!("{count} {is} not Ready"),
+            Ineligible::StaleHeartbeat => format!("{count} {has} a stale heartbeat"),
+            Ineligible::CannotBootGuests => format!("{count} cannot boot guests (CanaryFailed)"),
+            Ineligible::GuestBootPending => {
+                format!("{count} {is} still checking that a guest boots (CanaryPending)")
+            }
+            Ineligible::ProtocolMismatch => format!("{count} {does} not speak node API {PROTOCOL_VERSION}"),
+            Ineligible::Cordoned => format!("{count} {is} cordoned (spec.unschedulable)"),
+            Ineligible::NotReported => format!("{count} {has} not reported yet"),
+            Ineligible::InsufficientCpu => {
+                format!("{count} {has} too few CPUs (needs {want}, {at_most}{free} free)")
+            }
+            Ineligible::InsufficientMemory => {
+                format!("{count} {has} too little memory (needs {want} MiB, {at_most}{free} free)")
+            }
+            Ineligible::InsufficientStorage => {
+                format!("{count} {has} too little disk (needs {want} GiB, {at_most}{free} free)")
+            }
+            Ineligible::HostPortConflict => format!("{count} {has} a requested host port taken"),
+            Ineligible::SelectorMismatch => format!("{count} {does} not match nodeSelector"),
         }
     }
+
+    /// For a resource reason: what the request needs of that resource and what `free` holds.
+    fn amounts(self, request: &Request, free: &NodeResources) -> (i64, i64) {
+        match self {
+            Ineligible::InsufficientCpu => (request.resources.cpus, free.cpus),
+            Ineligible::InsufficientMemory => (request.resources.memory_mib, free.memory_mib),
+            Ineligible::InsufficientStorage => (request.resources.storage_gib, free.storage_gib),
+            _ => (0, 0),
+        }
+    }
+}
+
+/// The nodes rejected, by reason: how many, and for resource reasons the most any had free.
+#[derive(Debug, Default)]
+struct Rejections(BTreeMap<Ineligible, (usize, i64)>);
+
+impl Rejections {
+    fn add(&mut self, why: Ineligible, free: i64) {
+        let entry = self.0.entry(why).or_insert((0, i64::MIN));
+        entry.0 += 1;
+        entry.1 = entry.1.max(free);
+    }
+
+    fn summary(&self, request: &Request) -> String {
+        self.0
+            .iter()
+            .map(|(why, (count, free))| {
+                let (want, _) = why.amounts(request, &NodeResources::default());
+                why.words(*count, want, (*free).max(0))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The status of `node`'s condition `type_`, when it reports one.
+fn condition_status<'a>(node: &'a SmolVMNode, type_: &str) -> Option<&'a str> {
+    node.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.status.as_str())
 }
 
 /// A placement that found no node.
@@ -162,16 +266,17 @@ pub fn check_node(
         Some(s) => s,
         None => return Some(Ineligible::NotReported),
     };
-    let ready = status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == condition::READY && c.status == "True");
-    if !ready {
+    if condition_status(node, condition::READY) != Some("True") {
         return Some(Ineligible::NotReady);
     }
-    match &status.heartbeat_time {
-        Some(t) if now.duration_since(t.0) <= config.heartbeat_timeout => {}
-        _ => return Some(Ineligible::StaleHeartbeat),
+    if !config.fresh(node, now) {
+        return Some(Ineligible::StaleHeartbeat);
+    }
+    // Absent where the agent's check is off; Unknown waits for the first result.
+    match condition_status(node, condition::GUEST_BOOTABLE) {
+        None | Some("True") => {}
+        Some("False") => return Some(Ineligible::CannotBootGuests),
+        Some(_) => return Some(Ineligible::GuestBootPending),
     }
     if status.protocol_version.as_deref() != Some(PROTOCOL_VERSION) {
         return Some(Ineligible::ProtocolMismatch);
@@ -241,7 +346,8 @@ pub fn place<'n>(
     config: &Config,
 ) -> Result<&'n SmolVMNode, Unplaceable> {
     let mut best: Option<(&SmolVMNode, i64)> = None;
-    let mut rejected: BTreeMap<Ineligible, usize> = BTreeMap::new();
+    let mut rejected = Rejections::default();
+    let mut pinned_node: Option<&SmolVMNode> = None;
     let mut seen = 0usize;
     for node in nodes {
         let name = node.metadata.name.as_deref().unwrap_or("");
@@ -249,9 +355,13 @@ pub fn place<'n>(
             continue;
         }
         seen += 1;
+        if request.pin.is_some() {
+            pinned_node = Some(node);
+        }
         let node_usage = usage.usage(name);
         if let Some(why) = check_node(node, request, node_usage, now, config) {
-            *rejected.entry(why).or_default() += 1;
+            let free = free_of(node, node_usage);
+            rejected.add(why, why.amounts(request, &free).1);
             continue;
         }
         let s = score(node, request, node_usage);
@@ -266,29 +376,43 @@ pub fn place<'n>(
     if let Some((node, _)) = best {
         return Ok(node);
     }
-    let summary = rejected
-        .iter()
-        .map(|(why, n)| format!("{n} {}", why.words()))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let summary = rejected.summary(request);
     Err(match (&request.pin, seen) {
         (Some(pin), 0) => Unplaceable {
             reason: "PinnedNodeUnknown",
             message: format!("pinned node {pin} has no SmolVMNode; waiting for its runtime agent to register it"),
         },
-        (Some(pin), _) => Unplaceable {
-            reason: "PinnedNodeIneligible",
-            message: format!("pinned node {pin} cannot take it now: {summary}"),
-        },
+        (Some(pin), _) => {
+            // The pinned node's own words where it explains itself (why no guest boots).
+            let detail = pinned_node
+                .and_then(|node| node.status.as_ref())
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == condition::GUEST_BOOTABLE))
+                .filter(|c| c.status != "True" && !c.message.is_empty())
+                .map(|c| format!(" ({}: {})", c.reason, c.message))
+                .unwrap_or_default();
+            Unplaceable {
+                reason: "PinnedNodeIneligible",
+                message: format!("pinned node {pin} cannot run this VM now: {summary}{detail}"),
+            }
+        }
         (None, 0) => Unplaceable {
             reason: "NoNodes",
             message: "no SmolVMNode is registered".into(),
         },
         (None, n) => Unplaceable {
             reason: "NoEligibleNode",
-            message: format!("0/{n} nodes can take it: {summary}"),
+            message: format!("0/{n} nodes can run this VM: {summary}"),
         },
     })
+}
+
+/// What `node` has free: its allocatable less what the ledger holds there.
+fn free_of(node: &SmolVMNode, usage: Option<&Usage>) -> NodeResources {
+    let allocatable = node.status.as_ref().and_then(|s| s.allocatable).unwrap_or_default();
+    match usage {
+        Some(u) => allocatable.minus(&u.used),
+        None => allocatable,
+    }
 }
 
 /// The reservations whose VM is gone: in `reserved` but not in `live` (sorted). Reservations
@@ -306,12 +430,9 @@ pub fn gone_reservations(reserved: &[String], live: &HashSet<String>) -> Vec<Str
     gone
 }
 
-/// Whether a node's heartbeat is fresh at `now`.
-pub fn heartbeat_fresh(node: &SmolVMNode, now: Timestamp, timeout: SignedDuration) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.heartbeat_time.as_ref())
-        .is_some_and(|t| now.duration_since(t.0) <= timeout)
+/// Whether a node's heartbeat is fresh at `now`, judged as `config` says.
+pub fn heartbeat_fresh(node: &SmolVMNode, now: Timestamp, config: &Config) -> bool {
+    config.fresh(node, now)
 }
 
 /// What placement and node health read from a SmolVMNode, minus the heartbeat: two nodes with
@@ -371,9 +492,9 @@ impl NodeTracker {
     }
 
     /// A node was added or changed: whether its VMs must look again.
-    pub fn applied(&mut self, node: &SmolVMNode, now: Timestamp, timeout: SignedDuration) -> bool {
+    pub fn applied(&mut self, node: &SmolVMNode, now: Timestamp, config: &Config) -> bool {
         let name = node.metadata.name.clone().unwrap_or_default();
-        let now_seen = (node_fingerprint(node), heartbeat_fresh(node, now, timeout));
+        let now_seen = (node_fingerprint(node), heartbeat_fresh(node, now, config));
         let changed = self.seen.get(&name) != Some(&now_seen);
         self.seen.insert(name, now_seen);
         changed
@@ -391,13 +512,13 @@ impl NodeTracker {
         &mut self,
         nodes: impl IntoIterator<Item = &'n SmolVMNode>,
         now: Timestamp,
-        timeout: SignedDuration,
+        config: &Config,
     ) -> Vec<String> {
         let mut changed = Vec::new();
         let mut present = HashSet::new();
         for node in nodes {
             let name = node.metadata.name.clone().unwrap_or_default();
-            let fresh = heartbeat_fresh(node, now, timeout);
+            let fresh = heartbeat_fresh(node, now, config);
             match self.seen.get_mut(&name) {
                 Some((_, was)) if *was != fresh => {
                     *was = fresh;

@@ -4,7 +4,7 @@
 
 use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
-    jiff::{SignedDuration, Timestamp},
+    jiff::Timestamp,
 };
 use smolvm_api::{
     NodeResources, Phase, SmolVM, SmolVMNode, SmolVMStatus,
@@ -46,8 +46,13 @@ pub enum NodeHealth {
     },
 }
 
-/// Judges the bound node.
-pub fn node_health(vm: &SmolVM, node: Option<&SmolVMNode>, now: Timestamp, timeout: SignedDuration) -> NodeHealth {
+/// Judges the bound node; its heartbeat's age as `liveness` judges it (the controller's clock).
+pub fn node_health(
+    vm: &SmolVM,
+    node: Option<&SmolVMNode>,
+    now: Timestamp,
+    liveness: &crate::placement::Config,
+) -> NodeHealth {
     let Some(node) = node else { return NodeHealth::Missing };
     let Some(status) = &node.status else {
         return NodeHealth::Unreachable {
@@ -63,15 +68,11 @@ pub fn node_health(vm: &SmolVM, node: Option<&SmolVMNode>, now: Timestamp, timeo
             reported: reported.into(),
         };
     }
-    match &status.heartbeat_time {
-        Some(t) if now.duration_since(t.0) <= timeout => {}
-        Some(t) => {
+    match liveness.heartbeat_age(node, now) {
+        Some(age) if age <= liveness.heartbeat_timeout => {}
+        Some(age) => {
             return NodeHealth::Unreachable {
-                why: format!(
-                    "its last heartbeat was at {} ({}s ago)",
-                    t.0,
-                    now.duration_since(t.0).as_secs()
-                ),
+                why: format!("its heartbeat has not changed for {}s", age.as_secs()),
             };
         }
         None => {
@@ -259,6 +260,10 @@ pub fn restart_request(vm: &SmolVM) -> Option<&str> {
         .map(String::as_str)
 }
 
+/// The longest restart request acted on (`status.restartHandled` holds it); `kubectl smolvm
+/// restart` writes an RFC 3339 time, far shorter. A longer value is dropped with an event.
+pub const MAX_RESTART_REQUEST: usize = 256;
+
 /// What a restart request asks of this pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Restart {
@@ -270,14 +275,20 @@ pub enum Restart {
     Run,
     /// `spec.running` is false: nothing to restart; the request is dropped with an event.
     Skip,
+    /// The request was acted on already (`status.restartHandled` holds its value; the
+    /// annotation's removal failed after): only the annotation is dropped.
+    Done,
 }
 
 /// Decides what a restart request means for the machine the node reports.
 pub fn restart(vm: &SmolVM, machine: Option<&MachineStatus>) -> Restart {
-    if restart_request(vm).is_none() {
+    let Some(requested) = restart_request(vm) else {
         return Restart::None;
+    };
+    if vm.status.as_ref().and_then(|s| s.restart_handled.as_deref()) == Some(requested) {
+        return Restart::Done;
     }
-    if !vm.spec.running() {
+    if !vm.spec.running() || requested.len() > MAX_RESTART_REQUEST {
         return Restart::Skip;
     }
     match machine {

@@ -419,7 +419,7 @@ async fn converge(
     let mut status = vm.status.clone().unwrap_or_default();
     status.observed_generation = generation;
     let node_obj = ctx.nodes.get(&ObjectRef::new(node));
-    let health = plan::node_health(vm, node_obj.as_deref(), now, ctx.timing.heartbeat_timeout);
+    let health = plan::node_health(vm, node_obj.as_deref(), now, &ctx.placement);
     let unhealthy = match health {
         NodeHealth::Healthy => None,
         NodeHealth::Missing => Some((
@@ -512,8 +512,18 @@ async fn converge(
     let restart = plan::restart(vm, observed.as_ref());
     let goal = match restart {
         plan::Restart::StopThenRun | plan::Restart::Run => plan::RunGoal::Run,
-        plan::Restart::None | plan::Restart::Skip => plan::run_goal(vm, observed.as_ref()),
+        plan::Restart::None | plan::Restart::Skip | plan::Restart::Done => plan::run_goal(vm, observed.as_ref()),
     };
+    if matches!(restart, plan::Restart::StopThenRun | plan::Restart::Run)
+        && let Some(requested) = plan::restart_request(vm)
+    {
+        // Recorded before acting: if dropping the annotation fails later, the next pass sees
+        // the request handled and does not restart the machine a second time.
+        let patch = json!({ "status": { "restartHandled": requested } });
+        api.patch_status(&vm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        status.restart_handled = Some(requested.to_string());
+    }
     let running = goal.running();
     // Drive the machine through as many steps as it needs in this pass (create, then start; or
     // resize, then start), so a new VM costs one status write rather than one per step.
@@ -1030,7 +1040,15 @@ async fn forget_restart_request(
         Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 => return Ok(()),
         Err(e) => return Err(e.into()),
     }
-    let (reason, note) = if restart == plan::Restart::Skip {
+    let (reason, note) = if restart == plan::Restart::Skip && requested.len() > plan::MAX_RESTART_REQUEST {
+        (
+            "RestartSkipped",
+            format!(
+                "restart request not done: its value is longer than {} characters (kubectl smolvm restart writes the time of the request)",
+                plan::MAX_RESTART_REQUEST
+            ),
+        )
+    } else if restart == plan::Restart::Skip {
         (
             "RestartSkipped",
             format!("restart requested at {requested} not done: spec.running is false, nothing runs to restart"),
@@ -1107,9 +1125,13 @@ pub fn call_failure(call: RuntimeCall, code: Option<&ErrorCode>) -> (Option<Phas
     if code == Some(&ErrorCode::HostPortInUse) && matches!(call, RuntimeCall::Create | RuntimeCall::Start) {
         return (Some(Phase::Failed), reason::HOST_PORT_IN_USE);
     }
-    // The agent's own refusal, whatever admission did: an excluded host port.
+    // The agent's own refusals, whatever admission did: an excluded host port (create), a
+    // private image started without credentials (start).
     if code == Some(&ErrorCode::HostPortExcluded) {
         return (Some(Phase::Failed), reason::HOST_PORT_EXCLUDED);
+    }
+    if code == Some(&ErrorCode::ImagePullCredentialsRequired) {
+        return (Some(Phase::Failed), reason::IMAGE_PULL_CREDENTIALS_REQUIRED);
     }
     match call {
         RuntimeCall::Get => (Some(Phase::Unknown), "RuntimeError"),

@@ -26,7 +26,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use k8s_openapi::{ByteString, api::core::v1::ObjectReference};
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
@@ -274,11 +274,12 @@ pub struct NodeTrust {
 }
 
 impl NodeTrust {
-    /// What `node` reports, judged live at `now`.
-    pub fn of(node: &SmolVMNode, now: Timestamp, heartbeat_timeout: SignedDuration) -> Self {
+    /// What `node` reports, judged live at `now` as `liveness` says (the controller's clock: a
+    /// far-future heartbeat never keeps a dead node live and so never blocks a rotation).
+    pub fn of(node: &SmolVMNode, now: Timestamp, liveness: &crate::placement::Config) -> Self {
         NodeTrust {
             name: node.metadata.name.clone().unwrap_or_default(),
-            live: heartbeat_fresh(node, now, heartbeat_timeout),
+            live: heartbeat_fresh(node, now, liveness),
             ca_fingerprint: node
                 .status
                 .as_ref()
@@ -421,8 +422,8 @@ pub struct RotationContext {
     pub trust: Arc<RuntimeTrust>,
     /// The SmolVMNode cache.
     pub nodes: Store<SmolVMNode>,
-    /// A heartbeat older than this is stale.
-    pub heartbeat_timeout: SignedDuration,
+    /// How heartbeats are judged (the controller's clock).
+    pub liveness: crate::placement::Config,
     /// Where events go.
     pub events: EventSink,
 }
@@ -474,7 +475,7 @@ async fn rotation_tick(ctx: &RotationContext, waiting_for: &mut Vec<String>) -> 
         .nodes
         .state()
         .iter()
-        .map(|n| NodeTrust::of(n, now, ctx.heartbeat_timeout))
+        .map(|n| NodeTrust::of(n, now, &ctx.liveness))
         .collect();
     let current_fingerprint = stored.current_fingerprint();
     let step = rotation_step(

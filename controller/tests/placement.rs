@@ -173,6 +173,27 @@ fn eligibility_table() {
             Some("ProtocolMismatch"),
         ),
         (
+            "guest_boot_failed",
+            guest_bootable(node("a", 8, 8192), "False", "CanaryFailed"),
+            request(1, 1),
+            None,
+            Some("CannotBootGuests"),
+        ),
+        (
+            "guest_boot_pending",
+            guest_bootable(node("a", 8, 8192), "Unknown", "CanaryPending"),
+            request(1, 1),
+            None,
+            Some("GuestBootPending"),
+        ),
+        (
+            "guest_booted",
+            guest_bootable(node("a", 8, 8192), "True", "CanaryBooted"),
+            request(1, 1),
+            None,
+            None,
+        ),
+        (
             "no_endpoint",
             edit(node("a", 8, 8192), |n| n.status.as_mut().unwrap().endpoint = None),
             request(1, 1),
@@ -248,7 +269,10 @@ fn placement_table() {
     };
     let err = place(&pinned_too_big, &nodes, &empty, now(), &cfg).unwrap_err();
     assert_eq!(err.reason, "PinnedNodeIneligible");
-    assert!(err.message.contains("insufficient CPUs"), "{}", err.message);
+    assert_eq!(
+        err.message,
+        "pinned node c cannot run this VM now: 1 has too few CPUs (needs 6, 4 free)"
+    );
     let ghost = Request {
         pin: Some("ghost".into()),
         ..request(1, 512)
@@ -260,7 +284,10 @@ fn placement_table() {
     // Nothing fits: the message counts the reasons.
     let err = place(&request(16, 512), &nodes, &empty, now(), &cfg).unwrap_err();
     assert_eq!(err.reason, "NoEligibleNode");
-    assert_eq!(err.message, "0/3 nodes can take it: 3 insufficient CPUs");
+    assert_eq!(
+        err.message,
+        "0/3 nodes can run this VM: 3 have too few CPUs (needs 16, at most 8 free)"
+    );
     let none: Vec<SmolVMNode> = vec![];
     assert_eq!(
         place(&request(1, 1), &none, &empty, now(), &cfg).unwrap_err().reason,
@@ -323,6 +350,7 @@ fn concurrent_placements_never_over_commit() {
         .map(|i| {
             let ledger = ledger.clone();
             let nodes = nodes.clone();
+            let cfg = cfg.clone();
             std::thread::spawn(move || {
                 ledger
                     .place_and_reserve(&format!("uid-{i}"), &request(1, 512), nodes.iter(), now(), &cfg)
@@ -504,7 +532,10 @@ fn node_fingerprint_ignores_the_heartbeat_only() {
 
 #[test]
 fn node_tracker_wakes_on_changes_and_freshness_flips_only() {
-    let timeout = SignedDuration::from_secs(40);
+    let timeout = &Config {
+        heartbeat_timeout: SignedDuration::from_secs(40),
+        clock: None,
+    };
     let at = |secs: i64| now() + SignedDuration::from_secs(secs);
     // Heartbeat at now() - 5 s (see `node`).
     let mut tracker = NodeTracker::new();
@@ -632,4 +663,127 @@ mod hand_off {
             }
         }
     }
+}
+
+/// `node` with the GuestBootable condition its agent's canary reports.
+fn guest_bootable(node: SmolVMNode, status: &str, reason: &str) -> SmolVMNode {
+    edit(node, |n| {
+        n.status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: smolvm_api::constants::condition::GUEST_BOOTABLE.into(),
+                status: status.into(),
+                reason: reason.into(),
+                message: format!("{reason}: the canary's words"),
+                last_transition_time: Time(now()),
+                observed_generation: None,
+            })
+    })
+}
+
+#[test]
+fn unplaced_vms_say_why_as_the_scheduler_does() {
+    let cfg = Config::default();
+    let empty: HashMap<String, Usage> = HashMap::new();
+    let big = |name: &str| node(name, 8, 8192);
+    let arm = |name: &str| {
+        edit(node(name, 8, 8192), |n| {
+            n.metadata.labels = Some([("kubernetes.io/arch".to_string(), "arm64".to_string())].into())
+        })
+    };
+    let wants = |cpus: i64, memory: i64| Request {
+        node_selector: [("kubernetes.io/arch".to_string(), "amd64".to_string())].into(),
+        ..request(cpus, memory)
+    };
+    let cases: Vec<(&str, Vec<SmolVMNode>, Request, &str)> = vec![
+        (
+            "the issue's example",
+            vec![
+                guest_bootable(big("a"), "False", "CanaryFailed"),
+                node("b", 8, 1024),
+                arm("c"),
+            ],
+            wants(1, 2048),
+            "0/3 nodes can run this VM: 1 cannot boot guests (CanaryFailed), 1 has too little memory (needs 2048 MiB, 1024 free), 1 does not match nodeSelector",
+        ),
+        (
+            "waiting for the first check",
+            vec![
+                guest_bootable(big("a"), "Unknown", "CanaryPending"),
+                guest_bootable(big("b"), "Unknown", "CanaryPending"),
+            ],
+            request(1, 512),
+            "0/2 nodes can run this VM: 2 are still checking that a guest boots (CanaryPending)",
+        ),
+        (
+            "every node refuses guests",
+            vec![
+                guest_bootable(big("a"), "False", "CanaryFailed"),
+                guest_bootable(big("b"), "False", "CanaryFailed"),
+            ],
+            request(1, 512),
+            "0/2 nodes can run this VM: 2 cannot boot guests (CanaryFailed)",
+        ),
+        (
+            "plural resources name the most any has free",
+            vec![
+                node("a", 8, 1024),
+                node("b", 8, 3072),
+                edit(big("c"), |n| n.spec.unschedulable = Some(true)),
+            ],
+            request(1, 4096),
+            "0/3 nodes can run this VM: 1 is cordoned (spec.unschedulable), 2 have too little memory (needs 4096 MiB, at most 3072 free)",
+        ),
+    ];
+    for (name, nodes, req, want) in cases {
+        let err = place(&req, &nodes, &empty, now(), &cfg).unwrap_err();
+        assert_eq!(err.message, want, "{name}");
+        assert_eq!(err.reason, "NoEligibleNode", "{name}");
+    }
+    // False excludes, True and absent (the check off) admit: the VM goes to the node that boots.
+    let mixed = vec![
+        guest_bootable(big("a"), "False", "CanaryFailed"),
+        guest_bootable(big("b"), "True", "CanaryBooted"),
+    ];
+    let chosen = place(&request(1, 512), &mixed, &empty, now(), &cfg).unwrap();
+    assert_eq!(chosen.metadata.name.as_deref(), Some("b"));
+    // A pinned VM names its node's reason, in the node's own words.
+    let pinned = Request {
+        pin: Some("a".into()),
+        ..request(1, 512)
+    };
+    let err = place(&pinned, &mixed, &empty, now(), &cfg).unwrap_err();
+    assert_eq!(err.reason, "PinnedNodeIneligible");
+    assert_eq!(
+        err.message,
+        "pinned node a cannot run this VM now: 1 cannot boot guests (CanaryFailed) (CanaryFailed: CanaryFailed: the canary's words)"
+    );
+}
+
+#[test]
+fn a_heartbeat_from_the_future_is_judged_by_the_controllers_clock() {
+    let clock = std::sync::Arc::new(smolvm_controller::heartbeat::HeartbeatClock::new());
+    let cfg = Config::observed(SignedDuration::from_secs(40), clock);
+    let fast = edit(node("a", 8, 8192), |n| {
+        n.status.as_mut().unwrap().heartbeat_time = Some(Time(now() + SignedDuration::from_secs(365 * 86_400)))
+    });
+    assert_eq!(
+        check_node(&fast, &request(1, 1), None, now(), &cfg),
+        None,
+        "fresh when first seen"
+    );
+    let later = now() + SignedDuration::from_secs(41);
+    assert_eq!(
+        check_node(&fast, &request(1, 1), None, later, &cfg).map(|i| i.reason()),
+        Some("StaleHeartbeat"),
+        "stale once it stops changing, although its timestamp is a year ahead"
+    );
+    // Without the clock (tables that set heartbeats), a far-future timestamp is not fresh either.
+    let by_timestamp = Config::default();
+    assert_eq!(
+        check_node(&fast, &request(1, 1), None, now(), &by_timestamp).map(|i| i.reason()),
+        Some("StaleHeartbeat")
+    );
 }

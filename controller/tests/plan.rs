@@ -199,7 +199,10 @@ fn ready_node(uid: &str, heartbeat_age: Option<i64>, ready: &str) -> SmolVMNode 
 #[test]
 fn node_health_table() {
     let vm = vm(true, false, true, None); // bound to node-a with nodeUID uid-node-a
-    let timeout = SignedDuration::from_secs(40);
+    let timeout = &smolvm_controller::placement::Config {
+        heartbeat_timeout: SignedDuration::from_secs(40),
+        clock: None,
+    };
     let healthy = ready_node("uid-node-a", Some(5), "True");
     assert_eq!(node_health(&vm, Some(&healthy), now(), timeout), NodeHealth::Healthy);
     assert_eq!(node_health(&vm, None, now(), timeout), NodeHealth::Missing);
@@ -223,6 +226,22 @@ fn node_health_table() {
             "{name}"
         );
     }
+    // By the controller's own clock: a heartbeat an hour in the future is fresh when first seen,
+    // and stale once it has not changed for longer than the timeout, whatever it says.
+    let clock = smolvm_controller::placement::Config::observed(
+        SignedDuration::from_secs(40),
+        std::sync::Arc::new(smolvm_controller::heartbeat::HeartbeatClock::new()),
+    );
+    let fast = ready_node("uid-node-a", Some(-3600), "True");
+    assert_eq!(node_health(&vm, Some(&fast), now(), &clock), NodeHealth::Healthy);
+    let later = now() + SignedDuration::from_secs(41);
+    assert!(
+        matches!(
+            node_health(&vm, Some(&fast), later, &clock),
+            NodeHealth::Unreachable { .. }
+        ),
+        "a dead node with a fast clock goes stale"
+    );
 }
 
 fn machine(state: MachineState, cpus: u32, memory: u64, storage: u64) -> MachineStatus {

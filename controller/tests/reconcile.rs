@@ -107,12 +107,18 @@ fn runtime_failures_are_named_after_the_call() {
             Some(&ErrorCode::InvalidRequest),
             (None, "ResizeFailed"),
         ),
-        // The agent's refusal whatever admission did, its own reason.
+        // The agent's refusals whatever admission did, each its own reason.
         (
             "create_port_excluded",
             RuntimeCall::Create,
             Some(&ErrorCode::HostPortExcluded),
             (Some(Phase::Failed), "HostPortExcluded"),
+        ),
+        (
+            "start_private_image_without_credentials",
+            RuntimeCall::Start,
+            Some(&ErrorCode::ImagePullCredentialsRequired),
+            (Some(Phase::Failed), "ImagePullCredentialsRequired"),
         ),
         // smolvm's start failure is a start failure whatever call met it.
         (
@@ -230,7 +236,7 @@ async fn unplaceable_vm_stays_pending_with_the_reason() {
                 assert_eq!(body["status"]["phase"], "Pending");
                 let c = condition_of(body, "Scheduled");
                 assert_eq!(c["reason"], "Unschedulable");
-                assert_eq!(c["message"], "0/1 nodes can take it: 1 stale heartbeat");
+                assert_eq!(c["message"], "0/1 nodes can run this VM: 1 has a stale heartbeat");
             }),
             expect(Method::POST, EVENTS_PATH, |body| {
                 assert_eq!(body["reason"], "FailedScheduling")

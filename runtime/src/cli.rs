@@ -75,6 +75,13 @@ pub struct Flags {
     /// Most concurrent UDP client sessions from one source address on a forwarded port.
     #[arg(long, env = "SMOLVM_RUNTIME_FORWARD_MAX_UDP_SESSIONS_PER_SOURCE", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub forward_max_udp_sessions_per_source: u32,
+    /// Most exec (one-shot and interactive) and log-follow streams open at once on one machine;
+    /// more are answered 429 TooManyStreams.
+    #[arg(long, env = "SMOLVM_RUNTIME_MAX_STREAMS_PER_MACHINE", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_streams_per_machine: u32,
+    /// Most exec and log-follow streams open at once on the node, all machines together.
+    #[arg(long, env = "SMOLVM_RUNTIME_MAX_STREAMS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_streams: u32,
     /// Bearer token file (the `smolvm-runtime-auth` Secret), re-read on change.
     #[arg(
         long,
@@ -119,13 +126,6 @@ pub struct Flags {
     /// The KVM device.
     #[arg(long, env = "SMOLVM_RUNTIME_KVM_DEVICE", default_value = "/dev/kvm")]
     pub kvm_device: PathBuf,
-    /// The admission policy file (the `smolvm-policy` ConfigMap the webhook reads), re-read on
-    /// change: the agent refuses to create a machine on a host port it excludes. Without it,
-    /// the built-in defaults apply. The agent's own ports are always excluded.
-    #[arg(long, env = "SMOLVM_RUNTIME_POLICY")]
-    pub policy: Option<PathBuf>,
-    /// Log line format.
-    #[arg(long, env = "SMOLVM_RUNTIME_LOG_FORMAT", value_enum, default_value = "json")]
     /// The guest boot check (a canary machine from smolvm's own guest, booted and deleted): `on`
     /// reports GuestBootable and keeps VMs off a node where no guest boots; `off` (for test
     /// harnesses on machines that boot no guest) reports no GuestBootable condition.
@@ -138,16 +138,16 @@ pub struct Flags {
     /// Longest a canary boot may take before it counts as failed.
     #[arg(long, env = "SMOLVM_RUNTIME_CANARY_BOOT_TIMEOUT", default_value = "3m", value_parser = parse_duration)]
     pub canary_boot_timeout: Duration,
+    /// The admission policy file (the `smolvm-policy` ConfigMap the webhook reads), re-read on
+    /// change: the agent refuses to create a machine on a host port it excludes. Without it,
+    /// the built-in defaults apply. The agent's own ports are always excluded.
+    #[arg(long, env = "SMOLVM_RUNTIME_POLICY")]
+    pub policy: Option<PathBuf>,
+    /// Log line format.
+    #[arg(long, env = "SMOLVM_RUNTIME_LOG_FORMAT", value_enum, default_value = "json")]
     pub log_format: LogFormat,
 }
 
-/// The variables renamed when the three binaries took one vocabulary; the old spellings work,
-/// with a warning, until the next minor release.
-pub const RENAMED: &[Renamed] =
-    &[Renamed::new("guest-rollout-port", "SMOLVM_RUNTIME_GUEST_ROLLOUT_PORT").was_env("SMOLVM_GUEST_ROLLOUT_PORT")];
-
-/// Parses `KEY=VALUE`.
-pub fn parse_env_pair(text: &str) -> std::result::Result<(String, String), String> {
 /// `on` or `off`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Switch {
@@ -157,6 +157,13 @@ pub enum Switch {
     Off,
 }
 
+/// The variables renamed when the three binaries took one vocabulary; the old spellings work,
+/// with a warning, until the next minor release.
+pub const RENAMED: &[Renamed] =
+    &[Renamed::new("guest-rollout-port", "SMOLVM_RUNTIME_GUEST_ROLLOUT_PORT").was_env("SMOLVM_GUEST_ROLLOUT_PORT")];
+
+/// Parses `KEY=VALUE`.
+pub fn parse_env_pair(text: &str) -> std::result::Result<(String, String), String> {
     text.split_once('=')
         .filter(|(k, _)| !k.is_empty())
         .map(|(k, v)| (k.to_string(), v.to_string()))

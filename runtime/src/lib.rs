@@ -7,6 +7,7 @@ pub mod error;
 pub mod forward;
 pub mod guards;
 pub mod host;
+pub mod images;
 pub mod limits;
 pub mod metrics;
 pub mod nodeapi;

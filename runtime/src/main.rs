@@ -96,16 +96,17 @@ async fn run(flags: Flags) -> Result<()> {
             .or_else(|| std::env::var("NODE_IP").ok().and_then(|ip| ip.parse().ok())),
         guards: smolvm_runtime::guards::GuardOptions {
             policy_file: flags.policy.clone(),
+            image_records: Some(flags.state_dir.join("operator").join("images")),
         },
         limits: smolvm_runtime::limits::Limits::from_flags(&flags, smolvm_runtime::limits::open_files_limit()),
     })
     .await?;
 
     let mut background = Vec::new();
-    if let Some(client) = client {
     // The guest boot check runs while the agent reports (it needs no Kubernetes itself, but only
     // a reported SmolVMNode makes its result matter); dropped, it stops.
     let mut canary_task: Option<canary::Canary> = None;
+    if let Some(client) = client {
         if flags.tls_cert.is_none() {
             // Checked every 5 s: a CA rotation waits for this agent's new certificate.
             background.push(serving_cert::spawn_renewal(
@@ -131,7 +132,6 @@ async fn run(flags: Flags) -> Result<()> {
         let kvm_device = flags.kvm_device.clone();
         let last_capacity = std::sync::Mutex::new(None);
         let port = i32::from(flags.port);
-        let client_ca = agent.node_api().client_ca().clone();
         let canary = match flags.canary {
             Switch::On => Some(canary::spawn(
                 agent.vmm().clone(),
@@ -159,8 +159,9 @@ async fn run(flags: Flags) -> Result<()> {
         };
         let boot_check = canary.as_ref().map(canary::Canary::subscribe);
         canary_task = canary;
+        let client_ca = agent.node_api().client_ca().clone();
         background.push(spawn_reporter(
-            Reporter::new(client, flags.node_name.clone()),
+            reporter,
             flags.heartbeat_interval,
             move |node_uid| {
                 identity.set_node_uid(Some(node_uid.to_string()));
@@ -199,15 +200,15 @@ async fn run(flags: Flags) -> Result<()> {
                     ),
                     machines: runtime.ready.then(|| runtime.machines.clone()),
                     serving_certificate: Some(serving_cert::report_current(&resolver, &client_ca)),
-                }
                     boot_check: boot_check.as_ref().map(|check| check.borrow().clone()),
+                }
             },
         ));
     }
 
     smolvm_kit::shutdown::signal().await;
-    for task in background {
     drop(canary_task);
+    for task in background {
         task.abort();
     }
     agent.shutdown().await;

@@ -11,11 +11,15 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use smolvm_api::constants::{
-    ANNOTATION_MIRRORED_LABELS, API_VERSION, FIELD_MANAGER_RUNTIME, KIND_SMOLVM_NODE, LABEL_NODE, PROTOCOL_VERSION,
-    condition, reason,
+    AGENT_LABEL_PREFIX, ANNOTATION_MIRRORED_LABELS, API_VERSION, FIELD_MANAGER_RUNTIME, KIND_SMOLVM_NODE,
+    LABEL_GPU_COUNT, LABEL_GUEST_BOOTABLE, LABEL_NESTED_VIRT, LABEL_NODE, PROTOCOL_VERSION, RECHECK_BOOT_ANNOTATION,
+    RECHECK_BOOT_VALUE, condition, reason,
 };
-use smolvm_api::types::{Endpoint, NodeResources, ServingCertificate, SmolVMNode, SmolVMNodeSpec, SmolVMNodeStatus};
+use smolvm_api::types::{
+    CanaryStatus, Endpoint, NodeResources, ServingCertificate, SmolVMNode, SmolVMNodeSpec, SmolVMNodeStatus,
+};
 
+use crate::canary::{BootCheck, CheckState, Outcome};
 use crate::error::Result;
 
 /// Parses the mirrored-labels annotation (comma-separated label keys).
@@ -43,25 +47,56 @@ pub struct LabelMerge {
     pub mirrored: BTreeSet<String>,
 }
 
+/// The capability labels the agent owns, each with its value, or `None` to remove it: what a
+/// `nodeSelector` can ask of a node. Guest-bootable follows the last canary boot (absent while
+/// none finished, or with the check off); nested-virt and gpu-count follow smolvm's `/health`
+/// and `/capacity` (absent when not true, or none).
+pub fn capability_labels(check: Option<&BootCheck>) -> BTreeMap<&'static str, Option<String>> {
+    let bootable = check.and_then(|c| match &c.state {
+        CheckState::Pending => None,
+        CheckState::Done(Outcome::Booted { .. }) => Some("true".to_string()),
+        CheckState::Done(Outcome::Failed(_)) => Some("false".to_string()),
+    });
+    let nested = check
+        .and_then(|c| c.nested_virt)
+        .filter(|nested| *nested)
+        .map(|_| "true".to_string());
+    let gpus = check
+        .and_then(|c| c.gpu_count)
+        .filter(|n| *n > 0)
+        .map(|n| n.to_string());
+    BTreeMap::from([
+        (LABEL_GUEST_BOOTABLE, bootable),
+        (LABEL_NESTED_VIRT, nested),
+        (LABEL_GPU_COUNT, gpus),
+    ])
+}
+
 /// Mirrors `node_labels` onto `current`: every Node label is set; a key mirrored before
 /// (`previously_mirrored`) and gone from the Node is removed; every other label (set by an
 /// admin) is kept, also when the Node has the same key: the admin's value overrides the
 /// Node's, and the Node's is mirrored again once the admin removes theirs. [`LABEL_NODE`]
-/// names the node whenever its name fits a label value (63 characters).
+/// names the node whenever its name fits a label value (63 characters). Keys under
+/// [`AGENT_LABEL_PREFIX`] belong to the agent: a Node label with such a key is not mirrored,
+/// and `agent` (from [`capability_labels`]) sets or removes the agent's own.
 pub fn merge_labels(
     current: &BTreeMap<String, String>,
     previously_mirrored: &BTreeSet<String>,
     node_labels: &BTreeMap<String, String>,
     node_name: &str,
+    agent: &BTreeMap<&'static str, Option<String>>,
 ) -> LabelMerge {
     let mut labels = current.clone();
     for key in previously_mirrored {
-        if !node_labels.contains_key(key) {
+        if !node_labels.contains_key(key) || key.starts_with(AGENT_LABEL_PREFIX) {
             labels.remove(key);
         }
     }
     let mut mirrored = BTreeSet::new();
     for (key, value) in node_labels {
+        if key.starts_with(AGENT_LABEL_PREFIX) {
+            continue;
+        }
         let set_by_admin = current.contains_key(key) && !previously_mirrored.contains(key) && key != LABEL_NODE;
         if !set_by_admin {
             labels.insert(key.clone(), value.clone());
@@ -75,6 +110,12 @@ pub fn merge_labels(
         labels.insert(LABEL_NODE.to_string(), node_name.to_string());
     } else {
         labels.remove(LABEL_NODE);
+    }
+    for (key, value) in agent {
+        match value {
+            Some(value) => labels.insert((*key).to_string(), value.clone()),
+            None => labels.remove(*key),
+        };
     }
     LabelMerge { labels, mirrored }
 }
@@ -125,6 +166,18 @@ pub fn next_condition(
     now: &Time,
 ) -> Condition {
     let status = if status { "True" } else { "False" };
+    condition_with_status(previous, type_, status, reason, message, now)
+}
+
+/// [`next_condition`] with the status spelled out (`True`, `False` or `Unknown`).
+pub fn condition_with_status(
+    previous: &[Condition],
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+    now: &Time,
+) -> Condition {
     let last_transition_time = previous
         .iter()
         .find(|c| c.type_ == type_ && c.status == status)
@@ -167,6 +220,8 @@ pub struct Observation {
     pub machines: Option<Vec<String>>,
     /// The serving certificate: which runtime CA signed it, when it expires.
     pub serving_certificate: Option<ServingCertificate>,
+    /// The guest boot check and the host's capabilities; `None` with the check off.
+    pub boot_check: Option<BootCheck>,
 }
 
 /// The Node's first InternalIP, as `status.addresses` lists it.
@@ -182,6 +237,37 @@ pub fn internal_ip(node: &Node) -> Option<String> {
 
 /// Most machine names a SmolVMNode reports (the CRD's bound on `status.machines`).
 pub const MAX_REPORTED_MACHINES: usize = 4096;
+
+/// The GuestBootable condition of a boot check.
+pub fn guest_bootable_condition(check: &BootCheck, previous: &[Condition], now: &Time) -> Condition {
+    let (status, why, message) = match &check.state {
+        CheckState::Pending => (
+            "Unknown",
+            reason::CANARY_PENDING,
+            "the first guest boot check has not finished; VMs are placed here once a guest booted".to_string(),
+        ),
+        CheckState::Done(Outcome::Booted { millis }) => (
+            "True",
+            reason::CANARY_BOOTED,
+            format!("a canary guest booted in {millis} ms"),
+        ),
+        CheckState::Done(Outcome::Failed(diagnosis)) => ("False", reason::CANARY_FAILED, diagnosis.message.clone()),
+    };
+    condition_with_status(previous, condition::GUEST_BOOTABLE, status, why, &message, now)
+}
+
+/// `status.canary` of a boot check (absent until one finished).
+pub fn canary_status(check: &BootCheck) -> Option<CanaryStatus> {
+    let last_run = check.last_run?;
+    Some(CanaryStatus {
+        last_run: Some(Time(last_run)),
+        boot_millis: match &check.state {
+            CheckState::Done(Outcome::Booted { millis }) => Some(i64::try_from(*millis).unwrap_or(i64::MAX)),
+            _ => None,
+        },
+        smolvm_version: check.smolvm_version.clone(),
+    })
+}
 
 /// The status to apply, given the previous conditions.
 pub fn build_status(obs: &Observation, previous: &[Condition], now: &Time) -> SmolVMNodeStatus {
@@ -269,7 +355,14 @@ pub fn build_status(obs: &Observation, previous: &[Condition], now: &Time) -> Sm
             names
         }),
         serving_certificate: obs.serving_certificate.clone(),
-        conditions: vec![ready, kvm, runtime],
+        canary: obs.boot_check.as_ref().and_then(canary_status),
+        conditions: {
+            let mut conditions = vec![ready, kvm, runtime];
+            if let Some(check) = &obs.boot_check {
+                conditions.push(guest_bootable_condition(check, previous, now));
+            }
+            conditions
+        },
     }
 }
 
@@ -286,7 +379,13 @@ pub fn status_apply_body(node_name: &str, status: &SmolVMNodeStatus) -> serde_js
 /// The SmolVMNode to create for a Node (owned by it, labels mirrored).
 pub fn new_smolvm_node(node: &Node, node_name: &str) -> SmolVMNode {
     let node_labels = node.metadata.labels.clone().unwrap_or_default();
-    let merge = merge_labels(&BTreeMap::new(), &BTreeSet::new(), &node_labels, node_name);
+    let merge = merge_labels(
+        &BTreeMap::new(),
+        &BTreeSet::new(),
+        &node_labels,
+        node_name,
+        &capability_labels(None),
+    );
     let mut annotations = BTreeMap::new();
     annotations.insert(ANNOTATION_MIRRORED_LABELS.to_string(), render_mirrored(&merge.mirrored));
     SmolVMNode {
@@ -309,11 +408,21 @@ pub fn new_smolvm_node(node: &Node, node_name: &str) -> SmolVMNode {
     }
 }
 
+/// Whether a SmolVMNode carries the recheck annotation with its one value.
+pub fn recheck_requested(node: &SmolVMNode) -> bool {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(RECHECK_BOOT_ANNOTATION))
+        .is_some_and(|v| v == RECHECK_BOOT_VALUE)
+}
+
 /// Talks to the API server for one node.
 pub struct Reporter {
     nodes: Api<Node>,
     smolvm_nodes: Api<SmolVMNode>,
     node_name: String,
+    recheck: Option<std::sync::Arc<tokio::sync::Notify>>,
 }
 
 impl Reporter {
@@ -323,7 +432,15 @@ impl Reporter {
             nodes: Api::all(client.clone()),
             smolvm_nodes: Api::all(client),
             node_name: node_name.into(),
+            recheck: None,
         }
+    }
+
+    /// Acts on the recheck annotation ([`RECHECK_BOOT_ANNOTATION`]): notifies `recheck` and
+    /// removes the annotation.
+    pub fn with_recheck(mut self, recheck: std::sync::Arc<tokio::sync::Notify>) -> Self {
+        self.recheck = Some(recheck);
+        self
     }
 
     /// The Node (for its UID and labels).
@@ -356,6 +473,18 @@ impl Reporter {
                 }
             }
         };
+        if let Some(recheck) = &self.recheck
+            && recheck_requested(&existing)
+        {
+            tracing::info!(node = %self.node_name, annotation = RECHECK_BOOT_ANNOTATION, "guest boot check asked for");
+            recheck.notify_one();
+            let patch = serde_json::json!({ "metadata": { "annotations": { RECHECK_BOOT_ANNOTATION: null } } });
+            self.smolvm_nodes
+                .patch(&self.node_name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+        let mut observed = observe(&node_uid);
+        observed.internal_ip = internal_ip(&node);
         let current_labels = existing.metadata.labels.clone().unwrap_or_default();
         let annotation = existing
             .metadata
@@ -368,6 +497,7 @@ impl Reporter {
             &parse_mirrored(annotation.as_deref()),
             &node.metadata.labels.clone().unwrap_or_default(),
             &self.node_name,
+            &capability_labels(observed.boot_check.as_ref()),
         );
         if let Some(patch) = label_patch(&current_labels, annotation.as_deref(), &merge) {
             self.smolvm_nodes
@@ -375,8 +505,6 @@ impl Reporter {
                 .await?;
         }
         let previous = existing.status.map(|s| s.conditions).unwrap_or_default();
-        let mut observed = observe(&node_uid);
-        observed.internal_ip = internal_ip(&node);
         let status = build_status(&observed, &previous, &now);
         let params = PatchParams::apply(FIELD_MANAGER_RUNTIME).force();
         self.smolvm_nodes
@@ -472,7 +600,7 @@ mod tests {
             },
         ];
         for case in cases {
-            let merged = merge_labels(&case.current, &case.mirrored, &case.node, "n1");
+            let merged = merge_labels(&case.current, &case.mirrored, &case.node, "n1", &BTreeMap::new());
             assert_eq!(merged.labels, case.labels, "{}", case.name);
             assert_eq!(merged.mirrored, case.now_mirrored, "{}", case.name);
         }
@@ -483,9 +611,15 @@ mod tests {
         let short = "ip-10-0-0-1.ec2.internal";
         let long = "ip-192-168-101-202.ap-southeast-2.compute.internal.example-long-suffix";
         assert!(long.len() > 63);
-        let merged = merge_labels(&map(&[]), &set(&[]), &map(&[("zone", "a")]), short);
+        let merged = merge_labels(&map(&[]), &set(&[]), &map(&[("zone", "a")]), short, &BTreeMap::new());
         assert_eq!(merged.labels.get(LABEL_NODE).map(String::as_str), Some(short));
-        let merged = merge_labels(&map(&[(LABEL_NODE, "stale")]), &set(&[]), &map(&[("zone", "a")]), long);
+        let merged = merge_labels(
+            &map(&[(LABEL_NODE, "stale")]),
+            &set(&[]),
+            &map(&[("zone", "a")]),
+            long,
+            &BTreeMap::new(),
+        );
         assert_eq!(merged.labels.get(LABEL_NODE), None);
         assert_eq!(merged.labels.get("zone").map(String::as_str), Some("a"));
     }
@@ -493,7 +627,13 @@ mod tests {
     #[test]
     fn label_patch_sets_removes_and_is_empty_when_equal() {
         let current = map(&[("zone", "a"), ("gpu", "yes"), (LABEL_NODE, "n1")]);
-        let merged = merge_labels(&current, &set(&["zone", "gpu"]), &map(&[("zone", "b")]), "n1");
+        let merged = merge_labels(
+            &current,
+            &set(&["zone", "gpu"]),
+            &map(&[("zone", "b")]),
+            "n1",
+            &BTreeMap::new(),
+        );
         let patch = label_patch(&current, Some("gpu,zone"), &merged).expect("patch");
         assert_eq!(
             patch,
@@ -539,6 +679,7 @@ mod tests {
             },
             machines: Some(vec!["svm-a".into(), "svm-b".into()]),
             serving_certificate: None,
+            boot_check: None,
         }
     }
 
@@ -595,5 +736,145 @@ mod tests {
                 (condition::READY, status, why)
             );
         }
+    }
+
+    fn check(state: CheckState) -> BootCheck {
+        BootCheck {
+            state,
+            last_run: Some(k8s_openapi::jiff::Timestamp::from_second(50).expect("time")),
+            smolvm_version: Some("1.32.2".into()),
+            nested_virt: Some(false),
+            gpu_count: Some(0),
+        }
+    }
+
+    fn failed() -> CheckState {
+        CheckState::Done(Outcome::Failed(crate::canary::Diagnosis {
+            cause: crate::canary::Cause::HostCannotRunGuest,
+            message: "no guest booted: this host is itself a virtual machine".into(),
+        }))
+    }
+
+    #[test]
+    fn guest_bootable_table() {
+        let cases = [
+            ("off", None, None, None, None),
+            (
+                "pending",
+                Some(check(CheckState::Pending)),
+                Some(("Unknown", reason::CANARY_PENDING)),
+                None,
+                None,
+            ),
+            (
+                "booted",
+                Some(check(CheckState::Done(Outcome::Booted { millis: 812 }))),
+                Some(("True", reason::CANARY_BOOTED)),
+                Some(812),
+                Some("true"),
+            ),
+            (
+                "failed",
+                Some(check(failed())),
+                Some(("False", reason::CANARY_FAILED)),
+                None,
+                Some("false"),
+            ),
+        ];
+        for (name, boot_check, want, millis, label) in cases {
+            let mut obs = observation(true, true);
+            obs.boot_check = boot_check.clone();
+            let status = build_status(&obs, &[], &time(100));
+            let got = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == condition::GUEST_BOOTABLE)
+                .map(|c| (c.status.as_str(), c.reason.as_str()));
+            assert_eq!(got, want, "{name}");
+            assert_eq!(status.canary.as_ref().and_then(|c| c.boot_millis), millis, "{name}");
+            if boot_check.is_some() && !matches!(boot_check.as_ref().map(|c| &c.state), Some(CheckState::Pending)) {
+                assert_eq!(
+                    status.canary.as_ref().and_then(|c| c.smolvm_version.as_deref()),
+                    Some("1.32.2"),
+                    "{name}"
+                );
+            }
+            let labels = capability_labels(boot_check.as_ref());
+            assert_eq!(labels[LABEL_GUEST_BOOTABLE].as_deref(), label, "{name}");
+            // KVMAvailable keeps its narrow meaning: the device answered.
+            let kvm = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == condition::KVM_AVAILABLE)
+                .expect("kvm");
+            assert_eq!(kvm.status, "True", "{name}");
+        }
+        let booted = build_status(
+            &Observation {
+                boot_check: Some(check(CheckState::Done(Outcome::Booted { millis: 812 }))),
+                ..observation(true, true)
+            },
+            &[],
+            &time(100),
+        );
+        let message = &booted
+            .conditions
+            .iter()
+            .find(|c| c.type_ == condition::GUEST_BOOTABLE)
+            .expect("condition")
+            .message;
+        assert!(message.contains("812 ms"), "the boot time is in the message: {message}");
+    }
+
+    #[test]
+    fn capability_labels_are_the_agents_own() {
+        let mut caps = check(CheckState::Done(Outcome::Booted { millis: 5 }));
+        caps.nested_virt = Some(true);
+        caps.gpu_count = Some(2);
+        let agent = capability_labels(Some(&caps));
+        assert_eq!(agent[LABEL_NESTED_VIRT].as_deref(), Some("true"));
+        assert_eq!(agent[LABEL_GPU_COUNT].as_deref(), Some("2"));
+        // A Node label of an agent key is not mirrored over the agent's value; the agent's own
+        // labels are set, and removed once they no longer hold.
+        let node = map(&[(LABEL_GUEST_BOOTABLE, "true"), ("zone", "a")]);
+        let merged = merge_labels(
+            &map(&[]),
+            &set(&[]),
+            &node,
+            "n1",
+            &capability_labels(Some(&check(failed()))),
+        );
+        assert_eq!(
+            merged.labels.get(LABEL_GUEST_BOOTABLE).map(String::as_str),
+            Some("false")
+        );
+        assert!(!merged.mirrored.contains(LABEL_GUEST_BOOTABLE));
+        assert_eq!(merged.labels.get(LABEL_GPU_COUNT), None);
+        let current = merged.labels.clone();
+        let later = merge_labels(
+            &current,
+            &merged.mirrored,
+            &node,
+            "n1",
+            &capability_labels(Some(&check(CheckState::Pending))),
+        );
+        assert_eq!(later.labels.get(LABEL_GUEST_BOOTABLE), None, "pending: no label");
+        assert_eq!(later.labels.get("zone").map(String::as_str), Some("a"));
+    }
+
+    #[test]
+    fn recheck_annotation_needs_its_one_value() {
+        let mut node = SmolVMNode::new("n1", SmolVMNodeSpec::default());
+        assert!(!recheck_requested(&node));
+        node.metadata.annotations = Some(BTreeMap::from([(
+            RECHECK_BOOT_ANNOTATION.to_string(),
+            "yes".to_string(),
+        )]));
+        assert!(!recheck_requested(&node));
+        node.metadata.annotations = Some(BTreeMap::from([(
+            RECHECK_BOOT_ANNOTATION.to_string(),
+            "true".to_string(),
+        )]));
+        assert!(recheck_requested(&node));
     }
 }

@@ -69,6 +69,7 @@ fn observation(uid: &str) -> Observation {
         },
         machines: Some(vec!["svm-a".into()]),
         serving_certificate: None,
+        boot_check: None,
     }
 }
 
@@ -226,6 +227,95 @@ async fn mirrors_labels_without_erasing_admin_labels_and_keeps_transition_times(
     assert_eq!(find("RuntimeReady")["lastTransitionTime"], "2027-01-01T00:00:00Z");
     assert_eq!(find("KVMAvailable")["lastTransitionTime"], "2027-01-15T08:01:40Z");
     assert_eq!(find("Ready")["lastTransitionTime"], "2027-01-15T08:01:40Z");
+    task.await.expect("task").expect("report succeeded");
+}
+
+/// The recheck annotation on the SmolVMNode: the reporter wakes the guest boot check and removes
+/// the annotation; the status then carries GuestBootable and the capability labels follow it.
+#[tokio::test]
+async fn the_recheck_annotation_wakes_the_guest_boot_check_and_is_removed() {
+    use smolvm_runtime::canary::{BootCheck, CheckState, Outcome};
+    smolvm_runtime::install_crypto_provider();
+    let (client, mut handle) = double();
+    let recheck = std::sync::Arc::new(tokio::sync::Notify::new());
+    let reporter = Reporter::new(client, "node-a").with_recheck(recheck.clone());
+    let booted = BootCheck {
+        state: CheckState::Done(Outcome::Booted { millis: 640 }),
+        last_run: Some(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).expect("time")),
+        smolvm_version: Some("1.32.2".into()),
+        nested_virt: Some(false),
+        gpu_count: Some(0),
+    };
+    let task = tokio::spawn(async move {
+        reporter
+            .report_once(at(1_800_000_100), move |uid| Observation {
+                boot_check: Some(booted),
+                ..observation(uid)
+            })
+            .await
+    });
+    expect(&mut handle, "GET", "/api/v1/nodes/node-a", (StatusCode::OK, node())).await;
+    let existing = json!({"apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVMNode",
+        "metadata": {"name": "node-a", "resourceVersion": "7",
+            "labels": {"kubernetes.io/hostname": "node-a", "zone": "z1", "vm.smolvm.dev/node": "node-a"},
+            "annotations": {"vm.smolvm.dev/mirrored-labels": "kubernetes.io/hostname,zone",
+                "vm.smolvm.dev/recheck-boot": "true"}},
+        "spec": {}});
+    expect(
+        &mut handle,
+        "GET",
+        &format!("{SVMN}/node-a"),
+        (StatusCode::OK, existing.clone()),
+    )
+    .await;
+    let (_, body) = expect(
+        &mut handle,
+        "PATCH",
+        &format!("{SVMN}/node-a?"),
+        (StatusCode::OK, existing.clone()),
+    )
+    .await;
+    assert_eq!(
+        body,
+        json!({"metadata": {"annotations": {"vm.smolvm.dev/recheck-boot": null}}})
+    );
+    // The check was asked for: the notification is stored for the canary's loop.
+    tokio::time::timeout(std::time::Duration::from_secs(5), recheck.notified())
+        .await
+        .expect("the guest boot check was woken");
+    let (_, body) = expect(
+        &mut handle,
+        "PATCH",
+        &format!("{SVMN}/node-a?"),
+        (StatusCode::OK, existing),
+    )
+    .await;
+    assert_eq!(
+        body["metadata"]["labels"]["vm.smolvm.dev/guest-bootable"], "true",
+        "{body}"
+    );
+    let (_, body) = expect(
+        &mut handle,
+        "PATCH",
+        &format!("{SVMN}/node-a/status?&force=true&fieldManager=smolvm-runtime"),
+        (
+            StatusCode::OK,
+            json!({"apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVMNode",
+            "metadata": {"name": "node-a"}, "spec": {}}),
+        ),
+    )
+    .await;
+    let guest = body["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "GuestBootable"))
+        .cloned()
+        .expect("GuestBootable");
+    assert_eq!(
+        (guest["status"].as_str(), guest["reason"].as_str()),
+        (Some("True"), Some("CanaryBooted"))
+    );
+    assert_eq!(body["status"]["canary"]["bootMillis"], 640);
+    assert_eq!(body["status"]["canary"]["smolvmVersion"], "1.32.2");
     task.await.expect("task").expect("report succeeded");
 }
 

@@ -3,6 +3,8 @@
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType};
 use kube::{
     ResourceExt,
     runtime::{
@@ -10,8 +12,10 @@ use kube::{
         watcher,
     },
 };
-use smolvm_api::{SmolVM, SmolVMNode};
+use smolvm_api::{SmolVM, SmolVMNode, constants::reason};
 
+use crate::events::EventSink;
+use crate::heartbeat::SKEW_REPORTED;
 use crate::placement;
 
 /// Keeps the SmolVMNode cache and wakes the VMs a node change concerns: the VMs bound to the
@@ -19,12 +23,15 @@ use crate::placement;
 /// alone changes nothing placement or health reads, so it wakes nobody (the slow resync checks
 /// the runtimes). A dead runtime sends nothing; the look at the cache every 2 s finds its
 /// heartbeat gone stale soon after the timeout, and its VMs then report the node unreachable.
+/// Freshness is judged by `liveness` (the controller's own clock, which this watch feeds); a
+/// node whose clock is far from the controller's gets a ClockSkew event (`sink`).
 pub async fn watch(
     events: impl futures::Stream<Item = Result<watcher::Event<SmolVMNode>, watcher::Error>> + Send,
     nodes: reflector::Store<SmolVMNode>,
     vms: reflector::Store<SmolVM>,
     wake: futures::channel::mpsc::UnboundedSender<ObjectRef<SmolVM>>,
-    heartbeat_timeout: k8s_openapi::jiff::SignedDuration,
+    liveness: placement::Config,
+    sink: Option<EventSink>,
 ) {
     let wake_for = |node: &str| {
         for vm in vms.state() {
@@ -43,11 +50,20 @@ pub async fn watch(
             event = events.next() => match event {
                 Some(Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node))) => {
                     let now = k8s_openapi::jiff::Timestamp::now();
-                    if tracker.applied(&node, now, heartbeat_timeout) {
+                    if let Some(clock) = &liveness.clock
+                        && let Some(skew) = clock.look(&node, now).skew
+                        && skew.abs() > SKEW_REPORTED
+                    {
+                        report_skew(sink.as_ref(), &node, skew).await;
+                    }
+                    if tracker.applied(&node, now, &liveness) {
                         wake_for(&node.name_any());
                     }
                 }
                 Some(Ok(watcher::Event::Delete(node))) => {
+                    if let Some(clock) = &liveness.clock {
+                        clock.forget(&node.name_any());
+                    }
                     if tracker.deleted(&node.name_any()) {
                         wake_for(&node.name_any());
                     }
@@ -59,10 +75,40 @@ pub async fn watch(
             _ = tick.tick() => {
                 let now = k8s_openapi::jiff::Timestamp::now();
                 let state = nodes.state();
-                for name in tracker.tick(state.iter().map(|n| n.as_ref()), now, heartbeat_timeout) {
+                for name in tracker.tick(state.iter().map(|n| n.as_ref()), now, &liveness) {
                     wake_for(&name);
                 }
             }
         }
+    }
+}
+
+/// A Warning event on the node: its clock is `skew` away from the controller's. Freshness never
+/// depends on it (it is judged by the controller's clock), but certificates, logs and anything
+/// else that compares times on that node will be off.
+async fn report_skew(sink: Option<&EventSink>, node: &SmolVMNode, skew: k8s_openapi::jiff::SignedDuration) {
+    let direction = if skew.is_positive() { "ahead of" } else { "behind" };
+    let note = format!(
+        "the node's clock is about {}s {direction} the controller's (seen from its heartbeat); freshness is judged by the controller's clock, but certificates and logs on that node read wrong times: run an NTP client there",
+        skew.as_secs().abs()
+    );
+    tracing::warn!(node = %node.name_any(), skew_secs = skew.as_secs(), "node clock skew");
+    let Some(sink) = sink else { return };
+    let event = Event {
+        type_: EventType::Warning,
+        reason: reason::CLOCK_SKEW.into(),
+        note: Some(note),
+        action: "JudgeHeartbeat".into(),
+        secondary: None,
+    };
+    let regarding = ObjectReference {
+        api_version: Some(smolvm_api::constants::API_VERSION.into()),
+        kind: Some(smolvm_api::constants::KIND_SMOLVM_NODE.into()),
+        name: node.metadata.name.clone(),
+        uid: node.metadata.uid.clone(),
+        ..Default::default()
+    };
+    if let Err(error) = sink.publish(&event, &regarding).await {
+        tracing::warn!(%error, "could not publish the ClockSkew event");
     }
 }

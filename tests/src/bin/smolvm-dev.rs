@@ -7,9 +7,10 @@
 
 use std::{process::ExitCode, time::Duration};
 
+use smolvm_api::{SmolVMNode, constants};
 use smolvm_tests::{
     assets,
-    env::{Env, Options, kubectl, repo_root},
+    env::{Env, NODE, Options, kubectl, repo_root},
 };
 
 fn main() -> ExitCode {
@@ -47,7 +48,13 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
     let bins = assets::operator_bins()?;
     let dir = tempfile::Builder::new().prefix("smolvm-dev-").tempdir()?;
     eprintln!("smolvm-dev: starting etcd, kube-apiserver, the webhook, the controller and a runtime agent…");
-    let env = Env::start(&assets, bins, dir.path(), Options::default()).await?;
+    // The guest boot check stays on, as in a real install: where no guest boots (these
+    // development machines), the node takes no VM and the example waits, saying why.
+    let options = Options {
+        canary: true,
+        ..Options::default()
+    };
+    let env = Env::start(&assets, bins, dir.path(), options).await?;
     let example = repo_root().join("deploy/examples/alpine.yaml");
     let out = kubectl(
         &env.plane.admin_kubeconfig,
@@ -72,9 +79,41 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
         dir.path().display(),
         dir.path().display(),
     );
-    tokio::signal::ctrl_c().await?;
+    tokio::select! {
+        stopped = tokio::signal::ctrl_c() => stopped?,
+        () = tell_guest_bootable(&env) => tokio::signal::ctrl_c().await?,
+    }
     eprintln!("\nsmolvm-dev: stopping…");
     drop(env);
     tokio::time::sleep(Duration::from_millis(100)).await;
     Ok(())
+}
+
+/// Waits for the node's guest boot check and says, in one line, what it found when no guest
+/// boots here (the example then waits unplaced).
+async fn tell_guest_bootable(env: &Env) {
+    let Ok(client) = env.admin().await else { return };
+    let nodes: kube::Api<SmolVMNode> = kube::Api::all(client);
+    loop {
+        let guest = nodes.get_opt(NODE).await.ok().flatten().and_then(|n| {
+            n.status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == constants::condition::GUEST_BOOTABLE && c.status != "Unknown")
+        });
+        match guest {
+            Some(c) if c.status == "False" => {
+                println!(
+                    "\nnote: node {NODE} cannot boot guests ({}), so the example waits unplaced; `kubectl describe svmn {NODE}` says why, and docs/operations.md (\"Nodes that cannot boot guests\") how to fix it.",
+                    c.reason
+                );
+                return;
+            }
+            Some(_) => {
+                println!("\nnode {NODE}: a canary guest booted; VMs run here.");
+                return;
+            }
+            None => tokio::time::sleep(Duration::from_secs(2)).await,
+        }
+    }
 }

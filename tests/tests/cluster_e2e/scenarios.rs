@@ -388,6 +388,58 @@ async fn every_pod_of_deploy_default_becomes_ready(ctx: &mut Ctx) -> anyhow::Res
         endpoint.port,
         status.runtime_version.as_deref().unwrap_or("?")
     );
+    guest_boot_check_reports_then_is_turned_off(ctx).await
+}
+
+/// deploy/default runs the guest boot check: the node reports GuestBootable (False here, where
+/// no guest boots, with the cleaned cause). The scenarios after this one place VMs on this node,
+/// so the harness then turns the check off (`SMOLVM_RUNTIME_CANARY=off`, as a harness on such a
+/// machine must) and waits until the condition is withdrawn.
+async fn guest_boot_check_reports_then_is_turned_off(ctx: &mut Ctx) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let guest = eventually("the guest boot check's result", Duration::from_secs(240), || async {
+        Ok(smolvm_node(ctx).await?.and_then(|n| {
+            n.status
+                .as_ref()
+                .and_then(|s| condition(&s.conditions, "GuestBootable"))
+                .filter(|c| c.status != "Unknown")
+                .cloned()
+        }))
+    })
+    .await?;
+    println!(
+        "    guest boot check: GuestBootable={} {} after {:.1}s: {}",
+        guest.status,
+        guest.reason,
+        started.elapsed().as_secs_f64(),
+        guest.message
+    );
+    ensure!(
+        guest.status == "True" || guest.reason == "CanaryFailed",
+        "GuestBootable {}/{}",
+        guest.status,
+        guest.reason
+    );
+    ensure!(!guest.message.contains('\u{1b}'), "the cause is cleaned: {}", guest.message);
+    if guest.status == "True" {
+        return Ok(());
+    }
+    kubectl_ok(
+        ctx,
+        &["-n", "smolvm-system", "set", "env", "daemonset/smolvm-runtime", "SMOLVM_RUNTIME_CANARY=off"],
+        None,
+    )?;
+    eventually("GuestBootable withdrawn (check off)", Duration::from_secs(180), || async {
+        Ok(smolvm_node(ctx).await?.filter(|n| {
+            n.status.as_ref().is_some_and(|s| {
+                condition(&s.conditions, "GuestBootable").is_none()
+                    && condition(&s.conditions, "Ready").is_some_and(|c| c.status == "True")
+            })
+        }))
+    })
+    .await?;
+    all_pods_ready(ctx).await?;
+    println!("    guest boot check turned off for the scenarios that place VMs on this node");
     Ok(())
 }
 

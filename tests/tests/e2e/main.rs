@@ -41,6 +41,7 @@ macro_rules! scenarios {
 mod access;
 mod classes;
 mod cluster;
+mod nodes;
 mod reach;
 mod workload;
 
@@ -183,6 +184,7 @@ fn extra_scenarios() -> Vec<(&'static str, Scenario)> {
     all.extend(reach::scenarios());
     all.extend(classes::scenarios());
     all.extend(access::scenarios());
+    all.extend(nodes::scenarios());
     all
 }
 
