@@ -1,9 +1,18 @@
 //! The plain-HTTP ops server every binary runs: `/healthz` (the process answers), `/readyz`
 //! (what the binary needs before it serves, with the missing piece named in a 503), and
 //! `/metrics` (OpenMetrics text from prometheus-client).
+//!
+//! The port is plain HTTP and reachable by whoever reaches the pod (the agent's, by whoever
+//! reaches the node), so [`serve`] bounds what one client may hold ([`Bounds`]): connections
+//! at once in all and per source address (more are closed at once), the time to send a
+//! request's headers (and to start the next request on a kept-alive connection), and a
+//! connection's age. Failed accepts (out of descriptors) back off instead of spinning.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
@@ -52,13 +61,149 @@ pub fn encode_metrics(registry: &prometheus_client::registry::Registry) -> Strin
     out
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves.
+/// What one client may hold on an ops port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Connections open at once; more are closed at once.
+    pub max_connections: usize,
+    /// Connections open at once from one address (so that one client cannot take the slots
+    /// the kubelet's probes and Prometheus need).
+    pub max_per_source: usize,
+    /// Time to send a request's headers, and to start the next request on a kept-alive
+    /// connection; then the connection is closed.
+    pub header_timeout: Duration,
+    /// A connection older than this is closed once its request in flight is answered.
+    pub max_connection_age: Duration,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            max_connections: 64,
+            max_per_source: 16,
+            header_timeout: Duration::from_secs(10),
+            max_connection_age: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Whether a connection from an address with `from_source` open may open while `open` are.
+pub fn admit(open: usize, from_source: usize, bounds: &Bounds) -> bool {
+    open < bounds.max_connections && from_source < bounds.max_per_source
+}
+
+/// How long a connection's request in flight may take once it is asked to close.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Default)]
+struct OpenConnections {
+    total: usize,
+    by_source: HashMap<IpAddr, usize>,
+}
+
+/// One admitted connection; dropping it frees the slot.
+struct Slot {
+    open: Arc<Mutex<OpenConnections>>,
+    source: IpAddr,
+}
+
+impl Slot {
+    fn take(open: &Arc<Mutex<OpenConnections>>, source: IpAddr, bounds: &Bounds) -> Option<Slot> {
+        let mut connections = open.lock().unwrap_or_else(PoisonError::into_inner);
+        let from_source = connections.by_source.get(&source).copied().unwrap_or(0);
+        if !admit(connections.total, from_source, bounds) {
+            return None;
+        }
+        connections.total += 1;
+        *connections.by_source.entry(source).or_default() += 1;
+        Some(Slot {
+            open: open.clone(),
+            source,
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut connections = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        connections.total = connections.total.saturating_sub(1);
+        if let Some(n) = connections.by_source.get_mut(&self.source) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                connections.by_source.remove(&self.source);
+            }
+        }
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, within the default [`Bounds`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+    serve_bounded(listener, router, shutdown, Bounds::default()).await
+}
+
+/// Serves `router` on `listener` (HTTP/1.1) within `bounds` until `shutdown` resolves; then
+/// stops accepting and lets each connection finish its request in flight.
+pub async fn serve_bounded(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    bounds: Bounds,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let open = Arc::new(Mutex::new(OpenConnections::default()));
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut failed_wait: Option<Duration> = None;
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of descriptors, mostly: wait (5 ms doubling to 1 s) instead of spinning.
+                    let wait = failed_wait.map_or(Duration::from_millis(5), |d| (d * 2).min(Duration::from_secs(1)));
+                    if failed_wait.is_none() {
+                        tracing::warn!(%error, "ops port: accepting a connection failed; backing off");
+                    }
+                    failed_wait = Some(wait);
+                    tokio::time::sleep(wait).await;
+                    continue;
+                }
+            },
+        };
+        failed_wait = None;
+        while connections.try_join_next().is_some() {}
+        let Some(slot) = Slot::take(&open, peer.ip(), &bounds) else {
+            tracing::debug!(%peer, "ops port: at its connection cap; closed");
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let mut stopping = stopping.clone();
+        connections.spawn(async move {
+            let _slot = slot;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(bounds.header_timeout);
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => return,
+                () = tokio::time::sleep(bounds.max_connection_age) => {}
+                _ = stopping.wait_for(|stop| *stop) => {}
+            }
+            connection.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(CLOSE_GRACE, connection).await;
+        });
+    }
+    let _ = stop.send(true);
+    while connections.join_next().await.is_some() {}
+    Ok(())
 }
 
 #[cfg(test)]
@@ -90,6 +235,79 @@ mod tests {
         stream.read_to_string(&mut text).await.expect("read");
         let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
         (code, text)
+    }
+
+    #[test]
+    fn admission_table() {
+        let bounds = Bounds {
+            max_connections: 3,
+            max_per_source: 2,
+            ..Bounds::default()
+        };
+        // (open in all, open from the source, admitted)
+        for (open, from_source, admitted) in [(0, 0, true), (2, 1, true), (2, 2, false), (3, 0, false)] {
+            assert_eq!(admit(open, from_source, &bounds), admitted, "{open} {from_source}");
+        }
+    }
+
+    /// Reads until the server closes the connection (`Ok` with what came, if anything).
+    async fn closed(stream: &mut tokio::net::TcpStream) -> Vec<u8> {
+        use tokio::io::AsyncReadExt;
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(std::time::Duration::from_secs(30), stream.read_to_end(&mut got)).await;
+        assert!(read.is_ok(), "the server closes the connection");
+        got
+    }
+
+    #[tokio::test]
+    async fn silent_and_slow_clients_are_capped_and_timed_out() {
+        use tokio::io::AsyncWriteExt;
+        let bounds = Bounds {
+            max_connections: 3,
+            max_per_source: 2,
+            header_timeout: Duration::from_millis(300),
+            max_connection_age: Duration::from_secs(600),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let probe = Arc::new(Flag(AtomicBool::new(true)));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_bounded(
+            listener,
+            router(probe),
+            async {
+                let _ = stopped.await;
+            },
+            bounds,
+        ));
+        // Two clients from one address hold its slots: one silent, one trickling its headers.
+        let mut silent = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut slow = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        slow.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
+            .await
+            .expect("write");
+        // A third from the same address is closed at once, unanswered.
+        let mut third = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        assert!(closed(&mut third).await.is_empty(), "no answer beyond the cap");
+        // Another address still gets in.
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.2:0".parse().expect("addr"))
+            .expect("bind 127.0.0.2");
+        let mut other = socket.connect(addr).await.expect("connect");
+        other
+            .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .expect("write");
+        let answer = String::from_utf8_lossy(&closed(&mut other).await).to_string();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        // The silent and the slow one are closed once the header timeout passes.
+        closed(&mut silent).await;
+        let _ = closed(&mut slow).await;
+        // Their slots are free again.
+        assert_eq!(get(addr, "/healthz").await.0, 200);
+        let _ = stop.send(());
+        assert!(server.await.expect("join").is_ok());
     }
 
     #[tokio::test]

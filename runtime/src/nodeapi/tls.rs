@@ -165,10 +165,11 @@ impl MtlsServer {
     }
 }
 
-/// A running plain-HTTP server (ops port).
+/// A running plain-HTTP server (ops port), bounded as every binary's ops port is
+/// ([`smolvm_kit::ops::serve`]: connection caps, header timeout).
 pub struct PlainServer {
     addr: SocketAddr,
-    handle: Handle<SocketAddr>,
+    stop: tokio::sync::oneshot::Sender<()>,
     task: JoinHandle<std::io::Result<()>>,
 }
 
@@ -181,10 +182,12 @@ impl PlainServer {
         };
         listener.set_nonblocking(true).map_err(err)?;
         let addr = listener.local_addr().map_err(err)?;
-        let handle = Handle::new();
-        let server = axum_server::from_tcp(listener).map_err(err)?.handle(handle.clone());
-        let task = tokio::spawn(server.serve(router.into_make_service()));
-        Ok(Self { addr, handle, task })
+        let listener = tokio::net::TcpListener::from_std(listener).map_err(err)?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(smolvm_kit::ops::serve(listener, router, async {
+            let _ = stopped.await;
+        }));
+        Ok(Self { addr, stop, task })
     }
 
     /// The bound address.
@@ -194,7 +197,7 @@ impl PlainServer {
 
     /// Stops the server.
     pub async fn shutdown(self, grace: Duration) {
-        self.handle.graceful_shutdown(Some(grace));
+        let _ = self.stop.send(());
         let _ = tokio::time::timeout(grace + Duration::from_secs(1), self.task).await;
     }
 }
