@@ -45,10 +45,11 @@ smolvm-webhook     smolvm-system  core/secrets  smolvm-webhook-tls  get,update
 ";
 
 /// deploy/components/workload-secrets: the controller reads, by name, the Secrets and ConfigMaps a
-/// SmolVM's workload names, in any namespace. Only with the component.
+/// SmolVM's workload names, in the namespaces bound one by one (the template binds `default`).
+/// Only with the component.
 pub(super) const RBAC_WORKLOAD_SECRETS: &str = "
-smolvm-controller  cluster        core/configmaps  -  get
-smolvm-controller  cluster        core/secrets  -  get
+smolvm-controller  default        core/configmaps  -  get
+smolvm-controller  default        core/secrets  -  get
 ";
 
 /// cert-manager mode: the webhook needs neither its TLS Secret nor the webhook configurations.
@@ -340,5 +341,54 @@ pub(super) fn user_roles_aggregate_into_the_built_in_roles_and_grant_nothing_bro
         }
         table.sort();
         assert_eq!(table, normalize(USER_ROLES), "deploy/{overlay}: the user roles");
+    }
+}
+
+/// The workload-secrets component grants per namespace only: no ClusterRoleBinding of its role,
+/// no RoleBinding of it where the cluster's or the operator's own Secrets live, and the
+/// ValidatingAdmissionPolicy that refuses such bindings for anyone ships with it.
+#[test]
+pub(super) fn workload_secrets_are_granted_per_namespace_and_never_in_kube_system() {
+    require_kubectl!();
+    const ROLE: &str = "smolvm-controller-workload-secrets";
+    const POLICY: &str = "smolvm-workload-secrets-per-namespace";
+    let all = with_component("default", "workload-secrets");
+    for o in objects(&all, "ClusterRoleBinding") {
+        let binding: ClusterRoleBinding = typed(o);
+        assert_ne!(
+            binding.role_ref.name,
+            ROLE,
+            "{} binds the role cluster-wide",
+            describe(o)
+        );
+    }
+    let namespaces: Vec<&str> = objects(&all, "RoleBinding")
+        .filter(|o| typed::<RoleBinding>(o).role_ref.name == ROLE)
+        .map(|o| str_at(o, "/metadata/namespace"))
+        .collect();
+    assert_eq!(namespaces, ["default"], "the template binds one namespace");
+    let vap: ValidatingAdmissionPolicy = typed(find(&all, "ValidatingAdmissionPolicy", POLICY));
+    let spec = vap.spec.expect("spec");
+    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+    let text = serde_json::to_string(&spec).unwrap_or_default();
+    for needle in [
+        ROLE,
+        "kube-system",
+        "smolvm-system",
+        "clusterrolebindings",
+        "rolebindings",
+    ] {
+        assert!(text.contains(needle), "{POLICY} does not name {needle}");
+    }
+    let binding: ValidatingAdmissionPolicyBinding = typed(find(&all, "ValidatingAdmissionPolicyBinding", POLICY));
+    let binding = binding.spec.expect("spec");
+    assert_eq!(binding.policy_name.as_deref(), Some(POLICY));
+    assert_eq!(binding.validation_actions, Some(vec!["Deny".to_string()]));
+    // Without the component, the policy is not installed (it guards the component's role).
+    for overlay in OVERLAYS {
+        assert!(
+            !objects(rendered(overlay), "ValidatingAdmissionPolicy").any(|o| str_at(o, "/metadata/name") == POLICY),
+            "deploy/{overlay}"
+        );
     }
 }

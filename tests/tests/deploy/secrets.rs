@@ -97,6 +97,7 @@ pub(super) fn admission_policies_name_the_deployments_service_accounts() {
                 "smolvm-webhook-cabundle-only",
                 vec![service_account(NAMESPACE, WEBHOOK)],
             ),
+            ("smolvm-controller-own-services", policy.controller_usernames.clone()),
         ];
         for (name, users) in expected {
             let vap = find(all, "ValidatingAdmissionPolicy", name);
@@ -194,4 +195,77 @@ pub(super) fn policy_config_map_parses_and_names_the_service_accounts() {
         Policy::default(),
         "policy.yaml documents the built-in defaults"
     );
+}
+
+/// The controller may write only the Services and EndpointSlices it makes for a SmolVM: the
+/// ValidatingAdmissionPolicy matches both resources for create, update and delete, and names
+/// the label and the owner the controller really sets (controller/src/expose.rs).
+#[test]
+pub(super) fn the_controller_writes_only_services_and_endpoint_slices_of_smolvms() {
+    require_kubectl!();
+    const POLICY: &str = "smolvm-controller-own-services";
+    let expose = read("controller/src/expose.rs");
+    for set in [
+        "\"app.kubernetes.io/managed-by\".to_string(),",
+        "\"smolvm-controller\".to_string(),",
+    ] {
+        assert!(
+            expose.contains(set),
+            "controller/src/expose.rs no longer sets {set}: update {POLICY}"
+        );
+    }
+    for overlay in OVERLAYS {
+        let all = rendered(overlay);
+        let vap: ValidatingAdmissionPolicy = typed(find(all, "ValidatingAdmissionPolicy", POLICY));
+        let spec = vap.spec.expect("spec");
+        let rules = spec
+            .match_constraints
+            .as_ref()
+            .and_then(|m| m.resource_rules.clone())
+            .unwrap_or_default();
+        let mut matched: Vec<(String, String, Vec<String>)> = rules
+            .iter()
+            .flat_map(|r| {
+                let groups = r.api_groups.clone().unwrap_or_default();
+                let resources = r.resources.clone().unwrap_or_default();
+                let mut operations = r.operations.clone().unwrap_or_default();
+                operations.sort();
+                groups.into_iter().flat_map(move |g| {
+                    let operations = operations.clone();
+                    resources
+                        .clone()
+                        .into_iter()
+                        .map(move |res| (g.clone(), res, operations.clone()))
+                })
+            })
+            .collect();
+        matched.sort();
+        let all_writes = vec!["CREATE".to_string(), "DELETE".into(), "UPDATE".into()];
+        assert_eq!(
+            matched,
+            [
+                (String::new(), "services".to_string(), all_writes.clone()),
+                (
+                    "discovery.k8s.io".to_string(),
+                    "endpointslices".to_string(),
+                    all_writes.clone()
+                ),
+            ],
+            "deploy/{overlay}: {POLICY} matches"
+        );
+        let text = serde_json::to_string(&spec).unwrap_or_default();
+        for needle in [
+            "'app.kubernetes.io/managed-by'",
+            "== 'smolvm-controller'",
+            "r.kind == 'SmolVM'",
+            "vm.smolvm.dev/",
+            "r.controller",
+            "oldObject",
+        ] {
+            assert!(
+                text.contains(needle),
+                "deploy/{overlay}: {POLICY} does not check {needle}"
+            );
+        }
+    }
 }

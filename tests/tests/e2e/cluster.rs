@@ -1,7 +1,8 @@
 //! Real-cluster conditions: admission that tells everything at once, identity rules that hold
 //! without the webhook, a webhook outage that stalls no heartbeat or status write, a machine lost
-//! behind the operator's back, the webhook's own ServiceAccount kept to its caBundle, and a
-//! runtime CA rotation under a running agent.
+//! behind the operator's back, the webhook's own ServiceAccount kept to its caBundle, the
+//! controller's kept to the Services and EndpointSlices of SmolVMs, and a runtime CA rotation
+//! under a running agent.
 
 use std::time::{Duration, Instant};
 
@@ -23,6 +24,7 @@ pub(crate) fn scenarios() -> Vec<(&'static str, Scenario)> {
         machine_name_retarget_is_rejected_even_for_a_cluster_admin,
         webhook_outage_stalls_no_heartbeat_or_status_write_and_a_lost_machine_is_told,
         webhook_service_account_can_patch_only_its_ca_bundle,
+        controller_service_account_writes_only_the_services_of_smolvms,
         runtime_ca_rotation_with_a_running_agent_cuts_no_node_off,
     ]
 }
@@ -311,6 +313,126 @@ pub(crate) async fn webhook_service_account_can_patch_only_its_ca_bundle(env: &m
     ensure!(
         !out.status.success(),
         "the webhook's ServiceAccount relaxed its failure policy"
+    );
+    Ok(())
+}
+
+/// The controller's ServiceAccount may create, patch and delete Services and EndpointSlices
+/// anywhere (RBAC), but the ValidatingAdmissionPolicy smolvm-controller-own-services keeps it to
+/// those it makes for a SmolVM (its managed-by label and a SmolVM controller owner reference):
+/// it cannot create another, take over a Service it did not make, or delete one.
+pub(crate) async fn controller_service_account_writes_only_the_services_of_smolvms(
+    env: &mut Env,
+) -> anyhow::Result<()> {
+    const POLICY: &str = "smolvm-controller-own-services";
+    let (_, kubeconfig) = env.service_account_client(env::SA_CONTROLLER).await?;
+    let ns = crate::NS;
+    let owner = json!([{
+        "apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVM", "name": "vap-owner",
+        "uid": "6f1c0a52-0000-4000-8000-00000000c0de", "controller": true,
+    }]);
+    let managed = json!({"app.kubernetes.io/managed-by": "smolvm-controller"});
+    let service = |name: &str, labels: &Value, owners: &Value| {
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": ns, "labels": labels, "ownerReferences": owners},
+            "spec": {"ports": [{"port": 80, "protocol": "TCP"}]},
+        })
+        .to_string()
+    };
+    let as_controller = |args: &[&str], stdin: Option<&str>| env::kubectl(&kubeconfig, args, stdin);
+    let refused = |out: std::process::Output, what: &str| -> anyhow::Result<()> {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(!out.status.success(), "the controller's ServiceAccount could {what}");
+        ensure!(
+            stderr.contains(POLICY),
+            "{what}: refused, but not by {POLICY}: {stderr}"
+        );
+        Ok(())
+    };
+    let succeeded = |out: std::process::Output, what: &str| -> anyhow::Result<()> {
+        ensure!(
+            out.status.success(),
+            "the controller's ServiceAccount could not {what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    };
+
+    // Objects that are not a SmolVM's: refused, a Service and an EndpointSlice alike.
+    let out = as_controller(
+        &["create", "-f", "-"],
+        Some(&service("vap-plain", &json!({}), &json!([]))),
+    )?;
+    refused(out, "create a Service that is not a SmolVM's")?;
+    let out = as_controller(
+        &["create", "-f", "-"],
+        Some(&service("vap-label-only", &managed, &json!([]))),
+    )?;
+    refused(out, "create a Service with the label but no SmolVM owner")?;
+    let slice = json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "vap-slice", "namespace": ns, "labels": {"kubernetes.io/service-name": "vap-plain"}},
+        "addressType": "IPv4", "endpoints": [],
+    });
+    let out = as_controller(&["create", "-f", "-"], Some(&slice.to_string()))?;
+    refused(out, "create an EndpointSlice that is not a SmolVM's")?;
+
+    // One it makes for a SmolVM: created, changed and deleted.
+    let out = as_controller(&["create", "-f", "-"], Some(&service("vap-own", &managed, &owner)))?;
+    succeeded(out, "create a SmolVM's Service")?;
+    let out = as_controller(
+        &[
+            "label",
+            "service",
+            "vap-own",
+            "-n",
+            ns,
+            "vm.smolvm.dev/smolvm=vap-owner",
+        ],
+        None,
+    )?;
+    succeeded(out, "change a SmolVM's Service")?;
+    let out = as_controller(
+        &["label", "service", "vap-own", "-n", ns, "app.kubernetes.io/managed-by-"],
+        None,
+    )?;
+    refused(out, "strip its own Service of the managed-by label")?;
+    let out = as_controller(&["delete", "service", "vap-own", "-n", ns], None)?;
+    succeeded(out, "delete a SmolVM's Service")?;
+
+    // Someone else's Service: neither taken over nor deleted.
+    let out = env.kubectl(
+        &["create", "-f", "-"],
+        Some(&service("vap-foreign", &json!({}), &json!([]))),
+    )?;
+    ensure!(
+        out.status.success(),
+        "the admin's Service: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let takeover = json!({"metadata": {"labels": managed, "ownerReferences": owner}}).to_string();
+    let out = as_controller(
+        &[
+            "patch",
+            "service",
+            "vap-foreign",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            &takeover,
+        ],
+        None,
+    )?;
+    refused(out, "take over another's Service")?;
+    let out = as_controller(&["delete", "service", "vap-foreign", "-n", ns], None)?;
+    refused(out, "delete another's Service")?;
+    let out = env.kubectl(&["delete", "service", "vap-foreign", "-n", ns], None)?;
+    ensure!(
+        out.status.success(),
+        "cleaning up: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
     Ok(())
 }
