@@ -73,13 +73,16 @@ pub enum ErrorCode {
     RuntimeUnavailable,
     /// 504: smolvm did not answer in time; the operation may still complete.
     RuntimeTimeout,
+    /// 429: the machine or the node has as many exec and log-follow streams open as it allows;
+    /// `details.scope` (`machine` or `node`) and `details.limit` say which. Retry when one ends.
+    TooManyStreams,
     /// A code this build does not know, as sent.
     Other(String),
 }
 
 impl ErrorCode {
     /// Every code this build knows.
-    pub const KNOWN: [ErrorCode; 18] = [
+    pub const KNOWN: [ErrorCode; 19] = [
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
@@ -98,6 +101,7 @@ impl ErrorCode {
         ErrorCode::RuntimeProtocolError,
         ErrorCode::RuntimeUnavailable,
         ErrorCode::RuntimeTimeout,
+        ErrorCode::TooManyStreams,
     ];
 
     /// The wire spelling of a code this build knows.
@@ -121,6 +125,7 @@ impl ErrorCode {
             ErrorCode::RuntimeProtocolError => "RuntimeProtocolError",
             ErrorCode::RuntimeUnavailable => "RuntimeUnavailable",
             ErrorCode::RuntimeTimeout => "RuntimeTimeout",
+            ErrorCode::TooManyStreams => "TooManyStreams",
             ErrorCode::Other(_) => return None,
         })
     }
@@ -153,6 +158,7 @@ impl ErrorCode {
             | ErrorCode::MachineNotRunning
             | ErrorCode::Conflict => 409,
             ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::TooManyStreams => 429,
             ErrorCode::StartFailed | ErrorCode::RuntimeError => 500,
             ErrorCode::RuntimeProtocolError => 502,
             ErrorCode::RuntimeUnavailable => 503,

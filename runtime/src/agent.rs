@@ -57,7 +57,8 @@ pub struct AgentOptions {
     /// What the agent refuses whatever admission did ([`crate::guards`]): the policy file of
     /// excluded host ports (the built-in defaults without one).
     pub guards: crate::guards::GuardOptions,
-    /// What one client may hold through the forwarder ([`crate::limits`]).
+    /// What one client may hold through the forwarder and the node API's streams
+    /// ([`crate::limits`]).
     pub limits: crate::limits::Limits,
 }
 
@@ -105,6 +106,7 @@ impl Agent {
             Some(dir) => state.with_workload_records(dir),
             None => state,
         };
+        let state = state.with_stream_limits(options.limits.streams);
         let state = state.with_host_ports(host_ports);
         let forwarder = match options.publish_address {
             Some(address) if !address.is_loopback() && !address.is_unspecified() => {

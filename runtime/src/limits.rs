@@ -1,14 +1,18 @@
 //! What the agent's listeners let one client hold, from the flags: the port forwarder's caps
-//! and idle timeout (within the process's open-files limit).
+//! and idle timeout (within the process's open-files limit), and the node API's caps on exec
+//! and log-follow streams.
 
 use crate::cli::Flags;
 use crate::forward::{ForwardLimits, connection_budget};
+use crate::nodeapi::stream::StreamLimits;
 
 /// The bounds the agent starts with.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Limits {
     /// The port forwarder's.
     pub forward: ForwardLimits,
+    /// The node API's exec and log-follow streams.
+    pub streams: StreamLimits,
 }
 
 impl Limits {
@@ -23,6 +27,10 @@ impl Limits {
                 idle_timeout: flags.forward_idle_timeout,
                 udp_sessions_per_port: flags.forward_max_udp_sessions_per_port as usize,
                 udp_sessions_per_source: flags.forward_max_udp_sessions_per_source as usize,
+            },
+            streams: StreamLimits {
+                per_machine: flags.max_streams_per_machine as usize,
+                per_node: flags.max_streams as usize,
             },
         }
     }

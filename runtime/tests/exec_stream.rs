@@ -14,6 +14,7 @@ use futures::{SinkExt as _, StreamExt as _};
 use smolvm_api::channel;
 use smolvm_runtime::metrics::Metrics;
 use smolvm_runtime::nodeapi::auth::TokenAuth;
+use smolvm_runtime::nodeapi::stream::StreamLimits;
 use smolvm_runtime::nodeapi::{Identity, NodeApiState, router};
 use smolvm_testkit::runtime_double::ScriptedRuntime;
 use tokio_tungstenite::tungstenite::{self, Message, client::IntoClientRequest};
@@ -21,13 +22,18 @@ use tokio_tungstenite::tungstenite::{self, Message, client::IntoClientRequest};
 const TOKEN: &str = "stream-test-token";
 
 async fn serve(runtime: Arc<ScriptedRuntime>) -> std::net::SocketAddr {
+    serve_with(runtime, StreamLimits::default()).await
+}
+
+async fn serve_with(runtime: Arc<ScriptedRuntime>, limits: StreamLimits) -> std::net::SocketAddr {
     let state = NodeApiState::new(
         runtime,
         TokenAuth::fixed(TOKEN).expect("token"),
         Identity::new("node-a"),
         Arc::new(Metrics::default()),
         None,
-    );
+    )
+    .with_stream_limits(limits);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move { axum::serve(listener, router(state)).await });
@@ -299,4 +305,207 @@ async fn refusals_come_before_the_upgrade_as_json() {
             .is_some_and(|m| m.contains("WebSocket upgrade")),
         "{body}"
     );
+}
+
+/// Generous bound on the waits below, only so that a broken test fails instead of hanging.
+const WAIT: Duration = Duration::from_secs(30);
+
+type Reader = futures::stream::SplitStream<Socket>;
+
+/// The next data frame on the read half (`None`: the socket closed).
+async fn next_on(stream: &mut Reader) -> Option<(u8, Vec<u8>)> {
+    loop {
+        let message = tokio::time::timeout(WAIT, stream.next())
+            .await
+            .expect("the stream moves (no stall)");
+        match message {
+            Some(Ok(Message::Binary(bytes))) => {
+                let (channel, data) = bytes.split_first().expect("a frame has a channel");
+                return Some((*channel, data.to_vec()));
+            }
+            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return None,
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_megabytes_through_a_slow_reader_while_input_keeps_coming() {
+    const TOTAL: usize = 10 << 20;
+    const CHUNK: usize = 32 << 10;
+    let runtime = Arc::new(ScriptedRuntime::default());
+    let addr = serve(runtime.clone()).await;
+    let path = "/v1/machines/running/exec?command=cat&stdin=true&stdout=true&stderr=true";
+    let (socket, _) = open(addr, path, Some(PROTOCOLS), Some(TOKEN)).await.expect("upgrade");
+    let (mut sink, mut stream) = socket.split();
+    let started = std::time::Instant::now();
+    // A writer that never waits for the output, and a reader that dawdles after every frame.
+    let writer = tokio::spawn(async move {
+        let chunk = vec![b'a'; CHUNK];
+        for _ in 0..TOTAL / CHUNK {
+            sink.send(Message::binary(channel::frame(channel::STDIN, &chunk)))
+                .await
+                .expect("input is taken");
+        }
+        sink
+    });
+    let mut received = 0;
+    while received < TOTAL {
+        let (channel, data) = next_on(&mut stream).await.expect("output until all came back");
+        assert_eq!(channel, channel::STDOUT);
+        assert!(data.iter().all(|&b| b == b'a'), "the bytes are the ones sent");
+        received += data.len();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(received, TOTAL, "every byte came back once");
+    let mut sink = tokio::time::timeout(WAIT, writer)
+        .await
+        .expect("the writer finishes")
+        .expect("join");
+    println!(
+        "{} MiB echoed through a slow reader while input kept coming: {:?}",
+        TOTAL >> 20,
+        started.elapsed()
+    );
+    sink.send(Message::binary(channel::frame(channel::STDIN, b"exit 0")))
+        .await
+        .expect("send");
+    let (channel, data) = next_on(&mut stream).await.expect("the status");
+    assert_eq!(channel, channel::STATUS, "{}", String::from_utf8_lossy(&data));
+    let status: serde_json::Value = serde_json::from_slice(&data).expect("status JSON");
+    assert_eq!(status["status"], "Success", "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_while_the_stream_is_jammed_ends_the_command() {
+    let runtime = Arc::new(ScriptedRuntime::default());
+    let addr = serve(runtime.clone()).await;
+    let path = "/v1/machines/running/exec?command=cat&stdin=true&stdout=true&tty=true";
+    let (socket, _) = open(addr, path, Some(PROTOCOLS), Some(TOKEN)).await.expect("upgrade");
+    let (mut sink, stream) = socket.split();
+    // Input the client never reads the echo of, until nothing more is taken: every buffer
+    // between the client and the command is full.
+    let chunk = vec![b'b'; 64 << 10];
+    let mut taken = 0usize;
+    loop {
+        let frame = Message::binary(channel::frame(channel::STDIN, &chunk));
+        match tokio::time::timeout(Duration::from_secs(1), sink.send(frame)).await {
+            Ok(Ok(())) => taken += 1,
+            Ok(Err(error)) => panic!("the server refused input: {error}"),
+            Err(_) => break,
+        }
+        assert!(taken < 100_000, "the stream never filled");
+    }
+    println!("jammed after {} KiB of input", taken * 64);
+    // The client goes without a word (its connection closes with unread data).
+    drop((sink, stream));
+    let mut waited = Duration::ZERO;
+    while !runtime.input_ended.load(Ordering::SeqCst) && waited < WAIT {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += Duration::from_millis(50);
+    }
+    assert!(
+        runtime.input_ended.load(Ordering::SeqCst),
+        "the runtime's session (and its command) ends when the client goes"
+    );
+}
+
+#[tokio::test]
+async fn streams_beyond_the_caps_are_answered_429_too_many_streams() {
+    let runtime = Arc::new(ScriptedRuntime::default());
+    let addr = serve_with(
+        runtime.clone(),
+        StreamLimits {
+            per_machine: 2,
+            per_node: 3,
+        },
+    )
+    .await;
+    let path = |machine: &str| format!("/v1/machines/{machine}/exec?command=sh&stdin=true&stdout=true&tty=true");
+    let refused = |answer: Result<(Socket, Option<String>), (u16, serde_json::Value)>| match answer {
+        Ok(_) => panic!("upgraded beyond the cap"),
+        Err(refused) => refused,
+    };
+    let (first, _) = open(addr, &path("running"), Some(PROTOCOLS), Some(TOKEN))
+        .await
+        .expect("first");
+    let (_second, _) = open(addr, &path("running"), Some(PROTOCOLS), Some(TOKEN))
+        .await
+        .expect("second");
+
+    let (status, body) = refused(open(addr, &path("running"), Some(PROTOCOLS), Some(TOKEN)).await);
+    assert_eq!((status, body["code"].as_str()), (429, Some("TooManyStreams")), "{body}");
+    assert_eq!(body["details"]["scope"], "machine", "{body}");
+    assert_eq!(body["details"]["limit"], 2, "{body}");
+
+    // One-shot exec and a followed log count against the same caps.
+    for (method, route, body) in [
+        ("POST", "/v1/machines/running/exec", r#"{"command":["true"]}"#),
+        ("GET", "/v1/machines/running/logs?follow=true", ""),
+    ] {
+        let (status, answer) = call(addr, method, route, body).await;
+        assert_eq!(
+            (status, answer["code"].as_str()),
+            (429, Some("TooManyStreams")),
+            "{method} {route}: {answer}"
+        );
+    }
+
+    let (_third, _) = open(addr, &path("running-2"), Some(PROTOCOLS), Some(TOKEN))
+        .await
+        .expect("another machine");
+    let (status, body) = refused(open(addr, &path("running-2"), Some(PROTOCOLS), Some(TOKEN)).await);
+    assert_eq!((status, body["code"].as_str()), (429, Some("TooManyStreams")), "{body}");
+    assert_eq!(body["details"]["scope"], "node", "{body}");
+    assert_eq!(
+        runtime.opened.load(Ordering::SeqCst),
+        3,
+        "no refused stream reaches the runtime"
+    );
+
+    // A session that ends gives its slot back.
+    drop(first);
+    let mut reopened = false;
+    for _ in 0..300 {
+        if open(addr, &path("running-2"), Some(PROTOCOLS), Some(TOKEN))
+            .await
+            .is_ok()
+        {
+            reopened = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(reopened, "a slot freed by a session that ended is taken again");
+}
+
+/// A plain HTTP call with the token: its status and JSON body.
+async fn call(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .expect("handshake");
+    tokio::spawn(connection);
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "node")
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(http_body_util::Full::new(Bytes::from(body.to_string())))
+        .expect("request");
+    let response = sender.send_request(request).await.expect("answer");
+    let status = response.status().as_u16();
+    let retry_after = response.headers().get("retry-after").cloned();
+    let bytes = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .expect("body")
+        .to_bytes();
+    if status == 429 {
+        assert!(retry_after.is_some(), "a 429 says when to retry");
+    }
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+    )
 }

@@ -463,3 +463,79 @@ async fn dropping_the_input_closes_the_connection() {
         "and the session's output ends"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_megabytes_through_a_slow_reader_while_input_keeps_coming() {
+    const TOTAL: usize = 10 << 20;
+    const CHUNK: usize = 32 << 10;
+    let double = Double::start().await;
+    let mut session = open(&double, "web-1", &["cat"], false).await;
+    let started = std::time::Instant::now();
+    // A writer that never waits for the output, and a reader that dawdles after every frame.
+    let input = session.input.clone();
+    let writer = tokio::spawn(async move {
+        let chunk = Bytes::from(vec![b'a'; CHUNK]);
+        for _ in 0..TOTAL / CHUNK {
+            input
+                .send(SessionInput::Stdin(chunk.clone()))
+                .await
+                .expect("input is taken");
+        }
+    });
+    let mut received = 0;
+    while received < TOTAL {
+        match next(&mut session).await {
+            Some(SessionOutput::Stdout(bytes)) => {
+                assert!(bytes.iter().all(|&b| b == b'a'), "the bytes are the ones sent");
+                received += bytes.len();
+            }
+            other => panic!("output until all came back, got {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(received, TOTAL, "every byte came back once");
+    tokio::time::timeout(WAIT, writer)
+        .await
+        .expect("the writer finishes")
+        .expect("join");
+    println!(
+        "{} MiB echoed by smolvm's double through a slow reader while input kept coming: {:?}",
+        TOTAL >> 20,
+        started.elapsed()
+    );
+    send(&session, stdin(b"exit 0")).await;
+    assert_eq!(next(&mut session).await, Some(SessionOutput::Ended(Ending::Exited(0))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_gone_while_its_output_is_jammed_closes_the_connection() {
+    let double = Double::start().await;
+    let session = open(&double, "web-1", &["cat"], true).await;
+    // Input whose echo the caller never reads, until nothing more is taken: smolvm's socket
+    // and the session's buffers are full both ways.
+    let chunk = Bytes::from(vec![b'b'; 64 << 10]);
+    let mut taken = 0usize;
+    loop {
+        let sent = tokio::time::timeout(
+            Duration::from_secs(1),
+            session.input.send(SessionInput::Stdin(chunk.clone())),
+        )
+        .await;
+        match sent {
+            Ok(Ok(())) => taken += 1,
+            Ok(Err(_)) => panic!("the session ended on its own"),
+            Err(_) => break,
+        }
+        assert!(taken < 100_000, "the session never filled");
+    }
+    println!("jammed after {} KiB of input", taken * 64);
+    // The caller drops its input and keeps (but never reads) the output.
+    let Session { input, output } = session;
+    drop(input);
+    assert_eq!(
+        double.socket_end().await,
+        SocketEnd::ClosedByClient,
+        "the caller going closes smolvm's socket (smolvm then kills the command)"
+    );
+    drop(output);
+}

@@ -15,13 +15,15 @@ use smolvm_runtime::vmm::{
     SessionInput, SessionOutput, Vmm, VmmError, VmmHealth,
 };
 
-/// TEST DOUBLE of the runtime: machine `running` runs, `stopped` does not; interactive exec
-/// plays the script in the module's doc. Counts sessions opened and records that a session's input ended.
+/// TEST DOUBLE of the runtime: machine `running` (and every name that starts with it) runs,
+/// `stopped` does not; interactive exec plays the script in the module's doc. Counts sessions
+/// opened and records that a session's caller went.
 #[derive(Default)]
 pub struct ScriptedRuntime {
     /// Interactive sessions opened.
     pub opened: AtomicUsize,
-    /// Set when a session's input ended (its caller went) before the command exited.
+    /// Set when a session's caller went before the command exited: its input ended, or its
+    /// output could no longer be delivered.
     pub input_ended: Arc<AtomicBool>,
     /// The command of each session opened, in order.
     pub commands: Mutex<Vec<Vec<String>>>,
@@ -39,8 +41,8 @@ impl Vmm for ScriptedRuntime {
     }
     async fn get(&self, name: &str) -> Result<Option<Machine>, VmmError> {
         let state = match name {
-            "running" => MachineState::Running,
             "stopped" => MachineState::Stopped,
+            running if running.starts_with("running") => MachineState::Running,
             _ => return Ok(None),
         };
         Ok(Some(Machine {
@@ -97,7 +99,10 @@ impl Vmm for ScriptedRuntime {
                     },
                 };
                 let last = matches!(reply, SessionOutput::Ended(_));
-                if output.send(reply).await.is_err() || last {
+                if output.send(reply).await.is_err() {
+                    break;
+                }
+                if last {
                     return;
                 }
             }

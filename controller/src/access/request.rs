@@ -306,6 +306,7 @@ pub fn from_call(error: CallError, target: &Target) -> AccessError {
             )),
             ErrorCode::InvalidRequest => AccessError::BadRequest(message),
             ErrorCode::PayloadTooLarge => AccessError::TooLarge(message),
+            ErrorCode::TooManyStreams => AccessError::TooManyRequests(format!("SmolVM {vm}: {message}")),
             ErrorCode::Conflict => AccessError::Conflict(format!("SmolVM {vm}: {message}")),
             code if code.is_runtime_unreachable() => AccessError::Unavailable(format!(
                 "SmolVM {vm}: the runtime on node {node} is not available now ({}): {message}",
@@ -604,6 +605,7 @@ mod tests {
             ("machine gone", api(ErrorCode::MachineNotFound), 404, "node-1"),
             ("bad request", api(ErrorCode::InvalidRequest), 400, "said so"),
             ("too large", api(ErrorCode::PayloadTooLarge), 413, "said so"),
+            ("too many streams", api(ErrorCode::TooManyStreams), 429, "said so"),
             ("runtime down", api(ErrorCode::RuntimeUnavailable), 503, "node-1"),
             (
                 "unreadable",

@@ -92,6 +92,8 @@ pub struct NodeApiState {
     pub forwarder: Option<Arc<crate::forward::Forwarder>>,
     /// Host ports no new machine may publish ([`crate::guards`]); `None` refuses none.
     pub host_ports: Option<Arc<crate::guards::HostPortGuard>>,
+    /// The exec and log-follow streams open now, capped per machine and per node.
+    pub streams: Arc<super::stream::Streams>,
     locks: MachineLocks,
 }
 
@@ -113,8 +115,22 @@ impl NodeApiState {
             workload_records: None,
             forwarder: None,
             host_ports: None,
+            streams: super::stream::Streams::new(super::stream::StreamLimits::default()),
             locks: Arc::default(),
         }
+    }
+
+    /// Caps the exec and log-follow streams with `limits` instead of the defaults.
+    pub fn with_stream_limits(mut self, limits: super::stream::StreamLimits) -> Self {
+        self.streams = super::stream::Streams::new(limits);
+        self
+    }
+
+    /// One more exec or log-follow stream on `machine`, or 429 `TooManyStreams`.
+    fn open_stream(&self, machine: &str) -> Result<super::stream::StreamPermit, ApiError> {
+        self.streams
+            .open(machine)
+            .map_err(|cap| ApiError(super::stream::too_many_streams(machine, cap, &self.streams.limits())))
     }
 
     /// Forwards published ports with `forwarder` (and checks them on its address too).
@@ -244,6 +260,11 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response.extensions_mut().insert(ResponseCode(code));
         response
@@ -588,7 +609,8 @@ const FOLLOW_STATE_CHECK: std::time::Duration = std::time::Duration::from_secs(2
 /// text lines, streamed as smolvm sends them (the client's reading paces the stream). A log not
 /// written yet is empty. `follow` keeps the stream open while the machine runs and ends it when
 /// the machine stops or its runtime goes; on a machine that is not running it reads what is
-/// there and ends, never hangs.
+/// there and ends, never hangs. A followed log counts against the stream caps (429
+/// `TooManyStreams` beyond them).
 async fn machine_logs(
     State(state): State<NodeApiState>,
     MachineName(name): MachineName,
@@ -600,6 +622,11 @@ async fn machine_logs(
     };
     let running = logic::to_status(&machine).state == MachineState::Running;
     query.follow &= running;
+    let permit = if query.follow {
+        Some(state.open_stream(&name)?)
+    } else {
+        None
+    };
     let lines = state.vmm.logs(&name, &query).await?;
     let stream = if query.follow {
         let vmm = state.vmm.clone();
@@ -617,6 +644,11 @@ async fn machine_logs(
     } else {
         lines
     };
+    // A followed log holds its stream slot until the body is dropped (the client went).
+    let stream = match permit {
+        Some(permit) => super::stream::Held::new(stream, permit).boxed(),
+        None => stream,
+    };
     let mut response = Response::new(Body::from_stream(stream));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -628,7 +660,7 @@ async fn machine_logs(
 
 /// `POST /v1/machines/{name}/exec`: one command in a running machine, its exit code and output.
 /// A machine that is not running is 409 `MachineNotRunning` naming its state (smolvm would boot
-/// it instead, which a command must never do).
+/// it instead, which a command must never do). Beyond the stream caps: 429 `TooManyStreams`.
 async fn exec_in_machine(
     State(state): State<NodeApiState>,
     MachineName(name): MachineName,
@@ -636,6 +668,7 @@ async fn exec_in_machine(
 ) -> ApiResult {
     let request: super::types::ExecRequest = parse_body(body)?;
     logic::check_exec(&request)?;
+    let _stream = state.open_stream(&name)?;
     let status = running(&state, &name, "exec").await?;
     let output = state
         .vmm
@@ -650,7 +683,8 @@ async fn exec_in_machine(
 /// [`super::stream`]): a command in a running machine, attached while it runs. Every refusal
 /// comes before the upgrade, as JSON: 400 for a bad query, a request that is no WebSocket
 /// upgrade or offers no subprotocol served; 404; 409 `MachineNotRunning` naming the state
-/// (smolvm would boot a stopped machine instead). The command is logged by its program and
+/// (smolvm would boot a stopped machine instead); 429 `TooManyStreams` beyond the stream caps
+/// (the session holds its slot until it ends). The command is logged by its program and
 /// argument count, never its arguments or output.
 async fn exec_interactive(
     State(state): State<NodeApiState>,
@@ -675,6 +709,7 @@ async fn exec_interactive(
             channel::PROTOCOLS.join(", ")
         )));
     }
+    let permit = state.open_stream(&name)?;
     let status = running(&state, &name, "exec").await?;
     let request = crate::vmm::InteractiveRequest {
         command: query.command.clone(),
@@ -688,7 +723,10 @@ async fn exec_interactive(
     tracing::info!(machine = %name, program = %query.command[0], arguments = query.command.len() - 1, tty = query.tty, "interactive exec");
     let mut response = upgrade
         .on_failed_upgrade(|error| tracing::info!(%error, "interactive exec: the WebSocket upgrade failed"))
-        .on_upgrade(move |socket| super::stream::bridge(socket, session, query));
+        .on_upgrade(move |socket| async move {
+            super::stream::bridge(socket, session, query).await;
+            drop(permit);
+        });
     response.extensions_mut().insert(ResponseCode("OK"));
     Ok(response)
 }

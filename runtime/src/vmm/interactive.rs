@@ -23,6 +23,14 @@ use super::VmmError;
 /// How many messages wait in each direction before the sender waits (back-pressure).
 const SESSION_BUFFER: usize = 16;
 
+/// How long the pump waits, once the caller went, for smolvm to take the close (then it drops
+/// the connection, which smolvm takes the same way: it kills the command); and how long, once
+/// input could not be sent, for smolvm's exit message still on its way.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// How often a pump whose input smolvm does not take looks whether the caller went.
+const CALLER_CHECK: Duration = Duration::from_millis(250);
+
 /// What an interactive exec runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InteractiveRequest {
@@ -168,48 +176,89 @@ pub async fn open(
             timeout.as_secs()
         ))
     })??;
-    let (session, mut input, output) = Session::pair();
-    tokio::spawn(async move {
-        let (mut to_runtime, mut from_runtime) = socket.split();
+    let (session, input, output) = Session::pair();
+    tokio::spawn(pump(socket, input, output));
+    Ok(session)
+}
+
+/// Moves one session's frames between the caller and smolvm's socket until either side ends.
+/// Each direction moves on its own, through the session's bounded buffers: a caller slow to
+/// read slows the command's output only (smolvm then stops reading the command's output, as a
+/// full pipe would), input keeps going, and the caller's going (its input dropped) closes
+/// smolvm's socket at once, whatever the output direction waits for.
+async fn pump<S>(
+    socket: tokio_tungstenite::WebSocketStream<S>,
+    mut input: mpsc::Receiver<SessionInput>,
+    output: mpsc::Sender<SessionOutput>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let (mut to_runtime, mut from_runtime) = socket.split();
+    // Caller → smolvm. Ends when the caller went (`None`) or smolvm's side broke.
+    let inbound = async {
+        while let Some(message) = input.recv().await {
+            // smolvm may take no input for a long time (a command that reads none, with its
+            // output unread): the caller's going is watched meanwhile, not only between sends.
+            let sent = tokio::select! {
+                sent = to_runtime.send(to_smolvm(message)) => sent,
+                () = caller_gone(&input, &output) => return None,
+            };
+            if sent.is_err() {
+                // smolvm's exit message may still be on its way in the other direction.
+                tokio::time::sleep(CLOSE_GRACE).await;
+                return Some(SessionOutput::Ended(Ending::Failed(
+                    "the runtime's session broke while sending input".into(),
+                )));
+            }
+        }
+        None
+    };
+    // smolvm → caller. Ends with the command's end (passed on) or when the caller went.
+    let outbound = async {
         loop {
-            tokio::select! {
-                next = input.recv() => match next {
-                    Some(message) => {
-                        if to_runtime.send(to_smolvm(message)).await.is_err() {
-                            let _ = output.send(SessionOutput::Ended(Ending::Failed(
-                                "the runtime's session broke while sending input".into(),
-                            ))).await;
-                            break;
-                        }
-                    }
-                    // The caller went: closing the socket ends the command (smolvm kills it).
-                    None => {
-                        let _ = to_runtime.close().await;
-                        break;
-                    }
-                },
-                next = from_runtime.next() => {
-                    let out = match next {
-                        Some(Ok(message)) => from_smolvm(&message),
-                        Some(Err(error)) => Some(SessionOutput::Ended(Ending::Failed(format!(
-                            "the runtime's session broke: {}",
-                            clean_external(&error.to_string())
-                        )))),
-                        None => Some(SessionOutput::Ended(Ending::Failed(
-                            "the runtime closed the session without an exit code".into(),
-                        ))),
-                    };
-                    let Some(out) = out else { continue };
-                    let ended = matches!(out, SessionOutput::Ended(_));
-                    if output.send(out).await.is_err() || ended {
-                        let _ = to_runtime.close().await;
-                        break;
-                    }
+            let out = match from_runtime.next().await {
+                Some(Ok(message)) => from_smolvm(&message),
+                Some(Err(error)) => Some(SessionOutput::Ended(Ending::Failed(format!(
+                    "the runtime's session broke: {}",
+                    clean_external(&error.to_string())
+                )))),
+                None => Some(SessionOutput::Ended(Ending::Failed(
+                    "the runtime closed the session without an exit code".into(),
+                ))),
+            };
+            let Some(out) = out else { continue };
+            let ended = matches!(out, SessionOutput::Ended(_));
+            if output.send(out).await.is_err() || ended {
+                return None;
+            }
+        }
+    };
+    let last = tokio::select! {
+        last = inbound => last,
+        last = outbound => last,
+    };
+    if let Some(last) = last {
+        let _ = tokio::time::timeout(CLOSE_GRACE, output.send(last)).await;
+    }
+    // Closing the socket ends the command if it still runs (smolvm kills it); a smolvm that
+    // does not take the close in time gets the connection dropped, which it takes the same way.
+    let _ = tokio::time::timeout(CLOSE_GRACE, to_runtime.close()).await;
+}
+
+/// Resolves once the caller dropped its input (every sender gone, queued input or not) or its
+/// output.
+async fn caller_gone(input: &mpsc::Receiver<SessionInput>, output: &mpsc::Sender<SessionOutput>) {
+    let mut check = tokio::time::interval(CALLER_CHECK);
+    loop {
+        tokio::select! {
+            () = output.closed() => return,
+            _ = check.tick() => {
+                if input.is_closed() {
+                    return;
                 }
             }
         }
-    });
-    Ok(session)
+    }
 }
 
 #[cfg(test)]
