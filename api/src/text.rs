@@ -109,7 +109,9 @@ const LEVELS: [&str; 8] = ["TRACE", "DEBUG", "INFO", "WARN", "WARNING", "ERROR",
 fn log_prefix_end(words: &[&str], i: usize, line_start: bool) -> Option<usize> {
     let mut j = i;
     let mut timestamp = false;
-    if let Some(w) = words.get(j)
+    // env_logger's `[2026-11-25T15:11:13.188463Z ERROR krun_vmm::linux::vstate] message`.
+    let bracketed = words.get(j).is_some_and(|w| w.starts_with('['));
+    if let Some(w) = words.get(j).map(|w| w.strip_prefix('[').unwrap_or(w))
         && looks_like_timestamp(w)
     {
         j += 1;
@@ -137,7 +139,21 @@ fn log_prefix_end(words: &[&str], i: usize, line_start: bool) -> Option<usize> {
     if !timestamp && !line_start {
         return None;
     }
+    let level_closed = words.get(j).is_some_and(|w| w.ends_with(']'));
     j += 1;
+    // The bracketed form's `target]` closes the prefix.
+    if bracketed
+        && timestamp
+        && !level_closed
+        && let Some(target) = words.get(j)
+        && let Some(path) = target.strip_suffix(']')
+        && !path.is_empty()
+        && path
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':' || c == '-')
+    {
+        return Some(j + 1);
+    }
     // tracing's `target: message`: a module path ending in ':' right after the level.
     if let Some(target) = words.get(j)
         && let Some(path) = target.strip_suffix(':')
@@ -194,6 +210,21 @@ mod tests {
     #[test]
     fn cleans_what_programs_print() {
         let cases: &[(&str, &str, &str)] = &[
+            (
+                "smolvm's start failure on a kvm_pvm host: env_logger's bracketed prefix",
+                "failed to start machine: agent operation failed: monitor agent: [2026-11-25T15:11:13.188463Z ERROR krun_vmm::linux::vstate] Received KVM_EXIT_INTERNAL_ERROR signal (boot process exited (code 1) before the agent was ready)",
+                "failed to start machine: agent operation failed: monitor agent: Received KVM_EXIT_INTERNAL_ERROR signal (boot process exited (code 1) before the agent was ready)",
+            ),
+            (
+                "a bracketed timestamp and level without a target",
+                "[2026-11-25T15:11:13Z INFO] ready",
+                "ready",
+            ),
+            (
+                "brackets that are not a log prefix stay",
+                "value [not a prefix] kept",
+                "value [not a prefix] kept",
+            ),
             (
                 "smolvm's start failure on these machines",
                 "failed to start machine: \u{1b}[2m2026-11-22T12:42:15Z\u{1b}[0m \u{1b}[33m WARN\u{1b}[0m \u{1b}[2msmolvm::agent\u{1b}[0m\u{1b}[2m:\u{1b}[0m boot process exited (code 1) before the agent was ready",
