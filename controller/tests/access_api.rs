@@ -32,8 +32,8 @@ use smolvm_controller::{
 use smolvm_runtime::{
     nodeapi::{Identity, NodeApiState, auth::TokenAuth, router, tls::MtlsServer},
     vmm::{
-        DeleteOutcome, FileContent, LogQuery, LogStream, Machine, MachineSpec, MachineState, RegistryAuth,
-        ResizeRequest, Vmm, VmmError, VmmHealth,
+        DeleteOutcome, ExecOutput, ExecRequest, FileContent, LogQuery, LogStream, Machine, MachineSpec, MachineState,
+        RegistryAuth, ResizeRequest, Vmm, VmmError, VmmHealth,
     },
 };
 use smolvm_testkit::node::{NODE, Pki, TOKEN};
@@ -61,9 +61,9 @@ fn log_path(query: &str) -> String {
 // ---------------------------------------------------------------------------------------------
 // The runtime's TEST DOUBLE behind the agent.
 
-/// TEST DOUBLE of the runtime for the files and log routes: every machine runs; a write is
-/// counted (the agent hands it over whole); a read gives [`READ_BYTES`] zero bytes; a followed
-/// log stays open without a line until its caller goes.
+/// TEST DOUBLE of the runtime for the files, exec and log routes: every machine runs; a write is
+/// counted (the agent hands it over whole); a read gives [`READ_BYTES`] zero bytes; a command
+/// echoes its stdin and exits 0; a followed log stays open without a line until its caller goes.
 #[derive(Default)]
 struct FilesDouble {
     written: AtomicU64,
@@ -119,6 +119,13 @@ impl Vmm for FilesDouble {
         } else {
             Ok(first.boxed())
         }
+    }
+    async fn exec(&self, _: &str, request: &ExecRequest) -> Result<ExecOutput, VmmError> {
+        Ok(ExecOutput {
+            exit_code: 0,
+            stdout: request.stdin.clone().unwrap_or_default().into_bytes(),
+            stderr: Vec::new(),
+        })
     }
     async fn read_file(&self, _: &str, _: &str, _: u64) -> Result<FileContent, VmmError> {
         let chunk = Bytes::from(vec![0u8; 64 << 10]);
@@ -669,6 +676,49 @@ async fn an_authorized_copy_streams_through_to_the_agent_and_back() {
     .await
     .expect("read");
     assert_eq!((answer.status, answer.body.len()), (200, READ_BYTES));
+}
+
+#[tokio::test]
+async fn an_exec_request_is_read_after_authorization_within_the_body_budget() {
+    let stack = stack(Limits {
+        body_budget: 1000,
+        ..Limits::default()
+    })
+    .await;
+    let exec = format!("/apis/subresources.vm.smolvm.dev/v1alpha1/namespaces/{NS}/smolvms/{VM}/exec");
+    let body = json!({"command": ["cat"], "stdin": "hello"}).to_string();
+    let request = |user: &str, length: usize| {
+        head("POST", &exec, Some(user), Some(length)).replace("application/octet-stream", "application/json")
+    };
+    // A user RBAC refuses: answered before the request is sent.
+    let answer = ask(&stack, As::Proxy, &request(MALLORY, body.len()))
+        .await
+        .expect("refused");
+    assert_eq!(answer.status, 403);
+    // Alice: read, passed to the agent, answered.
+    let mut stream = connect(&stack.material, stack.port, As::Proxy).await.expect("connect");
+    stream
+        .write_all(format!("{}{body}", request(ALICE, body.len())).as_bytes())
+        .await
+        .expect("send");
+    let answer = read_answer(&mut stream).await.expect("answer");
+    assert_eq!(
+        (answer.status, answer.json()["exitCode"].as_i64()),
+        (200, Some(0)),
+        "{answer:?}"
+    );
+    // A request larger than the replica's buffering budget (1000 bytes here), yet within the
+    // exec limit: 429, before its body is read.
+    let answer = ask(&stack, As::Proxy, &request(ALICE, 2000)).await.expect("shed");
+    assert_eq!(
+        (answer.status, answer.json()["reason"].as_str()),
+        (429, Some("TooManyRequests"))
+    );
+    // Beyond the exec limit: 413 at once.
+    let answer = ask(&stack, As::Proxy, &request(ALICE, (64 << 10) + 1))
+        .await
+        .expect("too large");
+    assert_eq!(answer.status, 413);
 }
 
 #[tokio::test]
