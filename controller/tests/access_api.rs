@@ -722,6 +722,50 @@ async fn an_exec_request_is_read_after_authorization_within_the_body_budget() {
 }
 
 #[tokio::test]
+async fn connections_beyond_the_handshakes_in_progress_are_closed_at_once() {
+    let stack = stack(Limits {
+        max_handshakes: 2,
+        ..Limits::default()
+    })
+    .await;
+    // Two connections that never start their handshake hold both slots (each up to the
+    // handshake timeout); until the server has taken them, a third may still get through.
+    let silent = [
+        tokio::net::TcpStream::connect(("127.0.0.1", stack.port))
+            .await
+            .expect("silent 1"),
+        tokio::net::TcpStream::connect(("127.0.0.1", stack.port))
+            .await
+            .expect("silent 2"),
+    ];
+    let read = head("GET", &files_path("/etc/hostname"), Some(ALICE), None);
+    let mut refused = false;
+    for _ in 0..50 {
+        match ask(&stack, As::Proxy, &read).await {
+            Err(_) => {
+                refused = true;
+                break;
+            }
+            Ok(answer) => assert_eq!(answer.status, 200),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(refused, "a connection beyond the handshakes in progress was served");
+    drop(silent);
+    // The slots come back: the front proxy is served again.
+    let mut served = false;
+    for _ in 0..50 {
+        if let Ok(answer) = ask(&stack, As::Proxy, &read).await {
+            assert_eq!(answer.status, 200);
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(served, "no connection served once the silent ones went");
+}
+
+#[tokio::test]
 async fn a_body_that_stops_coming_is_answered_408() {
     let stack = stack(Limits {
         body_idle_timeout: Duration::from_secs(1),

@@ -15,6 +15,8 @@
 //!   first: 429 beyond it.
 //! - A request's headers must arrive within [`Limits::header_timeout`]; a body must keep
 //!   coming, [`Limits::body_idle_timeout`] at most between two pieces.
+//! - Before all that, a TLS handshake must finish within [`Limits::handshake_timeout`], and at
+//!   most [`Limits::max_handshakes`] run at once ([`super::server::PeerAcceptor`]).
 
 use std::{sync::Arc, time::Duration};
 
@@ -39,6 +41,10 @@ pub struct Limits {
     pub max_streams: usize,
     /// Bytes of request bodies buffered at once (exec requests; file bodies are streamed).
     pub body_budget: usize,
+    /// TLS handshakes in progress at once (a connection beyond is closed at once).
+    pub max_handshakes: usize,
+    /// Time for a TLS handshake to finish.
+    pub handshake_timeout: Duration,
     /// Time for a request's headers to arrive.
     pub header_timeout: Duration,
     /// Longest pause in a request body.
@@ -47,13 +53,15 @@ pub struct Limits {
 
 impl Default for Limits {
     /// 64 calls (each holding at most a few hundred KiB of stream buffers), 256 sessions, 4 MiB
-    /// of buffered bodies (64 exec requests of the largest size), 10 s for headers, 30 s of
-    /// silence in a body.
+    /// of buffered bodies (64 exec requests of the largest size), 64 handshakes at once of 5 s
+    /// at most, 10 s for headers, 30 s of silence in a body.
     fn default() -> Self {
         Limits {
             max_calls: 64,
             max_streams: 256,
             body_budget: 4 << 20,
+            max_handshakes: 64,
+            handshake_timeout: Duration::from_secs(5),
             header_timeout: Duration::from_secs(10),
             body_idle_timeout: Duration::from_secs(30),
         }

@@ -143,7 +143,11 @@ pub async fn serve(
     listener.set_nonblocking(true)?;
     let limits = state.gates.limits().clone();
     let mut server = axum_server::from_tcp(listener)?
-        .acceptor(server::PeerAcceptor::new(tls))
+        .acceptor(server::PeerAcceptor::new(
+            tls,
+            limits.max_handshakes,
+            limits.handshake_timeout,
+        ))
         .handle(handle);
     let builder = server.http_builder();
     builder
