@@ -49,6 +49,10 @@ pub enum ErrorCode {
     /// own services and the agent's ports); `details` names the port, protocol and rule. Only a
     /// new machine is refused: an existing machine keeps its ports.
     HostPortExcluded,
+    /// 403: the image was pulled on this node with registry credentials and this start
+    /// presents none for its registry; `details.registry` names it. Another tenant's private
+    /// image is never started without credentials (as the kubelet's KEP-2535 verification).
+    ImagePullCredentialsRequired,
     /// 409: a machine of that name exists with a different spec; `details.fields` names them.
     MachineSpecConflict,
     /// 409: CPU/memory can change only on a running machine; `details.pending` names the
@@ -82,7 +86,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code this build knows.
-    pub const KNOWN: [ErrorCode; 19] = [
+    pub const KNOWN: [ErrorCode; 20] = [
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
@@ -90,6 +94,7 @@ impl ErrorCode {
         ErrorCode::RouteNotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::HostPortExcluded,
+        ErrorCode::ImagePullCredentialsRequired,
         ErrorCode::MachineSpecConflict,
         ErrorCode::ResizeRequiresRunning,
         ErrorCode::HostPortInUse,
@@ -114,6 +119,7 @@ impl ErrorCode {
             ErrorCode::RouteNotFound => "RouteNotFound",
             ErrorCode::MethodNotAllowed => "MethodNotAllowed",
             ErrorCode::HostPortExcluded => "HostPortExcluded",
+            ErrorCode::ImagePullCredentialsRequired => "ImagePullCredentialsRequired",
             ErrorCode::MachineSpecConflict => "MachineSpecConflict",
             ErrorCode::ResizeRequiresRunning => "ResizeRequiresRunning",
             ErrorCode::HostPortInUse => "HostPortInUse",
@@ -149,7 +155,7 @@ impl ErrorCode {
         match self {
             ErrorCode::InvalidRequest => 400,
             ErrorCode::Unauthenticated => 401,
-            ErrorCode::Forbidden | ErrorCode::HostPortExcluded => 403,
+            ErrorCode::Forbidden | ErrorCode::HostPortExcluded | ErrorCode::ImagePullCredentialsRequired => 403,
             ErrorCode::MachineNotFound | ErrorCode::RouteNotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::MachineSpecConflict

@@ -55,7 +55,7 @@ pub struct AgentOptions {
     /// ([`crate::forward`]); `None`, a loopback or an unspecified address turns forwarding off.
     pub publish_address: Option<std::net::IpAddr>,
     /// What the agent refuses whatever admission did ([`crate::guards`]): the policy file of
-    /// excluded host ports (the built-in defaults without one).
+    /// excluded host ports (the built-in defaults without one) and the private-image records.
     pub guards: crate::guards::GuardOptions,
     /// What one client may hold through the forwarder and the node API's streams
     /// ([`crate::limits`]).
@@ -108,6 +108,12 @@ impl Agent {
         };
         let state = state.with_stream_limits(options.limits.streams);
         let state = state.with_host_ports(host_ports);
+        let state = match &options.guards.image_records {
+            Some(dir) => state.with_images(Arc::new(
+                crate::images::ImageGuard::open(dir).map_err(|e| Error::io("opening the image records", dir, e))?,
+            )),
+            None => state,
+        };
         let forwarder = match options.publish_address {
             Some(address) if !address.is_loopback() && !address.is_unspecified() => {
                 let forwarder = Forwarder::with_limits(address, metrics.clone(), options.limits.forward);

@@ -1,7 +1,8 @@
 //! What the agent refuses on its own, whatever admission did: a new machine on a host port the
-//! policy excludes (SPEC V3: the node's own services and the agent's ports).
+//! policy excludes (SPEC V3: the node's own services and the agent's ports), and a private image
+//! started without its credentials ([`crate::images`]).
 //!
-//! It reads the same policy file the webhook reads (the `smolvm-policy`
+//! The host port half reads the same policy file the webhook reads (the `smolvm-policy`
 //! ConfigMap, mounted into the DaemonSet), with the built-in defaults when there is none, and
 //! re-reads it when its contents change. The ports the agent itself listens on are always
 //! excluded, whatever the file says.
@@ -15,12 +16,16 @@ use smolvm_api::policy::PortRange;
 
 use crate::error::{Error, Result};
 
-/// Where the guards read their state; the default enforces the built-in host port policy.
+/// Where the guards read and keep their state; the default keeps both off except the built-in
+/// host port policy.
 #[derive(Debug, Clone, Default)]
 pub struct GuardOptions {
     /// The policy file (the webhook's, from the `smolvm-policy` ConfigMap); `None` enforces the
     /// built-in default policy.
     pub policy_file: Option<PathBuf>,
+    /// Directory of the private-image records ([`crate::images`]); `None` keeps none (and so
+    /// refuses nothing on that ground).
+    pub image_records: Option<PathBuf>,
 }
 
 /// The host ports no new machine may publish on this node: the policy's `excludedHostPorts`

@@ -383,7 +383,10 @@ impl TestAgent {
             file_poll_interval: Duration::from_millis(100),
             workload_records: Some(dir.join("workloads")),
             publish_address: None,
-            guards: Default::default(),
+            guards: smolvm_runtime::guards::GuardOptions {
+                image_records: Some(dir.join("image-records")),
+                ..Default::default()
+            },
             limits: Default::default(),
         })
         .await

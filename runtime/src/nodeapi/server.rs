@@ -92,6 +92,8 @@ pub struct NodeApiState {
     pub forwarder: Option<Arc<crate::forward::Forwarder>>,
     /// Host ports no new machine may publish ([`crate::guards`]); `None` refuses none.
     pub host_ports: Option<Arc<crate::guards::HostPortGuard>>,
+    /// Images started with credentials on this node ([`crate::images`]); `None` keeps none.
+    pub images: Option<Arc<crate::images::ImageGuard>>,
     /// The exec and log-follow streams open now, capped per machine and per node.
     pub streams: Arc<super::stream::Streams>,
     locks: MachineLocks,
@@ -115,6 +117,7 @@ impl NodeApiState {
             workload_records: None,
             forwarder: None,
             host_ports: None,
+            images: None,
             streams: super::stream::Streams::new(super::stream::StreamLimits::default()),
             locks: Arc::default(),
         }
@@ -170,6 +173,13 @@ impl NodeApiState {
     /// Refuses a new machine on host ports the policy excludes ([`crate::guards`]).
     pub fn with_host_ports(mut self, guard: Arc<crate::guards::HostPortGuard>) -> Self {
         self.host_ports = Some(guard);
+        self
+    }
+
+    /// Keeps the records of images started with credentials, and refuses a start of one
+    /// without credentials ([`crate::images`]).
+    pub fn with_images(mut self, guard: Arc<crate::images::ImageGuard>) -> Self {
+        self.images = Some(guard);
         self
     }
 
@@ -568,10 +578,39 @@ async fn ensure_running(
         // Ports never change after binding (V6): the machine keeps them; operators are told.
         tracing::warn!(machine = %name, reason = %excluded.body.message, "starting a machine that publishes a host port the policy now excludes; it keeps the ports it was created with");
     }
+    // A private image is never started without credentials (SPEC 6, Tenants).
+    let private = match (&state.images, machine.image.as_deref()) {
+        (Some(guard), Some(image)) => Some((guard, image)),
+        _ => None,
+    };
+    if let Some((guard, image)) = private {
+        match guard.check(image, request.registry_auth.as_ref()) {
+            crate::images::PullDecision::CredentialsRequired { registry } => {
+                return Err(ApiFailure::new(
+                    ErrorCode::ImagePullCredentialsRequired,
+                    format!(
+                        "image {image} needs registry credentials on this node and this start has none for {registry}: give the SmolVM an imagePullSecret for {registry}"
+                    ),
+                )
+                .with_details(serde_json::json!({ "registry": registry }))
+                .into());
+            }
+            crate::images::PullDecision::PullAgain => {
+                tracing::info!(machine = %name, "the image was started on this node with other credentials: this start presents its own to the registry");
+            }
+            crate::images::PullDecision::Start | crate::images::PullDecision::Verified => {}
+        }
+    }
     state.check_ports(&name, &machine.ports)?;
     let started = state.vmm.start(&name, request.registry_auth.as_ref()).await;
     state.poke_forwarder();
-    Ok(ok(StatusCode::OK, &logic::to_status(&started?)))
+    let started = started?;
+    if let (Some((guard, image)), Some(auth)) = (private, request.registry_auth.as_ref())
+        && let Err(error) = guard.remember(image, auth)
+    {
+        tracing::warn!(machine = %name, %error, "could not record the image's credential digest");
+    }
+    Ok(ok(StatusCode::OK, &logic::to_status(&started)))
 }
 
 async fn stop_machine(State(state): State<NodeApiState>, MachineName(name): MachineName) -> ApiResult {
