@@ -766,6 +766,44 @@ async fn connections_beyond_the_handshakes_in_progress_are_closed_at_once() {
 }
 
 #[tokio::test]
+async fn one_user_at_their_share_is_shed_while_others_are_served() {
+    let stack = stack(Limits {
+        max_calls_per_user: 1,
+        ..Limits::default()
+    })
+    .await;
+    // Alice holds her one call: an upload whose body is still coming.
+    let mut first = connect(&stack.material, stack.port, As::Proxy).await.expect("connect");
+    first
+        .write_all(head("POST", &files_path("/tmp/x"), Some(ALICE), Some(2000)).as_bytes())
+        .await
+        .expect("head");
+    first.flush().await.expect("flush");
+    stack.seen.reviewed(1).await;
+    let read = |user| head("GET", &files_path("/etc/hostname"), Some(user), None);
+    let shed = ask(&stack, As::Proxy, &read(ALICE)).await.expect("alice again");
+    assert_eq!(
+        (
+            shed.status,
+            shed.json()["reason"].as_str(),
+            shed.headers.get("retry-after").map(String::as_str)
+        ),
+        (429, Some("TooManyRequests"), Some("1"))
+    );
+    // Another user is not held back by Alice: their call goes on to be authorized (and refused
+    // by RBAC, which is this test's double's answer for anyone but Alice).
+    let other = ask(&stack, As::Proxy, &read(MALLORY)).await.expect("mallory");
+    assert_eq!(other.status, 403);
+    assert_eq!(stack.seen.reviews(), 2, "Alice's second call was never authorized");
+    first.write_all(&[0u8; 2000]).await.expect("the body");
+    first.flush().await.expect("flush");
+    assert_eq!(read_answer(&mut first).await.expect("answer").status, 200);
+    drop(first);
+    let again = ask(&stack, As::Proxy, &read(ALICE)).await.expect("alice after");
+    assert_eq!(again.status, 200, "her share came back");
+}
+
+#[tokio::test]
 async fn a_body_that_stops_coming_is_answered_408() {
     let stack = stack(Limits {
         body_idle_timeout: Duration::from_secs(1),

@@ -132,6 +132,15 @@ impl RequestHeaderConfig {
         Ok(())
     }
 
+    /// The user a request's headers name (the first username header present), not yet
+    /// checked against the connection: only for counting a user's share of the replica.
+    pub fn named_user(&self, headers: &HeaderMap) -> Option<String> {
+        self.username_headers
+            .iter()
+            .find_map(|h| headers.get(h.as_str()).and_then(|v| v.to_str().ok()))
+            .map(|v| v.trim().to_string())
+    }
+
     /// The user of a request on a connection from `peer`, or why there is none.
     pub fn authenticate(&self, peer: &Peer, headers: &HeaderMap) -> Result<User, AccessError> {
         self.check_proxy(peer)?;

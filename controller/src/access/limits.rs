@@ -18,7 +18,7 @@
 //! - Before all that, a TLS handshake must finish within [`Limits::handshake_timeout`], and at
 //!   most [`Limits::max_handshakes`] run at once ([`super::server::PeerAcceptor`]).
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use axum::{
     body::Body,
@@ -39,6 +39,11 @@ pub struct Limits {
     pub max_calls: usize,
     /// Sessions at once (followed logs, interactive execs), each until it ends.
     pub max_streams: usize,
+    /// Calls of one user at once (the user the front proxy names), so that one user's slow or
+    /// many calls leave the others room.
+    pub max_calls_per_user: usize,
+    /// Sessions of one user at once.
+    pub max_streams_per_user: usize,
     /// Bytes of request bodies buffered at once (exec requests; file bodies are streamed).
     pub body_budget: usize,
     /// TLS handshakes in progress at once (a connection beyond is closed at once).
@@ -52,13 +57,16 @@ pub struct Limits {
 }
 
 impl Default for Limits {
-    /// 64 calls (each holding at most a few hundred KiB of stream buffers), 256 sessions, 4 MiB
+    /// 64 calls (16 of one user; each holding at most a few hundred KiB of stream buffers), 256
+    /// sessions (64 of one user), 4 MiB
     /// of buffered bodies (64 exec requests of the largest size), 64 handshakes at once of 5 s
     /// at most, 10 s for headers, 30 s of silence in a body.
     fn default() -> Self {
         Limits {
             max_calls: 64,
             max_streams: 256,
+            max_calls_per_user: 16,
+            max_streams_per_user: 64,
             body_budget: 4 << 20,
             max_handshakes: 64,
             handshake_timeout: Duration::from_secs(5),
@@ -69,7 +77,7 @@ impl Default for Limits {
 }
 
 /// Which slot a request takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     /// A call: done once its answer has gone out.
     Call,
@@ -102,9 +110,33 @@ pub fn classify(method: &Method, path: &str, query: Option<&str>) -> Option<(Sub
 }
 
 /// The slot a request holds, on its extensions: a handler that outlives its answer (an
-/// interactive exec's session) keeps a clone.
+/// interactive exec's session) keeps a clone. The last clone gone gives the slot back, the
+/// replica's and its user's.
 #[derive(Debug, Clone)]
-pub struct Slot(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
+pub struct Slot(#[allow(dead_code)] Arc<Held>);
+
+/// Slots taken, per kind and user.
+type PerUser = Arc<std::sync::Mutex<HashMap<(Kind, String), usize>>>;
+
+/// A replica's slot and its user's share, given back when dropped.
+#[derive(Debug)]
+struct Held {
+    _permit: OwnedSemaphorePermit,
+    users: PerUser,
+    key: (Kind, String),
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = users.get_mut(&self.key) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                users.remove(&self.key);
+            }
+        }
+    }
+}
 
 /// The semaphores behind [`Limits`].
 #[derive(Debug)]
@@ -112,6 +144,7 @@ pub struct Gates {
     calls: Arc<Semaphore>,
     streams: Arc<Semaphore>,
     bytes: Arc<Semaphore>,
+    users: PerUser,
     limits: Limits,
 }
 
@@ -122,6 +155,7 @@ impl Gates {
             calls: Arc::new(Semaphore::new(limits.max_calls)),
             streams: Arc::new(Semaphore::new(limits.max_streams)),
             bytes: Arc::new(Semaphore::new(limits.body_budget)),
+            users: PerUser::default(),
             limits,
         }
     }
@@ -131,24 +165,43 @@ impl Gates {
         &self.limits
     }
 
-    /// A slot of `kind`, or the 429 saying this replica is full.
-    pub fn slot(&self, kind: Kind) -> Result<Slot, AccessError> {
-        let (gate, limit, what) = match kind {
-            Kind::Call => (&self.calls, self.limits.max_calls, "calls"),
+    /// A slot of `kind` for `user`, or the 429 saying this replica, or this user's share of
+    /// it, is full.
+    pub fn slot(&self, kind: Kind, user: &str) -> Result<Slot, AccessError> {
+        let (gate, limit, per_user, what) = match kind {
+            Kind::Call => (
+                &self.calls,
+                self.limits.max_calls,
+                self.limits.max_calls_per_user,
+                "calls",
+            ),
             Kind::Stream => (
                 &self.streams,
                 self.limits.max_streams,
+                self.limits.max_streams_per_user,
                 "sessions (followed logs, interactive execs)",
             ),
         };
-        gate.clone()
-            .try_acquire_owned()
-            .map(|permit| Slot(Arc::new(permit)))
-            .map_err(|_| {
-                AccessError::TooManyRequests(format!(
-                    "this replica of the access API is serving its limit of {limit} {what}; retry shortly"
-                ))
-            })
+        let key = (kind, user.to_string());
+        let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        let taken = users.get(&key).copied().unwrap_or(0);
+        if taken >= per_user {
+            return Err(AccessError::TooManyRequests(format!(
+                "user {user:?} has its limit of {per_user} {what} open on this replica of the access API; retry shortly"
+            )));
+        }
+        let permit = gate.clone().try_acquire_owned().map_err(|_| {
+            AccessError::TooManyRequests(format!(
+                "this replica of the access API is serving its limit of {limit} {what}; retry shortly"
+            ))
+        })?;
+        users.insert(key.clone(), taken + 1);
+        drop(users);
+        Ok(Slot(Arc::new(Held {
+            _permit: permit,
+            users: self.users.clone(),
+            key,
+        })))
     }
 
     /// `bytes` of the buffered-body budget, held while the permit lives, or the 429.
@@ -174,7 +227,8 @@ pub async fn guard(State(state): State<Arc<AccessState>>, mut request: Request, 
     let Some((sub, kind)) = classify(request.method(), request.uri().path(), request.uri().query()) else {
         return next.run(request).await;
     };
-    let slot = match state.gates.slot(kind) {
+    let user = state.requestheader().named_user(request.headers()).unwrap_or_default();
+    let slot = match state.gates.slot(kind, &user) {
         Ok(slot) => slot,
         Err(full) => {
             tracing::debug!(
@@ -278,15 +332,15 @@ mod tests {
             body_budget: 100,
             ..Limits::default()
         });
-        let call = gates.slot(Kind::Call).expect("the first call");
-        let refused = gates.slot(Kind::Call).expect_err("a second call");
+        let call = gates.slot(Kind::Call, "alice").expect("the first call");
+        let refused = gates.slot(Kind::Call, "bob").expect_err("a second call");
         assert_eq!((refused.status().as_u16(), refused.reason()), (429, "TooManyRequests"));
         assert_eq!(refused.to_status()["details"]["retryAfterSeconds"], 1);
-        let stream = gates.slot(Kind::Stream).expect("a session has its own slots");
-        assert!(gates.slot(Kind::Stream).is_err());
+        let stream = gates.slot(Kind::Stream, "alice").expect("a session has its own slots");
+        assert!(gates.slot(Kind::Stream, "alice").is_err());
         drop(call);
         drop(stream);
-        assert!(gates.slot(Kind::Call).is_ok(), "a slot comes back");
+        assert!(gates.slot(Kind::Call, "bob").is_ok(), "a slot comes back");
 
         let sixty = gates.buffer(60).expect("60 of 100 bytes");
         assert_eq!(
@@ -297,5 +351,35 @@ mod tests {
         drop((sixty, forty));
         assert!(gates.buffer(100).is_ok());
         assert!(gates.buffer(usize::MAX).is_err(), "beyond any budget");
+    }
+
+    #[test]
+    fn one_user_cannot_take_every_slot() {
+        let gates = Gates::new(Limits {
+            max_calls: 3,
+            max_calls_per_user: 2,
+            ..Limits::default()
+        });
+        let first = gates.slot(Kind::Call, "alice").expect("alice's first");
+        let second = gates.slot(Kind::Call, "alice").expect("alice's second");
+        let third = gates.slot(Kind::Call, "alice").expect_err("alice's third");
+        assert_eq!(third.reason(), "TooManyRequests");
+        assert!(third.to_string().contains("alice"), "{third}");
+        let bob = gates.slot(Kind::Call, "bob").expect("bob still has room");
+        assert!(
+            gates.slot(Kind::Stream, "alice").is_ok(),
+            "sessions are counted apart from calls"
+        );
+        // A clone kept by a session's task holds the slot until the last one goes.
+        let kept = first.clone();
+        drop(first);
+        assert!(gates.slot(Kind::Call, "alice").is_err(), "still held by the clone");
+        drop(kept);
+        assert!(gates.slot(Kind::Call, "alice").is_ok(), "given back");
+        drop((second, bob));
+        assert!(
+            gates.users.lock().map(|u| u.is_empty()).unwrap_or(false),
+            "no count left behind"
+        );
     }
 }
