@@ -231,11 +231,23 @@ fn access_tls(env: &Env, ca_pem: &str, front_proxy: bool) -> anyhow::Result<toki
 
 /// One HTTP/1.1 GET; the status code.
 async fn get_status(env: &Env, tls: &tokio_rustls::TlsConnector, path: &str, user: &str) -> anyhow::Result<u16> {
+    head_status(env, tls, &format!("GET {path}"), user, "").await
+}
+
+/// The status answered to a request's head alone (`request_line` and `extra` headers), its body
+/// never sent.
+async fn head_status(
+    env: &Env,
+    tls: &tokio_rustls::TlsConnector,
+    request_line: &str,
+    user: &str,
+    extra: &str,
+) -> anyhow::Result<u16> {
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", env.access_port)).await?;
     let name = rustls::pki_types::ServerName::try_from("smolvm-access.smolvm-system.svc")?;
     let mut stream = tls.connect(name, tcp).await?;
     let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: smolvm-access\r\nX-Remote-User: {user}\r\nX-Remote-Group: system:authenticated\r\nConnection: close\r\n\r\n"
+        "{request_line} HTTP/1.1\r\nHost: smolvm-access\r\nX-Remote-User: {user}\r\nX-Remote-Group: system:authenticated\r\n{extra}Connection: close\r\n\r\n"
     );
     stream.write_all(request.as_bytes()).await?;
     let mut head = vec![0u8; 64];
@@ -285,6 +297,18 @@ async fn access_api_refuses_callers_other_than_the_front_proxy_and_asks_rbac_its
     ensure!(denied == 403, "{MALLORY} through the front proxy got {denied}");
     let allowed = get_status(env, &proxy, &path, ALICE).await?;
     ensure!(allowed == 200, "{ALICE} through the front proxy got {allowed}");
+    // An upload is authorized before its body is read: the head of a 60 MB copy by a user RBAC
+    // refuses is answered 403 while none of its body has been sent.
+    let files = format!("/apis/subresources.vm.smolvm.dev/v1alpha1/namespaces/{NS}/smolvms/{VM}/files?path=/tmp/x");
+    let upload = head_status(
+        env,
+        &proxy,
+        &format!("POST {files}"),
+        MALLORY,
+        "Content-Type: application/octet-stream\r\nContent-Length: 60000000\r\n",
+    )
+    .await?;
+    ensure!(upload == 403, "a 60 MB upload of {MALLORY}, body unsent, got {upload}");
     Ok(())
 }
 
