@@ -465,7 +465,9 @@ mod tests {
     fn due_table() {
         let hour = Duration::from_secs(3600);
         let base = key("h1", "r1", "1.32.2");
-        let cases: [(&str, Option<(RunKey, Duration)>, RunKey, bool, Option<Why>); 7] = [
+        /// (name, the last check's key and age, the key now, requested, what is due)
+        type Case = (&'static str, Option<(RunKey, Duration)>, RunKey, bool, Option<Why>);
+        let cases: [Case; 7] = [
             ("first", None, base.clone(), false, Some(Why::First)),
             (
                 "nothing changed",
