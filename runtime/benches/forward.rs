@@ -1,6 +1,8 @@
 //! What the port forwarder adds: TCP throughput and round trips, and UDP round trips, through a
 //! forward (node address 127.0.0.2 → smolvm's side on 127.0.0.1, same port) against the same
-//! traffic sent straight to 127.0.0.1.
+//! traffic sent straight to 127.0.0.1, and (TCP) against a bare relay without the forwarder's
+//! bounds (`copy_bidirectional` alone, on 127.0.0.3), which shows what the caps, the idle
+//! timeout and the byte accounting cost.
 //!
 //! `cargo bench -p smolvm-runtime --bench forward`. The far end is a plain TCP sink/echo and a UDP
 //! echo on 127.0.0.1:<port>, as smolvm's listener would be. Figures, not asserts; where 127.0.0.2
@@ -18,6 +20,18 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 
 const NODE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+const BARE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
+
+/// A relay without bounds: every connection accepted and copied both ways, nothing counted.
+async fn bare_relay(listener: TcpListener, upstream: SocketAddr) {
+    while let Ok((mut client, _)) = listener.accept().await {
+        tokio::spawn(async move {
+            if let Ok(mut server) = TcpStream::connect(upstream).await {
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            }
+        });
+    }
+}
 const VOLUME: usize = 256 << 20;
 const ROUND_TRIPS: usize = 2000;
 
@@ -152,6 +166,20 @@ async fn run() -> std::io::Result<()> {
             percentile(&udp, 50.0).as_secs_f64() * 1e6,
             percentile(&udp, 99.0).as_secs_f64() * 1e6,
         );
+    }
+    match TcpListener::bind((BARE, port)).await {
+        Ok(listener) => {
+            tokio::spawn(bare_relay(listener, direct));
+            let at = SocketAddr::new(BARE, port);
+            let mib_s = throughput(at).await?;
+            let tcp = tcp_round_trips(at).await?;
+            println!(
+                "  bare relay: TCP {mib_s:8.0} MiB/s; TCP connect+64 B echo p50 {:6.1} µs p99 {:6.1} µs (no bounds, for comparison)",
+                percentile(&tcp, 50.0).as_secs_f64() * 1e6,
+                percentile(&tcp, 99.0).as_secs_f64() * 1e6,
+            );
+        }
+        Err(error) => println!("  bare relay: skipped: cannot listen on {BARE}:{port}: {error}"),
     }
     Ok(())
 }
