@@ -41,6 +41,7 @@ macro_rules! scenarios {
 mod access;
 mod classes;
 mod cluster;
+mod hostile;
 mod nodes;
 mod reach;
 mod workload;
@@ -185,6 +186,7 @@ fn extra_scenarios() -> Vec<(&'static str, Scenario)> {
     all.extend(classes::scenarios());
     all.extend(access::scenarios());
     all.extend(nodes::scenarios());
+    all.extend(hostile::scenarios());
     all
 }
 
