@@ -89,9 +89,18 @@ pub struct Args {
     /// bounds the memory bodies take: keep their product well inside the pod's memory limit.
     #[arg(long, env = "SMOLVM_WEBHOOK_MAX_CONCURRENT_REVIEWS", default_value_t = crate::state::DEFAULT_MAX_CONCURRENT_REVIEWS)]
     pub max_concurrent_reviews: usize,
-    /// How long a request body may take to arrive (at least 1s).
-    #[arg(long, env = "SMOLVM_WEBHOOK_BODY_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    /// How long a request body may take to arrive, from the request's start (at least 1s).
+    #[arg(long, env = "SMOLVM_WEBHOOK_BODY_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub body_timeout: Duration,
+    /// How long a request body still arriving may go without a byte before the request is
+    /// answered 408 (at least 100ms).
+    #[arg(long, env = "SMOLVM_WEBHOOK_BODY_IDLE_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
+    pub body_idle_timeout: Duration,
+    /// Request bodies read at once while they are still arriving (a body all there when read
+    /// takes none); a request beyond them is shed with 429 and Retry-After before its body is
+    /// read. With `--body-limit`, it bounds the memory slow clients can make the webhook hold.
+    #[arg(long, env = "SMOLVM_WEBHOOK_MAX_CONCURRENT_BODIES", default_value_t = crate::state::DEFAULT_MAX_CONCURRENT_BODIES)]
+    pub max_concurrent_bodies: usize,
     /// Run without a Kubernetes API server: no SmolVMNode cache (rule V5's capacity checks then
     /// only warn), no SmolVMClasses (a SmolVM naming one is refused), `files` TLS mode only. For
     /// local testing and benchmarks, not for clusters.

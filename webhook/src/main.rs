@@ -132,9 +132,12 @@ async fn run(args: Args) -> Result<()> {
         // Without a cluster no class is known: a SmolVM naming one is refused (V12).
         None => AppState::new(policy.clone(), Arc::new(Vec::<SmolVMNode>::new())),
     };
-    let mut state = state.with_max_concurrent_reviews(args.max_concurrent_reviews);
+    let mut state = state
+        .with_max_concurrent_reviews(args.max_concurrent_reviews)
+        .with_max_concurrent_bodies(args.max_concurrent_bodies);
     state.body_limit = args.body_limit;
     state.body_timeout = args.body_timeout.max(Duration::from_secs(1));
+    state.body_idle_timeout = args.body_idle_timeout.max(Duration::from_millis(100));
     match &client {
         Some(client) => start_caches(client, nodes_writer, classes_writer, members_writer, &state),
         None => {

@@ -9,6 +9,7 @@ use axum::{
     response::Response,
     routing::any,
 };
+use futures::FutureExt;
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioTimer;
 use smolvm_certs::ReloadableResolver;
@@ -19,6 +20,13 @@ use crate::{
     review::{Catalogs, RequestError, Route, review},
     state::AppState,
 };
+
+/// How long a client may take over its TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long an HTTP/1.1 connection may take to send a request's head (also how long a
+/// kept-alive connection may stay idle between requests).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The whole-request deadline of the admission router (the API server gives up after at most
 /// 30 s, and the shipped configuration after 5 s).
@@ -56,7 +64,20 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-async fn read_body(state: &AppState, request: Request<Body>) -> std::result::Result<bytes::Bytes, RequestError> {
+/// Reads a request's whole body within the bounds of bodies in flight, holding no review slot.
+///
+/// A body that is all here when the handler first looks (the API server sends a review at once)
+/// is taken without a timer or a reader slot. Otherwise the rest is read holding one of
+/// `max_concurrent_bodies` reader slots ([`crate::bodies`]: none free, the longest-held is
+/// displaced, answered 408; none freeing in time, this request is shed with 429), and given up
+/// with 408 when no byte comes for `body_idle_timeout` or the whole body is not in within
+/// `body_timeout` of the request's start. A slow client so ties up a reader slot for a bounded
+/// time, loses it first to a body that is arriving, and never holds a review slot.
+async fn read_body(
+    state: &AppState,
+    request: Request<Body>,
+    start: Instant,
+) -> std::result::Result<bytes::Bytes, RequestError> {
     if request.method() != Method::POST {
         return Err(RequestError::MethodNotAllowed(request.method().to_string()));
     }
@@ -67,35 +88,105 @@ async fn read_body(state: &AppState, request: Request<Body>) -> std::result::Res
         // Too large to be worth reading: refuse at once (the connection closes after the answer).
         return Err(RequestError::TooLarge { limit });
     }
-    match tokio::time::timeout(state.body_timeout, collect_limited(request.into_body(), limit)).await {
-        Err(_) => Err(RequestError::Timeout(state.body_timeout)),
-        Ok(result) => result,
+    let mut body = request.into_body();
+    let mut collected = Collected::new(limit);
+    // What is here already, without waiting.
+    loop {
+        match body.frame().now_or_never() {
+            Some(Some(frame)) => {
+                if !collected.push(frame)? {
+                    return collected.finish();
+                }
+            }
+            Some(None) => return collected.finish(),
+            None => break,
+        }
+    }
+    // The rest is in flight: a reader slot (when none is free, the longest-held is displaced),
+    // the idle timeout and the deadline.
+    let idle = state.body_idle_timeout;
+    let reader = match state.bodies.try_take() {
+        Some(reader) => reader,
+        None => match state.bodies.take_displacing(idle).await {
+            Some(reader) => reader,
+            None => return Err(RequestError::BodiesBusy(state.max_concurrent_bodies)),
+        },
+    };
+    let deadline = tokio::time::Instant::from_std(start) + state.body_timeout;
+    let mut progress = tokio::time::Instant::now();
+    // One timer, moved on only when it fires (not at every chunk): at the idle timeout after the
+    // last progress, or the deadline if sooner.
+    let timer = tokio::time::sleep_until((progress + idle).min(deadline));
+    tokio::pin!(timer);
+    loop {
+        tokio::select! {
+            biased;
+            frame = body.frame() => match frame {
+                Some(frame) => {
+                    if !collected.push(frame)? {
+                        return collected.finish();
+                    }
+                    progress = tokio::time::Instant::now();
+                }
+                None => return collected.finish(),
+            },
+            () = reader.displaced() => return Err(RequestError::Displaced),
+            () = &mut timer => {
+                let now = tokio::time::Instant::now();
+                if now >= deadline {
+                    return Err(RequestError::Timeout(state.body_timeout));
+                }
+                if now >= progress + idle {
+                    return Err(RequestError::Stalled(idle));
+                }
+                timer.as_mut().reset((progress + idle).min(deadline));
+            }
+        }
     }
 }
 
-/// Reads a body of at most `limit` bytes. A longer one is read on (and dropped) up to
+/// A body being read: at most `limit` bytes kept; a longer one is read on (and dropped) up to
 /// [`DRAIN_LIMIT`] bytes more, then refused with [`RequestError::TooLarge`].
-async fn collect_limited(mut body: Body, limit: usize) -> std::result::Result<bytes::Bytes, RequestError> {
-    let mut chunks: Vec<bytes::Bytes> = Vec::new();
-    let mut seen = 0usize;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| RequestError::Body(e.to_string()))?;
-        let Ok(data) = frame.into_data() else { continue };
-        seen = seen.saturating_add(data.len());
-        if seen <= limit {
-            chunks.push(data);
-        } else if seen > limit.saturating_add(DRAIN_LIMIT) {
-            break;
+struct Collected {
+    chunks: Vec<bytes::Bytes>,
+    seen: usize,
+    limit: usize,
+}
+
+impl Collected {
+    fn new(limit: usize) -> Self {
+        Collected {
+            chunks: Vec::new(),
+            seen: 0,
+            limit,
         }
     }
-    if seen > limit {
-        return Err(RequestError::TooLarge { limit });
+
+    /// Takes one frame; `Ok(false)` when reading on is pointless (over the limit and the drain).
+    fn push(
+        &mut self,
+        frame: std::result::Result<hyper::body::Frame<bytes::Bytes>, axum::Error>,
+    ) -> std::result::Result<bool, RequestError> {
+        let frame = frame.map_err(|e| RequestError::Body(e.to_string()))?;
+        let Ok(data) = frame.into_data() else { return Ok(true) };
+        self.seen = self.seen.saturating_add(data.len());
+        if self.seen <= self.limit {
+            self.chunks.push(data);
+        }
+        Ok(self.seen <= self.limit.saturating_add(DRAIN_LIMIT))
     }
-    Ok(match chunks.len() {
-        0 => bytes::Bytes::new(),
-        1 => chunks.swap_remove(0),
-        _ => chunks.concat().into(),
-    })
+
+    /// The body, or [`RequestError::TooLarge`].
+    fn finish(mut self) -> std::result::Result<bytes::Bytes, RequestError> {
+        if self.seen > self.limit {
+            return Err(RequestError::TooLarge { limit: self.limit });
+        }
+        Ok(match self.chunks.len() {
+            0 => bytes::Bytes::new(),
+            1 => self.chunks.swap_remove(0),
+            _ => self.chunks.concat().into(),
+        })
+    }
 }
 
 /// How much of a body over the limit is still read (and dropped) before the 413 goes out, so
@@ -103,37 +194,61 @@ async fn collect_limited(mut body: Body, limit: usize) -> std::result::Result<by
 /// body, by its declared length, is refused without reading.
 const DRAIN_LIMIT: usize = 1024 * 1024;
 
+/// A refusal with `Retry-After: 1`, which the API server's webhook client honours by retrying.
+fn shed_response(error: &RequestError) -> Response {
+    let mut response = error_response(error);
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
 async fn admit(state: AppState, route: Route, request: Request<Body>) -> Response {
     let start = Instant::now();
-    // A slot before the body is read, held until the answer is made: at most
-    // `max_concurrent_reviews` bodies are in memory. None free: shed at once, never queue.
-    let Ok(_slot) = state.reviews.clone().try_acquire_owned() else {
+    // The whole body first, under the bounds of bodies in flight: a slow body holds no review
+    // slot.
+    let body = match read_body(&state, request, start).await {
+        Ok(body) => body,
+        Err(error) => {
+            state
+                .metrics
+                .observe_error(route, &error, start.elapsed().as_secs_f64());
+            match error {
+                RequestError::BodiesBusy(_) => {
+                    state.metrics.observe_shed(route);
+                    return shed_response(&error);
+                }
+                // A slow client's, counted by reason; at debug, so that many of them do not
+                // flood the log.
+                RequestError::Timeout(_) | RequestError::Stalled(_) | RequestError::Displaced => {
+                    tracing::debug!(path = route.path(), reason = error.reason(), error = %error, "slow request body")
+                }
+                _ => {
+                    tracing::info!(path = route.path(), reason = error.reason(), error = %error, "bad admission request")
+                }
+            }
+            return error_response(&error);
+        }
+    };
+    // A review slot for the review itself. None free: shed at once, never queue.
+    let Ok(_slot) = state.reviews.try_acquire() else {
         let error = RequestError::Overloaded(state.max_concurrent_reviews);
         state.metrics.observe_shed(route);
         state
             .metrics
             .observe_error(route, &error, start.elapsed().as_secs_f64());
-        let mut response = error_response(&error);
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        return response;
+        return shed_response(&error);
     };
-    let result = match read_body(&state, request).await {
-        Ok(body) => {
-            let policy = state.policy.current();
-            review(
-                route,
-                &body,
-                &policy,
-                Catalogs {
-                    nodes: state.nodes.as_ref(),
-                    classes: state.classes.as_ref(),
-                },
-            )
-        }
-        Err(e) => Err(e),
-    };
+    let policy = state.policy.current();
+    let result = review(
+        route,
+        &body,
+        &policy,
+        Catalogs {
+            nodes: state.nodes.as_ref(),
+            classes: state.classes.as_ref(),
+        },
+    );
     let seconds = start.elapsed().as_secs_f64();
     match result {
         Ok(reviewed) => {
@@ -270,19 +385,23 @@ pub async fn serve_tls(
     })?;
     let config = smolvm_certs::server_config(resolver)?;
     let tls = axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(config));
-    let mut server = axum_server::from_tcp_rustls(listener, tls)
+    let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(tls).handshake_timeout(HANDSHAKE_TIMEOUT);
+    let mut server = axum_server::from_tcp(listener)
         .map_err(|source| Error::Serve {
             what: "webhook",
             source,
         })?
-        .map(H2NoDelay)
+        .acceptor(H2NoDelay(acceptor))
         .handle(handle);
     {
         let builder = server.http_builder();
+        // A connection's request head, and the next one on a kept-alive connection, within the
+        // header timeout (the API server sends a head at once); then the body's own bounds
+        // (see `read_body`).
         builder
             .http1()
             .timer(TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(10));
+            .header_read_timeout(HEADER_READ_TIMEOUT);
         // At most as many streams per connection as there are review slots: more could only
         // be shed, and each open stream may buffer up to a window of body.
         builder

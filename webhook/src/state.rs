@@ -142,6 +142,18 @@ impl ClassCatalog for ClassStore {
 /// cache.
 pub const DEFAULT_MAX_CONCURRENT_REVIEWS: usize = 32;
 
+/// Bodies read at once while they are still arriving, by default. Each holds at most one body
+/// of `--body-limit` (1 MiB), so 64 bound what slow clients can make the webhook hold near
+/// 64 MiB; a review's body that is all there when it is read (the API server's are) takes none.
+pub const DEFAULT_MAX_CONCURRENT_BODIES: usize = 64;
+
+/// How long a body still arriving may go without a byte, by default.
+pub const DEFAULT_BODY_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The deadline for a whole body, from the request's start, by default: the shipped webhook
+/// configurations give the API server's call 5 s in all.
+pub const DEFAULT_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 #[derive(Clone)]
 pub struct AppState {
     /// The policy in force.
@@ -156,18 +168,27 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Largest accepted body, bytes.
     pub body_limit: usize,
-    /// How long a request body may take to arrive.
+    /// How long a request body may take to arrive, from the request's start.
     pub body_timeout: std::time::Duration,
-    /// Review slots: a request holds one from before its body is read until it is answered, so
-    /// at most this many bodies are in memory at once; a request finding none is shed (429).
+    /// How long a body still arriving may go without a byte.
+    pub body_idle_timeout: std::time::Duration,
+    /// Reader slots: a request whose body is still arriving holds one while it is read; a
+    /// request finding none displaces the longest-held one, or is shed (429) before its body is
+    /// read when none frees.
+    pub bodies: Arc<crate::bodies::Readers>,
+    /// The number of reader slots.
+    pub max_concurrent_bodies: usize,
+    /// Review slots: a request holds one once its whole body is in, until it is answered; a
+    /// request finding none is shed (429).
     pub reviews: Arc<tokio::sync::Semaphore>,
     /// The number of review slots.
     pub max_concurrent_reviews: usize,
 }
 
 impl AppState {
-    /// State with the given policy and node catalogue, no classes, default limits (1 MiB, 10 s,
-    /// [`DEFAULT_MAX_CONCURRENT_REVIEWS`] reviews at once).
+    /// State with the given policy and node catalogue, no classes, default limits (1 MiB,
+    /// [`DEFAULT_BODY_TIMEOUT`], [`DEFAULT_BODY_IDLE_TIMEOUT`], [`DEFAULT_MAX_CONCURRENT_BODIES`]
+    /// bodies and [`DEFAULT_MAX_CONCURRENT_REVIEWS`] reviews at once).
     pub fn new(policy: PolicyHandle, nodes: Arc<dyn NodeCatalog + Send + Sync>) -> Self {
         AppState {
             policy,
@@ -176,7 +197,10 @@ impl AppState {
             readiness: Arc::new(Readiness::default()),
             metrics: Arc::new(Metrics::new()),
             body_limit: 1024 * 1024,
-            body_timeout: std::time::Duration::from_secs(10),
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            body_idle_timeout: DEFAULT_BODY_IDLE_TIMEOUT,
+            bodies: Arc::new(crate::bodies::Readers::new(DEFAULT_MAX_CONCURRENT_BODIES)),
+            max_concurrent_bodies: DEFAULT_MAX_CONCURRENT_BODIES,
             reviews: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_CONCURRENT_REVIEWS)),
             max_concurrent_reviews: DEFAULT_MAX_CONCURRENT_REVIEWS,
         }
@@ -185,6 +209,14 @@ impl AppState {
     /// Sets the SmolVMClass catalogue.
     pub fn with_classes(mut self, classes: Arc<dyn ClassCatalog + Send + Sync>) -> Self {
         self.classes = classes;
+        self
+    }
+
+    /// Sets the number of reader slots for bodies still arriving.
+    pub fn with_max_concurrent_bodies(mut self, n: usize) -> Self {
+        let n = n.max(1);
+        self.bodies = Arc::new(crate::bodies::Readers::new(n));
+        self.max_concurrent_bodies = n;
         self
     }
 

@@ -13,6 +13,9 @@
 //!   its connection, and that wait counts. `send-late` reports how late requests went out.
 //!   Every non-200 answer counts as an error.
 //!
+//! - `trickle`: clients that send their bodies one byte at a time while reviews are sent; prints
+//!   the reviews' answers and latency (issue 30's reproduction).
+//!
 //! It verifies the server certificate against the generated CA, like every client here.
 
 use std::{
@@ -92,6 +95,189 @@ enum Command {
         #[arg(long, default_value = "localhost")]
         server_name: String,
     },
+    /// Trickle (issue 30): N clients send a review's head, then its body one byte every
+    /// `--interval-ms` (reconnecting when answered or dropped), while one client sends reviews
+    /// at `--rate` per second; prints the reviews' answers by status and their latency, and how
+    /// the trickles were answered.
+    Trickle {
+        #[arg(long)]
+        addr: SocketAddr,
+        #[arg(long, default_value = "/validate/smolvms")]
+        path: String,
+        /// The reviews' protocol, 1 or 2 (the API server uses 2); the trickles use HTTP/1.1.
+        #[arg(long, default_value_t = 2)]
+        http: u8,
+        #[arg(long, default_value_t = 40)]
+        tricklers: usize,
+        #[arg(long, default_value_t = 1000)]
+        interval_ms: u64,
+        /// Reviews per second.
+        #[arg(long, default_value_t = 20)]
+        rate: u64,
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        #[arg(long)]
+        ca: PathBuf,
+        #[arg(long)]
+        body: PathBuf,
+        #[arg(long, default_value = "localhost")]
+        server_name: String,
+    },
+}
+
+/// One trickling client: a review's head, then its body a byte at a time, reconnecting when
+/// answered or dropped, until `end`. Returns its answers by status.
+async fn trickler(
+    addr: SocketAddr,
+    config: std::sync::Arc<rustls::ClientConfig>,
+    name: rustls::pki_types::ServerName<'static>,
+    body: Bytes,
+    interval: Duration,
+    end: Instant,
+) -> std::collections::BTreeMap<u16, u64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut answers: std::collections::BTreeMap<u16, u64> = Default::default();
+    while Instant::now() < end {
+        let Ok(tcp) = tokio::net::TcpStream::connect(addr).await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let Ok(mut tls) = tokio_rustls::TlsConnector::from(config.clone())
+            .connect(name.clone(), tcp)
+            .await
+        else {
+            continue;
+        };
+        let head = format!(
+            "POST /validate/smolvms HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        if tls.write_all(head.as_bytes()).await.is_err() {
+            continue;
+        }
+        let mut buf = vec![0u8; 4096];
+        for byte in body.iter() {
+            if Instant::now() >= end {
+                return answers;
+            }
+            if tls.write_all(std::slice::from_ref(byte)).await.is_err() || tls.flush().await.is_err() {
+                break;
+            }
+            match tokio::time::timeout(interval, tls.read(&mut buf)).await {
+                Err(_) => continue,
+                Ok(Ok(n)) if n > 0 => {
+                    let status = String::from_utf8_lossy(&buf[..n])
+                        .split(' ')
+                        .nth(1)
+                        .and_then(|c| c.parse().ok())
+                        .unwrap_or(0);
+                    *answers.entry(status).or_default() += 1;
+                    break;
+                }
+                Ok(_) => {
+                    *answers.entry(0).or_default() += 1;
+                    break;
+                }
+            }
+        }
+    }
+    answers
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn trickle(
+    addr: SocketAddr,
+    path: String,
+    version: Version,
+    tricklers: usize,
+    interval: Duration,
+    rate: u64,
+    seconds: u64,
+    ca: PathBuf,
+    body: PathBuf,
+    server_name: String,
+) -> Result<(), String> {
+    let ca_pem = std::fs::read_to_string(&ca).map_err(|e| format!("{}: {e}", ca.display()))?;
+    let body = Bytes::from(std::fs::read(&body).map_err(|e| e.to_string())?);
+    let raw_config = client::tls_config(&ca_pem, Version::Http1).map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from(server_name.clone()).map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let end = start + Duration::from_secs(seconds) + Duration::from_secs(2);
+    let mut trickles = Vec::new();
+    for _ in 0..tricklers {
+        trickles.push(tokio::spawn(trickler(
+            addr,
+            raw_config.clone(),
+            name.clone(),
+            body.clone(),
+            interval,
+            end,
+        )));
+    }
+    // The trickles get their heads in first.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let config = client::tls_config(&ca_pem, version).map_err(|e| e.to_string())?;
+    let mut conn = client::connect(addr, &server_name, config.clone(), version)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut statuses: std::collections::BTreeMap<u16, u64> = Default::default();
+    let mut latency = Vec::new();
+    let every = Duration::from_micros(1_000_000 / rate.max(1));
+    let mut due = Instant::now();
+    let stop = due + Duration::from_secs(seconds);
+    while due < stop {
+        tokio::time::sleep_until(due.into()).await;
+        let sent = Instant::now();
+        // The API server gives a call 5 s (the shipped timeoutSeconds).
+        match tokio::time::timeout(Duration::from_secs(5), conn.post_json(&path, body.clone())).await {
+            Ok(Ok((status, _))) => {
+                *statuses.entry(status).or_default() += 1;
+                if status == 200 {
+                    latency.push(sent.elapsed().as_micros() as u64);
+                }
+            }
+            Ok(Err(_)) | Err(_) => {
+                *statuses.entry(0).or_default() += 1;
+                conn = client::connect(addr, &server_name, config.clone(), version)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        due += every;
+    }
+    let mut shed: std::collections::BTreeMap<u16, u64> = Default::default();
+    for t in trickles {
+        for (status, n) in t.await.map_err(|e| e.to_string())? {
+            *shed.entry(status).or_default() += n;
+        }
+    }
+    latency.sort_unstable();
+    let show = |m: &std::collections::BTreeMap<u16, u64>| {
+        m.iter()
+            .map(|(s, n)| {
+                format!(
+                    "{}: {n}",
+                    if *s == 0 {
+                        "no answer".to_string()
+                    } else {
+                        s.to_string()
+                    }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "trickle {path} HTTP/{}: {tricklers} clients at 1 byte/{}ms; {} reviews at {rate}/s answered {{{}}} p50={:.3}ms p99={:.3}ms; trickles answered early {{{}}}",
+        if version == Version::Http2 { 2 } else { 1 },
+        interval.as_millis(),
+        statuses.values().sum::<u64>(),
+        show(&statuses),
+        percentile(&latency, 0.50),
+        percentile(&latency, 0.99),
+        show(&shed),
+    );
+    Ok(())
 }
 
 /// A review of exactly `bytes` bytes (or the smallest one over the realistic review), padded
@@ -508,6 +694,38 @@ fn main() -> std::process::ExitCode {
                         shape,
                         pid,
                         ca,
+                        server_name,
+                    ))
+                })
+        }
+        Command::Trickle {
+            addr,
+            path,
+            http,
+            tricklers,
+            interval_ms,
+            rate,
+            seconds,
+            ca,
+            body,
+            server_name,
+        } => {
+            let version = if http == 2 { Version::Http2 } else { Version::Http1 };
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+                .and_then(|rt| {
+                    rt.block_on(trickle(
+                        addr,
+                        path,
+                        version,
+                        tricklers,
+                        Duration::from_millis(interval_ms.max(1)),
+                        rate,
+                        seconds,
+                        ca,
+                        body,
                         server_name,
                     ))
                 })

@@ -47,6 +47,9 @@ pub enum RequestError {
     /// The body did not arrive in time.
     #[error("the request body did not arrive within {0:?}")]
     Timeout(std::time::Duration),
+    /// No byte of the body came for the idle timeout.
+    #[error("the request body stalled: no data for {0:?}")]
+    Stalled(std::time::Duration),
     /// Reading the body failed.
     #[error("reading the request body failed: {0}")]
     Body(String),
@@ -61,6 +64,14 @@ pub enum RequestError {
     /// the webhook's timeout).
     #[error("the webhook is answering {0} reviews already; retry shortly")]
     Overloaded(usize),
+    /// Every reader slot for bodies still arriving is busy: the request is shed at once, with
+    /// `Retry-After`, before its body is read.
+    #[error("the webhook is reading {0} request bodies already; retry shortly")]
+    BodiesBusy(usize),
+    /// Every reader slot was taken and this body, still arriving, had held its slot longest:
+    /// it gave the slot up to a newer request.
+    #[error("the request body was arriving too slowly while others waited; send it at once")]
+    Displaced,
 }
 
 impl RequestError {
@@ -73,11 +84,11 @@ impl RequestError {
             | RequestError::Malformed(_)
             | RequestError::Body(_) => 400,
             RequestError::MethodNotAllowed(_) => 405,
-            RequestError::Timeout(_) => 408,
+            RequestError::Timeout(_) | RequestError::Stalled(_) | RequestError::Displaced => 408,
             RequestError::TooLarge { .. } => 413,
             RequestError::UnsupportedMediaType(_) => 415,
             RequestError::Internal(_) => 500,
-            RequestError::Overloaded(_) => 429,
+            RequestError::Overloaded(_) | RequestError::BodiesBusy(_) => 429,
         }
     }
 
@@ -91,10 +102,13 @@ impl RequestError {
             RequestError::TooLarge { .. } => "RequestEntityTooLarge",
             RequestError::UnsupportedMediaType(_) => "UnsupportedMediaType",
             RequestError::Timeout(_) => "Timeout",
+            RequestError::Stalled(_) => "BodyStalled",
             RequestError::Body(_) => "BadBody",
             RequestError::MethodNotAllowed(_) => "MethodNotAllowed",
             RequestError::Internal(_) => "InternalError",
             RequestError::Overloaded(_) => "TooManyRequests",
+            RequestError::BodiesBusy(_) => "TooManyBodies",
+            RequestError::Displaced => "BodyDisplaced",
         }
     }
 

@@ -1,0 +1,195 @@
+//! Reader slots for request bodies still arriving.
+//!
+//! A fixed number of slots, each stamped with when its reader took it. When every slot is
+//! taken, a newcomer displaces the reader that has held its slot longest (it is told, answers
+//! 408 and frees the slot) and waits a short while for a slot to free. A review's body comes in
+//! milliseconds; a body that trickles holds a slot for seconds. So however many clients
+//! trickle, a body that is actually arriving gets a slot, and a slow one loses it first.
+//!
+//! Lock-free on the way in and out: a semaphore's `try_acquire`, one compare-and-swap for a
+//! free slot, a store when done. Only a newcomer finding every slot taken scans the slots and
+//! waits on the semaphore.
+
+use std::{
+    sync::atomic::{AtomicBool, AtomicU64, Ordering},
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use futures::task::AtomicWaker;
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+/// One slot: when its reader took it (microseconds since [`Readers`] began, plus one; zero when
+/// free), whether a newcomer displaced it, and the reader's task to wake when it is.
+#[derive(Default)]
+struct Slot {
+    started: AtomicU64,
+    displaced: AtomicBool,
+    waker: AtomicWaker,
+}
+
+/// The reader slots.
+pub struct Readers {
+    permits: Semaphore,
+    slots: Box<[Slot]>,
+    epoch: Instant,
+}
+
+impl Readers {
+    /// `n` slots (at least one).
+    pub fn new(n: usize) -> Self {
+        let n = n.max(1);
+        Readers {
+            permits: Semaphore::new(n),
+            slots: (0..n).map(|_| Slot::default()).collect(),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// The number of slots.
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// A free slot, if there is one.
+    pub fn try_take(&self) -> Option<Reader<'_>> {
+        self.permits.try_acquire().ok().map(|permit| self.claim(permit))
+    }
+
+    /// A slot when every one is taken: displaces the reader that has held its slot longest,
+    /// then waits up to `wait` for a slot. `None` when none frees in time.
+    pub async fn take_displacing(&self, wait: Duration) -> Option<Reader<'_>> {
+        if let Some(reader) = self.try_take() {
+            return Some(reader);
+        }
+        self.displace_oldest();
+        let permit = tokio::time::timeout(wait, self.permits.acquire()).await.ok()?.ok()?;
+        Some(self.claim(permit))
+    }
+
+    /// Marks the longest-held slot not yet displaced as displaced, and wakes its reader.
+    fn displace_oldest(&self) {
+        let oldest = self
+            .slots
+            .iter()
+            .filter(|s| !s.displaced.load(Ordering::Acquire))
+            .filter_map(|s| match s.started.load(Ordering::Acquire) {
+                0 => None,
+                started => Some((started, s)),
+            })
+            .min_by_key(|(started, _)| *started);
+        if let Some((_, slot)) = oldest
+            && !slot.displaced.swap(true, Ordering::AcqRel)
+        {
+            slot.waker.wake();
+        }
+    }
+
+    /// Stamps a free slot for `permit`'s holder. Every permit has a free slot: a reader frees its
+    /// slot before its permit.
+    fn claim<'a>(&'a self, permit: SemaphorePermit<'a>) -> Reader<'a> {
+        let now = u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX - 1) + 1;
+        let index = self
+            .slots
+            .iter()
+            .position(|s| {
+                s.started
+                    .compare_exchange(0, now, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            })
+            // Unreachable while slots and permits match; the first slot then serves, shared.
+            .unwrap_or(0);
+        Reader {
+            readers: self,
+            index,
+            _permit: permit,
+        }
+    }
+}
+
+/// A taken slot, freed when dropped.
+pub struct Reader<'a> {
+    readers: &'a Readers,
+    index: usize,
+    // Dropped after `drop` frees the slot.
+    _permit: SemaphorePermit<'a>,
+}
+
+impl Reader<'_> {
+    fn slot(&self) -> Option<&Slot> {
+        self.readers.slots.get(self.index)
+    }
+
+    /// Ready once a newcomer displaced this reader; registers the task to be woken then.
+    pub fn poll_displaced(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(slot) = self.slot() else { return Poll::Pending };
+        if slot.displaced.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        slot.waker.register(cx.waker());
+        if slot.displaced.load(Ordering::Acquire) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Resolves once a newcomer displaced this reader.
+    pub async fn displaced(&self) {
+        std::future::poll_fn(|cx| self.poll_displaced(cx)).await
+    }
+}
+
+impl Drop for Reader<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot() {
+            slot.displaced.store(false, Ordering::Release);
+            slot.started.store(0, Ordering::Release);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_newcomer_displaces_the_longest_held_slot() {
+        let readers = Readers::new(2);
+        let first = readers.try_take();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let second = readers.try_take();
+        let (Some(first), Some(second)) = (first, second) else {
+            panic!("two free slots")
+        };
+        assert!(readers.try_take().is_none(), "both taken");
+
+        // The newcomer displaces the first reader, which is told and gives its slot up.
+        let newcomer = readers.take_displacing(Duration::from_secs(30));
+        let gives_up = async {
+            first.displaced().await;
+            drop(first);
+        };
+        let (newcomer, ()) = tokio::join!(newcomer, gives_up);
+        assert!(newcomer.is_some(), "the newcomer got the freed slot");
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(
+            second.poll_displaced(&mut cx).is_pending(),
+            "the younger reader keeps its slot"
+        );
+
+        // A displaced reader that does not give its slot up: the next newcomer displaces the
+        // other reader, and with neither freeing a slot, it is refused after its wait.
+        let refused = readers.take_displacing(Duration::from_millis(20)).await;
+        assert!(refused.is_none());
+        assert!(
+            second.poll_displaced(&mut cx).is_ready(),
+            "the oldest left was displaced"
+        );
+        drop(second);
+        drop(newcomer);
+        assert!(readers.try_take().is_some(), "slots free again");
+        assert_eq!(readers.capacity(), 2);
+    }
+}
