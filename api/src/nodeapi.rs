@@ -80,13 +80,18 @@ pub enum ErrorCode {
     /// 429: the machine or the node has as many exec and log-follow streams open as it allows;
     /// `details.scope` (`machine` or `node`) and `details.limit` say which. Retry when one ends.
     TooManyStreams,
+    /// 429: the node holds as many bytes of file uploads at once as it allows (the files
+    /// route keeps an upload in memory until smolvm has it); `details.limit` is that budget in
+    /// bytes and `details.requested` what this upload asked for. Answered before the body is
+    /// read when its length is declared. Retry when another upload ends.
+    TooManyBytes,
     /// A code this build does not know, as sent.
     Other(String),
 }
 
 impl ErrorCode {
     /// Every code this build knows.
-    pub const KNOWN: [ErrorCode; 20] = [
+    pub const KNOWN: [ErrorCode; 21] = [
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
@@ -107,6 +112,7 @@ impl ErrorCode {
         ErrorCode::RuntimeUnavailable,
         ErrorCode::RuntimeTimeout,
         ErrorCode::TooManyStreams,
+        ErrorCode::TooManyBytes,
     ];
 
     /// The wire spelling of a code this build knows.
@@ -132,6 +138,7 @@ impl ErrorCode {
             ErrorCode::RuntimeUnavailable => "RuntimeUnavailable",
             ErrorCode::RuntimeTimeout => "RuntimeTimeout",
             ErrorCode::TooManyStreams => "TooManyStreams",
+            ErrorCode::TooManyBytes => "TooManyBytes",
             ErrorCode::Other(_) => return None,
         })
     }
@@ -164,7 +171,7 @@ impl ErrorCode {
             | ErrorCode::MachineNotRunning
             | ErrorCode::Conflict => 409,
             ErrorCode::PayloadTooLarge => 413,
-            ErrorCode::TooManyStreams => 429,
+            ErrorCode::TooManyStreams | ErrorCode::TooManyBytes => 429,
             ErrorCode::StartFailed | ErrorCode::RuntimeError => 500,
             ErrorCode::RuntimeProtocolError => 502,
             ErrorCode::RuntimeUnavailable => 503,

@@ -2,6 +2,7 @@
 //! `smolvm-runtime`) share, so that they look alike from outside and carry one copy of the
 //! plumbing, as kubert does for linkerd's controllers:
 //!
+//! - [`accept`]: the connection, handshake and handshake-time bounds of a TLS listener;
 //! - [`cli`]: the flag vocabulary (`--ops-address`, `--log-format json|text`, durations such as
 //!   `10s` parsed by one function) and the retired spellings, still accepted with a warning;
 //! - [`log`]: the tracing set-up;
@@ -11,6 +12,7 @@
 //! - [`selfsigned`]: a CA and serving certificate in a shared Secret, injected as `caBundle`
 //!   where the API server needs it, renewed and hot-swapped (the webhook, the access API).
 
+pub mod accept;
 pub mod cli;
 pub mod error;
 pub mod log;

@@ -106,7 +106,9 @@ impl Agent {
             Some(dir) => state.with_workload_records(dir),
             None => state,
         };
-        let state = state.with_stream_limits(options.limits.streams);
+        let state = state
+            .with_stream_limits(options.limits.streams)
+            .with_upload_budget(options.limits.upload_bytes);
         let state = state.with_host_ports(host_ports);
         let state = match &options.guards.image_records {
             Some(dir) => state.with_images(Arc::new(
@@ -142,11 +144,13 @@ impl Agent {
                 std::fs::read_to_string(path).map_err(|e| Error::io("reading the client CA", path, e))?
             }
         };
-        let mut node_api = MtlsServer::start(
+        let mut node_api = MtlsServer::start_bounded(
             options.node_api_listener,
             router(state),
             options.resolver,
             &client_ca_pem,
+            crate::nodeapi::tls::NodeApiBounds::default(),
+            Some(metrics.clone()),
         )?;
         metrics.set_serving_cert_loaded(true);
         if let ClientCa::File(path) = options.client_ca {

@@ -82,6 +82,10 @@ pub struct Flags {
     /// Most exec and log-follow streams open at once on the node, all machines together.
     #[arg(long, env = "SMOLVM_RUNTIME_MAX_STREAMS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_streams: u32,
+    /// Bytes of file uploads the node API holds at once, all callers together (an upload is
+    /// held whole until smolvm has it); more are answered 429 TooManyBytes.
+    #[arg(long, env = "SMOLVM_RUNTIME_MAX_UPLOAD_BYTES", default_value_t = 256 << 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_upload_bytes: u64,
     /// Bearer token file (the `smolvm-runtime-auth` Secret), re-read on change.
     #[arg(
         long,

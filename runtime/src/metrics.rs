@@ -41,6 +41,13 @@ struct RefusedLabels {
     reason: &'static str,
 }
 
+/// Label: which bound of the node API's listener closed a connection (`connections`,
+/// `handshakes`, `handshake_timeout`; [`smolvm_kit::accept::Closed`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
 /// Label: how a guest boot check ended (`Booted`, or the cause it failed with).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
@@ -68,6 +75,7 @@ pub struct Metrics {
     open_forwards: Gauge,
     forward_refused: Family<RefusedLabels, Counter>,
     forward_idle_closed: Family<ProtocolLabel, Counter>,
+    node_api_closed: Family<ReasonLabel, Counter>,
     serving_cert_loaded: AtomicBool,
     guest_bootable: Gauge,
     canary_boot: Histogram,
@@ -125,6 +133,12 @@ impl Default for Metrics {
             "Forwarded TCP connections closed after the idle timeout without a byte either way",
             forward_idle_closed.clone(),
         );
+        let node_api_closed = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "node_api_connections_closed",
+            "Node API connections closed by a bound of the listener before any request: at once when the open connections (reason connections) or the TLS handshakes in progress (handshakes) are at their cap, or when a handshake did not finish in time (handshake_timeout)",
+            node_api_closed.clone(),
+        );
         let guest_bootable = Gauge::default();
         registry.register(
             "guest_bootable",
@@ -161,6 +175,7 @@ impl Default for Metrics {
             open_forwards,
             forward_refused,
             forward_idle_closed,
+            node_api_closed,
             serving_cert_loaded: AtomicBool::new(false),
             guest_bootable,
             canary_boot,
@@ -234,6 +249,17 @@ impl Metrics {
             .unwrap_or(0)
     }
 
+    /// Counts one node API connection closed by a bound of its listener (`reason`: see
+    /// [`smolvm_kit::accept::Closed::as_str`]).
+    pub fn inc_node_api_closed(&self, reason: &'static str) {
+        self.node_api_closed.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// Closures counted by [`Metrics::inc_node_api_closed`].
+    pub fn node_api_closed(&self, reason: &'static str) -> u64 {
+        self.node_api_closed.get(&ReasonLabel { reason }).map_or(0, |c| c.get())
+    }
+
     /// Counts one restart of `smolvm serve`.
     pub fn inc_smolvm_restarts(&self) {
         self.smolvm_restarts.inc();
@@ -304,6 +330,7 @@ mod tests {
         metrics.set_runtime_ready(true);
         metrics.inc_forward_refused("tcp", "port");
         metrics.inc_forward_idle_closed("tcp");
+        metrics.inc_node_api_closed("connections");
         let text = metrics.encode();
         for line in [
             "smolvm_runtime_node_api_requests_total{operation=\"GetMachine\",code=\"OK\"} 1",
@@ -316,6 +343,7 @@ mod tests {
             "smolvm_runtime_runtime_ready 1",
             "smolvm_runtime_forward_refused_total{protocol=\"tcp\",reason=\"port\"} 1",
             "smolvm_runtime_forward_idle_closed_total{protocol=\"tcp\"} 1",
+            "smolvm_runtime_node_api_connections_closed_total{reason=\"connections\"} 1",
             "# EOF",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");

@@ -96,6 +96,8 @@ pub struct NodeApiState {
     pub images: Option<Arc<crate::images::ImageGuard>>,
     /// The exec and log-follow streams open now, capped per machine and per node.
     pub streams: Arc<super::stream::Streams>,
+    /// The bytes of file uploads held at once ([`crate::limits::UploadBudget`]).
+    pub uploads: crate::limits::UploadBudget,
     locks: MachineLocks,
 }
 
@@ -119,6 +121,7 @@ impl NodeApiState {
             host_ports: None,
             images: None,
             streams: super::stream::Streams::new(super::stream::StreamLimits::default()),
+            uploads: crate::limits::UploadBudget::new(crate::limits::DEFAULT_UPLOAD_BYTES),
             locks: Arc::default(),
         }
     }
@@ -126,6 +129,12 @@ impl NodeApiState {
     /// Caps the exec and log-follow streams with `limits` instead of the defaults.
     pub fn with_stream_limits(mut self, limits: super::stream::StreamLimits) -> Self {
         self.streams = super::stream::Streams::new(limits);
+        self
+    }
+
+    /// Holds at most `bytes` of file uploads at once instead of the default.
+    pub fn with_upload_budget(mut self, bytes: usize) -> Self {
+        self.uploads = crate::limits::UploadBudget::new(bytes);
         self
     }
 
@@ -425,9 +434,8 @@ pub fn router(state: NodeApiState) -> Router {
         .route("/v1/machines/{name}/exec", post(exec_in_machine).get(exec_interactive))
         .route(
             "/v1/machines/{name}/files/{*path}",
-            get(read_file)
-                .put(write_file)
-                .layer(DefaultBodyLimit::max(MAX_FILE_BYTES)),
+            // write_file reads its body itself, within MAX_FILE_BYTES and the upload budget.
+            get(read_file).put(write_file).layer(DefaultBodyLimit::disable()),
         )
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -826,30 +834,76 @@ async fn read_file(State(state): State<NodeApiState>, path: Path<(String, String
 
 /// `PUT /v1/machines/{name}/files/{path}?mode=0644`: writes the body (at most
 /// [`MAX_FILE_BYTES`]) as a file in a running machine, its parent directories made.
+///
+/// The upload is held whole until smolvm has it, so it takes its bytes from the node's upload
+/// budget first: its declared length before a byte of the body is read, or each piece as it
+/// arrives when no length is declared. Beyond the budget: 429 `TooManyBytes` (with
+/// Retry-After), the body left unread; a declared length over [`MAX_FILE_BYTES`] or over the
+/// whole budget: 413 `PayloadTooLarge`, also unread.
 async fn write_file(
     State(state): State<NodeApiState>,
     path: Path<(String, String)>,
     axum::extract::RawQuery(query): axum::extract::RawQuery,
-    body: Result<Bytes, BytesRejection>,
+    request: Request,
 ) -> ApiResult {
     let mode = logic::parse_file_mode(query.as_deref().unwrap_or_default())?;
-    let content = body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiFailure::new(
-                ErrorCode::PayloadTooLarge,
-                format!("the file exceeds {MAX_FILE_BYTES} bytes"),
-            )
-        } else {
-            ApiFailure::new(ErrorCode::InvalidRequest, rejection.body_text())
-        }
-    })?;
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let largest = (MAX_FILE_BYTES as u64).min(state.uploads.limit() as u64);
+    if declared.is_some_and(|n| n > largest) {
+        return Err(file_too_large(largest).into());
+    }
     let (name, path) = running_machine_and_path(&state, path, "copying files").await?;
+    let mut hold = crate::limits::UploadHold::default();
+    if let Some(declared) = declared
+        && !state.uploads.take(&mut hold, declared)
+    {
+        return Err(too_many_bytes(&state.uploads, declared).into());
+    }
+    let mut content = bytes::BytesMut::with_capacity(hold.bytes());
+    let mut body = request.into_body().into_data_stream();
+    while let Some(piece) = body.next().await {
+        let piece =
+            piece.map_err(|_| ApiFailure::new(ErrorCode::InvalidRequest, "the file's content could not be read"))?;
+        let total = (content.len() + piece.len()) as u64;
+        if total > largest {
+            return Err(file_too_large(largest).into());
+        }
+        let held = hold.bytes() as u64;
+        if total > held && !state.uploads.take(&mut hold, total - held) {
+            return Err(too_many_bytes(&state.uploads, total).into());
+        }
+        content.extend_from_slice(&piece);
+    }
+    let content = content.freeze();
     let written = content.len();
     state.vmm.write_file(&name, &path, mode, content).await?;
+    drop(hold);
     Ok(ok(
         StatusCode::OK,
         &serde_json::json!({ "path": path, "bytes": written }),
     ))
+}
+
+/// 413 `PayloadTooLarge`: a file over `largest` bytes (the route's limit, or the whole upload
+/// budget when that is smaller).
+fn file_too_large(largest: u64) -> ApiFailure {
+    ApiFailure::new(ErrorCode::PayloadTooLarge, format!("the file exceeds {largest} bytes"))
+}
+
+/// 429 `TooManyBytes`: `requested` bytes do not fit in what `budget` has free now.
+fn too_many_bytes(budget: &crate::limits::UploadBudget, requested: u64) -> ApiFailure {
+    ApiFailure::new(
+        ErrorCode::TooManyBytes,
+        format!(
+            "this node holds {} bytes of file uploads at once, and other uploads hold them now; retry when one ends",
+            budget.limit()
+        ),
+    )
+    .with_details(serde_json::json!({ "limit": budget.limit(), "requested": requested }))
 }
 
 async fn resize_machine(

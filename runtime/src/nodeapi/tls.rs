@@ -7,11 +7,44 @@ use std::time::Duration;
 
 use axum::Router;
 use axum_server::Handle;
-use axum_server::tls_rustls::RustlsConfig;
+use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
+use hyper_util::rt::TokioTimer;
 use smolvm_certs::{ReloadableResolver, mtls_server_config};
+use smolvm_kit::accept::{AcceptBounds, Bounded, OnClosed};
 use tokio::task::JoinHandle;
 
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+
+/// What one client may hold on the node API's listener before and around its requests (SPEC
+/// 6): anyone who reaches the port can open TCP connections, so the connections open at once,
+/// the TLS handshakes in progress and a handshake's length are capped ([`AcceptBounds`]: a
+/// connection beyond a cap is closed at once), and a request's headers must arrive in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeApiBounds {
+    /// Connections, handshakes in progress, the time for one handshake.
+    pub accept: AcceptBounds,
+    /// Time for a request's headers to arrive (HTTP/1.1).
+    pub header_timeout: Duration,
+    /// Streams at once on one HTTP/2 connection.
+    pub max_h2_streams: u32,
+}
+
+impl Default for NodeApiBounds {
+    /// 256 connections, 64 handshakes at once of 5 s at most, 10 s for headers, 256 streams
+    /// on an HTTP/2 connection.
+    fn default() -> Self {
+        Self {
+            accept: AcceptBounds {
+                max_connections: 256,
+                max_handshakes: 64,
+                handshake_timeout: Duration::from_secs(5),
+            },
+            header_timeout: Duration::from_secs(10),
+            max_h2_streams: 256,
+        }
+    }
+}
 
 /// A running HTTPS (mTLS) server.
 pub struct MtlsServer {
@@ -64,12 +97,32 @@ fn apply_client_ca(
 
 impl MtlsServer {
     /// Serves `router` on `listener` with the resolver's certificate; clients must present a
-    /// certificate chaining to `client_ca_pem`.
+    /// certificate chaining to `client_ca_pem`. Within the default [`NodeApiBounds`].
     pub fn start(
         listener: std::net::TcpListener,
         router: Router,
         resolver: Arc<ReloadableResolver>,
         client_ca_pem: &str,
+    ) -> Result<Self> {
+        Self::start_bounded(
+            listener,
+            router,
+            resolver,
+            client_ca_pem,
+            NodeApiBounds::default(),
+            None,
+        )
+    }
+
+    /// As [`MtlsServer::start`], within `bounds`; each connection a bound closes is counted in
+    /// `metrics` (`node_api_connections_closed`).
+    pub fn start_bounded(
+        listener: std::net::TcpListener,
+        router: Router,
+        resolver: Arc<ReloadableResolver>,
+        client_ca_pem: &str,
+        bounds: NodeApiBounds,
+        metrics: Option<Arc<Metrics>>,
     ) -> Result<Self> {
         let config = mtls_server_config(resolver.clone(), client_ca_pem)?;
         let rustls = RustlsConfig::from_config(Arc::new(config));
@@ -82,12 +135,32 @@ impl MtlsServer {
             message: e.to_string(),
         })?;
         let handle = Handle::new();
-        let server = axum_server::from_tcp_rustls(listener, rustls.clone())
+        let mut acceptor = Bounded::new(
+            RustlsAcceptor::new(rustls.clone()).handshake_timeout(bounds.accept.handshake_timeout),
+            bounds.accept,
+        );
+        if let Some(metrics) = metrics {
+            let count: OnClosed = Arc::new(move |why| metrics.inc_node_api_closed(why.as_str()));
+            acceptor = acceptor.on_closed(count);
+        }
+        let mut server = axum_server::from_tcp(listener)
             .map_err(|e| Error::Serve {
                 what: "node API",
                 message: e.to_string(),
             })?
+            .acceptor(acceptor)
             .handle(handle.clone());
+        let builder = server.http_builder();
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(bounds.header_timeout);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(bounds.max_h2_streams)
+            .keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(10));
         let task = tokio::spawn(server.serve(router.into_make_service()));
         let client_ca = ClientCaInForce::new(client_ca_pem);
         Ok(Self {

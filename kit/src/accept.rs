@@ -1,0 +1,258 @@
+//! Bounds on the connections of a TLS listener served by axum-server (the access API, the
+//! node API), before a byte of HTTP is read: anyone who reaches the port can open a TCP
+//! connection, so [`Bounded`] wraps the listener's acceptor and
+//!
+//! - closes a connection at once when [`AcceptBounds::max_connections`] are open (the slot is
+//!   held for the connection's life, TLS and HTTP),
+//! - closes it at once when [`AcceptBounds::max_handshakes`] handshakes are in progress (the
+//!   slot is held only while the handshake runs),
+//! - closes it when its handshake has not finished within [`AcceptBounds::handshake_timeout`]
+//!   (or the inner acceptor's own timeout, an error of kind `TimedOut`, came first),
+//!
+//! and tells the listener's owner each time ([`Closed`]), for its metrics.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum_server::accept::Accept;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// What a listener's connections may hold before and while they are served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AcceptBounds {
+    /// Connections open at once (handshaking or served); more are closed at once.
+    pub max_connections: usize,
+    /// TLS handshakes in progress at once; more are closed at once.
+    pub max_handshakes: usize,
+    /// Time for a handshake to finish; then the connection is closed.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for AcceptBounds {
+    /// 256 connections, 64 handshakes at once, 5 s for each.
+    fn default() -> Self {
+        Self {
+            max_connections: 256,
+            max_handshakes: 64,
+            handshake_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Why [`Bounded`] closed a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closed {
+    /// At once: [`AcceptBounds::max_connections`] were open.
+    Connections,
+    /// At once: [`AcceptBounds::max_handshakes`] were in progress.
+    Handshakes,
+    /// Its handshake did not finish within [`AcceptBounds::handshake_timeout`].
+    HandshakeTimeout,
+}
+
+impl Closed {
+    /// A stable label (`connections`, `handshakes`, `handshake_timeout`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Closed::Connections => "connections",
+            Closed::Handshakes => "handshakes",
+            Closed::HandshakeTimeout => "handshake_timeout",
+        }
+    }
+}
+
+/// Told each connection [`Bounded`] closes.
+pub type OnClosed = Arc<dyn Fn(Closed) + Send + Sync>;
+
+/// An acceptor (rustls's, or one that wraps it) within [`AcceptBounds`].
+#[derive(Clone)]
+pub struct Bounded<A> {
+    inner: A,
+    connections: Arc<Semaphore>,
+    handshakes: Arc<Semaphore>,
+    handshake_timeout: Duration,
+    on_closed: Option<OnClosed>,
+}
+
+impl<A> Bounded<A> {
+    /// `inner` within `bounds`.
+    pub fn new(inner: A, bounds: AcceptBounds) -> Self {
+        Self {
+            inner,
+            connections: Arc::new(Semaphore::new(bounds.max_connections.min(Semaphore::MAX_PERMITS))),
+            handshakes: Arc::new(Semaphore::new(bounds.max_handshakes.min(Semaphore::MAX_PERMITS))),
+            handshake_timeout: bounds.handshake_timeout,
+            on_closed: None,
+        }
+    }
+
+    /// Tells `on_closed` each connection closed by a bound.
+    pub fn on_closed(mut self, on_closed: OnClosed) -> Self {
+        self.on_closed = Some(on_closed);
+        self
+    }
+}
+
+impl<A, I, S> Accept<I, S> for Bounded<A>
+where
+    A: Accept<I, S>,
+    A::Future: Send + 'static,
+    A::Stream: Send + 'static,
+    A::Service: Send + 'static,
+    I: Send + 'static,
+{
+    type Stream = Held<A::Stream>;
+    type Service = A::Service;
+    type Future = Pin<Box<dyn Future<Output = io::Result<(Self::Stream, Self::Service)>> + Send>>;
+
+    fn accept(&self, stream: I, service: S) -> Self::Future {
+        let on_closed = self.on_closed.clone();
+        let close = move |why: Closed| {
+            tracing::debug!(reason = why.as_str(), "a connection closed by the listener's bounds");
+            if let Some(on_closed) = &on_closed {
+                on_closed(why);
+            }
+            io::Error::other(format!("connection closed: {}", why.as_str()))
+        };
+        // Dropping `stream` closes the connection.
+        let Ok(connection) = self.connections.clone().try_acquire_owned() else {
+            return Box::pin(std::future::ready(Err(close(Closed::Connections))));
+        };
+        let Ok(handshaking) = self.handshakes.clone().try_acquire_owned() else {
+            return Box::pin(std::future::ready(Err(close(Closed::Handshakes))));
+        };
+        let handshake = self.inner.accept(stream, service);
+        let timeout = self.handshake_timeout;
+        Box::pin(async move {
+            let accepted = tokio::time::timeout(timeout, handshake).await;
+            drop(handshaking);
+            match accepted {
+                Ok(Ok((stream, service))) => Ok((
+                    Held {
+                        inner: stream,
+                        _slot: connection,
+                    },
+                    service,
+                )),
+                // The inner acceptor's own timeout (rustls's) counts as this one.
+                Ok(Err(error)) if error.kind() == io::ErrorKind::TimedOut => Err(close(Closed::HandshakeTimeout)),
+                Ok(Err(error)) => Err(error),
+                Err(_) => Err(close(Closed::HandshakeTimeout)),
+            }
+        })
+    }
+}
+
+/// A connection's stream with its slot among [`AcceptBounds::max_connections`], freed when the
+/// connection is dropped.
+pub struct Held<S> {
+    inner: S,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl<S> Held<S> {
+    /// The stream (for instance to read the TLS session's peer certificate).
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Held<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Held<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum_server::accept::DefaultAcceptor;
+
+    /// An acceptor whose handshake never finishes.
+    #[derive(Clone)]
+    struct Stuck;
+
+    impl<I: Send + 'static, S: Send + 'static> Accept<I, S> for Stuck {
+        type Stream = I;
+        type Service = S;
+        type Future = Pin<Box<dyn Future<Output = io::Result<(I, S)>> + Send>>;
+
+        fn accept(&self, _stream: I, _service: S) -> Self::Future {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    fn recorder() -> (OnClosed, Arc<std::sync::Mutex<Vec<Closed>>>) {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let into = seen.clone();
+        let on_closed: OnClosed = Arc::new(move |why| into.lock().unwrap_or_else(|p| p.into_inner()).push(why));
+        (on_closed, seen)
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_are_closed_until_one_goes() {
+        let (on_closed, seen) = recorder();
+        let bounds = AcceptBounds {
+            max_connections: 2,
+            ..AcceptBounds::default()
+        };
+        let acceptor = Bounded::new(DefaultAcceptor, bounds).on_closed(on_closed);
+        let first = acceptor.accept((), ()).await.expect("first");
+        let _second = acceptor.accept((), ()).await.expect("second");
+        assert!(acceptor.accept((), ()).await.is_err());
+        drop(first);
+        assert!(acceptor.accept((), ()).await.is_ok());
+        assert_eq!(*seen.lock().expect("seen"), vec![Closed::Connections]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn handshakes_in_progress_are_capped_and_timed_out() {
+        let (on_closed, seen) = recorder();
+        let bounds = AcceptBounds {
+            max_connections: 8,
+            max_handshakes: 1,
+            handshake_timeout: Duration::from_secs(5),
+        };
+        let acceptor = Bounded::new(Stuck, bounds).on_closed(on_closed);
+        let stuck = acceptor.accept((), ());
+        assert!(acceptor.accept((), ()).await.is_err());
+        assert!(stuck.await.is_err());
+        assert_eq!(
+            *seen.lock().expect("seen"),
+            vec![Closed::Handshakes, Closed::HandshakeTimeout]
+        );
+        // The slot came back with the timeout: the next connection gets to its handshake.
+        assert!(acceptor.accept((), ()).await.is_err());
+        assert_eq!(seen.lock().expect("seen").last(), Some(&Closed::HandshakeTimeout));
+    }
+}
