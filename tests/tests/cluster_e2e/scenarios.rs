@@ -420,23 +420,53 @@ async fn guest_boot_check_reports_then_is_turned_off(ctx: &mut Ctx) -> anyhow::R
         guest.status,
         guest.reason
     );
-    ensure!(!guest.message.contains('\u{1b}'), "the cause is cleaned: {}", guest.message);
+    ensure!(
+        !guest.message.contains('\u{1b}'),
+        "the cause is cleaned: {}",
+        guest.message
+    );
     if guest.status == "True" {
         return Ok(());
     }
     kubectl_ok(
         ctx,
-        &["-n", "smolvm-system", "set", "env", "daemonset/smolvm-runtime", "SMOLVM_RUNTIME_CANARY=off"],
+        &[
+            "-n",
+            "smolvm-system",
+            "set",
+            "env",
+            "daemonset/smolvm-runtime",
+            "SMOLVM_RUNTIME_CANARY=off",
+        ],
         None,
     )?;
-    eventually("GuestBootable withdrawn (check off)", Duration::from_secs(180), || async {
-        Ok(smolvm_node(ctx).await?.filter(|n| {
-            n.status.as_ref().is_some_and(|s| {
-                condition(&s.conditions, "GuestBootable").is_none()
-                    && condition(&s.conditions, "Ready").is_some_and(|c| c.status == "True")
-            })
-        }))
-    })
+    // The DaemonSet updates OnDelete (replacing an agent pod ends its VMs): the pod is replaced
+    // by hand, as docs/operations.md's upgrade says; no VM runs yet.
+    kubectl_ok(
+        ctx,
+        &[
+            "-n",
+            "smolvm-system",
+            "delete",
+            "pod",
+            "-l",
+            "app.kubernetes.io/name=smolvm-runtime",
+            "--wait=false",
+        ],
+        None,
+    )?;
+    eventually(
+        "GuestBootable withdrawn (check off)",
+        Duration::from_secs(180),
+        || async {
+            Ok(smolvm_node(ctx).await?.filter(|n| {
+                n.status.as_ref().is_some_and(|s| {
+                    condition(&s.conditions, "GuestBootable").is_none()
+                        && condition(&s.conditions, "Ready").is_some_and(|c| c.status == "True")
+                })
+            }))
+        },
+    )
     .await?;
     all_pods_ready(ctx).await?;
     println!("    guest boot check turned off for the scenarios that place VMs on this node");

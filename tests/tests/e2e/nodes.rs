@@ -50,7 +50,11 @@ fn sim_status(heartbeat: &str) -> serde_json::Value {
 
 async fn set_cordon(nodes: &Api<SmolVMNode>, on: bool) -> anyhow::Result<()> {
     nodes
-        .patch(SIM, &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": on}})))
+        .patch(
+            SIM,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": on}})),
+        )
         .await?;
     Ok(())
 }
@@ -82,7 +86,11 @@ async fn scenario(env: &mut Env) -> anyhow::Result<()> {
             let guest = node
                 .status
                 .as_ref()
-                .and_then(|s| s.conditions.iter().find(|c| c.type_ == constants::condition::GUEST_BOOTABLE))
+                .and_then(|s| {
+                    s.conditions
+                        .iter()
+                        .find(|c| c.type_ == constants::condition::GUEST_BOOTABLE)
+                })
                 .filter(|c| c.status != "Unknown")
                 .cloned();
             Ok(guest.map(|c| (c, node)))
@@ -99,15 +107,27 @@ async fn scenario(env: &mut Env) -> anyhow::Result<()> {
     );
     let real_bootable = guest.status == "True";
     ensure!(
-        real_node.metadata.labels.as_ref().and_then(|l| l.get(constants::LABEL_GUEST_BOOTABLE)).map(String::as_str)
+        real_node
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(constants::LABEL_GUEST_BOOTABLE))
+            .map(String::as_str)
             == Some(if real_bootable { "true" } else { "false" }),
         "the guest-bootable label follows the check: {:?}",
         real_node.metadata.labels
     );
-    ensure!(real_node.status.as_ref().and_then(|s| s.canary.as_ref()).is_some(), "status.canary is reported");
+    ensure!(
+        real_node.status.as_ref().and_then(|s| s.canary.as_ref()).is_some(),
+        "status.canary is reported"
+    );
     if !real_bootable {
         ensure!(guest.reason == constants::reason::CANARY_FAILED, "{guest:?}");
-        ensure!(!guest.message.contains('\u{1b}'), "the cause is cleaned: {}", guest.message);
+        ensure!(
+            !guest.message.contains('\u{1b}'),
+            "the cause is cleaned: {}",
+            guest.message
+        );
     }
 
     // The simulated node whose guests boot, its heartbeat kept changing.
@@ -165,7 +185,11 @@ async fn placements(env: &mut Env, nodes: &Api<SmolVMNode>, real_bootable: bool)
             v.status.as_ref().and_then(|s| s.node_name.as_deref()).is_some()
         })
         .await?;
-        let node = bound.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+        let node = bound
+            .status
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
         if real_bootable {
             println!("    guests boot on this machine: {name} went to {node}");
         } else {
@@ -176,10 +200,16 @@ async fn placements(env: &mut Env, nodes: &Api<SmolVMNode>, real_bootable: bool)
     set_cordon(nodes, true).await?;
     kubectl_apply(env, &vm("truthful-c", small(false)))?.map_err(|e| anyhow!("applying truthful-c: {e}"))?;
     if !real_bootable {
-        let waiting = wait_vm(env, "truthful-c", "Scheduled=False Unschedulable", Duration::from_secs(60), |v| {
-            condition(v, constants::condition::SCHEDULED)
-                .is_some_and(|c| c.status == "False" && c.reason == constants::reason::UNSCHEDULABLE)
-        })
+        let waiting = wait_vm(
+            env,
+            "truthful-c",
+            "Scheduled=False Unschedulable",
+            Duration::from_secs(60),
+            |v| {
+                condition(v, constants::condition::SCHEDULED)
+                    .is_some_and(|c| c.status == "False" && c.reason == constants::reason::UNSCHEDULABLE)
+            },
+        )
         .await?;
         let message = condition(&waiting, constants::condition::SCHEDULED)
             .map(|c| c.message.clone())
@@ -201,11 +231,19 @@ async fn placements(env: &mut Env, nodes: &Api<SmolVMNode>, real_bootable: bool)
     }
     // Uncordoned: the decision is taken again and the VM is placed.
     set_cordon(nodes, false).await?;
-    let placed = wait_vm(env, "truthful-c", "a binding after the uncordon", Duration::from_secs(60), |v| {
-        v.status.as_ref().and_then(|s| s.node_name.as_deref()).is_some()
-    })
+    let placed = wait_vm(
+        env,
+        "truthful-c",
+        "a binding after the uncordon",
+        Duration::from_secs(60),
+        |v| v.status.as_ref().and_then(|s| s.node_name.as_deref()).is_some(),
+    )
     .await?;
-    let node = placed.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+    let node = placed
+        .status
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default();
     ensure!(real_bootable || node == SIM, "truthful-c went to {node}");
     Ok(())
 }
