@@ -16,7 +16,7 @@
 //! - A request's headers must arrive within [`Limits::header_timeout`]; a body must keep
 //!   coming, [`Limits::body_idle_timeout`] at most between two pieces.
 //! - Before all that, a TLS handshake must finish within [`Limits::handshake_timeout`], and at
-//!   most [`Limits::max_handshakes`] run at once ([`super::server::PeerAcceptor`]).
+//!   most [`Limits::max_handshakes`] run at once ([`smolvm_kit::accept::Bounded`]).
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 

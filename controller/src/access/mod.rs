@@ -143,10 +143,14 @@ pub async fn serve(
     listener.set_nonblocking(true)?;
     let limits = state.gates.limits().clone();
     let mut server = axum_server::from_tcp(listener)?
-        .acceptor(server::PeerAcceptor::new(
-            tls,
-            limits.max_handshakes,
-            limits.handshake_timeout,
+        .acceptor(smolvm_kit::accept::Bounded::new(
+            server::PeerAcceptor::new(tls, limits.handshake_timeout),
+            smolvm_kit::accept::AcceptBounds {
+                // Connections are not capped here: the calls and sessions they carry are.
+                max_connections: usize::MAX,
+                max_handshakes: limits.max_handshakes,
+                handshake_timeout: limits.handshake_timeout,
+            },
         ))
         .handle(handle);
     let builder = server.http_builder();

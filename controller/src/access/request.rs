@@ -306,7 +306,9 @@ pub fn from_call(error: CallError, target: &Target) -> AccessError {
             )),
             ErrorCode::InvalidRequest => AccessError::BadRequest(message),
             ErrorCode::PayloadTooLarge => AccessError::TooLarge(message),
-            ErrorCode::TooManyStreams => AccessError::TooManyRequests(format!("SmolVM {vm}: {message}")),
+            ErrorCode::TooManyStreams | ErrorCode::TooManyBytes => {
+                AccessError::TooManyRequests(format!("SmolVM {vm}: {message}"))
+            }
             ErrorCode::Conflict => AccessError::Conflict(format!("SmolVM {vm}: {message}")),
             code if code.is_runtime_unreachable() => AccessError::Unavailable(format!(
                 "SmolVM {vm}: the runtime on node {node} is not available now ({}): {message}",
@@ -606,6 +608,7 @@ mod tests {
             ("bad request", api(ErrorCode::InvalidRequest), 400, "said so"),
             ("too large", api(ErrorCode::PayloadTooLarge), 413, "said so"),
             ("too many streams", api(ErrorCode::TooManyStreams), 429, "said so"),
+            ("too many upload bytes", api(ErrorCode::TooManyBytes), 429, "said so"),
             ("runtime down", api(ErrorCode::RuntimeUnavailable), 503, "node-1"),
             (
                 "unreadable",

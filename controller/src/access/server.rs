@@ -35,21 +35,20 @@ use super::frontproxy::{CONFIGMAP_NAME, CONFIGMAP_NAMESPACE, Peer, RequestHeader
 /// The TLS acceptor of the access API: rustls, then the connection's verified client
 /// certificate (its common name) as a [`Peer`] extension on every request it carries.
 ///
-/// A handshake must finish within `handshake_timeout`, and at most `max_handshakes` run at once:
-/// a connection beyond them is closed at once, so that callers who never finish a handshake
-/// (anyone may open a TCP connection) cannot pile up sockets and tasks in the controller.
+/// A handshake must finish within `handshake_timeout`. [`super::serve`] wraps it in
+/// [`smolvm_kit::accept::Bounded`], which also caps the handshakes in progress (a connection
+/// beyond is closed at once), so that callers who never finish a handshake (anyone may open a
+/// TCP connection) cannot pile up sockets and tasks in the controller.
 #[derive(Clone)]
 pub struct PeerAcceptor {
     inner: RustlsAcceptor,
-    handshakes: Arc<tokio::sync::Semaphore>,
 }
 
 impl PeerAcceptor {
     /// Accepts with `config` (swappable through [`RustlsConfig::reload_from_config`]).
-    pub fn new(config: RustlsConfig, max_handshakes: usize, handshake_timeout: Duration) -> Self {
+    pub fn new(config: RustlsConfig, handshake_timeout: Duration) -> Self {
         Self {
             inner: RustlsAcceptor::new(config).handshake_timeout(handshake_timeout),
-            handshakes: Arc::new(tokio::sync::Semaphore::new(max_handshakes)),
         }
     }
 }
@@ -65,12 +64,7 @@ where
 
     fn accept(&self, stream: I, service: S) -> Self::Future {
         let inner = self.inner.clone();
-        let slot = self.handshakes.clone().try_acquire_owned();
         Box::pin(async move {
-            let Ok(_handshaking) = slot else {
-                tracing::debug!("access API: a connection closed at once: every handshake slot is taken");
-                return Err(io::Error::other("too many TLS handshakes in progress"));
-            };
             let (stream, service) = inner.accept(stream, service).await?;
             // rustls has verified the chain against the requestheader CA and the allowed
             // names (the certificate is mandatory): the peer is the front proxy.
