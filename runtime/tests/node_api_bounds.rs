@@ -406,3 +406,74 @@ async fn uploads_beyond_the_byte_budget_are_answered_429_before_their_body_is_se
     );
     assert_eq!(served.uploads.free(), BUDGET);
 }
+
+/// The agent's resident memory now (kB), from /proc.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// A reproduction that PRINTS figures (never asserts a size): eight callers each declare a
+/// 64 MiB file and send 60 MB of it without finishing, against the default upload budget and
+/// against one large enough for all eight (the agent before the budget). Run with
+/// `cargo test -p smolvm-runtime --test node_api_bounds -- --ignored --nocapture rss_of_uploads`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: prints the agent's memory growth"]
+async fn rss_of_uploads() {
+    const DECLARED: usize = 64 << 20;
+    const SENT: usize = 60_000_000;
+    for (label, budget) in [
+        ("no budget (before)", 16 * DECLARED),
+        ("default budget", smolvm_runtime::limits::DEFAULT_UPLOAD_BYTES),
+    ] {
+        let served = serve(NodeApiBounds::default(), budget);
+        let before = rss_kib();
+        let mut callers = Vec::new();
+        for i in 0..8 {
+            let mut stream = served.tls().await;
+            callers.push(tokio::spawn(async move {
+                let piece = vec![b'x'; 1 << 20];
+                if stream
+                    .write_all(put_head(&format!("tmp/big{i}"), Some(DECLARED)).as_bytes())
+                    .await
+                    .is_err()
+                {
+                    return (0, stream);
+                }
+                let mut sent = 0;
+                while sent < SENT {
+                    let n = piece.len().min(SENT - sent);
+                    match tokio::time::timeout(Duration::from_secs(2), stream.write_all(&piece[..n])).await {
+                        Ok(Ok(())) => sent += n,
+                        _ => break,
+                    }
+                }
+                (sent, stream)
+            }));
+        }
+        let mut held = Vec::new();
+        let mut delivered = 0;
+        for caller in callers {
+            let (sent, stream) = caller.await.expect("caller");
+            if sent == SENT {
+                delivered += 1;
+            }
+            held.push(stream);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let grown = rss_kib().saturating_sub(before) / 1024;
+        println!(
+            "{label}: {delivered} of 8 callers sent 60 MB; the process grew by {grown} MiB; budget free {} MiB",
+            served.uploads.free() >> 20
+        );
+        drop(held);
+        served.server.shutdown(Duration::from_secs(1)).await;
+    }
+}
