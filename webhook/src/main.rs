@@ -209,7 +209,8 @@ async fn run(args: Args) -> Result<()> {
         let _ = stop_rx2.wait_for(|s| *s).await;
     }));
     let streams = u32::try_from(state.max_concurrent_reviews).unwrap_or(u32::MAX);
-    let result = serve_tls(listener, admission_router(state), resolver, handle, streams).await;
+    let metrics = state.metrics.clone();
+    let result = serve_tls(listener, admission_router(state), resolver, handle, streams, metrics).await;
     let _ = ops.await;
     drop(stop_rx);
     result

@@ -107,6 +107,7 @@ pub struct Metrics {
     cert_reloads: Counter,
     shed: Family<RouteLabels, Counter>,
     cert_not_after: Gauge,
+    connections_closed: Family<ReasonLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -134,6 +135,12 @@ impl Metrics {
             shed.clone(),
         );
         let cert_not_after = Gauge::default();
+        let connections_closed = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "connections_closed",
+            "Connections closed before they were served: a cap of open connections or handshakes in progress was reached, or a TLS handshake did not finish in time (reason: connections, handshakes, handshake_timeout)",
+            connections_closed.clone(),
+        );
         registry.register(
             "requests",
             "Admission reviews by webhook, resource, operation and verdict",
@@ -191,6 +198,7 @@ impl Metrics {
             cert_reloads,
             cert_not_after,
             shed,
+            connections_closed,
         }
     }
 
@@ -222,6 +230,12 @@ impl Metrics {
     fn latency_of(&self, route: Route) -> &Histogram {
         self.handles.latency[route_index(route)]
             .get_or_init(|| self.latency.get_or_create(&RouteLabels { path: route.path() }).clone())
+    }
+
+    /// Records a connection closed before it was served: `connections` or `handshakes` (a cap
+    /// was reached), `handshake_timeout`.
+    pub fn observe_connection_closed(&self, reason: &'static str) {
+        self.connections_closed.get_or_create(&ReasonLabels { reason }).inc();
     }
 
     /// Records a request shed because every review slot was busy.

@@ -370,14 +370,24 @@ where
     }
 }
 
+/// Connections the webhook holds at once (the API servers keep a few, multiplexed over HTTP/2);
+/// more are closed at once, before a byte of TLS is read.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// TLS handshakes in progress at once; more are closed at once.
+pub const MAX_HANDSHAKES: usize = 64;
+
 /// Serves `router` over TLS (HTTP/2 and HTTP/1.1 by ALPN) on `listener`, with the certificate
-/// from `resolver` (swapped in place on rotation), until `handle` shuts it down.
+/// from `resolver` (swapped in place on rotation), until `handle` shuts it down. Connections
+/// are bounded before they are read (`smolvm_kit::accept`): [`MAX_CONNECTIONS`] open,
+/// [`MAX_HANDSHAKES`] handshaking, each handshake within [`HANDSHAKE_TIMEOUT`]; the
+/// connections closed for it are counted in `metrics`.
 pub async fn serve_tls(
     listener: std::net::TcpListener,
     router: Router,
     resolver: Arc<ReloadableResolver>,
     handle: axum_server::Handle<SocketAddr>,
     max_streams: u32,
+    metrics: Arc<crate::metrics::Metrics>,
 ) -> Result<()> {
     listener.set_nonblocking(true).map_err(|source| Error::Serve {
         what: "webhook",
@@ -391,7 +401,17 @@ pub async fn serve_tls(
             what: "webhook",
             source,
         })?
-        .acceptor(H2NoDelay(acceptor))
+        .acceptor(
+            smolvm_kit::accept::Bounded::new(
+                H2NoDelay(acceptor),
+                smolvm_kit::accept::AcceptBounds {
+                    max_connections: MAX_CONNECTIONS,
+                    max_handshakes: MAX_HANDSHAKES,
+                    handshake_timeout: HANDSHAKE_TIMEOUT,
+                },
+            )
+            .on_closed(Arc::new(move |why| metrics.observe_connection_closed(why.as_str()))),
+        )
         .handle(handle);
     {
         let builder = server.http_builder();

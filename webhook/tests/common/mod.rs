@@ -64,6 +64,7 @@ impl Harness {
             resolver.clone(),
             handle.clone(),
             streams,
+            state.metrics.clone(),
         ));
         let ops = ok(tokio::net::TcpListener::bind("127.0.0.1:0").await);
         let ops_addr = ok(ops.local_addr());
