@@ -113,7 +113,17 @@ fn crds_are_structural_and_documented() {
         let expected: &[&str] = match name.split('.').next().unwrap_or_default() {
             "smolvms" => &["Phase", "Node", "CPUs", "Memory", "Age"],
             "smolvmclasses" => &["CPUs", "Memory", "Storage", "Default", "Age"],
-            _ => &["Ready", "Endpoint", "Bootable", "Boot-ms", "CPUs", "Memory", "Runtime", "Heartbeat", "Age"],
+            _ => &[
+                "Ready",
+                "Endpoint",
+                "Bootable",
+                "Boot-ms",
+                "CPUs",
+                "Memory",
+                "Runtime",
+                "Heartbeat",
+                "Age",
+            ],
         };
         assert_eq!(columns, expected, "{name}: printer columns");
     }

@@ -56,7 +56,10 @@ async fn the_real_smolvm_reports_that_no_guest_boots_here_and_leaves_nothing() {
     })
     .await
     .expect("the check finished within 240 s");
-    println!("guest boot check finished after {:?} (host facts: {facts:?})", started.elapsed());
+    println!(
+        "guest boot check finished after {:?} (host facts: {facts:?})",
+        started.elapsed()
+    );
     let (outcome, state) = done;
     assert_eq!(state.smolvm_version.as_deref(), Some("1.32.2"));
     assert!(state.last_run.is_some());
@@ -65,9 +68,18 @@ async fn the_real_smolvm_reports_that_no_guest_boots_here_and_leaves_nothing() {
         Outcome::Failed(diagnosis) => {
             println!("no guest booted: {:?}: {}", diagnosis.cause, diagnosis.message);
             common::assert_cleaned_cause(&diagnosis.message);
-            assert!(diagnosis.message.starts_with("no guest booted: "), "{}", diagnosis.message);
+            assert!(
+                diagnosis.message.starts_with("no guest booted: "),
+                "{}",
+                diagnosis.message
+            );
             if facts.pvm || (facts.hypervisor && !facts.virt_flags) {
-                assert_eq!(diagnosis.cause, canary::Cause::HostCannotRunGuest, "{}", diagnosis.message);
+                assert_eq!(
+                    diagnosis.cause,
+                    canary::Cause::HostCannotRunGuest,
+                    "{}",
+                    diagnosis.message
+                );
             }
             assert_eq!(metrics.canary_checks(diagnosis.cause.reason()), 1);
             assert!(metrics.encode().contains("smolvm_runtime_guest_bootable 0"));
@@ -147,13 +159,20 @@ impl Vmm for BootingRuntime {
         Ok(names.iter().map(|n| Self::machine(n, MachineState::Created)).collect())
     }
     async fn get(&self, name: &str) -> Result<Option<Machine>, VmmError> {
-        let known = self.machines.lock().map(|m| m.iter().any(|n| n == name)).unwrap_or(false);
+        let known = self
+            .machines
+            .lock()
+            .map(|m| m.iter().any(|n| n == name))
+            .unwrap_or(false);
         Ok(known.then(|| Self::machine(name, MachineState::Created)))
     }
     async fn create(&self, spec: &MachineSpec) -> Result<Machine, VmmError> {
         assert_eq!(spec.image, None, "the canary boots smolvm's own guest: no image pull");
         assert!(!spec.network, "the canary has no network");
-        assert_eq!((spec.cpus, spec.memory_mib), (canary::CANARY_CPUS, canary::CANARY_MEMORY_MIB));
+        assert_eq!(
+            (spec.cpus, spec.memory_mib),
+            (canary::CANARY_CPUS, canary::CANARY_MEMORY_MIB)
+        );
         if let Ok(mut machines) = self.machines.lock() {
             machines.push(spec.name.clone());
         }
