@@ -20,6 +20,17 @@ use kube::{
 /// The longest note events.k8s.io accepts, in bytes.
 const MAX_NOTE: usize = 1024;
 
+/// The reference of a SmolVMNode, for an event about it.
+pub fn node_reference(name: Option<String>, uid: Option<String>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(smolvm_api::constants::API_VERSION.into()),
+        kind: Some(smolvm_api::constants::KIND_SMOLVM_NODE.into()),
+        name,
+        uid,
+        ..Default::default()
+    }
+}
+
 /// Publishes events as one reporter (controller name and instance).
 #[derive(Clone)]
 pub struct EventSink {

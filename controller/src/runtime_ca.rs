@@ -587,13 +587,7 @@ pub async fn report_missing_ca(client: &kube::Client, events: &EventSink, error:
         secondary: None,
     };
     for node in list.items {
-        let regarding = ObjectReference {
-            api_version: Some(smolvm_api::constants::API_VERSION.into()),
-            kind: Some(smolvm_api::constants::KIND_SMOLVM_NODE.into()),
-            name: node.metadata.name.clone(),
-            uid: node.metadata.uid.clone(),
-            ..Default::default()
-        };
+        let regarding = crate::events::node_reference(node.metadata.name.clone(), node.metadata.uid.clone());
         if let Err(e) = events.publish(&event, &regarding).await {
             tracing::warn!(error = %e, "could not publish the RuntimeCAMissing event");
             return;

@@ -5,6 +5,8 @@
 //! (`smolvm_testkit::runtime_double`), a TEST DOUBLE of the runtime: no guest boots on these
 //! machines, so no real command can answer.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,38 +19,10 @@ use smolvm_certs::ReloadableResolver;
 use smolvm_controller::nodeclient::{
     BearerToken, CallError, ClientSettings, ClientTls, Endpoints, NodeClient, client_tls,
 };
-use smolvm_runtime::metrics::Metrics;
-use smolvm_runtime::nodeapi::auth::TokenAuth;
-use smolvm_runtime::nodeapi::tls::MtlsServer;
-use smolvm_runtime::nodeapi::{Identity, NodeApiState, router};
 use smolvm_testkit::node::{NODE, Pki, TOKEN};
 use smolvm_testkit::runtime_double::ScriptedRuntime;
+use support::agent_and_client;
 use tokio_tungstenite::tungstenite::{Message, handshake::derive_accept_key, protocol::Role};
-
-/// The node API on loopback over mTLS with the double behind it, and a node client of it.
-fn agent_and_client(pki: &Pki, token: &str) -> (MtlsServer, NodeClient) {
-    let state = NodeApiState::new(
-        Arc::new(ScriptedRuntime::default()),
-        TokenAuth::fixed(TOKEN).expect("token"),
-        Identity::new(NODE),
-        Arc::new(Metrics::default()),
-        None,
-    );
-    let resolver = Arc::new(ReloadableResolver::from_pem(&pki.server_cert, &pki.server_key).expect("resolver"));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let server = MtlsServer::start(listener, router(state), resolver, pki.ca.cert_pem()).expect("serve");
-    let endpoints = Endpoints::default();
-    endpoints.set(NODE, "127.0.0.1", server.local_addr().port());
-    let cert = Arc::new(ReloadableResolver::from_pem(&pki.client_cert, &pki.client_key).expect("client cert"));
-    let client = NodeClient::new(
-        ClientSettings::standard(
-            ClientTls::new(client_tls(pki.ca.cert_pem(), cert).expect("client TLS")),
-            BearerToken::new(token.to_string()),
-        ),
-        endpoints,
-    );
-    (server, client)
-}
 
 const KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
 
@@ -72,7 +46,7 @@ const SESSION: &str = "/v1/machines/running/exec?command=sh&stdin=true&stdout=tr
 async fn the_upgrade_reaches_the_agent_and_carries_the_channel_protocol() {
     smolvm_testkit::node::init();
     let pki = Pki::new();
-    let (_server, client) = agent_and_client(&pki, TOKEN);
+    let (_server, client) = agent_and_client(&pki, Arc::new(ScriptedRuntime::default()), TOKEN);
     let (headers, upgraded) = client
         .upgrade(NODE, SESSION, &handshake(), Duration::from_secs(10))
         .await
@@ -124,7 +98,7 @@ where
 async fn refusals_before_the_upgrade_are_the_agents_errors() {
     smolvm_testkit::node::init();
     let pki = Pki::new();
-    let (_server, client) = agent_and_client(&pki, TOKEN);
+    let (_server, client) = agent_and_client(&pki, Arc::new(ScriptedRuntime::default()), TOKEN);
     let stopped = "/v1/machines/stopped/exec?command=sh&stdin=true&stdout=true&tty=true";
     match client
         .upgrade(NODE, stopped, &handshake(), Duration::from_secs(10))
@@ -133,7 +107,7 @@ async fn refusals_before_the_upgrade_are_the_agents_errors() {
         Err(CallError::Api { status, code, .. }) => assert_eq!((status, code), (409, ErrorCode::MachineNotRunning)),
         other => panic!("a stopped machine: {:?}", other.map(|(h, _)| h)),
     }
-    let (_server, stranger) = agent_and_client(&pki, "another-token");
+    let (_server, stranger) = agent_and_client(&pki, Arc::new(ScriptedRuntime::default()), "another-token");
     match stranger
         .upgrade(NODE, SESSION, &handshake(), Duration::from_secs(10))
         .await

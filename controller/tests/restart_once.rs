@@ -16,13 +16,9 @@ use http::Method;
 use serde_json::{Value, json};
 use smolvm_api::constants::RESTART_ANNOTATION;
 use smolvm_api::{SmolVM, fixtures};
-use smolvm_certs::ReloadableResolver;
-use smolvm_controller::nodeclient::{BearerToken, ClientSettings, ClientTls, Endpoints, NodeClient, client_tls};
+use smolvm_controller::nodeclient::NodeClient;
 use smolvm_controller::reconcile::reconcile;
-use smolvm_runtime::metrics::Metrics;
-use smolvm_runtime::nodeapi::auth::TokenAuth;
 use smolvm_runtime::nodeapi::tls::MtlsServer;
-use smolvm_runtime::nodeapi::{Identity, NodeApiState, router};
 use smolvm_runtime::vmm::{
     DeleteOutcome, Machine, MachineSpec, MachineState, RegistryAuth, ResizeRequest, Vmm, VmmError, VmmHealth,
 };
@@ -115,30 +111,6 @@ impl Vmm for CountingRuntime {
     }
 }
 
-fn agent_and_client(pki: &Pki, runtime: Arc<CountingRuntime>) -> (MtlsServer, NodeClient) {
-    let state = NodeApiState::new(
-        runtime,
-        TokenAuth::fixed(TOKEN).expect("token"),
-        Identity::new(NODE),
-        Arc::new(Metrics::default()),
-        None,
-    );
-    let resolver = Arc::new(ReloadableResolver::from_pem(&pki.server_cert, &pki.server_key).expect("resolver"));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let server = MtlsServer::start(listener, router(state), resolver, pki.ca.cert_pem()).expect("serve");
-    let endpoints = Endpoints::default();
-    endpoints.set(NODE, "127.0.0.1", server.local_addr().port());
-    let cert = Arc::new(ReloadableResolver::from_pem(&pki.client_cert, &pki.client_key).expect("client cert"));
-    let client = NodeClient::new(
-        ClientSettings::standard(
-            ClientTls::new(client_tls(pki.ca.cert_pem(), cert).expect("client TLS")),
-            BearerToken::new(TOKEN.to_string()),
-        ),
-        endpoints,
-    );
-    (server, client)
-}
-
 const UID: &str = "5d4c3b2a-1f0e-4d9c-8b7a-6f5e4d3c2b1a";
 const REQUESTED: &str = "2026-11-25T15:00:00Z";
 
@@ -214,7 +186,7 @@ async fn a_failed_annotation_removal_restarts_the_machine_once() {
     smolvm_testkit::node::init();
     let pki = Pki::new();
     let runtime = Arc::new(CountingRuntime::default());
-    let (server, client) = agent_and_client(&pki, runtime.clone());
+    let (server, client) = agent_and_client(&pki, runtime.clone(), TOKEN);
 
     // The machine is created and started by an ordinary pass.
     let (ok, _) = pass(running_vm(None, None), node_at(&server), client.clone(), 200).await;

@@ -30,7 +30,7 @@
 //! file and renamed into place (owner-only), beside the per-node key.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
@@ -217,7 +217,7 @@ impl ImageGuard {
                 let mut bytes = vec![0u8; 32];
                 ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
                     .map_err(|_| std::io::Error::other("no random bytes for the credential key"))?;
-                write_private(&key_path, &bytes)?;
+                crate::workload_records::write_private(&key_path, &bytes)?;
                 bytes
             }
             Err(e) => return Err(e),
@@ -264,7 +264,7 @@ impl ImageGuard {
         let mut records = self.records.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if remember(&mut records, reference, None, &presented) {
             let bytes = serde_json::to_vec_pretty(&*records).map_err(std::io::Error::other)?;
-            write_private(&self.dir.join(RECORDS_FILE), &bytes)?;
+            crate::workload_records::write_private(&self.dir.join(RECORDS_FILE), &bytes)?;
         }
         Ok(())
     }
@@ -276,22 +276,6 @@ impl ImageGuard {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
-}
-
-/// Writes `bytes` to `path` through a new owner-only file renamed into place.
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let tmp = path.with_extension("tmp");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    std::fs::rename(tmp, path)
 }
 
 #[cfg(test)]

@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType};
 use kube::{
     ResourceExt,
@@ -101,13 +100,7 @@ async fn report_skew(sink: Option<&EventSink>, node: &SmolVMNode, skew: k8s_open
         action: "JudgeHeartbeat".into(),
         secondary: None,
     };
-    let regarding = ObjectReference {
-        api_version: Some(smolvm_api::constants::API_VERSION.into()),
-        kind: Some(smolvm_api::constants::KIND_SMOLVM_NODE.into()),
-        name: node.metadata.name.clone(),
-        uid: node.metadata.uid.clone(),
-        ..Default::default()
-    };
+    let regarding = crate::events::node_reference(node.metadata.name.clone(), node.metadata.uid.clone());
     if let Err(error) = sink.publish(&event, &regarding).await {
         tracing::warn!(%error, "could not publish the ClockSkew event");
     }

@@ -145,3 +145,39 @@ pub fn condition_of<'a>(body: &'a Value, type_: &str) -> &'a Value {
         .and_then(|c| c.iter().find(|c| c["type"] == type_))
         .unwrap_or_else(|| panic!("no {type_} condition in {body}"))
 }
+
+/// The agent's real node API router over real mTLS on 127.0.0.1, in front of `runtime` (a
+/// test double of the runtime), the server's token `TOKEN`; and a node client of the
+/// controller for it that sends `token`.
+pub fn agent_and_client(
+    pki: &smolvm_testkit::node::Pki,
+    runtime: Arc<dyn smolvm_runtime::vmm::Vmm>,
+    token: &str,
+) -> (smolvm_runtime::nodeapi::tls::MtlsServer, NodeClient) {
+    use smolvm_certs::ReloadableResolver;
+    use smolvm_runtime::nodeapi::{Identity, NodeApiState, auth::TokenAuth, router, tls::MtlsServer};
+    use smolvm_testkit::node::{NODE, TOKEN};
+    let state = NodeApiState::new(
+        runtime,
+        TokenAuth::fixed(TOKEN).expect("token"),
+        Identity::new(NODE),
+        Arc::new(smolvm_runtime::metrics::Metrics::default()),
+        None,
+    );
+    let resolver = Arc::new(ReloadableResolver::from_pem(&pki.server_cert, &pki.server_key).expect("resolver"));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let server = MtlsServer::start(listener, router(state), resolver, pki.ca.cert_pem()).expect("serve");
+    let endpoints = Endpoints::default();
+    endpoints.set(NODE, "127.0.0.1", server.local_addr().port());
+    let cert = Arc::new(ReloadableResolver::from_pem(&pki.client_cert, &pki.client_key).expect("client cert"));
+    let client = NodeClient::new(
+        ClientSettings::standard(
+            smolvm_controller::nodeclient::ClientTls::new(
+                smolvm_controller::nodeclient::client_tls(pki.ca.cert_pem(), cert).expect("client TLS"),
+            ),
+            smolvm_controller::nodeclient::BearerToken::new(token.to_string()),
+        ),
+        endpoints,
+    );
+    (server, client)
+}
