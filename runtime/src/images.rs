@@ -217,7 +217,7 @@ impl ImageGuard {
                 let mut bytes = vec![0u8; 32];
                 ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
                     .map_err(|_| std::io::Error::other("no random bytes for the credential key"))?;
-                crate::workload_records::write_private(&key_path, &bytes)?;
+                crate::state_files::write_private(&key_path, &bytes)?;
                 bytes
             }
             Err(e) => return Err(e),
@@ -264,7 +264,7 @@ impl ImageGuard {
         let mut records = self.records.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if remember(&mut records, reference, None, &presented) {
             let bytes = serde_json::to_vec_pretty(&*records).map_err(std::io::Error::other)?;
-            crate::workload_records::write_private(&self.dir.join(RECORDS_FILE), &bytes)?;
+            crate::state_files::write_private(&self.dir.join(RECORDS_FILE), &bytes)?;
         }
         Ok(())
     }

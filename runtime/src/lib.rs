@@ -14,6 +14,7 @@ pub mod nodeapi;
 pub mod ops;
 pub mod report;
 pub mod serving_cert;
+pub mod state_files;
 pub mod supervisor;
 pub mod vmm;
 pub mod workload_records;

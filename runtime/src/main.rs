@@ -118,92 +118,18 @@ async fn run(flags: Flags) -> Result<()> {
                 Duration::from_secs(30),
             ));
         }
-        let address = advertise_address(flags.advertise_address.clone())
-            .ok_or_else(|| Error::Config("no endpoint address: set --advertise-address, POD_IP or NODE_IP".into()))?;
-        let (reserve_cpus, reserve_memory, reserve_storage) = (
-            flags.reserved_cpus,
-            flags.reserved_memory_mib,
-            flags.reserved_storage_gib,
-        );
-        let cpu_ratio = flags.cpu_allocation_ratio;
-        let status = agent.supervisor().status();
-        let identity = agent.identity().clone();
-        let state_dir = flags.state_dir.clone();
-        let kvm_device = flags.kvm_device.clone();
-        let last_capacity = std::sync::Mutex::new(None);
-        let port = i32::from(flags.port);
-        let canary = match flags.canary {
-            Switch::On => Some(canary::spawn(
-                agent.vmm().clone(),
-                agent.supervisor().status(),
-                agent.metrics().clone(),
-                canary::Config {
-                    interval: flags.canary_interval,
-                    boot_timeout: flags.canary_boot_timeout,
-                    poll: Duration::from_secs(5),
-                    kvm_device: flags.kvm_device.clone(),
-                    smolvm_env: flags.smolvm_env.clone(),
-                },
-            )),
-            Switch::Off => {
-                tracing::warn!(
-                    "guest boot check off (--canary=off): VMs are placed here without proof that a guest boots"
-                );
-                None
-            }
-        };
+        let canary = start_canary(&flags, &agent);
         let reporter = Reporter::new(client, flags.node_name.clone());
         let reporter = match &canary {
             Some(canary) => reporter.with_recheck(canary.requester()),
             None => reporter,
         };
-        let boot_check = canary.as_ref().map(canary::Canary::subscribe);
-        canary_task = canary;
-        let client_ca = agent.node_api().client_ca().clone();
         background.push(spawn_reporter(
             reporter,
             flags.heartbeat_interval,
-            move |node_uid| {
-                identity.set_node_uid(Some(node_uid.to_string()));
-                let runtime = status.borrow().clone();
-                let kvm = host::check_kvm(&kvm_device);
-                let capacity = match host::host_capacity(&state_dir) {
-                    Ok(capacity) => {
-                        *last_capacity.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(capacity);
-                        capacity
-                    }
-                    Err(error) => {
-                        // Keep reporting the last reading rather than zero; without one, zero
-                        // (nothing is placed here) is the safe answer.
-                        let last = *last_capacity.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                        tracing::warn!(reason = error.reason(), %error, kept_last = last.is_some(), "reading host capacity failed");
-                        last.unwrap_or_default()
-                    }
-                };
-                Observation {
-                    node_uid: node_uid.to_string(),
-                    endpoint: Endpoint {
-                        address: address.clone(),
-                        port,
-                    },
-                    internal_ip: None,
-                    runtime_version: runtime.version.clone(),
-                    runtime_ready: runtime.ready,
-                    runtime_message: runtime.message.clone(),
-                    kvm_available: kvm.available,
-                    kvm_message: kvm.message,
-                    capacity,
-                    allocatable: host::allocatable(
-                        capacity,
-                        host::reservations(capacity, reserve_cpus, reserve_memory, reserve_storage),
-                        cpu_ratio,
-                    ),
-                    machines: runtime.ready.then(|| runtime.machines.clone()),
-                    serving_certificate: Some(serving_cert::report_current(&resolver, &client_ca)),
-                    boot_check: boot_check.as_ref().map(|check| check.borrow().clone()),
-                }
-            },
+            observer(&flags, &agent, resolver, canary.as_ref().map(canary::Canary::subscribe))?,
         ));
+        canary_task = canary;
     }
 
     smolvm_kit::shutdown::signal().await;
@@ -213,6 +139,93 @@ async fn run(flags: Flags) -> Result<()> {
     }
     agent.shutdown().await;
     Ok(())
+}
+
+/// The guest boot check, as `--canary` says (`None` when off).
+fn start_canary(flags: &Flags, agent: &Agent) -> Option<canary::Canary> {
+    match flags.canary {
+        Switch::On => Some(canary::spawn(
+            agent.vmm().clone(),
+            agent.supervisor().status(),
+            agent.metrics().clone(),
+            canary::Config {
+                interval: flags.canary_interval,
+                boot_timeout: flags.canary_boot_timeout,
+                poll: Duration::from_secs(5),
+                kvm_device: flags.kvm_device.clone(),
+                smolvm_env: flags.smolvm_env.clone(),
+            },
+        )),
+        Switch::Off => {
+            tracing::warn!("guest boot check off (--canary=off): VMs are placed here without proof that a guest boots");
+            None
+        }
+    }
+}
+
+/// What each heartbeat reports: smolvm's state, KVM, the host's capacity less the reservations,
+/// the serving certificate and the guest boot check.
+fn observer(
+    flags: &Flags,
+    agent: &Agent,
+    resolver: Arc<ReloadableResolver>,
+    boot_check: Option<tokio::sync::watch::Receiver<canary::BootCheck>>,
+) -> Result<impl FnMut(&str) -> Observation + Send + 'static> {
+    let address = advertise_address(flags.advertise_address.clone())
+        .ok_or_else(|| Error::Config("no endpoint address: set --advertise-address, POD_IP or NODE_IP".into()))?;
+    let (reserve_cpus, reserve_memory, reserve_storage) = (
+        flags.reserved_cpus,
+        flags.reserved_memory_mib,
+        flags.reserved_storage_gib,
+    );
+    let cpu_ratio = flags.cpu_allocation_ratio;
+    let status = agent.supervisor().status();
+    let identity = agent.identity().clone();
+    let state_dir = flags.state_dir.clone();
+    let kvm_device = flags.kvm_device.clone();
+    let last_capacity = std::sync::Mutex::new(None);
+    let port = i32::from(flags.port);
+    let client_ca = agent.node_api().client_ca().clone();
+    Ok(move |node_uid: &str| {
+        identity.set_node_uid(Some(node_uid.to_string()));
+        let runtime = status.borrow().clone();
+        let kvm = host::check_kvm(&kvm_device);
+        let capacity = match host::host_capacity(&state_dir) {
+            Ok(capacity) => {
+                *last_capacity.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(capacity);
+                capacity
+            }
+            Err(error) => {
+                // Keep reporting the last reading rather than zero; without one, zero
+                // (nothing is placed here) is the safe answer.
+                let last = *last_capacity.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                tracing::warn!(reason = error.reason(), %error, kept_last = last.is_some(), "reading host capacity failed");
+                last.unwrap_or_default()
+            }
+        };
+        Observation {
+            node_uid: node_uid.to_string(),
+            endpoint: Endpoint {
+                address: address.clone(),
+                port,
+            },
+            internal_ip: None,
+            runtime_version: runtime.version.clone(),
+            runtime_ready: runtime.ready,
+            runtime_message: runtime.message.clone(),
+            kvm_available: kvm.available,
+            kvm_message: kvm.message,
+            capacity,
+            allocatable: host::allocatable(
+                capacity,
+                host::reservations(capacity, reserve_cpus, reserve_memory, reserve_storage),
+                cpu_ratio,
+            ),
+            machines: runtime.ready.then(|| runtime.machines.clone()),
+            serving_certificate: Some(serving_cert::report_current(&resolver, &client_ca)),
+            boot_check: boot_check.as_ref().map(|check| check.borrow().clone()),
+        }
+    })
 }
 
 #[tokio::main]

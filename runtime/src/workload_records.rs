@@ -35,7 +35,7 @@ impl WorkloadRecords {
     /// Writes the record of `machine` (a new file renamed into place, owner-only).
     pub fn write(&self, machine: &str, digests: &WorkloadDigests) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
-        write_private(
+        crate::state_files::write_private(
             &self.path(machine),
             &serde_json::to_vec(digests).map_err(std::io::Error::other)?,
         )
@@ -45,24 +45,6 @@ impl WorkloadRecords {
     pub fn remove(&self, machine: &str) {
         let _ = std::fs::remove_file(self.path(machine));
     }
-}
-
-/// Writes `bytes` to `path` through a new owner-only file (`<path>.tmp`, synced) renamed into
-/// place, so a reader sees the old content or the new, never a part.
-pub fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    std::fs::rename(tmp, path)
 }
 
 #[cfg(test)]
