@@ -98,12 +98,12 @@ fn machine(state: MachineState, port: u16) -> Machine {
     }
 }
 
-/// A port free for both TCP and UDP on 127.0.0.1 and `also`.
+/// A port free for TCP and UDP on 127.0.0.1 and on `also`, drawn below the kernel's ephemeral
+/// range (`listen_port`): one from the ephemeral range may be taken by any outgoing connection
+/// between this check and the bind.
 fn free_port(also: IpAddr) -> u16 {
     loop {
-        let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = tcp.local_addr().expect("addr").port();
-        drop(tcp);
+        let port = smolvm_testkit::node::free_port();
         let free = std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok()
             && std::net::TcpListener::bind((also, port)).is_ok()
             && std::net::UdpSocket::bind((also, port)).is_ok();
