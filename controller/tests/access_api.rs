@@ -83,19 +83,10 @@ impl Vmm for FilesDouble {
         Ok(Vec::new())
     }
     async fn get(&self, name: &str) -> Result<Option<Machine>, VmmError> {
-        Ok(Some(Machine {
-            name: name.into(),
-            state: MachineState::Running,
-            cpus: 1,
-            memory_mib: 256,
-            storage_gib: None,
-            overlay_gib: None,
-            image: None,
-            ports: Vec::new(),
-            network: false,
-            pid: None,
-            raw: Value::Null,
-        }))
+        Ok(Some(smolvm_testkit::runtime_double::machine(
+            name,
+            MachineState::Running,
+        )))
     }
     async fn create(&self, _: &MachineSpec) -> Result<Machine, VmmError> {
         not_here()

@@ -75,19 +75,7 @@ impl Vmm for CountingRuntime {
             .filter(|m| m.name == name))
     }
     async fn create(&self, spec: &MachineSpec) -> Result<Machine, VmmError> {
-        let machine = Machine {
-            name: spec.name.clone(),
-            state: MachineState::Created,
-            cpus: spec.cpus,
-            memory_mib: u64::from(spec.memory_mib),
-            storage_gib: spec.storage_gib,
-            overlay_gib: spec.overlay_gib,
-            image: spec.image.clone(),
-            ports: spec.ports.clone(),
-            network: spec.network,
-            pid: None,
-            raw: Value::Null,
-        };
+        let machine = Machine::created_from(spec);
         if let Ok(mut slot) = self.machine.lock() {
             *slot = Some(machine.clone());
         }

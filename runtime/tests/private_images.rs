@@ -69,19 +69,7 @@ impl Vmm for RegistryRuntime {
         Ok(self.machines.lock().ok().and_then(|m| m.get(name).cloned()))
     }
     async fn create(&self, spec: &MachineSpec) -> Result<Machine, VmmError> {
-        let machine = Machine {
-            name: spec.name.clone(),
-            state: MachineState::Created,
-            cpus: spec.cpus,
-            memory_mib: u64::from(spec.memory_mib),
-            storage_gib: spec.storage_gib,
-            overlay_gib: spec.overlay_gib,
-            image: spec.image.clone(),
-            ports: spec.ports.clone(),
-            network: spec.network,
-            pid: None,
-            raw: json!({}),
-        };
+        let machine = Machine::created_from(spec);
         let mut machines = self
             .machines
             .lock()

@@ -15,6 +15,24 @@ use smolvm_runtime::vmm::{
     SessionInput, SessionOutput, Vmm, VmmError, VmmHealth,
 };
 
+/// A machine as a runtime double reports it: `name` in `state`, 1 vCPU, 256 MiB, no image, no
+/// ports, no network.
+pub fn machine(name: &str, state: MachineState) -> Machine {
+    Machine {
+        name: name.into(),
+        state,
+        cpus: 1,
+        memory_mib: 256,
+        storage_gib: None,
+        overlay_gib: None,
+        image: None,
+        ports: Vec::new(),
+        network: false,
+        pid: None,
+        raw: serde_json::Value::Null,
+    }
+}
+
 /// TEST DOUBLE of the runtime: machine `running` (and every name that starts with it) runs,
 /// `stopped` does not; interactive exec plays the script in the module's doc. Counts sessions
 /// opened and records that a session's caller went.
@@ -45,19 +63,7 @@ impl Vmm for ScriptedRuntime {
             running if running.starts_with("running") => MachineState::Running,
             _ => return Ok(None),
         };
-        Ok(Some(Machine {
-            name: name.into(),
-            state,
-            cpus: 1,
-            memory_mib: 256,
-            storage_gib: None,
-            overlay_gib: None,
-            image: None,
-            ports: Vec::new(),
-            network: false,
-            pid: None,
-            raw: serde_json::Value::Null,
-        }))
+        Ok(Some(machine(name, state)))
     }
     async fn create(&self, _: &MachineSpec) -> Result<Machine, VmmError> {
         unreachable_call()

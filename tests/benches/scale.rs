@@ -89,19 +89,7 @@ impl Vmm for MemoryVmm {
                     message: format!("machine '{}' already exists", spec.name),
                 });
             }
-            let machine = Machine {
-                name: spec.name.clone(),
-                state: MachineState::Created,
-                cpus: spec.cpus,
-                memory_mib: u64::from(spec.memory_mib),
-                storage_gib: spec.storage_gib,
-                overlay_gib: spec.overlay_gib,
-                image: spec.image.clone(),
-                ports: spec.ports.clone(),
-                network: spec.network,
-                pid: None,
-                raw: json!({}),
-            };
+            let machine = Machine::created_from(spec);
             m.insert(spec.name.clone(), machine.clone());
             Ok(machine)
         })

@@ -328,6 +328,26 @@ pub struct Workload {
     pub stop_timeout_secs: Option<u64>,
 }
 
+impl Machine {
+    /// The machine a runtime reports right after creating `spec`: state created, the spec's
+    /// size, image, ports and network, no process yet.
+    pub fn created_from(spec: &MachineSpec) -> Self {
+        Machine {
+            name: spec.name.clone(),
+            state: MachineState::Created,
+            cpus: spec.cpus,
+            memory_mib: u64::from(spec.memory_mib),
+            storage_gib: spec.storage_gib,
+            overlay_gib: spec.overlay_gib,
+            image: spec.image.clone(),
+            ports: spec.ports.clone(),
+            network: spec.network,
+            pid: None,
+            raw: serde_json::Value::Null,
+        }
+    }
+}
+
 impl MachineSpec {
     /// A spec with the given name and size, no image, no disks sizes, no network.
     pub fn new(name: impl Into<String>, cpus: u32, memory_mib: u32) -> Self {
