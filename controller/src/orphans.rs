@@ -23,10 +23,7 @@ use kube::{
 };
 use smolvm_api::{NodeResources, SmolVM, SmolVMNode, constants::MACHINE_NAME_PREFIX, nodeapi::MachineStatus};
 
-use crate::{
-    placement::{self, Request},
-    reconcile::Context,
-};
+use crate::{placement::Request, reconcile::Context};
 
 /// Ledger keys of orphans start with this (never a UID), so the pruning of gone SmolVMs leaves
 /// them alone.
@@ -208,7 +205,7 @@ pub async fn run(ctx: Arc<Context>, vms: Store<SmolVM>, every: Duration, grace: 
         let nodes = ctx.nodes.state();
         let mut reported = BTreeMap::new();
         for node in &nodes {
-            let fresh = placement::heartbeat_fresh(node, now, &ctx.placement);
+            let fresh = ctx.placement.fresh(node, now);
             if let (true, Some(machines)) = (fresh, node.status.as_ref().and_then(|s| s.machines.clone())) {
                 reported.insert(node.name_any(), machines);
             }

@@ -178,13 +178,13 @@ impl Ineligible {
         }
     }
 
-    /// For a resource reason: what the request needs of that resource and what `free` holds.
-    fn amounts(self, request: &Request, free: &NodeResources) -> (i64, i64) {
+    /// For a resource reason, that resource's amount in `of` (0 for the other reasons).
+    fn resource(self, of: &NodeResources) -> i64 {
         match self {
-            Ineligible::InsufficientCpu => (request.resources.cpus, free.cpus),
-            Ineligible::InsufficientMemory => (request.resources.memory_mib, free.memory_mib),
-            Ineligible::InsufficientStorage => (request.resources.storage_gib, free.storage_gib),
-            _ => (0, 0),
+            Ineligible::InsufficientCpu => of.cpus,
+            Ineligible::InsufficientMemory => of.memory_mib,
+            Ineligible::InsufficientStorage => of.storage_gib,
+            _ => 0,
         }
     }
 }
@@ -203,10 +203,7 @@ impl Rejections {
     fn summary(&self, request: &Request) -> String {
         self.0
             .iter()
-            .map(|(why, (count, free))| {
-                let (want, _) = why.amounts(request, &NodeResources::default());
-                why.words(*count, want, (*free).max(0))
-            })
+            .map(|(why, (count, free))| why.words(*count, why.resource(&request.resources), (*free).max(0)))
             .collect::<Vec<_>>()
             .join(", ")
     }
@@ -360,8 +357,7 @@ pub fn place<'n>(
         }
         let node_usage = usage.usage(name);
         if let Some(why) = check_node(node, request, node_usage, now, config) {
-            let free = free_of(node, node_usage);
-            rejected.add(why, why.amounts(request, &free).1);
+            rejected.add(why, why.resource(&free_of(node, node_usage)));
             continue;
         }
         let s = score(node, request, node_usage);
@@ -430,11 +426,6 @@ pub fn gone_reservations(reserved: &[String], live: &HashSet<String>) -> Vec<Str
     gone
 }
 
-/// Whether a node's heartbeat is fresh at `now`, judged as `config` says.
-pub fn heartbeat_fresh(node: &SmolVMNode, now: Timestamp, config: &Config) -> bool {
-    config.fresh(node, now)
-}
-
 /// What placement and node health read from a SmolVMNode, minus the heartbeat: two nodes with
 /// the same fingerprint place and judge VMs alike (as long as both heartbeats are fresh, or both
 /// stale). Condition timestamps and the heartbeat time are left out, so the runtime's periodic
@@ -494,7 +485,7 @@ impl NodeTracker {
     /// A node was added or changed: whether its VMs must look again.
     pub fn applied(&mut self, node: &SmolVMNode, now: Timestamp, config: &Config) -> bool {
         let name = node.metadata.name.clone().unwrap_or_default();
-        let now_seen = (node_fingerprint(node), heartbeat_fresh(node, now, config));
+        let now_seen = (node_fingerprint(node), config.fresh(node, now));
         let changed = self.seen.get(&name) != Some(&now_seen);
         self.seen.insert(name, now_seen);
         changed
@@ -518,7 +509,7 @@ impl NodeTracker {
         let mut present = HashSet::new();
         for node in nodes {
             let name = node.metadata.name.clone().unwrap_or_default();
-            let fresh = heartbeat_fresh(node, now, config);
+            let fresh = config.fresh(node, now);
             match self.seen.get_mut(&name) {
                 Some((_, was)) if *was != fresh => {
                     *was = fresh;

@@ -39,7 +39,6 @@ use smolvm_certs::{
 
 use crate::events::EventSink;
 use crate::nodeclient::{ClientTls, client_tls};
-use crate::placement::heartbeat_fresh;
 use crate::signer::{LEAF_LIFETIME, SignerError};
 
 /// Name of the Secret holding the runtime CA (certificate and key); only the controller reads it.
@@ -279,7 +278,7 @@ impl NodeTrust {
     pub fn of(node: &SmolVMNode, now: Timestamp, liveness: &crate::placement::Config) -> Self {
         NodeTrust {
             name: node.metadata.name.clone().unwrap_or_default(),
-            live: heartbeat_fresh(node, now, liveness),
+            live: liveness.fresh(node, now),
             ca_fingerprint: node
                 .status
                 .as_ref()

@@ -21,6 +21,34 @@ use axum_server::accept::Accept;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+/// Waits after failed accepts (out of file descriptors, mostly): 5 ms doubling to 1 s, as Go's
+/// `net/http` server does (the ops server, the port forwarder), back to nothing after a success. Retrying at once would spin a core
+/// while the descriptors stay gone.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct AcceptBackoff(Option<Duration>);
+
+impl AcceptBackoff {
+    const FIRST: Duration = Duration::from_millis(5);
+    const MOST: Duration = Duration::from_secs(1);
+
+    /// How long to wait after one more failure.
+    pub fn failed(&mut self) -> Duration {
+        let wait = self.0.map_or(Self::FIRST, |d| (d * 2).min(Self::MOST));
+        self.0 = Some(wait);
+        wait
+    }
+
+    /// An accept succeeded.
+    pub fn succeeded(&mut self) {
+        self.0 = None;
+    }
+
+    /// Whether the last accept failed.
+    pub fn failing(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
 /// What a listener's connections may hold before and while they are served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AcceptBounds {
@@ -197,6 +225,17 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Held<S> {
 mod tests {
     use super::*;
     use axum_server::accept::DefaultAcceptor;
+
+    #[test]
+    fn accept_backoff_doubles_to_a_second_and_resets() {
+        let mut backoff = AcceptBackoff::default();
+        assert!(!backoff.failing());
+        let waits: Vec<u64> = (0..10).map(|_| backoff.failed().as_millis() as u64).collect();
+        assert_eq!(waits, [5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
+        backoff.succeeded();
+        assert!(!backoff.failing());
+        assert_eq!(backoff.failed(), Duration::from_millis(5));
+    }
 
     /// An acceptor whose handshake never finishes.
     #[derive(Clone)]

@@ -158,25 +158,22 @@ pub async fn serve_bounded(
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let mut connections = tokio::task::JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
-    let mut failed_wait: Option<Duration> = None;
+    let mut backoff = crate::accept::AcceptBackoff::default();
     loop {
         let (stream, peer) = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
-                    // Out of descriptors, mostly: wait (5 ms doubling to 1 s) instead of spinning.
-                    let wait = failed_wait.map_or(Duration::from_millis(5), |d| (d * 2).min(Duration::from_secs(1)));
-                    if failed_wait.is_none() {
+                    if !backoff.failing() {
                         tracing::warn!(%error, "ops port: accepting a connection failed; backing off");
                     }
-                    failed_wait = Some(wait);
-                    tokio::time::sleep(wait).await;
+                    tokio::time::sleep(backoff.failed()).await;
                     continue;
                 }
             },
         };
-        failed_wait = None;
+        backoff.succeeded();
         while connections.try_join_next().is_some() {}
         let Some(slot) = Slot::take(&open, peer.ip(), &bounds) else {
             tracing::debug!(%peer, "ops port: at its connection cap; closed");

@@ -339,11 +339,6 @@ pub struct Canary {
 }
 
 impl Canary {
-    /// The latest state.
-    pub fn current(&self) -> BootCheck {
-        self.state.borrow().clone()
-    }
-
     /// A receiver of state changes.
     pub fn subscribe(&self) -> watch::Receiver<BootCheck> {
         self.state.clone()

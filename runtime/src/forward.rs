@@ -32,6 +32,7 @@ use tokio::task::JoinHandle;
 use crate::metrics::Metrics;
 use crate::vmm::{Machine, MachineState, Vmm};
 use smolvm_api::Protocol;
+use smolvm_kit::accept::AcceptBackoff;
 
 /// One published port on the node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -141,34 +142,6 @@ pub fn connection_budget(wanted: usize, nofile: Option<u64>, reserve: u64) -> us
     let reserve = reserve.min(nofile / 2);
     let budget = nofile.saturating_sub(reserve) / FDS_PER_CONNECTION;
     wanted.min(usize::try_from(budget).unwrap_or(usize::MAX))
-}
-
-/// Waits after failed accepts (out of file descriptors, mostly): 5 ms doubling to 1 s, as Go's
-/// `net/http` server does, back to nothing after a success. Retrying at once would spin a core
-/// while the descriptors stay gone.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct AcceptBackoff(Option<Duration>);
-
-impl AcceptBackoff {
-    const FIRST: Duration = Duration::from_millis(5);
-    const MOST: Duration = Duration::from_secs(1);
-
-    /// How long to wait after one more failure.
-    pub fn failed(&mut self) -> Duration {
-        let wait = self.0.map_or(Self::FIRST, |d| (d * 2).min(Self::MOST));
-        self.0 = Some(wait);
-        wait
-    }
-
-    /// An accept succeeded.
-    pub fn succeeded(&mut self) {
-        self.0 = None;
-    }
-
-    /// Whether the last accept failed.
-    pub fn failing(&self) -> bool {
-        self.0.is_some()
-    }
 }
 
 /// Why a connection or session was refused (the metric's `reason` label).
@@ -744,17 +717,6 @@ mod tests {
                 "{wanted} {nofile:?} {reserve}"
             );
         }
-    }
-
-    #[test]
-    fn accept_backoff_doubles_to_a_second_and_resets() {
-        let mut backoff = AcceptBackoff::default();
-        assert!(!backoff.failing());
-        let waits: Vec<u64> = (0..10).map(|_| backoff.failed().as_millis() as u64).collect();
-        assert_eq!(waits, [5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
-        backoff.succeeded();
-        assert!(!backoff.failing());
-        assert_eq!(backoff.failed(), Duration::from_millis(5));
     }
 
     #[test]
