@@ -79,6 +79,22 @@ fn at(secs: i64) -> Time {
 
 const SVMN: &str = "/apis/vm.smolvm.dev/v1alpha1/smolvmnodes";
 
+/// Takes the agent's server-side apply of node-a's status, answers it, and returns its content
+/// type and body.
+async fn expect_status_apply(handle: &mut Handle) -> (Option<String>, Value) {
+    expect(
+        handle,
+        "PATCH",
+        &format!("{SVMN}/node-a/status?&force=true&fieldManager=smolvm-runtime"),
+        (
+            StatusCode::OK,
+            json!({"apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVMNode",
+            "metadata": {"name": "node-a"}, "spec": {}}),
+        ),
+    )
+    .await
+}
+
 #[tokio::test]
 async fn creates_the_smolvmnode_owned_by_the_node_then_applies_status() {
     smolvm_runtime::install_crypto_provider();
@@ -114,17 +130,7 @@ async fn creates_the_smolvmnode_owned_by_the_node_then_applies_status() {
         "kubernetes.io/hostname,zone"
     );
     // Labels already match: no label patch; next is the server-side apply of the status.
-    let (content_type, body) = expect(
-        &mut handle,
-        "PATCH",
-        &format!("{SVMN}/node-a/status?&force=true&fieldManager=smolvm-runtime"),
-        (
-            StatusCode::OK,
-            json!({"apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVMNode",
-            "metadata": {"name": "node-a"}, "spec": {}}),
-        ),
-    )
-    .await;
+    let (content_type, body) = expect_status_apply(&mut handle).await;
     assert_eq!(content_type.as_deref(), Some("application/apply-patch+yaml"));
     assert_eq!(body["apiVersion"], "vm.smolvm.dev/v1alpha1");
     assert_eq!(body["kind"], "SmolVMNode");
@@ -210,17 +216,7 @@ async fn mirrors_labels_without_erasing_admin_labels_and_keeps_transition_times(
         json!({"metadata": {"labels": {"gpu": null, "zone": "z1"},
             "annotations": {"vm.smolvm.dev/mirrored-labels": "kubernetes.io/hostname,zone"}}})
     );
-    let (_, body) = expect(
-        &mut handle,
-        "PATCH",
-        &format!("{SVMN}/node-a/status?&force=true&fieldManager=smolvm-runtime"),
-        (
-            StatusCode::OK,
-            json!({"apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVMNode",
-            "metadata": {"name": "node-a"}, "spec": {}}),
-        ),
-    )
-    .await;
+    let (_, body) = expect_status_apply(&mut handle).await;
     let conditions = body["status"]["conditions"].as_array().expect("conditions").clone();
     let find = |t: &str| conditions.iter().find(|c| c["type"] == t).cloned().expect("condition");
     // Unchanged status keeps its time; a changed one (KVM now False) and a new one get `now`.
@@ -294,17 +290,7 @@ async fn the_recheck_annotation_wakes_the_guest_boot_check_and_is_removed() {
         body["metadata"]["labels"]["vm.smolvm.dev/guest-bootable"], "true",
         "{body}"
     );
-    let (_, body) = expect(
-        &mut handle,
-        "PATCH",
-        &format!("{SVMN}/node-a/status?&force=true&fieldManager=smolvm-runtime"),
-        (
-            StatusCode::OK,
-            json!({"apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVMNode",
-            "metadata": {"name": "node-a"}, "spec": {}}),
-        ),
-    )
-    .await;
+    let (_, body) = expect_status_apply(&mut handle).await;
     let guest = body["status"]["conditions"]
         .as_array()
         .and_then(|c| c.iter().find(|c| c["type"] == "GuestBootable"))
