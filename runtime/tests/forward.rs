@@ -98,19 +98,26 @@ fn machine(state: MachineState, port: u16) -> Machine {
     }
 }
 
-/// A port free for TCP and UDP on 127.0.0.1 and on `also`, drawn below the kernel's ephemeral
-/// range (`listen_port`): one from the ephemeral range may be taken by any outgoing connection
-/// between this check and the bind.
-fn free_port(also: IpAddr) -> u16 {
-    loop {
-        let port = smolvm_testkit::node::free_port();
-        let free = std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok()
-            && std::net::TcpListener::bind((also, port)).is_ok()
-            && std::net::UdpSocket::bind((also, port)).is_ok();
-        if free {
-            return port;
+/// smolvm's loopback listeners, stood in for: TCP and UDP sockets on 127.0.0.1, on one port the
+/// kernel chose that is also free on `also` (the node's address, where the forwarder listens).
+/// They are held from the bind on: a port checked free and bound later may be taken in between
+/// (a CI run lost one that way), and nothing else binds 127.0.0.1 on a port held here.
+async fn smolvm_listeners(also: IpAddr) -> (tokio::net::TcpListener, tokio::net::UdpSocket, u16) {
+    for _ in 0..100 {
+        let tcp = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .expect("a loopback TCP port");
+        let port = tcp.local_addr().expect("its address").port();
+        let Ok(udp) = tokio::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, port)).await else {
+            continue;
+        };
+        let free_on_node =
+            std::net::TcpListener::bind((also, port)).is_ok() && std::net::UdpSocket::bind((also, port)).is_ok();
+        if free_on_node {
+            return (tcp, udp, port);
         }
     }
+    panic!("no port free for TCP and UDP on 127.0.0.1 and on {also} in 100 draws");
 }
 
 fn client(host: &str, port: u16) -> String {
@@ -162,13 +169,9 @@ async fn forwards_tcp_and_udp_from_another_host_and_follows_the_machine() {
         }
     };
     let node: IpAddr = host_ip.parse().expect("ip");
-    let port = free_port(node);
-
     // smolvm's listeners, stood in for: TCP answers after the client's half-close (so the
     // half-close must cross), UDP echoes.
-    let tcp = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port))
-        .await
-        .expect("tcp");
+    let (tcp, udp, port) = smolvm_listeners(node).await;
     tokio::spawn(async move {
         while let Ok((mut s, _)) = tcp.accept().await {
             tokio::spawn(async move {
@@ -181,9 +184,6 @@ async fn forwards_tcp_and_udp_from_another_host_and_follows_the_machine() {
             });
         }
     });
-    let udp = tokio::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, port))
-        .await
-        .expect("udp");
     tokio::spawn(async move {
         let mut buf = [0u8; 2048];
         while let Ok((n, from)) = udp.recv_from(&mut buf).await {
@@ -263,10 +263,7 @@ async fn idle_connections_are_closed() {
         println!("skipped: cannot listen on {node} here");
         return;
     }
-    let port = free_port(node);
-    let echo = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port))
-        .await
-        .expect("echo");
+    let (echo, _udp, port) = smolvm_listeners(node).await;
     tokio::spawn(async move {
         while let Ok((mut s, _)) = echo.accept().await {
             tokio::spawn(async move {
