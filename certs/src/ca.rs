@@ -4,19 +4,16 @@ use std::fmt;
 use std::net::IpAddr;
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    BasicConstraints, CertificateParams, DistinguishedName, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, PublicKeyData, SanType, SerialNumber,
 };
 use rustls::pki_types::CertificateDer;
 
 use crate::csr::parse_csr_inner;
 use crate::error::{Error, Result};
-use crate::names::validate_dns_name;
+use crate::names::{distinguished_name, validate_dns_name};
 use crate::pem::{cert_info_from_der, parse_pem_chain, parse_private_key_pem, parse_x509};
 use crate::validity::Validity;
-
-/// Upper bound for a subject common name (X.509 `ub-common-name`).
-const MAX_COMMON_NAME_LEN: usize = 64;
 
 /// What a leaf certificate may be used for; the only extended key usage it will carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -257,24 +254,6 @@ fn leaf_params(
     params.not_after = not_after;
     params.serial_number = Some(random_serial()?);
     Ok(params)
-}
-
-pub(crate) fn distinguished_name(common_name: &str) -> Result<DistinguishedName> {
-    if common_name.len() > MAX_COMMON_NAME_LEN {
-        return Err(Error::InvalidName {
-            name: common_name.to_string(),
-            reason: format!("common name longer than {MAX_COMMON_NAME_LEN} bytes"),
-        });
-    }
-    if common_name.chars().any(char::is_control) {
-        return Err(Error::InvalidName {
-            name: common_name.to_string(),
-            reason: "common name contains control characters".to_string(),
-        });
-    }
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, common_name);
-    Ok(dn)
 }
 
 /// A random positive 128-bit serial number (rcgen would otherwise derive it from the key).

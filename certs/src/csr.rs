@@ -10,9 +10,8 @@ use x509_parser::cri_attributes::ParsedCriAttribute;
 use x509_parser::extensions::{GeneralName, ParsedExtension};
 use x509_parser::prelude::FromDer;
 
-use crate::ca::distinguished_name;
 use crate::error::{Error, Result};
-use crate::names::{runtime_server_name, runtime_serving_sans, validate_dns_name};
+use crate::names::{distinguished_name, runtime_server_name, runtime_serving_sans, validate_dns_name};
 use crate::pem::{ip_from_bytes, parse_private_key_pem};
 
 /// What a certificate signing request asks for.

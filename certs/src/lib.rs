@@ -13,6 +13,7 @@ mod csr;
 mod error;
 mod names;
 mod pem;
+mod provider;
 mod tls;
 mod trust;
 mod validity;
@@ -28,9 +29,10 @@ pub use pem::{
     CertInfo, cert_info_from_der, is_expired, needs_renewal, parse_cert_pem, parse_pem_chain, parse_private_key_pem,
     remaining,
 };
+pub use provider::crypto_provider;
 pub use tls::{
-    ReloadableResolver, SERVER_ALPN, client_config, crypto_provider, mtls_server_config,
-    optional_client_cert_server_config, root_store, server_config,
+    ReloadableResolver, SERVER_ALPN, client_config, mtls_server_config, optional_client_cert_server_config, root_store,
+    server_config,
 };
 pub use trust::{fingerprint, issuer_in, signed_by};
 pub use validity::{CLOCK_SKEW_ALLOWANCE, Validity};

@@ -15,9 +15,13 @@
 //! accepts it: the DNS SANs must be exactly [`runtime_serving_sans`]`(node)`, with no IP, URI,
 //! email or other SANs, no CA request and no other extensions.
 
+use rcgen::{DistinguishedName, DnType};
 use rustls::pki_types::DnsName;
 
 use crate::error::{Error, Result};
+
+/// Upper bound for a subject common name (X.509 `ub-common-name`).
+const MAX_COMMON_NAME_LEN: usize = 64;
 
 /// DNS suffix under which runtime serving certificates name their node.
 pub const RUNTIME_SERVING_DNS_SUFFIX: &str = "runtime.vm.smolvm.dev";
@@ -67,6 +71,25 @@ pub fn validate_dns_name(name: &str) -> Result<()> {
         name: name.to_string(),
         reason: e.to_string(),
     })
+}
+
+/// A subject naming only `common_name`, refused when longer than X.509 allows or with control characters.
+pub(crate) fn distinguished_name(common_name: &str) -> Result<DistinguishedName> {
+    if common_name.len() > MAX_COMMON_NAME_LEN {
+        return Err(Error::InvalidName {
+            name: common_name.to_string(),
+            reason: format!("common name longer than {MAX_COMMON_NAME_LEN} bytes"),
+        });
+    }
+    if common_name.chars().any(char::is_control) {
+        return Err(Error::InvalidName {
+            name: common_name.to_string(),
+            reason: "common name contains control characters".to_string(),
+        });
+    }
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, common_name);
+    Ok(dn)
 }
 
 #[cfg(test)]

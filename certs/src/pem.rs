@@ -9,7 +9,7 @@ use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::X509Certificate;
 
 use crate::error::{Error, Result};
-use crate::tls::crypto_provider;
+use crate::provider::crypto_provider;
 use crate::validity::system_time_from_unix;
 
 /// What callers need to know about a certificate: identity, names and validity.

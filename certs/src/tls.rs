@@ -4,21 +4,16 @@ use std::fmt;
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
-use rustls::crypto::CryptoProvider;
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
 use crate::error::{Error, Result};
 use crate::pem::{CertInfo, cert_info_from_der, parse_pem_chain, parse_private_key_pem};
+use crate::provider::crypto_provider;
 
 /// ALPN protocols offered by [`server_config`] and [`mtls_server_config`], in preference order.
 pub const SERVER_ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
-
-/// The crypto provider every config in this crate uses: rustls' ring provider.
-pub fn crypto_provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
 
 struct Current {
     key: Arc<CertifiedKey>,
