@@ -5,9 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use serde::Serialize;
 
-use crate::cp::parse_mode;
-use crate::exec::{EnvVar, parse_env};
 use crate::paths::LogSource;
 use smolvm_kit::cli::parse_duration;
 
@@ -235,6 +234,44 @@ pub struct NameArgs {
     pub name: String,
 }
 
+/// An environment variable for the command, from `-e KEY=VALUE`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EnvVar {
+    /// The variable's name.
+    pub name: String,
+    /// Its value (may be empty).
+    pub value: String,
+}
+
+/// Parses `KEY=VALUE`: the key is what comes before the first `=` and must not be empty; the
+/// value is the rest, `=` and all.
+pub fn parse_env(text: &str) -> Result<EnvVar, String> {
+    match text.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok(EnvVar {
+            name: name.to_string(),
+            value: value.to_string(),
+        }),
+        Some(_) => Err(format!(
+            "invalid environment variable {text:?}: the name before '=' is empty (write KEY=VALUE)"
+        )),
+        None => Err(format!(
+            "invalid environment variable {text:?}: no '=' (write KEY=VALUE)"
+        )),
+    }
+}
+
+/// Parses `--mode`: octal permission bits, at most `7777` (`644`, `0755`, `0o600`).
+pub fn parse_mode(text: &str) -> Result<u32, String> {
+    let digits = text.strip_prefix("0o").unwrap_or(text);
+    if digits.is_empty() || digits.len() > 5 || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+        return Err(format!("invalid mode {text:?}: write it in octal, like 0644 or 755"));
+    }
+    match u32::from_str_radix(digits, 8) {
+        Ok(mode) if mode <= 0o7777 => Ok(mode),
+        _ => Err(format!("invalid mode {text:?}: at most 7777")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
@@ -349,6 +386,47 @@ mod tests {
         ];
         for args in bad {
             assert!(parse(args).is_err(), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn env_pairs() {
+        let ok = [
+            ("A=b", "A", "b"),
+            ("A=", "A", ""),
+            ("A=b=c", "A", "b=c"),
+            ("PATH=/bin:/usr/bin", "PATH", "/bin:/usr/bin"),
+        ];
+        for (text, name, value) in ok {
+            assert_eq!(
+                parse_env(text),
+                Ok(EnvVar {
+                    name: name.into(),
+                    value: value.into()
+                }),
+                "{text:?}"
+            );
+        }
+        for bad in ["", "A", "=b", "="] {
+            assert!(parse_env(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn modes() {
+        let ok = [
+            ("644", 0o644),
+            ("0644", 0o644),
+            ("0o755", 0o755),
+            ("7777", 0o7777),
+            ("0", 0),
+            ("00600", 0o600),
+        ];
+        for (text, want) in ok {
+            assert_eq!(parse_mode(text), Ok(want), "{text:?}");
+        }
+        for bad in ["", "8", "999", "0x644", "17777", "rw-r--r--", "-644", "0o", "000644"] {
+            assert!(parse_mode(bad).is_err(), "{bad:?}");
         }
     }
 }

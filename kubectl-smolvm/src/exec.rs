@@ -1,6 +1,6 @@
 //! `kubectl smolvm exec`: one command, run to its end in the machine; its stdout and stderr
-//! written here byte for byte, its exit code made ours. With `-t` it is an interactive session
-//! instead ([`crate::session`]).
+//! written here byte for byte, its exit code made ours. With `-t` and a terminal, [`crate::run`]
+//! opens an interactive session instead ([`crate::session`]).
 
 use std::io::Write;
 
@@ -9,7 +9,7 @@ use base64::engine::general_purpose::STANDARD;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
-use crate::cli::{ExecArgs, GlobalArgs};
+use crate::cli::{EnvVar, ExecArgs, GlobalArgs};
 use crate::client::{Cluster, build_request};
 use crate::duration::whole_seconds_up;
 use crate::error::Error;
@@ -17,32 +17,6 @@ use crate::paths::{check_name, exec_url};
 
 /// The most of local stdin `exec -i` sends.
 pub const MAX_STDIN_BYTES: u64 = 64 * 1024 * 1024;
-
-/// An environment variable for the command, from `-e KEY=VALUE`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct EnvVar {
-    /// The variable's name.
-    pub name: String,
-    /// Its value (may be empty).
-    pub value: String,
-}
-
-/// Parses `KEY=VALUE`: the key is what comes before the first `=` and must not be empty; the
-/// value is the rest, `=` and all.
-pub fn parse_env(text: &str) -> Result<EnvVar, String> {
-    match text.split_once('=') {
-        Some((name, value)) if !name.is_empty() => Ok(EnvVar {
-            name: name.to_string(),
-            value: value.to_string(),
-        }),
-        Some(_) => Err(format!(
-            "invalid environment variable {text:?}: the name before '=' is empty (write KEY=VALUE)"
-        )),
-        None => Err(format!(
-            "invalid environment variable {text:?}: no '=' (write KEY=VALUE)"
-        )),
-    }
-}
 
 /// The body of an exec request; absent parts are left out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -104,21 +78,8 @@ pub fn exit_code_for(code: i64) -> u8 {
     u8::try_from(code).unwrap_or(u8::MAX)
 }
 
-/// Runs the command and returns the exit code to end with.
+/// Runs the command one-shot and returns the exit code to end with.
 pub async fn run(global: &GlobalArgs, args: &ExecArgs) -> Result<u8, Error> {
-    if args.tty {
-        if crate::terminal::stdin_is_terminal() {
-            return crate::session::run(global, args, true).await;
-        }
-        // kubectl's rule: no terminal to attach, so none. Piped input must reach its end in the
-        // command, which only a one-shot exec can give (smolvm's sessions cannot close stdin).
-        if args.stdin {
-            eprintln!("Unable to use a TTY - input is not a terminal; running the command one-shot with stdin");
-        } else {
-            eprintln!("Unable to use a TTY - input is not a terminal; running without one");
-            return crate::session::run(global, args, false).await;
-        }
-    }
     check_name(&args.name)?;
     let stdin = if args.stdin {
         Some(read_stdin_text().await?)
@@ -187,29 +148,6 @@ mod tests {
             env: Vec::new(),
             workdir: None,
             command: command.iter().map(|s| s.to_string()).collect(),
-        }
-    }
-
-    #[test]
-    fn env_pairs() {
-        let ok = [
-            ("A=b", "A", "b"),
-            ("A=", "A", ""),
-            ("A=b=c", "A", "b=c"),
-            ("PATH=/bin:/usr/bin", "PATH", "/bin:/usr/bin"),
-        ];
-        for (text, name, value) in ok {
-            assert_eq!(
-                parse_env(text),
-                Ok(EnvVar {
-                    name: name.into(),
-                    value: value.into()
-                }),
-                "{text:?}"
-            );
-        }
-        for bad in ["", "A", "=b", "="] {
-            assert!(parse_env(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -30,10 +30,29 @@ pub async fn run(cli: Cli) -> Result<u8, Error> {
     let global = &cli.global;
     match &cli.command {
         Command::Logs(args) => logs::run(global, args).await.map(|()| 0),
-        Command::Exec(args) => exec::run(global, args).await,
+        Command::Exec(args) => exec_or_session(global, args).await,
         Command::Cp(args) => cp::run(global, args).await.map(|()| 0),
         Command::Start(args) => lifecycle::set_running(global, &args.name, true).await.map(|()| 0),
         Command::Stop(args) => lifecycle::set_running(global, &args.name, false).await.map(|()| 0),
         Command::Restart(args) => lifecycle::restart(global, &args.name).await.map(|()| 0),
     }
+}
+
+/// `exec`: an interactive session with `-t` when there is a terminal to attach (or `-t` without
+/// `-i`, which needs none), the one-shot exec otherwise.
+async fn exec_or_session(global: &cli::GlobalArgs, args: &cli::ExecArgs) -> Result<u8, Error> {
+    if args.tty {
+        if terminal::stdin_is_terminal() {
+            return session::run(global, args, true).await;
+        }
+        // kubectl's rule: no terminal to attach, so none. Piped input must reach its end in the
+        // command, which only a one-shot exec can give (smolvm's sessions cannot close stdin).
+        if args.stdin {
+            eprintln!("Unable to use a TTY - input is not a terminal; running the command one-shot with stdin");
+        } else {
+            eprintln!("Unable to use a TTY - input is not a terminal; running without one");
+            return session::run(global, args, false).await;
+        }
+    }
+    exec::run(global, args).await
 }

@@ -9,7 +9,6 @@ use http_body_util::BodyExt;
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-pub use spec::parse_mode;
 use spec::{DEFAULT_MODE, MAX_COPY_IN_BYTES, Spec, Transfer, format_mode, local_target, mode_of, plan, remote_target};
 
 use crate::cli::{CpArgs, GlobalArgs};

@@ -149,18 +149,6 @@ pub fn remote_target(remote_path: &str, from: &Spec) -> Result<String, Error> {
     }
 }
 
-/// Parses `--mode`: octal permission bits, at most `7777` (`644`, `0755`, `0o600`).
-pub fn parse_mode(text: &str) -> Result<u32, String> {
-    let digits = text.strip_prefix("0o").unwrap_or(text);
-    if digits.is_empty() || digits.len() > 5 || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
-        return Err(format!("invalid mode {text:?}: write it in octal, like 0644 or 755"));
-    }
-    match u32::from_str_radix(digits, 8) {
-        Ok(mode) if mode <= 0o7777 => Ok(mode),
-        _ => Err(format!("invalid mode {text:?}: at most 7777")),
-    }
-}
-
 /// The mode as the server's query takes it: four octal digits (`0644`).
 pub fn format_mode(mode: u32) -> String {
     format!("{:04o}", mode & 0o7777)
@@ -305,21 +293,7 @@ mod tests {
     }
 
     #[test]
-    fn modes() {
-        let ok = [
-            ("644", 0o644),
-            ("0644", 0o644),
-            ("0o755", 0o755),
-            ("7777", 0o7777),
-            ("0", 0),
-            ("00600", 0o600),
-        ];
-        for (text, want) in ok {
-            assert_eq!(parse_mode(text), Ok(want), "{text:?}");
-        }
-        for bad in ["", "8", "999", "0x644", "17777", "rw-r--r--", "-644", "0o", "000644"] {
-            assert!(parse_mode(bad).is_err(), "{bad:?}");
-        }
+    fn modes_format_as_four_octal_digits() {
         let formatted = [
             (0o644, "0644"),
             (0o7, "0007"),
