@@ -4,6 +4,7 @@
 //! - [`placement`]: the pure placement function and the reservation ledger.
 //! - [`plan`]: what to do next for a SmolVM, as pure functions of what was observed.
 //! - [`nodeclient`]: the mTLS client of the runtime agents' node API.
+//! - [`pki`]: the runtime CA, the CSR signer and the node API token.
 //! - [`access`]: the aggregated access API (logs, exec, files), served by every replica.
 
 pub mod access;
@@ -16,12 +17,10 @@ pub mod lease;
 pub mod metrics;
 pub mod nodeclient;
 pub mod orphans;
+pub mod pki;
 pub mod placement;
 pub mod plan;
 pub mod reconcile;
-pub mod runtime_auth;
-pub mod runtime_ca;
-pub mod signer;
 pub mod tasks;
 pub mod workload;
 

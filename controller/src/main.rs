@@ -17,11 +17,13 @@ use smolvm_controller::{
     lease::{self, LeaseConfig},
     metrics::Metrics,
     nodeclient::{self, ClientSettings, Endpoints, NodeClient},
+    pki::{
+        SignerError, runtime_auth,
+        runtime_ca::{self, RuntimeTrust},
+    },
     placement::{self, Ledger, Request},
     reconcile::{self, Context, Timing},
-    runtime_auth,
-    runtime_ca::{self, RuntimeTrust},
-    signer, tasks,
+    tasks,
 };
 use tokio::sync::watch;
 
@@ -112,7 +114,7 @@ async fn main() -> anyhow::Result<()> {
     let cas = loop {
         match runtime_ca::ensure_runtime_ca(client.clone(), &flags.namespace, flags.allow_new_runtime_ca).await {
             Ok(cas) => break cas,
-            Err(error @ signer::SignerError::CaMissing(_)) => {
+            Err(error @ SignerError::CaMissing(_)) => {
                 // Held, not crash-looping: every node hears why, and restoring the Secret is
                 // enough to go on.
                 tracing::error!(%error, reason = error.reason(), "runtime CA");

@@ -23,16 +23,10 @@ use kube::{
 };
 use smolvm_api::{NodeResources, SmolVM, SmolVMNode, constants::MACHINE_NAME_PREFIX, nodeapi::MachineStatus};
 
-use crate::{placement::Request, reconcile::Context};
-
-/// Ledger keys of orphans start with this (never a UID), so the pruning of gone SmolVMs leaves
-/// them alone.
-pub const ORPHAN_KEY_PREFIX: &str = "orphan/";
-
-/// The ledger key of an orphan machine on a node.
-pub fn ledger_key(node: &str, machine: &str) -> String {
-    format!("{ORPHAN_KEY_PREFIX}{node}/{machine}")
-}
+use crate::{
+    placement::{Request, orphan_ledger_key},
+    reconcile::Context,
+};
 
 /// Pure: the orphans on each node. `reported` maps a node to the machines its agent reports
 /// (nodes whose list is unknown are absent); `owned` holds `(node, machine)` for every SmolVM in
@@ -245,7 +239,7 @@ pub async fn run(ctx: Arc<Context>, vms: Store<SmolVM>, every: Duration, grace: 
                     }
                     match ctx.node_client.delete_machine(&node, &machine).await {
                         Ok(_) => {
-                            ctx.ledger.release(&ledger_key(&node, &machine));
+                            ctx.ledger.release(&orphan_ledger_key(&node, &machine));
                             sized.remove(&(node.clone(), machine.clone()));
                             let note = format!(
                                 "deleted machine {machine} on node {node}: no SmolVM owned it for {}s",
@@ -260,7 +254,7 @@ pub async fn run(ctx: Arc<Context>, vms: Store<SmolVM>, every: Duration, grace: 
                     }
                 }
                 Change::Gone { node, machine } => {
-                    ctx.ledger.release(&ledger_key(&node, &machine));
+                    ctx.ledger.release(&orphan_ledger_key(&node, &machine));
                     sized.remove(&(node, machine));
                 }
             }
@@ -280,7 +274,7 @@ pub async fn run(ctx: Arc<Context>, vms: Store<SmolVM>, every: Duration, grace: 
 /// Books an orphan in the ledger: its real size when the node tells it (returns a description),
 /// else nothing yet.
 async fn book(ctx: &Context, node: &str, machine: &str) -> Option<String> {
-    let key = ledger_key(node, machine);
+    let key = orphan_ledger_key(node, machine);
     match ctx.node_client.get_machine(node, machine).await {
         Ok(Some(m)) => {
             let request = request_of(&m);

@@ -411,6 +411,15 @@ fn free_of(node: &SmolVMNode, usage: Option<&Usage>) -> NodeResources {
     }
 }
 
+/// Ledger keys of orphan machines ([`crate::orphans`]) start with this (never a UID), so the
+/// pruning of gone SmolVMs leaves them alone.
+pub const ORPHAN_KEY_PREFIX: &str = "orphan/";
+
+/// The ledger key of an orphan machine on a node.
+pub fn orphan_ledger_key(node: &str, machine: &str) -> String {
+    format!("{ORPHAN_KEY_PREFIX}{node}/{machine}")
+}
+
 /// The reservations whose VM is gone: in `reserved` but not in `live` (sorted). Reservations
 /// leak when a VM vanishes without a reconcile seeing it deleted (someone else removed the
 /// finalizer, or the watch missed the delete while disconnected).
@@ -418,7 +427,7 @@ pub fn gone_reservations(reserved: &[String], live: &HashSet<String>) -> Vec<Str
     // Orphan machines are booked under their own keys and released by the orphan collector.
     let mut gone: Vec<String> = reserved
         .iter()
-        .filter(|uid| !uid.starts_with(crate::orphans::ORPHAN_KEY_PREFIX) && !live.contains(*uid))
+        .filter(|uid| !uid.starts_with(ORPHAN_KEY_PREFIX) && !live.contains(*uid))
         .cloned()
         .collect();
     gone.sort();

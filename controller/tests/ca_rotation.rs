@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::{NODE, TOKEN};
 use smolvm_certs::{CertificateAuthority, LeafUsage, ReloadableResolver, Validity};
 use smolvm_controller::nodeclient::{BearerToken, ClientSettings, ClientTls, Endpoints, NodeClient};
-use smolvm_controller::runtime_ca::{CaSet, NodeTrust, Rotation, RuntimeTrust, rotation_step};
+use smolvm_controller::pki::runtime_ca::{CaSet, NodeTrust, Rotation, RuntimeTrust, rotation_step};
 use smolvm_runtime::agent::{Agent, AgentOptions, ClientCa};
 use smolvm_runtime::nodeapi::auth::TokenAuth;
 use smolvm_runtime::serving_cert::{Renewal, renewal_due, report_current};
@@ -171,7 +171,7 @@ async fn runtime_ca_rotates_under_a_running_agent_without_losing_a_call() {
     caller.answered(20, "before the rotation").await;
     assert_eq!(
         rotation_step(false, true, false, &before.current_fingerprint(), &[node_trust()]),
-        Rotation::Begin(smolvm_controller::runtime_ca::RotationCause::Requested)
+        Rotation::Begin(smolvm_controller::pki::runtime_ca::RotationCause::Requested)
     );
 
     // Begin: a new signing CA; both trusted; the bundle published with the new CA first.

@@ -8,8 +8,8 @@ use smolvm_api::{
     types::Protocol,
 };
 use smolvm_controller::{
-    orphans::{Change, Tracker, find, ledger_key, request_of},
-    placement::{Ledger, gone_reservations},
+    orphans::{Change, Tracker, find, request_of},
+    placement::{Ledger, gone_reservations, orphan_ledger_key},
 };
 
 fn owned(pairs: &[(&str, &str)]) -> HashSet<(String, String)> {
@@ -133,7 +133,7 @@ fn an_orphan_holds_its_resources_and_ports_in_placement() {
     );
     assert_eq!(request.host_ports, vec![(8080, Protocol::Tcp)]);
     let ledger = Ledger::new();
-    let key = ledger_key("a", "svm-gone");
+    let key = orphan_ledger_key("a", "svm-gone");
     ledger.observe_bound(&key, "a", &request);
     assert_eq!(ledger.usage("a").used.cpus, 2);
     // The pruning of gone SmolVMs leaves orphan bookings to the collector.

@@ -489,7 +489,7 @@ mod csr {
         constants::{EXTRA_NODE_NAME, EXTRA_NODE_UID, RUNTIME_SIGNER},
         policy::Policy,
     };
-    use smolvm_controller::signer::{Judgement, handle_csr};
+    use smolvm_controller::pki::signer::{Judgement, handle_csr};
 
     use super::*;
 

@@ -12,9 +12,10 @@ use kube::{Api, Client};
 
 use crate::{
     nodeclient::BearerToken,
-    runtime_auth,
-    runtime_ca::{CA_SECRET, CaSet, RuntimeTrust},
-    signer::SignerError,
+    pki::{
+        SignerError, runtime_auth,
+        runtime_ca::{CA_SECRET, CaSet, RuntimeTrust},
+    },
 };
 
 /// How often the Secrets are looked at while waiting for them, and then for changes.

@@ -1,5 +1,5 @@
 //! The CSR signer loop: approves and signs (or denies) the runtime agents' serving-certificate
-//! requests. The judgement is [`crate::signer`]'s; this is the watch around it.
+//! requests. The judgement is [`crate::pki::signer`]'s; this is the watch around it.
 
 use std::sync::Arc;
 
@@ -11,7 +11,10 @@ use kube::{
 };
 use smolvm_api::constants::RUNTIME_SIGNER;
 
-use crate::{runtime_ca::RuntimeTrust, signer, tasks::policy::PolicySlot};
+use crate::{
+    pki::{runtime_ca::RuntimeTrust, signer},
+    tasks::policy::PolicySlot,
+};
 
 /// Watches the CSRs for the runtime signer and handles each, with the CA signing now and the
 /// policy in force now.

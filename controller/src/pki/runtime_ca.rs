@@ -39,12 +39,15 @@ use smolvm_certs::{
 
 use crate::events::EventSink;
 use crate::nodeclient::{ClientTls, client_tls};
-use crate::signer::{LEAF_LIFETIME, SignerError};
+use crate::pki::SignerError;
 
 /// Name of the Secret holding the runtime CA (certificate and key); only the controller reads it.
 pub const CA_SECRET: &str = smolvm_api::constants::RUNTIME_CA;
 /// Name of the ConfigMap publishing the runtime CA bundle (`ca.crt`) to the runtime agents.
 pub const CA_CONFIGMAP: &str = smolvm_api::constants::RUNTIME_CA;
+/// Lifetime of the runtime serving certificates and of the controller's client certificate.
+pub const LEAF_LIFETIME: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+
 /// Lifetime of the runtime CA.
 pub const CA_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// Common name of every runtime CA.

@@ -5,7 +5,7 @@ use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use smolvm_api::{constants::RUNTIME_SIGNER, policy::Policy};
 
 use super::judge::*;
-use super::{LEAF_LIFETIME, SignerError};
+use crate::pki::{SignerError, runtime_ca::LEAF_LIFETIME};
 
 /// Acts on one CSR: approves and signs, or denies, as [`judge_with_node_uid`] decides, with the
 /// Node the requester's token names looked up through `nodes` (its UID must match the token's).

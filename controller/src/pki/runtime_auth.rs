@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use k8s_openapi::{ByteString, api::core::v1::Secret};
 use kube::api::{Api, ObjectMeta, PostParams};
 
-use crate::{nodeclient::BearerToken, signer::SignerError};
+use crate::{nodeclient::BearerToken, pki::SignerError};
 
 /// The key of the token in the Secret.
 pub const TOKEN_KEY: &str = "token";
