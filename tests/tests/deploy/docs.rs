@@ -77,12 +77,12 @@ pub(super) fn operations_doc_explains_every_condition_and_reason() {
         ("controller/src/placement.rs", "PinnedNodeUnknown"),
         ("controller/src/placement.rs", "PinnedNodeIneligible"),
         ("controller/src/placement.rs", "NoEligibleNode"),
-        ("controller/src/signer/judge.rs", "RequesterNotRuntime"),
-        ("controller/src/signer/judge.rs", "NoNodeClaim"),
-        ("controller/src/signer/judge.rs", "UsageNotAllowed"),
-        ("controller/src/signer/judge.rs", "InvalidRequest"),
-        ("controller/src/signer/judge.rs", "NamesNotAllowed"),
-        ("controller/src/signer/handle.rs", "RuntimeNodeVerified"),
+        ("controller/src/pki/signer/judge.rs", "RequesterNotRuntime"),
+        ("controller/src/pki/signer/judge.rs", "NoNodeClaim"),
+        ("controller/src/pki/signer/judge.rs", "UsageNotAllowed"),
+        ("controller/src/pki/signer/judge.rs", "InvalidRequest"),
+        ("controller/src/pki/signer/judge.rs", "NamesNotAllowed"),
+        ("controller/src/pki/signer/handle.rs", "RuntimeNodeVerified"),
     ];
     for (file, reason) in literal {
         assert!(
