@@ -21,12 +21,12 @@ help: ## List the targets.
 
 .PHONY: generate
 generate: ## Generate the CRDs from the Rust types into deploy/crds/ and print them.
-	$(CARGO) run -q -p smolvm-controller --bin crdgen
+	$(CARGO) run -q -p smolvm-api --example crdgen
 	@cat deploy/crds/*.vm.smolvm.dev.yaml
 
 .PHONY: manifests
 manifests: ## Regenerate every generated manifest (the CRDs).
-	$(CARGO) run -q -p smolvm-controller --bin crdgen
+	$(CARGO) run -q -p smolvm-api --example crdgen
 
 .PHONY: fmt
 fmt: ## Format the code.
