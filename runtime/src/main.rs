@@ -1,7 +1,7 @@
 //! `smolvm-runtime`: the node agent (DaemonSet). See `--help`.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,31 +53,7 @@ async fn run(flags: Flags) -> Result<()> {
     } else {
         Some(kube::Client::try_default().await?)
     };
-    let (resolver, serving_files) = match (&flags.tls_cert, &flags.tls_key, &client) {
-        (Some(cert), Some(key), _) => (
-            Arc::new(ReloadableResolver::from_pem(
-                &read(cert, "reading the serving certificate")?,
-                &read(key, "reading the serving key")?,
-            )?),
-            Some((cert.clone(), key.clone())),
-        ),
-        (_, _, Some(client)) => {
-            let pair = serving_cert::request_serving_cert(
-                client.clone(),
-                &flags.node_name,
-                Duration::from_secs(2),
-                Duration::from_secs(600),
-            )
-            .await?;
-            (
-                Arc::new(ReloadableResolver::from_pem(&pair.cert_pem, &pair.key_pem)?),
-                None,
-            )
-        }
-        _ => {
-            return Err(Error::Config("--standalone needs --tls-cert and --tls-key".into()));
-        }
-    };
+    let (resolver, serving_files) = serving_identity(&flags, client.as_ref()).await?;
     let (auth, _token_watch) = TokenAuth::from_file(flags.token_file.clone(), Duration::from_secs(2))?;
     let agent = Agent::start(AgentOptions {
         node_name: flags.node_name.clone(),
@@ -139,6 +115,39 @@ async fn run(flags: Flags) -> Result<()> {
     }
     agent.shutdown().await;
     Ok(())
+}
+
+/// The serving certificate: from --tls-cert and --tls-key (with the files to watch), else
+/// obtained through a CSR filed for this node.
+async fn serving_identity(
+    flags: &Flags,
+    client: Option<&kube::Client>,
+) -> Result<(Arc<ReloadableResolver>, Option<(PathBuf, PathBuf)>)> {
+    Ok(match (&flags.tls_cert, &flags.tls_key, client) {
+        (Some(cert), Some(key), _) => (
+            Arc::new(ReloadableResolver::from_pem(
+                &read(cert, "reading the serving certificate")?,
+                &read(key, "reading the serving key")?,
+            )?),
+            Some((cert.clone(), key.clone())),
+        ),
+        (_, _, Some(client)) => {
+            let pair = serving_cert::request_serving_cert(
+                client.clone(),
+                &flags.node_name,
+                Duration::from_secs(2),
+                Duration::from_secs(600),
+            )
+            .await?;
+            (
+                Arc::new(ReloadableResolver::from_pem(&pair.cert_pem, &pair.key_pem)?),
+                None,
+            )
+        }
+        _ => {
+            return Err(Error::Config("--standalone needs --tls-cert and --tls-key".into()));
+        }
+    })
 }
 
 /// The guest boot check, as `--canary` says (`None` when off).
