@@ -1,6 +1,7 @@
 //! Finding kube-apiserver and etcd the way envtest does: `TEST_ASSET_KUBE_APISERVER` and
 //! `TEST_ASSET_ETCD` first, then the directory `KUBEBUILDER_ASSETS`, then `PATH`, then
-//! `/usr/local/kubebuilder/bin`.
+//! `/usr/local/kubebuilder/bin`. And finding smolvm: its environment when exported, else what
+//! `.ci/install-smolvm.sh` installs (or finds installed) and prints.
 
 use std::path::{Path, PathBuf};
 
@@ -145,4 +146,63 @@ pub fn operator_bins() -> anyhow::Result<OperatorBins> {
         runtime: find("smolvm-runtime")?,
         plugin: find("kubectl-smolvm")?,
     })
+}
+
+/// smolvm's environment for the runtime: the `SMOLVM_*` variables of this process when
+/// `SMOLVM_BIN` is among them (`make e2e` evaluates `.ci/install-smolvm.sh`), else the ones that
+/// script prints, run once per test binary (it installs the pinned smolvm, or finds it
+/// installed). The runtime's own settings (`SMOLVM_RUNTIME_*`) are never passed on.
+pub fn smolvm_env() -> anyhow::Result<Vec<(String, String)>> {
+    static INSTALLED: std::sync::OnceLock<Result<Vec<(String, String)>, String>> = std::sync::OnceLock::new();
+    let exported: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("SMOLVM_") && !k.starts_with("SMOLVM_RUNTIME_"))
+        .collect();
+    let vars = if exported.iter().any(|(k, _)| k == "SMOLVM_BIN") {
+        exported
+    } else {
+        let installed = INSTALLED
+            .get_or_init(install_smolvm)
+            .clone()
+            .map_err(anyhow::Error::msg)?;
+        // What the environment sets and the script does not print (SMOLVM_VM_UID_DROP…) stays.
+        let mut vars = installed.clone();
+        vars.extend(
+            exported
+                .into_iter()
+                .filter(|(k, _)| !installed.iter().any(|(name, _)| name == k)),
+        );
+        vars
+    };
+    let bin = vars
+        .iter()
+        .find(|(k, _)| k == "SMOLVM_BIN")
+        .map(|(_, v)| PathBuf::from(v))
+        .ok_or_else(|| anyhow::anyhow!(".ci/install-smolvm.sh printed no SMOLVM_BIN"))?;
+    if !bin.is_file() {
+        anyhow::bail!("SMOLVM_BIN {} is not a file", bin.display());
+    }
+    Ok(vars)
+}
+
+/// Runs `.ci/install-smolvm.sh` and reads the `export NAME=VALUE` lines it prints.
+fn install_smolvm() -> Result<Vec<(String, String)>, String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/install-smolvm.sh");
+    eprintln!(
+        "SMOLVM_BIN is not set; finding or installing smolvm with {}",
+        script.display()
+    );
+    let output = std::process::Command::new("bash")
+        .arg(&script)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|error| format!("cannot run {}: {error}", script.display()))?;
+    if !output.status.success() {
+        return Err(format!(
+            "{} failed ({}); set SMOLVM_BIN, or run `eval \"$(bash .ci/install-smolvm.sh)\"` to see why",
+            script.display(),
+            output.status
+        ));
+    }
+    smolvm_testkit::node::parse_exports(&String::from_utf8_lossy(&output.stdout))
 }

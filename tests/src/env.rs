@@ -181,18 +181,11 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// smolvm's environment, as `.ci/install-smolvm.sh` exports it (`make e2e` evaluates it).
+/// smolvm's environment, as `.ci/install-smolvm.sh` exports it ([`crate::assets::smolvm_env`]),
+/// with the VM user drop turned off (the tests run smolvm as this user).
 fn smolvm_env() -> anyhow::Result<Vec<(String, String)>> {
-    let bin = std::env::var("SMOLVM_BIN").map_err(|_| {
-        anyhow!(
-            "SMOLVM_BIN is not set: run through `make e2e`/`make dev`, or first `eval \"$(bash .ci/install-smolvm.sh)\"`"
-        )
-    })?;
-    if !Path::new(&bin).is_file() {
-        bail!("SMOLVM_BIN {bin} is not a file");
-    }
-    Ok(std::env::vars()
-        .filter(|(k, _)| k.starts_with("SMOLVM_") && !k.starts_with("SMOLVM_RUNTIME_"))
+    Ok(crate::assets::smolvm_env()?
+        .into_iter()
         .chain([("SMOLVM_VM_UID_DROP".to_string(), "off".to_string())])
         .collect())
 }
