@@ -2,7 +2,7 @@
 //! certificate signing.
 //!
 //! - [`placement`]: the pure placement function and the reservation ledger.
-//! - [`plan`]: what to do next for a SmolVM, as pure functions of what was observed.
+//! - [`vm`]: the lifecycle of a SmolVM: observe, decide (pure), act, report.
 //! - [`nodeclient`]: the mTLS client of the runtime agents' node API.
 //! - [`pki`]: the runtime CA, the CSR signer and the node API token.
 //! - [`access`]: the aggregated access API (logs, exec, files), served by every replica.
@@ -10,8 +10,6 @@
 pub mod access;
 pub mod cli;
 pub mod events;
-pub mod expose;
-pub mod fetch;
 pub mod heartbeat;
 pub mod lease;
 pub mod metrics;
@@ -19,10 +17,8 @@ pub mod nodeclient;
 pub mod orphans;
 pub mod pki;
 pub mod placement;
-pub mod plan;
-pub mod reconcile;
 pub mod tasks;
-pub mod workload;
+pub mod vm;
 
 /// Waits until a reflector store has its first complete list; `false` if its writer is gone.
 ///

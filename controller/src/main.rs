@@ -22,7 +22,7 @@ use smolvm_controller::{
         runtime_ca::{self, RuntimeTrust},
     },
     placement::{self, Ledger, Request},
-    reconcile::{self, Context, Timing},
+    vm::{self, Context, Timing},
     tasks,
 };
 use tokio::sync::watch;
@@ -205,9 +205,11 @@ async fn main() -> anyhow::Result<()> {
         },
         flags.runtime_ca_check_interval.max(Duration::from_secs(1)),
     ));
+    let (owned, services, slices) = vm::owned_watches(&client);
     let ctx = Arc::new(Context {
         client: client.clone(),
         nodes: node_store.clone(),
+        owned,
         ledger,
         node_client,
         recorder: events,
@@ -265,11 +267,14 @@ async fn main() -> anyhow::Result<()> {
     let running = controller
         // The VMs that node changes concern (see tasks::nodes).
         .reconcile_on(wake_rx)
+        // A Service or EndpointSlice of a SmolVM changed or went: its pass puts it back.
+        .owns_stream(services)
+        .owns_stream(slices)
         // SIGTERM: let in-flight reconciles finish while the lease is still ours.
         .graceful_shutdown_on(async move {
             let _ = stop.changed().await;
         })
-        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .run(vm::reconcile, vm::error_policy, ctx)
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!(error = %e, "reconcile error");

@@ -25,7 +25,7 @@ use smolvm_api::{NodeResources, SmolVM, SmolVMNode, constants::MACHINE_NAME_PREF
 
 use crate::{
     placement::{Request, orphan_ledger_key},
-    reconcile::Context,
+    vm::Context,
 };
 
 /// Pure: the orphans on each node. `reported` maps a node to the machines its agent reports

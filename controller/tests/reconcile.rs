@@ -55,81 +55,78 @@ async fn add_finalizer_appends_to_other_finalizers() {
 #[test]
 fn runtime_failures_are_named_after_the_call() {
     use smolvm_api::{Phase, nodeapi::ErrorCode};
-    use smolvm_controller::reconcile::{RuntimeCall, call_failure};
+    use smolvm_controller::vm::decide::{Call, call_failure};
+    let spec = smolvm_controller::vm::rules::machine_spec(&vm(fixtures::alpine())).unwrap();
+    let create = || Call::Create(Box::new(spec.clone()));
     let cases = [
         (
             "get",
-            RuntimeCall::Get,
+            Call::Get,
             Some(&ErrorCode::RuntimeError),
             (Some(Phase::Unknown), "RuntimeError"),
         ),
         (
             "create",
-            RuntimeCall::Create,
+            create(),
             Some(&ErrorCode::RuntimeError),
             (Some(Phase::Failed), "CreateFailed"),
         ),
         // A taken host port is its own reason, on create and on start.
         (
             "create_port_taken",
-            RuntimeCall::Create,
+            create(),
             Some(&ErrorCode::HostPortInUse),
             (Some(Phase::Failed), "HostPortInUse"),
         ),
         (
             "start_port_taken",
-            RuntimeCall::Start,
+            Call::EnsureRunning,
             Some(&ErrorCode::HostPortInUse),
             (Some(Phase::Failed), "HostPortInUse"),
         ),
         (
             "start",
-            RuntimeCall::Start,
+            Call::EnsureRunning,
             Some(&ErrorCode::RuntimeError),
             (Some(Phase::Failed), "StartFailed"),
         ),
         (
             "start_failed",
-            RuntimeCall::Start,
+            Call::EnsureRunning,
             Some(&ErrorCode::StartFailed),
             (Some(Phase::Failed), "StartFailed"),
         ),
-        (
-            "stop",
-            RuntimeCall::Stop,
-            Some(&ErrorCode::RuntimeError),
-            (None, "StopFailed"),
-        ),
-        ("stop_no_code", RuntimeCall::Stop, None, (None, "StopFailed")),
+        ("stop", Call::Stop, Some(&ErrorCode::RuntimeError), (None, "StopFailed")),
+        ("stop_no_code", Call::Stop, None, (None, "StopFailed")),
         (
             "resize",
-            RuntimeCall::Resize,
+            Call::Resize(Default::default()),
             Some(&ErrorCode::InvalidRequest),
             (None, "ResizeFailed"),
         ),
         // The agent's refusals whatever admission did, each its own reason.
         (
             "create_port_excluded",
-            RuntimeCall::Create,
+            create(),
             Some(&ErrorCode::HostPortExcluded),
             (Some(Phase::Failed), "HostPortExcluded"),
         ),
         (
             "start_private_image_without_credentials",
-            RuntimeCall::Start,
+            Call::EnsureRunning,
             Some(&ErrorCode::ImagePullCredentialsRequired),
             (Some(Phase::Failed), "ImagePullCredentialsRequired"),
         ),
         // smolvm's start failure is a start failure whatever call met it.
         (
             "create_then_start_failed",
-            RuntimeCall::Create,
+            create(),
             Some(&ErrorCode::StartFailed),
             (Some(Phase::Failed), "StartFailed"),
         ),
     ];
     for (name, call, code, expected) in cases {
-        assert_eq!(call_failure(call, code), expected, "{name}");
+        assert_eq!(call_failure(&call, code), expected, "{name}");
     }
 }
 
@@ -138,7 +135,7 @@ fn force_delete_gives_up_only_when_the_agent_itself_is_unreachable() {
     use smolvm_api::nodeapi::ErrorCode;
     use smolvm_controller::{
         nodeclient::CallError,
-        reconcile::{DeleteFailure, delete_failure},
+        vm::decide::{DeleteFailure, delete_failure},
     };
     let unreachable = CallError::Unreachable {
         node: "node-a".into(),
@@ -214,11 +211,11 @@ async fn a_stale_cache_right_after_a_bind_does_not_bind_again() {
         expect(Method::POST, EVENTS_PATH, |_| {}),
     ];
     let server = tokio::spawn(serve(handle, calls, serde_json::to_value(&object).unwrap(), VM_PATH));
-    let first = smolvm_controller::reconcile::reconcile(std::sync::Arc::new(object.clone()), ctx.clone()).await;
+    let first = smolvm_controller::vm::reconcile(std::sync::Arc::new(object.clone()), ctx.clone()).await;
     assert_eq!(first.unwrap(), kube::runtime::controller::Action::await_change());
     // The cache still shows the unbound object: no second bind (it would meet a 409 and drop the
     // reservation the real binding holds), just a look again shortly.
-    let again = smolvm_controller::reconcile::reconcile(std::sync::Arc::new(object), ctx).await;
+    let again = smolvm_controller::vm::reconcile(std::sync::Arc::new(object), ctx).await;
     assert_eq!(
         again.unwrap(),
         kube::runtime::controller::Action::requeue(Duration::from_secs(1))
@@ -427,10 +424,10 @@ async fn a_resize_up_without_room_is_reported_not_sent() {
         vec![node()],
         Some(node_client()),
         vec![
-            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Created")),
             expect(Method::PATCH, VM_STATUS_PATH, |body| {
                 assert_eq!(body["status"]["effective"]["storageGiB"], 2)
             }),
+            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Created")),
         ],
     )
     .await;
@@ -467,10 +464,10 @@ async fn a_resize_up_without_room_is_reported_not_sent() {
         vec![node()],
         Some(node_client()),
         vec![
-            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Resized")),
             expect(Method::PATCH, VM_STATUS_PATH, |body| {
                 assert_eq!(body["status"]["effective"]["storageGiB"], 5);
             }),
+            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Resized")),
         ],
     )
     .await;

@@ -73,11 +73,11 @@ async fn create_run_stop_resize_against_the_real_runtime() {
         nodes(),
         Some(node_client(&pki, &agent)),
         vec![
-            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Created")),
             expect(Method::PATCH, VM_STATUS_PATH, |body| {
                 assert_eq!(body["status"]["phase"], "Stopped");
                 assert_eq!(body["status"]["effective"]["storageGiB"], 2);
             }),
+            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Created")),
         ],
     )
     .await;
@@ -106,10 +106,10 @@ async fn create_run_stop_resize_against_the_real_runtime() {
         nodes(),
         Some(node_client(&pki, &agent)),
         vec![
-            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Resized")),
             expect(Method::PATCH, VM_STATUS_PATH, |body| {
                 assert_eq!(body["status"]["effective"]["storageGiB"], 3)
             }),
+            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Resized")),
         ],
     )
     .await;
@@ -236,10 +236,10 @@ async fn an_exited_workload_follows_the_restart_policy() {
         nodes(),
         Some(node_client(&pki, &agent)),
         vec![
-            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Created")),
             expect(Method::PATCH, VM_STATUS_PATH, |body| {
                 assert_eq!(body["status"]["phase"], "Stopped")
             }),
+            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Created")),
         ],
     )
     .await;
@@ -356,7 +356,6 @@ async fn an_exposed_vm_gets_its_service_and_loses_it_with_its_deletion() {
         nodes(),
         Some(node_client(&pki, &agent)),
         vec![
-            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Created")),
             expect_answer(Method::GET, SERVICE_PATH, 404, not_found("services", "alpine")),
             expect_answer(Method::GET, SLICE_PATH, 404, not_found("endpointslices", "alpine")),
             expect(Method::PATCH, SERVICE_PATH, move |body| {
@@ -387,6 +386,7 @@ async fn an_exposed_vm_gets_its_service_and_loses_it_with_its_deletion() {
                 assert_eq!(body["status"]["ports"], format!("{host_port}->80/TCP"));
                 *keep_status.lock().unwrap() = body["status"].clone();
             }),
+            expect(Method::POST, EVENTS_PATH, |body| assert_eq!(body["reason"], "Created")),
         ],
     )
     .await;
@@ -417,6 +417,7 @@ async fn an_exposed_vm_gets_its_service_and_loses_it_with_its_deletion() {
         Some(node_client(&pki, &agent)),
         vec![
             expect_answer(Method::GET, SERVICE_PATH, 200, foreign),
+            expect_answer(Method::GET, SLICE_PATH, 200, stored_slice.clone()),
             expect(Method::PATCH, VM_STATUS_PATH, |body| {
                 let exposed = condition_of(body, "ServiceExposed");
                 assert_eq!(
@@ -436,7 +437,8 @@ async fn an_exposed_vm_gets_its_service_and_loses_it_with_its_deletion() {
     )
     .await;
 
-    // Deletion: the machine, then the owned EndpointSlice and Service, then the finalizer.
+    // Deletion: the machine, then the owned EndpointSlice and Service (read, as no cache holds
+    // them here), then the finalizer.
     let mut deleting = with_status(exposed_vm());
     deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
         k8s_openapi::jiff::Timestamp::now(),
@@ -446,6 +448,7 @@ async fn an_exposed_vm_gets_its_service_and_loses_it_with_its_deletion() {
         nodes(),
         Some(node_client(&pki, &agent)),
         vec![
+            expect_answer(Method::GET, SERVICE_PATH, 200, stored_service),
             expect_answer(Method::GET, SLICE_PATH, 200, stored_slice),
             expect_answer(
                 Method::DELETE,
@@ -453,7 +456,6 @@ async fn an_exposed_vm_gets_its_service_and_loses_it_with_its_deletion() {
                 200,
                 json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
             ),
-            expect_answer(Method::GET, SERVICE_PATH, 200, stored_service),
             expect_answer(
                 Method::DELETE,
                 SERVICE_PATH,

@@ -5,7 +5,7 @@ use std::{collections::HashSet, sync::Arc, time::Duration};
 use kube::{ResourceExt, runtime::reflector};
 use smolvm_api::SmolVM;
 
-use crate::reconcile::Context;
+use crate::vm::Context;
 
 /// Every `every`, releases the reservations of VMs no longer in the cache (a delete the watch
 /// missed while it was disconnected; the watch's own delete events release at once).

@@ -25,7 +25,7 @@ use smolvm_api::{
 use smolvm_controller::{
     nodeclient::{ClientSettings, Endpoints, NodeClient},
     placement::{self, Ledger},
-    reconcile::{Context, Timing, reconcile},
+    vm::{Context, Timing, reconcile},
 };
 // Each test binary uses some of them.
 #[allow(unused_imports)]
@@ -50,6 +50,7 @@ pub fn context(client: Client, nodes: Vec<SmolVMNode>, node_client: Option<NodeC
     Arc::new(Context {
         client: client.clone(),
         nodes: store,
+        owned: Default::default(),
         ledger: Ledger::new(),
         node_client,
         recorder: smolvm_controller::events::EventSink::new(

@@ -1,4 +1,4 @@
-//! Reconcile planning tables: next step per object state, node health, machine actions, conditions.
+//! The lifecycle rules' tables: next step per object state, node health, machine actions, conditions.
 
 use std::collections::BTreeMap;
 
@@ -12,7 +12,7 @@ use smolvm_api::{
     fixtures,
     nodeapi::{MachineState, MachineStatus, NetworkSpec, ResizeSpec},
 };
-use smolvm_controller::plan::{
+use smolvm_controller::vm::rules::{
     MachineAction, NodeHealth, Restart, RunGoal, Step, exited_message, machine_action, machine_name, machine_resources,
     machine_spec, next_step, node_health, resize_shortfall, restart, restart_request, run_goal, set_condition,
     step_events, transition_event, unsettled_delay,
@@ -122,7 +122,7 @@ fn a_missing_machine_is_created_only_if_it_never_existed() {
         EffectiveResources,
         constants::{RECREATE_LOST_MACHINE_ANNOTATION, RECREATE_LOST_MACHINE_VALUE},
     };
-    use smolvm_controller::plan::{MissingMachine, missing_machine};
+    use smolvm_controller::vm::rules::{MissingMachine, missing_machine};
     let seen = |mut vm: SmolVM| {
         vm.status.get_or_insert_with(Default::default).effective = Some(EffectiveResources::default());
         vm

@@ -1,6 +1,7 @@
-//! Reconcile planning: what the controller does next for a SmolVM, as pure functions of what it
-//! observed. The I/O layer fetches, calls [`next_step`] and [`machine_action`], carries the step
-//! out, and writes the status that [`conditions`] computes.
+//! The rules of a SmolVM's lifecycle, as pure functions of what was observed: the next step
+//! ([`next_step`]), the node's health, the machine the spec asks for and the action that brings
+//! it there, restarts and run goals, conditions, and the events of a transition. [`super::decide`]
+//! combines them into one decision per pass.
 
 use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
@@ -600,6 +601,92 @@ pub fn machine_resources(m: &MachineStatus) -> NodeResources {
         cpus: i64::from(m.cpus),
         memory_mib: i64::try_from(m.memory_mib).unwrap_or(i64::MAX),
         storage_gib: gib(m.storage_gib).saturating_add(gib(m.overlay_gib)),
+    }
+}
+
+/// Phase, Ready and effective resources from the machine the node reports.
+pub fn apply_machine(
+    status: &mut SmolVMStatus,
+    machine: Option<&MachineStatus>,
+    goal: RunGoal,
+    policy: RestartPolicy,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let Some(m) = machine else {
+        status.phase = Some(Phase::Creating);
+        set_condition(
+            &mut status.conditions,
+            condition::READY,
+            "False",
+            reason::CREATING,
+            "the machine is being created",
+            generation,
+            now,
+        );
+        return;
+    };
+    let running = goal.running();
+    let (phase, ready, why, message) = match (&m.state, running) {
+        (MachineState::Running, true) => (Phase::Running, "True", reason::RUNNING, "the machine runs".to_string()),
+        (state, false) if goal == RunGoal::Exited && *state != MachineState::Running => {
+            (Phase::Stopped, "False", reason::EXITED, exited_message(policy))
+        }
+        (MachineState::Running, false) => (
+            Phase::Running,
+            "False",
+            reason::STOPPED,
+            "the machine is being stopped".into(),
+        ),
+        (MachineState::Failed, _) => (
+            Phase::Failed,
+            "False",
+            "MachineFailed",
+            format!("smolvm reports the machine as {}", m.runtime_state),
+        ),
+        (_, false) => (
+            Phase::Stopped,
+            "True",
+            reason::STOPPED,
+            "the machine is stopped as asked".into(),
+        ),
+        (_, true) => (
+            Phase::Creating,
+            "False",
+            reason::CREATING,
+            "the machine is starting".into(),
+        ),
+    };
+    status.phase = Some(phase);
+    set_condition(
+        &mut status.conditions,
+        condition::READY,
+        ready,
+        why,
+        &message,
+        generation,
+        now,
+    );
+    status.effective = Some(effective_of(m));
+}
+
+/// The resources and ports a machine has, as the status shows them.
+pub fn effective_of(m: &MachineStatus) -> smolvm_api::EffectiveResources {
+    smolvm_api::EffectiveResources {
+        cpus: i32::try_from(m.cpus).unwrap_or(i32::MAX),
+        memory_mib: i64::try_from(m.memory_mib).unwrap_or(i64::MAX),
+        storage_gib: m.storage_gib.and_then(|s| i64::try_from(s).ok()).unwrap_or_default(),
+        overlay_gib: m.overlay_gib.and_then(|s| i64::try_from(s).ok()).unwrap_or_default(),
+        ports: m
+            .network
+            .ports
+            .iter()
+            .map(|p| smolvm_api::Port {
+                host_port: i32::from(p.host_port),
+                guest_port: i32::from(p.guest_port),
+                protocol: p.protocol,
+            })
+            .collect(),
     }
 }
 

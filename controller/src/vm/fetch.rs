@@ -1,5 +1,5 @@
 //! Reads the Secrets and ConfigMaps a SmolVM's workload refers to, in the SmolVM's namespace.
-//! The thin I/O beside [`crate::workload`], which decides what the contents mean.
+//! The thin I/O beside [`super::workload`], which decides what the contents mean.
 //!
 //! Nothing here logs or formats an object's contents: a Secret is read into bytes and handed on.
 
@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::{Api, Client};
 
-use crate::workload::{Fetched, Source};
+use super::workload::{Fetched, Source};
 
 /// A read the API server refused for a reason other than 403 or 404.
 pub type FetchError = kube::Error;

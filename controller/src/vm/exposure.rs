@@ -1,6 +1,6 @@
 //! Reach by name: the Service and EndpointSlice a SmolVM with `network.exposeService` gets, as
-//! pure functions of the SmolVM, its node's address and whether the machine runs. The I/O that
-//! reads and applies them lives in `reconcile`.
+//! pure functions of the SmolVM, its node's address and whether the machine runs.
+//! [`super::decide`] decides the writes from them; [`super::report`] makes them.
 //!
 //! The Service is selector-less and named like the SmolVM (ClusterIP, one port per published
 //! port, named `<protocol>-<guestPort>`, port = guestPort, targetPort = hostPort); its one
@@ -24,6 +24,9 @@ use smolvm_api::{Port, SmolVM, constants::reason};
 /// `endpointslice.kubernetes.io/managed-by` of the slices the controller writes (the built-in
 /// EndpointSlice controller leaves slices managed by others alone).
 pub const MANAGED_BY: &str = "smolvm-controller.vm.smolvm.dev";
+
+/// The label selector of the objects the controller makes for SmolVMs (its watches select them).
+pub const OWNED_SELECTOR: &str = "app.kubernetes.io/managed-by=smolvm-controller";
 
 /// The Service port name of a published port: `tcp-80`.
 pub fn port_name(port: &Port) -> String {

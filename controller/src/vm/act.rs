@@ -1,0 +1,391 @@
+//! Observe and act: the I/O of a pass. It gathers what [`super::decide`] needs, makes the node
+//! calls decide asks for, and hands the outcome to [`super::report`].
+//!
+//! The finalizer is added and removed here rather than through `kube::runtime::finalizer`,
+//! whose cleanup can keep the finalizer only by returning an error. A deletion held because the
+//! node is unreachable is not a failed reconcile: it is `DeletionBlocked=True` with a requeue,
+//! and as an error it would be counted in the failure metrics, backed off by the error policy,
+//! and logged as one on every pass until the node returns or the force annotation is set.
+
+use std::{sync::Arc, time::Duration};
+
+use k8s_openapi::{
+    api::{core::v1::Service, discovery::v1::EndpointSlice},
+    jiff::Timestamp,
+};
+use kube::{
+    Api, ResourceExt,
+    api::{Patch, PatchParams, PostParams},
+    runtime::{controller::Action, reflector::ObjectRef},
+};
+use serde_json::json;
+use smolvm_api::{
+    SmolVM,
+    constants::{FINALIZER, reason},
+    nodeapi::{EnvVar, MachineStatus, RegistryAuth},
+};
+
+use super::decide::{self, Call, Decision, DeleteFailure, Failure, Observed, Progress, Room};
+use super::report;
+use super::rules::{self, Step};
+use super::{Context, Error};
+use crate::placement::Request;
+
+/// One pass over a SmolVM: [`rules::next_step`] decides which, this carries it out.
+pub async fn pass(vm: Arc<SmolVM>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = vm.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let api: Api<SmolVM> = Api::namespaced(ctx.client.clone(), &ns);
+    let uid = vm.uid().ok_or(Error::MissingField("metadata.uid"))?;
+    match rules::next_step(&vm) {
+        Step::Forget => {
+            ctx.forget(&uid);
+            Ok(Action::await_change())
+        }
+        Step::AddFinalizer => {
+            add_finalizer(&api, &vm).await?;
+            Ok(Action::await_change())
+        }
+        Step::RemoveFinalizer => {
+            remove_finalizer(&api, &vm).await?;
+            ctx.forget(&uid);
+            Ok(Action::await_change())
+        }
+        Step::DeleteMachine { node, machine, force } => delete(&api, &vm, &ctx, &uid, &node, &machine, force).await,
+        Step::Place => place(&api, &vm, &ctx, &uid).await,
+        Step::Converge { node, machine } => {
+            ctx.ledger.observe_bound(&uid, &node, &Request::of(&vm));
+            converge(&api, &vm, &ctx, &uid, &node, &machine).await
+        }
+    }
+}
+
+async fn add_finalizer(api: &Api<SmolVM>, vm: &SmolVM) -> Result<(), Error> {
+    let patch = match &vm.metadata.finalizers {
+        // The `test` that the list is still absent (a JSON patch `test` of a missing path
+        // against null succeeds): a finalizer another client added meanwhile makes the patch
+        // fail (and the reconcile retry) instead of being overwritten.
+        None => json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": null},
+            {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}
+        ]),
+        Some(_) => json!([{"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}]),
+    };
+    api.patch(
+        &vm.name_any(),
+        &PatchParams::default(),
+        &Patch::Json::<()>(serde_json::from_value(patch)?),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn remove_finalizer(api: &Api<SmolVM>, vm: &SmolVM) -> Result<(), Error> {
+    let Some(index) = vm.metadata.finalizers.iter().flatten().position(|f| f == FINALIZER) else {
+        return Ok(());
+    };
+    let patch = json!([
+        {"op": "test", "path": format!("/metadata/finalizers/{index}"), "value": FINALIZER},
+        {"op": "remove", "path": format!("/metadata/finalizers/{index}")}
+    ]);
+    api.patch(
+        &vm.name_any(),
+        &PatchParams::default(),
+        &Patch::Json::<()>(serde_json::from_value(patch)?),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn delete(
+    api: &Api<SmolVM>,
+    vm: &SmolVM,
+    ctx: &Context,
+    uid: &str,
+    node: &str,
+    machine: &str,
+    force: bool,
+) -> Result<Action, Error> {
+    sync_endpoint(ctx, node);
+    let result = timed(ctx, "DeleteMachine", ctx.node_client.delete_machine(node, machine)).await;
+    let gone = match &result {
+        Ok(outcome) => Ok(outcome.missing),
+        Err(e) if decide::delete_failure(force, e) == DeleteFailure::GiveUp => Err(e),
+        Err(e) => {
+            let failure = decide::delete_failure(force, e);
+            let outcome = decide::deletion_blocked(vm, node, machine, failure, e, Timestamp::now());
+            return report::report(ctx, api, vm, uid, outcome).await;
+        }
+    };
+    let (service, slice) = owned_objects(ctx, vm, false).await?;
+    let writes = decide::removal(vm, service.as_deref(), slice.as_deref());
+    report::write_exposure(ctx, vm, &writes).await?;
+    remove_finalizer(api, vm).await?;
+    ctx.forget(uid);
+    report::publish(ctx, vm, &decide::deleted(node, machine, gone)).await;
+    Ok(Action::await_change())
+}
+
+async fn place(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, uid: &str) -> Result<Action, Error> {
+    // This VM was bound a moment ago and the cache has not caught up: binding again would only
+    // meet a 409 (and drop the reservation the real binding holds). The watch brings the bound
+    // object soon; look again then.
+    if ctx.ledger.node_of(uid).is_some() {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let nodes = ctx.nodes.state();
+    let now = Timestamp::now();
+    let chosen = ctx.ledger.place_and_reserve(
+        uid,
+        &Request::of(vm),
+        nodes.iter().map(|n| n.as_ref()),
+        now,
+        &ctx.placement,
+    );
+    let node = match chosen {
+        Ok(name) => name,
+        Err(unplaceable) => {
+            ctx.metrics
+                .placement_failures
+                .get_or_create(&crate::metrics::ReasonLabel {
+                    reason: unplaceable.reason.into(),
+                })
+                .inc();
+            let outcome = decide::unschedulable(vm, unplaceable.message, now);
+            return report::report(ctx, api, vm, uid, outcome).await;
+        }
+    };
+    let node_uid = ctx
+        .nodes
+        .get(&ObjectRef::new(&node))
+        .and_then(|n| n.status.as_ref().and_then(|s| s.node_uid.clone()));
+    let Some(node_uid) = node_uid else {
+        ctx.ledger.release(uid);
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    };
+    // The binding is written once, with the object's resourceVersion as precondition.
+    let mut bound = vm.clone();
+    bound.status = Some(decide::bound(vm, &node, node_uid, now));
+    match api.replace_status(&vm.name_any(), &PostParams::default(), &bound).await {
+        Ok(_) => {
+            let note = format!("bound to node {node}");
+            report::publish(ctx, vm, &decide::Note::bound(note)).await;
+            // Our own write comes back through the watch and triggers the next step.
+            Ok(Action::await_change())
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            // Someone else changed the object first: forget the reservation and look again.
+            ctx.ledger.release(uid);
+            Ok(Action::requeue(Duration::from_millis(200)))
+        }
+        Err(e) => {
+            ctx.ledger.release(uid);
+            Err(e.into())
+        }
+    }
+}
+
+/// Points the node client at the endpoint the node's SmolVMNode advertises.
+fn sync_endpoint(ctx: &Context, node: &str) {
+    match ctx
+        .nodes
+        .get(&ObjectRef::new(node))
+        .and_then(|n| n.status.as_ref().and_then(|s| s.endpoint.clone()))
+    {
+        Some(ep) => match u16::try_from(ep.port) {
+            Ok(port) => ctx.node_client.endpoints().set(node, &ep.address, port),
+            Err(_) => ctx.node_client.endpoints().remove(node),
+        },
+        None => ctx.node_client.endpoints().remove(node),
+    }
+}
+
+/// A pass over a bound SmolVM: observe, then decide and act until decide has nothing more to
+/// call (at most [`decide::MAX_STEPS_PER_PASS`] machine steps and a read), then report.
+async fn converge(
+    api: &Api<SmolVM>,
+    vm: &SmolVM,
+    ctx: &Context,
+    uid: &str,
+    node: &str,
+    machine: &str,
+) -> Result<Action, Error> {
+    let node_object = ctx.nodes.get(&ObjectRef::new(node));
+    let now = Timestamp::now();
+    let (service, slice) = owned_objects(ctx, vm, vm.spec.expose_service()).await?;
+    let observed = Observed {
+        vm,
+        node,
+        machine,
+        node_object: node_object.as_deref(),
+        health: rules::node_health(vm, node_object.as_deref(), now, &ctx.placement),
+        service: service.as_deref(),
+        slice: slice.as_deref(),
+        room: Room {
+            allocatable: node_object
+                .as_ref()
+                .and_then(|n| n.status.as_ref())
+                .and_then(|s| s.allocatable),
+            others: ctx.ledger.used_by_others(node, uid),
+        },
+        now,
+    };
+    let mut progress = Progress::default();
+    // A read and the machine steps, each at most once, plus the restart's stop: the bound keeps
+    // a decision that would loop from calling the node forever.
+    for _ in 0..decide::MAX_STEPS_PER_PASS + 3 {
+        let (call, record_first) = match decide::converge(&observed, &progress) {
+            Decision::Report(outcome) => return report::report(ctx, api, vm, uid, *outcome).await,
+            Decision::Act { call, record_first } => (call, record_first),
+        };
+        if let Some(requested) = record_first {
+            // Recorded before acting: if dropping the annotation fails later, the next pass sees
+            // the request handled and does not restart the machine a second time.
+            let patch = json!({ "status": { "restartHandled": requested } });
+            api.patch_status(&vm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+        if call == Call::Get {
+            sync_endpoint(ctx, node);
+        }
+        let result = node_call(ctx, vm, node, machine, &call).await?;
+        progress.record(call, result);
+    }
+    tracing::error!(
+        node,
+        machine,
+        "a pass asked for more node calls than it may make; looking again later"
+    );
+    Ok(Action::requeue(ctx.timing.retry))
+}
+
+/// The Service and EndpointSlice of the SmolVM's name: from the caches, or read from the API
+/// server when a cache does not hold one and `wanted` (a foreign object of that name is not in
+/// the caches, which hold only the controller's own). Without caches, a SmolVM that had its
+/// Service (its status has the ServiceExposed condition) has them read too, to remove them.
+async fn owned_objects(
+    ctx: &Context,
+    vm: &SmolVM,
+    wanted: bool,
+) -> Result<(Option<Arc<Service>>, Option<Arc<EndpointSlice>>), Error> {
+    let (name, namespace) = (vm.name_any(), vm.namespace().unwrap_or_default());
+    let had = vm.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == smolvm_api::constants::condition::SERVICE_EXPOSED)
+    });
+    let service = match ctx.owned.services.as_ref() {
+        Some(cache) => cache.get(&ObjectRef::new(&name).within(&namespace)),
+        None => None,
+    };
+    let service = match service {
+        None if wanted || (had && ctx.owned.services.is_none()) => {
+            let api: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
+            api.get_opt(&name).await?.map(Arc::new)
+        }
+        cached => cached,
+    };
+    let slice = match ctx.owned.slices.as_ref() {
+        Some(cache) => cache.get(&ObjectRef::new(&name).within(&namespace)),
+        None => None,
+    };
+    let slice = match slice {
+        None if wanted || (had && ctx.owned.slices.is_none()) => {
+            let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &namespace);
+            api.get_opt(&name).await?.map(Arc::new)
+        }
+        cached => cached,
+    };
+    Ok((service, slice))
+}
+
+/// Makes one node call, timed. `Err` only for an API server failure while reading the
+/// workload's configuration; a call's own failure is the `Ok(Err(…))` decide judges.
+async fn node_call(
+    ctx: &Context,
+    vm: &SmolVM,
+    node: &str,
+    machine: &str,
+    call: &Call,
+) -> Result<Result<Option<MachineStatus>, Failure>, Error> {
+    let client = &ctx.node_client;
+    let op = call.operation();
+    let done = |r: Result<MachineStatus, crate::nodeclient::CallError>| r.map(Some).map_err(Failure::Call);
+    Ok(match call {
+        Call::Get => timed(ctx, op, client.get_machine(node, machine))
+            .await
+            .map_err(Failure::Call),
+        Call::Create(spec) => match workload_env(ctx, vm).await? {
+            Ok(env) => {
+                let mut spec = spec.as_ref().clone();
+                spec.workload.env = env;
+                done(timed(ctx, op, client.create_machine(node, machine, &spec)).await)
+            }
+            Err(failure) => Err(failure),
+        },
+        Call::EnsureRunning => match registry_auth(ctx, vm).await? {
+            Ok(auth) => done(timed(ctx, op, client.ensure_running(node, machine, auth.as_ref())).await),
+            Err(failure) => Err(failure),
+        },
+        Call::Stop => done(timed(ctx, op, client.stop_machine(node, machine)).await),
+        Call::Resize(spec) => done(timed(ctx, op, client.resize_machine(node, machine, spec)).await),
+    })
+}
+
+/// Times a node API call into the latency histogram.
+async fn timed<T>(ctx: &Context, operation: &str, call: impl std::future::Future<Output = T>) -> T {
+    let start = std::time::Instant::now();
+    let out = call.await;
+    ctx.metrics.runtime_call(operation, start.elapsed());
+    out
+}
+
+/// The workload's environment, resolved from the Secrets and ConfigMaps it refers to in the
+/// SmolVM's namespace, read now (at create) and passed on; never logged.
+async fn workload_env(ctx: &Context, vm: &SmolVM) -> Result<Result<Vec<EnvVar>, Failure>, Error> {
+    let refs = super::workload::env_references(vm);
+    let namespace = vm.namespace().unwrap_or_default();
+    let fetched = if refs.is_empty() {
+        Default::default()
+    } else {
+        super::fetch::env_sources(&ctx.client, &namespace, &refs).await?
+    };
+    Ok(super::workload::resolve_env(vm, &fetched).map_err(|e| Failure::Config {
+        reason: e.reason(),
+        message: e.message(&namespace),
+    }))
+}
+
+/// The credential for the SmolVM's image from its `imagePullSecrets`, read on every start. A
+/// pull secret that is missing or unreadable is skipped with a warning in the log (naming it,
+/// never its contents), as the kubelet does; one the controller may not read stops the start.
+async fn registry_auth(ctx: &Context, vm: &SmolVM) -> Result<Result<Option<RegistryAuth>, Failure>, Error> {
+    let names: Vec<String> = vm
+        .spec
+        .image_pull_secrets
+        .iter()
+        .flatten()
+        .map(|r| r.name.clone())
+        .collect();
+    if names.is_empty() {
+        return Ok(Ok(None));
+    }
+    let namespace = vm.namespace().unwrap_or_default();
+    let read = super::fetch::pull_secrets(&ctx.client, &namespace, &names).await?;
+    if !read.forbidden.is_empty() {
+        return Ok(Err(Failure::Config {
+            reason: reason::SECRET_ACCESS_DENIED,
+            message: format!(
+                "the controller may not get secrets in namespace {namespace} (imagePullSecrets {}); grant it with the deploy/components/workload-secrets component: the machine is not started until this is fixed (retried)",
+                read.forbidden.join(", ")
+            ),
+        }));
+    }
+    for name in &read.skipped {
+        tracing::warn!(secret = %name, namespace = %namespace, "image pull secret is missing or holds no .dockerconfigjson; skipped");
+    }
+    let (auth, problems) = super::workload::registry_auth(&vm.spec.image, &read.configs);
+    for super::workload::PullSecretProblem::Unreadable(name) in problems {
+        tracing::warn!(secret = %name, namespace = %namespace, "image pull secret is not a readable docker configuration; skipped");
+    }
+    Ok(Ok(auth))
+}

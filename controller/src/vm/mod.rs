@@ -1,0 +1,207 @@
+//! The lifecycle of a SmolVM, in four steps per pass:
+//!
+//! 1. **Observe** ([`act::observe`]): the SmolVM, its node, its Service and EndpointSlice, from
+//!    the caches.
+//! 2. **Decide** ([`decide`], pure): the next node call, or the whole outcome of the pass: the
+//!    status, the exposure, the events, the annotations to drop and when to look again. Every
+//!    phase and condition is chosen there, from [`rules`].
+//! 3. **Act** ([`act`]): makes the node call, records its result, and decides again, a bounded
+//!    number of times.
+//! 4. **Report** ([`report`]): the exposure writes, one status write, the events, the dropped
+//!    annotations. A pass writes the SmolVM at most twice (a restart's record before its stop,
+//!    then the status).
+//!
+//! A newcomer adding a state (suspend, say) adds its rule to [`rules`], its branch to
+//! [`decide::converge`] with table rows in `controller/tests/decide.rs`, and, if it needs a new
+//! node call, a [`decide::Call`] variant that [`act`] carries out.
+
+pub mod act;
+pub mod decide;
+pub mod exposure;
+pub mod fetch;
+pub mod report;
+pub mod rules;
+pub mod workload;
+
+use std::{sync::Arc, time::Duration};
+
+use futures::Stream;
+use k8s_openapi::{
+    api::{core::v1::Service, discovery::v1::EndpointSlice},
+    jiff::SignedDuration,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    runtime::{WatchStreamExt, controller::Action, reflector, reflector::Store, watcher},
+};
+use smolvm_api::{SmolVM, SmolVMNode};
+
+use crate::{nodeclient::NodeClient, placement};
+
+/// Errors of a pass. `reason()` is stable, for metrics and conditions.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server refused or failed a call.
+    #[error("API server: {0}")]
+    Kube(#[from] kube::Error),
+    /// The object lacks something every stored object has.
+    #[error("object has no {0}")]
+    MissingField(&'static str),
+    /// A status or patch could not be serialized.
+    #[error("serialization: {0}")]
+    Serialize(#[from] serde_json::Error),
+}
+
+impl Error {
+    /// Stable reason string.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(s)) if s.code == 409 => "Conflict",
+            Error::Kube(_) => "KubeError",
+            Error::MissingField(_) => "MissingField",
+            Error::Serialize(_) => "SerializationError",
+        }
+    }
+}
+
+/// Timings of the reconcile loop.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// A node heartbeat older than this makes the node unreachable.
+    pub heartbeat_timeout: SignedDuration,
+    /// Slow resync of runtime state for a steady VM.
+    pub resync: Duration,
+    /// Retry of a VM whose node cannot be reached or that failed to start.
+    pub retry: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            heartbeat_timeout: SignedDuration::from_secs(40),
+            resync: Duration::from_secs(300),
+            retry: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The caches of the objects the controller makes for SmolVMs (those labelled
+/// `app.kubernetes.io/managed-by=smolvm-controller`); empty ones make a pass read from the API
+/// server instead.
+#[derive(Clone, Default)]
+pub struct Owned {
+    /// Services.
+    pub services: Option<Store<Service>>,
+    /// EndpointSlices.
+    pub slices: Option<Store<EndpointSlice>>,
+}
+
+/// The watches of the Services and EndpointSlices the controller makes for SmolVMs: their caches
+/// and the streams that wake their SmolVM's pass when one changes or goes (`Controller::owns_stream`),
+/// so a deleted or edited Service is put back within seconds rather than at the next resync.
+pub fn owned_watches(
+    client: &Client,
+) -> (
+    Owned,
+    impl Stream<Item = Result<Service, watcher::Error>> + Send + 'static,
+    impl Stream<Item = Result<EndpointSlice, watcher::Error>> + Send + 'static,
+) {
+    let config = || watcher::Config::default().labels(exposure::OWNED_SELECTOR);
+    let (services, service_writer) = reflector::store::<Service>();
+    let (slices, slice_writer) = reflector::store::<EndpointSlice>();
+    let service_events = watcher(Api::<Service>::all(client.clone()), config())
+        .default_backoff()
+        .modify(|s| s.metadata.managed_fields = None)
+        .reflect(service_writer)
+        .touched_objects();
+    let slice_events = watcher(Api::<EndpointSlice>::all(client.clone()), config())
+        .default_backoff()
+        .modify(|s| s.metadata.managed_fields = None)
+        .reflect(slice_writer)
+        .touched_objects();
+    let owned = Owned {
+        services: Some(services),
+        slices: Some(slices),
+    };
+    (owned, service_events, slice_events)
+}
+
+/// What the reconciler needs.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// SmolVMNodes, from a reflector.
+    pub nodes: Store<SmolVMNode>,
+    /// The Services and EndpointSlices made for SmolVMs, from reflectors.
+    pub owned: Owned,
+    /// What is committed on each node.
+    pub ledger: placement::Ledger,
+    /// Client of the node API.
+    pub node_client: NodeClient,
+    /// Event sink.
+    pub recorder: crate::events::EventSink,
+    /// Timings.
+    pub timing: Timing,
+    /// Placement tunables.
+    pub placement: placement::Config,
+    /// Metrics.
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// Consecutive unsettled passes per VM, for their backoff.
+    pub unsettled: Unsettled,
+}
+
+/// Counts, per VM UID, the consecutive passes that did not settle.
+#[derive(Debug, Default)]
+pub struct Unsettled(std::sync::Mutex<std::collections::HashMap<String, u32>>);
+
+impl Unsettled {
+    /// Records one more unsettled pass of `uid`; returns how many in a row.
+    pub fn bump(&self, uid: &str) -> u32 {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = map.entry(uid.to_string()).or_default();
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    /// `uid` settled (or is gone): its count starts again.
+    pub fn reset(&self, uid: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+    }
+}
+
+impl Context {
+    /// Forgets a VM that is gone or no longer holds a node: its reservation and its counters.
+    pub fn forget(&self, uid: &str) {
+        self.ledger.release(uid);
+        self.unsettled.reset(uid);
+    }
+}
+
+/// Reconciles one SmolVM, recording the outcome and duration.
+pub async fn reconcile(vm: Arc<SmolVM>, ctx: Arc<Context>) -> Result<Action, Error> {
+    use tracing::Instrument;
+    let span = tracing::info_span!("reconcile", namespace = %vm.namespace().unwrap_or_default(), name = %vm.name_any());
+    let start = std::time::Instant::now();
+    let result = act::pass(vm, ctx.clone()).instrument(span).await;
+    let label = match &result {
+        Ok(_) => "ok",
+        Err(e) => e.reason(),
+    };
+    ctx.metrics.reconciled(label, start.elapsed());
+    result
+}
+
+/// What the controller does after a failed reconcile.
+pub fn error_policy(vm: Arc<SmolVM>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(
+        namespace = %vm.namespace().unwrap_or_default(),
+        name = %vm.name_any(),
+        reason = error.reason(),
+        error = %error,
+        "reconcile failed"
+    );
+    match error.reason() {
+        "Conflict" => Action::requeue(Duration::from_millis(500)),
+        _ => Action::requeue(ctx.timing.retry),
+    }
+}

@@ -1,0 +1,157 @@
+//! Report: what a pass decided, written. The Service and EndpointSlice first (a failure there
+//! becomes the ServiceExposed condition, so the machine's own status is still written), then one
+//! status write (none when nothing changed), the events, and the annotations the pass is done
+//! with.
+
+use k8s_openapi::{
+    api::{core::v1::Service, discovery::v1::EndpointSlice},
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Resource, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::{
+        controller::Action,
+        events::{Event, EventType},
+    },
+};
+use serde_json::json;
+use smolvm_api::{SmolVM, constants::FIELD_MANAGER_CONTROLLER};
+
+use super::decide::{AnnotationDrop, ExposureWrite, Note, Outcome, Requeue};
+use super::rules;
+use super::{Context, Error};
+
+/// Writes an outcome and says when to look again.
+pub async fn report(
+    ctx: &Context,
+    api: &Api<SmolVM>,
+    vm: &SmolVM,
+    uid: &str,
+    mut outcome: Outcome,
+) -> Result<Action, Error> {
+    if let Err(e) = write_exposure(ctx, vm, &outcome.exposure.writes).await {
+        outcome.exposure_failed(vm, &describe_kube_error(&e), Timestamp::now());
+    }
+    write_status(api, vm, &outcome.status).await?;
+    for note in &outcome.events {
+        publish(ctx, vm, note).await;
+    }
+    for drop in &outcome.drops {
+        drop_annotation(ctx, api, vm, drop).await?;
+    }
+    Ok(match outcome.requeue {
+        Requeue::AwaitChange => Action::await_change(),
+        Requeue::Retry => Action::requeue(ctx.timing.retry),
+        Requeue::Settled => {
+            ctx.unsettled.reset(uid);
+            Action::requeue(ctx.timing.resync)
+        }
+        // Still on its way (e.g. a runtime that does not report Running yet): look again with a
+        // backoff, so a runtime that never settles is not hammered.
+        Requeue::Unsettled => Action::requeue(rules::unsettled_delay(ctx.unsettled.bump(uid))),
+    })
+}
+
+/// The status write: a merge patch of the whole status, skipped when it did not change.
+async fn write_status(api: &Api<SmolVM>, vm: &SmolVM, status: &smolvm_api::SmolVMStatus) -> Result<(), Error> {
+    if vm.status.as_ref() == Some(status) {
+        return Ok(());
+    }
+    let patch = json!({ "status": status });
+    api.patch_status(&vm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Carries out Service and EndpointSlice writes, in order; the first failure stops them.
+pub async fn write_exposure(ctx: &Context, vm: &SmolVM, writes: &[ExposureWrite]) -> Result<(), kube::Error> {
+    if writes.is_empty() {
+        return Ok(());
+    }
+    let (name, namespace) = (vm.name_any(), vm.namespace().unwrap_or_default());
+    let params = PatchParams::apply(FIELD_MANAGER_CONTROLLER).force();
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
+    let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &namespace);
+    for write in writes {
+        match write {
+            ExposureWrite::ApplyService(service) => {
+                services.patch(&name, &params, &Patch::Apply(service.as_ref())).await?;
+            }
+            ExposureWrite::ApplySlice(slice) => {
+                slices.patch(&name, &params, &Patch::Apply(slice.as_ref())).await?;
+            }
+            ExposureWrite::DeleteSlice => ignore_missing(slices.delete(&name, &Default::default()).await.map(drop))?,
+            ExposureWrite::DeleteService => {
+                ignore_missing(services.delete(&name, &Default::default()).await.map(drop))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Drops an annotation the pass is done with, only while it still holds the value acted on, and
+/// tells it.
+async fn drop_annotation(ctx: &Context, api: &Api<SmolVM>, vm: &SmolVM, drop: &AnnotationDrop) -> Result<(), Error> {
+    let pointer = format!(
+        "/metadata/annotations/{}",
+        drop.key.replace('~', "~0").replace('/', "~1")
+    );
+    let patch = json!([
+        {"op": "test", "path": pointer, "value": drop.value},
+        {"op": "remove", "path": pointer}
+    ]);
+    let result = api
+        .patch(
+            &vm.name_any(),
+            &PatchParams::default(),
+            &Patch::Json::<()>(serde_json::from_value(patch)?),
+        )
+        .await;
+    match result {
+        Ok(_) => {}
+        // The test failed: a newer value replaced it; the next pass acts on that one.
+        Err(kube::Error::Api(s)) if drop.newer_may_replace && (s.code == 422 || s.code == 409) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    publish(ctx, vm, &drop.then).await;
+    Ok(())
+}
+
+/// Publishes an event about `vm`; a failure is logged, never fails the pass.
+pub async fn publish(ctx: &Context, vm: &SmolVM, note: &Note) {
+    let event = Event {
+        type_: if note.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: note.reason.clone(),
+        note: Some(note.note.clone()),
+        action: note.action.into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &vm.object_ref(&())).await {
+        tracing::warn!(error = %e, "could not record event");
+    }
+}
+
+/// A delete whose object is already gone succeeded.
+fn ignore_missing(result: Result<(), kube::Error>) -> Result<(), kube::Error> {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        other => other,
+    }
+}
+
+/// An API server error for a condition: a refusal names the permission.
+fn describe_kube_error(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) if status.code == 403 => format!(
+            "the controller lacks a permission ({}); check its ClusterRole (deploy/base/controller/rbac.yaml)",
+            status.message
+        ),
+        kube::Error::Api(status) => format!("{} ({})", status.message, status.code),
+        other => other.to_string(),
+    }
+}
