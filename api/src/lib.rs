@@ -7,10 +7,10 @@
 //! - [`defaulting`]: rules M1 to M3, as a minimal JSON Patch.
 //! - [`validate`]: rules V1 to V12, returning every violation and warning at once.
 //! - [`crd`]: the generated CustomResourceDefinitions.
-//! - [`nodeapi`]: the wire types of the node API between the controller and the runtime agents.
+//! - [`nodeapi`]: the node API between the controller and the runtime agents: its table of
+//!   operations, its wire types and the interactive exec channel ([`channel`], re-exported).
 //! - [`text`]: cleaning of other programs' messages before they reach users.
 
-pub mod channel;
 pub mod class;
 pub mod constants;
 pub mod crd;
@@ -26,6 +26,7 @@ pub mod types;
 pub mod validate;
 
 pub use class::{SmolVMClass, SmolVMClassSpec};
+pub use nodeapi::channel;
 pub use error::Error;
 pub use policy::Policy;
 pub use types::*;

@@ -1,21 +1,8 @@
-//! Wire types of the node API (JSON over HTTPS with mTLS, version [`API_PREFIX`]).
+//! The node API's wire types (JSON over HTTPS with mTLS, version [`API_PREFIX`]): the bodies of
+//! the operations of [`super::Operation`], and the error body with its stable [`ErrorCode`].
 //!
-//! Self-contained (serde only) so the controller's client can import them, and so the module
-//! can move into `smolvm-api` unchanged. All field names are camelCase; unknown request fields
-//! are rejected (400 `InvalidRequest`).
-//!
-//! | route | body | success |
-//! | --- | --- | --- |
-//! | `GET /v1/health` | – | 200 [`HealthResponse`] |
-//! | `GET /v1/identity` | – | 200 [`IdentityResponse`] |
-//! | `GET /v1/machines/{name}` | – | 200 [`MachineStatus`] |
-//! | `PUT /v1/machines/{name}` | [`MachineSpec`] | 201 [`MachineStatus`] (created), 200 (identical machine exists) |
-//! | `POST /v1/machines/{name}/ensure-running` | optional [`StartRequest`] | 200 [`MachineStatus`] |
-//! | `POST /v1/machines/{name}/stop` | – | 200 [`MachineStatus`] |
-//! | `DELETE /v1/machines/{name}` | – | 200 [`DeleteResponse`] |
-//! | `POST /v1/machines/{name}/resize` | [`ResizeSpec`] | 200 [`MachineStatus`] |
-//!
-//! Every failure is a [`NodeApiError`] body with a stable [`ErrorCode`].
+//! Self-contained (serde only) so the controller's client and the agent share them. All field
+//! names are camelCase; unknown request fields are rejected (400 `InvalidRequest`).
 
 use serde::{Deserialize, Serialize};
 
@@ -388,12 +375,14 @@ pub struct MachineSpec {
     pub workload: WorkloadSpec,
 }
 
-/// Machine lifecycle state as reported by the node.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A machine's lifecycle state: the one state type of the node API, the agent's runtime layer
+/// and the controller. The agent reads smolvm's state words into it in one place (the runtime's
+/// `vmm::smolvm`); smolvm's own word travels beside it ([`MachineStatus::runtime_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum MachineState {
     /// Created, never started.
     Created,
-    /// Running.
+    /// Running: its VMM process is up.
     Running,
     /// Stopped (also after a failed start).
     Stopped,
