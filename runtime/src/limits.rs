@@ -1,18 +1,12 @@
 //! What the agent's listeners let one client hold, from the flags: the port forwarder's caps
 //! and idle timeout (within the process's open-files limit), and the node API's caps on exec
-//! and log-follow streams, and the bytes of file uploads it holds at once ([`UploadBudget`]).
-
-use std::sync::Arc;
-
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+//! and log-follow streams, and the bytes of file uploads it holds at once
+//! ([`crate::nodeapi::uploads::UploadBudget`]).
 
 use crate::cli::Flags;
 use crate::forward::{ForwardLimits, connection_budget};
 use crate::nodeapi::stream::StreamLimits;
-
-/// Bytes of file uploads the node API holds at once by default (256 MiB: four uploads of the
-/// largest size).
-pub const DEFAULT_UPLOAD_BYTES: usize = 256 << 20;
+use crate::nodeapi::uploads::DEFAULT_UPLOAD_BYTES;
 
 /// The bounds the agent starts with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,7 +15,8 @@ pub struct Limits {
     pub forward: ForwardLimits,
     /// The node API's exec and log-follow streams.
     pub streams: StreamLimits,
-    /// Bytes of file uploads the node API holds at once ([`UploadBudget`]).
+    /// Bytes of file uploads the node API holds at once
+    /// ([`crate::nodeapi::uploads::UploadBudget`]).
     pub upload_bytes: usize,
 }
 
@@ -57,71 +52,6 @@ impl Limits {
     }
 }
 
-/// The bytes of file uploads the node API holds at once, all callers together: the files route
-/// keeps an upload in memory until smolvm has it, so without a budget a few callers with large
-/// uploads could take the agent's memory (the agent shares its cgroup with the node's VMs).
-/// An upload takes its declared length before a byte of its body is read, or, without one,
-/// each piece as it arrives; beyond the budget it is answered 429 `TooManyBytes`.
-#[derive(Debug, Clone)]
-pub struct UploadBudget {
-    free: Arc<Semaphore>,
-    limit: usize,
-}
-
-/// Bytes taken from an [`UploadBudget`], given back when dropped.
-#[derive(Debug, Default)]
-pub struct UploadHold {
-    taken: Option<OwnedSemaphorePermit>,
-}
-
-impl UploadBudget {
-    /// A budget of `limit` bytes.
-    pub fn new(limit: usize) -> Self {
-        let limit = limit.min(Semaphore::MAX_PERMITS);
-        Self {
-            free: Arc::new(Semaphore::new(limit)),
-            limit,
-        }
-    }
-
-    /// The budget in bytes.
-    pub fn limit(&self) -> usize {
-        self.limit
-    }
-
-    /// The bytes free now.
-    pub fn free(&self) -> usize {
-        self.free.available_permits()
-    }
-
-    /// Takes `bytes` more into `hold`; `false` (and nothing taken) when fewer are free.
-    pub fn take(&self, hold: &mut UploadHold, bytes: u64) -> bool {
-        if bytes == 0 {
-            return true;
-        }
-        let Ok(bytes) = u32::try_from(bytes) else {
-            return false;
-        };
-        match self.free.clone().try_acquire_many_owned(bytes) {
-            Ok(permit) => {
-                match &mut hold.taken {
-                    Some(taken) => taken.merge(permit),
-                    None => hold.taken = Some(permit),
-                }
-                true
-            }
-            Err(_) => false,
-        }
-    }
-}
-
-impl UploadHold {
-    /// The bytes held.
-    pub fn bytes(&self) -> usize {
-        self.taken.as_ref().map_or(0, OwnedSemaphorePermit::num_permits)
-    }
-}
-
 /// The process's open-files limit (RLIMIT_NOFILE's soft value) now, if it can be read.
 pub fn open_files_limit() -> Option<u64> {
     let mut limit = libc::rlimit {
@@ -136,24 +66,6 @@ pub fn open_files_limit() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn uploads_share_the_budget_until_they_end() {
-        let budget = UploadBudget::new(100);
-        let mut first = UploadHold::default();
-        assert!(budget.take(&mut first, 60));
-        assert!(budget.take(&mut first, 0));
-        let mut second = UploadHold::default();
-        // (taken, asked, admitted, held after)
-        for (asked, admitted, held) in [(50, false, 0), (40, true, 40), (1, false, 40)] {
-            assert_eq!(budget.take(&mut second, asked), admitted, "{asked}");
-            assert_eq!(second.bytes(), held, "{asked}");
-        }
-        assert!(!budget.take(&mut UploadHold::default(), u64::MAX));
-        drop(first);
-        assert!(budget.take(&mut second, 60));
-        assert_eq!(second.bytes(), 100);
-    }
 
     #[test]
     fn the_open_files_limit_is_read() {

@@ -4,9 +4,12 @@
 //! machine, different names the fields. One small file per machine, written after smolvm created
 //! it and removed with it; a digest never carries a value in the clear.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::nodeapi::logic::WorkloadDigests;
+/// SHA-256 (hex) of each workload field, by its wire name. smolvm does not echo a machine's
+/// workload, so the agent keeps these to keep create idempotent across its restarts.
+pub type WorkloadDigests = BTreeMap<String, String>;
 
 /// Where the records live (a directory under the agent's state directory).
 #[derive(Debug, Clone)]

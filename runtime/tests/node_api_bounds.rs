@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use smolvm_kit::accept::AcceptBounds;
-use smolvm_runtime::limits::UploadBudget;
 use smolvm_runtime::metrics::Metrics;
 use smolvm_runtime::nodeapi::auth::TokenAuth;
 use smolvm_runtime::nodeapi::tls::{MtlsServer, NodeApiBounds};
+use smolvm_runtime::nodeapi::uploads::UploadBudget;
 use smolvm_runtime::nodeapi::{Identity, NodeApiState, router};
 use smolvm_runtime::vmm::{
     DeleteOutcome, Machine, MachineSpec, MachineState, RegistryAuth, ResizeRequest, Vmm, VmmError, VmmHealth,
@@ -422,7 +422,7 @@ async fn rss_of_uploads() {
     const SENT: usize = 60_000_000;
     for (label, budget) in [
         ("no budget (before)", 16 * DECLARED),
-        ("default budget", smolvm_runtime::limits::DEFAULT_UPLOAD_BYTES),
+        ("default budget", smolvm_runtime::nodeapi::uploads::DEFAULT_UPLOAD_BYTES),
     ] {
         let served = serve(NodeApiBounds::default(), budget);
         let before = rss_kib();

@@ -1,20 +1,15 @@
 //! Pure mapping between node API types and the VMM: spec conversion, spec comparison, resize
 //! planning and error mapping. No I/O here.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use smolvm_api::nodeapi::{RestartPolicy, WorkloadSpec};
 use smolvm_api::policy::PortRange;
 
-use super::types::{
-    ErrorCode, MachineSpec, MachineState, MachineStatus, NetworkSpec, NodeApiError, PortSpec, ResizeSpec,
-};
+use super::types::{ErrorCode, MachineSpec, MachineStatus, NetworkSpec, NodeApiError, PortSpec, ResizeSpec};
 use crate::vmm::{self, Machine, PortMapping, ResizeRequest, VmmError};
-
-/// SHA-256 (hex) of each workload field, by its wire name. smolvm does not echo a machine's
-/// workload, so the agent keeps these to keep create idempotent across its restarts.
-pub type WorkloadDigests = BTreeMap<String, String>;
+use crate::workload_records::WorkloadDigests;
 
 /// The workload field names as [`WorkloadDigests`] keys and conflict details use them.
 pub const WORKLOAD_FIELDS: [&str; 6] = [
@@ -197,17 +192,10 @@ fn non_empty(list: &[String]) -> Option<Vec<String>> {
 
 /// A machine as the node API reports it.
 pub fn to_status(machine: &Machine) -> MachineStatus {
-    let state = match machine.state {
-        vmm::MachineState::Created => MachineState::Created,
-        vmm::MachineState::Running => MachineState::Running,
-        vmm::MachineState::Stopped => MachineState::Stopped,
-        vmm::MachineState::Failed => MachineState::Failed,
-        vmm::MachineState::Unknown(_) => MachineState::Unknown,
-    };
     MachineStatus {
         name: machine.name.clone(),
-        state,
-        runtime_state: machine.state.as_str().to_string(),
+        state: machine.state,
+        runtime_state: machine.runtime_state(),
         image: machine.image.clone(),
         cpus: machine.cpus,
         memory_mib: machine.memory_mib,
@@ -421,7 +409,7 @@ pub fn parse_file_mode(query: &str) -> Result<Option<u32>, ApiFailure> {
 
 /// 409 `MachineNotRunning` for a call that needs a running machine.
 pub fn not_running(name: &str, status: &MachineStatus, what: &str) -> ApiFailure {
-    let state = serde_json::to_value(&status.state).unwrap_or_default();
+    let state = serde_json::to_value(status.state).unwrap_or_default();
     ApiFailure::new(
         ErrorCode::MachineNotRunning,
         format!(
@@ -446,6 +434,7 @@ pub fn exec_response(output: &vmm::ExecOutput) -> super::types::ExecResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vmm::MachineState;
     use smolvm_api::Protocol;
 
     #[test]

@@ -3,7 +3,9 @@
 //! [`types`] re-exports the wire contract from `smolvm_api::nodeapi`; [`logic`] holds the
 //! pure mapping to the VMM; [`server`] is the axum router; [`stream`] bridges interactive exec
 //! (Kubernetes' channel protocol) to the runtime; [`tls`] serves it over mTLS with a
-//! reloadable serving certificate and client CA.
+//! reloadable serving certificate and client CA; [`uploads`] holds the budget of file uploads.
+//! The operations, their paths and their names come from the contract's table
+//! ([`smolvm_api::nodeapi::Operation`]).
 
 pub mod auth;
 pub mod logic;
@@ -11,5 +13,6 @@ pub mod server;
 pub mod stream;
 pub mod tls;
 pub mod types;
+pub mod uploads;
 
 pub use server::{Identity, NodeApiState, router};

@@ -9,10 +9,10 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Request, State};
-use axum::http::{HeaderValue, Method, StatusCode, header, request::Parts};
+use axum::http::{HeaderValue, StatusCode, header, request::Parts};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodFilter, MethodRouter, on};
 use futures::StreamExt as _;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -20,8 +20,8 @@ use serde::de::DeserializeOwned;
 use super::auth::TokenAuth;
 use super::logic::{self, ApiFailure};
 use super::types::{
-    DeleteResponse, ErrorCode, HealthResponse, IdentityResponse, MachineSpec, MachineState, ResizeSpec, StartRequest,
-    validate_machine_name,
+    DeleteResponse, ErrorCode, HealthResponse, IdentityResponse, MachineSpec, MachineState, Method, Operation,
+    ResizeSpec, StartRequest, validate_machine_name,
 };
 use crate::metrics::Metrics;
 use crate::vmm::{DeleteOutcome, Vmm, VmmError};
@@ -96,8 +96,8 @@ pub struct NodeApiState {
     pub images: Option<Arc<crate::images::ImageGuard>>,
     /// The exec and log-follow streams open now, capped per machine and per node.
     pub streams: Arc<super::stream::Streams>,
-    /// The bytes of file uploads held at once ([`crate::limits::UploadBudget`]).
-    pub uploads: crate::limits::UploadBudget,
+    /// The bytes of file uploads held at once ([`super::uploads::UploadBudget`]).
+    pub uploads: super::uploads::UploadBudget,
     locks: MachineLocks,
 }
 
@@ -121,7 +121,7 @@ impl NodeApiState {
             host_ports: None,
             images: None,
             streams: super::stream::Streams::new(super::stream::StreamLimits::default()),
-            uploads: crate::limits::UploadBudget::new(crate::limits::DEFAULT_UPLOAD_BYTES),
+            uploads: super::uploads::UploadBudget::new(super::uploads::DEFAULT_UPLOAD_BYTES),
             locks: Arc::default(),
         }
     }
@@ -134,7 +134,7 @@ impl NodeApiState {
 
     /// Holds at most `bytes` of file uploads at once instead of the default.
     pub fn with_upload_budget(mut self, bytes: usize) -> Self {
-        self.uploads = crate::limits::UploadBudget::new(bytes);
+        self.uploads = super::uploads::UploadBudget::new(bytes);
         self
     }
 
@@ -363,30 +363,10 @@ impl<S: Send + Sync> FromRequestParts<S> for MachineName {
     }
 }
 
-/// The operation name of a request, for metrics and logs.
-pub fn operation_name(method: &Method, path: &str) -> &'static str {
-    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    match (method.as_str(), segments.as_slice()) {
-        ("GET", ["v1", "health"]) => "Health",
-        ("GET", ["v1", "identity"]) => "Identity",
-        ("GET", ["v1", "machines", _]) => "GetMachine",
-        ("PUT", ["v1", "machines", _]) => "CreateMachine",
-        ("DELETE", ["v1", "machines", _]) => "DeleteMachine",
-        ("POST", ["v1", "machines", _, "ensure-running"]) => "EnsureMachineRunning",
-        ("POST", ["v1", "machines", _, "stop"]) => "StopMachine",
-        ("POST", ["v1", "machines", _, "resize"]) => "ResizeMachine",
-        ("GET", ["v1", "machines", _, "logs"]) => "MachineLogs",
-        ("POST", ["v1", "machines", _, "exec"]) => "ExecInMachine",
-        ("GET", ["v1", "machines", _, "exec"]) => "ExecInteractive",
-        ("GET", ["v1", "machines", _, "files", ..]) => "ReadFile",
-        ("PUT", ["v1", "machines", _, "files", ..]) => "WriteFile",
-        _ => "Unknown",
-    }
-}
-
 async fn metrics_layer(State(state): State<NodeApiState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let operation = operation_name(request.method(), request.uri().path());
+    // The contract's name of the operation (or `Unknown`), for metrics and logs.
+    let operation = Operation::name_of(request.method().as_str(), request.uri().path());
     let response = next.run(request).await;
     let code = response
         .extensions()
@@ -418,31 +398,46 @@ async fn auth_layer(State(state): State<NodeApiState>, request: Request, next: N
     }
 }
 
-/// The node API router (routes under `/v1`, JSON errors everywhere, bearer token on every call).
+/// The node API router (routes under `/v1`, JSON errors everywhere, bearer token on every call):
+/// one route per operation of the contract's table, each at its template and method.
 pub fn router(state: NodeApiState) -> Router {
-    Router::new()
-        .route("/v1/health", get(health))
-        .route("/v1/identity", get(identity))
-        .route(
-            "/v1/machines/{name}",
-            get(get_machine).put(create_machine).delete(delete_machine),
-        )
-        .route("/v1/machines/{name}/ensure-running", post(ensure_running))
-        .route("/v1/machines/{name}/stop", post(stop_machine))
-        .route("/v1/machines/{name}/resize", post(resize_machine))
-        .route("/v1/machines/{name}/logs", get(machine_logs))
-        .route("/v1/machines/{name}/exec", post(exec_in_machine).get(exec_interactive))
-        .route(
-            "/v1/machines/{name}/files/{*path}",
-            // write_file reads its body itself, within MAX_FILE_BYTES and the upload budget.
-            get(read_file).put(write_file).layer(DefaultBodyLimit::disable()),
-        )
+    Operation::ALL
+        .into_iter()
+        .fold(Router::new(), |routes, operation| {
+            routes.route(&operation.template(), handler(operation))
+        })
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(state.clone(), auth_layer))
         .layer(middleware::from_fn_with_state(state.clone(), metrics_layer))
         .with_state(state)
+}
+
+/// The handler of `operation`, at the operation's method.
+fn handler(operation: Operation) -> MethodRouter<NodeApiState> {
+    let method = match operation.method() {
+        Method::Get => MethodFilter::GET,
+        Method::Put => MethodFilter::PUT,
+        Method::Post => MethodFilter::POST,
+        Method::Delete => MethodFilter::DELETE,
+    };
+    match operation {
+        Operation::Health => on(method, health),
+        Operation::Identity => on(method, identity),
+        Operation::GetMachine => on(method, get_machine),
+        Operation::CreateMachine => on(method, create_machine),
+        Operation::DeleteMachine => on(method, delete_machine),
+        Operation::EnsureMachineRunning => on(method, ensure_running),
+        Operation::StopMachine => on(method, stop_machine),
+        Operation::ResizeMachine => on(method, resize_machine),
+        Operation::MachineLogs => on(method, machine_logs),
+        Operation::ExecInMachine => on(method, exec_in_machine),
+        Operation::ExecInteractive => on(method, exec_interactive),
+        Operation::ReadFile => on(method, read_file),
+        // write_file reads its body itself, within MAX_FILE_BYTES and the upload budget.
+        Operation::WriteFile => on(method, write_file).layer(DefaultBodyLimit::disable()),
+    }
 }
 
 async fn route_not_found(request: Request) -> ApiError {
@@ -568,7 +563,7 @@ async fn ensure_running(
     let Some(machine) = state.vmm.get(&name).await? else {
         return Err(not_found(&name));
     };
-    if machine.state == crate::vmm::MachineState::Running {
+    if machine.state == MachineState::Running {
         return Ok(ok(StatusCode::OK, &logic::to_status(&machine)));
     }
     if request.registry_auth.is_some() {
@@ -857,7 +852,7 @@ async fn write_file(
         return Err(file_too_large(largest).into());
     }
     let (name, path) = running_machine_and_path(&state, path, "copying files").await?;
-    let mut hold = crate::limits::UploadHold::default();
+    let mut hold = super::uploads::UploadHold::default();
     if let Some(declared) = declared
         && !state.uploads.take(&mut hold, declared)
     {
@@ -895,7 +890,7 @@ fn file_too_large(largest: u64) -> ApiFailure {
 }
 
 /// 429 `TooManyBytes`: `requested` bytes do not fit in what `budget` has free now.
-fn too_many_bytes(budget: &crate::limits::UploadBudget, requested: u64) -> ApiFailure {
+fn too_many_bytes(budget: &super::uploads::UploadBudget, requested: u64) -> ApiFailure {
     ApiFailure::new(
         ErrorCode::TooManyBytes,
         format!(
@@ -941,33 +936,4 @@ async fn resize_machine(
         machine = state.vmm.resize(&name, &live).await?;
     }
     Ok(ok(StatusCode::OK, &logic::to_status(&machine)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn operation_names() {
-        let cases = [
-            (Method::GET, "/v1/health", "Health"),
-            (Method::GET, "/v1/identity", "Identity"),
-            (Method::GET, "/v1/machines/a", "GetMachine"),
-            (Method::PUT, "/v1/machines/a", "CreateMachine"),
-            (Method::DELETE, "/v1/machines/a", "DeleteMachine"),
-            (Method::POST, "/v1/machines/a/ensure-running", "EnsureMachineRunning"),
-            (Method::POST, "/v1/machines/a/stop", "StopMachine"),
-            (Method::POST, "/v1/machines/a/resize", "ResizeMachine"),
-            (Method::GET, "/v1/machines/a/logs", "MachineLogs"),
-            (Method::POST, "/v1/machines/a/exec", "ExecInMachine"),
-            (Method::GET, "/v1/machines/a/exec", "ExecInteractive"),
-            (Method::GET, "/v1/machines/a/files/etc/hostname", "ReadFile"),
-            (Method::PUT, "/v1/machines/a/files/tmp/x", "WriteFile"),
-            (Method::POST, "/v1/machines/a", "Unknown"),
-            (Method::GET, "/nope", "Unknown"),
-        ];
-        for (method, path, name) in cases {
-            assert_eq!(operation_name(&method, path), name, "{method} {path}");
-        }
-    }
 }

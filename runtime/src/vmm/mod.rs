@@ -9,11 +9,12 @@
 //! reports [`DeleteOutcome::Missing`], `get` of a missing machine is `None`. Errors keep smolvm's
 //! own message text and carry a stable [`VmmError::code`].
 
-use std::fmt;
-
 use smolvm_api::Protocol;
 
 use async_trait::async_trait;
+/// A machine's lifecycle state: the node API's own type. smolvm's state words are read into it
+/// in one place, [`smolvm::state_from_word`].
+pub use smolvm_api::nodeapi::MachineState;
 pub use smolvm_api::nodeapi::{RegistryAuth, Sensitive};
 
 pub mod interactive;
@@ -198,51 +199,6 @@ pub struct VmmCapacity {
     pub gpu_count: u32,
 }
 
-/// A machine's lifecycle state as the runtime reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum MachineState {
-    /// Created and never started (smolvm `created`).
-    Created,
-    /// Its VMM process is up (smolvm `running`).
-    Running,
-    /// Stopped, or a start that failed (smolvm `stopped`).
-    Stopped,
-    /// The runtime marks it failed (`failed` / `error`).
-    Failed,
-    /// Any other state word, kept verbatim.
-    Unknown(String),
-}
-
-impl MachineState {
-    /// Reads a runtime state word (case-insensitive).
-    pub fn parse(state: &str) -> Self {
-        match state.to_ascii_lowercase().as_str() {
-            "created" => Self::Created,
-            "running" => Self::Running,
-            "stopped" => Self::Stopped,
-            "failed" | "error" => Self::Failed,
-            _ => Self::Unknown(state.to_string()),
-        }
-    }
-
-    /// The state word.
-    pub fn as_str(&self) -> &str {
-        match self {
-            Self::Created => "created",
-            Self::Running => "running",
-            Self::Stopped => "stopped",
-            Self::Failed => "failed",
-            Self::Unknown(other) => other,
-        }
-    }
-}
-
-impl fmt::Display for MachineState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// A host port published to a guest port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PortMapping {
@@ -259,7 +215,7 @@ pub struct PortMapping {
 pub struct Machine {
     /// Machine name (unique on the node).
     pub name: String,
-    /// Lifecycle state.
+    /// Lifecycle state, read from the runtime's word ([`Machine::runtime_state`]).
     pub state: MachineState,
     /// vCPUs.
     pub cpus: u32,
@@ -329,6 +285,12 @@ pub struct Workload {
 }
 
 impl Machine {
+    /// The runtime's own word for the machine's state, verbatim as it reported it (smolvm's
+    /// `state`); for a machine no runtime reported (a test double's), the word of its state.
+    pub fn runtime_state(&self) -> String {
+        smolvm::state_word_of(&self.raw).map_or_else(|| smolvm::state_word(self.state).to_string(), str::to_string)
+    }
+
     /// The machine a runtime reports right after creating `spec`: state created, the spec's
     /// size, image, ports and network, no process yet.
     pub fn created_from(spec: &MachineSpec) -> Self {
@@ -462,23 +424,6 @@ impl VmmError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn state_words_round_trip() {
-        for (word, state) in [
-            ("created", MachineState::Created),
-            ("running", MachineState::Running),
-            ("stopped", MachineState::Stopped),
-            ("failed", MachineState::Failed),
-            ("Running", MachineState::Running),
-        ] {
-            assert_eq!(MachineState::parse(word), state);
-        }
-        assert_eq!(MachineState::parse("error"), MachineState::Failed);
-        let other = MachineState::parse("pausing");
-        assert_eq!(other, MachineState::Unknown("pausing".into()));
-        assert_eq!(other.to_string(), "pausing");
-    }
 
     #[test]
     fn codes_are_stable() {

@@ -712,6 +712,36 @@ fn parse_machine_bytes(bytes: &[u8]) -> Result<Machine, VmmError> {
     machine_from_json(value)
 }
 
+/// Reads smolvm's state word (case-insensitive): the one place the agent reads smolvm's words
+/// for a machine's state. A word this protocol does not know is [`MachineState::Unknown`]; the
+/// word itself stays in the machine's raw JSON ([`Machine::runtime_state`]).
+pub fn state_from_word(word: &str) -> MachineState {
+    match word.to_ascii_lowercase().as_str() {
+        "created" => MachineState::Created,
+        "running" => MachineState::Running,
+        "stopped" => MachineState::Stopped,
+        "failed" | "error" => MachineState::Failed,
+        _ => MachineState::Unknown,
+    }
+}
+
+/// smolvm's word for `state` (for a machine no runtime reported; `unknown` for
+/// [`MachineState::Unknown`]).
+pub fn state_word(state: MachineState) -> &'static str {
+    match state {
+        MachineState::Created => "created",
+        MachineState::Running => "running",
+        MachineState::Stopped => "stopped",
+        MachineState::Failed => "failed",
+        MachineState::Unknown => "unknown",
+    }
+}
+
+/// The state word of a machine object smolvm reported (its `state`), verbatim.
+pub fn state_word_of(raw: &serde_json::Value) -> Option<&str> {
+    raw.get("state").and_then(serde_json::Value::as_str)
+}
+
 /// Reads one machine object as smolvm reports it (`MachineInfo`), keeping the raw JSON.
 pub fn machine_from_json(value: serde_json::Value) -> Result<Machine, VmmError> {
     let wire: MachineWire = serde_json::from_value(value.clone())
@@ -740,7 +770,7 @@ pub fn machine_from_json(value: serde_json::Value) -> Result<Machine, VmmError> 
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Machine {
-        state: MachineState::parse(&wire.state),
+        state: state_from_word(&wire.state),
         name: wire.name,
         cpus: wire.cpus,
         memory_mib: wire.memory_mb,
@@ -960,6 +990,40 @@ mod tests {
     use super::*;
 
     // Bodies below were observed from smolvm 1.32.2 (see docs/smolvm-api.md).
+
+    #[test]
+    fn state_words_are_read_in_one_place() {
+        for (word, state) in [
+            ("created", MachineState::Created),
+            ("running", MachineState::Running),
+            ("stopped", MachineState::Stopped),
+            ("failed", MachineState::Failed),
+            ("Running", MachineState::Running),
+            ("error", MachineState::Failed),
+            ("pausing", MachineState::Unknown),
+        ] {
+            assert_eq!(state_from_word(word), state, "{word}");
+        }
+        for state in [
+            MachineState::Created,
+            MachineState::Running,
+            MachineState::Stopped,
+            MachineState::Failed,
+        ] {
+            assert_eq!(state_from_word(state_word(state)), state);
+        }
+        // smolvm's own word is kept verbatim, a word this protocol does not know included.
+        let raw = serde_json::json!({"name": "m1", "state": "pausing"});
+        let machine = machine_from_json(raw).expect("a machine");
+        assert_eq!(
+            (machine.state, machine.runtime_state()),
+            (MachineState::Unknown, "pausing".to_string())
+        );
+        let mut double = machine.clone();
+        double.raw = serde_json::Value::Null;
+        double.state = MachineState::Running;
+        assert_eq!(double.runtime_state(), "running");
+    }
 
     #[test]
     fn api_errors_keep_smolvm_messages() {
