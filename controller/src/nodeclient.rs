@@ -1,7 +1,8 @@
 //! The controller's client of the runtime agents' node API: mTLS with the controller's client
 //! certificate, the bearer token, pooled connections per node, and per-call timeouts.
 //!
-//! Requests are addressed to `https://<node>/v1/...`. The connector resolves `<node>` to the
+//! Every path and method comes from the contract's table ([`Operation`]); requests are
+//! addressed to `https://<node><path>`. The connector resolves `<node>` to the
 //! endpoint its SmolVMNode advertises, and verifies that the server's certificate names that
 //! node's runtime (`<node>.runtime.vm.smolvm.dev`, see [`smolvm_certs::runtime_server_name`]), so
 //! a stale or hijacked endpoint can never impersonate another node.
@@ -28,8 +29,8 @@ use hyper_util::{
 use rustls::{ClientConfig, pki_types::ServerName};
 use serde::{Serialize, de::DeserializeOwned};
 use smolvm_api::nodeapi::{
-    DeleteResponse, ErrorCode, HealthResponse, IdentityResponse, MachineSpec, MachineStatus, NodeApiError,
-    RegistryAuth, ResizeSpec, StartRequest,
+    self, DeleteResponse, ErrorCode, HealthResponse, IdentityResponse, JsonCall, MachineSpec, MachineStatus,
+    NodeApiError, Operation, RegistryAuth, ResizeSpec, StartRequest, calls,
 };
 use tokio::net::TcpStream;
 use tokio_rustls::{TlsConnector, client::TlsStream};
@@ -374,29 +375,22 @@ impl NodeClient {
         &self.endpoints
     }
 
-    /// `GET /v1/health`.
+    /// [`Operation::Health`].
     pub async fn health(&self, node: &str) -> Result<HealthResponse, CallError> {
-        self.call(node, Method::GET, "/v1/health", None::<&()>, self.settings.call_timeout)
+        self.json::<calls::Health>(node, "", None, self.settings.call_timeout)
             .await
     }
 
-    /// `GET /v1/identity`.
+    /// [`Operation::Identity`].
     pub async fn identity(&self, node: &str) -> Result<IdentityResponse, CallError> {
-        self.call(
-            node,
-            Method::GET,
-            "/v1/identity",
-            None::<&()>,
-            self.settings.call_timeout,
-        )
-        .await
+        self.json::<calls::Identity>(node, "", None, self.settings.call_timeout)
+            .await
     }
 
-    /// `GET /v1/machines/{name}`; `Ok(None)` when the node has no such machine.
+    /// [`Operation::GetMachine`]; `Ok(None)` when the node has no such machine.
     pub async fn get_machine(&self, node: &str, name: &str) -> Result<Option<MachineStatus>, CallError> {
-        let path = format!("/v1/machines/{name}");
         match self
-            .call(node, Method::GET, &path, None::<&()>, self.settings.call_timeout)
+            .json::<calls::GetMachine>(node, name, None, self.settings.call_timeout)
             .await
         {
             Ok(m) => Ok(Some(m)),
@@ -408,59 +402,63 @@ impl NodeClient {
         }
     }
 
-    /// `PUT /v1/machines/{name}` (idempotent create).
+    /// [`Operation::CreateMachine`] (idempotent create).
     pub async fn create_machine(&self, node: &str, name: &str, spec: &MachineSpec) -> Result<MachineStatus, CallError> {
-        self.call(
-            node,
-            Method::PUT,
-            &format!("/v1/machines/{name}"),
-            Some(spec),
-            self.settings.call_timeout,
-        )
-        .await
+        self.json::<calls::CreateMachine>(node, name, Some(spec), self.settings.call_timeout)
+            .await
     }
 
-    /// `POST /v1/machines/{name}/ensure-running`, with the registry credential for this start
-    /// (sent in the body only when there is one).
+    /// [`Operation::EnsureMachineRunning`], with the registry credential for this start (sent in
+    /// the body only when there is one).
     pub async fn ensure_running(
         &self,
         node: &str,
         name: &str,
         registry_auth: Option<&RegistryAuth>,
     ) -> Result<MachineStatus, CallError> {
-        let path = format!("/v1/machines/{name}/ensure-running");
         let body = registry_auth.map(|auth| StartRequest {
             registry_auth: Some(auth.clone()),
         });
-        self.call(node, Method::POST, &path, body.as_ref(), self.settings.start_timeout)
+        self.json::<calls::EnsureMachineRunning>(node, name, body.as_ref(), self.settings.start_timeout)
             .await
     }
 
-    /// `POST /v1/machines/{name}/stop`.
+    /// [`Operation::StopMachine`].
     pub async fn stop_machine(&self, node: &str, name: &str) -> Result<MachineStatus, CallError> {
-        let path = format!("/v1/machines/{name}/stop");
-        self.call(node, Method::POST, &path, None::<&()>, self.settings.start_timeout)
+        self.json::<calls::StopMachine>(node, name, None, self.settings.start_timeout)
             .await
     }
 
-    /// `POST /v1/machines/{name}/resize`.
+    /// [`Operation::ResizeMachine`].
     pub async fn resize_machine(&self, node: &str, name: &str, spec: &ResizeSpec) -> Result<MachineStatus, CallError> {
-        let path = format!("/v1/machines/{name}/resize");
-        self.call(node, Method::POST, &path, Some(spec), self.settings.call_timeout)
+        self.json::<calls::ResizeMachine>(node, name, Some(spec), self.settings.call_timeout)
             .await
     }
 
-    /// `DELETE /v1/machines/{name}`.
+    /// [`Operation::DeleteMachine`].
     pub async fn delete_machine(&self, node: &str, name: &str) -> Result<DeleteResponse, CallError> {
-        let path = format!("/v1/machines/{name}");
-        self.call(node, Method::DELETE, &path, None::<&()>, self.settings.start_timeout)
+        self.json::<calls::DeleteMachine>(node, name, None, self.settings.start_timeout)
+            .await
+    }
+
+    /// One JSON call of the contract's table on `machine` (ignored by node-wide calls): its
+    /// method and path from the table, its body and answer typed by [`JsonCall`].
+    async fn json<C: JsonCall>(
+        &self,
+        node: &str,
+        machine: &str,
+        body: Option<&C::Request>,
+        timeout: Duration,
+    ) -> Result<C::Response, CallError> {
+        let operation = C::OPERATION;
+        self.call(node, operation, &operation.path(machine), body, timeout)
             .await
     }
 
     async fn call<B: Serialize, T: DeserializeOwned>(
         &self,
         node: &str,
-        method: Method,
+        operation: Operation,
         path: &str,
         body: Option<&B>,
         timeout: Duration,
@@ -470,7 +468,7 @@ impl NodeClient {
             None => Bytes::new(),
         };
         let response = self
-            .open(node, method, path, "application/json", bytes, timeout)
+            .open(node, operation, path, "application/json", bytes, timeout)
             .await?;
         let status = response.status();
         let collected = tokio::time::timeout(timeout, Limited::new(response.into_body(), MAX_BODY).collect())
@@ -481,19 +479,21 @@ impl NodeClient {
         serde_json::from_slice(&collected).map_err(|e| CallError::protocol(node, format!("{status}: {e}")))
     }
 
-    /// Sends one request to `node`'s agent and returns its answer once the headers arrive (within
+    /// Sends one request of `operation` (at its method) to `path` (the operation's path, with
+    /// its query) on `node`'s agent and returns its answer once the headers arrive (within
     /// `timeout`), its body still to be read: for streamed answers (logs, files). An answer that
     /// is not a success is read and returned as the [`CallError`] it carries.
     pub async fn open(
         &self,
         node: &str,
-        method: Method,
+        operation: Operation,
         path: &str,
         content_type: &'static str,
         body: Bytes,
         timeout: Duration,
     ) -> Result<hyper::Response<hyper::body::Incoming>, CallError> {
         let uri = request_uri(node, path)?;
+        let method = http_method(operation.method());
         let response = self
             .with_token(|token| {
                 let request = Request::builder()
@@ -518,7 +518,7 @@ impl NodeClient {
         Err(refusal(node, response, timeout).await)
     }
 
-    /// Sends one request whose body streams to `node`'s agent as `body` yields it, and returns
+    /// Sends one request of `operation` whose body streams to `node`'s agent as `body` yields it, and returns
     /// the answer once its headers arrive (within `timeout`, the body's sending included), as
     /// [`NodeClient::open`] does. A body that fails ends the request: the agent never sees a
     /// whole one. Since a body cannot be sent twice, during a token replacement the token the
@@ -526,7 +526,7 @@ impl NodeClient {
     pub async fn open_streaming(
         &self,
         node: &str,
-        method: Method,
+        operation: Operation,
         path: &str,
         content_type: &'static str,
         body: StreamedBody,
@@ -535,7 +535,7 @@ impl NodeClient {
         let uri = request_uri(node, path)?;
         let token = self.token_taken_by(node, timeout).await?;
         let request = Request::builder()
-            .method(method)
+            .method(http_method(operation.method()))
             .uri(uri)
             .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
             .header(hyper::header::CONTENT_TYPE, content_type)
@@ -559,7 +559,7 @@ impl NodeClient {
         let Some(previous) = self.settings.token.previous() else {
             return Ok(current);
         };
-        let probe = Request::get(request_uri(node, "/v1/identity")?)
+        let probe = Request::get(request_uri(node, &Operation::Identity.path(""))?)
             .header(hyper::header::AUTHORIZATION, format!("Bearer {current}"))
             .body(Full::new(Bytes::new()))
             .map_err(|e| CallError::protocol(node, e.to_string()))?;
@@ -574,7 +574,8 @@ impl NodeClient {
         })
     }
 
-    /// Opens an interactive session on `node`'s agent: `GET path` upgraded (a WebSocket), with
+    /// Opens an interactive session on `node`'s agent ([`Operation::ExecInteractive`]): `GET path`
+    /// (the operation's path and its query) upgraded (a WebSocket), with
     /// the client's handshake `headers` passed through and the token added, on a connection of
     /// its own that offers HTTP/1.1 only (an upgrade cannot ride HTTP/2). `Ok`: the agent's
     /// `101 Switching Protocols` headers and the upgraded connection; a refusal is the
@@ -659,6 +660,16 @@ impl NodeClient {
             Some(previous) if response.status() == StatusCode::UNAUTHORIZED => send(previous).await,
             _ => Ok(response),
         }
+    }
+}
+
+/// The HTTP method of a method of the contract.
+fn http_method(method: nodeapi::Method) -> Method {
+    match method {
+        nodeapi::Method::Get => Method::GET,
+        nodeapi::Method::Put => Method::PUT,
+        nodeapi::Method::Post => Method::POST,
+        nodeapi::Method::Delete => Method::DELETE,
     }
 }
 

@@ -17,7 +17,7 @@ use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use kube::{Api, api::PostParams};
 use smolvm_api::{
     SmolVM, SmolVMNode,
-    nodeapi::{EXEC_DEFAULT_TIMEOUT_SECONDS, ExecRequest, MAX_FILE_BYTES},
+    nodeapi::{EXEC_DEFAULT_TIMEOUT_SECONDS, ExecRequest, MAX_FILE_BYTES, Operation},
 };
 
 use super::{
@@ -129,18 +129,19 @@ impl AccessState {
 }
 
 impl AccessState {
-    /// One call to the agent of the call's node; its failure as the user reads it.
+    /// One call of `operation` to `path` (the operation's path, with its query) on the agent of
+    /// the call's node; its failure as the user reads it.
     async fn forward(
         &self,
         call: &Call,
-        method: Method,
+        operation: Operation,
         path: &str,
         content_type: &'static str,
         body: Bytes,
         timeout: Duration,
     ) -> Result<hyper::Response<hyper::body::Incoming>, AccessError> {
         self.nodes
-            .open(&call.target.node, method, path, content_type, body, timeout)
+            .open(&call.target.node, operation, path, content_type, body, timeout)
             .await
             .map_err(|e| request::from_call(e, &call.target))
     }
@@ -169,11 +170,12 @@ pub async fn log(
     let result = async {
         let node_query = request::node_log_query(query.as_deref())?;
         let call = state.begin(&peer, &headers, (&namespace, &name), sub, &method).await?;
-        let path = format!("/v1/machines/{}/logs?{node_query}", call.target.machine);
+        let operation = Operation::MachineLogs;
+        let path = format!("{}?{node_query}", operation.path(&call.target.machine));
         let response = state
             .forward(
                 &call,
-                Method::GET,
+                operation,
                 &path,
                 "application/json",
                 Bytes::new(),
@@ -216,8 +218,9 @@ pub async fn exec(
         }
         tracing::info!(user = %call.user.name, %namespace, smolvm = %name, program = %exec.command[0], arguments = exec.command.len() - 1, "exec");
         let limit = Duration::from_secs(u64::from(exec.timeout_seconds.unwrap_or(EXEC_DEFAULT_TIMEOUT_SECONDS)));
-        let path = format!("/v1/machines/{}/exec", call.target.machine);
-        let response = state.forward(&call, Method::POST, &path, "application/json", body, limit + EXEC_MARGIN).await?;
+        let operation = Operation::ExecInMachine;
+        let path = operation.path(&call.target.machine);
+        let response = state.forward(&call, operation, &path, "application/json", body, limit + EXEC_MARGIN).await?;
         Ok(state.relay(sub, response, "application/json"))
     }
     .await;
@@ -247,7 +250,8 @@ pub async fn exec_stream(
             .begin(&peer, headers, (&namespace, &name), sub, request.method())
             .await?;
         tracing::info!(user = %call.user.name, %namespace, smolvm = %name, program = %session.command[0], arguments = session.command.len() - 1, tty = session.tty, "interactive exec");
-        let path = format!("/v1/machines/{}/exec?{}", call.target.machine, session.to_query());
+        let machine = Operation::ExecInteractive.path(&call.target.machine);
+        let path = format!("{machine}?{}", session.to_query());
         let (agent_headers, agent) = state
             .nodes
             .upgrade(&call.target.node, &path, &handshake, state.call_timeout)
@@ -304,7 +308,9 @@ pub async fn files(
             return Err(too_large(MAX_FILE_BYTES));
         }
         let call = state.begin(&peer, &headers, (&namespace, &name), sub, &method).await?;
+        let operation = if writing { Operation::WriteFile } else { Operation::ReadFile };
         let path = request::node_file_path(
+            operation,
             &call.target.machine,
             &files.path,
             if writing { files.mode.as_deref().or(Some("0644")) } else { None },
@@ -316,7 +322,7 @@ pub async fn files(
                 .nodes
                 .open_streaming(
                     &call.target.node,
-                    Method::PUT,
+                    operation,
                     &path,
                     "application/octet-stream",
                     upload,
@@ -325,7 +331,7 @@ pub async fn files(
                 .await
                 .map_err(|e| ended.error().unwrap_or_else(|| request::from_call(e, &call.target)))
         } else {
-            state.forward(&call, Method::GET, &path, "application/json", Bytes::new(), state.call_timeout).await
+            state.forward(&call, operation, &path, "application/json", Bytes::new(), state.call_timeout).await
         }?;
         let content_type = content_type_of(&response, "application/octet-stream");
         Ok(state.relay(sub, response, &content_type))

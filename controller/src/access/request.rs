@@ -8,7 +8,10 @@ use axum::http::{HeaderMap, HeaderValue};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec, SubjectAccessReviewStatus,
 };
-use smolvm_api::{SmolVM, nodeapi::ErrorCode};
+use smolvm_api::{
+    SmolVM,
+    nodeapi::{ErrorCode, Operation},
+};
 
 use super::{AccessError, GROUP, frontproxy::User};
 use crate::nodeclient::CallError;
@@ -224,20 +227,11 @@ pub fn files_query(query: Option<&str>) -> Result<FilesQuery, AccessError> {
     Ok(FilesQuery { path, mode })
 }
 
-/// The node API path of a file: `/v1/machines/{machine}/files/{path}`, each segment
-/// percent-encoded (the agent checks the segments themselves).
-pub fn node_file_path(machine: &str, path: &str, mode: Option<&str>) -> String {
-    let mut out = format!("/v1/machines/{machine}/files");
-    for segment in path.split('/').filter(|s| !s.is_empty()) {
-        out.push('/');
-        for byte in segment.bytes() {
-            if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
-                out.push(byte as char);
-            } else {
-                out.push_str(&format!("%{byte:02X}"));
-            }
-        }
-    }
+/// The node API path of a file for `operation` ([`Operation::ReadFile`] or
+/// [`Operation::WriteFile`]): the contract's [`Operation::file_path`] (each segment
+/// percent-encoded; the agent checks the segments themselves), and the mode of a write.
+pub fn node_file_path(operation: Operation, machine: &str, path: &str, mode: Option<&str>) -> String {
+    let mut out = operation.file_path(machine, path);
     if let Some(mode) = mode {
         out.push_str("?mode=");
         out.push_str(mode);
@@ -543,11 +537,11 @@ mod tests {
             }
         );
         assert_eq!(
-            node_file_path("svm-1", &q.path, q.mode.as_deref()),
+            node_file_path(Operation::WriteFile, "svm-1", &q.path, q.mode.as_deref()),
             "/v1/machines/svm-1/files/etc/my%20file?mode=0600"
         );
         assert_eq!(
-            node_file_path("svm-1", "/a/b.txt", None),
+            node_file_path(Operation::ReadFile, "svm-1", "/a/b.txt", None),
             "/v1/machines/svm-1/files/a/b.txt"
         );
         for bad in [
