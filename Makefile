@@ -49,7 +49,7 @@ test: ## Run every test tier (installs smolvm for the runtime's tests on first u
 bench: ## Run the benchmarks and print their figures.
 	$(CARGO) bench -p smolvm-api --bench admission
 	$(CARGO) bench -p smolvm-controller --bench placement
-	$(SMOLVM_ENV) && $(CARGO) bench -p smolvm-runtime --bench nodeapi_latency
+	$(SMOLVM_ENV) && $(CARGO) bench -p smolvm-tests --bench nodeapi_latency
 	$(CARGO) bench -p smolvm-runtime --bench forward
 
 .PHONY: plugin

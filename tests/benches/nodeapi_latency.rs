@@ -1,6 +1,8 @@
 //! Added latency of the node API over calling smolvm directly, for GetMachine.
 //!
-//! `cargo bench -p smolvm-runtime --bench nodeapi_latency` (optionally `-- <iterations>`).
+//! `cargo bench -p smolvm-tests --bench nodeapi_latency` (optionally `-- <iterations>`). It lives
+//! here, beside the other benchmarks that drive a whole agent, since it needs testkit's agent
+//! (testkit depends on the runtime, so the runtime's own benches cannot use it).
 //! Starts a real `smolvm serve` under an in-process agent, creates one machine, then times
 //! alternately (a) `SmolvmClient::get` straight to smolvm's Unix socket (what the agent does
 //! per request) and (b) `GET /v1/machines/{name}` over mTLS + bearer token on a keep-alive
@@ -9,6 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use smolvm_api::nodeapi::Operation;
 use smolvm_testkit::node as common;
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -55,13 +58,14 @@ async fn run(iterations: usize) {
     let mut client = agent.client().await;
     let spec = serde_json::json!({"image": "localhost:1/none:latest", "cpus": 1, "memoryMiB": 256,
         "storageGiB": 2, "overlayGiB": 1});
-    let created = client.call("PUT", "/v1/machines/bench1", Some(spec)).await;
+    let path = Operation::GetMachine.path("bench1");
+    let created = client.call("PUT", &path, Some(spec)).await;
     assert_eq!(created.status, 201, "{created:?}");
     let vmm = agent.agent.vmm().clone();
 
     for _ in 0..200 {
         let _ = vmm.get("bench1").await;
-        let _ = client.call("GET", "/v1/machines/bench1", None).await;
+        let _ = client.call("GET", &path, None).await;
     }
     let mut direct = Vec::with_capacity(iterations);
     let mut via_api = Vec::with_capacity(iterations);
@@ -71,7 +75,7 @@ async fn run(iterations: usize) {
         direct.push(started.elapsed());
         assert!(matches!(machine, Ok(Some(_))));
         let started = Instant::now();
-        let answer = client.call("GET", "/v1/machines/bench1", None).await;
+        let answer = client.call("GET", &path, None).await;
         via_api.push(started.elapsed());
         assert_eq!(answer.status, 200);
     }
@@ -99,7 +103,7 @@ async fn run(iterations: usize) {
         added(90.0),
         added(99.0)
     );
-    let _ = client.call("DELETE", "/v1/machines/bench1", None).await;
+    let _ = client.call("DELETE", &path, None).await;
     drop(client);
     agent.agent.shutdown().await;
 }
