@@ -1,0 +1,484 @@
+//! The lifecycle core's decision, as tables: for each path a pass over a bound SmolVM can take,
+//! the node calls it asks for in order, then its one outcome (phase, the Ready reason, the
+//! exposure it writes, the events, the annotations it drops and when it looks again).
+//!
+//! Every row's SmolVM asks for a Service (`exposeService` with one port), so every row shows its
+//! exposure: whatever the machine calls did, the Service and its EndpointSlice are written, with
+//! the endpoint ready only while the machine runs. No I/O: `decide::converge` is pure.
+
+use k8s_openapi::{
+    api::{core::v1::Service, discovery::v1::EndpointSlice},
+    jiff::Timestamp,
+};
+use serde_json::json;
+use smolvm_api::{
+    Phase, SmolVM, SmolVMNode,
+    constants::{RECREATE_LOST_MACHINE_ANNOTATION, RESTART_ANNOTATION, condition},
+    fixtures,
+    nodeapi::{ErrorCode, MachineState, MachineStatus, NetworkSpec},
+};
+use smolvm_controller::nodeclient::CallError;
+use smolvm_controller::vm::decide::{
+    Decision, ExposureWrite, Failure, Observed, Outcome, Progress, Requeue, Room, converge,
+};
+use smolvm_controller::vm::rules::{NodeHealth, machine_spec};
+
+const UID: &str = "7a6b5c4d-3e2f-4a1b-9c8d-7e6f5a4b3c2d";
+const NODE: &str = "node-a";
+const ADDRESS: &str = "192.0.2.10";
+
+fn exposed(edit: impl FnOnce(&mut serde_json::Value)) -> SmolVM {
+    let mut object = fixtures::bound(fixtures::alpine(), NODE);
+    object["metadata"]["uid"] = json!(UID);
+    object["metadata"]["finalizers"] = json!([smolvm_api::constants::FINALIZER]);
+    object["spec"]["network"] =
+        json!({"enabled": true, "exposeService": true, "ports": [{"hostPort": 8080, "guestPort": 80}]});
+    edit(&mut object);
+    serde_json::from_value(object).expect("a SmolVM")
+}
+
+fn node() -> SmolVMNode {
+    let mut node = fixtures::node(NODE, 8, 16384, 500);
+    node.status.as_mut().expect("status").internal_ip = Some(ADDRESS.into());
+    node
+}
+
+/// The machine the node reports: the sizes the SmolVM asks for, in `state`.
+fn machine(state: MachineState) -> MachineStatus {
+    let spec = machine_spec(&exposed(|_| {})).expect("a spec");
+    MachineStatus {
+        name: format!("svm-{UID}"),
+        state,
+        runtime_state: "whatever smolvm says".into(),
+        image: None,
+        cpus: spec.cpus,
+        memory_mib: u64::from(spec.memory_mib),
+        storage_gib: Some(spec.storage_gib),
+        overlay_gib: Some(spec.overlay_gib),
+        network: NetworkSpec::default(),
+        pid: None,
+    }
+}
+
+fn answered(code: ErrorCode) -> CallError {
+    CallError::Api {
+        node: NODE.into(),
+        status: 500,
+        code,
+        message: "the node's message".into(),
+        details: None,
+    }
+}
+
+fn unreachable() -> CallError {
+    CallError::Unreachable {
+        node: NODE.into(),
+        message: "connection refused".into(),
+    }
+}
+
+/// Runs a pass against scripted node answers: each call decide asks for is answered by the next
+/// entry (`Ok(machine)` or a failure). Returns the calls made and the outcome.
+fn pass(
+    vm: &SmolVM,
+    health: NodeHealth,
+    answers: Vec<Result<Option<MachineStatus>, Failure>>,
+) -> (Vec<&'static str>, Outcome, Option<String>) {
+    let node = node();
+    let observed = Observed {
+        vm,
+        node: NODE,
+        machine: "svm-machine",
+        node_object: Some(&node),
+        health,
+        service: None,
+        slice: None,
+        room: Room::default(),
+        now: Timestamp::now(),
+    };
+    let mut progress = Progress::default();
+    let mut answers = answers.into_iter();
+    let mut calls = Vec::new();
+    let mut recorded = None;
+    for _ in 0..10 {
+        match converge(&observed, &progress) {
+            Decision::Report(outcome) => return (calls, *outcome, recorded),
+            Decision::Act { call, record_first } => {
+                calls.push(call.operation());
+                if record_first.is_some() {
+                    recorded = record_first;
+                }
+                let answer = answers
+                    .next()
+                    .unwrap_or_else(|| panic!("no scripted answer for {call:?}"));
+                progress.record(call, answer);
+            }
+        }
+    }
+    panic!("the pass did not end: {calls:?}");
+}
+
+/// The endpoint's readiness in the EndpointSlice the outcome writes; `None` without one.
+fn endpoint_ready(outcome: &Outcome) -> Option<bool> {
+    outcome.exposure.writes.iter().find_map(|w| match w {
+        ExposureWrite::ApplySlice(slice) => slice
+            .endpoints
+            .first()
+            .and_then(|e| e.conditions.as_ref())
+            .and_then(|c| c.ready),
+        _ => None,
+    })
+}
+
+fn writes_service(outcome: &Outcome) -> bool {
+    outcome
+        .exposure
+        .writes
+        .iter()
+        .any(|w| matches!(w, ExposureWrite::ApplyService(_)))
+}
+
+fn ready(outcome: &Outcome) -> (String, String) {
+    let c = outcome
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::READY)
+        .expect("a Ready condition");
+    (c.status.clone(), c.reason.clone())
+}
+
+fn reasons(outcome: &Outcome) -> Vec<String> {
+    outcome.events.iter().map(|e| e.reason.clone()).collect()
+}
+
+#[test]
+fn every_path_reports_once_with_its_exposure() {
+    let plain = exposed(|_| {});
+    let stale = NodeHealth::Unreachable {
+        why: "its heartbeat has not changed for 90s".into(),
+    };
+    let replaced = NodeHealth::Replaced {
+        bound: "uid-node-a".into(),
+        reported: "uid-other".into(),
+    };
+    let lost = exposed(|o| {
+        o["status"]["effective"] = json!({"cpus": 1, "memoryMiB": 512, "storageGiB": 20, "overlayGiB": 10})
+    });
+    let secret_env = exposed(|o| {
+        o["spec"]["env"] = json!([{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}])
+    });
+    let config = || Failure::Config {
+        reason: "SecretNotFound",
+        message: "secret s is missing".into(),
+    };
+    // (name, vm, health, the node's answers, the calls, phase, Ready (status, reason), the event
+    // reasons, the endpoint's readiness, the requeue)
+    type Row<'a> = (
+        &'a str,
+        &'a SmolVM,
+        NodeHealth,
+        Vec<Result<Option<MachineStatus>, Failure>>,
+        &'a [&'a str],
+        Phase,
+        (&'a str, &'a str),
+        &'a [&'a str],
+        bool,
+        Requeue,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "node missing: no call",
+            &plain,
+            NodeHealth::Missing,
+            vec![],
+            &[],
+            Phase::Unknown,
+            ("Unknown", "NodeMissing"),
+            &["NodeMissing"],
+            false,
+            Requeue::Retry,
+        ),
+        (
+            "node replaced: no call",
+            &plain,
+            replaced,
+            vec![],
+            &[],
+            Phase::Unknown,
+            ("False", "NodeReplaced"),
+            &["NodeReplaced"],
+            false,
+            Requeue::Retry,
+        ),
+        (
+            "node stale: no call",
+            &plain,
+            stale,
+            vec![],
+            &[],
+            Phase::Unknown,
+            ("Unknown", "NodeUnreachable"),
+            &["NodeUnreachable"],
+            false,
+            Requeue::Retry,
+        ),
+        (
+            "the read meets a closed port",
+            &plain,
+            NodeHealth::Healthy,
+            vec![Err(Failure::Call(unreachable()))],
+            &["GetMachine"],
+            Phase::Unknown,
+            ("Unknown", "NodeUnreachable"),
+            &["NodeUnreachable"],
+            false,
+            Requeue::Retry,
+        ),
+        (
+            "the read fails on the node",
+            &plain,
+            NodeHealth::Healthy,
+            vec![Err(Failure::Call(answered(ErrorCode::RuntimeError)))],
+            &["GetMachine"],
+            Phase::Unknown,
+            ("False", "RuntimeError"),
+            &["RuntimeError"],
+            false,
+            Requeue::Retry,
+        ),
+        (
+            "the machine is lost",
+            &lost,
+            NodeHealth::Healthy,
+            vec![Ok(None)],
+            &["GetMachine"],
+            Phase::Failed,
+            ("False", "MachineLost"),
+            &["MachineLost"],
+            false,
+            Requeue::Retry,
+        ),
+        (
+            "the create fails",
+            &plain,
+            NodeHealth::Healthy,
+            vec![Ok(None), Err(Failure::Call(answered(ErrorCode::RuntimeError)))],
+            &["GetMachine", "CreateMachine"],
+            Phase::Failed,
+            ("False", "CreateFailed"),
+            &["CreateFailed"],
+            false,
+            Requeue::Retry,
+        ),
+        (
+            "the workload's Secret is missing at create",
+            &secret_env,
+            NodeHealth::Healthy,
+            vec![Ok(None), Err(config())],
+            &["GetMachine", "CreateMachine"],
+            Phase::Scheduled,
+            ("False", "SecretNotFound"),
+            &["SecretNotFound"],
+            false,
+            Requeue::Unsettled,
+        ),
+        (
+            "created, then the start fails (as on these machines)",
+            &plain,
+            NodeHealth::Healthy,
+            vec![
+                Ok(None),
+                Ok(Some(machine(MachineState::Created))),
+                Err(Failure::Call(answered(ErrorCode::StartFailed))),
+            ],
+            &["GetMachine", "CreateMachine", "EnsureMachineRunning"],
+            Phase::Failed,
+            ("False", "StartFailed"),
+            &["Created", "StartFailed"],
+            false,
+            Requeue::Retry,
+        ),
+        (
+            "created and started",
+            &plain,
+            NodeHealth::Healthy,
+            vec![
+                Ok(None),
+                Ok(Some(machine(MachineState::Created))),
+                Ok(Some(machine(MachineState::Running))),
+            ],
+            &["GetMachine", "CreateMachine", "EnsureMachineRunning"],
+            Phase::Running,
+            ("True", "Running"),
+            &["Started"],
+            true,
+            Requeue::Settled,
+        ),
+        (
+            "a steady running machine: a read only",
+            &plain,
+            NodeHealth::Healthy,
+            vec![Ok(Some(machine(MachineState::Running)))],
+            &["GetMachine"],
+            Phase::Running,
+            ("True", "Running"),
+            &[],
+            true,
+            Requeue::Settled,
+        ),
+    ];
+    for (name, vm, health, answers, want_calls, phase, (status, why), events, endpoint, requeue) in rows {
+        let (calls, outcome, recorded) = pass(vm, health, answers);
+        assert_eq!(calls, want_calls, "{name}: the calls");
+        assert_eq!(outcome.status.phase, Some(phase), "{name}: the phase");
+        assert_eq!(ready(&outcome), (status.to_string(), why.to_string()), "{name}: Ready");
+        assert_eq!(reasons(&outcome), events, "{name}: the events");
+        assert!(writes_service(&outcome), "{name}: the Service is written");
+        assert_eq!(
+            endpoint_ready(&outcome),
+            Some(endpoint),
+            "{name}: the endpoint's readiness"
+        );
+        let exposed = outcome
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == condition::SERVICE_EXPOSED)
+            .map(|c| (c.status.as_str(), c.reason.as_str()));
+        assert_eq!(exposed, Some(("True", "ServiceReady")), "{name}: ServiceExposed");
+        assert_eq!(
+            outcome.status.node_address.as_deref(),
+            Some(ADDRESS),
+            "{name}: nodeAddress"
+        );
+        assert_eq!(outcome.requeue, requeue, "{name}: the requeue");
+        assert_eq!(recorded, None, "{name}: nothing is written before the calls");
+        assert!(outcome.drops.is_empty(), "{name}: no annotation dropped");
+    }
+}
+
+#[test]
+fn a_spec_the_node_api_cannot_carry_is_failed_without_a_call() {
+    // The webhook and the schema keep such a port out; a SmolVM stored before them is told.
+    let vm = exposed(|o| o["spec"]["network"]["ports"][0]["hostPort"] = json!(70000));
+    assert!(machine_spec(&vm).is_err());
+    let (calls, outcome, _) = pass(&vm, NodeHealth::Healthy, vec![Ok(None)]);
+    assert_eq!(calls, ["GetMachine"]);
+    assert_eq!(outcome.status.phase, Some(Phase::Failed));
+    assert_eq!(ready(&outcome), ("False".into(), "InvalidSpec".into()));
+    assert_eq!(outcome.requeue, Requeue::AwaitChange);
+}
+
+#[test]
+fn a_restart_is_recorded_before_its_stop_and_its_annotation_dropped_by_the_next_pass() {
+    const REQUESTED: &str = "2026-11-25T15:00:00Z";
+    let running = |handled: Option<&str>| {
+        let mut vm = exposed(|o| o["metadata"]["annotations"] = json!({ RESTART_ANNOTATION: REQUESTED }));
+        vm.status.get_or_insert_with(Default::default).restart_handled = handled.map(str::to_string);
+        vm
+    };
+    let vm = running(None);
+    let (calls, outcome, recorded) = pass(
+        &vm,
+        NodeHealth::Healthy,
+        vec![
+            Ok(Some(machine(MachineState::Running))),
+            Ok(Some(machine(MachineState::Stopped))),
+            Ok(Some(machine(MachineState::Running))),
+        ],
+    );
+    assert_eq!(calls, ["GetMachine", "StopMachine", "EnsureMachineRunning"]);
+    assert_eq!(recorded.as_deref(), Some(REQUESTED), "recorded before the stop");
+    assert_eq!(outcome.status.restart_handled.as_deref(), Some(REQUESTED));
+    assert!(outcome.drops.is_empty(), "the annotation is the next pass's");
+    assert_eq!(endpoint_ready(&outcome), Some(true));
+
+    // The next pass: handled; the annotation goes, with its event, and nothing is restarted.
+    let vm = running(Some(REQUESTED));
+    let (calls, outcome, recorded) = pass(&vm, NodeHealth::Healthy, vec![Ok(Some(machine(MachineState::Running)))]);
+    assert_eq!(calls, ["GetMachine"]);
+    assert_eq!(recorded, None);
+    let drops: Vec<_> = outcome
+        .drops
+        .iter()
+        .map(|d| (d.key, d.value.as_str(), d.then.reason.as_str()))
+        .collect();
+    assert_eq!(drops, [(RESTART_ANNOTATION, REQUESTED, "Restarted")]);
+}
+
+#[test]
+fn a_recreated_machine_drops_its_annotation_in_the_same_pass() {
+    let vm = exposed(|o| {
+        o["status"]["effective"] = json!({"cpus": 1, "memoryMiB": 512, "storageGiB": 20, "overlayGiB": 10});
+        o["metadata"]["annotations"] = json!({ RECREATE_LOST_MACHINE_ANNOTATION: "true" });
+    });
+    let (calls, outcome, _) = pass(
+        &vm,
+        NodeHealth::Healthy,
+        vec![
+            Ok(None),
+            Ok(Some(machine(MachineState::Created))),
+            Ok(Some(machine(MachineState::Running))),
+        ],
+    );
+    assert_eq!(calls, ["GetMachine", "CreateMachine", "EnsureMachineRunning"]);
+    let drops: Vec<_> = outcome.drops.iter().map(|d| (d.key, d.then.reason.as_str())).collect();
+    assert_eq!(drops, [(RECREATE_LOST_MACHINE_ANNOTATION, "Recreated")]);
+}
+
+#[test]
+fn a_service_it_does_not_own_is_never_written() {
+    let vm = exposed(|_| {});
+    let theirs: Service = serde_json::from_value(json!({
+        "metadata": {"name": "alpine", "namespace": "default",
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "d-1", "controller": true}]},
+        "spec": {"ports": [{"port": 80}]}
+    }))
+    .expect("a Service");
+    let node = node();
+    let observed = Observed {
+        vm: &vm,
+        node: NODE,
+        machine: "svm-machine",
+        node_object: Some(&node),
+        health: NodeHealth::Missing,
+        service: Some(&theirs),
+        slice: None::<&EndpointSlice>,
+        room: Room::default(),
+        now: Timestamp::now(),
+    };
+    let Decision::Report(outcome) = converge(&observed, &Progress::default()) else {
+        panic!("a missing node is reported at once");
+    };
+    assert!(outcome.exposure.writes.is_empty(), "{:?}", outcome.exposure.writes);
+    let exposed = outcome
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::SERVICE_EXPOSED)
+        .expect("ServiceExposed");
+    assert_eq!(
+        (exposed.status.as_str(), exposed.reason.as_str()),
+        ("False", "ServiceNotOwned")
+    );
+    assert!(exposed.message.contains("Deployment web"), "{}", exposed.message);
+}
+
+#[test]
+fn exposure_off_removes_only_what_it_owns() {
+    let vm = exposed(|o| o["spec"]["network"]["exposeService"] = json!(false));
+    let owner = json!([{"apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVM", "name": "alpine", "uid": UID, "controller": true}]);
+    let ours: Service = serde_json::from_value(json!({
+        "metadata": {"name": "alpine", "namespace": "default", "ownerReferences": owner},
+    }))
+    .expect("a Service");
+    let slice: EndpointSlice = serde_json::from_value(json!({
+        "addressType": "IPv4", "endpoints": [],
+        "metadata": {"name": "alpine", "namespace": "default",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": "alpine", "uid": "s-1"}]},
+    }))
+    .expect("an EndpointSlice");
+    let writes = smolvm_controller::vm::decide::removal(&vm, Some(&ours), Some(&slice));
+    assert_eq!(writes, [ExposureWrite::DeleteService], "the slice another owns stays");
+}
