@@ -22,15 +22,23 @@ pub(super) fn check_bound(bound: &str, old: &SmolVMSpec, new: &SmolVMSpec, v: &m
             ),
         );
     }
-
     // V6
-    let immutable = "is immutable once the SmolVM is bound to a node; delete and recreate it to change it";
+    check_image_and_network(old, new, v);
+    check_workload_unchanged(old, new, v);
+    check_sizes_in_place(bound, old, new, v);
+}
+
+/// What V6 says of a field that may not change once bound.
+const IMMUTABLE: &str = "is immutable once the SmolVM is bound to a node; delete and recreate it to change it";
+
+/// V6: the image and the network stay as they were.
+fn check_image_and_network(old: &SmolVMSpec, new: &SmolVMSpec, v: &mut Verdict) {
     if old.image != new.image {
         v.violation(
             RuleId::V6,
             "spec.image",
             render(&new.image),
-            format!("{} (was {}) {immutable}", render(&new.image), render(&old.image)),
+            format!("{} (was {}) {IMMUTABLE}", render(&new.image), render(&old.image)),
         );
     }
     if old.network_enabled() != new.network_enabled() {
@@ -38,7 +46,7 @@ pub(super) fn check_bound(bound: &str, old: &SmolVMSpec, new: &SmolVMSpec, v: &m
             RuleId::V6,
             "spec.network.enabled",
             new.network_enabled().to_string(),
-            format!("{} (was {}) {immutable}", new.network_enabled(), old.network_enabled()),
+            format!("{} (was {}) {IMMUTABLE}", new.network_enabled(), old.network_enabled()),
         );
     }
     if !same_ports(old, new) {
@@ -46,34 +54,28 @@ pub(super) fn check_bound(bound: &str, old: &SmolVMSpec, new: &SmolVMSpec, v: &m
             RuleId::V6,
             "spec.network.ports",
             render(new.ports()),
-            format!("{} (was {}) {immutable}", render(new.ports()), render(old.ports())),
+            format!("{} (was {}) {IMMUTABLE}", render(new.ports()), render(old.ports())),
         );
     }
-    if old.allowed_cidrs() != new.allowed_cidrs() {
-        v.violation(
-            RuleId::V6,
-            "spec.network.allowedCIDRs",
-            render(new.allowed_cidrs()),
-            format!(
-                "{} (was {}) {immutable}",
-                render(new.allowed_cidrs()),
-                render(old.allowed_cidrs())
-            ),
-        );
+    let lists = [
+        ("spec.network.allowedCIDRs", old.allowed_cidrs(), new.allowed_cidrs()),
+        ("spec.network.allowedHosts", old.allowed_hosts(), new.allowed_hosts()),
+    ];
+    for (path, before, after) in lists {
+        if before != after {
+            v.violation(
+                RuleId::V6,
+                path,
+                render(after),
+                format!("{} (was {}) {IMMUTABLE}", render(after), render(before)),
+            );
+        }
     }
-    if old.allowed_hosts() != new.allowed_hosts() {
-        v.violation(
-            RuleId::V6,
-            "spec.network.allowedHosts",
-            render(new.allowed_hosts()),
-            format!(
-                "{} (was {}) {immutable}",
-                render(new.allowed_hosts()),
-                render(old.allowed_hosts())
-            ),
-        );
-    }
-    // The workload: values are not echoed (an argument or env value may be a secret).
+}
+
+/// V6: the workload stays as it was. Values are not echoed (an argument or env value may be a
+/// secret).
+fn check_workload_unchanged(old: &SmolVMSpec, new: &SmolVMSpec, v: &mut Verdict) {
     let empty = Vec::new();
     let workload_changes: [(&str, bool); 7] = [
         (
@@ -105,10 +107,15 @@ pub(super) fn check_bound(bound: &str, old: &SmolVMSpec, new: &SmolVMSpec, v: &m
                 RuleId::V6,
                 &format!("spec.{field}"),
                 "(changed)".into(),
-                format!("(changed) {immutable}"),
+                format!("(changed) {IMMUTABLE}"),
             );
         }
     }
+}
+
+/// V6: storage only grows once bound; a resize of CPUs or memory is warned about (applied live
+/// where the runtime can).
+fn check_sizes_in_place(bound: &str, old: &SmolVMSpec, new: &SmolVMSpec, v: &mut Verdict) {
     let (o, n) = (old.effective(), new.effective());
     for (path, before, after) in [
         ("spec.storage.storageGiB", o.storage_gib, n.storage_gib),
