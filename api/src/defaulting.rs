@@ -15,7 +15,7 @@ use crate::{
     constants::{ANNOTATION_CLASS, ANNOTATION_CLASS_GENERATION, FINALIZER, LABEL_CLASS},
     types::{
         DEFAULT_CPUS, DEFAULT_EXPOSE_SERVICE, DEFAULT_MEMORY_MIB, DEFAULT_NETWORK_ENABLED, DEFAULT_OVERLAY_GIB,
-        DEFAULT_RESTART_POLICY, DEFAULT_RUNNING, DEFAULT_STORAGE_GIB, DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS,
+        DEFAULT_RESTART_POLICY, DEFAULT_RUNNING, DEFAULT_STORAGE_GIB, DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS, SmolVM,
     },
     validate::Operation,
 };
@@ -29,11 +29,8 @@ use crate::{
 /// - M2 (CREATE): the finalizer `vm.smolvm.dev/node-cleanup` is added.
 pub fn default_smolvm(op: Operation, object: &Value) -> Patch {
     let mut ops = Vec::new();
-    let deleting = object
-        .pointer("/metadata/deletionTimestamp")
-        .is_some_and(|v| !v.is_null());
     if matches!(op, Operation::Create | Operation::Update)
-        && !deleting
+        && !is_deleting(object)
         && let Some(spec) = object.get("spec").and_then(Value::as_object)
     {
         default_spec(spec, &mut ops);
@@ -42,6 +39,57 @@ pub fn default_smolvm(op: Operation, object: &Value) -> Patch {
         add_finalizer(object, &mut ops);
     }
     Patch(ops)
+}
+
+/// Applies a patch of [`default_smolvm`] to the SmolVM it was computed for, already decoded:
+/// `vm` becomes what decoding the patched object would give, without writing or reading the
+/// object's JSON again. Each `add` decodes its value into the field its path names. A patch
+/// from the JSON leaves a decoded field absent exactly where it adds it whole, and adds a member
+/// only to an object, which decoded to a present field; so `false` (with `vm` partly changed)
+/// means an operation this does not know (another kind, another path, as a class's are) or a
+/// path the decoded object does not have, and the caller patches the JSON instead.
+pub fn apply_defaults(vm: &mut SmolVM, patch: &Patch) -> bool {
+    patch.0.iter().all(|op| match op {
+        PatchOperation::Add(add) => apply_add(vm, add.path.as_str(), &add.value).is_some(),
+        _ => false,
+    })
+}
+
+/// One `add` of [`apply_defaults`]; `None` when it does not apply.
+fn apply_add(vm: &mut SmolVM, path: &str, value: &Value) -> Option<()> {
+    fn decoded<T: serde::de::DeserializeOwned>(value: &Value) -> Option<T> {
+        T::deserialize(value).ok()
+    }
+    // Defaulting's paths have at most five tokens.
+    let mut tokens = [""; 5];
+    let mut count = 0;
+    for token in path.strip_prefix('/')?.split('/') {
+        *tokens.get_mut(count)? = token;
+        count += 1;
+    }
+    let spec = &mut vm.spec;
+    match &tokens[..count] {
+        ["spec", "running"] => spec.running = Some(decoded(value)?),
+        ["spec", "restartPolicy"] => spec.restart_policy = Some(decoded(value)?),
+        ["spec", "terminationGracePeriodSeconds"] => spec.termination_grace_period_seconds = Some(decoded(value)?),
+        ["spec", "resources"] => spec.resources = Some(decoded(value)?),
+        ["spec", "storage"] => spec.storage = Some(decoded(value)?),
+        ["spec", "network"] => spec.network = Some(decoded(value)?),
+        ["spec", "resources", "cpus"] => spec.resources.as_mut()?.cpus = Some(decoded(value)?),
+        ["spec", "resources", "memoryMiB"] => spec.resources.as_mut()?.memory_mib = Some(decoded(value)?),
+        ["spec", "storage", "storageGiB"] => spec.storage.as_mut()?.storage_gib = Some(decoded(value)?),
+        ["spec", "storage", "overlayGiB"] => spec.storage.as_mut()?.overlay_gib = Some(decoded(value)?),
+        ["spec", "network", "enabled"] => spec.network.as_mut()?.enabled = Some(decoded(value)?),
+        ["spec", "network", "exposeService"] => spec.network.as_mut()?.expose_service = Some(decoded(value)?),
+        ["spec", "network", "ports", index, "protocol"] => {
+            let ports = spec.network.as_mut()?.ports.as_mut()?;
+            ports.get_mut(index.parse::<usize>().ok()?)?.protocol = decoded(value)?;
+        }
+        ["metadata", "finalizers"] => vm.metadata.finalizers = Some(decoded(value)?),
+        ["metadata", "finalizers", "-"] => vm.metadata.finalizers.as_mut()?.push(decoded(value)?),
+        _ => return None,
+    }
+    Some(())
 }
 
 /// Computes the defaulting patch for a SmolVM with its class (rules M3, M1 and M2).
@@ -57,10 +105,7 @@ pub fn default_smolvm(op: Operation, object: &Value) -> Patch {
 ///
 /// Without a class, or on any other operation, this is [`default_smolvm`].
 pub fn default_smolvm_with_class(op: Operation, object: &Value, class: Option<&SmolVMClass>) -> Patch {
-    let deleting = object
-        .pointer("/metadata/deletionTimestamp")
-        .is_some_and(|v| !v.is_null());
-    let Some(class) = class.filter(|_| op == Operation::Create && !deleting) else {
+    let Some(class) = class.filter(|_| op == Operation::Create && !is_deleting(object)) else {
         return default_smolvm(op, object);
     };
     let class_ops = class_patch(object, class);
@@ -265,8 +310,19 @@ fn default_object(
     }
 }
 
+/// Whether the object carries a `metadata.deletionTimestamp` (read member by member: a JSON
+/// pointer would be parsed again on every call).
+fn is_deleting(object: &Value) -> bool {
+    metadata_member(object, "deletionTimestamp").is_some_and(|v| !v.is_null())
+}
+
+/// `metadata.<key>` of the object, as `Value::pointer` finds it.
+fn metadata_member<'a>(object: &'a Value, key: &str) -> Option<&'a Value> {
+    object.get("metadata").and_then(|m| m.get(key))
+}
+
 fn add_finalizer(object: &Value, ops: &mut Vec<PatchOperation>) {
-    match object.pointer("/metadata/finalizers") {
+    match metadata_member(object, "finalizers") {
         None | Some(Value::Null) => {
             if object.get("metadata").is_some_and(Value::is_object) {
                 ops.push(add(&["metadata", "finalizers"], json!([FINALIZER])));
@@ -285,9 +341,21 @@ fn is_absent(value: Option<&Value>) -> bool {
     matches!(value, None | Some(Value::Null))
 }
 
+/// An `add` of `value` at the path of `tokens`. The path is written out directly: every token
+/// here is a field name, a list index, `-` or a label key, and only a key holding `~` or `/`
+/// (a prefixed label key) needs the escaping that `PointerBuf::from_tokens` applies to all.
 fn add(tokens: &[&str], value: Value) -> PatchOperation {
+    let mut path = String::with_capacity(tokens.iter().map(|t| t.len() + 1).sum());
+    for token in tokens {
+        path.push('/');
+        if token.contains(['~', '/']) {
+            path.push_str(&token.replace('~', "~0").replace('/', "~1"));
+        } else {
+            path.push_str(token);
+        }
+    }
     PatchOperation::Add(AddOperation {
-        path: PointerBuf::from_tokens(tokens.iter().copied()),
+        path: PointerBuf::parse(path).unwrap_or_else(|_| PointerBuf::from_tokens(tokens.iter().copied())),
         value,
     })
 }

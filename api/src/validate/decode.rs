@@ -611,40 +611,39 @@ pub fn validate_raw(target: Target, op: Operation, old: Option<Raw<'_>>, new: Ra
     }
 }
 
-/// Validates a SmolVM as defaulting leaves it, without building the whole object as a Value:
-/// the object is decoded as given (text decodes directly), then its spec is replaced by
-/// `defaulted_spec`, the given spec with the defaulting patch applied (a small Value). What
-/// defaulting changes besides the spec (the finalizer) no rule reads. A `defaulted_spec` that
-/// does not decode (defaulting never makes one) leaves the spec as given.
-pub fn validate_smolvm_defaulted(
+/// Validates a SmolVM as `patch` (its defaults, from [`crate::defaulting::default_smolvm`])
+/// leaves it, decoding the object once: the object as given is decoded, the patch applied to
+/// the decoded object ([`crate::defaulting::apply_defaults`]) and the rules run on the result,
+/// which is what [`validate_raw`] finds on the patched JSON. `None` where this route does not
+/// apply: the new or the stored object does not decode as it stands (the findings are worded
+/// on the JSON), or the patch holds an operation the decoded object cannot take; the caller then
+/// validates the patched JSON with [`validate_raw`].
+pub fn validate_smolvm_patched(
     op: Operation,
     old: Option<Raw<'_>>,
     new: Raw<'_>,
-    defaulted_spec: Option<&Value>,
+    patch: &json_patch::Patch,
     ctx: &Context<'_>,
-) -> Verdict {
-    on_decoded(old, new, |o, n: &SmolVM| {
-        // A spec with fields that do not decode is read as the new object is (its findings are
-        // the object's own, already in hand).
-        let spec = defaulted_spec.and_then(|s| {
-            crate::types::SmolVMSpec::deserialize(s).ok().or_else(|| {
-                decode_leniently::<crate::types::SmolVMSpec>(s)
-                    .ok()
-                    .map(|(spec, _)| spec)
-            })
-        });
-        match spec {
-            Some(spec) => {
-                let defaulted = SmolVM {
-                    metadata: n.metadata.clone(),
-                    spec,
-                    status: n.status.clone(),
-                };
-                validate_smolvm(op, o, &defaulted, ctx)
-            }
-            None => validate_smolvm(op, o, n, ctx),
-        }
-    })
+) -> Option<Verdict> {
+    let mut new = decode_strictly::<SmolVM>(new)?;
+    let old = match old {
+        Some(old) => Some(decode_strictly::<SmolVM>(old)?),
+        None => None,
+    };
+    if !crate::defaulting::apply_defaults(&mut new, patch) {
+        return None;
+    }
+    Some(validate_smolvm(op, old.as_ref(), &new, ctx))
+}
+
+/// The object decoded for the rules when it decodes as it stands (text directly); `None`
+/// otherwise, without wording why.
+fn decode_strictly<T: RuleDecode>(raw: Raw<'_>) -> Option<T> {
+    let object = match raw {
+        Raw::Value(value) => RuleObject::<T::Spec, T::Status>::deserialize(value).ok()?,
+        Raw::Text(text) => serde_json::from_str::<RuleObject<T::Spec, T::Status>>(text).ok()?,
+    };
+    Some(T::assemble(object))
 }
 
 /// Validates a SmolVM given as a JSON Value; see [`validate_raw`].
@@ -815,6 +814,60 @@ mod tests {
                 assert!(finding.to_string().contains(&finding.value), "{name}: {finding}");
             }
         }
+    }
+
+    /// The defaulting patch applied to the decoded object gives what decoding the patched JSON
+    /// gives, for objects of every shape defaulting meets; where it cannot tell, it says so.
+    #[test]
+    fn defaults_applied_to_the_decoded_object_match_the_patched_json() {
+        use crate::defaulting::{apply_defaults, default_smolvm};
+        let objects = [
+            json!({"metadata": {"name": "a"}, "spec": {"image": "alpine"}}),
+            json!({"metadata": {"name": "a", "finalizers": ["x"]}, "spec": {"image": "alpine", "running": null,
+                "resources": {"cpus": 2}, "storage": {"overlayGiB": null}, "network": {"enabled": true,
+                "ports": [{"hostPort": 1, "guestPort": 2}, {"hostPort": 3, "guestPort": 4, "protocol": "UDP"},
+                          [7, 8]]}}}),
+            json!({"metadata": {"name": "a", "finalizers": null}, "spec": {"image": "alpine", "resources": null,
+                "storage": {}, "network": {"exposeService": true}, "restartPolicy": "Never"}}),
+            json!({"metadata": {"name": "a", "finalizers": ["vm.smolvm.dev/node-cleanup"]},
+                "spec": {"image": "alpine", "resources": [2, 1024], "network": {"ports": [[7, 8]]}}}),
+            json!({"metadata": {"name": "a", "deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"image": "alpine"}}),
+            json!({"spec": {"image": "alpine", "storage": [20]}}),
+            json!({"spec": {"image": "alpine", "terminationGracePeriodSeconds": 30}}),
+            // These two do not decode as they stand (a null protocol, a null metadata): the
+            // patched JSON is validated instead.
+            json!({"metadata": {"name": "a"}, "spec": {"image": "alpine", "network": {"enabled": true,
+                "ports": [{"hostPort": 5, "guestPort": 6, "protocol": null}]}}}),
+            json!({"metadata": null, "spec": {"image": "alpine"}}),
+        ];
+        let mut applied = 0;
+        for object in &objects {
+            for op in [Operation::Create, Operation::Update] {
+                let patch = default_smolvm(op, object);
+                let mut patched = object.clone();
+                json_patch::patch(&mut patched, &patch).unwrap_or_else(|e| panic!("{object}: {e}"));
+                let want = decode_strictly::<SmolVM>(Raw::Value(&patched));
+                let text = object.to_string();
+                let got = decode_strictly::<SmolVM>(Raw::Text(&text))
+                    .and_then(|mut vm| apply_defaults(&mut vm, &patch).then_some(vm));
+                match (&got, &want) {
+                    (Some(got), Some(want)) => {
+                        assert_eq!(got.spec, want.spec, "{object} {op:?}");
+                        assert_eq!(got.metadata.finalizers, want.metadata.finalizers, "{object} {op:?}");
+                        assert_eq!(got.metadata.deletion_timestamp, want.metadata.deletion_timestamp);
+                        applied += 1;
+                    }
+                    // Not decodable as it stands: the caller patches the JSON.
+                    (None, _) => {}
+                    (Some(_), None) => panic!("{object} {op:?}: applied where the patched JSON does not decode"),
+                }
+            }
+        }
+        assert_eq!(
+            applied,
+            2 * (objects.len() - 2),
+            "all but the last two decode as they stand"
+        );
     }
 
     #[test]

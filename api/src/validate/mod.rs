@@ -23,7 +23,7 @@ mod verdict;
 pub use class::validate_smolvm_class;
 pub use context::{Context, Identity, NodeCatalog, NodeFacts};
 pub use decode::{
-    Raw, Target, decode, validate_raw, validate_smolvm_defaulted, validate_smolvm_json, validate_smolvm_node_json,
+    Raw, Target, decode, validate_raw, validate_smolvm_json, validate_smolvm_node_json, validate_smolvm_patched,
     validate_smolvm_status_json,
 };
 pub use node::{validate_smolvm_node, validate_smolvm_node_status};

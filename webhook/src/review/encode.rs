@@ -46,10 +46,34 @@ pub(super) fn deny(mut response: Answer, code: u16, reason: &'static str, messag
 /// `response` with `patch` (as JSON bytes, the encoding kube-core's `AdmissionResponse::with_patch`
 /// uses).
 pub(super) fn with_patch(mut response: Answer, patch: &json_patch::Patch) -> Result<Answer, RequestError> {
-    let bytes = serde_json::to_vec(patch)
-        .map_err(|e| RequestError::Internal(format!("encoding the patch: failed to serialize patch: {e}")))?;
-    response.patch = Some(bytes);
+    response.patch = Some(patch_json(patch)?);
     Ok(response)
+}
+
+/// `patch` as serde_json writes it, byte for byte (the tests compare): an `add` (all that
+/// defaulting writes) is written here, field by field; any other operation by serde_json.
+pub(super) fn patch_json(patch: &json_patch::Patch) -> Result<Vec<u8>, RequestError> {
+    let failed =
+        |e: serde_json::Error| RequestError::Internal(format!("encoding the patch: failed to serialize patch: {e}"));
+    let mut out = Vec::with_capacity(64 * patch.0.len() + 2);
+    out.push(b'[');
+    for (i, op) in patch.0.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        match op {
+            json_patch::PatchOperation::Add(add) => {
+                out.extend_from_slice(br#"{"op":"add","path":"#);
+                serde_json::to_writer(&mut out, add.path.as_str()).map_err(failed)?;
+                out.extend_from_slice(br#","value":"#);
+                serde_json::to_writer(&mut out, &add.value).map_err(failed)?;
+                out.push(b'}');
+            }
+            other => serde_json::to_writer(&mut out, other).map_err(failed)?,
+        }
+    }
+    out.push(b']');
+    Ok(out)
 }
 
 /// Appends `text` as a JSON string (serde_json's escaping).
@@ -73,35 +97,42 @@ fn put_u16(out: &mut Vec<u8>, n: u16) {
     out.extend_from_slice(&digits[i..]);
 }
 
+/// Each byte value in decimal followed by a comma, in four bytes (the unused ones trailing),
+/// with the length of the digits and comma.
+static DECIMAL_COMMA: std::sync::LazyLock<[([u8; 4], usize); 256]> = std::sync::LazyLock::new(|| {
+    let mut table = [([0u8; 4], 0usize); 256];
+    for (n, entry) in table.iter_mut().enumerate() {
+        let digits = n.to_string();
+        entry.0[..digits.len()].copy_from_slice(digits.as_bytes());
+        entry.0[digits.len()] = b',';
+        entry.1 = digits.len() + 1;
+    }
+    table
+});
+
 /// `byte` in decimal (the patch is an array of byte values on the wire).
+#[cfg(test)]
 pub(super) fn byte_decimal(byte: u8) -> &'static [u8] {
-    static TABLE: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
-        // Three bytes per value: the digits, left-aligned; the length follows from the value.
-        (0..=255u16)
-            .flat_map(|n| {
-                let digits = [(n / 100) as u8, (n / 10 % 10) as u8, (n % 10) as u8].map(|d| b'0' + d);
-                let skip = if n >= 100 {
-                    0
-                } else if n >= 10 {
-                    1
-                } else {
-                    2
-                };
-                let mut out = [b' '; 3];
-                out[..3 - skip].copy_from_slice(&digits[skip..]);
-                out
-            })
-            .collect()
-    });
-    let len = if byte >= 100 {
-        3
-    } else if byte >= 10 {
-        2
-    } else {
-        1
-    };
-    let at = 3 * usize::from(byte);
-    &TABLE[at..at + len]
+    let (digits, len) = &DECIMAL_COMMA[usize::from(byte)];
+    &digits[..len - 1]
+}
+
+/// Appends `bytes` as JSON numbers separated by commas. Every entry is written as four bytes
+/// and the end moved on by its length, so that each byte costs one fixed-size copy.
+fn put_decimals(out: &mut Vec<u8>, bytes: &[u8]) {
+    let table = &*DECIMAL_COMMA;
+    let start = out.len();
+    out.resize(start + 4 * bytes.len(), 0);
+    let mut end = start;
+    for &byte in bytes {
+        let (digits, len) = &table[usize::from(byte)];
+        if let Some(slot) = out.get_mut(end..end + 4) {
+            slot.copy_from_slice(digits);
+        }
+        end += len;
+    }
+    // The last entry's comma goes.
+    out.truncate(end.saturating_sub(1).max(start));
 }
 
 /// The AdmissionReview carrying `response`, byte for byte as serde_json writes kube-core's
@@ -142,12 +173,7 @@ pub(super) fn encode(response: Answer) -> Result<Vec<u8>, RequestError> {
     }
     if let Some(patch) = &patch {
         out.extend_from_slice(br#","patch":["#);
-        for (i, byte) in patch.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            out.extend_from_slice(byte_decimal(*byte));
-        }
+        put_decimals(&mut out, patch);
         out.extend_from_slice(br#"],"patchType":"JSONPatch""#);
     }
     if let Some(warnings) = &warnings {

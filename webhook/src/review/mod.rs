@@ -24,11 +24,13 @@ use k8s_openapi::api::authentication::v1::UserInfo;
 use kube::core::{GroupVersionResource, admission::Operation as WireOperation};
 use serde_json::{Value, value::RawValue};
 use smolvm_api::{
-    Policy, SmolVMClass,
+    Policy,
     class::{ClassCatalog, class_for},
     constants::{GROUP, RESOURCE_SMOLVMCLASSES, RESOURCE_SMOLVMNODES, RESOURCE_SMOLVMS},
     defaulting::{default_smolvm, default_smolvm_with_class},
-    validate::{Context, Identity, NodeCatalog, Operation, Raw, RuleId, Target, Verdict, validate_raw},
+    validate::{
+        Context, Identity, NodeCatalog, Operation, Raw, RuleId, Target, Verdict, validate_raw, validate_smolvm_patched,
+    },
 };
 
 mod encode;
@@ -143,49 +145,11 @@ enum Objects<'a> {
     },
 }
 
-impl Objects<'_> {
+impl<'a> Objects<'a> {
     fn has_new(&self) -> bool {
         match self {
             Objects::Parsed { new, .. } => new.is_some(),
             Objects::Text { new, .. } => new.is_some(),
-        }
-    }
-
-    /// The new object's `spec.className`, if it is a string. On the text path only that field
-    /// is read (every CREATE asks), the rest of the spec skipped without being built.
-    fn class_name(&self) -> Option<String> {
-        #[derive(serde::Deserialize)]
-        struct ClassNameOnly {
-            #[serde(rename = "className", default)]
-            class_name: Option<Value>,
-        }
-        let name = match self {
-            Objects::Parsed { new: Some(new), .. } => new.pointer("/spec/className").cloned(),
-            Objects::Text {
-                new: Some((_, scan)), ..
-            } => scan
-                .spec
-                .and_then(|s| serde_json::from_str::<ClassNameOnly>(s).ok())
-                .and_then(|s| s.class_name),
-            _ => None,
-        }?;
-        name.as_str().map(str::to_string)
-    }
-
-    /// The defaulting patch: M3 from `class` when there is one, then M1 and M2. A class writes
-    /// annotations and labels, which the text path's small view lacks: with a class, the
-    /// objects are [`Objects::into_parsed`] first.
-    fn default_patch(&self, operation: Operation, class: Option<&SmolVMClass>) -> json_patch::Patch {
-        match self {
-            Objects::Parsed { new: Some(new), .. } => default_smolvm_with_class(operation, new, class),
-            Objects::Text {
-                new: Some((text, scan)),
-                ..
-            } => match defaulting_view(scan).filter(|_| class.is_none()) {
-                Some(view) => default_smolvm(operation, &view),
-                None => default_smolvm_with_class(operation, &serde_json::from_str(text).unwrap_or(Value::Null), class),
-            },
-            _ => json_patch::Patch(Vec::new()),
         }
     }
 
@@ -200,67 +164,84 @@ impl Objects<'_> {
         }
     }
 
-    /// Validates the new SmolVM as `patch` (its defaults) leaves it, against the old object as
-    /// it came: the verdict the validating endpoint will reach on the same object, given before
-    /// the API server's schema and CEL checks can stop the request at their first objection.
-    fn validate_defaulted(&self, patch: &json_patch::Patch, operation: Operation, ctx: &Context<'_>) -> Verdict {
-        // The fast path: the object decodes straight from its text; only the small defaulting
-        // view (spec, finalizers) is patched as a Value.
-        if let Objects::Text {
-            new: Some((text, scan)),
-            old,
-        } = self
-            && let Some(mut view) = defaulting_view(scan)
-            && json_patch::patch(&mut view, patch).is_ok()
-        {
-            return smolvm_api::validate::validate_smolvm_defaulted(
-                operation,
-                old.map(Raw::Text),
-                Raw::Text(text),
-                view.get("spec"),
-                ctx,
-            );
-        }
-        let mut new = match self {
-            Objects::Parsed { new: Some(new), .. } => new.clone(),
-            Objects::Text {
-                new: Some((text, _)), ..
-            } => match serde_json::from_str(text) {
-                Ok(value) => value,
-                // Not JSON after all: the rules' own decoding reports it.
-                Err(_) => return self.validate(Route::ValidateSmolVM, false, operation, ctx),
+    /// A class's DELETE: the rules read the class being deleted (the request's oldObject) as
+    /// the object.
+    fn into_deleted(self) -> Self {
+        match self {
+            Objects::Parsed { old, .. } => Objects::Parsed { new: old, old: None },
+            Objects::Text { old, .. } => match old.and_then(|text| scan_object(text).map(|scan| (text, scan))) {
+                Some(new) => Objects::Text {
+                    new: Some(new),
+                    old: None,
+                },
+                None => Objects::Parsed {
+                    new: old.and_then(|text| serde_json::from_str(text).ok()),
+                    old: None,
+                },
             },
-            _ => return Verdict::default(),
-        };
-        if json_patch::patch(&mut new, patch).is_err() {
-            // A patch that does not apply is a defaulting bug; judge the object as sent.
-            return self.validate(Route::ValidateSmolVM, false, operation, ctx);
         }
-        let old = match self {
-            Objects::Parsed { old, .. } => old.as_ref().map(Raw::Value),
-            Objects::Text { old, .. } => old.map(Raw::Text),
-        };
-        validate_raw(Target::SmolVM, operation, old, Raw::Value(&new), ctx)
     }
 
-    fn validate(&self, route: Route, status: bool, operation: Operation, ctx: &Context<'_>) -> Verdict {
-        let target = match (route, status) {
-            (Route::ValidateSmolVMClass, _) => Target::SmolVMClass,
-            (Route::ValidateSmolVMNode, true) => Target::SmolVMNodeStatus,
-            (Route::ValidateSmolVMNode, false) => Target::SmolVMNode,
-            (_, true) => Target::SmolVMStatus,
-            (_, false) => Target::SmolVM,
-        };
+    /// The new object and the old one as the rules take them.
+    fn raw(&self) -> Option<(Option<Raw<'_>>, Raw<'_>)> {
         match self {
-            Objects::Parsed { new: Some(new), old } => {
-                validate_raw(target, operation, old.as_ref().map(Raw::Value), Raw::Value(new), ctx)
-            }
+            Objects::Parsed { new: Some(new), old } => Some((old.as_ref().map(Raw::Value), Raw::Value(new))),
             Objects::Text {
                 new: Some((new, _)),
                 old,
-            } => validate_raw(target, operation, old.map(Raw::Text), Raw::Text(new), ctx),
-            _ => Verdict::default(),
+            } => Some((old.map(Raw::Text), Raw::Text(new))),
+            _ => None,
         }
+    }
+
+    /// Validates the new SmolVM as `patch` (its defaults) leaves it, against the old object as
+    /// it came: the verdict the validating endpoint will reach on the same object, given before
+    /// the API server's schema and CEL checks can stop the request at their first objection.
+    ///
+    /// Text is decoded once and the patch applied to the decoded object
+    /// ([`validate_smolvm_patched`]). Parsed objects (a class's defaults, or text that does not
+    /// decode as it stands) take the reference route: the patched JSON, judged as the
+    /// validating endpoint judges it.
+    fn validate_defaulted(&self, patch: &json_patch::Patch, operation: Operation, ctx: &Context<'_>) -> Verdict {
+        let Some((old, new)) = self.raw() else {
+            return Verdict::default();
+        };
+        if let Raw::Text(_) = new
+            && let Some(verdict) = validate_smolvm_patched(operation, old, new, patch, ctx)
+        {
+            return verdict;
+        }
+        let mut patched = match new {
+            Raw::Value(new) => new.clone(),
+            Raw::Text(text) => match serde_json::from_str(text) {
+                Ok(value) => value,
+                // Not JSON after all: the rules' own decoding reports it.
+                Err(_) => return self.validate(Target::SmolVM, operation, ctx),
+            },
+        };
+        if json_patch::patch(&mut patched, patch).is_err() {
+            // A patch that does not apply is a defaulting bug; judge the object as sent.
+            return self.validate(Target::SmolVM, operation, ctx);
+        }
+        validate_raw(Target::SmolVM, operation, old, Raw::Value(&patched), ctx)
+    }
+
+    fn validate(&self, target: Target, operation: Operation, ctx: &Context<'_>) -> Verdict {
+        match self.raw() {
+            Some((old, new)) => validate_raw(target, operation, old, new, ctx),
+            None => Verdict::default(),
+        }
+    }
+}
+
+/// The rules' target for a validating route (`status`: the status subresource).
+fn target_of(route: Route, status: bool) -> Target {
+    match (route, status) {
+        (Route::ValidateSmolVMClass, _) => Target::SmolVMClass,
+        (Route::ValidateSmolVMNode, true) => Target::SmolVMNodeStatus,
+        (Route::ValidateSmolVMNode, false) => Target::SmolVMNode,
+        (_, true) => Target::SmolVMStatus,
+        (_, false) => Target::SmolVM,
     }
 }
 
@@ -353,9 +334,9 @@ fn review_request(
     catalogs: Catalogs<'_>,
 ) -> Result<Reviewed, RequestError> {
     let operation = operation_of(&request.operation);
-    let sub = request.sub_resource.clone().filter(|s| !s.is_empty());
+    let sub = request.sub_resource.as_deref().filter(|s| !s.is_empty());
     let mut outcome = Outcome {
-        resource: match &sub {
+        resource: match sub {
             Some(s) => format!("{}/{s}", request.resource.resource),
             None => request.resource.resource.clone(),
         },
@@ -366,78 +347,39 @@ fn review_request(
         uid: request.uid.clone(),
     };
     let base = response_to(&request.uid);
-
-    // A request for another resource (a misconfigured webhook rule) is denied, not guessed at.
-    if request.resource.group != GROUP || request.resource.resource != route.resource() {
-        outcome.verdict = "denied";
-        let message = format!(
-            "{} serves {GROUP}/{}, not {}/{}",
-            route.path(),
-            route.resource(),
-            request.resource.group,
-            request.resource.resource
-        );
-        return Ok(Reviewed {
-            body: encode(deny(base, 400, "BadRequest", &message))?,
-            outcome,
-        });
-    }
-    let status = match sub.as_deref() {
-        None => false,
-        Some("status") => true,
-        Some(other) => {
+    let status = match served(route, &request.resource, sub) {
+        Ok(status) => status,
+        Err(message) => {
             outcome.verdict = "denied";
-            let message = format!("subresource {other:?} is not served by this webhook");
-            return Ok(Reviewed {
-                body: encode(deny(base, 400, "BadRequest", &message))?,
-                outcome,
-            });
+            return answered(deny(base, 400, "BadRequest", &message), outcome);
         }
     };
     // A class's DELETE is admitted with a warning of how many SmolVMs name it; no other DELETE
     // (nor any CONNECT) reaches the webhook through the shipped configuration: admit them.
     let class_delete = route == Route::ValidateSmolVMClass && operation == Operation::Delete;
     if !matches!(operation, Operation::Create | Operation::Update) && !class_delete {
-        return Ok(Reviewed {
-            body: encode(base)?,
-            outcome,
-        });
+        return answered(base, outcome);
     }
-    let identity = Identity {
-        username: request.user_info.username.unwrap_or_default(),
-        groups: request.user_info.groups.unwrap_or_default(),
-        extra: request.user_info.extra.unwrap_or_default(),
-    };
-    let mut objects = request.objects;
-    if class_delete {
-        // The rules read the class being deleted (the request's oldObject) as the object.
-        objects = match objects {
-            Objects::Parsed { old, .. } => Objects::Parsed { new: old, old: None },
-            Objects::Text { old, .. } => match old.and_then(|text| scan_object(text).map(|scan| (text, scan))) {
-                Some(new) => Objects::Text {
-                    new: Some(new),
-                    old: None,
-                },
-                None => Objects::Parsed {
-                    new: old.and_then(|text| serde_json::from_str(text).ok()),
-                    old: None,
-                },
-            },
-        };
+    let objects = if class_delete {
+        let objects = request.objects.into_deleted();
         if !objects.has_new() {
-            return Ok(Reviewed {
-                body: encode(base)?,
-                outcome,
-            });
+            return answered(base, outcome);
         }
-    }
+        objects
+    } else {
+        request.objects
+    };
     if !objects.has_new() {
         return Err(RequestError::Malformed(format!(
             "request.object is required for {}",
             operation.as_str()
         )));
     }
-
+    let identity = Identity {
+        username: request.user_info.username.unwrap_or_default(),
+        groups: request.user_info.groups.unwrap_or_default(),
+        extra: request.user_info.extra.unwrap_or_default(),
+    };
     let ctx = Context {
         policy,
         nodes: catalogs.nodes,
@@ -445,62 +387,119 @@ fn review_request(
         identity: &identity,
     };
     let response = match route {
-        Route::MutateSmolVM => {
-            if status {
-                base
-            } else {
-                // M3: at CREATE, the class the SmolVM names, or the default class. An unknown
-                // name applies none; validation below reports it (V12).
-                let class = if operation == Operation::Create {
-                    class_for(objects.class_name().as_deref(), catalogs.classes)
-                        .ok()
-                        .flatten()
-                } else {
-                    None
-                };
-                if class.is_some() {
-                    // Defaulting and validation then share one parse of the object.
-                    objects = objects.into_parsed();
-                }
-                let patch = objects.default_patch(operation, class.as_ref());
-                // Every violation in one answer: the API server checks the CRD schema and its CEL
-                // rules after mutating admission and stops at their objection, so the complete
-                // list is given here, on the defaulted object, with the validating endpoint's
-                // text. Warnings are left to the validating endpoint (said once, not twice).
-                let verdict = objects.validate_defaulted(&patch, operation, &ctx);
-                if !verdict.allowed() {
-                    outcome.verdict = "denied";
-                    outcome.rules = verdict.violated_rules();
-                    let (code, reason) = denial_code(&verdict);
-                    deny(base, code, reason, &verdict.message())
-                } else if patch.0.is_empty() {
-                    base
-                } else {
-                    outcome.patched = true;
-                    with_patch(base, &patch)?
-                }
-            }
-        }
+        Route::MutateSmolVM if status => base,
+        Route::MutateSmolVM => mutate(objects, operation, &ctx, base, &mut outcome)?,
         Route::ValidateSmolVM | Route::ValidateSmolVMNode | Route::ValidateSmolVMClass => {
-            let verdict = objects.validate(route, status, operation, &ctx);
+            let verdict = objects.validate(target_of(route, status), operation, &ctx);
             let mut response = base;
             if !verdict.warnings.is_empty() {
                 response.warnings = Some(verdict.warnings.iter().map(finding_text).collect());
             }
-            if verdict.allowed() {
-                response
-            } else {
-                outcome.verdict = "denied";
-                outcome.rules = verdict.violated_rules();
-                let (code, reason) = denial_code(&verdict);
-                deny(response, code, reason, &verdict.message())
-            }
+            judged(response, &verdict, &mut outcome)
         }
     };
+    answered(response, outcome)
+}
+
+/// Whether `route` serves a request for `resource` and subresource `sub`: `Ok(true)` for the
+/// status subresource, `Ok(false)` for the main resource, else the message of a 400 denial (a
+/// misconfigured webhook rule is denied, not guessed at).
+fn served(route: Route, resource: &GroupVersionResource, sub: Option<&str>) -> Result<bool, String> {
+    if resource.group != GROUP || resource.resource != route.resource() {
+        return Err(format!(
+            "{} serves {GROUP}/{}, not {}/{}",
+            route.path(),
+            route.resource(),
+            resource.group,
+            resource.resource
+        ));
+    }
+    match sub {
+        None => Ok(false),
+        Some("status") => Ok(true),
+        Some(other) => Err(format!("subresource {other:?} is not served by this webhook")),
+    }
+}
+
+/// The review's answer, encoded.
+fn answered(response: Answer, outcome: Outcome) -> Result<Reviewed, RequestError> {
     Ok(Reviewed {
         body: encode(response)?,
         outcome,
     })
+}
+
+/// `response` denied with every violation of `verdict`, if it has any.
+fn judged(response: Answer, verdict: &Verdict, outcome: &mut Outcome) -> Answer {
+    if verdict.allowed() {
+        return response;
+    }
+    outcome.verdict = "denied";
+    outcome.rules = verdict.violated_rules();
+    let (code, reason) = denial_code(verdict);
+    deny(response, code, reason, &verdict.message())
+}
+
+/// The mutating review of a SmolVM (main resource, CREATE or UPDATE): the defaulting patch
+/// (M3 from the class at CREATE, then M1 and M2), or every violation of the defaulted object.
+fn mutate(
+    objects: Objects<'_>,
+    operation: Operation,
+    ctx: &Context<'_>,
+    base: Answer,
+    outcome: &mut Outcome,
+) -> Result<Answer, RequestError> {
+    // Text is read for defaulting as one small Value (spec, deletionTimestamp, finalizers),
+    // or whole when it does not read so.
+    let view = match &objects {
+        Objects::Text {
+            new: Some((text, scan)),
+            ..
+        } => defaulting_view(scan).or_else(|| serde_json::from_str(text).ok()),
+        _ => None,
+    };
+    let new = match (&objects, &view) {
+        (Objects::Parsed { new: Some(new), .. }, _) => Some(new),
+        (_, view) => view.as_ref(),
+    };
+    // M3: at CREATE, the class the SmolVM names, or the default class. An unknown name applies
+    // none; validation below reports it (V12).
+    let class = if operation == Operation::Create {
+        let name = new.and_then(|o| o.get("spec")).and_then(|s| s.get("className"));
+        class_for(name.and_then(Value::as_str), ctx.classes).ok().flatten()
+    } else {
+        None
+    };
+    let (objects, patch) = match (class, new) {
+        (None, Some(new)) => {
+            let patch = default_smolvm(operation, new);
+            (objects, patch)
+        }
+        (None, None) => (objects, json_patch::Patch(Vec::new())),
+        // A class writes annotations and labels, which the view lacks: defaulting and
+        // validation then share one parse of the object.
+        (Some(class), _) => {
+            let objects = objects.into_parsed();
+            let patch = match &objects {
+                Objects::Parsed { new: Some(new), .. } => default_smolvm_with_class(operation, new, Some(&class)),
+                _ => json_patch::Patch(Vec::new()),
+            };
+            (objects, patch)
+        }
+    };
+    // Every violation in one answer: the API server checks the CRD schema and its CEL rules
+    // after mutating admission and stops at their objection, so the complete list is given
+    // here, on the defaulted object, with the validating endpoint's text. Warnings are left to
+    // the validating endpoint (said once, not twice).
+    let verdict = objects.validate_defaulted(&patch, operation, ctx);
+    if !verdict.allowed() {
+        return Ok(judged(base, &verdict, outcome));
+    }
+    if patch.0.is_empty() {
+        return Ok(base);
+    }
+    outcome.patched = true;
+    with_patch(base, &patch)
 }
 
 #[cfg(test)]

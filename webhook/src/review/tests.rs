@@ -346,6 +346,45 @@ fn finding_text_is_its_display() {
 }
 
 #[test]
+fn patches_are_written_as_serde_json_writes_them() {
+    use json_patch::{AddOperation, PatchOperation, RemoveOperation, jsonptr::PointerBuf};
+    let class: smolvm_api::SmolVMClass = serde_json::from_value(json!({
+        "metadata": {"name": "medium", "generation": 3},
+        "spec": {"resources": {"cpus": 2}, "nodeSelector": {"kubernetes.io/arch": "amd64"}, "network": {"enabled": true, "allowedHosts": ["a.example.com"]}}
+    }))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let objects = [
+        fixtures::alpine(),
+        json!({"metadata": {"finalizers": ["x"]}, "spec": {"network": {"ports": [{"hostPort": 1}, 5, {"protocol": null}]}}}),
+        json!({"metadata": {}, "spec": {}}),
+    ];
+    let mut patches: Vec<json_patch::Patch> = objects
+        .iter()
+        .flat_map(|o| {
+            [
+                default_smolvm(Operation::Create, o),
+                default_smolvm_with_class(Operation::Create, o, Some(&class)),
+            ]
+        })
+        .collect();
+    patches.push(json_patch::Patch(Vec::new()));
+    patches.push(json_patch::Patch(vec![
+        PatchOperation::Add(AddOperation {
+            path: PointerBuf::from_tokens(["a~b", "c/d", "\"e\""]),
+            value: json!({"x": [1.5, "\u{1}", null]}),
+        }),
+        PatchOperation::Remove(RemoveOperation {
+            path: PointerBuf::from_tokens(["spec"]),
+        }),
+    ]));
+    for patch in &patches {
+        let want = serde_json::to_vec(patch).unwrap_or_else(|e| panic!("{e}"));
+        let got = patch_json(patch).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(String::from_utf8_lossy(&got), String::from_utf8_lossy(&want));
+    }
+}
+
+#[test]
 fn byte_values_in_decimal() {
     for byte in 0..=255u8 {
         assert_eq!(byte_decimal(byte), byte.to_string().as_bytes());
