@@ -39,90 +39,99 @@ enum Command {
     /// Write ca.crt, tls.crt, tls.key and review.json into DIR.
     Gen { dir: PathBuf },
     /// Generate load.
-    Run {
-        #[arg(long)]
-        addr: SocketAddr,
-        #[arg(long)]
-        path: String,
-        /// 1 or 2.
-        #[arg(long, default_value_t = 1)]
-        http: u8,
-        #[arg(long, default_value_t = 16)]
-        connections: usize,
-        /// Offered reviews/s across all connections; 0 means closed loop (maximum throughput).
-        #[arg(long, default_value_t = 0)]
-        rate: u64,
-        #[arg(long, default_value_t = 10)]
-        seconds: u64,
-        #[arg(long, default_value_t = 2)]
-        warmup_seconds: u64,
-        #[arg(long)]
-        ca: PathBuf,
-        #[arg(long)]
-        body: PathBuf,
-        #[arg(long, default_value = "localhost")]
-        server_name: String,
-        /// A label printed with the results.
-        #[arg(long, default_value = "")]
-        label: String,
-    },
+    Run(RunArgs),
     /// Flood: N clients, each on its own connection, send maximum-size reviews back to back;
     /// prints the answers by status and the server's peak resident memory (`--pid`).
-    Flood {
-        #[arg(long)]
-        addr: SocketAddr,
-        #[arg(long, default_value = "/mutate/smolvms")]
-        path: String,
-        /// 1 or 2.
-        #[arg(long, default_value_t = 2)]
-        http: u8,
-        #[arg(long, default_value_t = 128)]
-        clients: usize,
-        #[arg(long, default_value_t = 10)]
-        seconds: u64,
-        /// Size of each review body, bytes (the server's `--body-limit` is the maximum).
-        #[arg(long, default_value_t = 1024 * 1024)]
-        body_bytes: usize,
-        /// `string`: a padded annotation (cheap to parse); `objects`: managedFields made of many
-        /// small JSON objects (the most memory per byte a review can cost).
-        #[arg(long, default_value = "objects")]
-        shape: String,
-        /// The server's process id, for its peak resident memory (VmHWM).
-        #[arg(long)]
-        pid: u32,
-        #[arg(long)]
-        ca: PathBuf,
-        #[arg(long, default_value = "localhost")]
-        server_name: String,
-    },
+    Flood(FloodArgs),
     /// Trickle (issue 30): N clients send a review's head, then its body one byte every
     /// `--interval-ms` (reconnecting when answered or dropped), while one client sends reviews
     /// at `--rate` per second; prints the reviews' answers by status and their latency, and how
     /// the trickles were answered.
-    Trickle {
-        #[arg(long)]
-        addr: SocketAddr,
-        #[arg(long, default_value = "/validate/smolvms")]
-        path: String,
-        /// The reviews' protocol, 1 or 2 (the API server uses 2); the trickles use HTTP/1.1.
-        #[arg(long, default_value_t = 2)]
-        http: u8,
-        #[arg(long, default_value_t = 40)]
-        tricklers: usize,
-        #[arg(long, default_value_t = 1000)]
-        interval_ms: u64,
-        /// Reviews per second.
-        #[arg(long, default_value_t = 20)]
-        rate: u64,
-        #[arg(long, default_value_t = 20)]
-        seconds: u64,
-        #[arg(long)]
-        ca: PathBuf,
-        #[arg(long)]
-        body: PathBuf,
-        #[arg(long, default_value = "localhost")]
-        server_name: String,
-    },
+    Trickle(TrickleArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    #[arg(long)]
+    addr: SocketAddr,
+    #[arg(long)]
+    path: String,
+    /// 1 or 2.
+    #[arg(long, default_value_t = 1)]
+    http: u8,
+    #[arg(long, default_value_t = 16)]
+    connections: usize,
+    /// Offered reviews/s across all connections; 0 means closed loop (maximum throughput).
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    #[arg(long, default_value_t = 2)]
+    warmup_seconds: u64,
+    #[arg(long)]
+    ca: PathBuf,
+    #[arg(long)]
+    body: PathBuf,
+    #[arg(long, default_value = "localhost")]
+    server_name: String,
+    /// A label printed with the results.
+    #[arg(long, default_value = "")]
+    label: String,
+}
+
+#[derive(clap::Args)]
+struct FloodArgs {
+    #[arg(long)]
+    addr: SocketAddr,
+    #[arg(long, default_value = "/mutate/smolvms")]
+    path: String,
+    /// 1 or 2.
+    #[arg(long, default_value_t = 2)]
+    http: u8,
+    #[arg(long, default_value_t = 128)]
+    clients: usize,
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Size of each review body, bytes (the server's `--body-limit` is the maximum).
+    #[arg(long, default_value_t = 1024 * 1024)]
+    body_bytes: usize,
+    /// `string`: a padded annotation (cheap to parse); `objects`: managedFields made of many
+    /// small JSON objects (the most memory per byte a review can cost).
+    #[arg(long, default_value = "objects")]
+    shape: String,
+    /// The server's process id, for its peak resident memory (VmHWM).
+    #[arg(long)]
+    pid: u32,
+    #[arg(long)]
+    ca: PathBuf,
+    #[arg(long, default_value = "localhost")]
+    server_name: String,
+}
+
+#[derive(clap::Args)]
+struct TrickleArgs {
+    #[arg(long)]
+    addr: SocketAddr,
+    #[arg(long, default_value = "/validate/smolvms")]
+    path: String,
+    /// The reviews' protocol, 1 or 2 (the API server uses 2); the trickles use HTTP/1.1.
+    #[arg(long, default_value_t = 2)]
+    http: u8,
+    #[arg(long, default_value_t = 40)]
+    tricklers: usize,
+    #[arg(long, default_value_t = 1000)]
+    interval_ms: u64,
+    /// Reviews per second.
+    #[arg(long, default_value_t = 20)]
+    rate: u64,
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    #[arg(long)]
+    ca: PathBuf,
+    #[arg(long)]
+    body: PathBuf,
+    #[arg(long, default_value = "localhost")]
+    server_name: String,
 }
 
 /// One trickling client: a review's head, then its body a byte at a time, reconnecting when
@@ -184,19 +193,21 @@ async fn trickler(
     answers
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn trickle(
-    addr: SocketAddr,
-    path: String,
-    version: Version,
-    tricklers: usize,
-    interval: Duration,
-    rate: u64,
-    seconds: u64,
-    ca: PathBuf,
-    body: PathBuf,
-    server_name: String,
-) -> Result<(), String> {
+async fn trickle(args: TrickleArgs) -> Result<(), String> {
+    let TrickleArgs {
+        addr,
+        path,
+        http,
+        tricklers,
+        interval_ms,
+        rate,
+        seconds,
+        ca,
+        body,
+        server_name,
+    } = args;
+    let version = version_of(http);
+    let interval = Duration::from_millis(interval_ms.max(1));
     let ca_pem = std::fs::read_to_string(&ca).map_err(|e| format!("{}: {e}", ca.display()))?;
     let body = Bytes::from(std::fs::read(&body).map_err(|e| e.to_string())?);
     let raw_config = client::tls_config(&ca_pem, Version::Http1).map_err(|e| e.to_string())?;
@@ -318,19 +329,20 @@ fn vm_kib(pid: u32, field: &str) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn flood(
-    addr: SocketAddr,
-    path: String,
-    version: Version,
-    clients: usize,
-    seconds: u64,
-    body_bytes: usize,
-    shape: String,
-    pid: u32,
-    ca: PathBuf,
-    server_name: String,
-) -> Result<(), String> {
+async fn flood(args: FloodArgs) -> Result<(), String> {
+    let FloodArgs {
+        addr,
+        path,
+        http,
+        clients,
+        seconds,
+        body_bytes,
+        shape,
+        pid,
+        ca,
+        server_name,
+    } = args;
+    let version = version_of(http);
     let ca_pem = std::fs::read_to_string(&ca).map_err(|e| format!("{}: {e}", ca.display()))?;
     let body = Bytes::from(max_size_review(body_bytes, &shape)?);
     let config = client::tls_config(&ca_pem, version).map_err(|e| e.to_string())?;
@@ -561,20 +573,21 @@ async fn open_loop(
     Ok(all)
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run(
-    addr: SocketAddr,
-    path: String,
-    version: Version,
-    connections: usize,
-    rate: u64,
-    seconds: u64,
-    warmup: u64,
-    ca: PathBuf,
-    body: PathBuf,
-    server_name: String,
-    label: String,
-) -> Result<(), String> {
+async fn run(args: RunArgs) -> Result<(), String> {
+    let RunArgs {
+        addr,
+        path,
+        http,
+        connections,
+        rate,
+        seconds,
+        warmup_seconds: warmup,
+        ca,
+        body,
+        server_name,
+        label,
+    } = args;
+    let version = version_of(http);
     let ca_pem = std::fs::read_to_string(&ca).map_err(|e| e.to_string())?;
     let body = Bytes::from(std::fs::read(&body).map_err(|e| e.to_string())?);
     let config = client::tls_config(&ca_pem, version).map_err(|e| e.to_string())?;
@@ -627,109 +640,30 @@ async fn run(
     Ok(())
 }
 
+/// The protocol of `--http`: 2 for HTTP/2, anything else HTTP/1.1.
+fn version_of(http: u8) -> Version {
+    if http == 2 { Version::Http2 } else { Version::Http1 }
+}
+
+/// Runs `task` on a runtime of one thread (the load's core, for `run`) or of tokio's default.
+fn block_on(multi_thread: bool, task: impl std::future::Future<Output = Result<(), String>>) -> Result<(), String> {
+    let mut builder = if multi_thread {
+        tokio::runtime::Builder::new_multi_thread()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    let rt = builder.enable_all().build().map_err(|e| e.to_string())?;
+    rt.block_on(task)
+}
+
 fn main() -> std::process::ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args = Args::parse();
     let result = match args.command {
         Command::Gen { dir } => generate(&dir),
-        Command::Run {
-            addr,
-            path,
-            http,
-            connections,
-            rate,
-            seconds,
-            warmup_seconds,
-            ca,
-            body,
-            server_name,
-            label,
-        } => {
-            let version = if http == 2 { Version::Http2 } else { Version::Http1 };
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())
-                .and_then(|rt| {
-                    rt.block_on(run(
-                        addr,
-                        path,
-                        version,
-                        connections,
-                        rate,
-                        seconds,
-                        warmup_seconds,
-                        ca,
-                        body,
-                        server_name,
-                        label,
-                    ))
-                })
-        }
-        Command::Flood {
-            addr,
-            path,
-            http,
-            clients,
-            seconds,
-            body_bytes,
-            shape,
-            pid,
-            ca,
-            server_name,
-        } => {
-            let version = if http == 2 { Version::Http2 } else { Version::Http1 };
-            tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())
-                .and_then(|rt| {
-                    rt.block_on(flood(
-                        addr,
-                        path,
-                        version,
-                        clients,
-                        seconds,
-                        body_bytes,
-                        shape,
-                        pid,
-                        ca,
-                        server_name,
-                    ))
-                })
-        }
-        Command::Trickle {
-            addr,
-            path,
-            http,
-            tricklers,
-            interval_ms,
-            rate,
-            seconds,
-            ca,
-            body,
-            server_name,
-        } => {
-            let version = if http == 2 { Version::Http2 } else { Version::Http1 };
-            tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())
-                .and_then(|rt| {
-                    rt.block_on(trickle(
-                        addr,
-                        path,
-                        version,
-                        tricklers,
-                        Duration::from_millis(interval_ms.max(1)),
-                        rate,
-                        seconds,
-                        ca,
-                        body,
-                        server_name,
-                    ))
-                })
-        }
+        Command::Run(args) => block_on(false, run(args)),
+        Command::Flood(args) => block_on(true, flood(args)),
+        Command::Trickle(args) => block_on(true, trickle(args)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
