@@ -6,8 +6,10 @@
 //! - [`nodeclient`]: the mTLS client of the runtime agents' node API.
 //! - [`pki`]: the runtime CA, the CSR signer and the node API token.
 //! - [`access`]: the aggregated access API (logs, exec, files), served by every replica.
+//! - [`app`]: the process: one spawn per task, and the SmolVM controller's wiring ([`app::vms`]).
 
 pub mod access;
+pub mod app;
 pub mod cli;
 pub mod events;
 pub mod heartbeat;

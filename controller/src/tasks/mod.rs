@@ -1,5 +1,5 @@
-//! The long-running tasks `main` wires together, one per file. Each is a thin loop around pure
-//! decisions that live elsewhere (placement's `NodeTracker`, the ledger, the signer's judgement).
+//! The long-running tasks [`crate::app`] wires together, one per file. Each is a thin loop around
+//! pure decisions that live elsewhere (placement's `NodeTracker`, the ledger, the signer's judgement).
 //!
 //! - [`nodes`]: the SmolVMNode watch that wakes the SmolVMs a node change concerns;
 //! - [`ledger`]: releasing the reservations of SmolVMs that are gone;
