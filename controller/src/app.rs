@@ -47,12 +47,14 @@ pub async fn run(flags: Flags) -> anyhow::Result<()> {
     let lease_task = lease(&client, &flags, leader_tx, shutdown.clone());
     let metrics = Arc::new(Metrics::default());
     let vm_store_slot: tasks::ops::VmStoreSlot = Arc::default();
+    let fleet_slot: tasks::ops::FleetSlot = Arc::default();
     ops_server(
         &flags,
         tasks::ops::Probe {
             leader: leader.clone(),
             metrics: metrics.clone(),
             vms: vm_store_slot.clone(),
+            fleet: fleet_slot.clone(),
         },
     )
     .await?;
@@ -66,6 +68,7 @@ pub async fn run(flags: Flags) -> anyhow::Result<()> {
         client: client.clone(),
         metrics,
         vm_store_slot,
+        fleet_slot,
         shutdown: shutdown.clone(),
     };
     match lead(&flags, leading, leader).await? {
@@ -175,6 +178,7 @@ struct Leading {
     client: Client,
     metrics: Arc<Metrics>,
     vm_store_slot: tasks::ops::VmStoreSlot,
+    fleet_slot: tasks::ops::FleetSlot,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -195,6 +199,7 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         client,
         metrics,
         vm_store_slot,
+        fleet_slot,
         shutdown,
     } = leading;
     let events = EventSink::new(
@@ -225,6 +230,11 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     let (vm_store, vm_writer) = reflector::store::<SmolVM>();
     let (node_store, wake) = node_watch(&client, vm_store.clone(), liveness.clone(), events.clone()).await?;
     ca_rotation(&client, flags, &trust, &node_store, &liveness, &events);
+    *fleet_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(tasks::ops::Fleet {
+        nodes: node_store.clone(),
+        liveness: liveness.clone(),
+        trust,
+    });
     let (owned, services, slices) = vm::owned_watches(&client);
     let ctx = Arc::new(Context {
         client,

@@ -1,5 +1,6 @@
 //! Prometheus metrics of the controller.
 
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::{
@@ -43,6 +44,30 @@ pub struct OperationLabel {
     pub operation: String,
 }
 
+/// Labels: a condition of a SmolVMNode.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeConditionLabels {
+    /// The SmolVMNode.
+    pub node: String,
+    /// The condition type (`Ready`, `GuestBootable`, ...).
+    pub condition: String,
+    /// `true`, `false` or `unknown`.
+    pub status: &'static str,
+}
+
+/// What the leader sees of one SmolVMNode when it is scraped (see `tasks::ops`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeObservation {
+    /// The SmolVMNode's name.
+    pub node: String,
+    /// Seconds since the controller saw its heartbeat change; `None` before any heartbeat.
+    pub heartbeat_age_seconds: Option<f64>,
+    /// Each condition's type and status (`true`, `false`, `unknown`).
+    pub conditions: Vec<(String, &'static str)>,
+    /// The agent's serving certificate's expiry as it reports it, Unix seconds.
+    pub serving_certificate_not_after: Option<i64>,
+}
+
 /// Labels: an access call's subresource and outcome.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AccessLabels {
@@ -80,6 +105,20 @@ pub struct Metrics {
     pub access_calls: Family<AccessLabels, Counter>,
     /// Bytes streamed through the access API.
     pub access_bytes: Family<StreamLabels, Counter>,
+    /// 1 while this replica holds the Lease.
+    pub leader: Gauge,
+    /// Heartbeat age per SmolVMNode, by the controller's clock.
+    pub node_heartbeat_age: Family<NodeLabel, Gauge<f64, AtomicU64>>,
+    /// SmolVMNode conditions.
+    pub node_conditions: Family<NodeConditionLabels, Gauge>,
+    /// Agents' serving certificate expiry per SmolVMNode.
+    pub node_serving_cert_expiry: Family<NodeLabel, Gauge>,
+    /// The runtime CA's expiry.
+    pub runtime_ca_expiry: Gauge,
+    /// SmolVMs waiting for a node.
+    pub unschedulable: Gauge,
+    /// The longest any SmolVM has been waiting for a node.
+    pub unschedulable_longest: Gauge<f64, AtomicU64>,
 }
 
 fn buckets() -> impl Iterator<Item = f64> {
@@ -97,43 +136,100 @@ impl Default for Metrics {
         let vms = Family::<PhaseLabel, Gauge>::default();
         let placement_failures = Family::<ReasonLabel, Counter>::default();
         let runtime_calls = Family::<OperationLabel, Histogram>::new_with_constructor(|| Histogram::new(buckets()));
-        registry.register("reconciles", "Reconciles by result", reconciles.clone());
+        registry.register(
+            "reconciles",
+            "SmolVM reconciles by result (ok, or the error's stable reason)",
+            smolvm_kit::ops::Declared(reconciles.clone()),
+        );
         registry.register(
             "reconcile_duration_seconds",
-            "Reconcile duration",
+            "Time one SmolVM reconcile took",
             reconcile_duration.clone(),
         );
-        registry.register("vms", "SmolVMs by phase", vms.clone());
+        registry.register(
+            "vms",
+            "SmolVMs by phase in the leader's cache, as of the scrape (only the leader reports)",
+            smolvm_kit::ops::Declared(vms.clone()),
+        );
         registry.register(
             "placement_failures",
-            "Placement failures by reason",
-            placement_failures.clone(),
+            "Placement attempts that found no node, by reason",
+            smolvm_kit::ops::Declared(placement_failures.clone()),
         );
         registry.register(
             "runtime_call_duration_seconds",
-            "Node API call latency by operation",
-            runtime_calls.clone(),
+            "Time a node API call from the controller took, by operation",
+            smolvm_kit::ops::Declared(runtime_calls.clone()),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the controller's Lease and acts, 0 while it stands by",
+            leader.clone(),
+        );
+        let node_heartbeat_age = Family::<NodeLabel, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "node_heartbeat_age_seconds",
+            "Seconds since the leader saw each SmolVMNode's heartbeat change, by its own clock (only the leader reports)",
+            smolvm_kit::ops::Declared(node_heartbeat_age.clone()),
+        );
+        let node_conditions = Family::<NodeConditionLabels, Gauge>::default();
+        registry.register(
+            "node_condition",
+            "Conditions of each SmolVMNode (Ready, KVMAvailable, RuntimeReady, GuestBootable): 1 for the status it has (true, false, unknown) (only the leader reports)",
+            smolvm_kit::ops::Declared(node_conditions.clone()),
+        );
+        let node_serving_cert_expiry = Family::<NodeLabel, Gauge>::default();
+        registry.register(
+            "node_serving_certificate_expiry_timestamp_seconds",
+            "Expiry of each agent's node API serving certificate, as its SmolVMNode reports it, Unix seconds (only the leader reports)",
+            smolvm_kit::ops::Declared(node_serving_cert_expiry.clone()),
+        );
+        let runtime_ca_expiry = Gauge::default();
+        registry.register(
+            "runtime_ca_expiry_timestamp_seconds",
+            "Expiry of the runtime CA that signs new node certificates, Unix seconds (only the leader reports)",
+            runtime_ca_expiry.clone(),
+        );
+        let unschedulable = Gauge::default();
+        registry.register(
+            "unschedulable_vms",
+            "SmolVMs whose Scheduled condition is False with reason Unschedulable (only the leader reports)",
+            unschedulable.clone(),
+        );
+        let unschedulable_longest = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "unschedulable_longest_seconds",
+            "Seconds the longest-waiting Unschedulable SmolVM has been so, 0 when none is (only the leader reports)",
+            unschedulable_longest.clone(),
         );
         let orphans = Family::<NodeLabel, Gauge>::default();
         registry.register(
             "orphan_machines",
             "Machines on a node that no SmolVM owns (booked in placement, deleted after the grace period), by node",
-            orphans.clone(),
+            smolvm_kit::ops::Declared(orphans.clone()),
         );
         let access_calls = Family::<AccessLabels, Counter>::default();
         registry.register(
             "access_calls",
             "Calls of the access API (subresources.vm.smolvm.dev) by subresource and outcome",
-            access_calls.clone(),
+            smolvm_kit::ops::Declared(access_calls.clone()),
         );
         let access_bytes = Family::<StreamLabels, Counter>::default();
         registry.register(
             "access_bytes",
             "Bytes streamed through the access API, by subresource and direction",
-            access_bytes.clone(),
+            smolvm_kit::ops::Declared(access_bytes.clone()),
         );
         Metrics {
             registry,
+            leader,
+            node_heartbeat_age,
+            node_conditions,
+            node_serving_cert_expiry,
+            runtime_ca_expiry,
+            unschedulable,
+            unschedulable_longest,
             access_calls,
             access_bytes,
             reconciles,
@@ -192,6 +288,50 @@ impl Metrics {
         self.access_bytes
             .get_or_create(&StreamLabels { subresource, direction })
             .inc_by(bytes);
+    }
+
+    /// Sets whether this replica leads.
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    /// Sets the per-node gauges from what the leader sees of every SmolVMNode (series of nodes
+    /// gone since the last scrape disappear).
+    pub fn set_nodes(&self, nodes: &[NodeObservation]) {
+        self.node_heartbeat_age.clear();
+        self.node_conditions.clear();
+        self.node_serving_cert_expiry.clear();
+        for observed in nodes {
+            let node = NodeLabel {
+                node: observed.node.clone(),
+            };
+            if let Some(age) = observed.heartbeat_age_seconds {
+                self.node_heartbeat_age.get_or_create(&node).set(age);
+            }
+            if let Some(not_after) = observed.serving_certificate_not_after {
+                self.node_serving_cert_expiry.get_or_create(&node).set(not_after);
+            }
+            for (condition, status) in &observed.conditions {
+                self.node_conditions
+                    .get_or_create(&NodeConditionLabels {
+                        node: observed.node.clone(),
+                        condition: condition.clone(),
+                        status,
+                    })
+                    .set(1);
+            }
+        }
+    }
+
+    /// Sets the runtime CA's expiry (Unix seconds).
+    pub fn set_runtime_ca_not_after(&self, not_after_unix: i64) {
+        self.runtime_ca_expiry.set(not_after_unix);
+    }
+
+    /// Sets how many SmolVMs are Unschedulable and for how long the longest has been.
+    pub fn set_unschedulable(&self, count: i64, longest_seconds: f64) {
+        self.unschedulable.set(count);
+        self.unschedulable_longest.set(longest_seconds);
     }
 
     /// The text exposition.

@@ -61,6 +61,28 @@ pub fn encode_metrics(registry: &prometheus_client::registry::Registry) -> Strin
     out
 }
 
+/// A metric registered so that its `# HELP` and `# TYPE` lines are written even before it has a
+/// sample. prometheus-client leaves a family with no series out of the exposition altogether;
+/// wrapped in this, every metric a binary has is declared on `/metrics` from the start (valid
+/// OpenMetrics: a family may have no samples), so a scraper's metadata, and the tests that check
+/// the monitoring component's queries against `/metrics`, see it before its first event.
+#[derive(Debug, Clone, Default)]
+pub struct Declared<M>(pub M);
+
+impl<M: prometheus_client::encoding::EncodeMetric> prometheus_client::encoding::EncodeMetric for Declared<M> {
+    fn encode(&self, encoder: prometheus_client::encoding::MetricEncoder) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        self.0.metric_type()
+    }
+
+    fn is_empty(&self) -> bool {
+        false
+    }
+}
+
 /// What one client may hold on an ops port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bounds {
@@ -232,6 +254,22 @@ mod tests {
         stream.read_to_string(&mut text).await.expect("read");
         let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
         (code, text)
+    }
+
+    /// An empty family is declared (`# HELP`, `# TYPE`) only when wrapped in [`Declared`].
+    #[test]
+    fn declared_families_show_before_their_first_sample() {
+        use prometheus_client::metrics::{counter::Counter, family::Family};
+        let mut registry = prometheus_client::registry::Registry::with_prefix("x");
+        let bare = Family::<Vec<(String, String)>, Counter>::default();
+        let declared = Family::<Vec<(String, String)>, Counter>::default();
+        registry.register("bare", "Not declared while empty", bare.clone());
+        registry.register("declared", "Declared while empty", Declared(declared.clone()));
+        let text = encode_metrics(&registry);
+        assert!(text.lines().any(|l| l == "# TYPE x_declared counter"), "{text}");
+        assert!(!text.contains("x_bare"), "{text}");
+        declared.get_or_create(&vec![("k".into(), "v".into())]).inc();
+        assert!(encode_metrics(&registry).contains("x_declared_total{k=\"v\"} 1"));
     }
 
     #[test]

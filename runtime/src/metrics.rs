@@ -88,56 +88,56 @@ impl Default for Metrics {
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
             "node_api_requests",
-            "Node API requests by operation and code",
-            requests.clone(),
+            "Node API requests answered, by operation and stable code (OK or the error code)",
+            smolvm_kit::ops::Declared(requests.clone()),
         );
         let latency = Family::<OperationLabel, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
         registry.register(
             "node_api_request_duration_seconds",
-            "Node API request latency",
-            latency.clone(),
+            "Time the node API took to answer a request, by operation",
+            smolvm_kit::ops::Declared(latency.clone()),
         );
         let smolvm_restarts = Counter::default();
         registry.register(
             "smolvm_restarts",
-            "Restarts of the supervised smolvm serve",
+            "Restarts of the supervised smolvm serve after it exited or stopped answering (the first start is not counted)",
             smolvm_restarts.clone(),
         );
         let forwarded_connections = Family::<ProtocolLabel, Counter>::default();
         registry.register(
             "forwarded_connections",
             "Connections (TCP) and client sessions (UDP) forwarded to published ports",
-            forwarded_connections.clone(),
+            smolvm_kit::ops::Declared(forwarded_connections.clone()),
         );
         let forwarded_bytes = Family::<ProtocolLabel, Counter>::default();
         registry.register(
             "forwarded_bytes",
             "Bytes carried by the port forwards, both directions",
-            forwarded_bytes.clone(),
+            smolvm_kit::ops::Declared(forwarded_bytes.clone()),
         );
         let open_forwards = Gauge::default();
         registry.register(
             "open_forwards",
-            "Published ports forwarded from the node's address now",
+            "Published ports of running VMs forwarded from the node's address now",
             open_forwards.clone(),
         );
         let forward_refused = Family::<RefusedLabels, Counter>::default();
         registry.register(
             "forward_refused",
             "TCP connections closed at once and UDP datagrams dropped because a cap of the forwarder was reached (reason: port, agent or source)",
-            forward_refused.clone(),
+            smolvm_kit::ops::Declared(forward_refused.clone()),
         );
         let forward_idle_closed = Family::<ProtocolLabel, Counter>::default();
         registry.register(
             "forward_idle_closed",
             "Forwarded TCP connections closed after the idle timeout without a byte either way",
-            forward_idle_closed.clone(),
+            smolvm_kit::ops::Declared(forward_idle_closed.clone()),
         );
         let node_api_closed = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "node_api_connections_closed",
             "Node API connections closed by a bound of the listener before any request: at once when the open connections (reason connections) or the TLS handshakes in progress (handshakes) are at their cap, or when a handshake did not finish in time (handshake_timeout)",
-            node_api_closed.clone(),
+            smolvm_kit::ops::Declared(node_api_closed.clone()),
         );
         let guest_bootable = Gauge::default();
         registry.register(
@@ -148,20 +148,20 @@ impl Default for Metrics {
         guest_bootable.set(-1);
         let canary_boot = Histogram::new(CANARY_BUCKETS);
         registry.register(
-            "canary_boot_seconds",
-            "Time a canary guest took to boot, of the checks where one booted",
+            "canary_boot_duration_seconds",
+            "Time a canary guest took to boot, of the guest boot checks where one booted",
             canary_boot.clone(),
         );
         let canary_checks = Family::<ResultLabel, Counter>::default();
         registry.register(
             "canary_checks",
             "Guest boot checks run, by result (Booted, or the cause: DeviceNotAccessible, HostCannotRunGuest, Timeout, InternalError)",
-            canary_checks.clone(),
+            smolvm_kit::ops::Declared(canary_checks.clone()),
         );
         let runtime_ready = Gauge::default();
         registry.register(
-            "runtime_ready",
-            "Whether smolvm serve answers its health check",
+            "smolvm_ready",
+            "1 while the supervised smolvm serve answers its health check (the RuntimeReady condition), 0 while not",
             runtime_ready.clone(),
         );
         Metrics {
@@ -340,7 +340,7 @@ mod tests {
             "smolvm_runtime_node_api_request_duration_seconds_bucket{le=\"0.025\",operation=\"GetMachine\"} 2",
             "smolvm_runtime_node_api_request_duration_seconds_count{operation=\"GetMachine\"} 2",
             "smolvm_runtime_smolvm_restarts_total 1",
-            "smolvm_runtime_runtime_ready 1",
+            "smolvm_runtime_smolvm_ready 1",
             "smolvm_runtime_forward_refused_total{protocol=\"tcp\",reason=\"port\"} 1",
             "smolvm_runtime_forward_idle_closed_total{protocol=\"tcp\"} 1",
             "smolvm_runtime_node_api_connections_closed_total{reason=\"connections\"} 1",

@@ -110,7 +110,7 @@ async fn standalone_binary_serves_and_stops_its_child_on_sigterm() {
     assert_eq!(health.status, 200, "{health:?}");
     assert_eq!(health.body["runtimeVersion"], "1.32.2");
     let (_, metrics) = http_get(ops, "/metrics").await;
-    assert!(metrics.contains("smolvm_runtime_runtime_ready 1"), "{metrics}");
+    assert!(metrics.contains("smolvm_runtime_smolvm_ready 1"), "{metrics}");
     // JSON logs.
     assert!(
         log()

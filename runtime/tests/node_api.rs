@@ -436,7 +436,7 @@ async fn every_operation_against_real_smolvm_twice() {
     for line in [
         "smolvm_runtime_node_api_requests_total{operation=\"CreateMachine\",code=\"MachineSpecConflict\"} 2",
         "smolvm_runtime_node_api_requests_total{operation=\"EnsureMachineRunning\",code=\"StartFailed\"} 2",
-        "smolvm_runtime_runtime_ready 1",
+        "smolvm_runtime_smolvm_ready 1",
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
     }

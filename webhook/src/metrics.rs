@@ -51,9 +51,14 @@ pub struct ReasonLabels {
 
 type HistogramFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
 
+/// Upper bounds (seconds) past the doubling ones: the latency alert's 250 ms threshold is a
+/// bucket bound, so its p99 is not interpolated across a wide bucket, and the API server's 10 s
+/// timeout is the last.
+const SLOW_BUCKETS: [f64; 6] = [0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
 fn latency_histogram() -> Histogram {
-    // 50 µs .. ~0.8 s.
-    Histogram::new(exponential_buckets(0.000_05, 2.0, 15))
+    // 50 µs, doubling, to ~0.1 s; then SLOW_BUCKETS.
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 12).chain(SLOW_BUCKETS))
 }
 
 /// The resources a route can report (`Outcome::resource`), for [`Handles`].
@@ -132,54 +137,54 @@ impl Metrics {
         registry.register(
             "shed_requests",
             "Requests shed with 429 and Retry-After because every review slot was busy (the API server retries them)",
-            shed.clone(),
+            smolvm_kit::ops::Declared(shed.clone()),
         );
         let cert_not_after = Gauge::default();
         let connections_closed = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "connections_closed",
             "Connections closed before they were served: a cap of open connections or handshakes in progress was reached, or a TLS handshake did not finish in time (reason: connections, handshakes, handshake_timeout)",
-            connections_closed.clone(),
+            smolvm_kit::ops::Declared(connections_closed.clone()),
         );
         registry.register(
             "requests",
-            "Admission reviews by webhook, resource, operation and verdict",
-            requests.clone(),
+            "Admission requests answered, by webhook (mutate, validate), resource, operation and verdict (allowed, denied, or error for a request answered with an HTTP error)",
+            smolvm_kit::ops::Declared(requests.clone()),
         );
         registry.register(
             "request_duration_seconds",
-            "Time to answer an admission request, body read included",
-            latency.clone(),
+            "Time to answer an admission request, body read included, by path",
+            smolvm_kit::ops::Declared(latency.clone()),
         );
         registry.register(
             "rejections",
-            "Rejected admission requests by violated rule",
-            rejections.clone(),
+            "Admission requests denied, by violated rule",
+            smolvm_kit::ops::Declared(rejections.clone()),
         );
         registry.register(
             "bad_requests",
-            "Requests answered with an HTTP error, by reason",
-            bad_requests.clone(),
+            "Admission requests answered with an HTTP error (not a review), by reason",
+            smolvm_kit::ops::Declared(bad_requests.clone()),
         );
         registry.register(
             "policy_reload_errors",
-            "Policy file reloads that failed (the last good policy stays)",
+            "Policy file reloads that failed (the last good policy stays in force)",
             policy_reload_errors.clone(),
         );
         registry.register("policy_reloads", "Policy file reloads applied", policy_reloads.clone());
         registry.register(
             "certificate_reload_errors",
-            "Serving certificate reloads that failed (the current certificate stays)",
-            cert_reload_errors.clone(),
+            "Serving certificate reloads that failed, by reason (the current certificate stays in use)",
+            smolvm_kit::ops::Declared(cert_reload_errors.clone()),
         );
         registry.register(
             "certificate_reloads",
-            "Serving certificates swapped in",
+            "Serving certificates swapped in by a reload",
             cert_reloads.clone(),
         );
         registry.register(
-            "certificate_not_after_seconds",
-            "Expiry of the serving certificate, Unix seconds",
+            "certificate_expiry_timestamp_seconds",
+            "Expiry of the serving certificate in use, Unix seconds",
             cert_not_after.clone(),
         );
         Metrics {
