@@ -13,6 +13,7 @@ pub mod assets;
 pub mod cluster;
 pub mod controlplane;
 pub mod env;
+pub mod monitoring;
 pub mod process;
 
 /// Installs rustls' ring provider; call first in every harness `main`.

@@ -264,6 +264,7 @@ mod cluster_images;
 mod dockerfile;
 mod docs;
 mod images;
+mod monitoring;
 mod network_policy;
 mod rbac;
 mod render;

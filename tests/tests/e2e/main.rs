@@ -42,6 +42,7 @@ mod access;
 mod classes;
 mod cluster;
 mod hostile;
+mod monitoring;
 mod nodes;
 mod reach;
 mod workload;
@@ -187,6 +188,7 @@ fn extra_scenarios() -> Vec<(&'static str, Scenario)> {
     all.extend(access::scenarios());
     all.extend(nodes::scenarios());
     all.extend(hostile::scenarios());
+    all.extend(monitoring::scenarios());
     all
 }
 
