@@ -111,6 +111,46 @@ fn start_caches(
     );
 }
 
+/// The serving certificate, as --tls-mode says: from files (re-read when they change), or
+/// self-signed through the cluster (rotated before it expires).
+async fn serving_certificate(
+    args: &Args,
+    client: Option<Client>,
+    state: &AppState,
+    interval: Duration,
+) -> Result<Arc<ReloadableResolver>> {
+    Ok(match args.tls_mode {
+        TlsMode::Files => {
+            let (cert, key) = args.tls_files()?;
+            let (resolver, watched) = reload::resolver_from_files(&cert, &key)?;
+            let resolver = Arc::new(resolver);
+            tokio::spawn(reload::watch_cert_files(
+                watched,
+                resolver.clone(),
+                state.metrics.clone(),
+                interval,
+            ));
+            resolver
+        }
+        TlsMode::SelfSigned => {
+            let client = client.ok_or_else(|| Error::Config("self-signed mode needs a cluster".into()))?;
+            let cfg = args.self_signed();
+            let material = selfsigned::bootstrap(&client, &cfg).await?;
+            let resolver = Arc::new(ReloadableResolver::from_pem(&material.cert_pem, &material.key_pem)?);
+            let metrics = state.metrics.clone();
+            tokio::spawn(selfsigned::rotate_forever(
+                client.clone(),
+                cfg,
+                resolver.clone(),
+                move |swapped| metrics.certificate_reloaded(swapped),
+                material,
+                args.rotation_check_interval.max(Duration::from_secs(10)),
+            ));
+            resolver
+        }
+    })
+}
+
 async fn run(args: Args) -> Result<()> {
     args.check()?;
     let interval = args.reload_interval.max(Duration::from_secs(1));
@@ -150,36 +190,7 @@ async fn run(args: Args) -> Result<()> {
         tokio::spawn(reload::watch_policy(path, policy, state.metrics.clone(), interval));
     }
 
-    let resolver = match args.tls_mode {
-        TlsMode::Files => {
-            let (cert, key) = args.tls_files()?;
-            let (resolver, watched) = reload::resolver_from_files(&cert, &key)?;
-            let resolver = Arc::new(resolver);
-            tokio::spawn(reload::watch_cert_files(
-                watched,
-                resolver.clone(),
-                state.metrics.clone(),
-                interval,
-            ));
-            resolver
-        }
-        TlsMode::SelfSigned => {
-            let client = client.ok_or_else(|| Error::Config("self-signed mode needs a cluster".into()))?;
-            let cfg = args.self_signed();
-            let material = selfsigned::bootstrap(&client, &cfg).await?;
-            let resolver = Arc::new(ReloadableResolver::from_pem(&material.cert_pem, &material.key_pem)?);
-            let metrics = state.metrics.clone();
-            tokio::spawn(selfsigned::rotate_forever(
-                client.clone(),
-                cfg,
-                resolver.clone(),
-                move |swapped| metrics.certificate_reloaded(swapped),
-                material,
-                args.rotation_check_interval.max(Duration::from_secs(10)),
-            ));
-            resolver
-        }
-    };
+    let resolver = serving_certificate(&args, client, &state, interval).await?;
     state
         .metrics
         .set_certificate_not_after(selfsigned::unix_seconds(resolver.current_not_after()));
