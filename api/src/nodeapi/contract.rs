@@ -94,10 +94,32 @@ pub struct Spec {
     pub response: Payload,
 }
 
-/// Every operation of the node API. The variant's name is its stable name (metric and log
-/// labels, the controller's call timings).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Operation {
+/// Declares [`Operation`] with [`Operation::ALL`] and [`Operation::name`] from one list, so a
+/// new operation is written once (its row in [`Operation::spec`] is asked for by the compiler).
+macro_rules! operations {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// Every operation of the node API. The variant's name is its stable name (metric and
+        /// log labels, the controller's call timings).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Operation {
+            $($(#[$doc])* $name,)*
+        }
+
+        impl Operation {
+            /// Every operation, in the table's order.
+            pub const ALL: &'static [Operation] = &[$(Operation::$name,)*];
+
+            /// The stable name, for metric and log labels.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Operation::$name => stringify!($name),)*
+                }
+            }
+        }
+    };
+}
+
+operations! {
     /// `GET /v1/health`: 200 [`HealthResponse`] when smolvm answered its health check.
     Health,
     /// `GET /v1/identity`: 200 [`IdentityResponse`].
@@ -134,23 +156,6 @@ const V: Segment = Segment::Fixed(VERSION_SEGMENT);
 const MACHINES: Segment = Segment::Fixed("machines");
 
 impl Operation {
-    /// Every operation, in the table's order.
-    pub const ALL: [Operation; 13] = [
-        Operation::Health,
-        Operation::Identity,
-        Operation::GetMachine,
-        Operation::CreateMachine,
-        Operation::DeleteMachine,
-        Operation::EnsureMachineRunning,
-        Operation::StopMachine,
-        Operation::ResizeMachine,
-        Operation::MachineLogs,
-        Operation::ExecInMachine,
-        Operation::ExecInteractive,
-        Operation::ReadFile,
-        Operation::WriteFile,
-    ];
-
     /// The label of a request that names no operation.
     pub const UNKNOWN: &'static str = "Unknown";
 
@@ -232,25 +237,6 @@ impl Operation {
         }
     }
 
-    /// The stable name, for metric and log labels.
-    pub fn name(self) -> &'static str {
-        match self {
-            Operation::Health => "Health",
-            Operation::Identity => "Identity",
-            Operation::GetMachine => "GetMachine",
-            Operation::CreateMachine => "CreateMachine",
-            Operation::DeleteMachine => "DeleteMachine",
-            Operation::EnsureMachineRunning => "EnsureMachineRunning",
-            Operation::StopMachine => "StopMachine",
-            Operation::ResizeMachine => "ResizeMachine",
-            Operation::MachineLogs => "MachineLogs",
-            Operation::ExecInMachine => "ExecInMachine",
-            Operation::ExecInteractive => "ExecInteractive",
-            Operation::ReadFile => "ReadFile",
-            Operation::WriteFile => "WriteFile",
-        }
-    }
-
     /// The HTTP method.
     pub fn method(self) -> Method {
         self.spec().method
@@ -312,7 +298,7 @@ impl Operation {
     /// when the path has one: `method` as HTTP spells it, `segments` the path's segments
     /// without the leading `/`.
     pub fn route<'a>(method: &str, segments: &[&'a str]) -> Option<(Operation, Option<&'a str>)> {
-        Operation::ALL.into_iter().find_map(|operation| {
+        Operation::ALL.iter().copied().find_map(|operation| {
             if operation.method().as_str() != method {
                 return None;
             }
@@ -368,15 +354,16 @@ fn push_encoded(out: &mut String, text: &str) {
     }
 }
 
-/// An operation that speaks JSON both ways: its request and answer types, for typed clients.
-/// `()` as the request: the operation takes no body.
+/// An operation that speaks JSON both ways: its request and answer types, which the
+/// controller's client sends and reads and the agent reads and answers. `()` as the request:
+/// the operation takes no body.
 pub trait JsonCall {
     /// The operation.
     const OPERATION: Operation;
     /// What the request carries.
-    type Request: Serialize;
+    type Request: Serialize + DeserializeOwned;
     /// What a success carries.
-    type Response: DeserializeOwned;
+    type Response: Serialize + DeserializeOwned;
 }
 
 /// The [`JsonCall`] of each JSON operation, named as the operation.
@@ -478,7 +465,7 @@ mod tests {
 
     #[test]
     fn every_operation_routes_back_from_its_own_path() {
-        for operation in Operation::ALL {
+        for &operation in Operation::ALL {
             let path = operation.file_path("svm-1", "/etc/my file");
             let routed = Operation::route_path(operation.method().as_str(), &path);
             assert_eq!(routed.map(|r| r.0), Some(operation), "{path}");

@@ -20,8 +20,8 @@ use serde::de::DeserializeOwned;
 use super::auth::TokenAuth;
 use super::logic::{self, ApiFailure};
 use super::types::{
-    DeleteResponse, ErrorCode, HealthResponse, IdentityResponse, MachineSpec, MachineState, Method, Operation,
-    ResizeSpec, StartRequest, validate_machine_name,
+    DeleteResponse, ErrorCode, HealthResponse, IdentityResponse, JsonCall, MachineState, Method, Operation,
+    StartRequest, calls, validate_machine_name,
 };
 use crate::metrics::Metrics;
 use crate::vmm::{DeleteOutcome, Vmm, VmmError};
@@ -316,6 +316,16 @@ fn ok<T: Serialize>(status: StatusCode, body: &T) -> Response {
     response
 }
 
+/// A success of the JSON operation `C`, its body of the type the contract gives it.
+fn answer<C: JsonCall>(status: StatusCode, body: &C::Response) -> Response {
+    ok(status, body)
+}
+
+/// The body of a request of the JSON operation `C`, read as the type the contract gives it.
+fn body_of<C: JsonCall>(body: Result<Bytes, BytesRejection>) -> Result<C::Request, ApiError> {
+    parse_body(body)
+}
+
 type ApiResult = Result<Response, ApiError>;
 
 fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
@@ -402,8 +412,8 @@ async fn auth_layer(State(state): State<NodeApiState>, request: Request, next: N
 /// one route per operation of the contract's table, each at its template and method.
 pub fn router(state: NodeApiState) -> Router {
     Operation::ALL
-        .into_iter()
-        .fold(Router::new(), |routes, operation| {
+        .iter()
+        .fold(Router::new(), |routes, &operation| {
             routes.route(&operation.template(), handler(operation))
         })
         .fallback(route_not_found)
@@ -457,7 +467,7 @@ async fn method_not_allowed(request: Request) -> ApiError {
 async fn health(State(state): State<NodeApiState>) -> ApiResult {
     let health = state.vmm.health().await?;
     state.identity.set_runtime_version(Some(health.version.clone()));
-    Ok(ok(
+    Ok(answer::<calls::Health>(
         StatusCode::OK,
         &HealthResponse {
             status: health.status,
@@ -471,7 +481,7 @@ async fn health(State(state): State<NodeApiState>) -> ApiResult {
 
 async fn identity(State(state): State<NodeApiState>) -> ApiResult {
     let (node_uid, runtime_version) = state.identity.snapshot();
-    Ok(ok(
+    Ok(answer::<calls::Identity>(
         StatusCode::OK,
         &IdentityResponse {
             node_name: state.identity.node_name.clone(),
@@ -492,7 +502,7 @@ fn not_found(name: &str) -> ApiError {
 
 async fn get_machine(State(state): State<NodeApiState>, MachineName(name): MachineName) -> ApiResult {
     match state.vmm.get(&name).await? {
-        Some(machine) => Ok(ok(StatusCode::OK, &logic::to_status(&machine))),
+        Some(machine) => Ok(answer::<calls::GetMachine>(StatusCode::OK, &logic::to_status(&machine))),
         None => Err(not_found(&name)),
     }
 }
@@ -502,14 +512,17 @@ async fn create_machine(
     MachineName(name): MachineName,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let spec: MachineSpec = parse_body(body)?;
+    let spec = body_of::<calls::CreateMachine>(body)?;
     let _guard = state.lock(&name).await;
     let records = state.workload_records.as_ref();
     let compare = |machine: &crate::vmm::Machine| -> ApiResult {
         let recorded = records.and_then(|r| r.read(&name));
         let fields = logic::spec_differences(&spec, machine, state.local_image_dir.as_deref(), recorded.as_ref());
         if fields.is_empty() {
-            Ok(ok(StatusCode::OK, &logic::to_status(machine)))
+            Ok(answer::<calls::CreateMachine>(
+                StatusCode::OK,
+                &logic::to_status(machine),
+            ))
         } else {
             Err(ApiFailure::new(
                 ErrorCode::MachineSpecConflict,
@@ -537,7 +550,10 @@ async fn create_machine(
                 // The machine exists; only a later create's comparison of the workload is lost.
                 tracing::warn!(machine = %name, %error, "could not record the workload's digests");
             }
-            Ok(ok(StatusCode::CREATED, &logic::to_status(&machine)))
+            Ok(answer::<calls::CreateMachine>(
+                StatusCode::CREATED,
+                &logic::to_status(&machine),
+            ))
         }
         // Created between our get and create by someone else: compare with what is there.
         Err(VmmError::Conflict { message }) => match state.vmm.get(&name).await? {
@@ -557,14 +573,17 @@ async fn ensure_running(
     // credentials, which go to smolvm's start and nowhere else.
     let request: StartRequest = match &body {
         Ok(bytes) if bytes.is_empty() => StartRequest::default(),
-        _ => parse_body(body)?,
+        _ => body_of::<calls::EnsureMachineRunning>(body)?,
     };
     let _guard = state.lock(&name).await;
     let Some(machine) = state.vmm.get(&name).await? else {
         return Err(not_found(&name));
     };
     if machine.state == MachineState::Running {
-        return Ok(ok(StatusCode::OK, &logic::to_status(&machine)));
+        return Ok(answer::<calls::EnsureMachineRunning>(
+            StatusCode::OK,
+            &logic::to_status(&machine),
+        ));
     }
     if request.registry_auth.is_some() {
         // Names the registry, never the credential: operators can see a credential was used.
@@ -613,14 +632,20 @@ async fn ensure_running(
     {
         tracing::warn!(machine = %name, %error, "could not record the image's credential digest");
     }
-    Ok(ok(StatusCode::OK, &logic::to_status(&started)))
+    Ok(answer::<calls::EnsureMachineRunning>(
+        StatusCode::OK,
+        &logic::to_status(&started),
+    ))
 }
 
 async fn stop_machine(State(state): State<NodeApiState>, MachineName(name): MachineName) -> ApiResult {
     let _guard = state.lock(&name).await;
     let stopped = state.vmm.stop(&name).await;
     state.poke_forwarder();
-    Ok(ok(StatusCode::OK, &logic::to_status(&stopped?)))
+    Ok(answer::<calls::StopMachine>(
+        StatusCode::OK,
+        &logic::to_status(&stopped?),
+    ))
 }
 
 async fn delete_machine(State(state): State<NodeApiState>, MachineName(name): MachineName) -> ApiResult {
@@ -641,7 +666,7 @@ async fn delete_machine(State(state): State<NodeApiState>, MachineName(name): Ma
             missing: true,
         },
     };
-    Ok(ok(StatusCode::OK, &body))
+    Ok(answer::<calls::DeleteMachine>(StatusCode::OK, &body))
 }
 
 /// How often a followed log checks that its machine still runs (the stream ends when it stops).
@@ -708,7 +733,7 @@ async fn exec_in_machine(
     MachineName(name): MachineName,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let request: super::types::ExecRequest = parse_body(body)?;
+    let request = body_of::<calls::ExecInMachine>(body)?;
     logic::check_exec(&request)?;
     let _stream = state.open_stream(&name)?;
     let status = running(&state, &name, "exec").await?;
@@ -717,7 +742,10 @@ async fn exec_in_machine(
         .exec(&name, &request)
         .await
         .map_err(|error| stopped_meanwhile(error, &name, &status, "exec"))?;
-    Ok(ok(StatusCode::OK, &logic::exec_response(&output)))
+    Ok(answer::<calls::ExecInMachine>(
+        StatusCode::OK,
+        &logic::exec_response(&output),
+    ))
 }
 
 /// `GET /v1/machines/{name}/exec?command=…&stdin=…&stdout=…&stderr=…&tty=…`, upgraded to a
@@ -906,7 +934,7 @@ async fn resize_machine(
     MachineName(name): MachineName,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let request: ResizeSpec = parse_body(body)?;
+    let request = body_of::<calls::ResizeMachine>(body)?;
     let _guard = state.lock(&name).await;
     let Some(mut machine) = state.vmm.get(&name).await? else {
         return Err(not_found(&name));
@@ -935,5 +963,8 @@ async fn resize_machine(
         }
         machine = state.vmm.resize(&name, &live).await?;
     }
-    Ok(ok(StatusCode::OK, &logic::to_status(&machine)))
+    Ok(answer::<calls::ResizeMachine>(
+        StatusCode::OK,
+        &logic::to_status(&machine),
+    ))
 }
