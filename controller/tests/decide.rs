@@ -78,7 +78,9 @@ fn unreachable() -> CallError {
 }
 
 /// Runs a pass against scripted node answers: each call decide asks for is answered by the next
-/// entry (`Ok(machine)` or a failure). Returns the calls made and the outcome.
+/// entry (`Ok(machine)` or a failure). Returns the calls made, the outcome (its exposure writes:
+/// all the pass made, those before its first machine call included) and the restart request
+/// recorded first.
 fn pass(
     vm: &SmolVM,
     health: NodeHealth,
@@ -100,10 +102,24 @@ fn pass(
     let mut answers = answers.into_iter();
     let mut calls = Vec::new();
     let mut recorded = None;
+    let mut early = Vec::new();
     for _ in 0..10 {
         match converge(&observed, &progress) {
-            Decision::Report(outcome) => return (calls, *outcome, recorded),
-            Decision::Act { call, record_first } => {
+            Decision::Report(mut outcome) => {
+                // What the pass wrote in all: before its first machine call, then at the end.
+                early.append(&mut outcome.exposure.writes);
+                outcome.exposure.writes = early;
+                return (calls, *outcome, recorded);
+            }
+            Decision::Act {
+                call,
+                record_first,
+                expose_first,
+            } => {
+                if call != smolvm_controller::vm::decide::Call::Get && progress.exposed.is_none() {
+                    early = expose_first.clone();
+                    progress.exposed = Some(expose_first);
+                }
                 calls.push(call.operation());
                 if record_first.is_some() {
                     recorded = record_first;
@@ -118,9 +134,9 @@ fn pass(
     panic!("the pass did not end: {calls:?}");
 }
 
-/// The endpoint's readiness in the EndpointSlice the outcome writes; `None` without one.
+/// The endpoint's readiness in the last EndpointSlice the pass writes; `None` without one.
 fn endpoint_ready(outcome: &Outcome) -> Option<bool> {
-    outcome.exposure.writes.iter().find_map(|w| match w {
+    outcome.exposure.writes.iter().rev().find_map(|w| match w {
         ExposureWrite::ApplySlice(slice) => slice
             .endpoints
             .first()

@@ -233,10 +233,21 @@ async fn converge(
     // A read and the machine steps, each at most once, plus the restart's stop: the bound keeps
     // a decision that would loop from calling the node forever.
     for _ in 0..decide::MAX_STEPS_PER_PASS + 3 {
-        let (call, record_first) = match decide::converge(&observed, &progress) {
+        let (call, record_first, expose_first) = match decide::converge(&observed, &progress) {
             Decision::Report(outcome) => return report::report(ctx, api, vm, uid, *outcome).await,
-            Decision::Act { call, record_first } => (call, record_first),
+            Decision::Act {
+                call,
+                record_first,
+                expose_first,
+            } => (call, record_first, expose_first),
         };
+        if call != Call::Get && progress.exposed.is_none() {
+            // A failure here is decided again, and reported, at the end of the pass.
+            match report::write_exposure(ctx, vm, &expose_first).await {
+                Ok(()) => progress.exposed = Some(expose_first),
+                Err(error) => tracing::debug!(%error, "Service or EndpointSlice write before the machine calls failed"),
+            }
+        }
         if let Some(requested) = record_first {
             // Recorded before acting: if dropping the annotation fails later, the next pass sees
             // the request handled and does not restart the machine a second time.

@@ -124,6 +124,9 @@ pub struct Progress {
     pub done: Vec<MachineAction>,
     /// The call that failed, which ends the pass.
     pub failed: Option<(Call, Failure)>,
+    /// The Service and EndpointSlice writes made before the first machine call (a start may
+    /// take half a minute where a guest cannot boot); the report does not repeat them.
+    pub exposed: Option<Vec<ExposureWrite>>,
 }
 
 impl Progress {
@@ -160,6 +163,9 @@ pub enum Decision {
         call: Call,
         /// The restart request to record first.
         record_first: Option<String>,
+        /// Service and EndpointSlice writes to make before the call (on the pass's first machine
+        /// call), so that the Service never waits for a slow start.
+        expose_first: Vec<ExposureWrite>,
     },
     /// Nothing more to call: report.
     Report(Box<Outcome>),
@@ -276,12 +282,12 @@ pub fn converge(o: &Observed, p: &Progress) -> Decision {
     let vm = o.vm;
     let mut out = Outcome::of(vm);
     if let Some((status, why, message)) = unhealthy(o) {
-        out.expose(o, false);
+        out.expose(o, p, false);
         out.problem(o, Phase::Unknown, status, why, message, why, "Observe", None);
         return Decision::Report(Box::new(out));
     }
     if let Some((Call::Get, failure)) = &p.failed {
-        out.expose(o, false);
+        out.expose(o, p, false);
         out.failed(o, &Call::Get, failure, None);
         return Decision::Report(Box::new(out));
     }
@@ -289,6 +295,7 @@ pub fn converge(o: &Observed, p: &Progress) -> Decision {
         return Decision::Act {
             call: Call::Get,
             record_first: None,
+            expose_first: Vec::new(),
         };
     };
     let desired = match rules::machine_spec(vm) {
@@ -296,7 +303,7 @@ pub fn converge(o: &Observed, p: &Progress) -> Decision {
         Err(message) => {
             out.status.phase = Some(Phase::Failed);
             out.set(o, condition::READY, "False", "InvalidSpec", &message);
-            out.expose(o, false);
+            out.expose(o, p, false);
             out.requeue = Requeue::AwaitChange;
             return Decision::Report(Box::new(out));
         }
@@ -307,7 +314,7 @@ pub fn converge(o: &Observed, p: &Progress) -> Decision {
             "machine {} existed on node {} and is gone (its state there was removed); it is not re-created empty. To start over with a fresh, empty machine, annotate the SmolVM with {RECREATE_LOST_MACHINE_ANNOTATION}=true",
             o.machine, o.node
         );
-        out.expose(o, false);
+        out.expose(o, p, false);
         let why = reason::MACHINE_LOST;
         out.problem(o, Phase::Failed, "False", why, message, why, "Observe", None);
         return Decision::Report(Box::new(out));
@@ -327,10 +334,7 @@ pub fn converge(o: &Observed, p: &Progress) -> Decision {
     }
     let restart_stop_done = p.did(|a| matches!(a, MachineAction::Stop));
     if restart == Restart::StopThenRun && !restart_stop_done && p.failed.is_none() {
-        return Decision::Act {
-            call: Call::Stop,
-            record_first: requested.map(str::to_string),
-        };
+        return machine_call(o, p, Call::Stop, requested.map(str::to_string));
     }
     let mut settled = false;
     let mut warnings = Vec::new();
@@ -354,12 +358,7 @@ pub fn converge(o: &Observed, p: &Progress) -> Decision {
             let budget = MAX_STEPS_PER_PASS + usize::from(restart == Restart::StopThenRun);
             if p.done.len() < budget {
                 match next_machine_step(o, &desired, goal.running(), p.machine.as_ref(), &mut out, &mut warnings) {
-                    Some(call) => {
-                        return Decision::Act {
-                            call,
-                            record_first: None,
-                        };
-                    }
+                    Some(call) => return machine_call(o, p, call, None),
                     None => settled = true,
                 }
             }
@@ -370,6 +369,29 @@ pub fn converge(o: &Observed, p: &Progress) -> Decision {
         out.requeue = Requeue::Settled;
     }
     Decision::Report(Box::new(out))
+}
+
+/// A machine call, with the exposure of the machine as it is written first on the pass's first
+/// machine call.
+fn machine_call(o: &Observed, p: &Progress, call: Call, record_first: Option<String>) -> Decision {
+    let expose_first = if p.exposed.is_none() {
+        let runs = p.machine.as_ref().is_some_and(|m| m.state == MachineState::Running);
+        exposing(o, address_of(o).as_deref(), runs).writes
+    } else {
+        Vec::new()
+    };
+    Decision::Act {
+        call,
+        record_first,
+        expose_first,
+    }
+}
+
+/// The node's InternalIP, which the EndpointSlice points at.
+fn address_of(o: &Observed) -> Option<String> {
+    o.node_object
+        .and_then(|n| n.status.as_ref())
+        .and_then(|s| s.internal_ip.clone())
 }
 
 /// The machine call that brings the machine in line, or `None` when it is (with the
@@ -576,7 +598,7 @@ impl Outcome {
             self.status.effective = Some(rules::effective_of(m));
         }
         let runs = p.machine.as_ref().is_some_and(|m| m.state == MachineState::Running);
-        self.expose(o, runs);
+        self.expose(o, p, runs);
     }
 
     /// The report of a pass that went as far as it should: the steps' events, phase and Ready
@@ -604,7 +626,7 @@ impl Outcome {
         );
         rules::clear_condition(&mut self.status.conditions, condition::DELETION_BLOCKED);
         let runs = p.machine.as_ref().is_some_and(|m| m.state == MachineState::Running);
-        self.expose(o, runs);
+        self.expose(o, p, runs);
         self.drop_annotations(o, p, recreating, restart);
         if let Some(t) = rules::transition_event(o.vm.status.as_ref(), &self.status, steps_reported) {
             self.events.push(Note {
@@ -667,16 +689,17 @@ impl Outcome {
 
     /// Decides the Service and EndpointSlice from what was observed, and the ServiceExposed
     /// condition they give; `runs`: the machine runs (the endpoint is ready).
-    fn expose(&mut self, o: &Observed, runs: bool) {
-        let address = o
-            .node_object
-            .and_then(|n| n.status.as_ref())
-            .and_then(|s| s.internal_ip.clone());
+    fn expose(&mut self, o: &Observed, p: &Progress, runs: bool) {
+        let address = address_of(o);
         if o.node_object.is_some() {
             self.status.node_address = address.clone();
         }
         self.status.ports = exposure::ports_summary(o.vm.spec.ports());
         self.exposure = exposing(o, address.as_deref(), runs);
+        if p.exposed.as_ref() == Some(&self.exposure.writes) {
+            // Written before this pass's machine calls, and still what is wanted.
+            self.exposure.writes.clear();
+        }
         let changed = match self.exposure.condition.clone() {
             Some((status, why, message)) => self.set(o, condition::SERVICE_EXPOSED, status, why, &message),
             None => rules::clear_condition(&mut self.status.conditions, condition::SERVICE_EXPOSED),

@@ -19,10 +19,15 @@ use smolvm_tests::{
     process::free_port,
 };
 
-use crate::{NS, Scenario, condition, delete_and_wait, events_for, kubectl_apply, vm, vms, wait_vm};
+use crate::{
+    NS, Scenario, condition, delete_and_wait, events_for, kubectl_apply, vm, vms, wait_started_or_failed, wait_vm,
+};
 
 pub(crate) fn scenarios() -> Vec<(&'static str, Scenario)> {
-    scenarios![expose_service_routes_to_the_node_and_goes_with_the_vm]
+    scenarios![
+        expose_service_routes_to_the_node_and_goes_with_the_vm,
+        a_vm_whose_start_failed_keeps_its_service_and_a_deleted_one_comes_back
+    ]
 }
 
 fn exposed(v: &SmolVM) -> Option<(String, String, String)> {
@@ -268,5 +273,72 @@ pub(crate) async fn expose_service_routes_to_the_node_and_goes_with_the_vm(env: 
         slices.get_opt(name).await?.is_none(),
         "the EndpointSlice went with the SmolVM"
     );
+    Ok(())
+}
+
+/// Exposure is decided on every pass, whatever the machine calls did: a SmolVM whose start failed
+/// (as every start does on these machines) has its Service, with its endpoint not ready, as a
+/// Pod in CrashLoopBackOff keeps its Service. The controller watches the Services it makes, so
+/// one deleted by hand is back within seconds, not at the next resync.
+pub(crate) async fn a_vm_whose_start_failed_keeps_its_service_and_a_deleted_one_comes_back(
+    env: &mut Env,
+) -> anyhow::Result<()> {
+    let admin = env.admin().await?;
+    let services: Api<Service> = Api::namespaced(admin.clone(), NS);
+    let slices: Api<EndpointSlice> = Api::namespaced(admin.clone(), NS);
+    let name = "reach-failed";
+    let spec = json!({"image": "alpine:3.20", "running": true, "resources": {"memoryMiB": 128},
+        "storage": {"storageGiB": 1, "overlayGiB": 1},
+        "network": {"enabled": true, "exposeService": true, "ports": [{"hostPort": free_port()?, "guestPort": 80}]}});
+    kubectl_apply(env, &vm(name, spec))?.map_err(|e| anyhow!(e))?;
+    let v = wait_started_or_failed(env, name).await?;
+    let ready = condition(&v, constants::condition::READY)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+        .unwrap_or_default();
+    let runs = ready.0 == "True";
+    if runs {
+        println!("guests boot on this machine: the VM runs, so its endpoint is ready");
+    }
+    let v = wait_vm(env, name, "ServiceExposed=True", Duration::from_secs(30), |v| {
+        exposed(v).is_some_and(|(s, _, _)| s == "True")
+    })
+    .await?;
+    ensure!(
+        services.get_opt(name).await?.is_some(),
+        "the Service exists whatever the start did: {:?}",
+        v.status
+    );
+    let (addresses, endpoint_ready) = endpoint(&slices, name)
+        .await?
+        .ok_or_else(|| anyhow!("no endpoint in the EndpointSlice"))?;
+    ensure!(
+        addresses == vec![NODE_INTERNAL_IP.to_string()],
+        "addresses: {addresses:?}"
+    );
+    ensure!(
+        endpoint_ready == Some(runs),
+        "the endpoint is ready only while the machine runs (Ready {}/{}): {endpoint_ready:?}",
+        ready.0,
+        ready.1
+    );
+
+    // Deleted by hand: the watch of the controller's own Services brings it back. Without the
+    // watch the next pass would come with the retry or the resync, 30 s on here: the bound of
+    // 10 s tells the two apart (the time it took is printed).
+    let deleted_at = std::time::Instant::now();
+    services.delete(name, &Default::default()).await?;
+    eventually("the deleted Service to be back", Duration::from_secs(10), || {
+        let services = services.clone();
+        async move {
+            Ok(services
+                .get_opt(name)
+                .await?
+                .filter(|s| s.metadata.deletion_timestamp.is_none())
+                .map(|_| ()))
+        }
+    })
+    .await?;
+    println!("the deleted Service was back in {:?}", deleted_at.elapsed());
+    delete_and_wait(env, name).await?;
     Ok(())
 }
