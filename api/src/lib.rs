@@ -26,7 +26,7 @@ pub mod types;
 pub mod validate;
 
 pub use class::{SmolVMClass, SmolVMClassSpec};
-pub use nodeapi::channel;
 pub use error::Error;
+pub use nodeapi::channel;
 pub use policy::Policy;
 pub use types::*;
