@@ -107,159 +107,178 @@ enum Member {
 /// handles it).
 pub(super) fn scan_object(text: &str) -> Option<Scanned<'_>> {
     let b = text.as_bytes();
-    let mut out = Scanned {
-        kind: kind_at(*b.first()?),
-        metadata: None,
-        spec: None,
-        deletion_timestamp: None,
-        finalizers: None,
-    };
-    if out.kind != Kind::Object {
-        return Some(out);
+    let mut scan = Scan::new(text, kind_at(*b.first()?));
+    if scan.out.kind != Kind::Object {
+        return Some(scan.out);
     }
-    let mut depth = 0u32; // containers open around the current position
-    let mut in_metadata = false; // inside the current `metadata` object
-    let mut expect_key = false; // the next string is a key of the object or of its metadata
-    let mut expect_value = false; // a key was just read: the next value is its member's
-    let (mut key1, mut start1) = (Member::Other, None); // member at depth 1 and where it starts
-    let (mut key2, mut start2) = (Member::Other, None); // member of metadata (depth 2)
     let mut i = 0;
     while let Some(&c) = b.get(i) {
-        // Where the value starting here ends (for a scalar), or that it opens a container.
         // (An if-chain in order of frequency: a `match` here compiles to a jump table whose
         // indirect branch mispredicts on almost every byte.)
-        let (next, opens) = if c == b'"' {
-            let (end, escaped) = scan_string(b, i + 1)?;
-            if expect_key {
-                if escaped {
-                    return None;
-                }
-                let key = &b[i + 1..end];
-                if depth == 1 {
-                    key1 = match key {
-                        b"spec" => Member::Spec,
-                        b"metadata" => Member::Metadata,
-                        _ => Member::Other,
-                    };
-                } else {
-                    key2 = match key {
-                        b"deletionTimestamp" => Member::DeletionTimestamp,
-                        b"finalizers" => Member::Finalizers,
-                        _ => Member::Other,
-                    };
-                }
-                expect_key = false;
-                expect_value = true;
-                i = end + 1;
-                continue;
-            }
-            (end + 1, false)
+        i = if c == b'"' {
+            scan.string(i)?
         } else if c == b':' {
-            i += 1;
-            continue;
+            i + 1
         } else if c == b',' {
-            expect_key = depth == 1 || (depth == 2 && in_metadata);
-            i += 1;
-            continue;
+            scan.expect_key = scan.depth == 1 || (scan.depth == 2 && scan.in_metadata);
+            i + 1
         } else if c == b'{' || c == b'[' {
-            (i + 1, true)
+            scan.value(c, i, i + 1, true)?
         } else if c == b'}' || c == b']' {
-            depth = depth.checked_sub(1)?;
-            i += 1;
-            close(
-                &mut out,
-                text,
-                depth,
-                i,
-                (key1, &mut start1),
-                (key2, &mut start2),
-                &mut in_metadata,
-            );
-            continue;
+            scan.depth = scan.depth.checked_sub(1)?;
+            scan.close(scan.depth, i + 1);
+            i + 1
         } else if c.is_ascii_digit() || c == b'-' {
-            let len = b[i..]
-                .iter()
-                .position(|c| !matches!(c, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
-                .unwrap_or(b.len() - i);
-            let number = &text[i..i + len];
-            // A plain integer of up to 19 digits is a u64 or an i64; anything else may be an
-            // f64 out of range, which only serde_json itself can tell.
-            let plain = len < 20 && !number.contains(['.', 'e', 'E']);
-            if !plain && serde_json::from_str::<Value>(number).is_err() {
-                return None;
-            }
-            (i + len, false)
+            scan.value(c, i, number_end(text, i)?, false)?
         } else if c == b't' || c == b'n' {
-            (i + 4, false)
+            scan.value(c, i, i + 4, false)?
         } else if c == b'f' {
-            (i + 5, false)
+            scan.value(c, i, i + 5, false)?
         } else {
-            i += 1; // whitespace
-            continue;
+            i + 1 // whitespace
         };
-        if expect_value {
-            expect_value = false;
-            if depth == 1 {
-                start1 = Some(i);
-                if key1 == Member::Metadata {
+    }
+    Some(scan.out)
+}
+
+/// The end of the number starting at `text[i..]`; `None` when it is one a Value read refuses
+/// (out of an f64's range).
+fn number_end(text: &str, i: usize) -> Option<usize> {
+    let b = text.as_bytes();
+    let len = b[i..]
+        .iter()
+        .position(|c| !matches!(c, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
+        .unwrap_or(b.len() - i);
+    let number = &text[i..i + len];
+    // A plain integer of up to 19 digits is a u64 or an i64; anything else may be an f64 out of
+    // range, which only serde_json itself can tell.
+    let plain = len < 20 && !number.contains(['.', 'e', 'E']);
+    if !plain && serde_json::from_str::<Value>(number).is_err() {
+        return None;
+    }
+    Some(i + len)
+}
+
+/// The state of [`scan_object`] between two tokens.
+struct Scan<'a> {
+    text: &'a str,
+    out: Scanned<'a>,
+    /// Containers open around the current position.
+    depth: u32,
+    /// Inside the current `metadata` object.
+    in_metadata: bool,
+    /// The next string is a key of the object or of its metadata.
+    expect_key: bool,
+    /// A key was just read: the next value is its member's.
+    expect_value: bool,
+    /// The member at depth 1 and where its value starts.
+    key1: Member,
+    start1: Option<usize>,
+    /// The member of metadata (depth 2) and where its value starts.
+    key2: Member,
+    start2: Option<usize>,
+}
+
+impl<'a> Scan<'a> {
+    fn new(text: &'a str, kind: Kind) -> Self {
+        Scan {
+            text,
+            out: Scanned {
+                kind,
+                metadata: None,
+                spec: None,
+                deletion_timestamp: None,
+                finalizers: None,
+            },
+            depth: 0,
+            in_metadata: false,
+            expect_key: false,
+            expect_value: false,
+            key1: Member::Other,
+            start1: None,
+            key2: Member::Other,
+            start2: None,
+        }
+    }
+
+    /// The string starting at `i`, a key or a value; where the scan goes on.
+    fn string(&mut self, i: usize) -> Option<usize> {
+        let b = self.text.as_bytes();
+        let (end, escaped) = scan_string(b, i + 1)?;
+        if !self.expect_key {
+            return self.value(b'"', i, end + 1, false);
+        }
+        if escaped {
+            return None;
+        }
+        let key = &b[i + 1..end];
+        if self.depth == 1 {
+            self.key1 = match key {
+                b"spec" => Member::Spec,
+                b"metadata" => Member::Metadata,
+                _ => Member::Other,
+            };
+        } else {
+            self.key2 = match key {
+                b"deletionTimestamp" => Member::DeletionTimestamp,
+                b"finalizers" => Member::Finalizers,
+                _ => Member::Other,
+            };
+        }
+        self.expect_key = false;
+        self.expect_value = true;
+        Some(end + 1)
+    }
+
+    /// A value starting at `i` with byte `c`: a scalar ending at `next`, or a container that
+    /// `opens` there. Where the scan goes on; `None` past the nesting limit.
+    fn value(&mut self, c: u8, i: usize, next: usize, opens: bool) -> Option<usize> {
+        if self.expect_value {
+            self.expect_value = false;
+            if self.depth == 1 {
+                self.start1 = Some(i);
+                if self.key1 == Member::Metadata {
                     // This metadata replaces any earlier one, members and all.
-                    out.metadata = Some(kind_at(c));
-                    out.deletion_timestamp = None;
-                    out.finalizers = None;
-                    in_metadata = c == b'{';
+                    self.out.metadata = Some(kind_at(c));
+                    self.out.deletion_timestamp = None;
+                    self.out.finalizers = None;
+                    self.in_metadata = c == b'{';
                 }
-            } else if depth == 2 && in_metadata {
-                start2 = Some(i);
+            } else if self.depth == 2 && self.in_metadata {
+                self.start2 = Some(i);
             }
         }
         if opens {
-            depth += 1;
-            if OBJECT_DEPTH + depth >= JSON_DEPTH_LIMIT {
+            self.depth += 1;
+            if OBJECT_DEPTH + self.depth >= JSON_DEPTH_LIMIT {
                 return None;
             }
-            expect_key = c == b'{' && (depth == 1 || (depth == 2 && in_metadata));
+            self.expect_key = c == b'{' && (self.depth == 1 || (self.depth == 2 && self.in_metadata));
         } else {
-            close(
-                &mut out,
-                text,
-                depth,
-                next,
-                (key1, &mut start1),
-                (key2, &mut start2),
-                &mut in_metadata,
-            );
+            self.close(self.depth, next);
         }
-        i = next;
+        Some(next)
     }
-    Some(out)
-}
 
-/// A value at `depth` ended at `end`: note it if it is a member the scan keeps.
-fn close<'a>(
-    out: &mut Scanned<'a>,
-    text: &'a str,
-    depth: u32,
-    end: usize,
-    (key1, start1): (Member, &mut Option<usize>),
-    (key2, start2): (Member, &mut Option<usize>),
-    in_metadata: &mut bool,
-) {
-    if depth == 1
-        && let Some(start) = start1.take()
-    {
-        match key1 {
-            Member::Spec => out.spec = text.get(start..end),
-            Member::Metadata => *in_metadata = false,
-            _ => {}
-        }
-    } else if depth == 2
-        && *in_metadata
-        && let Some(start) = start2.take()
-    {
-        match key2 {
-            Member::DeletionTimestamp => out.deletion_timestamp = text.get(start..end),
-            Member::Finalizers => out.finalizers = text.get(start..end),
-            _ => {}
+    /// A value at `depth` ended at `end`: note it if it is a member the scan keeps.
+    fn close(&mut self, depth: u32, end: usize) {
+        if depth == 1
+            && let Some(start) = self.start1.take()
+        {
+            match self.key1 {
+                Member::Spec => self.out.spec = self.text.get(start..end),
+                Member::Metadata => self.in_metadata = false,
+                _ => {}
+            }
+        } else if depth == 2
+            && self.in_metadata
+            && let Some(start) = self.start2.take()
+        {
+            match self.key2 {
+                Member::DeletionTimestamp => self.out.deletion_timestamp = self.text.get(start..end),
+                Member::Finalizers => self.out.finalizers = self.text.get(start..end),
+                _ => {}
+            }
         }
     }
 }
