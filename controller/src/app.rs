@@ -251,6 +251,7 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         placement: liveness,
         metrics,
         unsettled: Default::default(),
+        start_failures: Default::default(),
     });
     let vm_events = vm_events(vms_api, vm_writer, ctx.clone());
     tokio::spawn(tasks::ledger::prune(

@@ -97,6 +97,7 @@ fn pass(
         slice: None,
         room: Room::default(),
         now: Timestamp::now(),
+        start_backoff: None,
     };
     let mut progress = Progress::default();
     let mut answers = answers.into_iter();
@@ -463,6 +464,7 @@ fn a_service_it_does_not_own_is_never_written() {
         slice: None::<&EndpointSlice>,
         room: Room::default(),
         now: Timestamp::now(),
+        start_backoff: None,
     };
     let Decision::Report(outcome) = converge(&observed, &Progress::default()) else {
         panic!("a missing node is reported at once");
@@ -497,4 +499,109 @@ fn exposure_off_removes_only_what_it_owns() {
     .expect("an EndpointSlice");
     let writes = smolvm_controller::vm::decide::removal(&vm, Some(&ours), Some(&slice));
     assert_eq!(writes, [ExposureWrite::DeleteService], "the slice another owns stays");
+}
+
+#[test]
+fn a_start_that_failed_moments_ago_is_held_and_the_service_kept() {
+    let mut vm = exposed(|_| {});
+    vm.status.get_or_insert_with(Default::default).phase = Some(Phase::Failed);
+    let node = node();
+    let failed = machine(MachineState::Stopped);
+    for (name, backoff, restart, want_calls) in [
+        (
+            "held",
+            Some(std::time::Duration::from_secs(7)),
+            false,
+            vec!["GetMachine"],
+        ),
+        (
+            "the backoff is over",
+            None,
+            false,
+            vec!["GetMachine", "EnsureMachineRunning"],
+        ),
+        // A restart the user asks for is made at once.
+        (
+            "restart asked",
+            Some(std::time::Duration::from_secs(7)),
+            true,
+            vec!["GetMachine", "EnsureMachineRunning"],
+        ),
+    ] {
+        let mut vm = vm.clone();
+        if restart {
+            vm.metadata.annotations =
+                Some([(RESTART_ANNOTATION.to_string(), "2026-11-25T15:00:00Z".to_string())].into());
+        }
+        let observed = Observed {
+            vm: &vm,
+            node: NODE,
+            machine: "svm-machine",
+            node_object: Some(&node),
+            health: NodeHealth::Healthy,
+            service: None,
+            slice: None,
+            room: Room::default(),
+            now: Timestamp::now(),
+            start_backoff: backoff,
+        };
+        let mut progress = Progress::default();
+        let mut calls = Vec::new();
+        let outcome = loop {
+            match converge(&observed, &progress) {
+                Decision::Report(outcome) => break outcome,
+                Decision::Act { call, .. } => {
+                    calls.push(call.operation());
+                    let answer = match &call {
+                        smolvm_controller::vm::decide::Call::Get => Ok(Some(failed.clone())),
+                        _ => Err(Failure::Call(answered(ErrorCode::StartFailed))),
+                    };
+                    progress.record(call, answer);
+                }
+            }
+        };
+        assert_eq!(calls, want_calls, "{name}");
+        assert!(writes_service(&outcome), "{name}: the Service is written");
+        if name == "held" {
+            assert_eq!(
+                outcome.requeue,
+                Requeue::After(std::time::Duration::from_secs(7)),
+                "{name}"
+            );
+            assert_eq!(outcome.status.phase, Some(Phase::Failed), "{name}: the status stays");
+            assert!(outcome.events.is_empty(), "{name}: nothing to tell");
+        }
+    }
+}
+
+#[test]
+fn failed_starts_back_off_from_10_seconds_to_5_minutes_and_a_new_generation_goes_at_once() {
+    use smolvm_controller::vm::StartFailures;
+    use std::time::{Duration, Instant};
+    let failures = StartFailures::default();
+    let at = Instant::now();
+    assert_eq!(failures.hold("a", Some(1), at), None, "never failed");
+    let mut holds = Vec::new();
+    for _ in 0..7 {
+        failures.failed("a", Some(1), at);
+        holds.push(failures.hold("a", Some(1), at).map(|d| d.as_secs()));
+    }
+    assert_eq!(
+        holds,
+        [Some(10), Some(20), Some(40), Some(80), Some(160), Some(300), Some(300)]
+    );
+    assert_eq!(
+        failures.hold("a", Some(1), at + Duration::from_secs(301)),
+        None,
+        "waited out"
+    );
+    assert_eq!(failures.hold("a", Some(2), at), None, "the spec changed");
+    failures.failed("a", Some(2), at);
+    assert_eq!(
+        failures.hold("a", Some(2), at).map(|d| d.as_secs()),
+        Some(10),
+        "counted anew"
+    );
+    failures.reset("a");
+    assert_eq!(failures.hold("a", Some(2), at), None, "it ran");
 }

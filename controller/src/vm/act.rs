@@ -228,13 +228,19 @@ async fn converge(
             others: ctx.ledger.used_by_others(node, uid),
         },
         now,
+        start_backoff: ctx
+            .start_failures
+            .hold(uid, vm.metadata.generation, std::time::Instant::now()),
     };
     let mut progress = Progress::default();
     // A read and the machine steps, each at most once, plus the restart's stop: the bound keeps
     // a decision that would loop from calling the node forever.
     for _ in 0..decide::MAX_STEPS_PER_PASS + 3 {
         let (call, record_first, expose_first) = match decide::converge(&observed, &progress) {
-            Decision::Report(outcome) => return report::report(ctx, api, vm, uid, *outcome).await,
+            Decision::Report(outcome) => {
+                remember_start(ctx, vm, uid, &progress);
+                return report::report(ctx, api, vm, uid, *outcome).await;
+            }
             Decision::Act {
                 call,
                 record_first,
@@ -267,6 +273,25 @@ async fn converge(
         "a pass asked for more node calls than it may make; looking again later"
     );
     Ok(Action::requeue(ctx.timing.retry))
+}
+
+/// Records a start that failed on the node (for the start backoff), or forgets the failures of
+/// a machine that runs.
+fn remember_start(ctx: &Context, vm: &SmolVM, uid: &str, progress: &Progress) {
+    match &progress.failed {
+        Some((Call::EnsureRunning, Failure::Call(e))) if !e.is_unreachable() => {
+            ctx.start_failures
+                .failed(uid, vm.metadata.generation, std::time::Instant::now());
+        }
+        _ if progress
+            .machine
+            .as_ref()
+            .is_some_and(|m| m.state == smolvm_api::nodeapi::MachineState::Running) =>
+        {
+            ctx.start_failures.reset(uid);
+        }
+        _ => {}
+    }
 }
 
 /// The Service and EndpointSlice of the SmolVM's name: from the caches, or read from the API

@@ -47,6 +47,9 @@ pub struct Observed<'a> {
     pub room: Room,
     /// The controller's clock.
     pub now: Timestamp,
+    /// How long the machine's next start waits: its last start failed that recently (the
+    /// backoff of [`super::StartFailures`], as the kubelet's CrashLoopBackOff).
+    pub start_backoff: Option<std::time::Duration>,
 }
 
 /// What a node has for one VM: its allocatable (when it reports one) and what every other VM
@@ -250,6 +253,8 @@ pub enum Requeue {
     Settled,
     /// Still on its way: soon, with a backoff that grows while it does not settle.
     Unsettled,
+    /// After this long (a start held back after a failed one).
+    After(std::time::Duration),
 }
 
 /// The exposure writes of a pass.
@@ -354,6 +359,15 @@ pub fn converge(o: &Observed, p: &Progress) -> Decision {
             out.failed(o, call, failure, p.machine.as_ref());
             return Decision::Report(Box::new(out));
         }
+        None if start_held(o, p, &desired, goal, restart) => {
+            // A start that failed moments ago is not made again at once (a pass follows each
+            // status write): the status stays as the failure left it, the exposure is kept, and
+            // the start is made when the backoff ends.
+            let runs = p.machine.as_ref().is_some_and(|m| m.state == MachineState::Running);
+            out.expose(o, p, runs);
+            out.requeue = Requeue::After(o.start_backoff.unwrap_or_default());
+            return Decision::Report(Box::new(out));
+        }
         None => {
             let budget = MAX_STEPS_PER_PASS + usize::from(restart == Restart::StopThenRun);
             if p.done.len() < budget {
@@ -369,6 +383,15 @@ pub fn converge(o: &Observed, p: &Progress) -> Decision {
         out.requeue = Requeue::Settled;
     }
     Decision::Report(Box::new(out))
+}
+
+/// Whether the pass's next step is a start that the start backoff holds back (never a restart
+/// the user asked for).
+fn start_held(o: &Observed, p: &Progress, desired: &MachineSpec, goal: RunGoal, restart: Restart) -> bool {
+    o.start_backoff.is_some()
+        && p.done.is_empty()
+        && restart == Restart::None
+        && rules::machine_action(desired, goal.running(), p.machine.as_ref()) == MachineAction::EnsureRunning
 }
 
 /// A machine call, with the exposure of the machine as it is written first on the pass's first

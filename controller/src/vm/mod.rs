@@ -148,6 +148,8 @@ pub struct Context {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Consecutive unsettled passes per VM, for their backoff.
     pub unsettled: Unsettled,
+    /// Failed starts per VM, for their backoff.
+    pub start_failures: StartFailures,
 }
 
 /// Counts, per VM UID, the consecutive passes that did not settle.
@@ -174,6 +176,53 @@ impl Context {
     pub fn forget(&self, uid: &str) {
         self.ledger.release(uid);
         self.unsettled.reset(uid);
+        self.start_failures.reset(uid);
+    }
+}
+
+/// The starts that failed in a row, per VM UID and generation, and when the last one did: a
+/// start is held back for 10 s after the first failure, doubling to 5 minutes, as the kubelet
+/// backs off a crashing container. A new generation (the spec changed) starts again at once.
+#[derive(Debug, Default)]
+pub struct StartFailures(std::sync::Mutex<std::collections::HashMap<String, StartFailure>>);
+
+#[derive(Debug, Clone, Copy)]
+struct StartFailure {
+    generation: Option<i64>,
+    count: u32,
+    at: std::time::Instant,
+}
+
+impl StartFailures {
+    /// The first hold after a failed start.
+    pub const FIRST: Duration = Duration::from_secs(10);
+    /// The longest hold.
+    pub const MAX: Duration = Duration::from_secs(300);
+
+    /// A start of `uid` at `generation` failed at `at`.
+    pub fn failed(&self, uid: &str, generation: Option<i64>, at: std::time::Instant) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let count = match map.get(uid) {
+            Some(last) if last.generation == generation => last.count.saturating_add(1),
+            _ => 1,
+        };
+        map.insert(uid.to_string(), StartFailure { generation, count, at });
+    }
+
+    /// How long a start of `uid` at `generation` still waits at `now`; `None` when it may go.
+    pub fn hold(&self, uid: &str, generation: Option<i64>, now: std::time::Instant) -> Option<Duration> {
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let last = map.get(uid).filter(|f| f.generation == generation)?;
+        let exponent = last.count.saturating_sub(1).min(8);
+        let backoff = Self::FIRST.saturating_mul(1u32 << exponent).min(Self::MAX);
+        backoff
+            .checked_sub(now.saturating_duration_since(last.at))
+            .filter(|w| !w.is_zero())
+    }
+
+    /// `uid` ran (or is gone): its failures are forgotten.
+    pub fn reset(&self, uid: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
     }
 }
 

@@ -50,6 +50,7 @@ pub async fn report(
         // Still on its way (e.g. a runtime that does not report Running yet): look again with a
         // backoff, so a runtime that never settles is not hammered.
         Requeue::Unsettled => Action::requeue(rules::unsettled_delay(ctx.unsettled.bump(uid))),
+        Requeue::After(wait) => Action::requeue(wait),
     })
 }
 

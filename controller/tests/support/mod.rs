@@ -64,6 +64,7 @@ pub fn context(client: Client, nodes: Vec<SmolVMNode>, node_client: Option<NodeC
         placement: placement::Config::default(),
         metrics: Arc::new(smolvm_controller::metrics::Metrics::default()),
         unsettled: Default::default(),
+        start_failures: Default::default(),
     })
 }
 
