@@ -2,7 +2,8 @@
 # Installs the Debian packages the cluster tier (`make cluster-e2e`) needs, when any is missing:
 # containerd, runc and the CNI plugins run the node's pods; buildah builds the images without a
 # container engine daemon; catatonit is the pods' pause process and busybox the probe pod's
-# tools; iptables serves kube-proxy; etcd-server is the node's etcd.
+# tools; iptables serves kube-proxy; etcd-server is the node's etcd; prometheus scrapes the
+# pods with deploy/components/monitoring's rules (and carries promtool for the rules' tests).
 #
 #   bash tests/scripts/cluster-deps.sh
 #
@@ -21,6 +22,7 @@ want=(
   iptables:iptables
   ip:iproute2
   etcd:etcd-server
+  prometheus:prometheus
 )
 missing=()
 for entry in "${want[@]}"; do

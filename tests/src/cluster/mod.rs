@@ -65,6 +65,7 @@ pub const DEBIAN_TOOLS: &[(&str, &str)] = &[
     ("iptables", "iptables"),
     ("ip", "iproute2"),
     ("etcd", "etcd-server"),
+    ("prometheus", "prometheus"),
 ];
 
 /// Where Debian's containernetworking-plugins put the CNI plugins.

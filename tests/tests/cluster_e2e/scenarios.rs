@@ -31,6 +31,9 @@ use smolvm_tests::{
 
 use crate::{DONE_MARKER, InnerSettings};
 
+mod monitoring;
+use monitoring::prometheus_scrapes_the_pods_and_fires_webhook_down_when_the_webhook_stops;
+
 const NS: &str = "smolvm-system";
 
 /// What each scenario gets.
@@ -60,6 +63,8 @@ fn all() -> Vec<(&'static str, Scenario)> {
         delete_waits_for_the_node_then_the_object_goes,
         a_pod_on_the_bridge_reaches_the_node_address,
         the_controller_pod_deleted_hands_the_lease_over,
+        // Last: it stops the webhook (and brings it back).
+        prometheus_scrapes_the_pods_and_fires_webhook_down_when_the_webhook_stops,
     ]
 }
 
