@@ -345,9 +345,63 @@ struct RuleMeta {
     uid: Option<String>,
     generation: Option<i64>,
     labels: Option<BTreeMap<String, String>>,
-    annotations: Option<BTreeMap<String, String>>,
+    annotations: Option<RuleAnnotations>,
     finalizers: Option<Vec<String>>,
     deletion_timestamp: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+}
+
+/// `metadata.annotations` as the rules read it: this project's annotations (keys under
+/// `vm.smolvm.dev/`), the only ones a rule looks at. Every other value is checked to be a
+/// string, as a map of strings checks it (same error, same path), and dropped without being
+/// copied: `kubectl apply`'s annotation holds the whole object again, often the longest string
+/// of a review.
+#[derive(Default)]
+struct RuleAnnotations(BTreeMap<String, String>);
+
+/// The key prefix of the annotations [`RuleAnnotations`] keeps.
+const RULE_ANNOTATION_PREFIX: &str = "vm.smolvm.dev/";
+
+impl<'de> Deserialize<'de> for RuleAnnotations {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Annotations;
+        impl<'de> serde::de::Visitor<'de> for Annotations {
+            type Value = RuleAnnotations;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut kept = BTreeMap::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if key.starts_with(RULE_ANNOTATION_PREFIX) {
+                        kept.insert(key, map.next_value::<String>()?);
+                    } else {
+                        map.next_value::<AnyString>()?;
+                    }
+                }
+                Ok(RuleAnnotations(kept))
+            }
+        }
+        deserializer.deserialize_map(Annotations)
+    }
+}
+
+/// A string, read and dropped (its value is not kept).
+struct AnyString;
+
+impl<'de> Deserialize<'de> for AnyString {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Str;
+        impl serde::de::Visitor<'_> for Str {
+            type Value = AnyString;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(AnyString)
+            }
+        }
+        deserializer.deserialize_str(Str)
+    }
 }
 
 /// An object as the rules see it.
@@ -372,7 +426,7 @@ impl RuleMeta {
             uid: self.uid,
             generation: self.generation,
             labels: self.labels,
-            annotations: self.annotations,
+            annotations: self.annotations.map(|a| a.0),
             finalizers: self.finalizers,
             deletion_timestamp: self.deletion_timestamp,
             ..Default::default()
@@ -883,6 +937,46 @@ mod tests {
             ("spec.x[].y", None),
         ] {
             assert_eq!(entry_of(path), entry, "{path}");
+        }
+    }
+
+    /// Only this project's annotations are kept for the rules; any other must still be a
+    /// string, reported at its path as a map of strings reports it.
+    #[test]
+    fn annotations_kept_for_the_rules() {
+        let object = json!({"metadata": {"name": "a", "annotations": {
+            "kubectl.kubernetes.io/last-applied-configuration": "{\"a\":\"\\u00e9\"}",
+            "vm.smolvm.dev/force-delete-local-state": "true", "other": "x"}},
+            "spec": {"image": "alpine"}});
+        let text = object.to_string();
+        for raw in [Raw::Value(&object), Raw::Text(&text)] {
+            let vm = decode_strictly::<SmolVM>(raw).unwrap_or_else(|| panic!("{object}"));
+            let kept: Vec<&String> = vm.metadata.annotations.iter().flatten().map(|(k, _)| k).collect();
+            assert_eq!(kept, ["vm.smolvm.dev/force-delete-local-state"]);
+        }
+        let policy = crate::policy::Policy::default();
+        let identity = Identity::user("alice@example.com");
+        let ctx = Context {
+            policy: &policy,
+            nodes: &Vec::<SmolVMNode>::new(),
+            classes: &crate::class::NO_CLASSES,
+            identity: &identity,
+        };
+        let bad = json!({"metadata": {"name": "a", "annotations": {"example.com/n": 5, "vm.smolvm.dev/x": [1]}},
+            "spec": {"image": "alpine"}});
+        let text = bad.to_string();
+        for raw in [Raw::Value(&bad), Raw::Text(&text)] {
+            let verdict = validate_raw(Target::SmolVM, Operation::Create, None, raw, &ctx);
+            let got = listed(&verdict);
+            for (path, message) in [
+                (r#"metadata.annotations["example.com/n"]"#, "Invalid value: 5: must be a string"),
+                (r#"metadata.annotations["vm.smolvm.dev/x"]"#, "Invalid value: a list: must be a string"),
+            ] {
+                assert!(
+                    got.iter().any(|(r, p, m)| *r == RuleId::Schema && p == path && m == message),
+                    "{path} {message:?} in {got:#?}"
+                );
+            }
         }
     }
 
