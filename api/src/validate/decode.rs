@@ -969,11 +969,18 @@ mod tests {
             let verdict = validate_raw(Target::SmolVM, Operation::Create, None, raw, &ctx);
             let got = listed(&verdict);
             for (path, message) in [
-                (r#"metadata.annotations["example.com/n"]"#, "Invalid value: 5: must be a string"),
-                (r#"metadata.annotations["vm.smolvm.dev/x"]"#, "Invalid value: a list: must be a string"),
+                (
+                    r#"metadata.annotations["example.com/n"]"#,
+                    "Invalid value: 5: must be a string",
+                ),
+                (
+                    r#"metadata.annotations["vm.smolvm.dev/x"]"#,
+                    "Invalid value: a list: must be a string",
+                ),
             ] {
                 assert!(
-                    got.iter().any(|(r, p, m)| *r == RuleId::Schema && p == path && m == message),
+                    got.iter()
+                        .any(|(r, p, m)| *r == RuleId::Schema && p == path && m == message),
                     "{path} {message:?} in {got:#?}"
                 );
             }
