@@ -70,9 +70,9 @@ pub(super) fn operations_doc_explains_every_condition_and_reason() {
     assert!(names.len() > 10, "{names:?}");
     // Reasons the code spells out where it uses them (each checked to still be there).
     let literal = [
-        ("controller/src/reconcile.rs", "RuntimeError"),
-        ("controller/src/reconcile.rs", "InvalidSpec"),
-        ("controller/src/reconcile.rs", "MachineFailed"),
+        ("controller/src/vm/decide.rs", "RuntimeError"),
+        ("controller/src/vm/decide.rs", "InvalidSpec"),
+        ("controller/src/vm/rules.rs", "MachineFailed"),
         ("controller/src/placement.rs", "NoNodes"),
         ("controller/src/placement.rs", "PinnedNodeUnknown"),
         ("controller/src/placement.rs", "PinnedNodeIneligible"),

@@ -199,19 +199,19 @@ pub(super) fn policy_config_map_parses_and_names_the_service_accounts() {
 
 /// The controller may write only the Services and EndpointSlices it makes for a SmolVM: the
 /// ValidatingAdmissionPolicy matches both resources for create, update and delete, and names
-/// the label and the owner the controller really sets (controller/src/expose.rs).
+/// the label and the owner the controller really sets (controller/src/vm/exposure.rs).
 #[test]
 pub(super) fn the_controller_writes_only_services_and_endpoint_slices_of_smolvms() {
     require_kubectl!();
     const POLICY: &str = "smolvm-controller-own-services";
-    let expose = read("controller/src/expose.rs");
+    let expose = read("controller/src/vm/exposure.rs");
     for set in [
         "\"app.kubernetes.io/managed-by\".to_string(),",
         "\"smolvm-controller\".to_string(),",
     ] {
         assert!(
             expose.contains(set),
-            "controller/src/expose.rs no longer sets {set}: update {POLICY}"
+            "controller/src/vm/exposure.rs no longer sets {set}: update {POLICY}"
         );
     }
     for overlay in OVERLAYS {

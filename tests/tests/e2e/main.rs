@@ -373,10 +373,12 @@ pub(crate) async fn smolvm_machine(env: &Env, name: &str) -> anyhow::Result<Opti
 }
 
 /// The VM has a node and a machine name: bound, and its machine created on the node.
+/// Bound, and its machine created on the node: `status.machineName` is written with the binding,
+/// `status.effective` once the node has reported the machine it made.
 pub(crate) fn bound_and_created(v: &SmolVM) -> bool {
     v.status
         .as_ref()
-        .is_some_and(|s| s.node_name.is_some() && s.machine_name.is_some())
+        .is_some_and(|s| s.node_name.is_some() && s.machine_name.is_some() && s.effective.is_some())
 }
 
 /// Creates a VM with kubectl and waits until it is bound and its machine exists on the node.
