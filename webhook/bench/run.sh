@@ -8,17 +8,22 @@
 #   (b) kube-rs's example admission controller, if KUBE_EXAMPLE_BIN points at a binary you built
 #       yourself from kube-rs's examples/admission_controller.rs (this script never fetches or
 #       builds third-party code). It is started with ADMISSION_PRIVATE_IP=127.0.0.1 in a
-#       directory holding admission-controller-tls.{crt,key}, logging at info to /dev/null.
+#       directory holding admission-controller-tls.{crt,key}, logging at info to /dev/null;
+#   (c) nginx answering a fixed review body (the practical limit of one core), when nginx is
+#       installed (Debian nginx-light): one worker on the server's core, TLS 1.3 only, HTTP/1.1
+#       and HTTP/2, the request body read and dropped.
 #
 # Load: webhook-bench-load (Rust, verifies the certificate) for HTTP/1.1 and HTTP/2, maximum
 # throughput and fixed offered rates with p50/p99/p99.9 (open loop, latency from each request's
 # due time); plus, when installed (Debian packages wrk and nghttp2-client), wrk (HTTP/1.1) and
 # h2load (HTTP/2) maximum throughput and h2load fixed-rate latency over both protocols as a
 # second opinion. wrk and h2load do not verify the certificate (they cannot be given a CA).
-# Figures are printed, never asserted.
+# Figures are printed, never asserted. At the end, each smolvm-webhook figure is set against
+# kube-rs's example and nginx from the same run (throughput ratios, and p99 at 2000/s).
 #
 # Environment: SERVER_CPU (0), LOAD_CPU (1), SECONDS_PER_RUN (10), RATES ("2000 5000"),
-# CONNECTIONS (16), KUBE_EXAMPLE_BIN (unset), CARGO_TARGET_DIR.
+# CONNECTIONS (16), KUBE_EXAMPLE_BIN (unset), NGINX (nginx on PATH; empty to skip),
+# CARGO_TARGET_DIR.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -48,21 +53,63 @@ PIDS+=($!)
 taskset -c "$SERVER_CPU" "$BIN/webhook-bench-floor" --listen 127.0.0.1:19444 \
   --cert "$WORK/tls.crt" --key "$WORK/tls.key" --workers 1 >"$WORK/floor.log" 2>&1 &
 PIDS+=($!)
-TARGETS=("smolvm-webhook/validate 19443 /validate/smolvms"
-         "smolvm-webhook/mutate 19443 /mutate/smolvms"
-         "floor(parse+echo) 19444 /echo")
+# Each target: its name, port, path and the server's process id (for its CPU time).
+TARGETS=("smolvm-webhook/validate 19443 /validate/smolvms ${PIDS[0]}"
+         "smolvm-webhook/mutate 19443 /mutate/smolvms ${PIDS[0]}"
+         "floor(parse+echo) 19444 /echo ${PIDS[1]}")
 if [[ -n "${KUBE_EXAMPLE_BIN:-}" ]]; then
   cp "$WORK/tls.crt" "$WORK/admission-controller-tls.crt"
   cp "$WORK/tls.key" "$WORK/admission-controller-tls.key"
   (cd "$WORK" && ADMISSION_PRIVATE_IP=127.0.0.1 RUST_LOG=info \
      exec taskset -c "$SERVER_CPU" "$KUBE_EXAMPLE_BIN" >/dev/null 2>&1) &
   PIDS+=($!)
-  TARGETS+=("kube-rs-example 8443 /mutate")
+  TARGETS+=("kube-rs-example 8443 /mutate $!")
 else
   echo "KUBE_EXAMPLE_BIN not set: the kube-rs example comparison is skipped"
 fi
+NGINX=${NGINX-$(command -v nginx || true)}
+PORTS="19443 19444 $([[ -n "${KUBE_EXAMPLE_BIN:-}" ]] && echo 8443)"
+if [[ -n "$NGINX" ]]; then
+  # The answer smolvm-webhook gives the review on /validate, as a fixed body.
+  ANSWER='{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"0c9a8d74-9cb7-44dd-b98e-09fd62def2f4","allowed":true,"status":{}}}'
+  mkdir -p "$WORK/nginx"
+  cat >"$WORK/nginx/nginx.conf" <<CONF
+daemon off;
+worker_processes 1;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx/body;
+  proxy_temp_path $WORK/nginx/proxy;
+  fastcgi_temp_path $WORK/nginx/fastcgi;
+  uwsgi_temp_path $WORK/nginx/uwsgi;
+  scgi_temp_path $WORK/nginx/scgi;
+  keepalive_requests 1000000;
+  server {
+    listen 127.0.0.1:19445 ssl http2;
+    ssl_certificate $WORK/tls.crt;
+    ssl_certificate_key $WORK/tls.key;
+    ssl_protocols TLSv1.3;
+    client_max_body_size 1m;
+    client_body_buffer_size 16k;
+    location / {
+      default_type application/json;
+      return 200 '$ANSWER';
+    }
+  }
+}
+CONF
+  taskset -c "$SERVER_CPU" "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" >"$WORK/nginx/out.log" 2>&1 &
+  PIDS+=($!)
+  TARGETS+=("nginx(fixed) 19445 /answer $!")
+  PORTS="$PORTS 19445"
+else
+  echo "nginx not installed: the fixed-answer comparison is skipped"
+fi
 
-for port in 19443 19444 $([[ -n "${KUBE_EXAMPLE_BIN:-}" ]] && echo 8443); do
+for port in $PORTS; do
   for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
 done
 
@@ -72,13 +119,19 @@ wrk.headers["Content-Type"] = "application/json"
 local f = io.open("$WORK/review.json", "rb"); wrk.body = f:read("*a"); f:close()
 LUA
 
-load() { taskset -c "$LOAD_CPU" "$BIN/webhook-bench-load" run --ca "$WORK/ca.crt" --body "$WORK/review.json" \
-  --connections "$CONNS" --seconds "$SECS" "$@"; }
+# Every figure also goes to $WORK/results as "tool protocol measure target value" (measure:
+# max for reviews/s at maximum throughput, p99@RATE for p99 in ms at a fixed rate), for the
+# summary at the end.
+record() { echo "$*" >>"$WORK/results"; }
+load() {
+  taskset -c "$LOAD_CPU" "$BIN/webhook-bench-load" run --ca "$WORK/ca.crt" --body "$WORK/review.json" \
+    --connections "$CONNS" --seconds "$SECS" "$@" | tee -a "$WORK/load.txt"
+}
 
 echo "== webhook-bench-load: maximum throughput"
 for http in 1 2; do
   for t in "${TARGETS[@]}"; do
-    read -r name port path <<<"$t"
+    read -r name port path _ <<<"$t"
     load --label "$name" --addr 127.0.0.1:$port --path "$path" --http $http --rate 0
   done
 done
@@ -86,18 +139,45 @@ for rate in $RATES; do
   echo "== webhook-bench-load: fixed offered load $rate/s"
   for http in 1 2; do
     for t in "${TARGETS[@]}"; do
-      read -r name port path <<<"$t"
+      read -r name port path _ <<<"$t"
       load --label "$name" --addr 127.0.0.1:$port --path "$path" --http $http --rate "$rate"
     done
   done
 done
+awk '{ match($0, /offered=[^ ]+/); offered = substr($0, RSTART + 8, RLENGTH - 8)
+  match($0, /reviews\/s= *[0-9]+/); rps = substr($0, RSTART, RLENGTH); gsub(/[^0-9]/, "", rps)
+  match($0, / p99=[0-9.]+/); p99 = substr($0, RSTART + 5, RLENGTH - 5)
+  if (offered == "max") print "bench-load", $2, "max", $1, rps; else print "bench-load", $2, "p99@" offered, $1, p99
+}' "$WORK/load.txt" >>"$WORK/results"
+# The CPU time (clock ticks) of process $1 and its children (nginx's worker), so far.
+cpu_ticks() {
+  local total=0 pid stat
+  for pid in "$1" $(pgrep -P "$1" || true); do
+    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
+    read -r -a f <<<"${stat##*) }"
+    total=$((total + f[11] + f[12]))
+  done
+  echo "$total"
+}
+TICKS=$(getconf CLK_TCK)
 if command -v wrk >/dev/null; then
+  # Also the server's CPU time per review over the run, which other work on the machine
+  # changes less than it changes throughput.
   echo "== wrk (HTTP/1.1, $CONNS connections, maximum throughput)"
   for t in "${TARGETS[@]}"; do
-    read -r name port path <<<"$t"
+    read -r name port path pid <<<"$t"
     printf '%-28s ' "$name"
-    taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d"${SECS}s" --latency -s "$WORK/post.lua" "https://localhost:$port$path" \
-      | awk '/Requests\/sec/ {rps=$2} /^ +99%/ {p99=$2} /^ +50%/ {p50=$2} END {printf "reviews/s=%s p50=%s p99=%s\n", rps, p50, p99}'
+    before=$(cpu_ticks "$pid")
+    out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d"${SECS}s" --latency -s "$WORK/post.lua" "https://localhost:$port$path" \
+      | awk '/Requests\/sec/ {rps=$2} /^ +99%/ {p99=$2} /^ +50%/ {p50=$2} / requests in / {n=$1}
+          END {printf "reviews/s=%s p50=%s p99=%s requests=%s\n", rps, p50, p99, n}')
+    after=$(cpu_ticks "$pid")
+    n=$(sed -E 's/.*requests=([0-9]+).*/\1/' <<<"$out")
+    cpu=$(awk -v t=$((after - before)) -v hz="$TICKS" -v n="$n" 'BEGIN {if (n > 0) printf "%.1f", t / hz * 1e6 / n}')
+    out="$out server-cpu-us/review=$cpu"
+    echo "$out"
+    record wrk http/1.1 max "$name" "$(sed -E 's/^reviews\/s=([0-9.]+).*/\1/' <<<"$out")"
+    record wrk http/1.1 cpu-us "$name" "$cpu"
   done
 fi
 if command -v h2load >/dev/null; then
@@ -116,22 +196,60 @@ if command -v h2load >/dev/null; then
     echo "== h2load: fixed offered load $((rps * CONNS))/s ($CONNS connections x --rps $rps)"
     for proto in h1 h2; do
       for t in "${TARGETS[@]}"; do
-        read -r name port path <<<"$t"
+        read -r name port path _ <<<"$t"
         printf '%-28s %-8s ' "$name" "$([[ $proto == h1 ]] && echo http/1.1 || echo http/2)"
         rm -f "$WORK/h2load.log"
         taskset -c "$LOAD_CPU" h2load $([[ $proto == h1 ]] && echo --h1) -t1 -c"$CONNS" -m4 --rps="$rps" -D $((SECS + 2)) \
           -H 'content-type: application/json' -d "$WORK/review.json" --log-file="$WORK/h2load.log" \
           "https://localhost:$port$path" >/dev/null 2>&1 || true
-        if [[ -s "$WORK/h2load.log" ]]; then h2load_latency "$WORK/h2load.log"; else echo "no log"; fi
+        if [[ -s "$WORK/h2load.log" ]]; then
+          out=$(h2load_latency "$WORK/h2load.log")
+          echo "$out"
+          record h2load "$([[ $proto == h1 ]] && echo http/1.1 || echo http/2)" "p99@$((rps * CONNS))" "$name" \
+            "$(sed -nE 's/.* p99=([0-9.]+)ms.*/\1/p' <<<"$out")"
+        else
+          echo "no log"
+        fi
       done
     done
   done
   echo "== h2load (HTTP/2, $CONNS connections, 1 stream each, maximum throughput)"
   for t in "${TARGETS[@]}"; do
-    read -r name port path <<<"$t"
+    read -r name port path _ <<<"$t"
     printf '%-28s ' "$name"
-    taskset -c "$LOAD_CPU" h2load -t1 -c"$CONNS" -m1 -D"$SECS" --warm-up-time=2 -H 'content-type: application/json' \
+    out=$(taskset -c "$LOAD_CPU" h2load -t1 -c"$CONNS" -m1 -D"$SECS" --warm-up-time=2 -H 'content-type: application/json' \
       -d "$WORK/review.json" "https://localhost:$port$path" 2>/dev/null \
-      | awk '/^finished in/ {rps=$4} /^requests:/ {ok=$8" ok, "$10" errored"} END {printf "reviews/s=%s %s\n", rps, ok}'
+      | awk '/^finished in/ {rps=$4} /^requests:/ {ok=$8" ok, "$10" errored"} END {printf "reviews/s=%s %s\n", rps, ok}')
+    echo "$out"
+    record h2load http/2 max "$name" "$(sed -E 's/^reviews\/s=([0-9.]+).*/\1/' <<<"$out")"
   done
 fi
+
+# Each smolvm-webhook figure against the peers of this run: throughput and CPU time per review
+# as multiples of kube-rs's example's and of nginx's, p99 as a multiple of nginx's.
+echo "== smolvm-webhook against the peers of this run"
+awk '{ key = $1 " " $2 " " $3; v[key " " $4] = $5; if (!(key in seen)) { seen[key] = 1; keys[++n] = key } }
+  END {
+    split("smolvm-webhook/validate smolvm-webhook/mutate", names, " ")
+    for (i = 1; i <= n; i++) {
+      split(keys[i], k, " ")
+      kube = v[keys[i] " kube-rs-example"]; ng = v[keys[i] " nginx(fixed)"]
+      for (j = 1; j <= 2; j++) {
+        x = v[keys[i] " " names[j]]
+        if (x == "") continue
+        if (k[3] == "max") {
+          line = sprintf("%-10s %-8s %-24s reviews/s=%-9s", k[1], k[2], names[j], x)
+          if (kube + 0 > 0) line = line sprintf(" x%.2f kube-rs", x / kube)
+          if (ng + 0 > 0) line = line sprintf(" x%.2f nginx", x / ng)
+        } else if (k[3] == "cpu-us") {
+          line = sprintf("%-10s %-8s %-24s server-cpu-us/review=%-6s", k[1], k[2], names[j], x)
+          if (kube + 0 > 0) line = line sprintf(" x%.2f kube-rs", x / kube)
+          if (ng + 0 > 0) line = line sprintf(" x%.2f nginx", x / ng)
+        } else {
+          line = sprintf("%-10s %-8s %-24s %s=%sms", k[1], k[2], names[j], k[3], x)
+          if (ng + 0 > 0) line = line sprintf(" x%.2f nginx (%sms)", x / ng, ng)
+        }
+        print line
+      }
+    }
+  }' "$WORK/results"
