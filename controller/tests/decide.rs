@@ -121,7 +121,7 @@ fn pass(
                     early = expose_first.clone();
                     progress.exposed = Some(expose_first);
                 }
-                calls.push(call.operation());
+                calls.push(call.operation().name());
                 if record_first.is_some() {
                     recorded = record_first;
                 }
@@ -551,7 +551,7 @@ fn a_start_that_failed_moments_ago_is_held_and_the_service_kept() {
             match converge(&observed, &progress) {
                 Decision::Report(outcome) => break outcome,
                 Decision::Act { call, .. } => {
-                    calls.push(call.operation());
+                    calls.push(call.operation().name());
                     let answer = match &call {
                         smolvm_controller::vm::decide::Call::Get => Ok(Some(failed.clone())),
                         _ => Err(Failure::Call(answered(ErrorCode::StartFailed))),

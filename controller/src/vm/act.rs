@@ -22,7 +22,7 @@ use serde_json::json;
 use smolvm_api::{
     SmolVM,
     constants::{FINALIZER, reason},
-    nodeapi::{EnvVar, MachineStatus, RegistryAuth},
+    nodeapi::{EnvVar, MachineStatus, Operation, RegistryAuth},
 };
 
 use super::decide::{self, Call, Decision, DeleteFailure, Failure, Observed, Progress, Room};
@@ -106,7 +106,7 @@ async fn delete(
     force: bool,
 ) -> Result<Action, Error> {
     sync_endpoint(ctx, node);
-    let result = timed(ctx, "DeleteMachine", ctx.node_client.delete_machine(node, machine)).await;
+    let result = timed(ctx, Operation::DeleteMachine, ctx.node_client.delete_machine(node, machine)).await;
     let gone = match &result {
         Ok(outcome) => Ok(outcome.missing),
         Err(e) if decide::delete_failure(force, e) == DeleteFailure::GiveUp => Err(e),
@@ -368,10 +368,10 @@ async fn node_call(
 }
 
 /// Times a node API call into the latency histogram.
-async fn timed<T>(ctx: &Context, operation: &str, call: impl std::future::Future<Output = T>) -> T {
+async fn timed<T>(ctx: &Context, operation: Operation, call: impl std::future::Future<Output = T>) -> T {
     let start = std::time::Instant::now();
     let out = call.await;
-    ctx.metrics.runtime_call(operation, start.elapsed());
+    ctx.metrics.runtime_call(operation.name(), start.elapsed());
     out
 }
 

@@ -16,7 +16,7 @@ use kube::ResourceExt;
 use smolvm_api::{
     NodeResources, Phase, SmolVM, SmolVMNode, SmolVMStatus,
     constants::{FORCE_DELETE_ANNOTATION, RECREATE_LOST_MACHINE_ANNOTATION, RESTART_ANNOTATION, condition, reason},
-    nodeapi::{ErrorCode, MachineSpec, MachineState, MachineStatus, ResizeSpec},
+    nodeapi::{ErrorCode, MachineSpec, MachineState, MachineStatus, Operation, ResizeSpec},
 };
 
 use super::exposure::{self, Exposure, NotExposed};
@@ -78,14 +78,14 @@ pub enum Call {
 }
 
 impl Call {
-    /// The node API operation's name, for the latency metric and the logs.
-    pub fn operation(&self) -> &'static str {
+    /// The node API operation this call is (its name labels the latency metric and the logs).
+    pub fn operation(&self) -> Operation {
         match self {
-            Call::Get => "GetMachine",
-            Call::Create(_) => "CreateMachine",
-            Call::EnsureRunning => "EnsureMachineRunning",
-            Call::Stop => "StopMachine",
-            Call::Resize(_) => "ResizeMachine",
+            Call::Get => Operation::GetMachine,
+            Call::Create(_) => Operation::CreateMachine,
+            Call::EnsureRunning => Operation::EnsureMachineRunning,
+            Call::Stop => Operation::StopMachine,
+            Call::Resize(_) => Operation::ResizeMachine,
         }
     }
 
@@ -341,6 +341,36 @@ pub fn converge(o: &Observed, p: &Progress) -> Decision {
     if restart == Restart::StopThenRun && !restart_stop_done && p.failed.is_none() {
         return machine_call(o, p, Call::Stop, requested.map(str::to_string));
     }
+    proceed(
+        o,
+        p,
+        out,
+        &desired,
+        Course {
+            goal,
+            recreating,
+            restart,
+        },
+    )
+}
+
+/// How a pass goes once the machine was read: the run goal, whether a lost machine is made anew,
+/// and what a restart request asks.
+#[derive(Debug, Clone, Copy)]
+struct Course {
+    goal: RunGoal,
+    recreating: bool,
+    restart: Restart,
+}
+
+/// The machine steps after the read: the next call, or the report of a pass that failed, is held
+/// back, or went as far as it should.
+fn proceed(o: &Observed, p: &Progress, mut out: Outcome, desired: &MachineSpec, course: Course) -> Decision {
+    let Course {
+        goal,
+        recreating,
+        restart,
+    } = course;
     let mut settled = false;
     let mut warnings = Vec::new();
     match &p.failed {
@@ -359,7 +389,7 @@ pub fn converge(o: &Observed, p: &Progress) -> Decision {
             out.failed(o, call, failure, p.machine.as_ref());
             return Decision::Report(Box::new(out));
         }
-        None if start_held(o, p, &desired, goal, restart) => {
+        None if start_held(o, p, desired, goal, restart) => {
             // A start that failed moments ago is not made again at once (a pass follows each
             // status write): the status stays as the failure left it, the exposure is kept, and
             // the start is made when the backoff ends.
@@ -371,7 +401,7 @@ pub fn converge(o: &Observed, p: &Progress) -> Decision {
         None => {
             let budget = MAX_STEPS_PER_PASS + usize::from(restart == Restart::StopThenRun);
             if p.done.len() < budget {
-                match next_machine_step(o, &desired, goal.running(), p.machine.as_ref(), &mut out, &mut warnings) {
+                match next_machine_step(o, desired, goal.running(), p.machine.as_ref(), &mut out, &mut warnings) {
                     Some(call) => return machine_call(o, p, call, None),
                     None => settled = true,
                 }
