@@ -116,24 +116,7 @@ impl Agent {
             )),
             None => state,
         };
-        let forwarder = match options.publish_address {
-            Some(address) if !address.is_loopback() && !address.is_unspecified() => {
-                let forwarder = Forwarder::with_limits(address, metrics.clone(), options.limits.forward);
-                let sync = forwarder.spawn_sync(vmm.clone(), Duration::from_secs(1));
-                tracing::info!(%address, limits = ?options.limits.forward, "forwarding published ports from the node's address to smolvm's loopback listeners");
-                Some((forwarder, sync))
-            }
-            Some(address) => {
-                tracing::info!(%address, "port forwarding off: the publish address is where smolvm's own loopback listeners already are");
-                None
-            }
-            None => {
-                tracing::warn!(
-                    "port forwarding off: no publish address (set --publish-address or NODE_IP); published ports are reachable on this host's loopback only"
-                );
-                None
-            }
-        };
+        let forwarder = start_forwarder(options.publish_address, &metrics, &vmm, options.limits.forward);
         let state = match &forwarder {
             Some((f, _)) => state.with_forwarder(f.clone()),
             None => state,
@@ -253,4 +236,32 @@ fn own_ports(options: &AgentOptions) -> Vec<u16> {
         ports.push(spawn.guest_rollout_port);
     }
     ports
+}
+
+/// The port forwarder from the node's address to smolvm's loopback listeners, where the publish
+/// address is one (not loopback, not unspecified), with its sync task.
+fn start_forwarder(
+    publish_address: Option<std::net::IpAddr>,
+    metrics: &Arc<Metrics>,
+    vmm: &Arc<dyn Vmm>,
+    limits: crate::forward::ForwardLimits,
+) -> Option<(Arc<Forwarder>, tokio::task::JoinHandle<()>)> {
+    match publish_address {
+        Some(address) if !address.is_loopback() && !address.is_unspecified() => {
+            let forwarder = Forwarder::with_limits(address, metrics.clone(), limits);
+            let sync = forwarder.spawn_sync(vmm.clone(), Duration::from_secs(1));
+            tracing::info!(%address, limits = ?limits, "forwarding published ports from the node's address to smolvm's loopback listeners");
+            Some((forwarder, sync))
+        }
+        Some(address) => {
+            tracing::info!(%address, "port forwarding off: the publish address is where smolvm's own loopback listeners already are");
+            None
+        }
+        None => {
+            tracing::warn!(
+                "port forwarding off: no publish address (set --publish-address or NODE_IP); published ports are reachable on this host's loopback only"
+            );
+            None
+        }
+    }
 }
