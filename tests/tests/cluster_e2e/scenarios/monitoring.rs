@@ -177,6 +177,17 @@ pub(super) async fn prometheus_scrapes_the_pods_and_fires_webhook_down_when_the_
         }
         tokio::time::sleep(POLL).await;
     }
+    // One of the two controller replicas leads, as the Lease says, and the gauge shows it.
+    eventually(
+        "sum(smolvm_controller_leader) == 1 in Prometheus",
+        Duration::from_secs(90),
+        || async {
+            let result = prometheus.api("query?query=sum(smolvm_controller_leader)").await?;
+            let value = result["result"][0]["value"][1].as_str().unwrap_or_default().to_string();
+            Ok((value == "1").then_some(()))
+        },
+    )
+    .await?;
     let rules = prometheus.api("rules").await?;
     let loaded: Vec<&str> = rules["groups"]
         .as_array()
