@@ -1008,19 +1008,29 @@ pub(crate) async fn runtime_stopped_blocks_delete_until_the_force_annotation(env
         }
     })
     .await?;
+    // The collector tells the deletion once the node has answered it: the event may land just
+    // after the machine left smolvm's list.
     let events: Api<Event> = Api::all(env.admin().await?);
-    let on_node: Vec<String> = events
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NODE))
-        .filter_map(|e| e.reason)
-        .collect();
-    ensure!(
-        on_node.iter().any(|r| r == "OrphanMachine") && on_node.iter().any(|r| r == "OrphanDeleted"),
-        "no OrphanMachine and OrphanDeleted events on the SmolVMNode: {on_node:?}"
-    );
+    eventually(
+        "OrphanMachine and OrphanDeleted events on the SmolVMNode",
+        Duration::from_secs(30),
+        || {
+            let events = events.clone();
+            async move {
+                let on_node: Vec<String> = events
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NODE))
+                    .filter_map(|e| e.reason)
+                    .collect();
+                let both = on_node.iter().any(|r| r == "OrphanMachine") && on_node.iter().any(|r| r == "OrphanDeleted");
+                Ok(both.then_some(()))
+            }
+        },
+    )
+    .await?;
     Ok(())
 }
 
