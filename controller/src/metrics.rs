@@ -121,6 +121,15 @@ pub struct Metrics {
     pub unschedulable_longest: Gauge<f64, AtomicU64>,
 }
 
+/// Registers a metric that is listed on `/metrics` (`# HELP`, `# TYPE`) before its first sample.
+fn declare<M>(registry: &mut Registry, name: &str, help: &str, metric: &M)
+where
+    M: Clone,
+    smolvm_kit::ops::Declared<M>: prometheus_client::registry::Metric,
+{
+    registry.register(name, help, smolvm_kit::ops::Declared(metric.clone()));
+}
+
 fn buckets() -> impl Iterator<Item = f64> {
     [
         0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -130,115 +139,124 @@ fn buckets() -> impl Iterator<Item = f64> {
 
 impl Default for Metrics {
     fn default() -> Self {
+        let mut metrics = Metrics {
+            registry: Registry::default(),
+            leader: Gauge::default(),
+            node_heartbeat_age: Family::default(),
+            node_conditions: Family::default(),
+            node_serving_cert_expiry: Family::default(),
+            runtime_ca_expiry: Gauge::default(),
+            unschedulable: Gauge::default(),
+            unschedulable_longest: Gauge::default(),
+            access_calls: Family::default(),
+            access_bytes: Family::default(),
+            reconciles: Family::default(),
+            reconcile_duration: Histogram::new(buckets()),
+            vms: Family::default(),
+            placement_failures: Family::default(),
+            runtime_calls: Family::new_with_constructor(|| Histogram::new(buckets())),
+            orphans: Family::default(),
+        };
         let mut registry = Registry::with_prefix("smolvm_controller");
-        let reconciles = Family::<ResultLabel, Counter>::default();
-        let reconcile_duration = Histogram::new(buckets());
-        let vms = Family::<PhaseLabel, Gauge>::default();
-        let placement_failures = Family::<ReasonLabel, Counter>::default();
-        let runtime_calls = Family::<OperationLabel, Histogram>::new_with_constructor(|| Histogram::new(buckets()));
-        registry.register(
+        metrics.register_lifecycle(&mut registry);
+        metrics.register_fleet(&mut registry);
+        metrics.registry = registry;
+        metrics
+    }
+}
+
+impl Metrics {
+    /// The SmolVMs' lifecycle: reconciles, phases, placement, node calls, the access API.
+    fn register_lifecycle(&self, registry: &mut Registry) {
+        declare(
+            registry,
             "reconciles",
             "SmolVM reconciles by result (ok, or the error's stable reason)",
-            smolvm_kit::ops::Declared(reconciles.clone()),
+            &self.reconciles,
         );
         registry.register(
             "reconcile_duration_seconds",
             "Time one SmolVM reconcile took",
-            reconcile_duration.clone(),
+            self.reconcile_duration.clone(),
         );
-        registry.register(
+        declare(
+            registry,
             "vms",
             "SmolVMs by phase in the leader's cache, as of the scrape (only the leader reports)",
-            smolvm_kit::ops::Declared(vms.clone()),
+            &self.vms,
         );
-        registry.register(
+        declare(
+            registry,
             "placement_failures",
             "Placement attempts that found no node, by reason",
-            smolvm_kit::ops::Declared(placement_failures.clone()),
+            &self.placement_failures,
         );
-        registry.register(
+        declare(
+            registry,
             "runtime_call_duration_seconds",
             "Time a node API call from the controller took, by operation",
-            smolvm_kit::ops::Declared(runtime_calls.clone()),
+            &self.runtime_calls,
         );
-        let leader = Gauge::default();
+        declare(
+            registry,
+            "access_calls",
+            "Calls of the access API (subresources.vm.smolvm.dev) by subresource and outcome",
+            &self.access_calls,
+        );
+        declare(
+            registry,
+            "access_bytes",
+            "Bytes streamed through the access API, by subresource and direction",
+            &self.access_bytes,
+        );
+    }
+
+    /// The leader, the nodes, the certificates, unplaced VMs and orphans.
+    fn register_fleet(&self, registry: &mut Registry) {
         registry.register(
             "leader",
             "1 while this replica holds the controller's Lease and acts, 0 while it stands by",
-            leader.clone(),
+            self.leader.clone(),
         );
-        let node_heartbeat_age = Family::<NodeLabel, Gauge<f64, AtomicU64>>::default();
-        registry.register(
+        declare(
+            registry,
             "node_heartbeat_age_seconds",
             "Seconds since the leader saw each SmolVMNode's heartbeat change, by its own clock (only the leader reports)",
-            smolvm_kit::ops::Declared(node_heartbeat_age.clone()),
+            &self.node_heartbeat_age,
         );
-        let node_conditions = Family::<NodeConditionLabels, Gauge>::default();
-        registry.register(
+        declare(
+            registry,
             "node_condition",
             "Conditions of each SmolVMNode (Ready, KVMAvailable, RuntimeReady, GuestBootable): 1 for the status it has (true, false, unknown) (only the leader reports)",
-            smolvm_kit::ops::Declared(node_conditions.clone()),
+            &self.node_conditions,
         );
-        let node_serving_cert_expiry = Family::<NodeLabel, Gauge>::default();
-        registry.register(
+        declare(
+            registry,
             "node_serving_certificate_expiry_timestamp_seconds",
             "Expiry of each agent's node API serving certificate, as its SmolVMNode reports it, Unix seconds (only the leader reports)",
-            smolvm_kit::ops::Declared(node_serving_cert_expiry.clone()),
+            &self.node_serving_cert_expiry,
         );
-        let runtime_ca_expiry = Gauge::default();
         registry.register(
             "runtime_ca_expiry_timestamp_seconds",
             "Expiry of the runtime CA that signs new node certificates, Unix seconds (only the leader reports)",
-            runtime_ca_expiry.clone(),
+            self.runtime_ca_expiry.clone(),
         );
-        let unschedulable = Gauge::default();
         registry.register(
             "unschedulable_vms",
             "SmolVMs whose Scheduled condition is False with reason Unschedulable (only the leader reports)",
-            unschedulable.clone(),
+            self.unschedulable.clone(),
         );
-        let unschedulable_longest = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "unschedulable_longest_seconds",
             "Seconds the longest-waiting Unschedulable SmolVM has been so, 0 when none is (only the leader reports)",
-            unschedulable_longest.clone(),
+            self.unschedulable_longest.clone(),
         );
-        let orphans = Family::<NodeLabel, Gauge>::default();
-        registry.register(
+        declare(
+            registry,
             "orphan_machines",
             "Machines on a node that no SmolVM owns (booked in placement, deleted after the grace period), by node",
-            smolvm_kit::ops::Declared(orphans.clone()),
+            &self.orphans,
         );
-        let access_calls = Family::<AccessLabels, Counter>::default();
-        registry.register(
-            "access_calls",
-            "Calls of the access API (subresources.vm.smolvm.dev) by subresource and outcome",
-            smolvm_kit::ops::Declared(access_calls.clone()),
-        );
-        let access_bytes = Family::<StreamLabels, Counter>::default();
-        registry.register(
-            "access_bytes",
-            "Bytes streamed through the access API, by subresource and direction",
-            smolvm_kit::ops::Declared(access_bytes.clone()),
-        );
-        Metrics {
-            registry,
-            leader,
-            node_heartbeat_age,
-            node_conditions,
-            node_serving_cert_expiry,
-            runtime_ca_expiry,
-            unschedulable,
-            unschedulable_longest,
-            access_calls,
-            access_bytes,
-            reconciles,
-            reconcile_duration,
-            vms,
-            placement_failures,
-            runtime_calls,
-            orphans,
-        }
     }
 }
 
