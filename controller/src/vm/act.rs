@@ -106,7 +106,12 @@ async fn delete(
     force: bool,
 ) -> Result<Action, Error> {
     sync_endpoint(ctx, node);
-    let result = timed(ctx, Operation::DeleteMachine, ctx.node_client.delete_machine(node, machine)).await;
+    let result = timed(
+        ctx,
+        Operation::DeleteMachine,
+        ctx.node_client.delete_machine(node, machine),
+    )
+    .await;
     let gone = match &result {
         Ok(outcome) => Ok(outcome.missing),
         Err(e) if decide::delete_failure(force, e) == DeleteFailure::GiveUp => Err(e),
@@ -303,35 +308,41 @@ async fn owned_objects(
     vm: &SmolVM,
     wanted: bool,
 ) -> Result<(Option<Arc<Service>>, Option<Arc<EndpointSlice>>), Error> {
-    let (name, namespace) = (vm.name_any(), vm.namespace().unwrap_or_default());
     let had = vm.status.as_ref().is_some_and(|s| {
         s.conditions
             .iter()
             .any(|c| c.type_ == smolvm_api::constants::condition::SERVICE_EXPOSED)
     });
-    let service = match ctx.owned.services.as_ref() {
-        Some(cache) => cache.get(&ObjectRef::new(&name).within(&namespace)),
-        None => None,
-    };
-    let service = match service {
-        None if wanted || (had && ctx.owned.services.is_none()) => {
-            let api: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
-            api.get_opt(&name).await?.map(Arc::new)
-        }
-        cached => cached,
-    };
-    let slice = match ctx.owned.slices.as_ref() {
-        Some(cache) => cache.get(&ObjectRef::new(&name).within(&namespace)),
-        None => None,
-    };
-    let slice = match slice {
-        None if wanted || (had && ctx.owned.slices.is_none()) => {
-            let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &namespace);
-            api.get_opt(&name).await?.map(Arc::new)
-        }
-        cached => cached,
-    };
+    let service = cached_or_read(ctx, ctx.owned.services.as_ref(), vm, wanted, had).await?;
+    let slice = cached_or_read(ctx, ctx.owned.slices.as_ref(), vm, wanted, had).await?;
     Ok((service, slice))
+}
+
+/// One object of the SmolVM's name and namespace: from `cache`, else read when it is `wanted`,
+/// or when there is no cache and the SmolVM `had` one.
+async fn cached_or_read<K>(
+    ctx: &Context,
+    cache: Option<&kube::runtime::reflector::Store<K>>,
+    vm: &SmolVM,
+    wanted: bool,
+    had: bool,
+) -> Result<Option<Arc<K>>, Error>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + 'static,
+{
+    let (name, namespace) = (vm.name_any(), vm.namespace().unwrap_or_default());
+    if let Some(cached) = cache.and_then(|c| c.get(&ObjectRef::new(&name).within(&namespace))) {
+        return Ok(Some(cached));
+    }
+    if wanted || (had && cache.is_none()) {
+        let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
+        return Ok(api.get_opt(&name).await?.map(Arc::new));
+    }
+    Ok(None)
 }
 
 /// Makes one node call, timed. `Err` only for an API server failure while reading the

@@ -923,20 +923,42 @@ pub fn bound(vm: &SmolVM, node: &str, node_uid: String, now: Timestamp) -> SmolV
 /// A SmolVM no node can take: Pending, Scheduled=False Unschedulable with the placement's
 /// explanation, and a FailedScheduling event when that changed.
 pub fn unschedulable(vm: &SmolVM, message: String, now: Timestamp) -> Outcome {
-    let mut out = Outcome::of(vm);
-    out.status.observed_generation = vm.status.as_ref().and_then(|s| s.observed_generation);
-    out.status.phase = Some(Phase::Pending);
-    let changed = rules::set_condition(
-        &mut out.status.conditions,
-        condition::SCHEDULED,
-        "False",
-        reason::UNSCHEDULABLE,
-        &message,
-        vm.metadata.generation,
+    let condition = [condition::SCHEDULED, "False", reason::UNSCHEDULABLE];
+    warned(
+        vm,
+        Phase::Pending,
+        condition,
+        message,
+        ("FailedScheduling", "Schedule"),
         now,
-    );
-    if changed {
-        out.events.push(Note::warning("FailedScheduling", "Schedule", message));
+    )
+}
+
+/// The stored status with `phase` and one condition (type, status, reason) set to `message`, and
+/// a Warning event (reason, action) when the condition changed: the outcome of a placement or a
+/// deletion, which observe no machine.
+fn warned(
+    vm: &SmolVM,
+    phase: Phase,
+    [type_, status, why]: [&str; 3],
+    message: String,
+    (event_reason, action): (&str, &'static str),
+    now: Timestamp,
+) -> Outcome {
+    let mut out = Outcome::of(vm);
+    out.status = vm.status.clone().unwrap_or_default();
+    out.status.phase = Some(phase);
+    let generation = vm.metadata.generation;
+    if rules::set_condition(
+        &mut out.status.conditions,
+        type_,
+        status,
+        why,
+        &message,
+        generation,
+        now,
+    ) {
+        out.events.push(Note::warning(event_reason, action, message));
     }
     out
 }
@@ -1019,20 +1041,13 @@ pub fn deletion_blocked(
             format!("node {node} failed to delete machine {machine}: {}", e.message()),
         ),
     };
-    let mut out = Outcome::of(vm);
-    out.status = vm.status.clone().unwrap_or_default();
-    out.status.phase = Some(Phase::Deleting);
-    let changed = rules::set_condition(
-        &mut out.status.conditions,
-        condition::DELETION_BLOCKED,
-        "True",
-        why,
-        &message,
-        vm.metadata.generation,
+    let condition = [condition::DELETION_BLOCKED, "True", why];
+    warned(
+        vm,
+        Phase::Deleting,
+        condition,
+        message,
+        ("DeletionBlocked", "Delete"),
         now,
-    );
-    if changed {
-        out.events.push(Note::warning("DeletionBlocked", "Delete", message));
-    }
-    out
+    )
 }
