@@ -70,13 +70,14 @@ async fn add_finalizer(api: &Api<SmolVM>, vm: &SmolVM) -> Result<(), Error> {
         ]),
         Some(_) => json!([{"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}]),
     };
-    api.patch(
-        &vm.name_any(),
-        &PatchParams::default(),
-        &Patch::Json::<()>(serde_json::from_value(patch)?),
-    )
-    .await?;
+    json_patch(api, vm, patch).await?;
     Ok(())
+}
+
+/// A JSON patch of the SmolVM object (its metadata: finalizers, annotations).
+pub(super) async fn json_patch(api: &Api<SmolVM>, vm: &SmolVM, patch: serde_json::Value) -> Result<SmolVM, Error> {
+    let patch = Patch::Json::<()>(serde_json::from_value(patch)?);
+    Ok(api.patch(&vm.name_any(), &PatchParams::default(), &patch).await?)
 }
 
 async fn remove_finalizer(api: &Api<SmolVM>, vm: &SmolVM) -> Result<(), Error> {
@@ -87,12 +88,7 @@ async fn remove_finalizer(api: &Api<SmolVM>, vm: &SmolVM) -> Result<(), Error> {
         {"op": "test", "path": format!("/metadata/finalizers/{index}"), "value": FINALIZER},
         {"op": "remove", "path": format!("/metadata/finalizers/{index}")}
     ]);
-    api.patch(
-        &vm.name_any(),
-        &PatchParams::default(),
-        &Patch::Json::<()>(serde_json::from_value(patch)?),
-    )
-    .await?;
+    json_patch(api, vm, patch).await?;
     Ok(())
 }
 

@@ -102,18 +102,14 @@ async fn drop_annotation(ctx: &Context, api: &Api<SmolVM>, vm: &SmolVM, drop: &A
         {"op": "test", "path": pointer, "value": drop.value},
         {"op": "remove", "path": pointer}
     ]);
-    let result = api
-        .patch(
-            &vm.name_any(),
-            &PatchParams::default(),
-            &Patch::Json::<()>(serde_json::from_value(patch)?),
-        )
-        .await;
+    let result = super::act::json_patch(api, vm, patch).await;
     match result {
         Ok(_) => {}
         // The test failed: a newer value replaced it; the next pass acts on that one.
-        Err(kube::Error::Api(s)) if drop.newer_may_replace && (s.code == 422 || s.code == 409) => return Ok(()),
-        Err(e) => return Err(e.into()),
+        Err(Error::Kube(kube::Error::Api(s))) if drop.newer_may_replace && (s.code == 422 || s.code == 409) => {
+            return Ok(());
+        }
+        Err(e) => return Err(e),
     }
     publish(ctx, vm, &drop.then).await;
     Ok(())
