@@ -263,21 +263,7 @@ async fn trickle(args: TrickleArgs) -> Result<(), String> {
         }
     }
     latency.sort_unstable();
-    let show = |m: &std::collections::BTreeMap<u16, u64>| {
-        m.iter()
-            .map(|(s, n)| {
-                format!(
-                    "{}: {n}",
-                    if *s == 0 {
-                        "no answer".to_string()
-                    } else {
-                        s.to_string()
-                    }
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let show = by_status;
     println!(
         "trickle {path} HTTP/{}: {tricklers} clients at 1 byte/{}ms; {} reviews at {rate}/s answered {{{}}} p50={:.3}ms p99={:.3}ms; trickles answered early {{{}}}",
         if version == Version::Http2 { 2 } else { 1 },
@@ -289,6 +275,21 @@ async fn trickle(args: TrickleArgs) -> Result<(), String> {
         show(&shed),
     );
     Ok(())
+}
+
+/// Answers counted by status, as text (`200: 12, no answer: 1`).
+fn by_status(m: &std::collections::BTreeMap<u16, u64>) -> String {
+    let shown = |status: u16| {
+        if status == 0 {
+            "no answer".to_string()
+        } else {
+            status.to_string()
+        }
+    };
+    m.iter()
+        .map(|(s, n)| format!("{}: {n}", shown(*s)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A review of exactly `bytes` bytes (or the smallest one over the realistic review), padded
