@@ -11,7 +11,10 @@
 #       directory holding admission-controller-tls.{crt,key}, logging at info to /dev/null;
 #   (c) nginx answering a fixed review body (the practical limit of one core), when nginx is
 #       installed (Debian nginx-light): one worker on the server's core, TLS 1.3 only, HTTP/1.1
-#       and HTTP/2, the request body read and dropped.
+#       and HTTP/2, the request body read and dropped. nginx may answer an HTTP/2 request before
+#       it has read the body; webhook-bench-load then counted errors by the million in some runs
+#       here (its figures for nginx over HTTP/2 are then not comparable), and h2load's maximum
+#       throughput for nginx over HTTP/2 read low; its fixed-rate latency is the figure to use.
 #
 # Load: webhook-bench-load (Rust, verifies the certificate) for HTTP/1.1 and HTTP/2, maximum
 # throughput and fixed offered rates with p50/p99/p99.9 (open loop, latency from each request's
