@@ -1,8 +1,9 @@
 //! Reader slots for request bodies still arriving.
 //!
 //! A fixed number of slots, each stamped with when its reader took it. When every slot is
-//! taken, a newcomer displaces the reader that has held its slot longest (it is told, answers
-//! 408 and frees the slot) and waits a short while for a slot to free. A review's body comes in
+//! taken, a newcomer displaces the reader that has held its slot longest, once that one has held
+//! it for [`MIN_HOLD`] (it is told, answers 408 and frees the slot), and waits a short while for
+//! a slot to free. A review's body comes in
 //! milliseconds; a body that trickles holds a slot for seconds. So however many clients
 //! trickle, a body that is actually arriving gets a slot, and a slow one loses it first.
 //!
@@ -18,6 +19,10 @@ use std::{
 
 use futures::task::AtomicWaker;
 use tokio::sync::{Semaphore, SemaphorePermit};
+
+/// How long a reader holds its slot before a newcomer may displace it: far longer than a review's
+/// body takes to arrive once its head has, far shorter than a trickle holds a slot.
+pub const MIN_HOLD: Duration = Duration::from_millis(50);
 
 /// One slot: when its reader took it (microseconds since [`Readers`] began, plus one; zero when
 /// free), whether a newcomer displaced it, and the reader's task to wake when it is.
@@ -56,32 +61,59 @@ impl Readers {
         self.permits.try_acquire().ok().map(|permit| self.claim(permit))
     }
 
-    /// A slot when every one is taken: displaces the reader that has held its slot longest,
-    /// then waits up to `wait` for a slot. `None` when none frees in time.
+    /// A slot when every one is taken: displaces the reader that has held its slot longest (once
+    /// it has held it for [`MIN_HOLD`]), then waits up to `wait` for a slot. `None` when none
+    /// frees in time.
+    ///
+    /// A reader is displaced only after [`MIN_HOLD`]: a review whose body is a moment behind its
+    /// head (over HTTP/2, the DATA frame after the HEADERS) keeps its slot, and the newcomer waits
+    /// for that body, which comes in milliseconds, or for the holder to age. One newcomer
+    /// displaces at most one reader.
     pub async fn take_displacing(&self, wait: Duration) -> Option<Reader<'_>> {
         if let Some(reader) = self.try_take() {
             return Some(reader);
         }
-        self.displace_oldest();
-        let permit = tokio::time::timeout(wait, self.permits.acquire()).await.ok()?.ok()?;
-        Some(self.claim(permit))
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut displaced = false;
+        loop {
+            if !displaced {
+                displaced = self.displace_oldest(MIN_HOLD);
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            // Until one is displaced, look again as holders age.
+            let tick = if displaced { left } else { left.min(MIN_HOLD / 4) };
+            match tokio::time::timeout(tick, self.permits.acquire()).await {
+                Ok(Ok(permit)) => return Some(self.claim(permit)),
+                Ok(Err(_)) => return None,
+                Err(_) => continue,
+            }
+        }
     }
 
-    /// Marks the longest-held slot not yet displaced as displaced, and wakes its reader.
-    fn displace_oldest(&self) {
+    /// Marks the longest-held slot not yet displaced, held for at least `min_hold`, as displaced,
+    /// and wakes its reader. Whether it displaced one.
+    fn displace_oldest(&self, min_hold: Duration) -> bool {
+        let now = u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX - 1) + 1;
+        let min_hold = u64::try_from(min_hold.as_micros()).unwrap_or(u64::MAX);
         let oldest = self
             .slots
             .iter()
             .filter(|s| !s.displaced.load(Ordering::Acquire))
             .filter_map(|s| match s.started.load(Ordering::Acquire) {
                 0 => None,
+                started if now.saturating_sub(started) < min_hold => None,
                 started => Some((started, s)),
             })
             .min_by_key(|(started, _)| *started);
-        if let Some((_, slot)) = oldest
-            && !slot.displaced.swap(true, Ordering::AcqRel)
-        {
-            slot.waker.wake();
+        match oldest {
+            Some((_, slot)) if !slot.displaced.swap(true, Ordering::AcqRel) => {
+                slot.waker.wake();
+                true
+            }
+            _ => false,
         }
     }
 
@@ -191,5 +223,23 @@ mod tests {
         drop(newcomer);
         assert!(readers.try_take().is_some(), "slots free again");
         assert_eq!(readers.capacity(), 2);
+    }
+
+    #[test]
+    fn only_a_reader_that_held_its_slot_long_enough_is_displaced() {
+        let readers = Readers::new(1);
+        let Some(reader) = readers.try_take() else {
+            panic!("a free slot")
+        };
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(
+            !readers.displace_oldest(Duration::from_secs(3600)),
+            "younger than the minimum hold: kept"
+        );
+        assert!(reader.poll_displaced(&mut cx).is_pending());
+        assert!(readers.displace_oldest(Duration::ZERO), "old enough: displaced");
+        assert!(reader.poll_displaced(&mut cx).is_ready());
+        assert!(!readers.displace_oldest(Duration::ZERO), "one displacement per reader");
     }
 }
