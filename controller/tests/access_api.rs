@@ -30,7 +30,7 @@ use smolvm_controller::{
     nodeclient::{BearerToken, ClientSettings, ClientTls, Endpoints, NodeClient, client_tls},
 };
 use smolvm_runtime::{
-    nodeapi::{Identity, NodeApiState, auth::TokenAuth, router, tls::MtlsServer},
+    nodeapi::tls::MtlsServer,
     vmm::{
         DeleteOutcome, ExecOutput, ExecRequest, FileContent, LogQuery, LogStream, Machine, MachineSpec, MachineState,
         RegistryAuth, ResizeRequest, Vmm, VmmError, VmmHealth,
@@ -166,16 +166,7 @@ fn day() -> Validity {
 
 /// The agent's real router over mTLS, the double behind it; and the certificates.
 fn agent(pki: &Pki, runtime: Arc<FilesDouble>) -> (MtlsServer, Material) {
-    let state = NodeApiState::new(
-        runtime,
-        TokenAuth::fixed(TOKEN).expect("token"),
-        Identity::new(NODE),
-        Arc::new(smolvm_runtime::metrics::Metrics::default()),
-        None,
-    );
-    let resolver = Arc::new(ReloadableResolver::from_pem(&pki.server_cert, &pki.server_key).expect("resolver"));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let server = MtlsServer::start(listener, router(state), resolver, pki.ca.cert_pem()).expect("serve");
+    let server = pki.serve(Pki::node_api_state(runtime));
     let front = CertificateAuthority::generate("front-proxy-ca", day()).expect("front-proxy CA");
     let proxy = front.issue_client(PROXY, day()).expect("proxy cert");
     let stranger = front.issue_client("someone-else", day()).expect("stranger cert");

@@ -13,10 +13,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use serde_json::json;
 use smolvm_runtime::images::ImageGuard;
-use smolvm_runtime::metrics::Metrics;
-use smolvm_runtime::nodeapi::auth::TokenAuth;
 use smolvm_runtime::nodeapi::tls::MtlsServer;
-use smolvm_runtime::nodeapi::{Identity, NodeApiState, router};
 use smolvm_runtime::vmm::{
     DeleteOutcome, Machine, MachineSpec, MachineState, RegistryAuth, ResizeRequest, Vmm, VmmError, VmmHealth,
 };
@@ -141,26 +138,12 @@ impl Vmm for RegistryRuntime {
 /// The agent's router with image records in `records` (none: as before they were kept),
 /// served over mTLS.
 fn serve(runtime: Arc<RegistryRuntime>, records: Option<&std::path::Path>, pki: &Pki) -> MtlsServer {
-    let state = NodeApiState::new(
-        runtime,
-        TokenAuth::fixed(TOKEN).expect("token"),
-        Identity::new(NODE),
-        Arc::new(Metrics::default()),
-        None,
-    );
+    let state = Pki::node_api_state(runtime);
     let state = match records {
         Some(records) => state.with_images(Arc::new(ImageGuard::open(records).expect("image records"))),
         None => state,
     };
-    let resolver =
-        Arc::new(smolvm_certs::ReloadableResolver::from_pem(&pki.server_cert, &pki.server_key).expect("resolver"));
-    MtlsServer::start(
-        std::net::TcpListener::bind("127.0.0.1:0").expect("bind"),
-        router(state),
-        resolver,
-        pki.ca.cert_pem(),
-    )
-    .expect("serves")
+    pki.serve(state)
 }
 
 async fn client(server: &MtlsServer, pki: &Pki) -> NodeClient {

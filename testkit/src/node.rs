@@ -203,6 +203,31 @@ impl Pki {
         (cert, key)
     }
 
+    /// The node API state of a test agent on [`NODE`] with [`TOKEN`], in front of `runtime`.
+    pub fn node_api_state(runtime: Arc<dyn smolvm_runtime::vmm::Vmm>) -> smolvm_runtime::nodeapi::NodeApiState {
+        smolvm_runtime::nodeapi::NodeApiState::new(
+            runtime,
+            TokenAuth::fixed(TOKEN).expect("token"),
+            smolvm_runtime::nodeapi::Identity::new(NODE),
+            Arc::new(smolvm_runtime::metrics::Metrics::default()),
+            None,
+        )
+    }
+
+    /// The agent's real router for `state`, over mTLS with this PKI's serving pair, on a free
+    /// loopback port.
+    pub fn serve(&self, state: smolvm_runtime::nodeapi::NodeApiState) -> smolvm_runtime::nodeapi::tls::MtlsServer {
+        let resolver = Arc::new(ReloadableResolver::from_pem(&self.server_cert, &self.server_key).expect("resolver"));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        smolvm_runtime::nodeapi::tls::MtlsServer::start(
+            listener,
+            smolvm_runtime::nodeapi::router(state),
+            resolver,
+            self.ca.cert_pem(),
+        )
+        .expect("serve")
+    }
+
     pub fn client_tls(&self) -> Arc<rustls::ClientConfig> {
         Arc::new(
             smolvm_certs::client_config(

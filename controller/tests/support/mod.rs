@@ -157,18 +157,8 @@ pub fn agent_and_client(
     token: &str,
 ) -> (smolvm_runtime::nodeapi::tls::MtlsServer, NodeClient) {
     use smolvm_certs::ReloadableResolver;
-    use smolvm_runtime::nodeapi::{Identity, NodeApiState, auth::TokenAuth, router, tls::MtlsServer};
-    use smolvm_testkit::node::{NODE, TOKEN};
-    let state = NodeApiState::new(
-        runtime,
-        TokenAuth::fixed(TOKEN).expect("token"),
-        Identity::new(NODE),
-        Arc::new(smolvm_runtime::metrics::Metrics::default()),
-        None,
-    );
-    let resolver = Arc::new(ReloadableResolver::from_pem(&pki.server_cert, &pki.server_key).expect("resolver"));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let server = MtlsServer::start(listener, router(state), resolver, pki.ca.cert_pem()).expect("serve");
+    use smolvm_testkit::node::NODE;
+    let server = pki.serve(smolvm_testkit::node::Pki::node_api_state(runtime));
     let endpoints = Endpoints::default();
     endpoints.set(NODE, "127.0.0.1", server.local_addr().port());
     let cert = Arc::new(ReloadableResolver::from_pem(&pki.client_cert, &pki.client_key).expect("client cert"));
