@@ -275,8 +275,8 @@ pub enum ExposureWrite {
     ApplyService(Box<Service>),
     /// Server-side apply of the EndpointSlice.
     ApplySlice(Box<EndpointSlice>),
-    /// Delete the EndpointSlice first: its addressType is immutable and the node's address
-    /// changed family.
+    /// Delete the EndpointSlice: exposure is off, or, before its apply, the node's address
+    /// changed family (addressType is immutable).
     DeleteSlice,
     /// Delete the Service.
     DeleteService,
@@ -763,8 +763,8 @@ impl Outcome {
     }
 
     /// A Service or EndpointSlice write failed: the condition says so (the machine's own status
-    /// is still written). Returns whether the condition changed.
-    pub fn exposure_failed(&mut self, vm: &SmolVM, error: &str, now: Timestamp) -> bool {
+    /// is still written), with a Warning event when that changed.
+    pub fn exposure_failed(&mut self, vm: &SmolVM, error: &str, now: Timestamp) {
         let (namespace, name) = (vm.namespace().unwrap_or_default(), vm.name_any());
         let verb = if self.exposure.removing { "removing" } else { "writing" };
         let message = format!("{verb} Service {namespace}/{name}: {error}");
@@ -781,7 +781,6 @@ impl Outcome {
             self.events
                 .push(Note::warning(reason::SERVICE_ERROR, "Expose", message));
         }
-        changed
     }
 }
 
