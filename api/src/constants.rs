@@ -113,6 +113,9 @@ pub mod condition {
     pub const SCHEDULED: &str = "Scheduled";
     /// SmolVM: the machine matches `spec.running` on its node. SmolVMNode: the runtime is serving.
     pub const READY: &str = "Ready";
+    /// SmolVM: whether the machine is suspended (its memory and disks saved on its node, its
+    /// CPU and memory given back), being suspended or resumed, or waiting to resume.
+    pub const SUSPENDED: &str = "Suspended";
     /// SmolVM: deletion waits for a node that cannot confirm cleanup.
     pub const DELETION_BLOCKED: &str = "DeletionBlocked";
     /// SmolVM: a resize was accepted but not yet applied on the node.
@@ -197,6 +200,27 @@ pub mod reason {
     pub const RESIZE_NOT_APPLIED: &str = "ResizeNotApplied";
     /// All is well.
     pub const AS_EXPECTED: &str = "AsExpected";
+    /// Suspended True: the machine is suspended; the message says since when and how large its
+    /// saved state is counted. Also the event of a suspend.
+    pub const SUSPENDED: &str = "Suspended";
+    /// Suspended False: `spec.suspended` is true and the machine is being paused (or started
+    /// first, when it has nothing saved yet).
+    pub const SUSPENDING: &str = "Suspending";
+    /// Suspended True: `spec.suspended` went false and the machine is being resumed on its node.
+    pub const RESUMING: &str = "Resuming";
+    /// Suspended True: a resume waits for the node's CPU or memory (the message names what is
+    /// missing); bound VMs never move. Also the Warning event.
+    pub const RESUME_PENDING: &str = "ResumePending";
+    /// Event: the machine resumed with its processes as they were.
+    pub const RESUMED: &str = "Resumed";
+    /// Suspended False: the machine is not suspended (it runs, or `running` is false).
+    pub const NOT_SUSPENDED: &str = "NotSuspended";
+    /// Event: `running: false` stopped a suspended machine, and its saved memory was discarded.
+    pub const SAVED_STATE_DISCARDED: &str = "SavedStateDiscarded";
+    /// The node runtime failed to suspend or resume the machine.
+    pub const SUSPEND_FAILED: &str = "SuspendFailed";
+    /// The node runtime failed to resume the machine.
+    pub const RESUME_FAILED: &str = "ResumeFailed";
     /// KVM is not usable on the node.
     pub const KVM_UNAVAILABLE: &str = "KVMUnavailable";
     /// `smolvm serve` is down or restarting.

@@ -15,14 +15,15 @@ use crate::{
     constants::{ANNOTATION_CLASS, ANNOTATION_CLASS_GENERATION, FINALIZER, LABEL_CLASS},
     types::{
         DEFAULT_CPUS, DEFAULT_EXPOSE_SERVICE, DEFAULT_MEMORY_MIB, DEFAULT_NETWORK_ENABLED, DEFAULT_OVERLAY_GIB,
-        DEFAULT_RESTART_POLICY, DEFAULT_RUNNING, DEFAULT_STORAGE_GIB, DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS, SmolVM,
+        DEFAULT_RESTART_POLICY, DEFAULT_RUNNING, DEFAULT_STORAGE_GIB, DEFAULT_SUSPENDED,
+        DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS, SmolVM,
     },
     validate::Operation,
 };
 
 /// Computes the defaulting patch for a SmolVM (rules M1 and M2).
 ///
-/// - M1 (CREATE and UPDATE): `running`, `resources`, `storage`, `network.enabled`, each port's
+/// - M1 (CREATE and UPDATE): `running`, `suspended`, `resources`, `storage`, `network.enabled`, each port's
 ///   `protocol`, `restartPolicy` and `terminationGracePeriodSeconds` get their defaults when
 ///   absent or null. Skipped for an object being deleted, whose
 ///   spec may no longer change (rule V8).
@@ -70,6 +71,7 @@ fn apply_add(vm: &mut SmolVM, path: &str, value: &Value) -> Option<()> {
     let spec = &mut vm.spec;
     match &tokens[..count] {
         ["spec", "running"] => spec.running = Some(decoded(value)?),
+        ["spec", "suspended"] => spec.suspended = Some(decoded(value)?),
         ["spec", "restartPolicy"] => spec.restart_policy = Some(decoded(value)?),
         ["spec", "terminationGracePeriodSeconds"] => spec.termination_grace_period_seconds = Some(decoded(value)?),
         ["spec", "resources"] => spec.resources = Some(decoded(value)?),
@@ -228,6 +230,9 @@ fn record(object: &Value, map: &str, entries: &[(&str, &str)], ops: &mut Vec<Pat
 fn default_spec(spec: &serde_json::Map<String, Value>, ops: &mut Vec<PatchOperation>) {
     if is_absent(spec.get("running")) {
         ops.push(add(&["spec", "running"], json!(DEFAULT_RUNNING)));
+    }
+    if is_absent(spec.get("suspended")) {
+        ops.push(add(&["spec", "suspended"], json!(DEFAULT_SUSPENDED)));
     }
     if is_absent(spec.get("restartPolicy")) {
         ops.push(add(&["spec", "restartPolicy"], json!(DEFAULT_RESTART_POLICY.as_str())));

@@ -151,6 +151,7 @@ pub fn ready_node(name: &str, resources: NodeResources, heartbeat: k8s_openapi::
         capacity: Some(resources),
         allocatable: Some(resources),
         machines: None,
+        suspended_machines: None,
         serving_certificate: None,
         canary: None,
         conditions: vec![Condition {

@@ -16,6 +16,8 @@ use serde::{Deserialize, Serialize};
 
 /// Default of `spec.running` (rule M1).
 pub const DEFAULT_RUNNING: bool = true;
+/// Default of `spec.suspended` (rule M1).
+pub const DEFAULT_SUSPENDED: bool = false;
 /// Default of `spec.resources.cpus` (rule M1).
 pub const DEFAULT_CPUS: i32 = 1;
 /// Default of `spec.resources.memoryMiB` (rule M1).
@@ -59,6 +61,7 @@ pub const MAX_SELECTOR_ENTRIES: usize = 32;
     printcolumn(name = "Node", type_ = "string", json_path = ".status.nodeName", description = "Node the machine is bound to"),
     printcolumn(name = "CPUs", type_ = "integer", json_path = ".spec.resources.cpus", description = "Virtual CPUs"),
     printcolumn(name = "Memory", type_ = "integer", json_path = ".spec.resources.memoryMiB", description = "Memory in MiB"),
+    printcolumn(name = "Suspended", type_ = "string", json_path = ".status.conditions[?(@.type==\"Suspended\")].reason", description = "Suspended (memory and disks saved, CPU and memory given back to the node), Suspending, Resuming or ResumePending"),
     printcolumn(name = "Class", type_ = "string", json_path = ".spec.className", priority = 1, description = "The SmolVMClass whose defaults it took at CREATE"),
     printcolumn(name = "Image", type_ = "string", json_path = ".spec.image", priority = 1, description = "Image the machine boots"),
     printcolumn(name = "Address", type_ = "string", json_path = ".status.nodeAddress", priority = 1, description = "The node's InternalIP, where the published ports are reachable"),
@@ -104,9 +107,13 @@ pub const MAX_SELECTOR_ENTRIES: usize = 32;
 )]
 #[serde(rename_all = "camelCase")]
 pub struct SmolVMSpec {
-    /// Whether the machine should be running. Set to false to stop it while keeping its disks. Defaults to true.
+    /// Whether the machine should be running. Set to false to stop it while keeping its disks. Defaults to true. False wins over `suspended`: the machine stops and any saved memory is discarded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub running: Option<bool>,
+
+    /// Whether the machine is suspended: paused through smolvm with its memory and disks saved durably on its node, its process stopped, and its CPU and memory given back to the node (its disks and the saved memory stay counted, and its host ports stay reserved). Set back to false to resume it on the same node with its processes as they were; a resume waits, with the Suspended condition saying why, while the node lacks the CPU or memory. A machine with nothing saved yet (at create, or after a stop) is started and then suspended. Has no effect while `running` is false. Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspended: Option<bool>,
 
     /// Image the machine boots: an OCI reference such as `alpine:latest` or `registry.example.com/org/app@sha256:...`, or `local:<name>` for an image in the node's local image directory. Immutable once the SmolVM is bound to a node.
     #[schemars(length(min = 1, max = 512))]
@@ -421,6 +428,9 @@ pub enum Phase {
     Running,
     /// The machine exists and is stopped.
     Stopped,
+    /// The machine is suspended: its memory and disks saved on its node, its CPU and memory
+    /// given back; see the Suspended condition.
+    Suspended,
     /// The node could not create or start the machine; see the Ready condition.
     Failed,
     /// The node cannot be reached; the binding stays.
@@ -438,6 +448,7 @@ impl Phase {
             Phase::Creating => "Creating",
             Phase::Running => "Running",
             Phase::Stopped => "Stopped",
+            Phase::Suspended => "Suspended",
             Phase::Failed => "Failed",
             Phase::Unknown => "Unknown",
             Phase::Deleting => "Deleting",
@@ -453,10 +464,10 @@ impl Phase {
 #[x_kube(validation = Rule::new("!has(oldSelf.machineName) || (has(self.machineName) && self.machineName == oldSelf.machineName)").message("status.machineName never changes or clears once set (V9)").field_path(".machineName"))]
 #[x_kube(validation = Rule::new("has(self.nodeName) == has(self.nodeUID)").message("status.nodeName and status.nodeUID are written together (V9)").field_path(".nodeName"))]
 pub struct SmolVMStatus {
-    /// Lifecycle phase: Pending, Scheduled, Creating, Running, Stopped, Failed, Unknown or Deleting.
+    /// Lifecycle phase: Pending, Scheduled, Creating, Running, Stopped, Suspended, Failed, Unknown or Deleting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
-        description = "Lifecycle phase: Pending, Scheduled, Creating, Running, Stopped, Failed, Unknown or Deleting."
+        description = "Lifecycle phase: Pending, Scheduled, Creating, Running, Stopped, Suspended, Failed, Unknown or Deleting."
     )]
     pub phase: Option<Phase>,
 
@@ -500,7 +511,7 @@ pub struct SmolVMStatus {
     #[schemars(length(max = 256))]
     pub restart_handled: Option<String>,
 
-    /// Current state as conditions: Scheduled, Ready, DeletionBlocked, ResizePending.
+    /// Current state as conditions: Scheduled, Ready, Suspended, DeletionBlocked, ResizePending, ServiceExposed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
@@ -649,6 +660,11 @@ pub struct SmolVMNodeStatus {
     #[schemars(length(max = 4096), inner(length(min = 1, max = 128)))]
     pub machines: Option<Vec<String>>,
 
+    /// Names of the machines on this node that are suspended (paused by the agent, their memory and disks saved; sorted), a subset of `machines`. A suspended machine holds no CPU or memory here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096), inner(length(min = 1, max = 128)))]
+    pub suspended_machines: Option<Vec<String>>,
+
     /// The node API's serving certificate, as the agent last reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serving_certificate: Option<ServingCertificate>,
@@ -729,6 +745,12 @@ impl SmolVMSpec {
     /// Whether the machine should run, defaults applied.
     pub fn running(&self) -> bool {
         self.running.unwrap_or(DEFAULT_RUNNING)
+    }
+
+    /// Whether the machine should be suspended, defaults applied (and only while it should run:
+    /// `running: false` wins).
+    pub fn suspended(&self) -> bool {
+        self.running() && self.suspended.unwrap_or(DEFAULT_SUSPENDED)
     }
 
     /// Whether networking is enabled, defaults applied.

@@ -138,6 +138,14 @@ operations! {
     StopMachine,
     /// `POST /v1/machines/{name}/resize` with a [`ResizeSpec`]: 200 [`MachineStatus`].
     ResizeMachine,
+    /// `POST /v1/machines/{name}/suspend`: 200 [`MachineStatus`] in state `Suspended`. A running
+    /// machine is paused (smolvm saves its RAM and disks durably, then stops it); a suspended one
+    /// answers as it is. Refused with 409 `MachineNotRunning` for a machine that is not running.
+    SuspendMachine,
+    /// `POST /v1/machines/{name}/resume`: 200 [`MachineStatus`] in state `Running`. A suspended
+    /// machine is resumed with its processes as they were; a running one answers as it is.
+    /// Refused with 409 `NoSavedState` for a machine that was not suspended.
+    ResumeMachine,
     /// `GET /v1/machines/{name}/logs?source=console|workload&tail=N&follow=true`: the log as
     /// text lines, streamed.
     MachineLogs,
@@ -196,6 +204,20 @@ impl Operation {
                     &[V, MACHINES, Machine, Fixed("resize")],
                     &[],
                     Json("ResizeSpec"),
+                    Json("MachineStatus"),
+                ),
+                Operation::SuspendMachine => (
+                    Post,
+                    &[V, MACHINES, Machine, Fixed("suspend")],
+                    &[],
+                    Empty,
+                    Json("MachineStatus"),
+                ),
+                Operation::ResumeMachine => (
+                    Post,
+                    &[V, MACHINES, Machine, Fixed("resume")],
+                    &[],
+                    Empty,
                     Json("MachineStatus"),
                 ),
                 Operation::MachineLogs => (
@@ -393,6 +415,8 @@ pub mod calls {
         EnsureMachineRunning: StartRequest => MachineStatus;
         StopMachine: () => MachineStatus;
         ResizeMachine: ResizeSpec => MachineStatus;
+        SuspendMachine: () => MachineStatus;
+        ResumeMachine: () => MachineStatus;
         ExecInMachine: ExecRequest => ExecResponse;
     }
 }
@@ -404,7 +428,7 @@ mod tests {
     #[test]
     fn requests_route_to_their_operation() {
         // (method, path, operation, machine segment)
-        let cases: [(&str, &str, Option<Operation>, Option<&str>); 20] = [
+        let cases: [(&str, &str, Option<Operation>, Option<&str>); 22] = [
             ("GET", "/v1/health", Some(Operation::Health), None),
             ("GET", "/v1/identity", Some(Operation::Identity), None),
             ("GET", "/v1/machines/a", Some(Operation::GetMachine), Some("a")),
@@ -421,6 +445,18 @@ mod tests {
                 "POST",
                 "/v1/machines/a/resize",
                 Some(Operation::ResizeMachine),
+                Some("a"),
+            ),
+            (
+                "POST",
+                "/v1/machines/a/suspend",
+                Some(Operation::SuspendMachine),
+                Some("a"),
+            ),
+            (
+                "POST",
+                "/v1/machines/a/resume",
+                Some(Operation::ResumeMachine),
                 Some("a"),
             ),
             ("GET", "/v1/machines/a/logs", Some(Operation::MachineLogs), Some("a")),
@@ -540,6 +576,8 @@ mod tests {
         payloads_match::<calls::EnsureMachineRunning>();
         payloads_match::<calls::StopMachine>();
         payloads_match::<calls::ResizeMachine>();
+        payloads_match::<calls::SuspendMachine>();
+        payloads_match::<calls::ResumeMachine>();
         payloads_match::<calls::ExecInMachine>();
     }
 }

@@ -50,6 +50,13 @@ pub enum ErrorCode {
     /// 409: the call needs a running machine (exec, files); `details.state` names its state.
     /// The agent answers it before asking smolvm, which would boot a stopped machine instead.
     MachineNotRunning,
+    /// 409: the machine was not suspended, so there is nothing to resume (smolvm keeps no saved
+    /// state for it); `details.state` names its state.
+    NoSavedState,
+    /// 409: the machine is suspended and the call would throw its saved state away (a fresh
+    /// start) or cannot apply to it (a live resize); resume it first. `details.state` is
+    /// `Suspended`.
+    AlreadySuspended,
     /// 409: another conflict reported by smolvm.
     Conflict,
     /// 413: request body larger than the limit.
@@ -78,7 +85,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code this build knows.
-    pub const KNOWN: [ErrorCode; 21] = [
+    pub const KNOWN: [ErrorCode; 23] = [
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
@@ -91,6 +98,8 @@ impl ErrorCode {
         ErrorCode::ResizeRequiresRunning,
         ErrorCode::HostPortInUse,
         ErrorCode::MachineNotRunning,
+        ErrorCode::NoSavedState,
+        ErrorCode::AlreadySuspended,
         ErrorCode::Conflict,
         ErrorCode::PayloadTooLarge,
         ErrorCode::StartFailed,
@@ -117,6 +126,8 @@ impl ErrorCode {
             ErrorCode::ResizeRequiresRunning => "ResizeRequiresRunning",
             ErrorCode::HostPortInUse => "HostPortInUse",
             ErrorCode::MachineNotRunning => "MachineNotRunning",
+            ErrorCode::NoSavedState => "NoSavedState",
+            ErrorCode::AlreadySuspended => "AlreadySuspended",
             ErrorCode::Conflict => "Conflict",
             ErrorCode::PayloadTooLarge => "PayloadTooLarge",
             ErrorCode::StartFailed => "StartFailed",
@@ -156,6 +167,8 @@ impl ErrorCode {
             | ErrorCode::ResizeRequiresRunning
             | ErrorCode::HostPortInUse
             | ErrorCode::MachineNotRunning
+            | ErrorCode::NoSavedState
+            | ErrorCode::AlreadySuspended
             | ErrorCode::Conflict => 409,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::TooManyStreams | ErrorCode::TooManyBytes => 429,
@@ -386,6 +399,9 @@ pub enum MachineState {
     Running,
     /// Stopped (also after a failed start).
     Stopped,
+    /// Suspended: paused by the agent through smolvm, its memory and disks saved durably and its
+    /// process stopped (smolvm itself says `stopped`); resumed with its processes as they were.
+    Suspended,
     /// Failed.
     Failed,
     /// A state word this protocol does not know (smolvm's word is in `runtimeState`).
@@ -421,6 +437,21 @@ pub struct MachineStatus {
     /// Host PID of the VMM while running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
+    /// While suspended: when the agent suspended it, and the size of its saved state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspended: Option<SuspendedState>,
+}
+
+/// A suspended machine's saved state, as its agent records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SuspendedState {
+    /// When the machine was suspended (RFC 3339, the agent's clock).
+    pub since: String,
+    /// The saved state's size in MiB as the runtime reports it; absent when it does not
+    /// (smolvm 1.32.2 reports none: count the machine's memory, the worst case).
+    #[serde(default, rename = "savedStateMiB", skip_serializing_if = "Option::is_none")]
+    pub saved_state_mib: Option<u64>,
 }
 
 /// Answer of `DELETE /v1/machines/{name}`: exactly one of the two is true.

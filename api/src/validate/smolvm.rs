@@ -1,5 +1,6 @@
-//! The rules of a SmolVM write (V1 to V8, V11): the spec against the policy, the workload, the
-//! Service, placement against the known nodes, and the force-delete and recreate annotations.
+//! The rules of a SmolVM write (V1 to V8, V11, V13): the spec against the policy, the workload,
+//! the Service, suspend, placement against the known nodes, and the force-delete and recreate
+//! annotations.
 
 use std::collections::BTreeMap;
 
@@ -79,6 +80,7 @@ pub fn validate_smolvm(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &
     }
     verdict.warnings.extend(spec_checks.warnings);
     check_expose(new, &mut verdict);
+    check_suspend(old, new, &mut verdict);
 
     match old.and_then(SmolVM::bound_node) {
         Some(bound) => {
@@ -141,6 +143,49 @@ fn check_expose(vm: &SmolVM, v: &mut Verdict) {
                     p.guest_port,
                     p.protocol.as_str(),
                     p.guest_port
+                ),
+            );
+        }
+    }
+}
+
+/// V13: `suspended: true` with `running: false` saves nothing (admitted, with a warning); a bound
+/// SmolVM that is suspended, or becomes so in this update, keeps its CPUs and memory (its saved
+/// memory image is resumed as it was).
+fn check_suspend(old: Option<&SmolVM>, new: &SmolVM, v: &mut Verdict) {
+    let spec = &new.spec;
+    if spec.suspended == Some(true) && !spec.running() {
+        v.warning(
+            RuleId::V13,
+            "spec.suspended",
+            "true".into(),
+            "true has nothing to save while spec.running is false: the machine stays stopped, and is started and suspended once spec.running is true again".into(),
+        );
+    }
+    let Some(old) = old.filter(|o| o.bound_node().is_some()) else {
+        return;
+    };
+    if !(old.spec.suspended() || spec.suspended()) {
+        return;
+    }
+    let (before, after) = (old.spec.effective(), spec.effective());
+    let changes = [
+        (
+            "spec.resources.cpus",
+            i64::from(before.cpus),
+            i64::from(after.cpus),
+            "CPUs",
+        ),
+        ("spec.resources.memoryMiB", before.memory_mib, after.memory_mib, "MiB"),
+    ];
+    for (path, was, now, unit) in changes {
+        if was != now {
+            v.violation(
+                RuleId::V13,
+                path,
+                now.to_string(),
+                format!(
+                    "{now} cannot replace {was} {unit} while the SmolVM is suspended: its saved memory resumes at the size it was saved with; resume it (spec.suspended: false), then resize"
                 ),
             );
         }

@@ -57,6 +57,9 @@ pub enum RuleId {
     V11,
     /// V12: classes (a known, unchanging `spec.className`; classes within the policy; one default).
     V12,
+    /// V13: suspend (`suspended` with `running: false` is warned about; no CPU or memory resize
+    /// while suspended).
+    V13,
 }
 
 impl RuleId {
@@ -76,6 +79,7 @@ impl RuleId {
             RuleId::V10 => "V10",
             RuleId::V11 => "V11",
             RuleId::V12 => "V12",
+            RuleId::V13 => "V13",
         }
     }
 }
