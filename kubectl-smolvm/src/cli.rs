@@ -37,7 +37,11 @@ Examples:
   # Stop the machine (keeping its disks), start it again, restart it
   kubectl smolvm stop web
   kubectl smolvm start web
-  kubectl smolvm restart web";
+  kubectl smolvm restart web
+
+  # Suspend it (memory and disks saved, CPU and memory given back), then resume it
+  kubectl smolvm suspend web
+  kubectl smolvm resume web";
 
 const LOGS_EXAMPLES: &str = "\
 Examples:
@@ -86,6 +90,21 @@ const STOP_EXAMPLES: &str = "\
 Examples:
   # Stop SmolVM web, keeping its disks (sets spec.running to false)
   kubectl smolvm stop web -n shop";
+
+const SUSPEND_EXAMPLES: &str = "\
+Examples:
+  # Suspend SmolVM web: its memory and disks are saved on its node and its CPU and memory
+  # given back (sets spec.suspended to true)
+  kubectl smolvm suspend web -n shop
+
+  # See it suspended, and since when
+  kubectl get smolvm web -n shop";
+
+const RESUME_EXAMPLES: &str = "\
+Examples:
+  # Resume SmolVM web on its node with its processes as they were (sets spec.suspended to
+  # false); it waits, with the Suspended condition saying why, while the node lacks room
+  kubectl smolvm resume web -n shop";
 
 const RESTART_EXAMPLES: &str = "\
 Examples:
@@ -167,6 +186,12 @@ pub enum Command {
     /// Restart a running SmolVM once.
     #[command(after_help = RESTART_EXAMPLES)]
     Restart(NameArgs),
+    /// Suspend a SmolVM: memory and disks saved on its node, CPU and memory given back (set spec.suspended to true).
+    #[command(after_help = SUSPEND_EXAMPLES)]
+    Suspend(NameArgs),
+    /// Resume a suspended SmolVM on its node, its processes as they were (set spec.suspended to false).
+    #[command(after_help = RESUME_EXAMPLES)]
+    Resume(NameArgs),
 }
 
 /// `logs NAME [-f] [--tail N] [--source console|workload]`.

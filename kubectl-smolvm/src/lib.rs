@@ -24,6 +24,7 @@ pub use cli::Cli;
 pub use error::Error;
 
 use cli::Command;
+use lifecycle::Switch;
 
 /// Runs a parsed command line; the exit code to end with when it ran.
 pub async fn run(cli: Cli) -> Result<u8, Error> {
@@ -32,10 +33,17 @@ pub async fn run(cli: Cli) -> Result<u8, Error> {
         Command::Logs(args) => logs::run(global, args).await.map(|()| 0),
         Command::Exec(args) => exec_or_session(global, args).await,
         Command::Cp(args) => cp::run(global, args).await.map(|()| 0),
-        Command::Start(args) => lifecycle::set_running(global, &args.name, true).await.map(|()| 0),
-        Command::Stop(args) => lifecycle::set_running(global, &args.name, false).await.map(|()| 0),
+        Command::Start(args) => set(global, &args.name, Switch::Running, true).await,
+        Command::Stop(args) => set(global, &args.name, Switch::Running, false).await,
+        Command::Suspend(args) => set(global, &args.name, Switch::Suspended, true).await,
+        Command::Resume(args) => set(global, &args.name, Switch::Suspended, false).await,
         Command::Restart(args) => lifecycle::restart(global, &args.name).await.map(|()| 0),
     }
+}
+
+/// `start`, `stop`, `suspend`, `resume`: one switch of the spec.
+async fn set(global: &cli::GlobalArgs, name: &str, switch: Switch, on: bool) -> Result<u8, Error> {
+    lifecycle::set(global, name, switch, on).await.map(|()| 0)
 }
 
 /// `exec`: an interactive session with `-t` when there is a terminal to attach (or `-t` without

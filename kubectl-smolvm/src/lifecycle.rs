@@ -1,5 +1,5 @@
-//! `kubectl smolvm start|stop|restart`: merge patches on the SmolVM itself, reported the way
-//! kubectl reports a change (`smolvm.vm.smolvm.dev/web stopped`).
+//! `kubectl smolvm start|stop|suspend|resume|restart`: merge patches on the SmolVM itself,
+//! reported the way kubectl reports a change (`smolvm.vm.smolvm.dev/web stopped`).
 
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
@@ -12,18 +12,58 @@ use crate::paths::{check_name, display_name};
 /// The annotation that asks the controller for one restart; its value is the time of asking.
 pub const RESTART_ANNOTATION: &str = "vm.smolvm.dev/restart-requested-at";
 
-/// What `spec.running` says, `true` when it is absent (the default).
-pub fn running_of(smolvm: &DynamicObject) -> bool {
-    smolvm
-        .data
-        .pointer("/spec/running")
-        .and_then(Value::as_bool)
-        .unwrap_or(true)
+/// A switch of the spec the plugin sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Switch {
+    /// `spec.running`: `start` and `stop`.
+    Running,
+    /// `spec.suspended`: `suspend` and `resume`.
+    Suspended,
 }
 
-/// The merge patch that sets `spec.running`.
-pub fn running_patch(running: bool) -> Value {
-    json!({ "spec": { "running": running } })
+impl Switch {
+    /// The field under `spec`.
+    pub fn field(self) -> &'static str {
+        match self {
+            Switch::Running => "running",
+            Switch::Suspended => "suspended",
+        }
+    }
+
+    /// Its value when absent (the webhook's default).
+    pub fn default_value(self) -> bool {
+        matches!(self, Switch::Running)
+    }
+
+    /// The past tense kubectl-style reports use: `started`, `stopped`, `suspended`, `resumed`.
+    pub fn done(self, on: bool) -> &'static str {
+        match (self, on) {
+            (Switch::Running, true) => "started",
+            (Switch::Running, false) => "stopped",
+            (Switch::Suspended, true) => "suspended",
+            (Switch::Suspended, false) => "resumed",
+        }
+    }
+
+    /// What the SmolVM's spec says, its default when absent.
+    pub fn value_of(self, smolvm: &DynamicObject) -> bool {
+        smolvm
+            .data
+            .get("spec")
+            .and_then(|spec| spec.get(self.field()))
+            .and_then(Value::as_bool)
+            .unwrap_or(self.default_value())
+    }
+
+    /// The merge patch that sets it.
+    pub fn patch(self, on: bool) -> Value {
+        json!({ "spec": { self.field(): on } })
+    }
+}
+
+/// What `spec.running` says, `true` when it is absent (the default).
+pub fn running_of(smolvm: &DynamicObject) -> bool {
+    Switch::Running.value_of(smolvm)
 }
 
 /// The merge patch that asks for a restart at `at` (RFC 3339).
@@ -37,24 +77,29 @@ pub fn rfc3339_seconds(at: jiff::Timestamp) -> String {
     jiff::Timestamp::from_second(at.as_second()).unwrap_or(at).to_string()
 }
 
-/// What is printed after a start or stop: `smolvm.vm.smolvm.dev/web started`, with
-/// ` (no change)` when it already was.
-pub fn report(name: &str, running: bool, changed: bool) -> String {
-    let verb = if running { "started" } else { "stopped" };
+/// What is printed after a start, stop, suspend or resume: `smolvm.vm.smolvm.dev/web started`,
+/// with ` (no change)` when it already was.
+pub fn report(name: &str, switch: Switch, on: bool, changed: bool) -> String {
     let suffix = if changed { "" } else { " (no change)" };
-    format!("{} {verb}{suffix}", display_name(name))
+    format!("{} {}{suffix}", display_name(name), switch.done(on))
 }
 
-/// Sets `spec.running` to `running`, unless it already is.
-pub async fn set_running(global: &GlobalArgs, name: &str, running: bool) -> Result<(), Error> {
+/// Sets `spec.running` or `spec.suspended` to `on`, unless it already is. Suspending a SmolVM
+/// whose `spec.running` is false is allowed (it is suspended once it runs), and said.
+pub async fn set(global: &GlobalArgs, name: &str, switch: Switch, on: bool) -> Result<(), Error> {
     check_name(name)?;
     let cluster = Cluster::connect(global).await?;
     let current = cluster.get_smolvm(name).await?;
-    let changed = running_of(&current) != running;
+    let changed = switch.value_of(&current) != on;
     if changed {
-        cluster.merge_patch_smolvm(name, &running_patch(running)).await?;
+        cluster.merge_patch_smolvm(name, &switch.patch(on)).await?;
     }
-    println!("{}", report(name, running, changed));
+    println!("{}", report(name, switch, on, changed));
+    if switch == Switch::Suspended && on && !running_of(&current) {
+        eprintln!(
+            "note: spec.running is false, so there is nothing to save: it is started and suspended once spec.running is true (kubectl smolvm start {name})"
+        );
+    }
     Ok(())
 }
 
@@ -103,9 +148,26 @@ mod tests {
     }
 
     #[test]
+    fn suspended_defaults_to_false() {
+        let cases = [
+            (json!({}), false),
+            (json!({ "suspended": true }), true),
+            (json!({ "suspended": false }), false),
+            (json!({ "suspended": "yes" }), false),
+        ];
+        for (spec, want) in cases {
+            assert_eq!(Switch::Suspended.value_of(&smolvm(spec.clone())), want, "{spec}");
+        }
+    }
+
+    #[test]
     fn patches() {
-        assert_eq!(running_patch(false), json!({ "spec": { "running": false } }));
-        assert_eq!(running_patch(true).to_string(), r#"{"spec":{"running":true}}"#);
+        assert_eq!(Switch::Running.patch(false), json!({ "spec": { "running": false } }));
+        assert_eq!(Switch::Running.patch(true).to_string(), r#"{"spec":{"running":true}}"#);
+        assert_eq!(
+            Switch::Suspended.patch(true).to_string(),
+            r#"{"spec":{"suspended":true}}"#
+        );
         assert_eq!(
             restart_patch("2025-06-01T12:00:00Z"),
             json!({ "metadata": { "annotations": { "vm.smolvm.dev/restart-requested-at": "2025-06-01T12:00:00Z" } } })
@@ -124,14 +186,18 @@ mod tests {
 
     #[test]
     fn reports_read_like_kubectl() {
+        use Switch::{Running, Suspended};
         let cases = [
-            (true, true, "smolvm.vm.smolvm.dev/web started"),
-            (false, true, "smolvm.vm.smolvm.dev/web stopped"),
-            (true, false, "smolvm.vm.smolvm.dev/web started (no change)"),
-            (false, false, "smolvm.vm.smolvm.dev/web stopped (no change)"),
+            (Running, true, true, "smolvm.vm.smolvm.dev/web started"),
+            (Running, false, true, "smolvm.vm.smolvm.dev/web stopped"),
+            (Running, true, false, "smolvm.vm.smolvm.dev/web started (no change)"),
+            (Running, false, false, "smolvm.vm.smolvm.dev/web stopped (no change)"),
+            (Suspended, true, true, "smolvm.vm.smolvm.dev/web suspended"),
+            (Suspended, false, true, "smolvm.vm.smolvm.dev/web resumed"),
+            (Suspended, false, false, "smolvm.vm.smolvm.dev/web resumed (no change)"),
         ];
-        for (running, changed, want) in cases {
-            assert_eq!(report("web", running, changed), want);
+        for (switch, on, changed, want) in cases {
+            assert_eq!(report("web", switch, on, changed), want);
         }
     }
 }
