@@ -399,6 +399,7 @@ mod tests {
                 vm(json!({"image": "alpine"})),
                 vec![
                     "/spec/running",
+                    "/spec/suspended",
                     "/spec/restartPolicy",
                     "/spec/terminationGracePeriodSeconds",
                     "/spec/resources",
@@ -412,6 +413,7 @@ mod tests {
                 vm(json!({"image": "alpine", "running": false, "resources": {"cpus": 4},
                           "storage": {"overlayGiB": 5}, "network": {"enabled": true}})),
                 vec![
+                    "/spec/suspended",
                     "/spec/restartPolicy",
                     "/spec/terminationGracePeriodSeconds",
                     "/spec/resources/memoryMiB",
@@ -428,6 +430,7 @@ mod tests {
                 ),
                 vec![
                     "/spec/running",
+                    "/spec/suspended",
                     "/spec/restartPolicy",
                     "/spec/terminationGracePeriodSeconds",
                     "/spec/resources",
@@ -446,13 +449,17 @@ mod tests {
                           "network": {"enabled": true, "exposeService": false, "ports": [{"hostPort": 8080, "guestPort": 80},
                                                                    {"hostPort": 8081, "guestPort": 81, "protocol": "UDP"}]}}),
                 ),
-                vec!["/spec/network/ports/0/protocol", "/metadata/finalizers"],
+                vec![
+                    "/spec/suspended",
+                    "/spec/network/ports/0/protocol",
+                    "/metadata/finalizers",
+                ],
             ),
             (
                 "m2_finalizer_appended_to_existing_list",
                 {
                     let mut o = vm(
-                        json!({"image": "alpine", "running": true, "resources": {"cpus": 1, "memoryMiB": 512},
+                        json!({"image": "alpine", "running": true, "suspended": false, "resources": {"cpus": 1, "memoryMiB": 512},
                         "storage": {"storageGiB": 20, "overlayGiB": 10}, "network": {"enabled": false, "exposeService": false},
                         "restartPolicy": "Never", "terminationGracePeriodSeconds": 0}),
                     );
@@ -491,6 +498,7 @@ mod tests {
         );
         let patched = apply(&object, &default_smolvm(Operation::Create, &object));
         assert_eq!(patched["spec"]["running"], json!(true));
+        assert_eq!(patched["spec"]["suspended"], json!(false));
         assert_eq!(patched["spec"]["resources"], json!({"cpus": 1, "memoryMiB": 512}));
         assert_eq!(patched["spec"]["storage"], json!({"storageGiB": 20, "overlayGiB": 10}));
         assert_eq!(patched["spec"]["network"]["enabled"], json!(true));
@@ -508,6 +516,7 @@ mod tests {
             p,
             vec![
                 "/spec/running",
+                "/spec/suspended",
                 "/spec/restartPolicy",
                 "/spec/terminationGracePeriodSeconds",
                 "/spec/resources",

@@ -111,7 +111,7 @@ fn crds_are_structural_and_documented() {
             .map(|c| c.name.clone())
             .collect();
         let expected: &[&str] = match name.split('.').next().unwrap_or_default() {
-            "smolvms" => &["Phase", "Node", "CPUs", "Memory", "Age"],
+            "smolvms" => &["Phase", "Node", "CPUs", "Memory", "Suspended", "Age"],
             "smolvmclasses" => &["CPUs", "Memory", "Storage", "Default", "Age"],
             _ => &[
                 "Ready",

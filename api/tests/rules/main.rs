@@ -201,4 +201,5 @@ mod nodes;
 mod placement;
 mod spec;
 mod status;
+mod suspend;
 mod workload;
