@@ -34,7 +34,7 @@ use crate::{
         SignerError, runtime_auth,
         runtime_ca::{self, CaSet, RuntimeTrust},
     },
-    placement::{self, Ledger, Request},
+    placement::{self, Ledger},
     tasks,
     vm::{self, Context, Timing},
 };
@@ -389,7 +389,7 @@ async fn seeded_ledger(vms: &Api<SmolVM>) -> anyhow::Result<Ledger> {
         .context("listing SmolVMs to seed the ledger")?
     {
         if let (Some(uid), Some(node)) = (vm.uid(), vm.bound_node()) {
-            ledger.observe_bound(&uid, node, &Request::of(&vm));
+            ledger.observe_vm(&uid, node, &vm);
         }
     }
     Ok(ledger)
@@ -456,7 +456,7 @@ fn vm_events(
             // replica places anything else on that node, not only once its reconcile runs.
             Ok(watcher::Event::Apply(vm) | watcher::Event::InitApply(vm)) => {
                 if let (Some(uid), Some(node)) = (vm.uid(), vm.bound_node()) {
-                    ctx.ledger.observe_bound(&uid, node, &Request::of(vm));
+                    ctx.ledger.observe_vm(&uid, node, vm);
                 }
             }
             _ => {}

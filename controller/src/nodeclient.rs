@@ -312,7 +312,7 @@ pub struct ClientSettings {
     pub connect_timeout: Duration,
     /// Timeout of quick calls (get, health, delete, stop, resize, create).
     pub call_timeout: Duration,
-    /// Timeout of ensure-running (a start can take minutes).
+    /// Timeout of ensure-running, stop, suspend, resume and delete (a start can take minutes).
     pub start_timeout: Duration,
 }
 
@@ -432,6 +432,18 @@ impl NodeClient {
     /// [`Operation::ResizeMachine`].
     pub async fn resize_machine(&self, node: &str, name: &str, spec: &ResizeSpec) -> Result<MachineStatus, CallError> {
         self.json::<calls::ResizeMachine>(node, name, Some(spec), self.settings.call_timeout)
+            .await
+    }
+
+    /// [`Operation::SuspendMachine`] (saving memory takes seconds per GiB: the start's time limit).
+    pub async fn suspend_machine(&self, node: &str, name: &str) -> Result<MachineStatus, CallError> {
+        self.json::<calls::SuspendMachine>(node, name, None, self.settings.start_timeout)
+            .await
+    }
+
+    /// [`Operation::ResumeMachine`].
+    pub async fn resume_machine(&self, node: &str, name: &str) -> Result<MachineStatus, CallError> {
+        self.json::<calls::ResumeMachine>(node, name, None, self.settings.start_timeout)
             .await
     }
 

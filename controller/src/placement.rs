@@ -43,6 +43,47 @@ impl Request {
     }
 }
 
+/// What a VM bound to a node holds there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Hold {
+    /// Its whole request (also while stopped: its room stays its own).
+    #[default]
+    Full,
+    /// Suspended: its CPU and memory are given back to the node; its disks stay counted, and
+    /// its saved memory is counted as disk (smolvm reports no saved-state size, so the whole
+    /// memory, the worst case). Its host ports stay reserved, so a resume never waits on one.
+    Suspended,
+}
+
+impl Hold {
+    /// What a VM's stored status says it holds: `Suspended` in phase Suspended. Only a hint, for
+    /// a VM the ledger does not know yet: the controller's own suspends and resumes are newer
+    /// than any cache.
+    pub fn of(vm: &SmolVM) -> Self {
+        match vm.status.as_ref().and_then(|s| s.phase) {
+            Some(smolvm_api::Phase::Suspended) => Hold::Suspended,
+            _ => Hold::Full,
+        }
+    }
+
+    /// What `request` takes of a node under this hold.
+    pub fn of_request(self, request: &NodeResources) -> NodeResources {
+        match self {
+            Hold::Full => *request,
+            Hold::Suspended => NodeResources {
+                cpus: 0,
+                memory_mib: 0,
+                storage_gib: request.storage_gib.saturating_add(saved_state_gib(request.memory_mib)),
+            },
+        }
+    }
+}
+
+/// The disk a suspended VM's saved memory is counted as: its memory, in whole GiB (rounded up).
+pub fn saved_state_gib(memory_mib: i64) -> i64 {
+    memory_mib.max(0).saturating_add(1023) / 1024
+}
+
 fn host_ports(ports: &[Port]) -> Vec<(i32, Protocol)> {
     ports.iter().map(|p| (p.host_port, p.protocol)).collect()
 }
@@ -552,34 +593,44 @@ pub struct Ledger {
 #[derive(Debug, Default)]
 struct LedgerState {
     by_node: HashMap<String, Usage>,
-    /// VM uid -> (node, what it holds there).
-    by_vm: HashMap<String, (String, Request)>,
+    /// VM uid -> (node, its request, what of it it holds there).
+    by_vm: HashMap<String, (String, Request, Hold)>,
 }
 
 impl LedgerState {
-    fn add(&mut self, uid: &str, node: &str, request: &Request) {
-        if let Some((existing, held)) = self.by_vm.get(uid) {
+    /// Records what `uid` holds on `node`. A VM already held on that node keeps its [`Hold`]
+    /// (the ledger's own, newer than `hint`, which comes from a cache).
+    fn add(&mut self, uid: &str, node: &str, request: &Request, hint: Hold) {
+        let mut hold = hint;
+        if let Some((existing, held, kept)) = self.by_vm.get(uid) {
             if existing == node && held == request {
                 return;
+            }
+            if existing == node {
+                hold = *kept;
             }
             // Another node, or the same node with a changed request (a resize, rule V6): the new
             // reservation replaces the old one.
             self.remove(uid);
         }
+        self.insert(uid, node, request.clone(), hold);
+    }
+
+    fn insert(&mut self, uid: &str, node: &str, request: Request, hold: Hold) {
         let usage = self.by_node.entry(node.to_string()).or_default();
-        usage.used = usage.used.plus(&request.resources);
+        usage.used = usage.used.plus(&hold.of_request(&request.resources));
         for p in &request.host_ports {
             *usage.ports.entry(*p).or_default() += 1;
         }
-        self.by_vm.insert(uid.to_string(), (node.to_string(), request.clone()));
+        self.by_vm.insert(uid.to_string(), (node.to_string(), request, hold));
     }
 
     fn remove(&mut self, uid: &str) {
-        let Some((node, request)) = self.by_vm.remove(uid) else {
+        let Some((node, request, hold)) = self.by_vm.remove(uid) else {
             return;
         };
         if let Some(usage) = self.by_node.get_mut(&node) {
-            usage.used = usage.used.minus(&request.resources);
+            usage.used = usage.used.minus(&hold.of_request(&request.resources));
             for p in &request.host_ports {
                 if let Some(count) = usage.ports.get_mut(p) {
                     *count -= 1;
@@ -601,7 +652,54 @@ impl Ledger {
     /// Records a VM seen bound to `node` (idempotent; seeds the ledger from the cache). A changed
     /// request (a resize) replaces what the VM held there.
     pub fn observe_bound(&self, uid: &str, node: &str, request: &Request) {
-        self.lock().add(uid, node, request);
+        self.lock().add(uid, node, request, Hold::Full);
+    }
+
+    /// [`Ledger::observe_bound`] of a SmolVM: its request, and for a VM the ledger does not know
+    /// yet, what its status says it holds ([`Hold::of`]).
+    pub fn observe_vm(&self, uid: &str, node: &str, vm: &SmolVM) {
+        self.lock().add(uid, node, &Request::of(vm), Hold::of(vm));
+    }
+
+    /// What a VM holds now, if the ledger knows it.
+    pub fn hold_of(&self, uid: &str) -> Option<Hold> {
+        self.lock().by_vm.get(uid).map(|(_, _, hold)| *hold)
+    }
+
+    /// Records that a VM now holds `hold` on its node (its node confirmed a suspend: its CPU and
+    /// memory go back; it resumed or was stopped: they are its own again). A VM the ledger does
+    /// not know is left alone.
+    pub fn set_hold(&self, uid: &str, hold: Hold) {
+        let mut state = self.lock();
+        let Some((node, request, held)) = state.by_vm.get(uid).cloned() else {
+            return;
+        };
+        if held != hold {
+            state.remove(uid);
+            state.insert(uid, &node, request, hold);
+        }
+    }
+
+    /// Takes back a suspended VM's whole request on its node for a resume, atomically, if the
+    /// node's `allocatable` minus what every other VM holds there has room for it; otherwise
+    /// returns that free room and changes nothing. A VM that already holds its whole request
+    /// (or that the ledger does not know) claims nothing.
+    pub fn claim_resume(&self, uid: &str, allocatable: Option<&NodeResources>) -> Result<(), NodeResources> {
+        let mut state = self.lock();
+        let Some((node, request, Hold::Suspended)) = state.by_vm.get(uid).cloned() else {
+            return Ok(());
+        };
+        if let Some(allocatable) = allocatable {
+            let used = state.by_node.get(&node).map(|u| u.used).unwrap_or_default();
+            let others = used.minus(&Hold::Suspended.of_request(&request.resources));
+            let free = allocatable.minus(&others);
+            if request.resources.cpus > free.cpus || request.resources.memory_mib > free.memory_mib {
+                return Err(free);
+            }
+        }
+        state.remove(uid);
+        state.insert(uid, &node, request, Hold::Full);
+        Ok(())
     }
 
     /// Forgets a VM (deleted, or a binding that failed).
@@ -611,7 +709,7 @@ impl Ledger {
 
     /// The node a VM holds resources on, if any.
     pub fn node_of(&self, uid: &str) -> Option<String> {
-        self.lock().by_vm.get(uid).map(|(n, _)| n.clone())
+        self.lock().by_vm.get(uid).map(|(n, _, _)| n.clone())
     }
 
     /// Places `request` and reserves it on the chosen node, atomically. A VM that already holds
@@ -625,12 +723,12 @@ impl Ledger {
         config: &Config,
     ) -> Result<String, Unplaceable> {
         let mut state = self.lock();
-        if let Some((node, _)) = state.by_vm.get(uid) {
+        if let Some((node, _, _)) = state.by_vm.get(uid) {
             return Ok(node.clone());
         }
         let node = place(request, nodes, &state.by_node, now, config)?;
         let name = node.metadata.name.clone().unwrap_or_default();
-        state.add(uid, &name, request);
+        state.add(uid, &name, request, Hold::Full);
         Ok(name)
     }
 
@@ -640,7 +738,7 @@ impl Ledger {
         let state = self.lock();
         let used = state.by_node.get(node).map(|u| u.used).unwrap_or_default();
         match state.by_vm.get(uid) {
-            Some((held_on, request)) if held_on == node => used.minus(&request.resources),
+            Some((held_on, request, hold)) if held_on == node => used.minus(&hold.of_request(&request.resources)),
             _ => used,
         }
     }

@@ -11,15 +11,17 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use serde_json::json;
+use smolvm_api::NodeResources;
 use smolvm_api::{
     Phase, SmolVM, SmolVMNode,
     constants::{RECREATE_LOST_MACHINE_ANNOTATION, RESTART_ANNOTATION, condition},
     fixtures,
-    nodeapi::{ErrorCode, MachineState, MachineStatus, NetworkSpec},
+    nodeapi::{ErrorCode, MachineState, MachineStatus, NetworkSpec, SuspendedState},
 };
 use smolvm_controller::nodeclient::CallError;
+use smolvm_controller::placement::Hold;
 use smolvm_controller::vm::decide::{
-    Decision, ExposureWrite, Failure, Observed, Outcome, Progress, Requeue, Room, converge,
+    Decision, ExposureWrite, Failure, Observed, Outcome, Progress, RESUME_RECHECK, Requeue, Room, converge,
 };
 use smolvm_controller::vm::rules::{NodeHealth, machine_spec};
 
@@ -57,6 +59,10 @@ fn machine(state: MachineState) -> MachineStatus {
         overlay_gib: Some(spec.overlay_gib),
         network: NetworkSpec::default(),
         pid: None,
+        suspended: (state == MachineState::Suspended).then(|| SuspendedState {
+            since: "2026-11-26T10:00:00Z".into(),
+            saved_state_mib: None,
+        }),
     }
 }
 
@@ -86,6 +92,16 @@ fn pass(
     health: NodeHealth,
     answers: Vec<Result<Option<MachineStatus>, Failure>>,
 ) -> (Vec<&'static str>, Outcome, Option<String>) {
+    pass_in(vm, health, Room::default(), answers)
+}
+
+/// [`pass`] with what the node has for the VM (its allocatable and what the others hold).
+fn pass_in(
+    vm: &SmolVM,
+    health: NodeHealth,
+    room: Room,
+    answers: Vec<Result<Option<MachineStatus>, Failure>>,
+) -> (Vec<&'static str>, Outcome, Option<String>) {
     let node = node();
     let observed = Observed {
         vm,
@@ -95,7 +111,7 @@ fn pass(
         health,
         service: None,
         slice: None,
-        room: Room::default(),
+        room,
         now: Timestamp::now(),
         start_backoff: None,
     };
@@ -604,4 +620,239 @@ fn failed_starts_back_off_from_10_seconds_to_5_minutes_and_a_new_generation_goes
     );
     failures.reset("a");
     assert_eq!(failures.hold("a", Some(2), at), None, "it ran");
+}
+
+/// The Suspended condition's (status, reason, message), if the outcome has one.
+fn suspended(outcome: &Outcome) -> Option<(String, String, String)> {
+    outcome
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::SUSPENDED)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+#[test]
+fn suspend_and_resume_rows() {
+    use MachineState::{Created, Running, Stopped, Suspended};
+    let want = |suspended: bool, running: bool| {
+        exposed(|o| {
+            o["spec"]["suspended"] = json!(suspended);
+            o["spec"]["running"] = json!(running);
+        })
+    };
+    let (suspend, resume, stop) = (want(true, true), want(false, true), want(true, false));
+    // The node holds 8 CPUs and 16 GiB for VMs; the others bound there hold all its CPUs.
+    let full = Room {
+        allocatable: Some(NodeResources {
+            cpus: 8,
+            memory_mib: 16384,
+            storage_gib: 500,
+        }),
+        others: NodeResources {
+            cpus: 8,
+            memory_mib: 4096,
+            storage_gib: 100,
+        },
+    };
+    let room = Room {
+        others: NodeResources::default(),
+        ..full.clone()
+    };
+    let ok = |state| Ok(Some(machine(state)));
+    // (name, vm, room, answers, calls, phase, Suspended (status, reason), events, endpoint
+    // ready, what the VM holds on the node, requeue)
+    type Row<'a> = (
+        &'a str,
+        &'a SmolVM,
+        Room,
+        Vec<Result<Option<MachineStatus>, Failure>>,
+        &'a [&'a str],
+        Phase,
+        Option<(&'a str, &'a str)>,
+        &'a [&'a str],
+        bool,
+        Hold,
+        Requeue,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "a running machine is suspended",
+            &suspend,
+            room.clone(),
+            vec![ok(Running), ok(Suspended)],
+            &["GetMachine", "SuspendMachine"],
+            Phase::Suspended,
+            Some(("True", "Suspended")),
+            &["Suspended"],
+            false,
+            Hold::Suspended,
+            Requeue::Settled,
+        ),
+        (
+            "nothing saved yet: created, started, then suspended",
+            &suspend,
+            room.clone(),
+            vec![Ok(None), ok(Created), ok(Running), ok(Suspended)],
+            &["GetMachine", "CreateMachine", "EnsureMachineRunning", "SuspendMachine"],
+            Phase::Suspended,
+            Some(("True", "Suspended")),
+            &["Started", "Suspended"],
+            false,
+            Hold::Suspended,
+            Requeue::Settled,
+        ),
+        (
+            "a stopped machine is started before its suspend",
+            &suspend,
+            room.clone(),
+            vec![ok(Stopped), ok(Running), ok(Suspended)],
+            &["GetMachine", "EnsureMachineRunning", "SuspendMachine"],
+            Phase::Suspended,
+            Some(("True", "Suspended")),
+            &["Started", "Suspended"],
+            false,
+            Hold::Suspended,
+            Requeue::Settled,
+        ),
+        (
+            "a suspended machine stays: a read only",
+            &suspend,
+            full.clone(),
+            vec![ok(Suspended)],
+            &["GetMachine"],
+            Phase::Suspended,
+            Some(("True", "Suspended")),
+            &[],
+            false,
+            Hold::Suspended,
+            Requeue::Settled,
+        ),
+        (
+            "resumed where the node has room",
+            &resume,
+            room.clone(),
+            vec![ok(Suspended), ok(Running)],
+            &["GetMachine", "ResumeMachine"],
+            Phase::Running,
+            None,
+            &["Resumed"],
+            true,
+            Hold::Full,
+            Requeue::Settled,
+        ),
+        (
+            "a resume on a full node waits there, saying why",
+            &resume,
+            full.clone(),
+            vec![ok(Suspended)],
+            &["GetMachine"],
+            Phase::Suspended,
+            Some(("True", "ResumePending")),
+            &["ResumePending"],
+            false,
+            Hold::Suspended,
+            Requeue::After(RESUME_RECHECK),
+        ),
+        (
+            "running false discards the saved memory",
+            &stop,
+            full.clone(),
+            vec![ok(Suspended), ok(Stopped)],
+            &["GetMachine", "StopMachine"],
+            Phase::Stopped,
+            None,
+            &["SavedStateDiscarded"],
+            false,
+            Hold::Full,
+            Requeue::Settled,
+        ),
+        (
+            "the suspend fails: the machine runs on, and says so",
+            &suspend,
+            room.clone(),
+            vec![ok(Running), Err(Failure::Call(answered(ErrorCode::RuntimeError)))],
+            &["GetMachine", "SuspendMachine"],
+            Phase::Running,
+            Some(("False", "Suspending")),
+            &["SuspendFailed"],
+            true,
+            Hold::Full,
+            Requeue::Retry,
+        ),
+    ];
+    for (name, vm, room, answers, want_calls, phase, condition, events, endpoint, hold, requeue) in rows {
+        let (calls, outcome, _) = pass_in(vm, NodeHealth::Healthy, room, answers);
+        assert_eq!(calls, want_calls, "{name}: the calls");
+        assert_eq!(outcome.status.phase, Some(phase), "{name}: the phase");
+        let got = suspended(&outcome);
+        assert_eq!(
+            got.as_ref().map(|(s, r, _)| (s.as_str(), r.as_str())),
+            condition,
+            "{name}: Suspended"
+        );
+        assert_eq!(reasons(&outcome), events, "{name}: the events");
+        assert_eq!(
+            endpoint_ready(&outcome),
+            Some(endpoint),
+            "{name}: the endpoint's readiness"
+        );
+        assert_eq!(outcome.hold, Some(hold), "{name}: what the VM holds on its node");
+        assert_eq!(outcome.requeue, requeue, "{name}: the requeue");
+    }
+}
+
+#[test]
+fn the_suspended_condition_says_since_when_how_large_and_what_a_resume_lacks() {
+    let vm = exposed(|o| o["spec"]["suspended"] = json!(true));
+    let (_, outcome, _) = pass(
+        &vm,
+        NodeHealth::Healthy,
+        vec![Ok(Some(machine(MachineState::Suspended)))],
+    );
+    let (_, _, message) = suspended(&outcome).expect("a Suspended condition");
+    for part in [
+        "since 2026-11-26T10:00:00Z",
+        "1 GiB",
+        "smolvm reports no saved-state size",
+        "node-a",
+    ] {
+        assert!(message.contains(part), "{part:?} in {message}");
+    }
+    let vm = exposed(|o| o["spec"]["suspended"] = json!(false));
+    let full = Room {
+        allocatable: Some(NodeResources {
+            cpus: 2,
+            memory_mib: 1024,
+            storage_gib: 500,
+        }),
+        others: NodeResources {
+            cpus: 2,
+            memory_mib: 768,
+            storage_gib: 0,
+        },
+    };
+    let (_, outcome, _) = pass_in(
+        &vm,
+        NodeHealth::Healthy,
+        full,
+        vec![Ok(Some(machine(MachineState::Suspended)))],
+    );
+    let (_, why, message) = suspended(&outcome).expect("a Suspended condition");
+    assert_eq!(why, "ResumePending");
+    // Both short dimensions are named with what is free; a bound VM never moves.
+    for part in [
+        "1 CPUs (0 free)",
+        "512 MiB of memory (256 free)",
+        "node-a",
+        "never moves",
+    ] {
+        assert!(message.contains(part), "{part:?} in {message}");
+    }
+    let event = outcome
+        .events
+        .iter()
+        .find(|e| e.reason == "ResumePending")
+        .expect("an event");
+    assert!(event.warning);
 }

@@ -121,6 +121,7 @@ fn an_orphan_holds_its_resources_and_ports_in_placement() {
             allowed_hosts: vec![],
         },
         pid: None,
+        suspended: None,
     };
     let request = request_of(&machine);
     assert_eq!(

@@ -12,7 +12,8 @@ use k8s_openapi::{
 };
 use smolvm_api::{NodeResources, Protocol, SmolVMNode, fixtures};
 use smolvm_controller::placement::{
-    Config, Ledger, NodeTracker, Request, Usage, check_node, gone_reservations, node_fingerprint, place,
+    Config, Hold, Ledger, NodeTracker, Request, Usage, check_node, gone_reservations, node_fingerprint, place,
+    saved_state_gib,
 };
 
 fn now() -> Timestamp {
@@ -399,6 +400,113 @@ fn ledger_records_a_resize_of_a_bound_vm() {
     assert_eq!((others.cpus, others.memory_mib, others.storage_gib), (1, 512, 30));
     assert_eq!(ledger.used_by_others("a", "vm-9").cpus, 2, "a VM holding nothing there");
     assert_eq!(ledger.used_by_others("b", "vm-1").cpus, 0, "another node");
+}
+
+/// Suspend (SPEC 2.3): a suspended VM gives its CPU and memory back to its node and keeps its
+/// disks, its saved memory (counted as disk) and its host ports; a resume takes them back only
+/// where the node has room, atomically, and another VM can be placed in the room meanwhile.
+#[test]
+fn a_suspended_vm_gives_back_cpu_and_memory_and_keeps_disk_and_ports() {
+    assert_eq!(
+        [
+            saved_state_gib(0),
+            saved_state_gib(1),
+            saved_state_gib(1024),
+            saved_state_gib(1536)
+        ],
+        [0, 1, 1, 2]
+    );
+    let node_a = node("a", 4, 4096);
+    let cfg = Config::default();
+    let ledger = Ledger::new();
+    let mut suspended = request(4, 4096);
+    suspended.host_ports = vec![(8080, Protocol::Tcp)];
+    ledger.observe_bound("sleeper", "a", &suspended);
+    // Full: nothing else fits.
+    assert!(
+        ledger
+            .place_and_reserve("late", &request(1, 512), [&node_a], now(), &cfg)
+            .is_err()
+    );
+    // Suspended: CPU and memory back; disk plus 4 GiB of saved memory kept; the port kept.
+    ledger.set_hold("sleeper", Hold::Suspended);
+    assert_eq!(ledger.hold_of("sleeper"), Some(Hold::Suspended));
+    let usage = ledger.usage("a");
+    assert_eq!(
+        (usage.used.cpus, usage.used.memory_mib, usage.used.storage_gib),
+        (0, 0, 34)
+    );
+    assert_eq!(
+        usage.ports.get(&(8080, Protocol::Tcp)),
+        Some(&1),
+        "its host port stays reserved"
+    );
+    let mut same_port = request(1, 512);
+    same_port.host_ports = vec![(8080, Protocol::Tcp)];
+    assert!(
+        ledger
+            .place_and_reserve("clash", &same_port, [&node_a], now(), &cfg)
+            .is_err(),
+        "no other VM takes its port"
+    );
+    // Another VM placed in the room it gave back.
+    assert_eq!(
+        ledger.place_and_reserve("tenant", &request(2, 2048), [&node_a], now(), &cfg),
+        Ok("a".to_string())
+    );
+    // The cache's view (a status not yet written) never undoes the ledger's own hold.
+    ledger.observe_bound("sleeper", "a", &suspended);
+    assert_eq!(ledger.hold_of("sleeper"), Some(Hold::Suspended));
+    // The resume lacks room: refused, nothing changes, and the free room is told.
+    let allocatable = node_a.status.as_ref().and_then(|s| s.allocatable);
+    let free = ledger
+        .claim_resume("sleeper", allocatable.as_ref())
+        .expect_err("no room");
+    assert_eq!((free.cpus, free.memory_mib), (2, 2048));
+    assert_eq!(ledger.hold_of("sleeper"), Some(Hold::Suspended));
+    // Room freed: the resume claims the whole request back, and nothing else fits then.
+    ledger.release("tenant");
+    assert_eq!(ledger.claim_resume("sleeper", allocatable.as_ref()), Ok(()));
+    assert_eq!(ledger.hold_of("sleeper"), Some(Hold::Full));
+    assert_eq!(ledger.usage("a").used.cpus, 4);
+    assert!(
+        ledger
+            .place_and_reserve("late", &request(1, 512), [&node_a], now(), &cfg)
+            .is_err()
+    );
+    // Claiming again is a no-op.
+    assert_eq!(ledger.claim_resume("sleeper", allocatable.as_ref()), Ok(()));
+    assert_eq!(ledger.usage("a").used.cpus, 4);
+}
+
+/// Two suspended VMs on a node with room for one: concurrent resumes never both win.
+#[test]
+fn concurrent_resumes_never_overcommit_a_node() {
+    let ledger = Arc::new(Ledger::new());
+    let allocatable = NodeResources {
+        cpus: 4,
+        memory_mib: 4096,
+        storage_gib: 4000,
+    };
+    for uid in ["one", "two"] {
+        ledger.observe_bound(uid, "a", &request(3, 3072));
+        ledger.set_hold(uid, Hold::Suspended);
+    }
+    let handles: Vec<_> = ["one", "two"]
+        .into_iter()
+        .map(|uid| {
+            let ledger = ledger.clone();
+            std::thread::spawn(move || ledger.claim_resume(uid, Some(&allocatable)).is_ok())
+        })
+        .collect();
+    let won = handles
+        .into_iter()
+        .map(|h| h.join().expect("no panic"))
+        .filter(|&won| won)
+        .count();
+    assert_eq!(won, 1, "one resume wins, the other waits");
+    let used = ledger.usage("a").used;
+    assert_eq!((used.cpus, used.memory_mib), (3, 3072), "exactly one resumed");
 }
 
 #[test]

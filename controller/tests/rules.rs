@@ -13,9 +13,9 @@ use smolvm_api::{
     nodeapi::{MachineState, MachineStatus, NetworkSpec, ResizeSpec},
 };
 use smolvm_controller::vm::rules::{
-    MachineAction, NodeHealth, Restart, RunGoal, Step, exited_message, machine_action, machine_name, machine_resources,
-    machine_spec, next_step, node_health, resize_shortfall, restart, restart_request, run_goal, set_condition,
-    step_events, transition_event, unsettled_delay,
+    MachineAction, NodeHealth, Restart, RunGoal, Step, Want, exited_message, machine_action, machine_name,
+    machine_resources, machine_spec, next_step, node_health, resize_shortfall, restart, restart_request, run_goal,
+    set_condition, step_events, transition_event, unsettled_delay,
 };
 
 const UID: &str = "6f1c0a52-3b0e-4a57-9d0c-1f2e3d4c5b6a";
@@ -256,6 +256,7 @@ fn machine(state: MachineState, cpus: u32, memory: u64, storage: u64) -> Machine
         overlay_gib: Some(10),
         network: NetworkSpec::default(),
         pid: None,
+        suspended: None,
     }
 }
 
@@ -274,40 +275,45 @@ fn machine_action_table() {
     assert_eq!(desired.network.ports.len(), 1);
     use MachineState::*;
     let cases = [
-        ("missing_is_created", true, None, MachineAction::Create(desired.clone())),
+        (
+            "missing_is_created",
+            Want::RUN,
+            None,
+            MachineAction::Create(desired.clone()),
+        ),
         (
             "created_is_started",
-            true,
+            Want::RUN,
             Some(machine(Created, 1, 512, 20)),
             MachineAction::EnsureRunning,
         ),
         (
             "stopped_is_started",
-            true,
+            Want::RUN,
             Some(machine(Stopped, 1, 512, 20)),
             MachineAction::EnsureRunning,
         ),
         (
             "running_is_stopped",
-            false,
+            Want::STOP,
             Some(machine(Running, 1, 512, 20)),
             MachineAction::Stop,
         ),
         (
             "stopped_stays",
-            false,
+            Want::STOP,
             Some(machine(Stopped, 1, 512, 20)),
             MachineAction::None,
         ),
         (
             "running_steady",
-            true,
+            Want::RUN,
             Some(machine(Running, 1, 512, 20)),
             MachineAction::None,
         ),
         (
             "running_cpu_change_resized_live",
-            true,
+            Want::RUN,
             Some(machine(Running, 2, 512, 20)),
             MachineAction::Resize(ResizeSpec {
                 cpus: Some(1),
@@ -317,7 +323,7 @@ fn machine_action_table() {
         ),
         (
             "disk_growth_applies_while_stopped",
-            false,
+            Want::STOP,
             Some(machine(Stopped, 1, 512, 10)),
             MachineAction::Resize(ResizeSpec {
                 storage_gib: Some(20),
@@ -326,16 +332,66 @@ fn machine_action_table() {
         ),
         (
             "stopped_cpu_change_is_pending",
-            false,
+            Want::STOP,
             Some(machine(Stopped, 2, 512, 20)),
             MachineAction::ResizePending(String::new()),
         ),
+        // Suspend (V13, SPEC 2.3): a running machine is suspended; one with nothing saved is
+        // started first; a suspended one stays, is resumed, or is stopped with its saved
+        // memory discarded when running is false.
+        (
+            "running_is_suspended",
+            Want::SUSPEND,
+            Some(machine(Running, 1, 512, 20)),
+            MachineAction::Suspend,
+        ),
+        (
+            "created_is_started_before_its_suspend",
+            Want::SUSPEND,
+            Some(machine(Created, 1, 512, 20)),
+            MachineAction::EnsureRunning,
+        ),
+        (
+            "stopped_is_started_before_its_suspend",
+            Want::SUSPEND,
+            Some(machine(Stopped, 1, 512, 20)),
+            MachineAction::EnsureRunning,
+        ),
+        (
+            "suspended_stays",
+            Want::SUSPEND,
+            Some(machine(Suspended, 1, 512, 20)),
+            MachineAction::None,
+        ),
+        (
+            "suspended_is_resumed",
+            Want::RUN,
+            Some(machine(Suspended, 1, 512, 20)),
+            MachineAction::Resume,
+        ),
+        (
+            "suspended_and_not_running_is_discarded",
+            Want::STOP,
+            Some(machine(Suspended, 1, 512, 20)),
+            MachineAction::Discard,
+        ),
+        (
+            "disk_growth_while_suspended_waits_for_the_resume",
+            Want::SUSPEND,
+            Some(machine(Suspended, 1, 512, 10)),
+            MachineAction::ResizePending(String::new()),
+        ),
     ];
-    for (name, running, observed, expected) in cases {
-        let got = machine_action(&desired, running, observed.as_ref());
+    for (name, want, observed, expected) in cases {
+        let got = machine_action(&desired, want, observed.as_ref());
         match (&got, &expected) {
             (MachineAction::ResizePending(message), MachineAction::ResizePending(_)) => {
-                assert!(message.contains("1 CPUs"), "{name}: {message}")
+                let says = if want.suspended {
+                    "when the machine is resumed"
+                } else {
+                    "1 CPUs"
+                };
+                assert!(message.contains(says), "{name}: {message}")
             }
             _ => assert_eq!(got, expected, "{name}"),
         }

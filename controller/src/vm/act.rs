@@ -53,7 +53,7 @@ pub async fn pass(vm: Arc<SmolVM>, ctx: Arc<Context>) -> Result<Action, Error> {
         Step::DeleteMachine { node, machine, force } => delete(&api, &vm, &ctx, &uid, &node, &machine, force).await,
         Step::Place => place(&api, &vm, &ctx, &uid).await,
         Step::Converge { node, machine } => {
-            ctx.ledger.observe_bound(&uid, &node, &Request::of(&vm));
+            ctx.ledger.observe_vm(&uid, &node, &vm);
             converge(&api, &vm, &ctx, &uid, &node, &machine).await
         }
     }
@@ -213,7 +213,7 @@ async fn converge(
     let node_object = ctx.nodes.get(&ObjectRef::new(node));
     let now = Timestamp::now();
     let (service, slice) = owned_objects(ctx, vm, vm.spec.expose_service()).await?;
-    let observed = Observed {
+    let mut observed = Observed {
         vm,
         node,
         machine,
@@ -264,6 +264,17 @@ async fn converge(
         }
         if call == Call::Get {
             sync_endpoint(ctx, node);
+        }
+        if call == Call::Resume
+            && ctx
+                .ledger
+                .claim_resume(uid, observed.room.allocatable.as_ref())
+                .is_err()
+        {
+            // Another VM took the room since this pass looked: decide again with what the
+            // ledger holds now (the resume then waits, saying why).
+            observed.room.others = ctx.ledger.used_by_others(node, uid);
+            continue;
         }
         let result = node_call(ctx, vm, node, machine, &call).await?;
         progress.record(call, result);
@@ -371,6 +382,9 @@ async fn node_call(
         },
         Call::Stop => done(timed(ctx, op, client.stop_machine(node, machine)).await),
         Call::Resize(spec) => done(timed(ctx, op, client.resize_machine(node, machine, spec)).await),
+        Call::Suspend => done(timed(ctx, op, client.suspend_machine(node, machine)).await),
+        Call::Resume => done(timed(ctx, op, client.resume_machine(node, machine)).await),
+        Call::Discard => done(timed(ctx, op, client.stop_machine(node, machine)).await),
     })
 }
 

@@ -20,11 +20,17 @@ use smolvm_api::{
 };
 
 use super::exposure::{self, Exposure, NotExposed};
-use super::rules::{self, MachineAction, MissingMachine, NodeHealth, Restart, RunGoal};
+use super::rules::{self, MachineAction, MissingMachine, NodeHealth, Restart, RunGoal, Want};
 use crate::nodeclient::CallError;
+use crate::placement::Hold;
 
-/// Machine steps one pass may take (create, start, and one spare), besides a restart's stop.
-pub const MAX_STEPS_PER_PASS: usize = 3;
+/// Machine steps one pass may take (create, start, suspend, and one spare), besides a restart's
+/// stop.
+pub const MAX_STEPS_PER_PASS: usize = 4;
+
+/// How soon a resume that waits for room on its node looks again (room frees up without any
+/// change to this SmolVM or its node: another VM is deleted, stopped or suspended).
+pub const RESUME_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What a pass over a bound SmolVM observed before acting, from the caches.
 #[derive(Debug, Clone)]
@@ -75,6 +81,12 @@ pub enum Call {
     Stop,
     /// Change its sizes.
     Resize(ResizeSpec),
+    /// Suspend it (it runs).
+    Suspend,
+    /// Resume it (it is suspended, and the node has room for it).
+    Resume,
+    /// Stop a suspended machine, discarding its saved memory (`spec.running` is false).
+    Discard,
 }
 
 impl Call {
@@ -86,6 +98,9 @@ impl Call {
             Call::EnsureRunning => Operation::EnsureMachineRunning,
             Call::Stop => Operation::StopMachine,
             Call::Resize(_) => Operation::ResizeMachine,
+            Call::Suspend => Operation::SuspendMachine,
+            Call::Resume => Operation::ResumeMachine,
+            Call::Discard => Operation::StopMachine,
         }
     }
 
@@ -97,6 +112,9 @@ impl Call {
             Call::EnsureRunning => Some(MachineAction::EnsureRunning),
             Call::Stop => Some(MachineAction::Stop),
             Call::Resize(spec) => Some(MachineAction::Resize(*spec)),
+            Call::Suspend => Some(MachineAction::Suspend),
+            Call::Resume => Some(MachineAction::Resume),
+            Call::Discard => Some(MachineAction::Discard),
         }
     }
 }
@@ -188,6 +206,9 @@ pub struct Outcome {
     pub drops: Vec<AnnotationDrop>,
     /// When to look again.
     pub requeue: Requeue,
+    /// What the VM holds on its node now, as the machine the pass left says (its CPU and memory
+    /// given back while suspended); `None` when the pass did not learn the machine's state.
+    pub hold: Option<Hold>,
 }
 
 /// An event to publish.
@@ -373,6 +394,7 @@ fn proceed(o: &Observed, p: &Progress, mut out: Outcome, desired: &MachineSpec, 
     } = course;
     let mut settled = false;
     let mut warnings = Vec::new();
+    let mut resume_pending = None;
     match &p.failed {
         Some((_, Failure::Call(e))) if e.code() == Some(&ErrorCode::ResizeRequiresRunning) => {
             out.set(
@@ -401,7 +423,17 @@ fn proceed(o: &Observed, p: &Progress, mut out: Outcome, desired: &MachineSpec, 
         None => {
             let budget = MAX_STEPS_PER_PASS + usize::from(restart == Restart::StopThenRun);
             if p.done.len() < budget {
-                match next_machine_step(o, desired, goal.running(), p.machine.as_ref(), &mut out, &mut warnings) {
+                let want = Want::of(o.vm, goal);
+                let step = next_machine_step(
+                    o,
+                    desired,
+                    want,
+                    p.machine.as_ref(),
+                    &mut out,
+                    &mut warnings,
+                    &mut resume_pending,
+                );
+                match step {
                     Some(call) => return machine_call(o, p, call, None),
                     None => settled = true,
                 }
@@ -409,7 +441,10 @@ fn proceed(o: &Observed, p: &Progress, mut out: Outcome, desired: &MachineSpec, 
         }
     }
     out.settle(o, p, goal, recreating, restart, warnings);
-    if settled {
+    out.suspension(o, p, goal, resume_pending.as_deref());
+    if resume_pending.is_some() {
+        out.requeue = Requeue::After(RESUME_RECHECK);
+    } else if settled {
         out.requeue = Requeue::Settled;
     }
     Decision::Report(Box::new(out))
@@ -421,7 +456,7 @@ fn start_held(o: &Observed, p: &Progress, desired: &MachineSpec, goal: RunGoal, 
     o.start_backoff.is_some()
         && p.done.is_empty()
         && restart == Restart::None
-        && rules::machine_action(desired, goal.running(), p.machine.as_ref()) == MachineAction::EnsureRunning
+        && rules::machine_action(desired, Want::of(o.vm, goal), p.machine.as_ref()) == MachineAction::EnsureRunning
 }
 
 /// A machine call, with the exposure of the machine as it is written first on the pass's first
@@ -452,15 +487,31 @@ fn address_of(o: &Observed) -> Option<String> {
 fn next_machine_step(
     o: &Observed,
     desired: &MachineSpec,
-    running: bool,
+    want: Want,
     machine: Option<&MachineStatus>,
     out: &mut Outcome,
     warnings: &mut Vec<Note>,
+    resume_pending: &mut Option<String>,
 ) -> Option<Call> {
-    match rules::machine_action(desired, running, machine) {
+    match rules::machine_action(desired, want, machine) {
         MachineAction::Create(spec) => Some(Call::Create(Box::new(spec))),
         MachineAction::EnsureRunning => Some(Call::EnsureRunning),
         MachineAction::Stop => Some(Call::Stop),
+        MachineAction::Suspend => Some(Call::Suspend),
+        MachineAction::Discard => Some(Call::Discard),
+        MachineAction::Resume => {
+            // A resume takes the VM's CPU and memory back: it needs them free on its node (its
+            // allocatable minus what the other VMs bound there hold). Without room it waits
+            // there, saying what is missing; a bound VM never moves.
+            let request = o.vm.spec.request();
+            match rules::resume_shortfall(&request, o.room.allocatable.as_ref(), &o.room.others, o.node) {
+                None => Some(Call::Resume),
+                Some(message) => {
+                    *resume_pending = Some(message);
+                    None
+                }
+            }
+        }
         MachineAction::Resize(spec) => {
             // A resize up needs room on the node: its allocatable minus what the other VMs bound
             // there hold. Without it the node is not asked; the VM reports why.
@@ -551,8 +602,10 @@ pub fn call_failure(call: &Call, code: Option<&ErrorCode>) -> (Option<Phase>, &'
         Call::Get => (Some(Phase::Unknown), "RuntimeError"),
         Call::Create(_) => (Some(Phase::Failed), reason::CREATE_FAILED),
         Call::EnsureRunning => (Some(Phase::Failed), reason::START_FAILED),
-        Call::Stop => (None, reason::STOP_FAILED),
+        Call::Stop | Call::Discard => (None, reason::STOP_FAILED),
         Call::Resize(_) => (None, reason::RESIZE_FAILED),
+        Call::Suspend => (None, reason::SUSPEND_FAILED),
+        Call::Resume => (None, reason::RESUME_FAILED),
     }
 }
 
@@ -567,6 +620,7 @@ impl Outcome {
             events: Vec::new(),
             drops: Vec::new(),
             requeue: Requeue::Retry,
+            hold: None,
         }
     }
 
@@ -652,6 +706,32 @@ impl Outcome {
         }
         let runs = p.machine.as_ref().is_some_and(|m| m.state == MachineState::Running);
         self.expose(o, p, runs);
+        self.suspension(o, p, goal, None);
+    }
+
+    /// The Suspended condition of the machine the pass left, its event when a resume starts to
+    /// wait, and what the VM holds on its node.
+    fn suspension(&mut self, o: &Observed, p: &Progress, goal: RunGoal, resume_pending: Option<&str>) {
+        let want = Want::of(o.vm, goal);
+        let machine = p.machine.as_ref();
+        match rules::suspended_condition(o.vm, machine, want, o.node, resume_pending) {
+            Some((status, why, message)) => {
+                let changed = self.set(o, condition::SUSPENDED, status, why, &message);
+                if changed && why == reason::RESUME_PENDING {
+                    self.events.push(Note::warning(why, "Resume", message));
+                }
+            }
+            None => {
+                rules::clear_condition(&mut self.status.conditions, condition::SUSPENDED);
+            }
+        }
+        if let Some(m) = machine {
+            self.hold = Some(if m.state == MachineState::Suspended {
+                Hold::Suspended
+            } else {
+                Hold::Full
+            });
+        }
     }
 
     /// The report of a pass that went as far as it should: the steps' events, phase and Ready

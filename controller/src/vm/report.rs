@@ -30,6 +30,9 @@ pub async fn report(
     uid: &str,
     mut outcome: Outcome,
 ) -> Result<Action, Error> {
+    if let Some(hold) = outcome.hold {
+        ctx.ledger.set_hold(uid, hold);
+    }
     if let Err(e) = write_exposure(ctx, vm, &outcome.exposure.writes).await {
         outcome.exposure_failed(vm, &describe_kube_error(&e), Timestamp::now());
     }

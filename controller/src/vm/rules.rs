@@ -334,7 +334,8 @@ pub fn run_goal(vm: &SmolVM, machine: Option<&MachineStatus>) -> RunGoal {
         return RunGoal::Stop;
     }
     let Some(m) = machine else { return RunGoal::Run };
-    if m.state == MachineState::Running {
+    // A suspended machine was stopped by the controller, not by its workload.
+    if matches!(m.state, MachineState::Running | MachineState::Suspended) {
         return RunGoal::Run;
     }
     let status = vm.status.as_ref();
@@ -378,21 +379,77 @@ pub enum MachineAction {
     Resize(ResizeSpec),
     /// CPU or memory differ but the machine is not running: reported as ResizePending.
     ResizePending(String),
+    /// It runs and `spec.suspended` asks for it to be suspended.
+    Suspend,
+    /// It is suspended and `spec.suspended` no longer asks for it (the node has room for it).
+    Resume,
+    /// It is suspended and `spec.running` is false: stopped, its saved memory discarded.
+    Discard,
     /// Nothing to do.
     None,
 }
 
-/// Chooses the next machine action. One action per pass; the controller reconciles again after it.
-pub fn machine_action(desired: &MachineSpec, running: bool, machine: Option<&MachineStatus>) -> MachineAction {
+/// What a pass wants of the machine: whether it runs and whether it is suspended
+/// ([`smolvm_api::SmolVMSpec::suspended`]: only while it runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Want {
+    /// The machine should be running (or suspended).
+    pub running: bool,
+    /// The machine should be suspended.
+    pub suspended: bool,
+}
+
+impl Want {
+    /// Running, not suspended.
+    pub const RUN: Want = Want {
+        running: true,
+        suspended: false,
+    };
+    /// Stopped.
+    pub const STOP: Want = Want {
+        running: false,
+        suspended: false,
+    };
+    /// Running and suspended.
+    pub const SUSPEND: Want = Want {
+        running: true,
+        suspended: true,
+    };
+
+    /// What `goal` and the SmolVM's `spec.suspended` ask.
+    pub fn of(vm: &SmolVM, goal: RunGoal) -> Want {
+        let running = goal.running();
+        Want {
+            running,
+            suspended: running && vm.spec.suspended(),
+        }
+    }
+}
+
+/// Chooses the next machine action. One action per pass; the controller reconciles again after
+/// it. A machine with nothing saved that should be suspended is started first: a suspended VM is
+/// always one that can be resumed.
+pub fn machine_action(desired: &MachineSpec, want: Want, machine: Option<&MachineStatus>) -> MachineAction {
     let Some(m) = machine else {
         return MachineAction::Create(desired.clone());
     };
+    let running = want.running;
     let is_running = m.state == MachineState::Running;
+    if m.state == MachineState::Suspended {
+        return match (running, want.suspended) {
+            (false, _) => MachineAction::Discard,
+            (true, false) => MachineAction::Resume,
+            (true, true) => suspended_sizes(desired, m),
+        };
+    }
     if running && !is_running {
         return MachineAction::EnsureRunning;
     }
     if !running && is_running {
         return MachineAction::Stop;
+    }
+    if want.suspended {
+        return MachineAction::Suspend;
     }
     let mut resize = ResizeSpec::default();
     if m.storage_gib.is_some_and(|s| s < desired.storage_gib) {
@@ -413,6 +470,19 @@ pub fn machine_action(desired: &MachineSpec, running: bool, machine: Option<&Mac
         return MachineAction::ResizePending(format!(
             "{} CPUs and {} MiB take effect when the machine runs (it has {} CPUs and {} MiB)",
             desired.cpus, desired.memory_mib, m.cpus, m.memory_mib
+        ));
+    }
+    MachineAction::None
+}
+
+/// A suspended machine stays as it is; a disk growth (admitted while suspended) waits for the
+/// resume, and says so.
+fn suspended_sizes(desired: &MachineSpec, m: &MachineStatus) -> MachineAction {
+    let grows = |have: Option<u64>, want: u64| have.is_some_and(|h| h < want);
+    if grows(m.storage_gib, desired.storage_gib) || grows(m.overlay_gib, desired.overlay_gib) {
+        return MachineAction::ResizePending(format!(
+            "{} GiB of storage and {} GiB of overlay take effect when the machine is resumed (it is suspended)",
+            desired.storage_gib, desired.overlay_gib
         ));
     }
     MachineAction::None
@@ -460,6 +530,25 @@ pub fn step_events(done: &[MachineAction], goal: RunGoal, machine: &str, node: &
                 event("Started", "Start", format!("machine {machine} runs on node {node}"))
             }
             (MachineAction::Stop, _) => event("Stopped", "Stop", format!("stopped machine {machine} on node {node}")),
+            (MachineAction::Suspend, _) => event(
+                reason::SUSPENDED,
+                "Suspend",
+                format!(
+                    "suspended machine {machine} on node {node}: its memory and disks are saved there, and its CPU and memory are given back to the node"
+                ),
+            ),
+            (MachineAction::Resume, _) => event(
+                reason::RESUMED,
+                "Resume",
+                format!("resumed machine {machine} on node {node} with its processes as they were"),
+            ),
+            (MachineAction::Discard, _) => event(
+                reason::SAVED_STATE_DISCARDED,
+                "Stop",
+                format!(
+                    "spec.running is false: stopped suspended machine {machine} on node {node} and discarded its saved memory; it boots afresh when it runs again"
+                ),
+            ),
             (MachineAction::Resize(spec), _) => event(
                 "Resized",
                 "Resize",
@@ -594,6 +683,87 @@ pub fn resize_shortfall(
     })
 }
 
+/// Why a suspended VM cannot resume on its node now, or `None` when it can: its CPU and memory
+/// against the node's `allocatable` minus what the `others` bound there hold (without a reported
+/// allocatable the node itself decides).
+pub fn resume_shortfall(
+    request: &NodeResources,
+    allocatable: Option<&NodeResources>,
+    others: &NodeResources,
+    node: &str,
+) -> Option<String> {
+    let free = allocatable?.minus(others);
+    let short: Vec<String> = [
+        (request.cpus, free.cpus, "CPUs"),
+        (request.memory_mib, free.memory_mib, "MiB of memory"),
+    ]
+    .into_iter()
+    .filter(|(want, room, _)| want > room)
+    .map(|(want, room, unit)| format!("{want} {unit} ({} free)", room.max(0)))
+    .collect();
+    if short.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "node {node} has too little room to resume it: it needs {} beyond what the other VMs bound there hold; it resumes when room frees up there (a bound SmolVM never moves)",
+        short.join(" and ")
+    ))
+}
+
+/// The Suspended condition of a SmolVM whose machine its node reports as `machine`:
+/// (status, reason, message), or `None` when it is neither suspended nor asked to be.
+/// `resume_pending` is why a resume waits, when it does.
+pub fn suspended_condition(
+    vm: &SmolVM,
+    machine: Option<&MachineStatus>,
+    want: Want,
+    node: &str,
+    resume_pending: Option<&str>,
+) -> Option<(&'static str, &'static str, String)> {
+    let suspended = machine.filter(|m| m.state == MachineState::Suspended);
+    let Some(m) = suspended else {
+        return want.suspended.then(|| {
+            let why = if machine.is_some_and(|m| m.state == MachineState::Running) {
+                "the machine is being suspended"
+            } else {
+                "nothing is saved yet: the machine is started, then suspended"
+            };
+            ("False", reason::SUSPENDING, why.to_string())
+        });
+    };
+    if let Some(pending) = resume_pending.filter(|_| want.running && !want.suspended) {
+        return Some(("True", reason::RESUME_PENDING, pending.to_string()));
+    }
+    if want.running && !want.suspended {
+        return Some((
+            "True",
+            reason::RESUMING,
+            format!("the machine is being resumed on node {node}"),
+        ));
+    }
+    let request = vm.spec.request();
+    let since = m
+        .suspended
+        .as_ref()
+        .map(|s| format!(" since {}", s.since))
+        .unwrap_or_default();
+    let saved = match m.suspended.as_ref().and_then(|s| s.saved_state_mib) {
+        Some(mib) => format!("its saved state ({mib} MiB, as the node reports it)"),
+        None => format!(
+            "its saved state (counted as {} GiB, its memory: smolvm reports no saved-state size)",
+            crate::placement::saved_state_gib(request.memory_mib)
+        ),
+    };
+    Some((
+        "True",
+        reason::SUSPENDED,
+        format!(
+            "suspended on node {node}{since}: its memory and disks are saved there; its {} CPUs and {} MiB are given back to the node, and its disks and {saved} stay counted; set spec.suspended to false to resume it",
+            request.cpus, request.memory_mib
+        ),
+    ))
+}
+
 /// What a machine holds on its node, as the node reports it (disk is storage plus overlay).
 pub fn machine_resources(m: &MachineStatus) -> NodeResources {
     let gib = |v: Option<u64>| v.and_then(|v| i64::try_from(v).ok()).unwrap_or_default();
@@ -629,6 +799,12 @@ pub fn apply_machine(
     let running = goal.running();
     let (phase, ready, why, message) = match (&m.state, running) {
         (MachineState::Running, true) => (Phase::Running, "True", reason::RUNNING, "the machine runs".to_string()),
+        (MachineState::Suspended, true) => (
+            Phase::Suspended,
+            "False",
+            reason::SUSPENDED,
+            "the machine is suspended: see the Suspended condition".to_string(),
+        ),
         (state, false) if goal == RunGoal::Exited && *state != MachineState::Running => {
             (Phase::Stopped, "False", reason::EXITED, exited_message(policy))
         }
