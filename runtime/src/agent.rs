@@ -15,6 +15,7 @@ use crate::nodeapi::auth::TokenAuth;
 use crate::nodeapi::tls::{MtlsServer, PlainServer};
 use crate::nodeapi::{Identity, NodeApiState, router};
 use crate::supervisor::{Supervisor, SupervisorConfig};
+use crate::suspensions::SuspendRecords;
 use crate::vmm::{SmolvmClient, SmolvmConfig, Vmm};
 
 /// Where the trusted client CA comes from.
@@ -49,7 +50,9 @@ pub struct AgentOptions {
     /// Poll interval for changed files.
     pub file_poll_interval: Duration,
     /// Directory of the workload records (create's idempotency over the workload); `None`
-    /// keeps none, and a repeated create then does not compare the workload.
+    /// keeps none, and a repeated create then does not compare the workload. The records of
+    /// suspended machines ([`crate::suspensions`]) are kept beside it (`suspended` in the same
+    /// parent directory); without it, in memory only (they go with the process).
     pub workload_records: Option<PathBuf>,
     /// The node's address, where published ports are forwarded to smolvm's loopback listeners
     /// ([`crate::forward`]); `None`, a loopback or an unspecified address turns forwarding off.
@@ -70,6 +73,7 @@ pub struct Agent {
     metrics: Arc<Metrics>,
     identity: Arc<Identity>,
     vmm: Arc<dyn Vmm>,
+    suspensions: Arc<SuspendRecords>,
     forwarder: Option<(Arc<Forwarder>, tokio::task::JoinHandle<()>)>,
     /// The policy file's watcher, if any.
     policy_watch: Option<tokio::task::JoinHandle<()>>,
@@ -93,7 +97,12 @@ impl Agent {
             smolvm_config = smolvm_config.with_local_image_dir(dir);
         }
         let vmm: Arc<dyn Vmm> = Arc::new(SmolvmClient::new(smolvm_config));
-        let supervisor = Supervisor::start(options.supervisor, metrics.clone(), identity.clone());
+        let suspensions = suspend_records(options.workload_records.as_deref());
+        let supervision = SupervisorConfig {
+            suspensions: Some(suspensions.clone()),
+            ..options.supervisor
+        };
+        let supervisor = Supervisor::start(supervision, metrics.clone(), identity.clone());
 
         let state = NodeApiState::new(
             vmm.clone(),
@@ -107,6 +116,7 @@ impl Agent {
             None => state,
         };
         let state = state
+            .with_suspend_records(suspensions.clone())
             .with_stream_limits(options.limits.streams)
             .with_upload_budget(options.limits.upload_bytes);
         let state = state.with_host_ports(host_ports);
@@ -160,6 +170,7 @@ impl Agent {
             metrics,
             identity,
             vmm,
+            suspensions,
             forwarder,
             policy_watch,
         })
@@ -200,6 +211,11 @@ impl Agent {
         &self.vmm
     }
 
+    /// The records of the machines this agent suspended.
+    pub fn suspensions(&self) -> &Arc<SuspendRecords> {
+        &self.suspensions
+    }
+
     /// The node API server (serving certificate and client CA reload).
     pub fn node_api(&self) -> &MtlsServer {
         &self.node_api
@@ -220,6 +236,15 @@ impl Agent {
         }
         self.supervisor.shutdown().await;
     }
+}
+
+/// The records of the machines the agent suspends: beside the workload records, or in memory
+/// without them.
+fn suspend_records(workload_records: Option<&std::path::Path>) -> Arc<SuspendRecords> {
+    Arc::new(match workload_records {
+        Some(dir) => SuspendRecords::beside(dir),
+        None => SuspendRecords::in_memory(),
+    })
 }
 
 /// The ports the agent listens on: the node API, the ops port, and the guest rollout port of

@@ -4,7 +4,9 @@
 //! on the node's network and, for every published port of every running machine, listens on the
 //! node's address and relays to that loopback port: TCP connections byte for byte (half-close
 //! kept), UDP datagrams through one upstream socket per client. [`plan`] decides which forwards
-//! to open and close from the machines smolvm reports; [`Forwarder`] does it. The agent re-syncs
+//! to open and close from the machines smolvm reports; [`Forwarder`] does it. A suspended
+//! machine (smolvm reports it stopped) has none: its ports close with the suspend and open
+//! again with the resume. The agent re-syncs
 //! every second and at once after each node API call that changes a machine, and at start, so a
 //! restarted agent picks up the machines that kept running.
 //!

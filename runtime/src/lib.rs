@@ -16,6 +16,7 @@ pub mod report;
 pub mod serving_cert;
 pub mod state_files;
 pub mod supervisor;
+pub mod suspensions;
 pub mod vmm;
 pub mod workload_records;
 

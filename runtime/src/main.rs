@@ -231,6 +231,7 @@ fn observer(
                 cpu_ratio,
             ),
             machines: runtime.ready.then(|| runtime.machines.clone()),
+            suspended_machines: runtime.ready.then(|| runtime.suspended.clone()),
             serving_certificate: Some(serving_cert::report_current(&resolver, &client_ca)),
             boot_check: boot_check.as_ref().map(|check| check.borrow().clone()),
         }

@@ -58,6 +58,46 @@ struct ResultLabel {
 /// on a good host and smolvm gives up after 30 s.
 pub const CANARY_BUCKETS: [f64; 10] = [0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0];
 
+/// Upper bounds (seconds) of the suspend and resume histograms: smolvm writes or reads a
+/// machine's whole memory, a few seconds per GiB, so a large machine takes minutes.
+pub const SUSPEND_BUCKETS: [f64; 12] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0];
+
+/// The suspension metrics: suspend and resume durations, suspended machines.
+#[derive(Debug)]
+struct Suspensions {
+    suspend: Histogram,
+    resume: Histogram,
+    suspended: Gauge,
+}
+
+impl Suspensions {
+    fn register(registry: &mut Registry) -> Self {
+        let suspend = Histogram::new(SUSPEND_BUCKETS);
+        registry.register(
+            "suspend_duration_seconds",
+            "Time smolvm took to pause a machine for a suspend (its memory and disks saved durably, then its process stopped), of the suspends that succeeded",
+            suspend.clone(),
+        );
+        let resume = Histogram::new(SUSPEND_BUCKETS);
+        registry.register(
+            "resume_duration_seconds",
+            "Time smolvm took to resume a suspended machine from its saved state, of the resumes that succeeded",
+            resume.clone(),
+        );
+        let suspended = Gauge::default();
+        registry.register(
+            "machines_suspended",
+            "Machines on this node suspended by the agent now (smolvm reports them stopped; their saved state is kept)",
+            suspended.clone(),
+        );
+        Self {
+            suspend,
+            resume,
+            suspended,
+        }
+    }
+}
+
 fn latency_histogram() -> Histogram {
     Histogram::new(LATENCY_BUCKETS)
 }
@@ -80,6 +120,7 @@ pub struct Metrics {
     guest_bootable: Gauge,
     canary_boot: Histogram,
     canary_checks: Family<ResultLabel, Counter>,
+    suspensions: Suspensions,
 }
 
 impl Default for Metrics {
@@ -165,6 +206,7 @@ impl Default for Metrics {
             runtime_ready.clone(),
         );
         Metrics {
+            suspensions: Suspensions::register(&mut registry),
             registry,
             requests,
             latency,
@@ -285,6 +327,21 @@ impl Metrics {
         self.canary_checks.get(&ResultLabel { result }).map_or(0, |c| c.get())
     }
 
+    /// Records a suspend that succeeded: the time smolvm took to pause the machine.
+    pub fn observe_suspend(&self, elapsed: Duration) {
+        self.suspensions.suspend.observe(elapsed.as_secs_f64());
+    }
+
+    /// Records a resume that succeeded: the time smolvm took to resume the machine.
+    pub fn observe_resume(&self, elapsed: Duration) {
+        self.suspensions.resume.observe(elapsed.as_secs_f64());
+    }
+
+    /// Sets how many machines on this node are suspended.
+    pub fn set_machines_suspended(&self, n: usize) {
+        self.suspensions.suspended.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
     /// Sets the runtime-ready gauge.
     pub fn set_runtime_ready(&self, ready: bool) {
         self.runtime_ready.set(i64::from(ready));
@@ -331,6 +388,9 @@ mod tests {
         metrics.inc_forward_refused("tcp", "port");
         metrics.inc_forward_idle_closed("tcp");
         metrics.inc_node_api_closed("connections");
+        metrics.observe_suspend(Duration::from_millis(1500));
+        metrics.observe_resume(Duration::from_millis(300));
+        metrics.set_machines_suspended(2);
         let text = metrics.encode();
         for line in [
             "smolvm_runtime_node_api_requests_total{operation=\"GetMachine\",code=\"OK\"} 1",
@@ -344,6 +404,12 @@ mod tests {
             "smolvm_runtime_forward_refused_total{protocol=\"tcp\",reason=\"port\"} 1",
             "smolvm_runtime_forward_idle_closed_total{protocol=\"tcp\"} 1",
             "smolvm_runtime_node_api_connections_closed_total{reason=\"connections\"} 1",
+            "smolvm_runtime_suspend_duration_seconds_bucket{le=\"1.0\"} 0",
+            "smolvm_runtime_suspend_duration_seconds_bucket{le=\"2.5\"} 1",
+            "smolvm_runtime_suspend_duration_seconds_count 1",
+            "smolvm_runtime_resume_duration_seconds_bucket{le=\"0.5\"} 1",
+            "smolvm_runtime_resume_duration_seconds_count 1",
+            "smolvm_runtime_machines_suspended 2",
             "# EOF",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");

@@ -218,6 +218,8 @@ pub struct Observation {
     pub allocatable: NodeResources,
     /// The machines smolvm holds (names), while it answers; `None` when unknown.
     pub machines: Option<Vec<String>>,
+    /// Of `machines`, those the agent suspended (names), while smolvm answers.
+    pub suspended_machines: Option<Vec<String>>,
     /// The serving certificate: which runtime CA signed it, when it expires.
     pub serving_certificate: Option<ServingCertificate>,
     /// The guest boot check and the host's capabilities; `None` with the check off.
@@ -267,6 +269,27 @@ pub fn canary_status(check: &BootCheck) -> Option<CanaryStatus> {
         },
         smolvm_version: check.smolvm_version.clone(),
     })
+}
+
+/// The machine names a status reports: at most [`MAX_REPORTED_MACHINES`].
+fn reported_machines(machines: Option<&[String]>) -> Vec<String> {
+    let mut names = machines.unwrap_or_default().to_vec();
+    names.truncate(MAX_REPORTED_MACHINES);
+    names
+}
+
+/// The suspended machines a status reports: sorted, a subset of the machines it reports.
+fn reported_suspended(obs: &Observation) -> Vec<String> {
+    let machines = reported_machines(obs.machines.as_deref());
+    let mut names: Vec<String> = obs
+        .suspended_machines
+        .iter()
+        .flatten()
+        .filter(|name| machines.contains(name))
+        .cloned()
+        .collect();
+    names.sort();
+    names
 }
 
 /// The status to apply, given the previous conditions.
@@ -349,11 +372,8 @@ pub fn build_status(obs: &Observation, previous: &[Condition], now: &Time) -> Sm
         capacity: Some(obs.capacity),
         allocatable: Some(obs.allocatable),
         // Known only while smolvm answers; absent otherwise, so nobody acts on a stale list.
-        machines: obs.runtime_ready.then(|| {
-            let mut names = obs.machines.clone().unwrap_or_default();
-            names.truncate(MAX_REPORTED_MACHINES);
-            names
-        }),
+        machines: obs.runtime_ready.then(|| reported_machines(obs.machines.as_deref())),
+        suspended_machines: obs.runtime_ready.then(|| reported_suspended(obs)),
         serving_certificate: obs.serving_certificate.clone(),
         canary: obs.boot_check.as_ref().and_then(canary_status),
         conditions: {
@@ -678,6 +698,7 @@ mod tests {
                 storage_gib: 90,
             },
             machines: Some(vec!["svm-a".into(), "svm-b".into()]),
+            suspended_machines: Some(vec!["svm-b".into(), "svm-gone".into()]),
             serving_certificate: None,
             boot_check: None,
         }
@@ -687,8 +708,14 @@ mod tests {
     fn machines_are_reported_only_while_smolvm_answers() {
         let ready = build_status(&observation(true, true), &[], &time(100));
         assert_eq!(ready.machines, Some(vec!["svm-a".to_string(), "svm-b".to_string()]));
+        assert_eq!(
+            ready.suspended_machines,
+            Some(vec!["svm-b".to_string()]),
+            "a subset of machines"
+        );
         let down = build_status(&observation(false, true), &[], &time(100));
         assert_eq!(down.machines, None, "a stale list would let the controller act on it");
+        assert_eq!(down.suspended_machines, None);
         let mut many = observation(true, true);
         many.machines = Some((0..5000).map(|i| format!("svm-{i:05}")).collect());
         let capped = build_status(&many, &[], &time(100));

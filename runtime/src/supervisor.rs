@@ -52,6 +52,9 @@ pub struct SupervisorConfig {
     pub backoff_max: Duration,
     /// Time between SIGTERM and SIGKILL.
     pub stop_grace: Duration,
+    /// The machines the agent suspended, to tell them from stopped ones in each listing
+    /// ([`RuntimeStatus::suspended`]); `None` reports none.
+    pub suspensions: Option<Arc<crate::suspensions::SuspendRecords>>,
 }
 
 impl SupervisorConfig {
@@ -66,6 +69,7 @@ impl SupervisorConfig {
             backoff_initial: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
             stop_grace: Duration::from_secs(10),
+            suspensions: None,
         }
     }
 }
@@ -77,8 +81,11 @@ pub struct RuntimeStatus {
     pub ready: bool,
     /// smolvm's version, once seen.
     pub version: Option<String>,
-    /// Machine names listed after the last (re)start.
+    /// Machine names listed after the last (re)start, sorted.
     pub machines: Vec<String>,
+    /// Of [`RuntimeStatus::machines`], those the agent suspended (stopped, with a record; see
+    /// [`crate::suspensions`]), sorted.
+    pub suspended: Vec<String>,
     /// Why not ready (empty when ready).
     pub message: String,
     /// Restarts of the child so far.
@@ -304,6 +311,20 @@ async fn sleep_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>
     asked || *shutdown.borrow()
 }
 
+/// The names of the machines smolvm listed, and of those the agent suspended, both sorted; the
+/// suspended-machines gauge follows.
+fn listing(config: &SupervisorConfig, metrics: &Metrics, list: &[crate::vmm::Machine]) -> (Vec<String>, Vec<String>) {
+    let mut names: Vec<String> = list.iter().map(|m| m.name.clone()).collect();
+    names.sort();
+    let suspended = config
+        .suspensions
+        .as_ref()
+        .map(|records| records.suspended_among(list))
+        .unwrap_or_default();
+    metrics.set_machines_suspended(suspended.len());
+    (names, suspended)
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn supervise_once(
     config: &SupervisorConfig,
@@ -340,12 +361,8 @@ async fn supervise_once(
                 identity.set_runtime_version(Some(health.version.clone()));
                 if !ready {
                     // (Re)started: re-list machines so nothing smolvm knows is forgotten.
-                    let machines: Vec<String> = match client.list().await {
-                        Ok(list) => {
-                            let mut names: Vec<String> = list.into_iter().map(|m| m.name).collect();
-                            names.sort();
-                            names
-                        }
+                    let (machines, suspended) = match client.list().await {
+                        Ok(list) => listing(config, metrics, &list),
                         Err(error) => {
                             // Not ready on an empty list: that would forget the machines.
                             tracing::warn!(%error, "listing machines after start failed; not ready until it succeeds");
@@ -362,6 +379,7 @@ async fn supervise_once(
                         s.ready = true;
                         s.version = Some(health.version.clone());
                         s.machines = machines;
+                        s.suspended = suspended;
                         s.message.clear();
                         s.generation += 1;
                     });
@@ -369,12 +387,12 @@ async fn supervise_once(
                     // Keep the machine list current: the SmolVMNode reports it, and the
                     // controller finds machines no SmolVM owns from it. A failed listing keeps
                     // the last one.
-                    let mut machines: Vec<String> = list.into_iter().map(|m| m.name).collect();
-                    machines.sort();
+                    let (mut machines, mut suspended) = listing(config, metrics, &list);
                     status.send_if_modified(|s| {
-                        let changed = s.machines != machines;
+                        let changed = s.machines != machines || s.suspended != suspended;
                         if changed {
                             s.machines = std::mem::take(&mut machines);
+                            s.suspended = std::mem::take(&mut suspended);
                         }
                         changed
                     });

@@ -68,6 +68,7 @@ fn observation(uid: &str) -> Observation {
             storage_gib: 90,
         },
         machines: Some(vec!["svm-a".into()]),
+        suspended_machines: Some(Vec::new()),
         serving_certificate: None,
         boot_check: None,
     }

@@ -7,7 +7,10 @@ use std::path::Path;
 use smolvm_api::nodeapi::{RestartPolicy, WorkloadSpec};
 use smolvm_api::policy::PortRange;
 
+use smolvm_api::nodeapi::{MachineState, SuspendedState};
+
 use super::types::{ErrorCode, MachineSpec, MachineStatus, NetworkSpec, NodeApiError, PortSpec, ResizeSpec};
+use crate::suspensions::{Suspension, is_suspended};
 use crate::vmm::{self, Machine, PortMapping, ResizeRequest, VmmError};
 use crate::workload_records::WorkloadDigests;
 
@@ -94,6 +97,8 @@ pub fn map_vmm_error(error: &VmmError) -> ApiFailure {
             ApiFailure::new(ErrorCode::HostPortInUse, message.clone())
         }
         VmmError::Conflict { .. } => ApiFailure::new(ErrorCode::Conflict, message),
+        VmmError::NotRunning { .. } => ApiFailure::new(ErrorCode::MachineNotRunning, message),
+        VmmError::NotPaused { .. } => ApiFailure::new(ErrorCode::NoSavedState, message),
         VmmError::BadRequest { message } if message.contains("requires a running machine") => {
             ApiFailure::new(ErrorCode::ResizeRequiresRunning, message.clone())
         }
@@ -190,11 +195,23 @@ fn non_empty(list: &[String]) -> Option<Vec<String>> {
     (!list.is_empty()).then(|| list.to_vec())
 }
 
-/// A machine as the node API reports it.
+/// A machine as the node API reports it, with no suspension record.
 pub fn to_status(machine: &Machine) -> MachineStatus {
+    to_status_with(machine, None)
+}
+
+/// A machine as the node API reports it, given the agent's suspension record of it: a stopped
+/// machine the agent suspended is `Suspended`, since the record's time (smolvm reports no
+/// saved-state size).
+pub fn to_status_with(machine: &Machine, record: Option<&Suspension>) -> MachineStatus {
+    let suspended = is_suspended(machine, record);
     MachineStatus {
         name: machine.name.clone(),
-        state: machine.state,
+        state: if suspended {
+            MachineState::Suspended
+        } else {
+            machine.state
+        },
         runtime_state: machine.runtime_state(),
         image: machine.image.clone(),
         cpus: machine.cpus,
@@ -208,6 +225,10 @@ pub fn to_status(machine: &Machine) -> MachineStatus {
             allowed_hosts: reported_list(machine, "allowedHosts"),
         },
         pid: machine.pid,
+        suspended: record.filter(|_| suspended).map(|record| SuspendedState {
+            since: record.since.clone(),
+            saved_state_mib: None,
+        }),
     }
 }
 
@@ -418,6 +439,48 @@ pub fn not_running(name: &str, status: &MachineStatus, what: &str) -> ApiFailure
         ),
     )
     .with_details(serde_json::json!({ "state": state }))
+}
+
+/// The wire word of a machine state (`Running`, `Suspended`, …).
+fn state_value(state: MachineState) -> serde_json::Value {
+    serde_json::to_value(state).unwrap_or_default()
+}
+
+/// 409 `MachineNotRunning` for a suspend of a machine that does not run: only a running
+/// machine has a memory to save.
+pub fn cannot_suspend(name: &str, status: &MachineStatus) -> ApiFailure {
+    let state = state_value(status.state);
+    ApiFailure::new(
+        ErrorCode::MachineNotRunning,
+        format!(
+            "machine '{name}' is {}: only a running machine can be suspended (start it first)",
+            state.as_str().unwrap_or("not running")
+        ),
+    )
+    .with_details(serde_json::json!({ "state": state }))
+}
+
+/// 409 `NoSavedState` for a resume of a machine that was not suspended.
+pub fn no_saved_state(name: &str, status: &MachineStatus) -> ApiFailure {
+    let state = state_value(status.state);
+    ApiFailure::new(
+        ErrorCode::NoSavedState,
+        format!(
+            "machine '{name}' is {} and has no saved state to resume: start it instead",
+            state.as_str().unwrap_or("not suspended")
+        ),
+    )
+    .with_details(serde_json::json!({ "state": state }))
+}
+
+/// 409 `AlreadySuspended` for `what` (a start, a resize) on a suspended machine: it would throw
+/// the saved memory away or cannot apply to it; resume it first.
+pub fn already_suspended(name: &str, what: &str) -> ApiFailure {
+    ApiFailure::new(
+        ErrorCode::AlreadySuspended,
+        format!("machine '{name}' is suspended: {what} would discard or bypass its saved state; resume it first"),
+    )
+    .with_details(serde_json::json!({ "state": state_value(MachineState::Suspended) }))
 }
 
 /// The wire answer of an exec.
@@ -806,6 +869,20 @@ mod tests {
                 "RuntimeError",
             ),
             (VmmError::Protocol(m("garbage")), 502, "RuntimeProtocolError"),
+            (
+                VmmError::NotRunning {
+                    message: m("machine 'x' must be running"),
+                },
+                409,
+                "MachineNotRunning",
+            ),
+            (
+                VmmError::NotPaused {
+                    message: m("machine is not paused"),
+                },
+                409,
+                "NoSavedState",
+            ),
         ];
         for (error, status, code) in cases {
             let failure = map_vmm_error(&error);
@@ -815,6 +892,60 @@ mod tests {
                 "{error:?}"
             );
             assert!(failure.body.message.contains(error.message()));
+        }
+    }
+
+    #[test]
+    fn a_stopped_machine_the_agent_suspended_is_suspended() {
+        let record = Suspension {
+            since: "2026-11-26T16:00:00Z".into(),
+        };
+        // (smolvm's state, a record, the state on the wire, since)
+        let cases = [
+            (
+                MachineState::Stopped,
+                true,
+                MachineState::Suspended,
+                Some("2026-11-26T16:00:00Z"),
+            ),
+            (MachineState::Stopped, false, MachineState::Stopped, None),
+            (MachineState::Running, true, MachineState::Running, None),
+            (MachineState::Created, true, MachineState::Created, None),
+        ];
+        for (state, recorded, wire, since) in cases {
+            let mut m = machine();
+            m.state = state;
+            m.raw = serde_json::Value::Null;
+            let status = to_status_with(&m, recorded.then_some(&record));
+            assert_eq!(status.state, wire, "{state:?} {recorded}");
+            assert_eq!(
+                status.suspended.as_ref().map(|s| s.since.as_str()),
+                since,
+                "{state:?} {recorded}"
+            );
+            assert_eq!(status.suspended.and_then(|s| s.saved_state_mib), None);
+            // smolvm's own word stays what smolvm said.
+            assert_eq!(status.runtime_state, crate::vmm::smolvm::state_word(state));
+        }
+        let suspended = MachineStatus {
+            state: MachineState::Suspended,
+            ..to_status(&machine())
+        };
+        for (failure, code) in [
+            (
+                cannot_suspend("m", &to_status(&machine())),
+                ErrorCode::MachineNotRunning,
+            ),
+            (no_saved_state("m", &to_status(&machine())), ErrorCode::NoSavedState),
+            (already_suspended("m", "a start"), ErrorCode::AlreadySuspended),
+            (not_running("m", &suspended, "exec"), ErrorCode::MachineNotRunning),
+        ] {
+            assert_eq!((failure.status, &failure.body.code), (409, &code));
+            let state = failure.body.details.map(|d| d["state"].clone());
+            assert!(
+                matches!(state.as_ref().and_then(|s| s.as_str()), Some("Created" | "Suspended")),
+                "{state:?}"
+            );
         }
     }
 

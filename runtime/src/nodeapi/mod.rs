@@ -2,8 +2,9 @@
 //!
 //! [`types`] re-exports the wire contract from `smolvm_api::nodeapi`; [`logic`] holds the
 //! pure mapping to the VMM; [`server`] is the axum router; [`stream`] bridges interactive exec
-//! (Kubernetes' channel protocol) to the runtime; [`tls`] serves it over mTLS with a
-//! reloadable serving certificate and client CA; [`uploads`] holds the budget of file uploads.
+//! (Kubernetes' channel protocol) to the runtime; [`suspend`] suspends and resumes machines;
+//! [`tls`] serves it over mTLS with a reloadable serving certificate and client CA; [`uploads`]
+//! holds the budget of file uploads.
 //! The operations, their paths and their names come from the contract's table
 //! ([`smolvm_api::nodeapi::Operation`]).
 
@@ -11,6 +12,7 @@ pub mod auth;
 pub mod logic;
 pub mod server;
 pub mod stream;
+pub mod suspend;
 pub mod tls;
 pub mod types;
 pub mod uploads;

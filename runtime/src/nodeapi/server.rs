@@ -98,6 +98,9 @@ pub struct NodeApiState {
     pub streams: Arc<super::stream::Streams>,
     /// The bytes of file uploads held at once ([`super::uploads::UploadBudget`]).
     pub uploads: super::uploads::UploadBudget,
+    /// The machines this agent suspended ([`crate::suspensions`]); in memory unless
+    /// [`NodeApiState::with_suspend_records`] gives files.
+    pub suspensions: Arc<crate::suspensions::SuspendRecords>,
     locks: MachineLocks,
 }
 
@@ -122,6 +125,7 @@ impl NodeApiState {
             images: None,
             streams: super::stream::Streams::new(super::stream::StreamLimits::default()),
             uploads: super::uploads::UploadBudget::new(super::uploads::DEFAULT_UPLOAD_BYTES),
+            suspensions: Arc::new(crate::suspensions::SuspendRecords::in_memory()),
             locks: Arc::default(),
         }
     }
@@ -154,7 +158,7 @@ impl NodeApiState {
     /// HostPortInUse before smolvm is asked: every published port of `machine` must be free on
     /// 127.0.0.1 (where smolvm binds it) and on the forwarder's address, except where this
     /// machine's own forward holds it.
-    fn check_ports(&self, machine: &str, ports: &[crate::vmm::PortMapping]) -> Result<(), ApiError> {
+    pub(super) fn check_ports(&self, machine: &str, ports: &[crate::vmm::PortMapping]) -> Result<(), ApiError> {
         use crate::forward::{PortKey, port_free};
         for p in ports {
             let key = PortKey {
@@ -193,7 +197,7 @@ impl NodeApiState {
     }
 
     /// Tells the forwarder a machine changed.
-    fn poke_forwarder(&self) {
+    pub(super) fn poke_forwarder(&self) {
         if let Some(f) = &self.forwarder {
             f.poke();
         }
@@ -205,9 +209,21 @@ impl NodeApiState {
         self
     }
 
+    /// Keeps the records of suspended machines in `records` (shared with the supervisor, which
+    /// reports them).
+    pub fn with_suspend_records(mut self, records: Arc<crate::suspensions::SuspendRecords>) -> Self {
+        self.suspensions = records;
+        self
+    }
+
+    /// `machine` as the node API reports it: `Suspended` when this agent suspended it.
+    pub(super) fn status_of(&self, machine: &crate::vmm::Machine) -> super::types::MachineStatus {
+        logic::to_status_with(machine, self.suspensions.read(&machine.name).as_ref())
+    }
+
     /// Serializes mutating operations per machine name. The guard drops the name's entry when
     /// no other request holds or awaits it, so the table holds only names in use.
-    async fn lock(&self, name: &str) -> MachineGuard {
+    pub(super) async fn lock(&self, name: &str) -> MachineGuard {
         let lock = match self.locks.lock() {
             Ok(mut locks) => locks.entry(name.to_string()).or_default().clone(),
             Err(poisoned) => poisoned.into_inner().entry(name.to_string()).or_default().clone(),
@@ -224,7 +240,7 @@ impl NodeApiState {
 type MachineLocks = Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>;
 
 /// A held per-machine lock; see [`NodeApiState::lock`].
-struct MachineGuard {
+pub(super) struct MachineGuard {
     guard: Option<tokio::sync::OwnedMutexGuard<()>>,
     locks: MachineLocks,
     name: String,
@@ -317,7 +333,7 @@ fn ok<T: Serialize>(status: StatusCode, body: &T) -> Response {
 }
 
 /// A success of the JSON operation `C`, its body of the type the contract gives it.
-fn answer<C: JsonCall>(status: StatusCode, body: &C::Response) -> Response {
+pub(super) fn answer<C: JsonCall>(status: StatusCode, body: &C::Response) -> Response {
     ok(status, body)
 }
 
@@ -326,7 +342,7 @@ fn body_of<C: JsonCall>(body: Result<Bytes, BytesRejection>) -> Result<C::Reques
     parse_body(body)
 }
 
-type ApiResult = Result<Response, ApiError>;
+pub(super) type ApiResult = Result<Response, ApiError>;
 
 fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
     let bytes = body.map_err(|rejection| {
@@ -353,7 +369,7 @@ fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Resul
 /// The `{name}` of a machine route, checked by [`validate_machine_name`]. A name that is not
 /// valid UTF-8 once percent-decoded, or not a valid machine name, is a 400 with a JSON body
 /// (axum's own path rejection would be plain text).
-struct MachineName(String);
+pub(super) struct MachineName(pub(super) String);
 
 impl<S: Send + Sync> FromRequestParts<S> for MachineName {
     type Rejection = ApiError;
@@ -441,6 +457,8 @@ fn handler(operation: Operation) -> MethodRouter<NodeApiState> {
         Operation::EnsureMachineRunning => on(method, ensure_running),
         Operation::StopMachine => on(method, stop_machine),
         Operation::ResizeMachine => on(method, resize_machine),
+        Operation::SuspendMachine => on(method, super::suspend::suspend_machine),
+        Operation::ResumeMachine => on(method, super::suspend::resume_machine),
         Operation::MachineLogs => on(method, machine_logs),
         Operation::ExecInMachine => on(method, exec_in_machine),
         Operation::ExecInteractive => on(method, exec_interactive),
@@ -493,7 +511,7 @@ async fn identity(State(state): State<NodeApiState>) -> ApiResult {
     ))
 }
 
-fn not_found(name: &str) -> ApiError {
+pub(super) fn not_found(name: &str) -> ApiError {
     ApiError(ApiFailure::new(
         ErrorCode::MachineNotFound,
         format!("machine '{name}' not found"),
@@ -502,7 +520,7 @@ fn not_found(name: &str) -> ApiError {
 
 async fn get_machine(State(state): State<NodeApiState>, MachineName(name): MachineName) -> ApiResult {
     match state.vmm.get(&name).await? {
-        Some(machine) => Ok(answer::<calls::GetMachine>(StatusCode::OK, &logic::to_status(&machine))),
+        Some(machine) => Ok(answer::<calls::GetMachine>(StatusCode::OK, &state.status_of(&machine))),
         None => Err(not_found(&name)),
     }
 }
@@ -521,7 +539,7 @@ async fn create_machine(
         if fields.is_empty() {
             Ok(answer::<calls::CreateMachine>(
                 StatusCode::OK,
-                &logic::to_status(machine),
+                &state.status_of(machine),
             ))
         } else {
             Err(ApiFailure::new(
@@ -579,7 +597,13 @@ async fn ensure_running(
     let Some(machine) = state.vmm.get(&name).await? else {
         return Err(not_found(&name));
     };
+    if state.status_of(&machine).state == MachineState::Suspended {
+        // A fresh start would throw the saved memory away.
+        return Err(logic::already_suspended(&name, "a start").into());
+    }
     if machine.state == MachineState::Running {
+        // A record beside a running machine is stale (a pause that never happened).
+        state.suspensions.remove(&name);
         return Ok(answer::<calls::EnsureMachineRunning>(
             StatusCode::OK,
             &logic::to_status(&machine),
@@ -638,13 +662,20 @@ async fn ensure_running(
     ))
 }
 
+/// `POST /v1/machines/{name}/stop`. A suspended machine's saved state is discarded: it is
+/// stopped, and a start boots it afresh.
 async fn stop_machine(State(state): State<NodeApiState>, MachineName(name): MachineName) -> ApiResult {
     let _guard = state.lock(&name).await;
     let stopped = state.vmm.stop(&name).await;
     state.poke_forwarder();
+    let stopped = stopped?;
+    if state.suspensions.read(&name).is_some() {
+        state.suspensions.remove(&name);
+        tracing::info!(machine = %name, "stopped: the saved state of its suspension is discarded");
+    }
     Ok(answer::<calls::StopMachine>(
         StatusCode::OK,
-        &logic::to_status(&stopped?),
+        &logic::to_status(&stopped),
     ))
 }
 
@@ -656,6 +687,7 @@ async fn delete_machine(State(state): State<NodeApiState>, MachineName(name): Ma
     if let Some(records) = &state.workload_records {
         records.remove(&name);
     }
+    state.suspensions.remove(&name);
     let body = match outcome {
         DeleteOutcome::Deleted => DeleteResponse {
             deleted: true,
@@ -821,7 +853,7 @@ async fn running(state: &NodeApiState, name: &str, what: &str) -> Result<super::
     let Some(machine) = state.vmm.get(name).await? else {
         return Err(not_found(name));
     };
-    let status = logic::to_status(&machine);
+    let status = state.status_of(&machine);
     if status.state != MachineState::Running {
         return Err(logic::not_running(name, &status, what).into());
     }
@@ -939,6 +971,9 @@ async fn resize_machine(
     let Some(mut machine) = state.vmm.get(&name).await? else {
         return Err(not_found(&name));
     };
+    if state.status_of(&machine).state == MachineState::Suspended {
+        return Err(logic::already_suspended(&name, "a resize").into());
+    }
     let plan = logic::plan_resize(&request, &machine);
     if let Some(disks) = plan.disks {
         machine = state.vmm.resize(&name, &disks).await?;

@@ -6,7 +6,8 @@
 //!
 //! Semantics follow smolvm's own (see `docs/smolvm-api.md`): `create` of an existing name is a
 //! [`VmmError::Conflict`], `stop` of a stopped machine succeeds, `delete` of a missing machine
-//! reports [`DeleteOutcome::Missing`], `get` of a missing machine is `None`. Errors keep smolvm's
+//! reports [`DeleteOutcome::Missing`], `get` of a missing machine is `None`, `pause` needs a
+//! running machine and `resume` a paused one (a paused machine reads `stopped`). Errors keep smolvm's
 //! own message text and carry a stable [`VmmError::code`].
 
 use smolvm_api::Protocol;
@@ -58,6 +59,21 @@ pub trait Vmm: Send + Sync {
     /// Grows disks (any state) or changes CPUs / memory live (running machines only, as smolvm
     /// allows). Asking for the current size again succeeds.
     async fn resize(&self, name: &str, request: &ResizeRequest) -> Result<Machine, VmmError>;
+
+    /// Pauses a running machine: its memory and disks saved durably, then its process stopped
+    /// (smolvm then reports it `stopped`). A machine that is not running is a
+    /// [`VmmError::NotRunning`].
+    async fn pause(&self, name: &str) -> Result<Machine, VmmError> {
+        let _ = name;
+        Err(unsupported("pause"))
+    }
+
+    /// Resumes a paused machine with its processes as they were. A machine that was not
+    /// paused is a [`VmmError::NotPaused`] (a fresh boot is [`Vmm::start`]).
+    async fn resume(&self, name: &str) -> Result<Machine, VmmError> {
+        let _ = name;
+        Err(unsupported("resume"))
+    }
 
     /// A machine's log as plain text lines. A log that does not exist yet (a machine never
     /// started) is empty; with `follow` the stream stays open for new lines.
@@ -361,6 +377,13 @@ pub enum VmmError {
     /// (smolvm 409 `CONFLICT` / `PORT_IN_USE`).
     #[error("{message}")]
     Conflict { message: String },
+    /// A pause of a machine that is not running (smolvm 409 `CONFLICT` on pause).
+    #[error("{message}")]
+    NotRunning { message: String },
+    /// A resume of a machine that was not paused: there is no saved state (smolvm 409
+    /// `CONFLICT` on resume).
+    #[error("{message}")]
+    NotPaused { message: String },
     /// The runtime refused the request as invalid (smolvm 400, 403, 415, 422), or the request
     /// could not be expressed for it (for example `local:` without a local image directory).
     #[error("{message}")]
@@ -389,6 +412,8 @@ impl VmmError {
         match self {
             Self::NotFound { .. } => "NotFound",
             Self::Conflict { .. } => "Conflict",
+            Self::NotRunning { .. } => "NotRunning",
+            Self::NotPaused { .. } => "NotPaused",
             Self::BadRequest { .. } => "InvalidRequest",
             Self::StartFailed { .. } => "StartFailed",
             Self::Unavailable { .. } => "RuntimeUnavailable",
@@ -403,6 +428,8 @@ impl VmmError {
         match self {
             Self::NotFound { message }
             | Self::Conflict { message }
+            | Self::NotRunning { message }
+            | Self::NotPaused { message }
             | Self::BadRequest { message }
             | Self::StartFailed { message }
             | Self::Unavailable { message }
@@ -431,6 +458,8 @@ mod tests {
         let cases = [
             (VmmError::NotFound { message: m() }, "NotFound"),
             (VmmError::Conflict { message: m() }, "Conflict"),
+            (VmmError::NotRunning { message: m() }, "NotRunning"),
+            (VmmError::NotPaused { message: m() }, "NotPaused"),
             (VmmError::BadRequest { message: m() }, "InvalidRequest"),
             (VmmError::StartFailed { message: m() }, "StartFailed"),
             (VmmError::Unavailable { message: m() }, "RuntimeUnavailable"),

@@ -46,12 +46,18 @@ pub struct SmolvmConfig {
     pub stop_timeout: Duration,
     /// Limit for delete (stops the machine first when it runs).
     pub delete_timeout: Duration,
+    /// Limit for pause: smolvm writes the machine's whole memory to disk durably before it
+    /// stops it, which takes seconds per GiB.
+    pub pause_timeout: Duration,
+    /// Limit for resume: smolvm reads the saved memory back and starts the machine's process.
+    pub resume_timeout: Duration,
     /// Largest answer body accepted.
     pub max_response_bytes: usize,
 }
 
 impl SmolvmConfig {
-    /// Defaults for a socket path: 5 s connect, 30 s requests, 300 s start, 120 s stop and delete.
+    /// Defaults for a socket path: 5 s connect, 30 s requests, 300 s start, 120 s stop and
+    /// delete, 900 s pause (a large machine's memory at a few seconds per GiB), 300 s resume.
     pub fn new(socket_path: impl Into<PathBuf>) -> Self {
         Self {
             socket_path: socket_path.into(),
@@ -61,6 +67,8 @@ impl SmolvmConfig {
             start_timeout: Duration::from_secs(300),
             stop_timeout: Duration::from_secs(120),
             delete_timeout: Duration::from_secs(120),
+            pause_timeout: Duration::from_secs(900),
+            resume_timeout: Duration::from_secs(300),
             max_response_bytes: 16 * 1024 * 1024,
         }
     }
@@ -90,6 +98,8 @@ pub enum Operation {
     Stop,
     Delete,
     Resize,
+    Pause,
+    Resume,
     Logs,
     Exec,
     Files,
@@ -134,6 +144,8 @@ impl SmolvmClient {
             Operation::Start => self.config.start_timeout,
             Operation::Stop => self.config.stop_timeout,
             Operation::Delete => self.config.delete_timeout,
+            Operation::Pause => self.config.pause_timeout,
+            Operation::Resume => self.config.resume_timeout,
             _ => self.config.request_timeout,
         }
     }
@@ -427,6 +439,16 @@ impl Vmm for SmolvmClient {
             .await
     }
 
+    async fn pause(&self, name: &str) -> Result<Machine, VmmError> {
+        let path = format!("{}/pause", machine_path(name));
+        self.machine_call(Operation::Pause, Method::POST, &path, None).await
+    }
+
+    async fn resume(&self, name: &str) -> Result<Machine, VmmError> {
+        let path = format!("{}/resume", machine_path(name));
+        self.machine_call(Operation::Resume, Method::POST, &path, None).await
+    }
+
     async fn logs(&self, name: &str, query: &LogQuery) -> Result<LogStream, VmmError> {
         let mut path = format!(
             "{}/logs?source={}&follow={}",
@@ -668,6 +690,10 @@ pub fn map_error(operation: Operation, status: StatusCode, body: &[u8]) -> VmmEr
             "smolvm has no such route for {operation:?} (HTTP {}): {message}",
             status.as_u16()
         )),
+        // smolvm 1.32.2 refuses a pause of a machine that is not running, and a resume of one
+        // that was not paused, with 409 `CONFLICT`: the operation tells which.
+        409 if operation == Operation::Pause && code == Some("CONFLICT") => VmmError::NotRunning { message },
+        409 if operation == Operation::Resume && code == Some("CONFLICT") => VmmError::NotPaused { message },
         409 => VmmError::Conflict { message },
         400 | 403 | 413 | 415 | 422 => VmmError::BadRequest { message },
         503 => VmmError::Unavailable { message },
@@ -731,7 +757,8 @@ pub fn state_word(state: MachineState) -> &'static str {
     match state {
         MachineState::Created => "created",
         MachineState::Running => "running",
-        MachineState::Stopped => "stopped",
+        // A suspended machine is one smolvm paused: it reads `stopped`.
+        MachineState::Stopped | MachineState::Suspended => "stopped",
         MachineState::Failed => "failed",
         MachineState::Unknown => "unknown",
     }
@@ -1063,6 +1090,30 @@ mod tests {
                 500,
                 r#"{"error":"failed to delete","code":"INTERNAL_ERROR"}"#,
                 "RuntimeError",
+            ),
+            (
+                Operation::Pause,
+                409,
+                r#"{"error":"machine 'm1' must be running","code":"CONFLICT"}"#,
+                "NotRunning",
+            ),
+            (
+                Operation::Resume,
+                409,
+                r#"{"error":"machine is not paused; use start for a fresh boot","code":"CONFLICT"}"#,
+                "NotPaused",
+            ),
+            (
+                Operation::Pause,
+                404,
+                r#"{"error":"machine 'nope' not found","code":"NOT_FOUND"}"#,
+                "NotFound",
+            ),
+            (
+                Operation::Resume,
+                404,
+                r#"{"error":"machine 'nope' not found","code":"NOT_FOUND"}"#,
+                "NotFound",
             ),
         ];
         for (operation, status, body, code) in cases {

@@ -1,0 +1,230 @@
+//! The agent's record of the machines it suspended. smolvm's machine state is only `created`,
+//! `running` or `stopped`, and a machine it paused reads `stopped`; the agent tells a suspended
+//! machine from a stopped one by this record, kept as it keeps its workload records: one small
+//! file per machine in the state directory, so it survives an agent restart.
+//!
+//! The record is the intent: it is written before smolvm is asked to pause, so a crash between
+//! the two never loses track of a saved state. What a machine is follows from the record and
+//! what smolvm reports ([`is_suspended`]): a stopped machine with a record is suspended; a
+//! running one is running whatever the record says (a pause that never happened, or a resume
+//! whose record was not yet dropped). A resume that finds nothing saved drops the record.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use crate::vmm::{Machine, MachineState};
+
+/// What the agent records of one suspension.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Suspension {
+    /// When the agent suspended the machine (RFC 3339, the agent's clock, whole seconds).
+    pub since: String,
+}
+
+impl Suspension {
+    /// A suspension from now.
+    pub fn now() -> Self {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let since = k8s_openapi::jiff::Timestamp::from_second(now.as_second()).unwrap_or(now);
+        Self {
+            since: since.to_string(),
+        }
+    }
+}
+
+/// Whether `machine` is suspended, given its record: smolvm reports it stopped and the agent
+/// paused it.
+pub fn is_suspended(machine: &Machine, record: Option<&Suspension>) -> bool {
+    record.is_some() && machine.state == MachineState::Stopped
+}
+
+/// Where the records live: a directory under the agent's state directory, or (an agent with no
+/// state directory, as some tests run it) this process's memory.
+#[derive(Debug)]
+pub struct SuspendRecords {
+    store: Store,
+}
+
+#[derive(Debug)]
+enum Store {
+    Files(PathBuf),
+    Memory(Mutex<BTreeMap<String, Suspension>>),
+}
+
+impl SuspendRecords {
+    /// Records kept in `dir` (created when first needed).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            store: Store::Files(dir.into()),
+        }
+    }
+
+    /// Records kept in this process's memory only: they go with it.
+    pub fn in_memory() -> Self {
+        Self {
+            store: Store::Memory(Mutex::default()),
+        }
+    }
+
+    /// The records kept beside the workload records in `workload_dir`: `suspended` in the same
+    /// parent directory.
+    pub fn beside(workload_dir: &Path) -> Self {
+        Self::new(workload_dir.with_file_name("suspended"))
+    }
+
+    fn path(dir: &Path, machine: &str) -> PathBuf {
+        // Machine names are checked by the node API (letters, digits, '-', '_'): no separators.
+        dir.join(format!("{machine}.json"))
+    }
+
+    fn memory(map: &Mutex<BTreeMap<String, Suspension>>) -> std::sync::MutexGuard<'_, BTreeMap<String, Suspension>> {
+        map.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The record of `machine`; `None` when there is none. A record that cannot be read still
+    /// says the machine was suspended (its time unknown): losing track of a saved state is
+    /// worse than a resume that finds nothing.
+    pub fn read(&self, machine: &str) -> Option<Suspension> {
+        match &self.store {
+            Store::Files(dir) => {
+                let bytes = std::fs::read(Self::path(dir, machine)).ok()?;
+                Some(serde_json::from_slice(&bytes).unwrap_or_else(|_| Suspension { since: String::new() }))
+            }
+            Store::Memory(map) => Self::memory(map).get(machine).cloned(),
+        }
+    }
+
+    /// Writes the record of `machine` (a new file renamed into place, owner-only, synced).
+    pub fn write(&self, machine: &str, suspension: &Suspension) -> std::io::Result<()> {
+        match &self.store {
+            Store::Files(dir) => {
+                std::fs::create_dir_all(dir)?;
+                crate::state_files::write_private(
+                    &Self::path(dir, machine),
+                    &serde_json::to_vec(suspension).map_err(std::io::Error::other)?,
+                )
+            }
+            Store::Memory(map) => {
+                Self::memory(map).insert(machine.to_string(), suspension.clone());
+                Ok(())
+            }
+        }
+    }
+
+    /// Forgets `machine` (nothing to do when there is no record).
+    pub fn remove(&self, machine: &str) {
+        match &self.store {
+            Store::Files(dir) => {
+                let _ = std::fs::remove_file(Self::path(dir, machine));
+            }
+            Store::Memory(map) => {
+                Self::memory(map).remove(machine);
+            }
+        }
+    }
+
+    /// The names of the machines with a record, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let dir = match &self.store {
+            Store::Files(dir) => dir,
+            Store::Memory(map) => return Self::memory(map).keys().cloned().collect(),
+        };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = entries
+            .filter_map(|entry| entry.ok())
+            .filter_map(|entry| {
+                let name = entry.file_name().into_string().ok()?;
+                name.strip_suffix(".json").map(str::to_string)
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Of `machines` as smolvm lists them, the names of those suspended ([`is_suspended`]),
+    /// sorted.
+    pub fn suspended_among(&self, machines: &[Machine]) -> Vec<String> {
+        let recorded = self.names();
+        let mut names: Vec<String> = machines
+            .iter()
+            .filter(|m| m.state == MachineState::Stopped && recorded.binary_search(&m.name).is_ok())
+            .map(|m| m.name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine(name: &str, state: MachineState) -> Machine {
+        let mut m = Machine::created_from(&crate::vmm::MachineSpec::new(name, 1, 256));
+        m.state = state;
+        m
+    }
+
+    #[test]
+    fn records_round_trip_and_go() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let records = SuspendRecords::beside(&dir.path().join("workloads"));
+        assert_eq!(records.read("svm-a"), None);
+        assert!(records.names().is_empty());
+        let record = Suspension::now();
+        assert!(record.since.ends_with('Z') && !record.since.contains('.'), "{record:?}");
+        records.write("svm-a", &record).expect("write");
+        records.write("svm-b", &record).expect("write");
+        assert_eq!(records.read("svm-a"), Some(record));
+        assert_eq!(records.names(), vec!["svm-a".to_string(), "svm-b".to_string()]);
+        let mode = std::fs::metadata(dir.path().join("suspended/svm-a.json"))
+            .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777)
+            .expect("metadata");
+        assert_eq!(mode, 0o600);
+        records.remove("svm-a");
+        assert_eq!(records.read("svm-a"), None);
+        records.remove("svm-a");
+        // An unreadable record still says suspended.
+        std::fs::write(dir.path().join("suspended/svm-c.json"), b"{").expect("write");
+        assert!(records.read("svm-c").is_some());
+    }
+
+    #[test]
+    fn suspended_is_stopped_with_a_record() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for records in [SuspendRecords::new(dir.path()), SuspendRecords::in_memory()] {
+            for name in ["running", "stopped", "created"] {
+                records.write(name, &Suspension::now()).expect("write");
+            }
+            let machines = [
+                machine("running", MachineState::Running),
+                machine("stopped", MachineState::Stopped),
+                machine("created", MachineState::Created),
+                machine("plain", MachineState::Stopped),
+            ];
+            assert_eq!(records.suspended_among(&machines), vec!["stopped".to_string()]);
+            records.remove("stopped");
+            assert_eq!(records.names(), vec!["created".to_string(), "running".to_string()]);
+        }
+        let record = Suspension::now();
+        let cases = [
+            (MachineState::Stopped, true, true),
+            (MachineState::Stopped, false, false),
+            (MachineState::Running, true, false),
+            (MachineState::Created, true, false),
+        ];
+        for (state, recorded, suspended) in cases {
+            let m = machine("m", state);
+            assert_eq!(
+                is_suspended(&m, recorded.then_some(&record)),
+                suspended,
+                "{state:?} {recorded}"
+            );
+        }
+    }
+}
