@@ -8,9 +8,13 @@
 //!   The end-to-end tier runs a real kube-apiserver;
 //! - [`flags`]: the shared flag vocabulary, checked on a built binary;
 //! - [`runtime_double`]: a test double of the runtime for interactive exec, which no guest here
-//!   can serve.
+//!   can serve;
+//! - [`smolvm_double`]: a test double of `smolvm serve` itself (its HTTP API on a Unix socket),
+//!   whose machines "boot" at once, for what needs a running machine (suspend and resume);
+//!   checked against smolvm's OpenAPI document.
 
 pub mod apiserver;
 pub mod flags;
 pub mod node;
 pub mod runtime_double;
+pub mod smolvm_double;

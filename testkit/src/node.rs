@@ -381,6 +381,26 @@ impl TestAgent {
         agent
     }
 
+    /// Starts an agent attached to a runtime already serving on `socket` (such as
+    /// [`crate::smolvm_double::SmolvmDouble`]), as `--attach-socket` does, with its state under
+    /// `dir`; waits until the runtime answered.
+    pub async fn attached(dir: &Path, pki: Arc<Pki>, socket: &Path) -> Self {
+        std::fs::create_dir_all(dir).expect("agent dir");
+        let mut supervisor = SupervisorConfig::new(socket.to_path_buf(), None);
+        supervisor.health_interval = Duration::from_millis(100);
+        let agent = Self::start(dir, pki, supervisor, None).await;
+        if agent
+            .agent
+            .supervisor()
+            .wait_ready(1, Duration::from_secs(10))
+            .await
+            .is_none()
+        {
+            panic!("the runtime on {} never answered", socket.display());
+        }
+        agent
+    }
+
     /// Starts an agent attached to a socket nobody serves (for tests that need no smolvm).
     pub async fn without_smolvm(dir: &Path, pki: Arc<Pki>) -> Self {
         let mut supervisor = SupervisorConfig::new(dir.join("absent.sock"), None);
