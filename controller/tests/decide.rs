@@ -856,3 +856,21 @@ fn the_suspended_condition_says_since_when_how_large_and_what_a_resume_lacks() {
         .expect("an event");
     assert!(event.warning);
 }
+
+#[test]
+fn a_restart_of_a_suspended_vm_is_skipped_and_says_why() {
+    let vm = exposed(|o| {
+        o["spec"]["suspended"] = json!(true);
+        o["metadata"]["annotations"] = json!({ RESTART_ANNOTATION: "2026-11-26T10:00:00Z" });
+    });
+    let (calls, outcome, recorded) = pass(
+        &vm,
+        NodeHealth::Healthy,
+        vec![Ok(Some(machine(MachineState::Suspended)))],
+    );
+    assert_eq!(calls, ["GetMachine"], "the machine is neither stopped nor started");
+    assert_eq!(recorded, None);
+    let drop = outcome.drops.first().expect("the annotation is dropped");
+    assert_eq!(drop.then.reason, "RestartSkipped");
+    assert!(drop.then.note.contains("suspended"), "{}", drop.then.note);
+}

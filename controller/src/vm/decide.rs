@@ -802,6 +802,12 @@ impl Outcome {
                     rules::MAX_RESTART_REQUEST
                 ),
             ),
+            Restart::Skip if o.vm.spec.suspended() => (
+                "RestartSkipped",
+                format!(
+                    "restart requested at {requested} not done: the SmolVM is suspended; resume it (spec.suspended: false), then restart it"
+                ),
+            ),
             Restart::Skip => (
                 "RestartSkipped",
                 format!("restart requested at {requested} not done: spec.running is false, nothing runs to restart"),

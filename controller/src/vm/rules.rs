@@ -274,7 +274,8 @@ pub enum Restart {
     StopThenRun,
     /// The machine does not run: run it.
     Run,
-    /// `spec.running` is false: nothing to restart; the request is dropped with an event.
+    /// `spec.running` is false, or the SmolVM is suspended: nothing runs to restart; the request
+    /// is dropped with an event.
     Skip,
     /// The request was acted on already (`status.restartHandled` holds its value; the
     /// annotation's removal failed after): only the annotation is dropped.
@@ -289,7 +290,7 @@ pub fn restart(vm: &SmolVM, machine: Option<&MachineStatus>) -> Restart {
     if vm.status.as_ref().and_then(|s| s.restart_handled.as_deref()) == Some(requested) {
         return Restart::Done;
     }
-    if !vm.spec.running() || requested.len() > MAX_RESTART_REQUEST {
+    if !vm.spec.running() || vm.spec.suspended() || requested.len() > MAX_RESTART_REQUEST {
         return Restart::Skip;
     }
     match machine {
