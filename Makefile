@@ -143,6 +143,11 @@ cluster-dev: ## What `make dev CLUSTER=1` runs: the node, `make deploy`, the exa
 	$(CARGO) build -q --bins
 	$(ENVTEST_ENV) && $(CARGO) test -q -p smolvm-tests --test cluster_e2e -- --dev
 
+.PHONY: bench-suspend
+bench-suspend: ## Suspend and resume: the operator's time from the spec write to the node's call (target p99 <= 50 ms), on a node whose smolvm is a test double; prints, never asserts.
+	$(CARGO) build -q --release --bins
+	$(ENVTEST_ENV) && $(CARGO) bench -p smolvm-tests --bench suspend
+
 .PHONY: bench-e2e
 bench-e2e: ## Scale: 1,000 then 10,000 SmolVMs on 50 simulated nodes; prints time, writes per VM, controller RSS.
 	$(CARGO) build -q --release --bins

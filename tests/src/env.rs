@@ -149,6 +149,43 @@ pub struct Env {
     pub ops: std::collections::BTreeMap<&'static str, String>,
 }
 
+/// One runtime agent the harness runs.
+struct Agent {
+    /// Its node's name.
+    node: String,
+    /// The prefix of its state and run directories in the run's directory.
+    dir: String,
+    /// Its node API port.
+    port: u16,
+    /// The `smolvm serve` socket it attaches to instead of supervising its own.
+    attach_socket: Option<PathBuf>,
+    /// Further flags.
+    extra: Vec<String>,
+}
+
+/// Creates a Node (kept when it exists) with the addresses a kubelet reports: the agent publishes
+/// its InternalIP in its SmolVMNode.
+async fn create_node_named(admin: &Client, name: &str, hostname: &str, internal_ip: &str) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let hostname = &hostname[..hostname.len().min(63)];
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": hostname, "topology.kubernetes.io/zone": "e2e-a"}},
+    }))?;
+    match nodes.create(&PostParams::default(), &node).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    let addresses = json!({"status": {"addresses": [
+        {"type": "InternalIP", "address": internal_ip},
+        {"type": "Hostname", "address": hostname},
+    ]}});
+    nodes
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&addresses))
+        .await?;
+    Ok(())
+}
+
 /// Copies one key of a ConfigMap to `file` whenever it changes (polled every second), writing a
 /// new file and renaming it into place as the kubelet swaps a volume's contents.
 async fn sync_configmap_key(
@@ -541,24 +578,7 @@ impl Env {
     }
 
     async fn create_node(&self, admin: &Client) -> anyhow::Result<()> {
-        let nodes: Api<Node> = Api::all(admin.clone());
-        let node: Node = serde_json::from_value(json!({
-            "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE_HOSTNAME, "topology.kubernetes.io/zone": "e2e-a"}},
-        }))?;
-        match nodes.create(&PostParams::default(), &node).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(e.into()),
-        }
-        // The addresses a kubelet reports; the agent publishes the InternalIP in its SmolVMNode.
-        let addresses = json!({"status": {"addresses": [
-            {"type": "InternalIP", "address": NODE_INTERNAL_IP},
-            {"type": "Hostname", "address": NODE_HOSTNAME},
-        ]}});
-        nodes
-            .patch_status(NODE, &PatchParams::default(), &Patch::Merge(&addresses))
-            .await?;
-        Ok(())
+        create_node_named(admin, NODE, NODE_HOSTNAME, NODE_INTERNAL_IP).await
     }
 
     /// Replaces the Node object with a new one of the same name (a new UID), as a reinstalled
@@ -584,27 +604,39 @@ impl Env {
     /// Starts the runtime agent: a Pod on the Node for its bound token, the token and CA files
     /// (as the kubelet would mount them), then the agent; waits until its SmolVMNode is Ready.
     pub async fn start_runtime(&mut self) -> anyhow::Result<()> {
-        let admin = self.admin().await?;
-        let pod_name = format!("smolvm-runtime-{NODE}");
-        let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
-        let pod = match pods.get_opt(&pod_name).await? {
-            Some(p) => p,
-            None => {
-                let pod: Pod = serde_json::from_value(json!({
-                    "metadata": {"name": pod_name, "labels": {"app.kubernetes.io/name": "smolvm-runtime"}},
-                    "spec": {
-                        "nodeName": NODE,
-                        "serviceAccountName": SA_RUNTIME,
-                        "automountServiceAccountToken": false,
-                        "containers": [{"name": "runtime", "image": "smolvm-runtime"}],
-                    },
-                }))?;
-                pods.create(&PostParams::default(), &pod).await?
-            }
+        let agent = Agent {
+            node: NODE.to_string(),
+            dir: "rt".into(),
+            port: self.runtime_port,
+            attach_socket: None,
+            extra: vec!["--cpu-allocation-ratio=16".to_string()],
         };
-        let token = token_for(&admin, SA_RUNTIME, Some(&pod)).await?;
-        let kubeconfig = self.plane.kubeconfig_for(SA_RUNTIME, &token)?;
+        let proc = self.start_agent(&agent).await?;
+        self.runtime = Some(proc);
+        Ok(())
+    }
 
+    /// Starts a second node whose runtime is a TEST DOUBLE of `smolvm serve` listening on
+    /// `socket` (a guest's happy path, which cannot run on these machines): its Node object,
+    /// then the real agent attached to that socket with `extra` flags (its reservations, say),
+    /// on a node API port of its own. Returns the agent's process (stopped when dropped); waits
+    /// until its SmolVMNode is Ready.
+    pub async fn start_double_node(&mut self, name: &str, socket: &Path, extra: &[&str]) -> anyhow::Result<Proc> {
+        let admin = self.admin().await?;
+        create_node_named(&admin, name, name, "192.0.2.203").await?;
+        let agent = Agent {
+            node: name.to_string(),
+            dir: format!("double-{name}"),
+            port: free_port()?,
+            attach_socket: Some(socket.to_path_buf()),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        self.start_agent(&agent).await
+    }
+
+    /// The token and runtime CA files an agent reads, as the kubelet mounts them (the CA kept in
+    /// step with its ConfigMap).
+    async fn agent_files(&mut self, admin: &Client) -> anyhow::Result<(PathBuf, PathBuf)> {
         // The kubelet's part: mount the token Secret (created by the controller) and the CA.
         let secrets: Api<Secret> = Api::namespaced(admin.clone(), NAMESPACE);
         let auth = eventually(
@@ -652,9 +684,40 @@ impl Env {
             ca_file.clone(),
             ca,
         )));
+        Ok((token_file, ca_file))
+    }
 
-        let state = self.dir.join("rt-state");
-        let run = self.dir.join("rt-run");
+    /// A kubeconfig for the runtime's ServiceAccount with a token bound to a Pod on `node`, as
+    /// the DaemonSet's pod there would hold.
+    async fn agent_kubeconfig(&self, admin: &Client, node: &str) -> anyhow::Result<PathBuf> {
+        let pod_name = format!("smolvm-runtime-{node}");
+        let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
+        let pod = match pods.get_opt(&pod_name).await? {
+            Some(p) => p,
+            None => {
+                let pod: Pod = serde_json::from_value(json!({
+                    "metadata": {"name": pod_name, "labels": {"app.kubernetes.io/name": "smolvm-runtime"}},
+                    "spec": {
+                        "nodeName": node,
+                        "serviceAccountName": SA_RUNTIME,
+                        "automountServiceAccountToken": false,
+                        "containers": [{"name": "runtime", "image": "smolvm-runtime"}],
+                    },
+                }))?;
+                pods.create(&PostParams::default(), &pod).await?
+            }
+        };
+        let token = token_for(admin, SA_RUNTIME, Some(&pod)).await?;
+        self.plane.kubeconfig_for(SA_RUNTIME, &token)
+    }
+
+    /// Starts one agent and waits until its SmolVMNode reports Ready from a heartbeat of its own.
+    async fn start_agent(&mut self, agent: &Agent) -> anyhow::Result<Proc> {
+        let admin = self.admin().await?;
+        let kubeconfig = self.agent_kubeconfig(&admin, &agent.node).await?;
+        let (token_file, ca_file) = self.agent_files(&admin).await?;
+        let state = self.dir.join(format!("{}-state", agent.dir));
+        let run = self.dir.join(format!("{}-run", agent.dir));
         let ops = free_port()?;
         let mut env = self.smolvm_env.clone();
         env.push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
@@ -665,55 +728,65 @@ impl Env {
             .find(|(k, _)| k == "SMOLVM_BIN")
             .map(|(_, v)| v.clone())
             .unwrap_or_default();
-        let proc = Proc::spawn(
-            "smolvm-runtime",
-            &self.bins.runtime,
-            [
-                format!("--node-name={NODE}"),
-                format!("--state-dir={}", state.display()),
-                format!("--run-dir={}", run.display()),
-                format!("--smolvm-bin={smolvm_bin}"),
-                format!("--guest-rollout-port={}", free_port()?),
-                "--listen-address=127.0.0.1".to_string(),
-                format!("--port={}", self.runtime_port),
-                "--advertise-address=127.0.0.1".to_string(),
-                format!("--ops-address=127.0.0.1:{ops}"),
-                format!("--token-file={}", token_file.display()),
-                format!("--client-ca={}", ca_file.display()),
-                // The webhook's policy, as the DaemonSet mounts it: excluded host ports are
-                // refused on the node too.
-                format!("--policy={}", self.policy_file.display()),
-                format!("--heartbeat-interval={}s", self.options.heartbeat.as_secs().max(1)),
-                format!("--canary={}", if self.options.canary { "on" } else { "off" }),
-                "--log-format=text".to_string(),
-                // Sixteen vCPUs per host CPU: a 2-core machine then holds the scenarios' VMs (20
-                // created at once in one of them) beside the default host reservation.
-                "--cpu-allocation-ratio=16".to_string(),
-            ],
-            &env,
-            &self.log("smolvm-runtime"),
-        )?;
-        self.runtime = Some(proc);
-        self.ops.insert("smolvm-runtime", format!("127.0.0.1:{ops}"));
+        let mut args = vec![
+            format!("--node-name={}", agent.node),
+            format!("--state-dir={}", state.display()),
+            format!("--run-dir={}", run.display()),
+            format!("--guest-rollout-port={}", free_port()?),
+            "--listen-address=127.0.0.1".to_string(),
+            format!("--port={}", agent.port),
+            "--advertise-address=127.0.0.1".to_string(),
+            format!("--ops-address=127.0.0.1:{ops}"),
+            format!("--token-file={}", token_file.display()),
+            format!("--client-ca={}", ca_file.display()),
+            // The webhook's policy, as the DaemonSet mounts it: excluded host ports are
+            // refused on the node too.
+            format!("--policy={}", self.policy_file.display()),
+            format!("--heartbeat-interval={}s", self.options.heartbeat.as_secs().max(1)),
+            format!("--canary={}", if self.options.canary { "on" } else { "off" }),
+            "--log-format=text".to_string(),
+        ];
+        // An agent attached to a socket runs no smolvm of its own (and a harness without the
+        // real runtime has none to give it).
+        if !smolvm_bin.is_empty() {
+            args.push(format!("--smolvm-bin={smolvm_bin}"));
+        }
+        if let Some(socket) = &agent.attach_socket {
+            args.push(format!("--attach-socket={}", socket.display()));
+        }
+        // Sixteen vCPUs per host CPU for the real node: a 2-core machine then holds the
+        // scenarios' VMs (20 created at once in one of them) beside the default host reservation.
+        args.extend(agent.extra.iter().cloned());
+        let name = if agent.attach_socket.is_some() {
+            "smolvm-runtime-double"
+        } else {
+            "smolvm-runtime"
+        };
+        let mut proc = Proc::spawn(name, &self.bins.runtime, args, &env, &self.log(name))?;
+        if agent.attach_socket.is_none() {
+            self.ops.insert("smolvm-runtime", format!("127.0.0.1:{ops}"));
+        }
         wait_http_ok(
             &format!("127.0.0.1:{ops}"),
             "/readyz",
-            self.runtime.as_mut(),
+            Some(&mut proc),
             Duration::from_secs(120),
         )
         .await?;
         // Ready from a heartbeat of this agent, not a stale one from before it started.
         let since = k8s_openapi::jiff::Timestamp::now();
         let nodes: Api<SmolVMNode> = Api::all(admin.clone());
-        let runtime = &mut self.runtime;
+        let node_name = agent.node.clone();
+        let mut slot = Some(proc);
         eventually("the SmolVMNode to report Ready", Duration::from_secs(120), || {
             let nodes = nodes.clone();
-            let exited = runtime.as_mut().and_then(|p| p.exited().map(|s| (s, p.log_tail(30))));
+            let node_name = node_name.clone();
+            let exited = slot.as_mut().and_then(|p| p.exited().map(|s| (s, p.log_tail(30))));
             async move {
                 if let Some((status, log)) = exited {
-                    bail!("smolvm-runtime exited ({status}):\n{log}");
+                    bail!("{name} exited ({status}):\n{log}");
                 }
-                let Some(node) = nodes.get_opt(NODE).await? else {
+                let Some(node) = nodes.get_opt(&node_name).await? else {
                     return Ok(None);
                 };
                 let status = node.status.as_ref();
@@ -726,7 +799,8 @@ impl Env {
                 Ok((fresh && ready).then_some(()))
             }
         })
-        .await
+        .await?;
+        slot.ok_or_else(|| anyhow!("the agent's process went missing"))
     }
 
     /// Stops the runtime agent (SIGTERM; `smolvm serve` stops with it).

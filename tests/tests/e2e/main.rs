@@ -45,6 +45,7 @@ mod hostile;
 mod monitoring;
 mod nodes;
 mod reach;
+mod suspend;
 mod workload;
 
 fn main() -> ExitCode {
@@ -189,6 +190,7 @@ fn extra_scenarios() -> Vec<(&'static str, Scenario)> {
     all.extend(nodes::scenarios());
     all.extend(hostile::scenarios());
     all.extend(monitoring::scenarios());
+    all.extend(suspend::scenarios());
     all
 }
 
