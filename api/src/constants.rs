@@ -213,8 +213,6 @@ pub mod reason {
     pub const RESUME_PENDING: &str = "ResumePending";
     /// Event: the machine resumed with its processes as they were.
     pub const RESUMED: &str = "Resumed";
-    /// Suspended False: the machine is not suspended (it runs, or `running` is false).
-    pub const NOT_SUSPENDED: &str = "NotSuspended";
     /// Event: `running: false` stopped a suspended machine, and its saved memory was discarded.
     pub const SAVED_STATE_DISCARDED: &str = "SavedStateDiscarded";
     /// The node runtime failed to suspend or resume the machine.

@@ -1,5 +1,67 @@
-//! Files the agent keeps in its state directory (workload digests, image credential records):
-//! written whole, owner-only, and renamed into place.
+//! Files the agent keeps in its state directory (workload digests, suspensions, image credential
+//! records): written whole, owner-only, and renamed into place.
+
+use std::path::{Path, PathBuf};
+
+/// One small JSON file per machine in a directory of the state directory
+/// (`<dir>/<machine>.json`), created when first needed: the shape of the agent's records of its
+/// machines ([`crate::workload_records`], [`crate::suspensions`]).
+#[derive(Debug, Clone)]
+pub struct MachineFiles {
+    dir: PathBuf,
+}
+
+impl MachineFiles {
+    /// Files kept in `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, machine: &str) -> PathBuf {
+        // Machine names are checked by the node API (letters, digits, '-', '_'): no separators.
+        self.dir.join(format!("{machine}.json"))
+    }
+
+    /// The file of `machine`, if there is one that can be read.
+    pub fn read(&self, machine: &str) -> Option<Vec<u8>> {
+        std::fs::read(self.path(machine)).ok()
+    }
+
+    /// Writes the file of `machine` as JSON ([`write_private`]).
+    pub fn write<T: serde::Serialize>(&self, machine: &str, value: &T) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        write_private(
+            &self.path(machine),
+            &serde_json::to_vec(value).map_err(std::io::Error::other)?,
+        )
+    }
+
+    /// Removes the file of `machine` (nothing to do when there is none).
+    pub fn remove(&self, machine: &str) {
+        let _ = std::fs::remove_file(self.path(machine));
+    }
+
+    /// The machines with a file, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = entries
+            .filter_map(|entry| entry.ok())
+            .filter_map(|entry| {
+                let name = entry.file_name().into_string().ok()?;
+                name.strip_suffix(".json").map(str::to_string)
+            })
+            .collect();
+        names.sort();
+        names
+    }
+}
 
 /// Writes `bytes` to `path` through a new owner-only file (`<path>.tmp`, synced) renamed into
 /// place, so a reader sees the old content or the new, never a part.

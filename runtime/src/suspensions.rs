@@ -15,6 +15,7 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
+use crate::state_files::MachineFiles;
 use crate::vmm::{Machine, MachineState};
 
 /// What the agent records of one suspension.
@@ -50,7 +51,7 @@ pub struct SuspendRecords {
 
 #[derive(Debug)]
 enum Store {
-    Files(PathBuf),
+    Files(MachineFiles),
     Memory(Mutex<BTreeMap<String, Suspension>>),
 }
 
@@ -58,7 +59,7 @@ impl SuspendRecords {
     /// Records kept in `dir` (created when first needed).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
-            store: Store::Files(dir.into()),
+            store: Store::Files(MachineFiles::new(dir)),
         }
     }
 
@@ -75,11 +76,6 @@ impl SuspendRecords {
         Self::new(workload_dir.with_file_name("suspended"))
     }
 
-    fn path(dir: &Path, machine: &str) -> PathBuf {
-        // Machine names are checked by the node API (letters, digits, '-', '_'): no separators.
-        dir.join(format!("{machine}.json"))
-    }
-
     fn memory(map: &Mutex<BTreeMap<String, Suspension>>) -> std::sync::MutexGuard<'_, BTreeMap<String, Suspension>> {
         map.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -89,8 +85,8 @@ impl SuspendRecords {
     /// worse than a resume that finds nothing.
     pub fn read(&self, machine: &str) -> Option<Suspension> {
         match &self.store {
-            Store::Files(dir) => {
-                let bytes = std::fs::read(Self::path(dir, machine)).ok()?;
+            Store::Files(files) => {
+                let bytes = files.read(machine)?;
                 Some(serde_json::from_slice(&bytes).unwrap_or_else(|_| Suspension { since: String::new() }))
             }
             Store::Memory(map) => Self::memory(map).get(machine).cloned(),
@@ -100,13 +96,7 @@ impl SuspendRecords {
     /// Writes the record of `machine` (a new file renamed into place, owner-only, synced).
     pub fn write(&self, machine: &str, suspension: &Suspension) -> std::io::Result<()> {
         match &self.store {
-            Store::Files(dir) => {
-                std::fs::create_dir_all(dir)?;
-                crate::state_files::write_private(
-                    &Self::path(dir, machine),
-                    &serde_json::to_vec(suspension).map_err(std::io::Error::other)?,
-                )
-            }
+            Store::Files(files) => files.write(machine, suspension),
             Store::Memory(map) => {
                 Self::memory(map).insert(machine.to_string(), suspension.clone());
                 Ok(())
@@ -117,9 +107,7 @@ impl SuspendRecords {
     /// Forgets `machine` (nothing to do when there is no record).
     pub fn remove(&self, machine: &str) {
         match &self.store {
-            Store::Files(dir) => {
-                let _ = std::fs::remove_file(Self::path(dir, machine));
-            }
+            Store::Files(files) => files.remove(machine),
             Store::Memory(map) => {
                 Self::memory(map).remove(machine);
             }
@@ -128,22 +116,10 @@ impl SuspendRecords {
 
     /// The names of the machines with a record, sorted.
     pub fn names(&self) -> Vec<String> {
-        let dir = match &self.store {
-            Store::Files(dir) => dir,
-            Store::Memory(map) => return Self::memory(map).keys().cloned().collect(),
-        };
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return Vec::new();
-        };
-        let mut names: Vec<String> = entries
-            .filter_map(|entry| entry.ok())
-            .filter_map(|entry| {
-                let name = entry.file_name().into_string().ok()?;
-                name.strip_suffix(".json").map(str::to_string)
-            })
-            .collect();
-        names.sort();
-        names
+        match &self.store {
+            Store::Files(files) => files.names(),
+            Store::Memory(map) => Self::memory(map).keys().cloned().collect(),
+        }
     }
 
     /// Of `machines` as smolvm lists them, the names of those suspended ([`is_suspended`]),

@@ -7,6 +7,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use crate::state_files::MachineFiles;
+
 /// SHA-256 (hex) of each workload field, by its wire name. smolvm does not echo a machine's
 /// workload, so the agent keeps these to keep create idempotent across its restarts.
 pub type WorkloadDigests = BTreeMap<String, String>;
@@ -14,39 +16,31 @@ pub type WorkloadDigests = BTreeMap<String, String>;
 /// Where the records live (a directory under the agent's state directory).
 #[derive(Debug, Clone)]
 pub struct WorkloadRecords {
-    dir: PathBuf,
+    files: MachineFiles,
 }
 
 impl WorkloadRecords {
     /// Records kept in `dir` (created when first needed).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
-    }
-
-    fn path(&self, machine: &str) -> PathBuf {
-        // Machine names are checked by the node API (letters, digits, '-', '_'): no separators.
-        self.dir.join(format!("{machine}.json"))
+        Self {
+            files: MachineFiles::new(dir),
+        }
     }
 
     /// The record of `machine`; `None` when there is none or it cannot be read (then the
     /// workload is not compared).
     pub fn read(&self, machine: &str) -> Option<WorkloadDigests> {
-        let bytes = std::fs::read(self.path(machine)).ok()?;
-        serde_json::from_slice(&bytes).ok()
+        serde_json::from_slice(&self.files.read(machine)?).ok()
     }
 
     /// Writes the record of `machine` (a new file renamed into place, owner-only).
     pub fn write(&self, machine: &str, digests: &WorkloadDigests) -> std::io::Result<()> {
-        std::fs::create_dir_all(&self.dir)?;
-        crate::state_files::write_private(
-            &self.path(machine),
-            &serde_json::to_vec(digests).map_err(std::io::Error::other)?,
-        )
+        self.files.write(machine, digests)
     }
 
     /// Forgets `machine` (nothing to do when there is no record).
     pub fn remove(&self, machine: &str) {
-        let _ = std::fs::remove_file(self.path(machine));
+        self.files.remove(machine);
     }
 }
 

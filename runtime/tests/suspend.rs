@@ -338,7 +338,18 @@ async fn ports_close_while_suspended() {
         "closed while suspended"
     );
     vmm.resume("vm-ports").await.expect("resume");
-    assert_eq!(forwarded(&forwarder, &vmm).await, vec![port], "open again once resumed");
+    // The port was free while the machine was suspended, and a test beside this one may have
+    // held it a moment: a port that cannot be bound is tried again on the forwarder's next sync
+    // (the agent syncs on every change and every few seconds), so this syncs as the agent would.
+    let mut open = Vec::new();
+    for _ in 0..50 {
+        open = forwarded(&forwarder, &vmm).await;
+        if !open.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(open, vec![port], "open again once resumed");
 }
 
 /// The host ports forwarded once the forwarder synced with smolvm's list.
