@@ -106,7 +106,7 @@ pub struct Args {
     /// local testing and benchmarks, not for clusters.
     #[arg(long, env = "SMOLVM_WEBHOOK_WITHOUT_CLUSTER", default_value_t = false)]
     pub without_cluster: bool,
-    /// Worker threads of the async runtime (0: one per core).
+    /// Worker threads of the async runtime (0: one per core; 1: a single-threaded runtime).
     #[arg(long, env = "SMOLVM_WEBHOOK_WORKERS", default_value_t = 0)]
     pub workers: usize,
 }

@@ -24,11 +24,19 @@ fn main() -> std::process::ExitCode {
     let (args, deprecated) = smolvm_kit::cli::parse::<Args>(RENAMED);
     smolvm_kit::log::init(args.log_format);
     smolvm_kit::cli::warn_deprecated(&deprecated);
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    // One worker: a current-thread runtime, in which a task woken by its socket is run by the
+    // thread that polled the socket, with no hand-off between threads or work-stealing queues.
+    let mut builder = match args.workers {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            if n > 0 {
+                builder.worker_threads(n);
+            }
+            builder
+        }
+    };
     builder.enable_all();
-    if args.workers > 0 {
-        builder.worker_threads(args.workers);
-    }
     let runtime = match builder.build() {
         Ok(r) => r,
         Err(e) => {

@@ -4,10 +4,9 @@ use std::{net::SocketAddr, sync::Arc, time::Duration, time::Instant};
 
 use axum::{
     Router,
-    body::Body,
+    body::{Body, HttpBody},
     http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header},
     response::Response,
-    routing::any,
 };
 use futures::FutureExt;
 use http_body_util::BodyExt;
@@ -90,11 +89,13 @@ async fn read_body(
     }
     let mut body = request.into_body();
     let mut collected = Collected::new(limit);
-    // What is here already, without waiting.
+    // What is here already, without waiting. The body's end is known from its length (HTTP/1.1)
+    // or its END_STREAM flag (HTTP/2) as soon as its last byte is taken: a body all here then
+    // ends without another look, which over HTTP/1.1 would find the end not yet told.
     loop {
         match body.frame().now_or_never() {
             Some(Some(frame)) => {
-                if !collected.push(frame)? {
+                if !collected.push(frame)? || body.is_end_stream() {
                     return collected.finish();
                 }
             }
@@ -123,7 +124,7 @@ async fn read_body(
             biased;
             frame = body.frame() => match frame {
                 Some(frame) => {
-                    if !collected.push(frame)? {
+                    if !collected.push(frame)? || body.is_end_stream() {
                         return collected.finish();
                     }
                     progress = tokio::time::Instant::now();
@@ -203,11 +204,11 @@ fn shed_response(error: &RequestError) -> Response {
     response
 }
 
-async fn admit(state: AppState, route: Route, request: Request<Body>) -> Response {
+async fn admit(state: &AppState, route: Route, request: Request<Body>) -> Response {
     let start = Instant::now();
     // The whole body first, under the bounds of bodies in flight: a slow body holds no review
     // slot.
-    let body = match read_body(&state, request, start).await {
+    let body = match read_body(state, request, start).await {
         Ok(body) => body,
         Err(error) => {
             state
@@ -277,7 +278,7 @@ fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
     error_response(&RequestError::Internal("the handler panicked".into()))
 }
 
-async fn not_found() -> Response {
+fn not_found() -> Response {
     json_response(
         StatusCode::NOT_FOUND,
         serde_json::to_vec(&serde_json::json!({
@@ -288,19 +289,40 @@ async fn not_found() -> Response {
     )
 }
 
-/// The admission router: `/mutate/smolvms`, `/validate/smolvms`, `/validate/smolvmnodes`,
-/// `/validate/smolvmclasses`.
-pub fn admission_router(state: AppState) -> Router {
-    let mut router = Router::new();
-    for route in Route::ALL {
-        let state = state.clone();
-        router = router.route(
-            route.path(),
-            any(move |request: Request<Body>| admit(state.clone(), route, request)),
-        );
+/// The admission endpoints as one service: the route whose path the request's is, else 404.
+///
+/// One service rather than a route each: a request is matched by comparing its path with four
+/// strings, and goes through no per-route method router, handler adapter or boxed route, and
+/// the state is shared, not cloned field by field, per request.
+#[derive(Clone)]
+struct Admission(Arc<AppState>);
+
+impl tower::Service<Request<Body>> for Admission {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = futures::future::BoxFuture<'static, std::result::Result<Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<std::result::Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
     }
-    router
-        .fallback(not_found)
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let state = self.0.clone();
+        Box::pin(async move {
+            let route = Route::ALL.into_iter().find(|r| r.path() == request.uri().path());
+            Ok(match route {
+                Some(route) => admit(&state, route, request).await,
+                None => not_found(),
+            })
+        })
+    }
+}
+
+/// The admission router: `/mutate/smolvms`, `/validate/smolvms`, `/validate/smolvmnodes`,
+/// `/validate/smolvmclasses` (any method reaches them, and is answered 405 unless POST).
+pub fn admission_router(state: AppState) -> Router {
+    Router::new()
+        .fallback_service(Admission(Arc::new(state)))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
             REQUEST_TIMEOUT,

@@ -39,10 +39,14 @@ fn main() -> std::process::ExitCode {
         .await
         .map_err(|e| e.to_string())
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.workers.max(1))
-        .enable_all()
-        .build();
+    // As smolvm-webhook builds its runtime: one worker is a current-thread runtime.
+    let runtime = match args.workers {
+        0 | 1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+    };
     match runtime.map_err(|e| e.to_string()).and_then(|r| r.block_on(run)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
