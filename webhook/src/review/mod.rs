@@ -142,6 +142,9 @@ enum Objects<'a> {
     Text {
         new: Option<(&'a str, Scanned<'a>)>,
         old: Option<&'a str>,
+        /// The new object's text without what the rules never read ([`Scanned::slimmed`]), which
+        /// they are given instead, when it differs.
+        slim: Option<String>,
     },
 }
 
@@ -156,7 +159,7 @@ impl<'a> Objects<'a> {
     /// The same objects as parsed Values (text is parsed once, here).
     fn into_parsed(self) -> Self {
         match self {
-            Objects::Text { new, old } => Objects::Parsed {
+            Objects::Text { new, old, .. } => Objects::Parsed {
                 new: new.and_then(|(text, _)| serde_json::from_str(text).ok()),
                 old: old.and_then(|text| serde_json::from_str(text).ok()),
             },
@@ -170,9 +173,10 @@ impl<'a> Objects<'a> {
         match self {
             Objects::Parsed { old, .. } => Objects::Parsed { new: old, old: None },
             Objects::Text { old, .. } => match old.and_then(|text| scan_object(text).map(|scan| (text, scan))) {
-                Some(new) => Objects::Text {
-                    new: Some(new),
+                Some((text, scan)) => Objects::Text {
+                    new: Some((text, scan)),
                     old: None,
+                    slim: scan.slimmed(text),
                 },
                 None => Objects::Parsed {
                     new: old.and_then(|text| serde_json::from_str(text).ok()),
@@ -189,7 +193,8 @@ impl<'a> Objects<'a> {
             Objects::Text {
                 new: Some((new, _)),
                 old,
-            } => Some((old.map(Raw::Text), Raw::Text(new))),
+                slim,
+            } => Some((old.map(Raw::Text), Raw::Text(slim.as_deref().unwrap_or(new)))),
             _ => None,
         }
     }
@@ -281,9 +286,13 @@ impl From<WireRequest> for Request<'_> {
 impl<'a> From<(TextRequest<'a>, Option<Scanned<'a>>)> for Request<'a> {
     fn from((r, scan): (TextRequest<'a>, Option<Scanned<'a>>)) -> Self {
         // JSON null is `None` already (serde reads `null` into an absent Option).
-        r.with_objects(|new, old| Objects::Text {
-            new: new.map(RawValue::get).zip(scan),
-            old: old.map(RawValue::get),
+        r.with_objects(|new, old| {
+            let new = new.map(RawValue::get).zip(scan);
+            Objects::Text {
+                new,
+                old: old.map(RawValue::get),
+                slim: new.and_then(|(text, scan)| scan.slimmed(text)),
+            }
         })
     }
 }

@@ -86,6 +86,43 @@ pub(super) struct Scanned<'a> {
     deletion_timestamp: Option<&'a str>,
     /// The text of the last `finalizers` member of the last `metadata`, if an object.
     finalizers: Option<&'a str>,
+    /// Spans of `metadata` members the rules never read, in order, each with the text that
+    /// reads the same to them ([`Scanned::slimmed`]); the first [`MAX_CUTS`].
+    cuts: [(usize, usize, &'static str); MAX_CUTS],
+    /// How many of `cuts` are set.
+    n_cuts: usize,
+}
+
+/// Most spans [`Scanned::slimmed`] leaves out (an object has one `managedFields` and one
+/// `annotations`; repeats beyond are left in).
+const MAX_CUTS: usize = 4;
+
+/// The key prefix of the only annotations the rules read (`vm.smolvm.dev/`).
+const RULE_ANNOTATION_PREFIX: &[u8] = b"vm.smolvm.dev/";
+
+impl Scanned<'_> {
+    /// The object's text with what the rules never read left out, when there is any: each
+    /// `metadata.managedFields` is `null`, and an `annotations` object whose values are all
+    /// strings and whose keys are plain (no escapes) and none under [`RULE_ANNOTATION_PREFIX`] is
+    /// `{}`. The rules decode their metadata with those annotations checked to be strings and
+    /// dropped, and without `managedFields`, so they find the same in both texts, and the same
+    /// as on the Value of either; kubectl's last-applied-configuration annotation (the object
+    /// again, escaped) and the managed fields are then not read a second time.
+    pub(super) fn slimmed(&self, text: &str) -> Option<String> {
+        let cuts = self.cuts.get(..self.n_cuts)?;
+        if cuts.is_empty() {
+            return None;
+        }
+        let mut out = String::with_capacity(text.len());
+        let mut at = 0;
+        for &(start, end, with) in cuts {
+            out.push_str(text.get(at..start)?);
+            out.push_str(with);
+            at = end;
+        }
+        out.push_str(text.get(at..)?);
+        Some(out)
+    }
 }
 
 /// A member the scan keeps, by its key.
@@ -95,6 +132,8 @@ enum Member {
     Metadata,
     DeletionTimestamp,
     Finalizers,
+    ManagedFields,
+    Annotations,
     Other,
 }
 
@@ -120,7 +159,7 @@ pub(super) fn scan_object(text: &str) -> Option<Scanned<'_>> {
         } else if c == b':' {
             i + 1
         } else if c == b',' {
-            scan.expect_key = scan.depth == 1 || (scan.depth == 2 && scan.in_metadata);
+            scan.expect_key = scan.keys_here();
             i + 1
         } else if c == b'{' || c == b'[' {
             scan.value(c, i, i + 1, true)?
@@ -167,6 +206,9 @@ struct Scan<'a> {
     depth: u32,
     /// Inside the current `metadata` object.
     in_metadata: bool,
+    /// Inside an `annotations` object of the current `metadata`, and whether it may be cut.
+    in_annotations: bool,
+    annotations_cuttable: bool,
     /// The next string is a key of the object or of its metadata.
     expect_key: bool,
     /// A key was just read: the next value is its member's.
@@ -189,9 +231,13 @@ impl<'a> Scan<'a> {
                 spec: None,
                 deletion_timestamp: None,
                 finalizers: None,
+                cuts: [(0, 0, ""); MAX_CUTS],
+                n_cuts: 0,
             },
             depth: 0,
             in_metadata: false,
+            in_annotations: false,
+            annotations_cuttable: false,
             expect_key: false,
             expect_value: false,
             key1: Member::Other,
@@ -201,6 +247,12 @@ impl<'a> Scan<'a> {
         }
     }
 
+    /// Whether the keys of the container open here are read: the object's, its metadata's and
+    /// its metadata's annotations'.
+    fn keys_here(&self) -> bool {
+        self.depth == 1 || (self.depth == 2 && self.in_metadata) || (self.depth == 3 && self.in_annotations)
+    }
+
     /// The string starting at `i`, a key or a value; where the scan goes on.
     fn string(&mut self, i: usize) -> Option<usize> {
         let b = self.text.as_bytes();
@@ -208,10 +260,20 @@ impl<'a> Scan<'a> {
         if !self.expect_key {
             return self.value(b'"', i, end + 1, false);
         }
+        let key = &b[i + 1..end];
+        if self.depth == 3 {
+            // An annotation's key: one the rules may read (or that may decode to one) keeps the
+            // annotations in.
+            if escaped || key.starts_with(RULE_ANNOTATION_PREFIX) {
+                self.annotations_cuttable = false;
+            }
+            self.expect_key = false;
+            self.expect_value = true;
+            return Some(end + 1);
+        }
         if escaped {
             return None;
         }
-        let key = &b[i + 1..end];
         if self.depth == 1 {
             self.key1 = match key {
                 b"spec" => Member::Spec,
@@ -222,6 +284,8 @@ impl<'a> Scan<'a> {
             self.key2 = match key {
                 b"deletionTimestamp" => Member::DeletionTimestamp,
                 b"finalizers" => Member::Finalizers,
+                b"managedFields" => Member::ManagedFields,
+                b"annotations" => Member::Annotations,
                 _ => Member::Other,
             };
         }
@@ -246,6 +310,13 @@ impl<'a> Scan<'a> {
                 }
             } else if self.depth == 2 && self.in_metadata {
                 self.start2 = Some(i);
+                if self.key2 == Member::Annotations && c == b'{' {
+                    self.in_annotations = true;
+                    self.annotations_cuttable = true;
+                }
+            } else if self.depth == 3 && self.in_annotations && c != b'"' {
+                // An annotation that is not a string: the rules' decoding reports it.
+                self.annotations_cuttable = false;
             }
         }
         if opens {
@@ -253,7 +324,7 @@ impl<'a> Scan<'a> {
             if OBJECT_DEPTH + self.depth >= JSON_DEPTH_LIMIT {
                 return None;
             }
-            self.expect_key = c == b'{' && (self.depth == 1 || (self.depth == 2 && self.in_metadata));
+            self.expect_key = c == b'{' && self.keys_here();
         } else {
             self.close(self.depth, next);
         }
@@ -277,8 +348,23 @@ impl<'a> Scan<'a> {
             match self.key2 {
                 Member::DeletionTimestamp => self.out.deletion_timestamp = self.text.get(start..end),
                 Member::Finalizers => self.out.finalizers = self.text.get(start..end),
+                Member::ManagedFields => self.cut(start, end, "null"),
+                Member::Annotations => {
+                    if self.in_annotations && self.annotations_cuttable {
+                        self.cut(start, end, "{}");
+                    }
+                    self.in_annotations = false;
+                }
                 _ => {}
             }
+        }
+    }
+
+    /// Leaves `text[start..end]` out of [`Scanned::slimmed`], `with` in its place.
+    fn cut(&mut self, start: usize, end: usize, with: &'static str) {
+        if let Some(slot) = self.out.cuts.get_mut(self.out.n_cuts) {
+            *slot = (start, end, with);
+            self.out.n_cuts += 1;
         }
     }
 }

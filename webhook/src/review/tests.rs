@@ -106,6 +106,53 @@ fn text_objects_answer_like_values() {
             serde_json::to_string(&fixtures::deleting(fixtures::alpine())).unwrap_or_default(),
             "null".into(),
         ),
+        // What the rules are given without (`Scanned::slimmed`) and what keeps it in.
+        (
+            "kubectl's annotation and managed fields",
+            alpine.replacen(
+                r#""metadata":{"#,
+                r#""metadata":{"annotations":{"kubectl.kubernetes.io/last-applied-configuration":"{\"spec\":{\"image\":\"x\"}}\n"},"managedFields":[{"manager":"kubectl","fieldsV1":{"f:spec":{}}}],"#,
+                1,
+            ),
+            "null".into(),
+        ),
+        (
+            "an annotation that is not a string",
+            alpine.replacen(r#""metadata":{"#, r#""metadata":{"annotations":{"a":"x","b":5},"#, 1),
+            "null".into(),
+        ),
+        (
+            "a rule's annotation",
+            alpine.replacen(
+                r#""metadata":{"#,
+                r#""metadata":{"annotations":{"a":"x","vm.smolvm.dev/class":"medium"},"#,
+                1,
+            ),
+            "null".into(),
+        ),
+        (
+            "an escaped key that is a rule's annotation",
+            alpine.replacen(
+                r#""metadata":{"#,
+                r#""metadata":{"annotations":{"a":"x","vm.smolvm.dev\/class":5},"#,
+                1,
+            ),
+            "null".into(),
+        ),
+        (
+            "annotations not an object, managed fields not a list",
+            alpine.replacen(r#""metadata":{"#, r#""metadata":{"annotations":"x","managedFields":7,"#, 1),
+            "null".into(),
+        ),
+        (
+            "repeated annotations",
+            alpine.replacen(
+                r#""metadata":{"#,
+                r#""metadata":{"annotations":{"a":5},"annotations":{"a":"x"},"#,
+                1,
+            ),
+            "null".into(),
+        ),
     ];
     // Nesting around serde_json's limit, in a field the rules do not read.
     for depth in 120..=128 {
@@ -194,6 +241,33 @@ fn text_objects_answer_like_values() {
     }
     // The fast path is actually taken for most of them.
     assert!(fast > bodies.len() / 2, "{fast} of {}", bodies.len());
+}
+
+/// What the rules are given of an object: without kubectl's annotation and the managed fields,
+/// with the annotations that a rule reads or that are not strings.
+#[test]
+fn slimmed_objects_leave_out_only_what_the_rules_never_read() {
+    let table: &[(&str, Option<&str>)] = &[
+        (
+            r#"{"metadata":{"name":"a","annotations":{"k":"{\"x\":1}"},"managedFields":[{"m":1}]},"spec":{}}"#,
+            Some(r#"{"metadata":{"name":"a","annotations":{},"managedFields":null},"spec":{}}"#),
+        ),
+        (
+            r#"{"metadata":{"annotations":{"k":"v","vm.smolvm.dev/class":"c"}},"spec":{}}"#,
+            None,
+        ),
+        (r#"{"metadata":{"annotations":{"k":"v","n":1}},"spec":{}}"#, None),
+        (r#"{"metadata":{"annotations":{"k\u0020":"v"}},"spec":{}}"#, None),
+        (
+            r#"{"metadata":{"labels":{"k":"v"},"annotations":{"k":"v"}},"annotations":{"k":1}}"#,
+            Some(r#"{"metadata":{"labels":{"k":"v"},"annotations":{}},"annotations":{"k":1}}"#),
+        ),
+        (r#"{"metadata":{"name":"a"},"spec":{"annotations":{"k":"v"}}}"#, None),
+    ];
+    for (text, want) in table {
+        let scan = scan_object(text).unwrap_or_else(|| panic!("{text} scans"));
+        assert_eq!(scan.slimmed(text).as_deref(), *want, "{text}");
+    }
 }
 
 /// JSON text for property tests: values with the escapes, numbers and nesting where a
