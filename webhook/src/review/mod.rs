@@ -39,7 +39,6 @@ mod wire;
 
 use encode::*;
 use scan::*;
-use wire::*;
 pub use wire::{ADMISSION_API_VERSION, ADMISSION_KIND, RequestError, WireRequest, identity_of, operation_of, parse};
 
 /// One of the webhook's endpoints.
@@ -145,6 +144,8 @@ enum Objects<'a> {
         /// The new object's text without what the rules never read ([`Scanned::slimmed`]), which
         /// they are given instead, when it differs.
         slim: Option<String>,
+        /// The same of the old object.
+        slim_old: Option<String>,
     },
 }
 
@@ -177,6 +178,7 @@ impl<'a> Objects<'a> {
                     new: Some((text, scan)),
                     old: None,
                     slim: scan.slimmed(text),
+                    slim_old: None,
                 },
                 None => Objects::Parsed {
                     new: old.and_then(|text| serde_json::from_str(text).ok()),
@@ -194,7 +196,11 @@ impl<'a> Objects<'a> {
                 new: Some((new, _)),
                 old,
                 slim,
-            } => Some((old.map(Raw::Text), Raw::Text(slim.as_deref().unwrap_or(new)))),
+                slim_old,
+            } => Some((
+                slim_old.as_deref().or(*old).map(Raw::Text),
+                Raw::Text(slim.as_deref().unwrap_or(new)),
+            )),
             _ => None,
         }
     }
@@ -283,15 +289,17 @@ impl From<WireRequest> for Request<'_> {
     }
 }
 
-impl<'a> From<(TextRequest<'a>, Option<Scanned<'a>>)> for Request<'a> {
-    fn from((r, scan): (TextRequest<'a>, Option<Scanned<'a>>)) -> Self {
+impl<'a> From<TextObjects<'a>> for Request<'a> {
+    fn from((r, scan, scan_old): TextObjects<'a>) -> Self {
         // JSON null is `None` already (serde reads `null` into an absent Option).
         r.with_objects(|new, old| {
             let new = new.map(RawValue::get).zip(scan);
+            let old = old.map(RawValue::get);
             Objects::Text {
                 new,
-                old: old.map(RawValue::get),
+                old,
                 slim: new.and_then(|(text, scan)| scan.slimmed(text)),
+                slim_old: old.zip(scan_old).and_then(|(text, scan)| scan.slimmed(text)),
             }
         })
     }

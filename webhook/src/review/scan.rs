@@ -377,9 +377,12 @@ fn scan_text_object(raw: &RawValue) -> Option<Scanned<'_>> {
         .filter(|s| s.kind == Kind::Object && matches!(s.metadata, None | Some(Kind::Null | Kind::Object)))
 }
 
+/// A request with its objects as text, and the scans of its new and old objects.
+pub(super) type TextObjects<'a> = (TextRequest<'a>, Option<Scanned<'a>>, Option<Scanned<'a>>);
+
 /// The request of `body` with its objects as text, when [`parse`] would accept `body` and the
 /// objects are well-formed; `None` for anything else (then [`parse`] decides).
-pub(super) fn parse_text(body: &[u8]) -> Option<(TextRequest<'_>, Option<Scanned<'_>>)> {
+pub(super) fn parse_text(body: &[u8]) -> Option<TextObjects<'_>> {
     let review = serde_json::from_slice::<TextReview<'_>>(body).ok()?;
     if review.kind != ADMISSION_KIND || review.api_version != ADMISSION_API_VERSION {
         return None;
@@ -389,10 +392,11 @@ pub(super) fn parse_text(body: &[u8]) -> Option<(TextRequest<'_>, Option<Scanned
         Some(raw) => Some(scan_text_object(raw)?),
         None => None,
     };
-    if let Some(raw) = request.old_object {
-        scan_text_object(raw)?;
-    }
-    Some((request, new))
+    let old = match request.old_object {
+        Some(raw) => Some(scan_text_object(raw)?),
+        None => None,
+    };
+    Some((request, new, old))
 }
 
 /// The part of a SmolVM that [`default_smolvm`] reads, as a Value it answers the same on: the

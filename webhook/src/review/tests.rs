@@ -145,6 +145,19 @@ fn text_objects_answer_like_values() {
             "null".into(),
         ),
         (
+            "kubectl's annotation and managed fields in both objects",
+            bound.replacen(
+                r#""metadata":{"#,
+                r#""metadata":{"annotations":{"kubectl.kubernetes.io/last-applied-configuration":"{}"},"managedFields":[],"#,
+                1,
+            ),
+            bound.replacen(
+                r#""metadata":{"#,
+                r#""metadata":{"annotations":{"kubectl.kubernetes.io/last-applied-configuration":"{}"},"managedFields":[],"#,
+                1,
+            ),
+        ),
+        (
             "repeated annotations",
             alpine.replacen(
                 r#""metadata":{"#,
