@@ -88,9 +88,25 @@ pub(super) struct Scanned<'a> {
     finalizers: Option<&'a str>,
     /// Spans of `metadata` members the rules never read, in order, each with the text that
     /// reads the same to them ([`Scanned::slimmed`]); the first [`MAX_CUTS`].
-    cuts: [(usize, usize, &'static str); MAX_CUTS],
+    cuts: [(u32, u32, Cut); MAX_CUTS],
     /// How many of `cuts` are set.
     n_cuts: usize,
+}
+
+/// What [`Scanned::slimmed`] puts in place of a span it leaves out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    Null,
+    EmptyObject,
+}
+
+impl Cut {
+    fn text(self) -> &'static str {
+        match self {
+            Cut::Null => "null",
+            Cut::EmptyObject => "{}",
+        }
+    }
 }
 
 /// Most spans [`Scanned::slimmed`] leaves out (an object has one `managedFields` and one
@@ -116,9 +132,9 @@ impl Scanned<'_> {
         let mut out = String::with_capacity(text.len());
         let mut at = 0;
         for &(start, end, with) in cuts {
-            out.push_str(text.get(at..start)?);
-            out.push_str(with);
-            at = end;
+            out.push_str(text.get(at..start as usize)?);
+            out.push_str(with.text());
+            at = end as usize;
         }
         out.push_str(text.get(at..)?);
         Some(out)
@@ -231,7 +247,7 @@ impl<'a> Scan<'a> {
                 spec: None,
                 deletion_timestamp: None,
                 finalizers: None,
-                cuts: [(0, 0, ""); MAX_CUTS],
+                cuts: [(0, 0, Cut::Null); MAX_CUTS],
                 n_cuts: 0,
             },
             depth: 0,
@@ -348,10 +364,10 @@ impl<'a> Scan<'a> {
             match self.key2 {
                 Member::DeletionTimestamp => self.out.deletion_timestamp = self.text.get(start..end),
                 Member::Finalizers => self.out.finalizers = self.text.get(start..end),
-                Member::ManagedFields => self.cut(start, end, "null"),
+                Member::ManagedFields => self.cut(start, end, Cut::Null),
                 Member::Annotations => {
                     if self.in_annotations && self.annotations_cuttable {
-                        self.cut(start, end, "{}");
+                        self.cut(start, end, Cut::EmptyObject);
                     }
                     self.in_annotations = false;
                 }
@@ -360,8 +376,12 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// Leaves `text[start..end]` out of [`Scanned::slimmed`], `with` in its place.
-    fn cut(&mut self, start: usize, end: usize, with: &'static str) {
+    /// Leaves `text[start..end]` out of [`Scanned::slimmed`], `with` in its place (not past
+    /// [`MAX_CUTS`], nor past 4 GiB of text).
+    fn cut(&mut self, start: usize, end: usize, with: Cut) {
+        let (Ok(start), Ok(end)) = (u32::try_from(start), u32::try_from(end)) else {
+            return;
+        };
         if let Some(slot) = self.out.cuts.get_mut(self.out.n_cuts) {
             *slot = (start, end, with);
             self.out.n_cuts += 1;
