@@ -41,19 +41,8 @@ fn env_usize(name: &str, default: usize) -> usize {
 }
 
 fn main() -> anyhow::Result<()> {
-    smolvm_tests::install_crypto_provider();
-    let assets = match assets::find() {
-        Ok(a) => a,
-        Err(reason) => {
-            println!("access benchmark {reason}");
-            return Ok(());
-        }
-    };
-    // Everything runs on this thread: the children die with it (PR_SET_PDEATHSIG).
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?
-        .block_on(run(assets))
+    // Everything runs on this thread.
+    assets::bench_main("access", tokio::runtime::Builder::new_current_thread(), run)
 }
 
 async fn run(assets: assets::Assets) -> anyhow::Result<()> {

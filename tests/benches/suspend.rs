@@ -32,21 +32,9 @@ const NODE: &str = "bench-double-node";
 const NS: &str = "default";
 
 fn main() -> anyhow::Result<()> {
-    smolvm_tests::install_crypto_provider();
-    let assets = match assets::find() {
-        Ok(a) => a,
-        Err(reason) => {
-            println!("suspend benchmark {reason}");
-            return Ok(());
-        }
-    };
-    // Children are spawned only from the block_on future, which runs on this thread, so they
-    // die with it (PR_SET_PDEATHSIG).
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?
-        .block_on(run(assets))
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.worker_threads(2);
+    assets::bench_main("suspend", runtime, run)
 }
 
 async fn run(assets: assets::Assets) -> anyhow::Result<()> {

@@ -206,3 +206,24 @@ fn install_smolvm() -> Result<Vec<(String, String)>, String> {
     }
     smolvm_testkit::node::parse_exports(&String::from_utf8_lossy(&output.stdout))
 }
+
+/// The `main` of a benchmark on a real control plane: installs the crypto provider, finds
+/// kube-apiserver and etcd (else prints `<name> benchmark skipped: …` and ends well), and runs
+/// `run` on `runtime` (built with every driver enabled) to its end. Children are spawned only
+/// from the `block_on` future, which runs on this thread, so they die with it
+/// (PR_SET_PDEATHSIG).
+pub fn bench_main<F, Fut>(name: &str, mut runtime: tokio::runtime::Builder, run: F) -> anyhow::Result<()>
+where
+    F: FnOnce(Assets) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    crate::install_crypto_provider();
+    let assets = match find() {
+        Ok(a) => a,
+        Err(reason) => {
+            println!("{name} benchmark {reason}");
+            return Ok(());
+        }
+    };
+    runtime.enable_all().build()?.block_on(run(assets))
+}

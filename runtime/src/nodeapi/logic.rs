@@ -4,10 +4,8 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use smolvm_api::nodeapi::{RestartPolicy, WorkloadSpec};
+use smolvm_api::nodeapi::{MachineState, RestartPolicy, SuspendedState, WorkloadSpec};
 use smolvm_api::policy::PortRange;
-
-use smolvm_api::nodeapi::{MachineState, SuspendedState};
 
 use super::types::{ErrorCode, MachineSpec, MachineStatus, NetworkSpec, NodeApiError, PortSpec, ResizeSpec};
 use crate::suspensions::{Suspension, is_suspended};
