@@ -23,6 +23,7 @@ fn admission(c: &mut Criterion) {
         policy: &policy,
         nodes: &nodes,
         classes: &smolvm_api::class::NO_CLASSES,
+        pools: &smolvm_api::pool::NO_POOLS,
         identity: &identity,
     };
 

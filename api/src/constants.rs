@@ -22,6 +22,10 @@ pub const RESOURCE_SMOLVMNODES: &str = "smolvmnodes";
 pub const KIND_SMOLVM_CLASS: &str = "SmolVMClass";
 /// Plural resource name of SmolVMClasses.
 pub const RESOURCE_SMOLVMCLASSES: &str = "smolvmclasses";
+/// Kind of the warm pool resource.
+pub const KIND_SMOLVM_POOL: &str = "SmolVMPool";
+/// Plural resource name of SmolVMPools.
+pub const RESOURCE_SMOLVMPOOLS: &str = "smolvmpools";
 /// On a SmolVMClass: `"true"` makes it the class of SmolVMs that name none (at most one; V12).
 pub const ANNOTATION_IS_DEFAULT_CLASS: &str = "vm.smolvm.dev/is-default-class";
 /// The only value of [`ANNOTATION_IS_DEFAULT_CLASS`] that makes a class the default.
@@ -33,6 +37,12 @@ pub const ANNOTATION_CLASS_GENERATION: &str = "vm.smolvm.dev/class-generation";
 /// On a SmolVM: its class, as a label, so that `kubectl get svm -l vm.smolvm.dev/class=large`
 /// lists a class's SmolVMs and the webhook counts them when the class is deleted (rule M3).
 pub const LABEL_CLASS: &str = "vm.smolvm.dev/class";
+/// On a SmolVM: the `metadata.generation` of its pool when its spec was taken from the pool's
+/// template (rule M4): slots of that generation may serve it.
+pub const ANNOTATION_POOL_GENERATION: &str = "vm.smolvm.dev/pool-generation";
+/// On a SmolVM: its pool, as a label, so that `kubectl get svm -l vm.smolvm.dev/pool=web`
+/// lists the SmolVMs served from a pool (rule M4).
+pub const LABEL_POOL: &str = "vm.smolvm.dev/pool";
 
 /// Finalizer that keeps a SmolVM until its node confirmed the machine is gone (rule M2).
 pub const FINALIZER: &str = "vm.smolvm.dev/node-cleanup";

@@ -6,11 +6,11 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::{Error, SmolVM, SmolVMClass, SmolVMNode};
+use crate::{Error, SmolVM, SmolVMClass, SmolVMNode, SmolVMPool};
 
 /// Every CRD, in a stable order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![SmolVM::crd(), SmolVMNode::crd(), SmolVMClass::crd()]
+    vec![SmolVM::crd(), SmolVMNode::crd(), SmolVMClass::crd(), SmolVMPool::crd()]
 }
 
 /// File name (under `deploy/crds/`) and YAML text of each CRD.

@@ -1,4 +1,4 @@
-//! Defaulting (the mutating half of admission): rules M1 to M3.
+//! Defaulting (the mutating half of admission): rules M1 to M4.
 //!
 //! Works on the raw JSON of the object, so that it never fails on input the typed structs would
 //! reject (validation reports those). The patch is minimal: it only adds what is missing, and a
@@ -6,13 +6,19 @@
 //!
 //! M3 (the class) comes before M1 (the built-in defaults): [`default_smolvm_with_class`] fills
 //! from the class first, then computes M1 and M2 on the object as the class left it.
+//!
+//! M4 (the pool) comes first of all: [`default_pooled_smolvm`] fills a SmolVM that names a pool
+//! from the pool's template, then applies M3, M1 and M2 to the object as the template left it.
 
 use json_patch::{AddOperation, Patch, PatchOperation, jsonptr::PointerBuf};
 use serde_json::{Value, json};
 
 use crate::{
-    class::SmolVMClass,
-    constants::{ANNOTATION_CLASS, ANNOTATION_CLASS_GENERATION, FINALIZER, LABEL_CLASS},
+    class::{ClassCatalog, SmolVMClass, class_for},
+    constants::{
+        ANNOTATION_CLASS, ANNOTATION_CLASS_GENERATION, ANNOTATION_POOL_GENERATION, FINALIZER, LABEL_CLASS, LABEL_POOL,
+    },
+    pool::SmolVMPool,
     types::{
         DEFAULT_CPUS, DEFAULT_EXPOSE_SERVICE, DEFAULT_MEMORY_MIB, DEFAULT_NETWORK_ENABLED, DEFAULT_OVERLAY_GIB,
         DEFAULT_RESTART_POLICY, DEFAULT_RUNNING, DEFAULT_STORAGE_GIB, DEFAULT_SUSPENDED,
@@ -202,6 +208,99 @@ pub fn class_patch(object: &Value, class: &SmolVMClass) -> Vec<PatchOperation> {
     );
     record(object, "labels", &[(LABEL_CLASS, class.name())], &mut ops);
     ops
+}
+
+/// Computes the defaulting patch for a SmolVM at CREATE that names `pool` in `spec.poolRef`
+/// (rule M4, then M3, M1 and M2):
+///
+/// - M4: every field of the pool's template the SmolVM lacks is added whole (a pooled SmolVM
+///   sets none of them: rule V14 refuses it), and so is the pool's `nodeSelector`. The
+///   template's `env` comes first and the SmolVM's own entries after it, one of the same name
+///   replacing the template's. The pool's name is recorded in the label `vm.smolvm.dev/pool`,
+///   its generation in the annotation `vm.smolvm.dev/pool-generation`.
+/// - then M3 from the class the filled object names (the template's), or the default class, and
+///   M1 and M2, as [`default_smolvm_with_class`] computes them on the object M4 left.
+///
+/// On any other operation this is [`default_smolvm`].
+pub fn default_pooled_smolvm(op: Operation, object: &Value, pool: &SmolVMPool, classes: &dyn ClassCatalog) -> Patch {
+    if op != Operation::Create || is_deleting(object) {
+        return default_smolvm(op, object);
+    }
+    let mut ops = pool_patch(object, pool);
+    let mut filled = object.clone();
+    if json_patch::patch(&mut filled, &ops).is_err() {
+        // The template's fields only go where the object has room; an object of another shape
+        // is left to validation, with the other rules' defaults alone.
+        ops.clear();
+        filled = object.clone();
+    }
+    let class_name = filled
+        .get("spec")
+        .and_then(|s| s.get("className"))
+        .and_then(Value::as_str);
+    let class = class_for(class_name, classes).ok().flatten();
+    ops.extend(default_smolvm_with_class(op, &filled, class.as_ref()).0);
+    Patch(ops)
+}
+
+/// Rule M4's additions for `object` from `pool`'s template (empty for an object without a spec).
+pub fn pool_patch(object: &Value, pool: &SmolVMPool) -> Vec<PatchOperation> {
+    let mut ops = Vec::new();
+    let Some(spec) = object.get("spec").and_then(Value::as_object) else {
+        return ops;
+    };
+    let template = match serde_json::to_value(&pool.spec.template) {
+        Ok(Value::Object(template)) => template,
+        _ => return ops,
+    };
+    for (field, value) in template {
+        if field == "env" {
+            continue;
+        }
+        if is_absent(spec.get(&field)) {
+            ops.push(add(&["spec", &field], value));
+        }
+    }
+    if is_absent(spec.get("nodeSelector"))
+        && let Some(selector) = &pool.spec.node_selector
+    {
+        ops.push(add(&["spec", "nodeSelector"], json!(selector)));
+    }
+    if let Some(env) = merged_env(spec.get("env"), pool) {
+        ops.push(add(&["spec", "env"], env));
+    }
+    let generation = pool.metadata.generation.unwrap_or(0).to_string();
+    record(
+        object,
+        "annotations",
+        &[(ANNOTATION_POOL_GENERATION, &generation)],
+        &mut ops,
+    );
+    record(object, "labels", &[(LABEL_POOL, pool.name())], &mut ops);
+    ops
+}
+
+/// The template's env entries, then the SmolVM's own (`own`), one of the same name replacing
+/// the template's; `None` where the template has none (the SmolVM's own list stays as it is).
+fn merged_env(own: Option<&Value>, pool: &SmolVMPool) -> Option<Value> {
+    let template = pool.spec.template.env.as_ref().filter(|e| !e.is_empty())?;
+    let own: &[Value] = match own {
+        Some(Value::Array(own)) => own,
+        None | Some(Value::Null) => &[],
+        // Not a list: left to validation, which names it.
+        Some(_) => return None,
+    };
+    let own_names: Vec<&str> = own
+        .iter()
+        .filter_map(|e| e.get("name").and_then(Value::as_str))
+        .collect();
+    let mut merged: Vec<Value> = template
+        .iter()
+        .filter(|e| !own_names.contains(&e.name.as_str()))
+        .filter_map(|e| serde_json::to_value(e).ok())
+        .collect();
+    merged.extend(own.iter().cloned());
+    Some(Value::Array(merged))
 }
 
 /// Sets `metadata.<map>.<key>` to each value (a value a user wrote there is corrected: the

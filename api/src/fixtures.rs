@@ -56,6 +56,21 @@ pub fn class(name: &str, spec: Value, default: bool) -> crate::SmolVMClass {
     serde_json::from_value(class_json(name, spec, default)).unwrap_or_else(|e| panic!("class fixture {name}: {e}"))
 }
 
+/// A SmolVMPool as JSON: `name` in `default`, generation 3, with the given spec.
+pub fn pool_json(name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "vm.smolvm.dev/v1alpha1",
+        "kind": "SmolVMPool",
+        "metadata": {"name": name, "namespace": "default", "generation": 3, "uid": "0d7a3c9e-5f21-4b8e-a6c4-2e9f1b7d3a58"},
+        "spec": spec
+    })
+}
+
+/// A SmolVMPool, as [`pool_json`] makes it.
+pub fn pool(name: &str, spec: Value) -> crate::SmolVMPool {
+    serde_json::from_value(pool_json(name, spec)).unwrap_or_else(|e| panic!("pool fixture {name}: {e}"))
+}
+
 /// `object` bound to `node` (status.nodeName and status.nodeUID set).
 pub fn bound(mut object: Value, node: &str) -> Value {
     let machine = object["metadata"]["uid"]

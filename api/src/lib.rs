@@ -2,10 +2,11 @@
 //!
 //! - [`types`]: the `SmolVM` and `SmolVMNode` custom resources.
 //! - [`class`]: the `SmolVMClass` custom resource (instance types) and the catalogue of classes.
+//! - [`pool`]: the `SmolVMPool` custom resource (warm pools) and the catalogue of pools.
 //! - [`constants`]: finalizer, annotations, labels, condition types and reasons.
 //! - [`policy`]: the admission policy (bounds, port range, identities) and its loader.
 //! - [`defaulting`]: rules M1 to M3, as a minimal JSON Patch.
-//! - [`validate`]: rules V1 to V12, returning every violation and warning at once.
+//! - [`validate`]: rules V1 to V14, returning every violation and warning at once.
 //! - [`crd`]: the generated CustomResourceDefinitions.
 //! - [`nodeapi`]: the node API between the controller and the runtime agents: its table of
 //!   operations, its wire types and the interactive exec channel ([`channel`], re-exported).
@@ -20,6 +21,7 @@ pub mod error;
 pub mod fixtures;
 pub mod nodeapi;
 pub mod policy;
+pub mod pool;
 pub mod syntax;
 pub mod text;
 pub mod types;
@@ -29,4 +31,5 @@ pub use class::{SmolVMClass, SmolVMClassSpec};
 pub use error::Error;
 pub use nodeapi::channel;
 pub use policy::Policy;
+pub use pool::{SmolVMPool, SmolVMPoolSpec};
 pub use types::*;

@@ -59,6 +59,8 @@ pub struct Policy {
     pub max_allowed_hosts: i64,
     /// Most bytes in one env value, one `command` or `args` entry, or `workingDir`.
     pub max_value_bytes: i64,
+    /// Most ready slots a SmolVMPool may keep on each node (`spec.slotsPerNode`, V14).
+    pub max_slots_per_node: i64,
     /// Usernames of the controller (the only identity that may write binding fields).
     pub controller_usernames: Vec<String>,
     /// Usernames of the runtime agents (restricted to their own node's SmolVMNode).
@@ -85,6 +87,7 @@ impl Default for Policy {
             max_args: 64,
             max_allowed_hosts: 32,
             max_value_bytes: 16_384,
+            max_slots_per_node: 64,
             controller_usernames: vec![service_account(DEFAULT_NAMESPACE, "smolvm-controller")],
             runtime_usernames: vec![service_account(DEFAULT_NAMESPACE, "smolvm-runtime")],
         }
@@ -317,6 +320,12 @@ impl Policy {
                 crate::types::MAX_ALLOWED_HOSTS,
             ),
             ("maxValueBytes", self.max_value_bytes, 1, crate::types::MAX_VALUE_BYTES),
+            (
+                "maxSlotsPerNode",
+                self.max_slots_per_node,
+                0,
+                crate::pool::MAX_SLOTS_PER_NODE,
+            ),
         ] {
             if !(low..=high).contains(&value) {
                 return Err(invalid(

@@ -95,6 +95,12 @@ pub const MAX_SELECTOR_ENTRIES: usize = 32;
     validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || (has(self.spec.network) && has(self.spec.network.allowedHosts) ? self.spec.network.allowedHosts : []) == (has(oldSelf.spec.network) && has(oldSelf.spec.network.allowedHosts) ? oldSelf.spec.network.allowedHosts : [])")
         .message("spec.network.allowedHosts are immutable once the SmolVM is bound to a node: delete and recreate (V6)")
         .field_path(".spec.network"),
+    validation = Rule::new("has(self.spec.image)")
+        .message("spec.image is required: name the image to boot, or a pool in spec.poolRef whose template gives it (V1)")
+        .field_path(".spec.image"),
+    validation = Rule::new("(has(self.spec.poolRef) ? self.spec.poolRef.name : '') == (has(oldSelf.spec.poolRef) ? oldSelf.spec.poolRef.name : '')")
+        .message("spec.poolRef never changes after CREATE: the pool's template was applied then; delete and recreate (V14)")
+        .field_path(".spec.poolRef"),
     validation = Rule::new("(has(self.spec.className) ? self.spec.className : '') == (has(oldSelf.spec.className) ? oldSelf.spec.className : '')")
         .message("spec.className never changes after CREATE: the class's defaults were applied then; delete and recreate (V12)")
         .field_path(".spec.className"),
@@ -115,7 +121,8 @@ pub struct SmolVMSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspended: Option<bool>,
 
-    /// Image the machine boots: an OCI reference such as `alpine:latest` or `registry.example.com/org/app@sha256:...`, or `local:<name>` for an image in the node's local image directory. Immutable once the SmolVM is bound to a node.
+    /// Image the machine boots: an OCI reference such as `alpine:latest` or `registry.example.com/org/app@sha256:...`, or `local:<name>` for an image in the node's local image directory. Required, except that a SmolVM naming a pool in `poolRef` gets its pool's. Immutable once the SmolVM is bound to a node.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(min = 1, max = 512))]
     #[x_kube(validation = Rule::new("!self.startsWith('local:') || self.matches('^local:[A-Za-z0-9][A-Za-z0-9._-]{0,127}$')").message("a local image is local:<name>, the name made of letters, digits, '.', '_' and '-' (V1)"))]
     #[x_kube(validation = Rule::new("!self.matches('\\\\s')").message("an image reference has no whitespace (V1)"))]
@@ -189,6 +196,10 @@ pub struct SmolVMSpec {
     #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("className must be a DNS-1123 subdomain: lower-case letters, digits, '-' and '.' (V12)"))]
     pub class_name: Option<String>,
+
+    /// The SmolVMPool in this namespace this SmolVM is served from: at CREATE it takes every field of its spec from the pool's template (and its nodeSelector), and is then served from a ready slot, in milliseconds instead of a cold boot. It sets only `env` (carried to the slot), `running` and `suspended` itself. Never changes after CREATE.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_ref: Option<crate::pool::PoolRef>,
 }
 
 /// The schema's most `env` entries (the policy's `maxEnv` may lower it).

@@ -48,6 +48,7 @@ fn cel_rules_compile_and_stay_within_the_cost_budget() {
     for (kind, schema) in [
         ("SmolVM", schema_of::<SmolVM>()),
         ("SmolVMNode", schema_of::<SmolVMNode>()),
+        ("SmolVMPool", schema_of::<smolvm_api::SmolVMPool>()),
     ] {
         let compiled = compile_schema(&schema);
         assert!(!compiled.has_errors(), "{kind}: {:?}", compiled.compilation_errors());
@@ -135,6 +136,15 @@ fn cel_create_rules_table() {
                 )),
             ),
             None,
+        ),
+        (
+            "v1_cel_image_absent",
+            {
+                let mut v = stored();
+                v["spec"].as_object_mut().unwrap().remove("image");
+                v
+            },
+            Some("spec.image is required"),
         ),
         (
             "v1_cel_registry_with_port_ok",
@@ -435,6 +445,28 @@ fn cel_transition_rules_table() {
             bound.clone(),
             set(bound.clone(), "/status/machineName", json!("svm-someone-else")),
             Some("machineName never changes or clears once set (V9)"),
+        ),
+        (
+            "v14_cel_pool_ref_set_after_create",
+            unbound.clone(),
+            set(unbound.clone(), "/spec/poolRef", json!({"name": "sandboxes"})),
+            Some("spec.poolRef never changes after CREATE"),
+        ),
+        (
+            "v14_cel_pool_ref_changed",
+            set(unbound.clone(), "/spec/poolRef", json!({"name": "sandboxes"})),
+            set(unbound.clone(), "/spec/poolRef", json!({"name": "other"})),
+            Some("(V14)"),
+        ),
+        (
+            "v14_cel_pool_ref_kept_ok",
+            set(unbound.clone(), "/spec/poolRef", json!({"name": "sandboxes"})),
+            set(
+                set(unbound.clone(), "/spec/poolRef", json!({"name": "sandboxes"})),
+                "/spec/running",
+                json!(false),
+            ),
+            None,
         ),
         (
             "v9_cel_machine_name_cleared",

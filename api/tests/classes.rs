@@ -57,6 +57,7 @@ fn with_ctx<T>(classes: &dyn ClassCatalog, f: impl FnOnce(&Context<'_>) -> T) ->
         policy: &policy,
         nodes: &nodes,
         classes,
+        pools: &smolvm_api::pool::NO_POOLS,
         identity: &identity,
     })
 }

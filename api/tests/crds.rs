@@ -12,7 +12,7 @@ fn crds_dir() -> PathBuf {
 #[test]
 fn committed_crds_match_the_generated_ones() {
     let rendered = crd::render().unwrap();
-    assert_eq!(rendered.len(), 3);
+    assert_eq!(rendered.len(), 4);
     for (name, body) in rendered {
         let path = crds_dir().join(&name);
         let committed =
@@ -113,6 +113,7 @@ fn crds_are_structural_and_documented() {
         let expected: &[&str] = match name.split('.').next().unwrap_or_default() {
             "smolvms" => &["Phase", "Node", "CPUs", "Memory", "Suspended", "Age"],
             "smolvmclasses" => &["CPUs", "Memory", "Storage", "Default", "Age"],
+            "smolvmpools" => &["Slots/Node", "Ready", "Total", "When Empty", "Age"],
             _ => &[
                 "Ready",
                 "Endpoint",

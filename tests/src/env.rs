@@ -349,6 +349,7 @@ impl Env {
                 "crd/smolvms.vm.smolvm.dev",
                 "crd/smolvmnodes.vm.smolvm.dev",
                 "crd/smolvmclasses.vm.smolvm.dev",
+                "crd/smolvmpools.vm.smolvm.dev",
             ],
             None,
         )?;

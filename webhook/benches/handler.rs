@@ -111,6 +111,7 @@ fn run_case(s: &Setup, case: &str) -> usize {
             let catalogs = Catalogs {
                 nodes: &s.nodes,
                 classes: &s.classes,
+                pools: &smolvm_api::pool::NO_POOLS,
             };
             let out = review(Route::MutateSmolVM, black_box(&s.class_body), &s.policy, catalogs)
                 .unwrap_or_else(|e| panic!("{e}"));

@@ -8,7 +8,7 @@ use kube::{
     core::PartialObjectMeta,
     runtime::{WatchStreamExt, reflector, watcher},
 };
-use smolvm_api::{SmolVM, SmolVMClass, SmolVMNode, constants::LABEL_CLASS};
+use smolvm_api::{SmolVM, SmolVMClass, SmolVMNode, SmolVMPool, constants::LABEL_CLASS};
 use smolvm_certs::ReloadableResolver;
 use smolvm_kit::selfsigned;
 use smolvm_webhook::{
@@ -16,7 +16,7 @@ use smolvm_webhook::{
     cli::{Args, RENAMED, TlsMode},
     reload,
     server::{admission_router, serve_ops, serve_tls},
-    state::{AppState, ClassStore, PolicyHandle, StoreCatalog},
+    state::{AppState, ClassStore, PolicyHandle, PoolStore, StoreCatalog},
 };
 
 fn main() -> std::process::ExitCode {
@@ -83,29 +83,38 @@ fn reflect<K>(
     });
 }
 
-/// The caches the rules read, all reflectors: SmolVMNodes (rule V5) and SmolVMClasses (M3, V12),
-/// on which /readyz waits, and the class-labelled SmolVMs' metadata (counted when a class is
-/// deleted).
-fn start_caches(
-    client: &Client,
+/// The writers of the caches the rules read.
+struct Writers {
     nodes: reflector::store::Writer<SmolVMNode>,
     classes: reflector::store::Writer<SmolVMClass>,
     members: reflector::store::Writer<PartialObjectMeta<SmolVM>>,
-    state: &AppState,
-) {
+    pools: reflector::store::Writer<SmolVMPool>,
+}
+
+/// The caches the rules read, all reflectors: SmolVMNodes (rule V5), SmolVMClasses (M3, V12)
+/// and SmolVMPools (M4, V14), on which /readyz waits, and the class-labelled SmolVMs' metadata
+/// (counted when a class is deleted).
+fn start_caches(client: &Client, writers: Writers, state: &AppState) {
     let readiness = state.readiness.clone();
     reflect(
         "smolvmnodes",
         watcher(Api::<SmolVMNode>::all(client.clone()), watcher::Config::default()),
-        nodes,
+        writers.nodes,
         move || readiness.set_nodes_synced(),
     );
     let readiness = state.readiness.clone();
     reflect(
         "smolvmclasses",
         watcher(Api::<SmolVMClass>::all(client.clone()), watcher::Config::default()),
-        classes,
+        writers.classes,
         move || readiness.set_classes_synced(),
+    );
+    let readiness = state.readiness.clone();
+    reflect(
+        "smolvmpools",
+        watcher(Api::<SmolVMPool>::all(client.clone()), watcher::Config::default()),
+        writers.pools,
+        move || readiness.set_pools_synced(),
     );
     reflect(
         "smolvm-class-labels",
@@ -114,7 +123,7 @@ fn start_caches(
             Api::<PartialObjectMeta<SmolVM>>::all(client.clone()),
             watcher::Config::default().labels(LABEL_CLASS),
         ),
-        members,
+        writers.members,
         || {},
     );
 }
@@ -165,7 +174,7 @@ async fn run(args: Args) -> Result<()> {
     let policy = PolicyHandle::new(reload::load_policy(args.policy.as_deref())?);
     let client = if args.without_cluster {
         tracing::warn!(
-            "running without a cluster: no SmolVMNode or SmolVMClass cache; V5 capacity checks only warn, no class is known"
+            "running without a cluster: no SmolVMNode, SmolVMClass or SmolVMPool cache; V5 capacity checks only warn, no class or pool is known"
         );
         None
     } else {
@@ -174,10 +183,12 @@ async fn run(args: Args) -> Result<()> {
     let (nodes, nodes_writer) = reflector::store::<SmolVMNode>();
     let (classes, classes_writer) = reflector::store::<SmolVMClass>();
     let (members, members_writer) = reflector::store::<PartialObjectMeta<SmolVM>>();
+    let (pools, pools_writer) = reflector::store::<SmolVMPool>();
     let state = match client {
         Some(_) => AppState::new(policy.clone(), Arc::new(StoreCatalog(nodes)))
-            .with_classes(Arc::new(ClassStore { classes, members })),
-        // Without a cluster no class is known: a SmolVM naming one is refused (V12).
+            .with_classes(Arc::new(ClassStore { classes, members }))
+            .with_pools(Arc::new(PoolStore(pools))),
+        // Without a cluster no class or pool is known: a SmolVM naming one is refused (V12, V14).
         None => AppState::new(policy.clone(), Arc::new(Vec::<SmolVMNode>::new())),
     };
     let mut state = state
@@ -187,10 +198,19 @@ async fn run(args: Args) -> Result<()> {
     state.body_timeout = args.body_timeout.max(Duration::from_secs(1));
     state.body_idle_timeout = args.body_idle_timeout.max(Duration::from_millis(100));
     match &client {
-        Some(client) => start_caches(client, nodes_writer, classes_writer, members_writer, &state),
+        Some(client) => {
+            let writers = Writers {
+                nodes: nodes_writer,
+                classes: classes_writer,
+                members: members_writer,
+                pools: pools_writer,
+            };
+            start_caches(client, writers, &state);
+        }
         None => {
             state.readiness.set_nodes_synced();
             state.readiness.set_classes_synced();
+            state.readiness.set_pools_synced();
         }
     }
 

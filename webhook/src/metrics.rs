@@ -62,12 +62,13 @@ fn latency_histogram() -> Histogram {
 }
 
 /// The resources a route can report (`Outcome::resource`), for [`Handles`].
-const KNOWN_RESOURCES: [&str; 5] = [
+const KNOWN_RESOURCES: [&str; 6] = [
     "smolvms",
     "smolvms/status",
     "smolvmnodes",
     "smolvmnodes/status",
     "smolvmclasses",
+    "smolvmpools",
 ];
 const OPERATIONS: [&str; 4] = ["CREATE", "UPDATE", "DELETE", "CONNECT"];
 const VERDICTS: [&str; 2] = ["allowed", "denied"];
@@ -87,6 +88,7 @@ fn route_index(route: Route) -> usize {
         Route::ValidateSmolVM => 1,
         Route::ValidateSmolVMNode => 2,
         Route::ValidateSmolVMClass => 3,
+        Route::ValidateSmolVMPool => 4,
     }
 }
 

@@ -248,6 +248,7 @@ async fn admit(state: &AppState, route: Route, request: Request<Body>) -> Respon
         Catalogs {
             nodes: state.nodes.as_ref(),
             classes: state.classes.as_ref(),
+            pools: state.pools.as_ref(),
         },
     );
     let seconds = start.elapsed().as_secs_f64();
@@ -283,7 +284,7 @@ fn not_found() -> Response {
         StatusCode::NOT_FOUND,
         serde_json::to_vec(&serde_json::json!({
             "apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 404, "reason": "NotFound",
-            "message": "no such endpoint; use /mutate/smolvms, /validate/smolvms, /validate/smolvmnodes or /validate/smolvmclasses"
+            "message": "no such endpoint; use /mutate/smolvms, /validate/smolvms, /validate/smolvmnodes, /validate/smolvmclasses or /validate/smolvmpools"
         }))
         .unwrap_or_default(),
     )
@@ -319,7 +320,7 @@ impl tower::Service<Request<Body>> for Admission {
 }
 
 /// The admission router: `/mutate/smolvms`, `/validate/smolvms`, `/validate/smolvmnodes`,
-/// `/validate/smolvmclasses` (any method reaches them, and is answered 405 unless POST).
+/// `/validate/smolvmclasses`, `/validate/smolvmpools` (any method reaches them, and is answered 405 unless POST).
 pub fn admission_router(state: AppState) -> Router {
     Router::new()
         .fallback_service(Admission(Arc::new(state)))

@@ -1,4 +1,5 @@
-//! Shared server state: the current policy, the SmolVMNode and SmolVMClass catalogues, readiness
+//! Shared server state: the current policy, the SmolVMNode, SmolVMClass and SmolVMPool
+//! catalogues, readiness
 //! and metrics.
 
 use std::sync::{
@@ -11,9 +12,10 @@ use kube::{
     runtime::reflector::{ObjectRef, Store},
 };
 use smolvm_api::{
-    Policy, SmolVM, SmolVMClass, SmolVMNode,
+    Policy, SmolVM, SmolVMClass, SmolVMNode, SmolVMPool,
     class::ClassCatalog,
     constants::LABEL_CLASS,
+    pool::PoolCatalog,
     validate::{NodeCatalog, NodeFacts},
 };
 
@@ -45,6 +47,7 @@ impl PolicyHandle {
 pub struct Readiness {
     nodes_synced: AtomicBool,
     classes_synced: AtomicBool,
+    pools_synced: AtomicBool,
     tls_loaded: AtomicBool,
 }
 
@@ -57,6 +60,11 @@ impl Readiness {
     /// Marks the SmolVMClass cache as synced.
     pub fn set_classes_synced(&self) {
         self.classes_synced.store(true, Ordering::Release);
+    }
+
+    /// Marks the SmolVMPool cache as synced.
+    pub fn set_pools_synced(&self) {
+        self.pools_synced.store(true, Ordering::Release);
     }
 
     /// Marks the serving certificate as loaded.
@@ -72,6 +80,9 @@ impl Readiness {
         }
         if !self.classes_synced.load(Ordering::Acquire) {
             out.push("smolvmclass cache not synced");
+        }
+        if !self.pools_synced.load(Ordering::Acquire) {
+            out.push("smolvmpool cache not synced");
         }
         if !self.tls_loaded.load(Ordering::Acquire) {
             out.push("serving certificate not loaded");
@@ -93,6 +104,23 @@ impl NodeCatalog for StoreCatalog {
     }
     fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+}
+
+/// The known SmolVMPools as a kube reflector store sees them (hash lookups by namespace and
+/// name).
+#[derive(Clone)]
+pub struct PoolStore(pub Store<SmolVMPool>);
+
+impl PoolCatalog for PoolStore {
+    fn pool(&self, namespace: &str, name: &str) -> Option<SmolVMPool> {
+        self.0
+            .get(&ObjectRef::new(name).within(namespace))
+            .map(|p| (*p).clone())
+    }
+    // The store's snapshot is a list of pools: the list's own catalogue answers this.
+    fn names_in(&self, namespace: &str) -> Vec<String> {
+        self.0.state().names_in(namespace)
     }
 }
 
@@ -162,6 +190,8 @@ pub struct AppState {
     pub nodes: Arc<dyn NodeCatalog + Send + Sync>,
     /// The SmolVMClass catalogue (reflector stores in production).
     pub classes: Arc<dyn ClassCatalog + Send + Sync>,
+    /// The SmolVMPool catalogue (a reflector store in production).
+    pub pools: Arc<dyn PoolCatalog + Send + Sync>,
     /// Readiness conditions.
     pub readiness: Arc<Readiness>,
     /// Metrics.
@@ -186,7 +216,7 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// State with the given policy and node catalogue, no classes, default limits (1 MiB,
+    /// State with the given policy and node catalogue, no classes or pools, default limits (1 MiB,
     /// [`DEFAULT_BODY_TIMEOUT`], [`DEFAULT_BODY_IDLE_TIMEOUT`], [`DEFAULT_MAX_CONCURRENT_BODIES`]
     /// bodies and [`DEFAULT_MAX_CONCURRENT_REVIEWS`] reviews at once).
     pub fn new(policy: PolicyHandle, nodes: Arc<dyn NodeCatalog + Send + Sync>) -> Self {
@@ -194,6 +224,7 @@ impl AppState {
             policy,
             nodes,
             classes: Arc::new(Vec::<SmolVMClass>::new()),
+            pools: Arc::new(Vec::<SmolVMPool>::new()),
             readiness: Arc::new(Readiness::default()),
             metrics: Arc::new(Metrics::new()),
             body_limit: 1024 * 1024,
@@ -209,6 +240,12 @@ impl AppState {
     /// Sets the SmolVMClass catalogue.
     pub fn with_classes(mut self, classes: Arc<dyn ClassCatalog + Send + Sync>) -> Self {
         self.classes = classes;
+        self
+    }
+
+    /// Sets the SmolVMPool catalogue.
+    pub fn with_pools(mut self, pools: Arc<dyn PoolCatalog + Send + Sync>) -> Self {
+        self.pools = pools;
         self
     }
 
@@ -268,9 +305,10 @@ mod tests {
     #[test]
     fn readiness_needs_every_cache_and_the_certificate() {
         let r = Readiness::default();
-        assert_eq!(r.missing().len(), 3);
+        assert_eq!(r.missing().len(), 4);
         r.set_tls_loaded();
         r.set_classes_synced();
+        r.set_pools_synced();
         assert_eq!(r.missing(), vec!["smolvmnode cache not synced"]);
         r.set_nodes_synced();
         assert!(r.missing().is_empty());

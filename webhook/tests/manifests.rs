@@ -29,7 +29,7 @@ fn webhook_configurations_have_the_required_shape() {
     let mutating = m.webhooks.unwrap_or_default();
     let validating = v.webhooks.unwrap_or_default();
     assert_eq!(mutating.len(), 1);
-    assert_eq!(validating.len(), 4);
+    assert_eq!(validating.len(), 5);
     for w in &mutating {
         assert_eq!(w.reinvocation_policy.as_deref(), Some("IfNeeded"), "{}", w.name);
     }
@@ -97,7 +97,7 @@ fn webhook_configurations_have_the_required_shape() {
             resources.extend(rule.resources.clone().unwrap_or_default());
         }
     }
-    for r in ["smolvms", "smolvmnodes", "smolvmclasses"] {
+    for r in ["smolvms", "smolvmnodes", "smolvmclasses", "smolvmpools"] {
         assert!(resources.iter().any(|x| x == r), "{r} not covered");
     }
     // Status writes (heartbeats, the controller's status) never wait on the webhook: their
@@ -121,6 +121,7 @@ fn webhook_configurations_have_the_required_shape() {
             Some("/validate/smolvms".into()),
             Some("/validate/smolvmnodes".into()),
             Some("/validate/smolvmclasses".into()),
+            Some("/validate/smolvmpools".into()),
             Some("/validate/smolvmclasses".into())
         ]
     );

@@ -921,9 +921,12 @@ async fn readyz_waits_for_cache_sync() {
     assert_eq!(status, 503);
     assert!(body.contains("smolvmnode cache not synced"), "{body}");
     assert!(body.contains("smolvmclass cache not synced"), "{body}");
+    assert!(body.contains("smolvmpool cache not synced"), "{body}");
     h.state.readiness.set_nodes_synced();
     assert_eq!(h.ops_get("/readyz").await.0, 503, "the class cache is not synced yet");
     h.state.readiness.set_classes_synced();
+    assert_eq!(h.ops_get("/readyz").await.0, 503, "the pool cache is not synced yet");
+    h.state.readiness.set_pools_synced();
     assert_eq!(h.ops_get("/readyz").await.0, 200);
     let (status, metrics) = h.ops_get("/metrics").await;
     assert_eq!(status, 200);
@@ -1066,4 +1069,94 @@ async fn classes_over_the_wire() {
 
 fn catalog_class(h: &Harness, name: &str) -> Option<smolvm_api::SmolVMClass> {
     h.state.classes.class(name)
+}
+
+/// M4 and V14 over the wire: a SmolVM naming a pool comes back filled from the template (its
+/// own env last), labelled with the pool; one that sets what a lease cannot carry is refused
+/// naming every such field, with the filled object's own violations in the same answer; an
+/// unknown pool is refused with the namespace's pools; a pool's template is judged by every
+/// SmolVM rule at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_over_the_wire() {
+    let pools = vec![fixtures::pool(
+        "sandboxes",
+        json!({
+            "template": {"image": "python:3.12-slim", "resources": {"cpus": 2}, "env": [{"name": "MODE", "value": "pool"}]},
+            "slotsPerNode": 3
+        }),
+    )];
+    let h = Harness::start_with(nodes(), |state| state.pools = std::sync::Arc::new(pools)).await;
+    let mut conn = h.connect(Version::Http1).await;
+
+    let claim = fixtures::smolvm(
+        "job-1",
+        json!({"poolRef": {"name": "sandboxes"}, "env": [{"name": "JOB", "value": "1"}]}),
+    );
+    let object = defaulted(&mut conn, &claim).await;
+    assert_eq!(object["spec"]["image"], "python:3.12-slim");
+    assert_eq!(
+        object["spec"]["resources"],
+        json!({"cpus": 2, "memoryMiB": 512}),
+        "M1 after M4"
+    );
+    assert_eq!(
+        object["spec"]["env"],
+        json!([{"name": "MODE", "value": "pool"}, {"name": "JOB", "value": "1"}])
+    );
+    assert_eq!(object["metadata"]["labels"]["vm.smolvm.dev/pool"], "sandboxes");
+    let req = review("smolvms", "", "CREATE", &fixtures::user(), &object, None);
+    let (_, body) = post(&mut conn, "/validate/smolvms", &req).await;
+    assert_eq!(body["response"]["allowed"], true, "the filled SmolVM is valid: {body}");
+
+    let greedy = fixtures::smolvm(
+        "job-2",
+        json!({"poolRef": {"name": "sandboxes"}, "image": "alpine", "resources": {"cpus": 999}}),
+    );
+    let req = review("smolvms", "", "CREATE", &fixtures::user(), &greedy, None);
+    let (_, body) = post(&mut conn, "/mutate/smolvms", &req).await;
+    assert_eq!(body["response"]["allowed"], false, "{body}");
+    assert_eq!(body["response"]["status"]["code"], 422);
+    let message = body["response"]["status"]["message"].as_str().unwrap_or_default();
+    for expected in [
+        "spec.image: is set (\"alpine\")",
+        "spec.resources: is set (1 field(s))",
+        "[V14]",
+        "[V2]",
+    ] {
+        assert!(message.contains(expected), "{expected:?} in {message}");
+    }
+
+    let unknown = fixtures::smolvm("job-3", json!({"poolRef": {"name": "gpus"}}));
+    let req = review("smolvms", "", "CREATE", &fixtures::user(), &unknown, None);
+    let (_, body) = post(&mut conn, "/mutate/smolvms", &req).await;
+    assert_eq!(body["response"]["allowed"], false, "{body}");
+    let message = body["response"]["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("spec.poolRef.name") && message.contains("sandboxes") && !message.contains("spec.image"),
+        "{message}"
+    );
+
+    let bad = fixtures::pool_json(
+        "broken",
+        json!({"template": {"image": "Not An Image", "resources": {"cpus": 999}}, "slotsPerNode": 1000}),
+    );
+    let req = review("smolvmpools", "", "CREATE", &fixtures::user(), &bad, None);
+    let (_, body) = post(&mut conn, "/validate/smolvmpools", &req).await;
+    assert_eq!(body["response"]["allowed"], false, "{body}");
+    let message = body["response"]["status"]["message"].as_str().unwrap_or_default();
+    for expected in [
+        "spec.template.image",
+        "spec.template.resources.cpus",
+        "spec.slotsPerNode",
+    ] {
+        assert!(message.contains(expected), "{expected:?} in {message}");
+    }
+    let good = serde_json::to_value(fixtures::pool(
+        "fine",
+        json!({"template": {"image": "alpine"}, "slotsPerNode": 2}),
+    ))
+    .unwrap_or_default();
+    let req = review("smolvmpools", "", "CREATE", &fixtures::user(), &good, None);
+    let (_, body) = post(&mut conn, "/validate/smolvmpools", &req).await;
+    assert_eq!(body["response"]["allowed"], true, "{body}");
 }

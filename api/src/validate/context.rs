@@ -1,5 +1,6 @@
 //! What validation knows besides the objects: who sent the request ([`Identity`]), the known
-//! SmolVMNodes ([`NodeCatalog`]) and SmolVMClasses ([`ClassCatalog`]) and the policy, gathered
+//! SmolVMNodes ([`NodeCatalog`]), SmolVMClasses ([`ClassCatalog`]) and SmolVMPools
+//! ([`PoolCatalog`]) and the policy, gathered
 //! in [`Context`].
 
 use std::{borrow::Borrow, collections::BTreeMap};
@@ -8,6 +9,7 @@ use crate::{
     class::ClassCatalog,
     constants::{EXTRA_NODE_NAME, EXTRA_NODE_UID},
     policy::{Policy, Role},
+    pool::PoolCatalog,
     types::{NodeResources, SmolVMNode},
 };
 
@@ -107,6 +109,8 @@ pub struct Context<'a> {
     pub nodes: &'a dyn NodeCatalog,
     /// The known SmolVMClasses (rule V12; [`crate::class::NO_CLASSES`] where there are none).
     pub classes: &'a dyn ClassCatalog,
+    /// The known SmolVMPools (rule V14; [`crate::pool::NO_POOLS`] where there are none).
+    pub pools: &'a dyn PoolCatalog,
     /// The requester.
     pub identity: &'a Identity,
 }

@@ -10,10 +10,11 @@ use serde_json::Value;
 
 use crate::{
     class::SmolVMClass,
+    pool::SmolVMPool,
     types::{SmolVM, SmolVMNode},
 };
 
-use super::{class::*, context::*, node::*, smolvm::*, status::*, verdict::*};
+use super::{class::*, context::*, node::*, pool::*, smolvm::*, status::*, verdict::*};
 
 /// Deserializes an object, turning a failure into a finding that names the path.
 pub fn decode<T: DeserializeOwned>(object: &Value) -> Result<T, Finding> {
@@ -25,14 +26,6 @@ pub fn decode<T: DeserializeOwned>(object: &Value) -> Result<T, Finding> {
     serde_path_to_error::deserialize::<_, T>(object).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner().to_string();
-        if inner.contains("missing field `image`") {
-            return Finding::new(
-                RuleId::V1,
-                "spec.image",
-                String::new(),
-                "is required: an OCI reference such as alpine:latest, or local:<name>".into(),
-            );
-        }
         let path = if path == "." { "object".to_string() } else { path };
         Finding::new(
             RuleId::Schema,
@@ -213,14 +206,6 @@ fn undecodable(steps: &[Step], value: Option<&Value>, expected: &Expected, serde
 
 /// The finding for a required field that is absent.
 fn required(steps: &[Step]) -> Finding {
-    if steps == [Step::Key("spec".into()), Step::Key("image".into())] {
-        return Finding::new(
-            RuleId::V1,
-            "spec.image",
-            String::new(),
-            "is required: an OCI reference such as alpine:latest, or local:<name>".into(),
-        );
-    }
     Finding::new(RuleId::Schema, path_text(steps), String::new(), "Required value".into())
 }
 
@@ -525,6 +510,20 @@ impl RuleDecode for SmolVMClass {
     }
 }
 
+impl RuleDecode for SmolVMPool {
+    type Spec = crate::pool::SmolVMPoolSpec;
+    // The controller writes the status through its subresource, which no rule reads.
+    type Status = serde::de::IgnoredAny;
+
+    fn assemble(o: RuleObject<Self::Spec, Self::Status>) -> Self {
+        SmolVMPool {
+            metadata: o.metadata.into_object_meta(),
+            spec: o.spec,
+            status: None,
+        }
+    }
+}
+
 impl RuleDecode for SmolVMNode {
     type Spec = crate::types::SmolVMNodeSpec;
     type Status = crate::types::SmolVMNodeStatus;
@@ -562,6 +561,8 @@ pub enum Target {
     SmolVMNodeStatus,
     /// A SmolVMClass (V12, and V2, V3, V4, V11 on its fields).
     SmolVMClass,
+    /// A SmolVMPool (V14, and V1 to V4, V11 on its template).
+    SmolVMPool,
 }
 
 fn decode_raw<T: RuleDecode>(raw: Raw<'_>) -> Result<T, Finding> {
@@ -662,6 +663,7 @@ pub fn validate_raw(target: Target, op: Operation, old: Option<Raw<'_>>, new: Ra
         Target::SmolVMNode => on_decoded(old, new, |o, n| validate_smolvm_node(op, o, n, ctx)),
         Target::SmolVMNodeStatus => on_decoded(old, new, |o, n| validate_smolvm_node_status(op, o, n, ctx)),
         Target::SmolVMClass => on_decoded(old, new, |o, n| validate_smolvm_class(op, o, n, ctx)),
+        Target::SmolVMPool => on_decoded(old, new, |o, n| validate_smolvm_pool(op, o, n, ctx)),
     }
 }
 
@@ -740,6 +742,7 @@ mod tests {
             policy: &policy,
             nodes: &Vec::<SmolVMNode>::new(),
             classes: &crate::class::NO_CLASSES,
+            pools: &crate::pool::NO_POOLS,
             identity: &identity,
         };
         let object = json!({
@@ -960,6 +963,7 @@ mod tests {
             policy: &policy,
             nodes: &Vec::<SmolVMNode>::new(),
             classes: &crate::class::NO_CLASSES,
+            pools: &crate::pool::NO_POOLS,
             identity: &identity,
         };
         let bad = json!({"metadata": {"name": "a", "annotations": {"example.com/n": 5, "vm.smolvm.dev/x": [1]}},

@@ -1,4 +1,4 @@
-//! Validation (the validating half of admission): rules V1 to V12.
+//! Validation (the validating half of admission): rules V1 to V14.
 //!
 //! Every function here is pure: it takes the operation, the old and new objects and a
 //! [`Context`] (policy, known SmolVMNodes, requester identity), and returns a [`Verdict`] with
@@ -9,13 +9,14 @@
 //! - `verdict`: the answer ([`Verdict`], [`Finding`], [`RuleId`]);
 //! - `context`: what the rules know besides the objects;
 //! - `decode`: from the request's JSON to the rules, per [`Target`];
-//! - `smolvm`, `bound`, `status`, `node`, `class`: the rules of each target.
+//! - `smolvm`, `bound`, `status`, `node`, `class`, `pool`: the rules of each target.
 
 mod bound;
 mod class;
 mod context;
 mod decode;
 mod node;
+mod pool;
 mod smolvm;
 mod status;
 mod verdict;
@@ -27,6 +28,7 @@ pub use decode::{
     validate_smolvm_status_json,
 };
 pub use node::{validate_smolvm_node, validate_smolvm_node_status};
+pub use pool::{validate_pooled_request, validate_smolvm_pool};
 pub use smolvm::validate_smolvm;
 pub use status::validate_smolvm_status;
 pub use verdict::{Finding, Operation, RuleId, Verdict};

@@ -1,4 +1,4 @@
-//! The rules of a SmolVM write (V1 to V8, V11, V13): the spec against the policy, the workload,
+//! The rules of a SmolVM write (V1 to V8, V11, V13; V14's are in `pool`): the spec against the policy, the workload,
 //! the Service, suspend, placement against the known nodes, and the force-delete and recreate
 //! annotations.
 
@@ -17,9 +17,9 @@ use crate::{
     },
 };
 
-use super::{bound::*, context::*, verdict::*};
+use super::{bound::*, context::*, pool::check_pool_ref, verdict::*};
 
-/// Validates a SmolVM write on the main resource (rules V1 to V8).
+/// Validates a SmolVM write on the main resource (rules V1 to V8, V11 to V14).
 pub fn validate_smolvm(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &Context<'_>) -> Verdict {
     let mut verdict = Verdict::default();
     if !matches!(op, Operation::Create | Operation::Update) {
@@ -27,6 +27,7 @@ pub fn validate_smolvm(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &
     }
     let old = if op == Operation::Update { old } else { None };
     check_class_name(op, old, new, ctx, &mut verdict);
+    check_pool_ref(op, old, new, ctx, &mut verdict);
     check_force_delete(op, old, new, &mut verdict);
     check_recreate_lost(op, old, new, &mut verdict);
 
@@ -217,6 +218,19 @@ pub(super) fn check_spec_fields(spec: &SmolVMSpec, policy: &Policy, unset: Unset
 
 /// V1: the image is an OCI reference or `local:<name>`.
 fn check_image(spec: &SmolVMSpec, v: &mut Verdict) {
+    // Absent (decoded as empty). A pooled SmolVM takes its image from its pool; one whose pool
+    // is unknown has none, which V14 reports.
+    if spec.image.is_empty() {
+        if spec.pool_ref.is_none() {
+            v.violation(
+                RuleId::V1,
+                "spec.image",
+                String::new(),
+                "is required: an OCI reference such as alpine:latest, or local:<name>; or name a pool in spec.poolRef, whose template gives it".into(),
+            );
+        }
+        return;
+    }
     if let Err(reason) = syntax::parse_image(&spec.image) {
         v.violation(
             RuleId::V1,
@@ -394,7 +408,7 @@ fn check_port(i: usize, port: &crate::types::Port, policy: &Policy, v: &mut Verd
 }
 
 /// V4: the node pin and the node selector.
-fn check_node_fields(spec: &SmolVMSpec, v: &mut Verdict) {
+pub(super) fn check_node_fields(spec: &SmolVMSpec, v: &mut Verdict) {
     if let Some(node) = &spec.node_name
         && let Err(reason) = syntax::check_dns1123_subdomain(node)
     {

@@ -60,6 +60,9 @@ pub enum RuleId {
     /// V13: suspend (`suspended` with `running: false` is warned about; no CPU or memory resize
     /// while suspended).
     V13,
+    /// V14: warm pools (a known, unchanging `spec.poolRef`; a pooled SmolVM sets only what a
+    /// lease carries; a pool's template passes every SmolVM rule; `slotsPerNode` within policy).
+    V14,
 }
 
 impl RuleId {
@@ -80,6 +83,7 @@ impl RuleId {
             RuleId::V11 => "V11",
             RuleId::V12 => "V12",
             RuleId::V13 => "V13",
+            RuleId::V14 => "V14",
         }
     }
 }
@@ -169,6 +173,25 @@ impl Verdict {
     /// A warning at `path`; its JSON pointer is derived from it ([`pointer_of`]).
     pub(super) fn warning(&mut self, rule: RuleId, path: &str, value: String, message: String) {
         self.warnings.push(Finding::new(rule, path, value, message));
+    }
+
+    /// The same findings with each path under `from` (such as `spec.`) moved under `to` (such as
+    /// `spec.template.`): a pool's template is judged by the SmolVM rules, whose paths it shares
+    /// below `spec`.
+    pub(super) fn moved(mut self, from: &str, to: &str) -> Self {
+        for finding in self.violations.iter_mut().chain(self.warnings.iter_mut()) {
+            if let Some(rest) = finding.path.strip_prefix(from) {
+                finding.path = format!("{to}{rest}");
+                finding.pointer = pointer_of(&finding.path);
+            }
+        }
+        self
+    }
+
+    /// Every finding of `other` added after these.
+    pub fn extend(&mut self, other: Verdict) {
+        self.violations.extend(other.violations);
+        self.warnings.extend(other.warnings);
     }
 
     /// A list at `path` with more `noun` than the policy field `limit` (value `max`) allows.

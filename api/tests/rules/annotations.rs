@@ -48,6 +48,7 @@ fn v7_force_delete_annotation() {
         policy: &policy,
         nodes: &Vec::<SmolVMNode>::new(),
         classes: &smolvm_api::class::NO_CLASSES,
+        pools: &smolvm_api::pool::NO_POOLS,
         identity: &identity,
     };
     let old = deleting(bound(stored(), "node-a"));
@@ -245,6 +246,7 @@ fn v7_every_misuse_is_reported() {
         policy: &policy,
         nodes: &nodes,
         classes: &smolvm_api::class::NO_CLASSES,
+        pools: &smolvm_api::pool::NO_POOLS,
         identity: &identity,
     };
     let new = annotated(alpine(), "yes");

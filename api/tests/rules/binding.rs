@@ -199,6 +199,7 @@ fn v6_workload_immutable_after_binding() {
         policy: &Policy::default(),
         nodes: &nodes,
         classes: &smolvm_api::class::NO_CLASSES,
+        pools: &smolvm_api::pool::NO_POOLS,
         identity: &user(),
     };
     let verdict = validate_smolvm_json(

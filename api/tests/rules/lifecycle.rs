@@ -30,6 +30,7 @@ fn transition_matrix_unbound_bound_deleting_pinned() {
                     policy: &policy,
                     nodes: &nodes,
                     classes: &smolvm_api::class::NO_CLASSES,
+                    pools: &smolvm_api::pool::NO_POOLS,
                     identity: &identity,
                 };
                 let v = validate_smolvm_json(Update, Some(&old), &meta, &ctx);
@@ -88,6 +89,7 @@ fn m1_m2_defaults_then_validates() {
         policy: &policy,
         nodes: &nodes,
         classes: &smolvm_api::class::NO_CLASSES,
+        pools: &smolvm_api::pool::NO_POOLS,
         identity: &identity,
     };
     let verdict = validate_smolvm_json(Create, None, &patched, &ctx);
@@ -102,6 +104,7 @@ fn malformed_objects_are_schema_violations() {
         policy: &policy,
         nodes: &Vec::<SmolVMNode>::new(),
         classes: &smolvm_api::class::NO_CLASSES,
+        pools: &smolvm_api::pool::NO_POOLS,
         identity: &identity,
     };
     for bad in [

@@ -101,6 +101,7 @@ fn run(case: &Case, policy: &Policy, nodes: &Vec<SmolVMNode>) -> Verdict {
         policy,
         nodes,
         classes: &smolvm_api::class::NO_CLASSES,
+        pools: &smolvm_api::pool::NO_POOLS,
         identity: &case.identity,
     };
     match case.kind {

@@ -114,6 +114,7 @@ fn v5_bound_message_says_never_move() {
         policy: &policy,
         nodes: &Vec::<SmolVMNode>::new(),
         classes: &smolvm_api::class::NO_CLASSES,
+        pools: &smolvm_api::pool::NO_POOLS,
         identity: &identity,
     };
     let old = bound(stored(), "node-a");

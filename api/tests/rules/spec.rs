@@ -147,6 +147,7 @@ fn v2_message_names_field_value_and_policy() {
         policy: &policy,
         nodes: &nodes,
         classes: &smolvm_api::class::NO_CLASSES,
+        pools: &smolvm_api::pool::NO_POOLS,
         identity: &identity,
     };
     let object = with(
@@ -184,6 +185,7 @@ fn v2_default_outside_policy_names_the_default() {
         policy: &policy,
         nodes: &nodes,
         classes: &smolvm_api::class::NO_CLASSES,
+        pools: &smolvm_api::pool::NO_POOLS,
         identity: &identity,
     };
     let object = smolvm("a", json!({"image": "alpine"}));
@@ -223,6 +225,7 @@ fn v3_a_bound_vm_keeps_a_port_excluded_later() {
         policy: &policy,
         nodes: &nodes,
         classes: &smolvm_api::class::NO_CLASSES,
+        pools: &smolvm_api::pool::NO_POOLS,
         identity: &identity,
     };
     let verdict = validate_smolvm_json(

@@ -204,6 +204,7 @@ fn v11_every_violation_is_listed_and_no_value_is_echoed() {
         policy: &Policy::default(),
         nodes: &nodes,
         classes: &smolvm_api::class::NO_CLASSES,
+        pools: &smolvm_api::pool::NO_POOLS,
         identity: &user(),
     };
     let verdict = validate_smolvm_json(Create, None, &object, &ctx);

@@ -40,6 +40,7 @@ smolvm-webhook     cluster        admissionregistration.k8s.io/mutatingwebhookco
 smolvm-webhook     cluster        admissionregistration.k8s.io/validatingwebhookconfigurations  smolvm-webhook  get,patch
 smolvm-webhook     cluster        vm.smolvm.dev/smolvmnodes  -  list,watch
 smolvm-webhook     cluster        vm.smolvm.dev/smolvmclasses  -  list,watch
+smolvm-webhook     cluster        vm.smolvm.dev/smolvmpools  -  list,watch
 smolvm-webhook     cluster        vm.smolvm.dev/smolvms  -  list,watch
 smolvm-webhook     smolvm-system  core/secrets  smolvm-webhook-tls  get,update
 ";
@@ -56,6 +57,7 @@ smolvm-controller  default        core/secrets  -  get
 pub(super) const RBAC_WEBHOOK_CERT_MANAGER: &str = "
 smolvm-webhook     cluster        vm.smolvm.dev/smolvmnodes  -  list,watch
 smolvm-webhook     cluster        vm.smolvm.dev/smolvmclasses  -  list,watch
+smolvm-webhook     cluster        vm.smolvm.dev/smolvmpools  -  list,watch
 smolvm-webhook     cluster        vm.smolvm.dev/smolvms  -  list,watch
 ";
 
@@ -286,13 +288,15 @@ pub(super) fn rbac_is_least_privilege_and_matches_the_expected_table() {
 
 /// The roles for users (bound by no ServiceAccount of the install): each aggregates into the
 /// built-in roles named, with exactly these rules. `view` reads SmolVMs and their log; `edit`
-/// and `admin` also change SmolVMs, run commands in them and copy files (SPEC 6.1).
+/// and `admin` also change SmolVMs and SmolVMPools, run commands in them and copy files (SPEC 6.1).
 const USER_ROLES: &str = "
+smolvm-editor      admin,edit  vm.smolvm.dev/smolvmpools  create,delete,deletecollection,patch,update
 smolvm-editor      admin,edit  vm.smolvm.dev/smolvms  create,delete,deletecollection,patch,update
 smolvm-exec        admin,edit  subresources.vm.smolvm.dev/smolvms/exec  create,get
 smolvm-exec        admin,edit  subresources.vm.smolvm.dev/smolvms/files  create,get
 smolvm-log-viewer  view  subresources.vm.smolvm.dev/smolvms/log  get
 smolvm-viewer      view  vm.smolvm.dev/smolvmclasses  get,list,watch
+smolvm-viewer      view  vm.smolvm.dev/smolvmpools  get,list,watch
 smolvm-viewer      view  vm.smolvm.dev/smolvms  get,list,watch
 ";
 

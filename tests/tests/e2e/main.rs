@@ -44,6 +44,7 @@ mod cluster;
 mod hostile;
 mod monitoring;
 mod nodes;
+mod pools;
 mod reach;
 mod suspend;
 mod workload;
@@ -186,6 +187,7 @@ fn extra_scenarios() -> Vec<(&'static str, Scenario)> {
     all.extend(workload::scenarios());
     all.extend(reach::scenarios());
     all.extend(classes::scenarios());
+    all.extend(pools::scenarios());
     all.extend(access::scenarios());
     all.extend(nodes::scenarios());
     all.extend(hostile::scenarios());

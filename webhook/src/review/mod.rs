@@ -26,10 +26,12 @@ use serde_json::{Value, value::RawValue};
 use smolvm_api::{
     Policy,
     class::{ClassCatalog, class_for},
-    constants::{GROUP, RESOURCE_SMOLVMCLASSES, RESOURCE_SMOLVMNODES, RESOURCE_SMOLVMS},
-    defaulting::{default_smolvm, default_smolvm_with_class},
+    constants::{GROUP, RESOURCE_SMOLVMCLASSES, RESOURCE_SMOLVMNODES, RESOURCE_SMOLVMPOOLS, RESOURCE_SMOLVMS},
+    defaulting::{default_pooled_smolvm, default_smolvm, default_smolvm_with_class},
+    pool::PoolCatalog,
     validate::{
-        Context, Identity, NodeCatalog, Operation, Raw, RuleId, Target, Verdict, validate_raw, validate_smolvm_patched,
+        Context, Identity, NodeCatalog, Operation, Raw, RuleId, Target, Verdict, validate_pooled_request, validate_raw,
+        validate_smolvm_patched,
     },
 };
 
@@ -52,15 +54,18 @@ pub enum Route {
     ValidateSmolVMNode,
     /// `POST /validate/smolvmclasses`: V12 (and V2, V3, V4, V11 on the fields) on SmolVMClasses.
     ValidateSmolVMClass,
+    /// `POST /validate/smolvmpools`: V14 (and V1 to V4, V11 on the template) on SmolVMPools.
+    ValidateSmolVMPool,
 }
 
 impl Route {
     /// Every route.
-    pub const ALL: [Route; 4] = [
+    pub const ALL: [Route; 5] = [
         Route::MutateSmolVM,
         Route::ValidateSmolVM,
         Route::ValidateSmolVMNode,
         Route::ValidateSmolVMClass,
+        Route::ValidateSmolVMPool,
     ];
 
     /// The URL path.
@@ -70,6 +75,7 @@ impl Route {
             Route::ValidateSmolVM => "/validate/smolvms",
             Route::ValidateSmolVMNode => "/validate/smolvmnodes",
             Route::ValidateSmolVMClass => "/validate/smolvmclasses",
+            Route::ValidateSmolVMPool => "/validate/smolvmpools",
         }
     }
 
@@ -79,6 +85,7 @@ impl Route {
             Route::MutateSmolVM | Route::ValidateSmolVM => RESOURCE_SMOLVMS,
             Route::ValidateSmolVMNode => RESOURCE_SMOLVMNODES,
             Route::ValidateSmolVMClass => RESOURCE_SMOLVMCLASSES,
+            Route::ValidateSmolVMPool => RESOURCE_SMOLVMPOOLS,
         }
     }
 
@@ -86,7 +93,10 @@ impl Route {
     pub fn kind(self) -> &'static str {
         match self {
             Route::MutateSmolVM => "mutate",
-            Route::ValidateSmolVM | Route::ValidateSmolVMNode | Route::ValidateSmolVMClass => "validate",
+            Route::ValidateSmolVM
+            | Route::ValidateSmolVMNode
+            | Route::ValidateSmolVMClass
+            | Route::ValidateSmolVMPool => "validate",
         }
     }
 }
@@ -249,6 +259,7 @@ impl<'a> Objects<'a> {
 fn target_of(route: Route, status: bool) -> Target {
     match (route, status) {
         (Route::ValidateSmolVMClass, _) => Target::SmolVMClass,
+        (Route::ValidateSmolVMPool, _) => Target::SmolVMPool,
         (Route::ValidateSmolVMNode, true) => Target::SmolVMNodeStatus,
         (Route::ValidateSmolVMNode, false) => Target::SmolVMNode,
         (_, true) => Target::SmolVMStatus,
@@ -305,21 +316,25 @@ impl<'a> From<TextObjects<'a>> for Request<'a> {
     }
 }
 
-/// What the rules know besides the request: the known SmolVMNodes and SmolVMClasses.
+/// What the rules know besides the request: the known SmolVMNodes, SmolVMClasses and
+/// SmolVMPools.
 #[derive(Clone, Copy)]
 pub struct Catalogs<'a> {
     /// The known SmolVMNodes.
     pub nodes: &'a dyn NodeCatalog,
     /// The known SmolVMClasses.
     pub classes: &'a dyn ClassCatalog,
+    /// The known SmolVMPools.
+    pub pools: &'a dyn PoolCatalog,
 }
 
 impl<'a> Catalogs<'a> {
-    /// Known nodes and no classes.
+    /// Known nodes, and no classes or pools.
     pub fn nodes(nodes: &'a dyn NodeCatalog) -> Self {
         Catalogs {
             nodes,
             classes: &smolvm_api::class::NO_CLASSES,
+            pools: &smolvm_api::pool::NO_POOLS,
         }
     }
 }
@@ -401,12 +416,13 @@ fn review_request(
         policy,
         nodes: catalogs.nodes,
         classes: catalogs.classes,
+        pools: catalogs.pools,
         identity: &identity,
     };
     let response = match route {
         Route::MutateSmolVM if status => base,
         Route::MutateSmolVM => mutate(objects, operation, &ctx, base, &mut outcome)?,
-        Route::ValidateSmolVM | Route::ValidateSmolVMNode | Route::ValidateSmolVMClass => {
+        Route::ValidateSmolVM | Route::ValidateSmolVMNode | Route::ValidateSmolVMClass | Route::ValidateSmolVMPool => {
             let verdict = objects.validate(target_of(route, status), operation, &ctx);
             let mut response = base;
             if !verdict.warnings.is_empty() {
@@ -479,6 +495,9 @@ fn mutate(
         (Objects::Parsed { new: Some(new), .. }, _) => Some(new),
         (_, view) => view.as_ref(),
     };
+    if operation == Operation::Create && new.is_some_and(names_pool) {
+        return mutate_pooled(objects, operation, ctx, base, outcome);
+    }
     // M3: at CREATE, the class the SmolVM names, or the default class. An unknown name applies
     // none; validation below reports it (V12).
     let class = if operation == Operation::Create {
@@ -516,6 +535,52 @@ fn mutate(
         return Ok(base);
     }
     outcome.patched = true;
+    with_patch(base, &patch)
+}
+
+/// Whether a SmolVM names a pool (`spec.poolRef` present and not null).
+fn names_pool(object: &Value) -> bool {
+    object
+        .get("spec")
+        .and_then(|s| s.get("poolRef"))
+        .is_some_and(|r| !r.is_null())
+}
+
+/// The mutating review of a SmolVM that names a pool, at CREATE: the pool's template fills it
+/// (M4), then its class's defaults, the built-in ones and the finalizer (M3, M1, M2); or every
+/// violation at once: each field it sets that a lease cannot carry (V14), then those of the
+/// filled object, an unknown pool's included.
+fn mutate_pooled(
+    objects: Objects<'_>,
+    operation: Operation,
+    ctx: &Context<'_>,
+    base: Answer,
+    outcome: &mut Outcome,
+) -> Result<Answer, RequestError> {
+    // The template writes labels and annotations, which the view lacks: filling, defaulting
+    // and validation share one parse of the object.
+    let objects = objects.into_parsed();
+    let Objects::Parsed { new: Some(new), .. } = &objects else {
+        return Ok(base);
+    };
+    let namespace = new.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("");
+    let pool = new
+        .pointer("/spec/poolRef/name")
+        .and_then(Value::as_str)
+        .and_then(|name| ctx.pools.pool(namespace, name));
+    let patch = match &pool {
+        Some(pool) => default_pooled_smolvm(operation, new, pool, ctx.classes),
+        None => default_smolvm(operation, new),
+    };
+    let mut verdict = validate_pooled_request(new);
+    verdict.extend(objects.validate_defaulted(&patch, operation, ctx));
+    if !verdict.allowed() {
+        return Ok(judged(base, &verdict, outcome));
+    }
+    outcome.patched = !patch.0.is_empty();
+    if patch.0.is_empty() {
+        return Ok(base);
+    }
     with_patch(base, &patch)
 }
 

@@ -422,6 +422,7 @@ fn finding_text_is_its_display() {
         policy: &policy,
         nodes: &nodes,
         classes: &smolvm_api::class::NO_CLASSES,
+        pools: &smolvm_api::pool::NO_POOLS,
         identity: &identity,
     };
     let verdict = smolvm_api::validate::validate_smolvm_json(Operation::Create, None, &bad, &ctx);

@@ -105,6 +105,7 @@ pub fn review(resource: &str, sub: &str, op: &str, user: &Identity, object: &Val
     let kind = match resource {
         "smolvmnodes" => "SmolVMNode",
         "smolvmclasses" => "SmolVMClass",
+        "smolvmpools" => "SmolVMPool",
         _ => "SmolVM",
     };
     let gvk = json!({"group": "vm.smolvm.dev", "version": "v1alpha1", "kind": kind});
