@@ -167,6 +167,7 @@ pub fn ready_node(name: &str, resources: NodeResources, heartbeat: k8s_openapi::
         allocatable: Some(resources),
         machines: None,
         suspended_machines: None,
+        pools: None,
         serving_certificate: None,
         canary: None,
         conditions: vec![Condition {

@@ -676,6 +676,11 @@ pub struct SmolVMNodeStatus {
     #[schemars(length(max = 4096), inner(length(min = 1, max = 128)))]
     pub suspended_machines: Option<Vec<String>>,
 
+    /// The warm pools on this node, as its agent last listed them (sorted by name): each pool's slots ready to serve, wanted, and leased. The controller places a SmolVM naming a pool where its pool has a ready slot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub pools: Option<Vec<NodePool>>,
+
     /// The node API's serving certificate, as the agent last reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serving_certificate: Option<ServingCertificate>,
@@ -689,6 +694,21 @@ pub struct SmolVMNodeStatus {
     #[schemars(length(max = 16))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
+}
+
+/// One warm pool on a node, as its agent reports it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePool {
+    /// The pool's name on the node (its source machine's).
+    #[schemars(length(max = 128))]
+    pub name: String,
+    /// Slots ready to serve.
+    pub ready: i32,
+    /// Ready slots wanted.
+    pub slots: i32,
+    /// Machines served from it and still leased.
+    pub leased: i32,
 }
 
 /// The last guest boot check of a node: a smallest machine from smolvm's own guest (no image

@@ -150,6 +150,7 @@ async fn runtime_ca_rotates_under_a_running_agent_without_losing_a_call() {
         client_ca: ClientCa::File(bundle_file.clone()),
         auth,
         file_poll_interval: Duration::from_millis(50),
+        pool_keep_interval: smolvm_runtime::pools::KEEP_INTERVAL,
         workload_records: None,
         publish_address: None,
         limits: Default::default(),

@@ -63,6 +63,7 @@ fn machine(state: MachineState) -> MachineStatus {
             since: "2026-11-26T10:00:00Z".into(),
             saved_state_mib: None,
         }),
+        pool: None,
     }
 }
 

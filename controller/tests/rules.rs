@@ -257,6 +257,7 @@ fn machine(state: MachineState, cpus: u32, memory: u64, storage: u64) -> Machine
         network: NetworkSpec::default(),
         pid: None,
         suspended: None,
+        pool: None,
     }
 }
 

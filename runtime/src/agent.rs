@@ -14,9 +14,10 @@ use crate::metrics::Metrics;
 use crate::nodeapi::auth::TokenAuth;
 use crate::nodeapi::tls::{MtlsServer, PlainServer};
 use crate::nodeapi::{Identity, NodeApiState, router};
+use crate::pools::PoolBook;
 use crate::supervisor::{Supervisor, SupervisorConfig};
 use crate::suspensions::SuspendRecords;
-use crate::vmm::{SmolvmClient, SmolvmConfig, Vmm};
+use crate::vmm::{LeasedVmm, SmolvmClient, SmolvmConfig, Vmm};
 
 /// Where the trusted client CA comes from.
 #[derive(Debug, Clone)]
@@ -49,6 +50,9 @@ pub struct AgentOptions {
     pub auth: Arc<TokenAuth>,
     /// Poll interval for changed files.
     pub file_poll_interval: Duration,
+    /// How often the pools' keeper heartbeats the leases and makes again the pools smolvm lost
+    /// ([`crate::pools::KEEP_INTERVAL`] in production).
+    pub pool_keep_interval: Duration,
     /// Directory of the workload records (create's idempotency over the workload); `None`
     /// keeps none, and a repeated create then does not compare the workload. The records of
     /// suspended machines ([`crate::suspensions`]) are kept beside it (`suspended` in the same
@@ -74,6 +78,8 @@ pub struct Agent {
     identity: Arc<Identity>,
     vmm: Arc<dyn Vmm>,
     suspensions: Arc<SuspendRecords>,
+    pools: Arc<PoolBook>,
+    keeper: tokio::task::JoinHandle<()>,
     forwarder: Option<(Arc<Forwarder>, tokio::task::JoinHandle<()>)>,
     /// The policy file's watcher, if any.
     policy_watch: Option<tokio::task::JoinHandle<()>>,
@@ -96,10 +102,19 @@ impl Agent {
         if let Some(dir) = &options.local_image_dir {
             smolvm_config = smolvm_config.with_local_image_dir(dir);
         }
-        let vmm: Arc<dyn Vmm> = Arc::new(SmolvmClient::new(smolvm_config));
+        let pools = Arc::new(match options.workload_records.as_deref() {
+            Some(dir) => PoolBook::beside(dir),
+            None => PoolBook::in_memory(),
+        });
+        // Machines served from pools answer to their own names ([`LeasedVmm`]).
+        let vmm: Arc<dyn Vmm> = Arc::new(LeasedVmm::new(
+            Arc::new(SmolvmClient::new(smolvm_config)),
+            pools.clone(),
+        ));
         let suspensions = suspend_records(options.workload_records.as_deref());
         let supervision = SupervisorConfig {
             suspensions: Some(suspensions.clone()),
+            pools: Some(pools.clone()),
             ..options.supervisor
         };
         let supervisor = Supervisor::start(supervision, metrics.clone(), identity.clone());
@@ -117,6 +132,7 @@ impl Agent {
         };
         let state = state
             .with_suspend_records(suspensions.clone())
+            .with_pool_book(pools.clone())
             .with_stream_limits(options.limits.streams)
             .with_upload_budget(options.limits.upload_bytes);
         let state = state.with_host_ports(host_ports);
@@ -131,6 +147,7 @@ impl Agent {
             Some((f, _)) => state.with_forwarder(f.clone()),
             None => state,
         };
+        let keeper = tokio::spawn(keep_pools(state.clone(), options.pool_keep_interval));
         let client_ca_pem = match &options.client_ca {
             ClientCa::Pem(pem) => pem.clone(),
             ClientCa::File(path) => {
@@ -171,6 +188,8 @@ impl Agent {
             identity,
             vmm,
             suspensions,
+            pools,
+            keeper,
             forwarder,
             policy_watch,
         })
@@ -216,6 +235,11 @@ impl Agent {
         &self.suspensions
     }
 
+    /// The records of the pools this agent keeps and of the machines served from them.
+    pub fn pools(&self) -> &Arc<PoolBook> {
+        &self.pools
+    }
+
     /// The node API server (serving certificate and client CA reload).
     pub fn node_api(&self) -> &MtlsServer {
         &self.node_api
@@ -230,11 +254,33 @@ impl Agent {
         if let Some(watch) = &self.policy_watch {
             watch.abort();
         }
+        self.keeper.abort();
         self.node_api.shutdown(grace).await;
         if let Some(ops) = self.ops {
             ops.shutdown(grace).await;
         }
         self.supervisor.shutdown().await;
+    }
+}
+
+/// The pools' keeper: every `interval`, the leases of the served machines are heartbeated and
+/// every recorded pool smolvm lost (it restarted) is made again ([`crate::pools::keep_once`]).
+async fn keep_pools(state: crate::nodeapi::NodeApiState, interval: Duration) {
+    let vmm = state.vmm.clone();
+    let book = state.pools.clone();
+    loop {
+        tokio::time::sleep(interval).await;
+        crate::pools::keep_once(&vmm, &book, |name, record| {
+            let state = state.clone();
+            async move {
+                // Registry credentials are never stored: a private image's pool waits for the
+                // controller's next apply.
+                if let Err(error) = crate::nodeapi::pools::ensure_pool(&state, &name, &record, None).await {
+                    tracing::warn!(pool = %name, code = error.0.body.code.as_str(), message = %error.0.body.message, "cannot make the pool again");
+                }
+            }
+        })
+        .await;
     }
 }
 

@@ -12,6 +12,7 @@ pub mod limits;
 pub mod metrics;
 pub mod nodeapi;
 pub mod ops;
+pub mod pools;
 pub mod report;
 pub mod serving_cert;
 pub mod state_files;

@@ -66,6 +66,7 @@ async fn run(flags: Flags) -> Result<()> {
         client_ca: ClientCa::File(flags.client_ca.clone()),
         auth,
         file_poll_interval: Duration::from_secs(2),
+        pool_keep_interval: smolvm_runtime::pools::KEEP_INTERVAL,
         workload_records: Some(flags.state_dir.join("operator").join("workloads")),
         publish_address: flags
             .publish_address
@@ -232,6 +233,7 @@ fn observer(
             ),
             machines: runtime.ready.then(|| runtime.machines.clone()),
             suspended_machines: runtime.ready.then(|| runtime.suspended.clone()),
+            pools: runtime.ready.then(|| runtime.pools.clone()),
             serving_certificate: Some(serving_cert::report_current(&resolver, &client_ca)),
             boot_check: boot_check.as_ref().map(|check| check.borrow().clone()),
         }

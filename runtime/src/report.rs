@@ -220,6 +220,8 @@ pub struct Observation {
     pub machines: Option<Vec<String>>,
     /// Of `machines`, those the agent suspended (names), while smolvm answers.
     pub suspended_machines: Option<Vec<String>>,
+    /// The pools smolvm keeps, while it answers.
+    pub pools: Option<Vec<smolvm_api::nodeapi::PoolStatus>>,
     /// The serving certificate: which runtime CA signed it, when it expires.
     pub serving_certificate: Option<ServingCertificate>,
     /// The guest boot check and the host's capabilities; `None` with the check off.
@@ -276,6 +278,21 @@ fn reported_machines(machines: Option<&[String]>) -> Vec<String> {
     let mut names = machines.unwrap_or_default().to_vec();
     names.truncate(MAX_REPORTED_MACHINES);
     names
+}
+
+/// The pools a status reports: at most 1024, by name, counts saturated into the schema's type.
+fn reported_pools(pools: &[smolvm_api::nodeapi::PoolStatus]) -> Vec<smolvm_api::NodePool> {
+    let count = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
+    pools
+        .iter()
+        .take(1024)
+        .map(|p| smolvm_api::NodePool {
+            name: p.name.clone(),
+            ready: count(p.ready),
+            slots: count(p.slots),
+            leased: count(p.leased),
+        })
+        .collect()
 }
 
 /// The suspended machines a status reports: sorted, a subset of the machines it reports.
@@ -374,6 +391,11 @@ pub fn build_status(obs: &Observation, previous: &[Condition], now: &Time) -> Sm
         // Known only while smolvm answers; absent otherwise, so nobody acts on a stale list.
         machines: obs.runtime_ready.then(|| reported_machines(obs.machines.as_deref())),
         suspended_machines: obs.runtime_ready.then(|| reported_suspended(obs)),
+        pools: obs
+            .pools
+            .as_ref()
+            .filter(|_| obs.runtime_ready)
+            .map(|pools| reported_pools(pools)),
         serving_certificate: obs.serving_certificate.clone(),
         canary: obs.boot_check.as_ref().and_then(canary_status),
         conditions: {
@@ -699,6 +721,7 @@ mod tests {
             },
             machines: Some(vec!["svm-a".into(), "svm-b".into()]),
             suspended_machines: Some(vec!["svm-b".into(), "svm-gone".into()]),
+            pools: None,
             serving_certificate: None,
             boot_check: None,
         }

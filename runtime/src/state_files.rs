@@ -1,7 +1,11 @@
 //! Files the agent keeps in its state directory (workload digests, suspensions, image credential
 //! records): written whole, owner-only, and renamed into place.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use serde::{Serialize, de::DeserializeOwned};
 
 /// One small JSON file per machine in a directory of the state directory
 /// (`<dir>/<machine>.json`), created when first needed: the shape of the agent's records of its
@@ -60,6 +64,93 @@ impl MachineFiles {
             .collect();
         names.sort();
         names
+    }
+}
+
+/// The agent's records of one kind, one per name: files in a directory of the state directory
+/// ([`MachineFiles`]), or, for an agent with no state directory (as some tests run it), this
+/// process's memory.
+#[derive(Debug)]
+pub struct Records<T> {
+    store: Store<T>,
+}
+
+#[derive(Debug)]
+enum Store<T> {
+    Files(MachineFiles),
+    Memory(Mutex<BTreeMap<String, T>>),
+}
+
+impl<T: Serialize + DeserializeOwned + Clone> Records<T> {
+    /// Records kept in `dir` (created when first needed).
+    pub fn in_dir(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            store: Store::Files(MachineFiles::new(dir)),
+        }
+    }
+
+    /// Records kept in this process's memory only: they go with it.
+    pub fn in_memory() -> Self {
+        Self {
+            store: Store::Memory(Mutex::default()),
+        }
+    }
+
+    fn memory(map: &Mutex<BTreeMap<String, T>>) -> MutexGuard<'_, BTreeMap<String, T>> {
+        map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether there is a record of `name`, readable or not.
+    pub fn exists(&self, name: &str) -> bool {
+        match &self.store {
+            Store::Files(files) => files.path(name).exists(),
+            Store::Memory(map) => Self::memory(map).contains_key(name),
+        }
+    }
+
+    /// The record of `name`; `None` when there is none or it cannot be read.
+    pub fn read(&self, name: &str) -> Option<T> {
+        match &self.store {
+            Store::Files(files) => serde_json::from_slice(&files.read(name)?).ok(),
+            Store::Memory(map) => Self::memory(map).get(name).cloned(),
+        }
+    }
+
+    /// Writes the record of `name` (a new file renamed into place, owner-only, synced).
+    pub fn write(&self, name: &str, record: &T) -> std::io::Result<()> {
+        match &self.store {
+            Store::Files(files) => files.write(name, record),
+            Store::Memory(map) => {
+                Self::memory(map).insert(name.to_string(), record.clone());
+                Ok(())
+            }
+        }
+    }
+
+    /// Forgets `name` (nothing to do when there is no record).
+    pub fn remove(&self, name: &str) {
+        match &self.store {
+            Store::Files(files) => files.remove(name),
+            Store::Memory(map) => {
+                Self::memory(map).remove(name);
+            }
+        }
+    }
+
+    /// The names with a record, sorted.
+    pub fn names(&self) -> Vec<String> {
+        match &self.store {
+            Store::Files(files) => files.names(),
+            Store::Memory(map) => Self::memory(map).keys().cloned().collect(),
+        }
+    }
+
+    /// Every readable record with its name, sorted by name.
+    pub fn all(&self) -> Vec<(String, T)> {
+        self.names()
+            .into_iter()
+            .filter_map(|name| self.read(&name).map(|record| (name, record)))
+            .collect()
     }
 }
 

@@ -55,6 +55,9 @@ pub struct SupervisorConfig {
     /// The machines the agent suspended, to tell them from stopped ones in each listing
     /// ([`RuntimeStatus::suspended`]); `None` reports none.
     pub suspensions: Option<Arc<crate::suspensions::SuspendRecords>>,
+    /// The machines served from pools, to list them under their own names rather than their
+    /// workers' ([`crate::pools`]); `None` maps none.
+    pub pools: Option<Arc<crate::pools::PoolBook>>,
 }
 
 impl SupervisorConfig {
@@ -70,6 +73,7 @@ impl SupervisorConfig {
             backoff_max: Duration::from_secs(30),
             stop_grace: Duration::from_secs(10),
             suspensions: None,
+            pools: None,
         }
     }
 }
@@ -86,6 +90,8 @@ pub struct RuntimeStatus {
     /// Of [`RuntimeStatus::machines`], those the agent suspended (stopped, with a record; see
     /// [`crate::suspensions`]), sorted.
     pub suspended: Vec<String>,
+    /// The pools smolvm keeps, as last listed, sorted by name.
+    pub pools: Vec<smolvm_api::nodeapi::PoolStatus>,
     /// Why not ready (empty when ready).
     pub message: String,
     /// Restarts of the child so far.
@@ -314,6 +320,29 @@ async fn sleep_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>
 /// The names of the machines smolvm listed, and of those the agent suspended, both sorted; the
 /// suspended-machines gauge follows.
 fn listing(config: &SupervisorConfig, metrics: &Metrics, list: &[crate::vmm::Machine]) -> (Vec<String>, Vec<String>) {
+    // A machine served from a pool is listed under its own name, not its worker's.
+    let served: std::collections::BTreeMap<String, String> = config
+        .pools
+        .iter()
+        .flat_map(|book| book.leases.all())
+        .map(|(name, record)| (record.worker, name))
+        .collect();
+    let renamed: Vec<crate::vmm::Machine>;
+    let list = if served.is_empty() {
+        list
+    } else {
+        renamed = list
+            .iter()
+            .cloned()
+            .map(|mut m| {
+                if let Some(name) = served.get(&m.name) {
+                    m.name = name.clone();
+                }
+                m
+            })
+            .collect();
+        &renamed
+    };
     let mut names: Vec<String> = list.iter().map(|m| m.name.clone()).collect();
     names.sort();
     let suspended = config
@@ -323,6 +352,26 @@ fn listing(config: &SupervisorConfig, metrics: &Metrics, list: &[crate::vmm::Mac
         .unwrap_or_default();
     metrics.set_machines_suspended(suspended.len());
     (names, suspended)
+}
+
+/// The pools smolvm keeps, sorted by name; `None` when it cannot list them.
+async fn pool_listing(client: &SmolvmClient) -> Option<Vec<smolvm_api::nodeapi::PoolStatus>> {
+    use crate::vmm::Vmm as _;
+    let mut pools: Vec<smolvm_api::nodeapi::PoolStatus> = client
+        .pools()
+        .await
+        .ok()?
+        .into_iter()
+        .map(|p| smolvm_api::nodeapi::PoolStatus {
+            name: p.name,
+            slots: p.desired,
+            ready: p.ready,
+            provisioning: p.provisioning,
+            leased: p.active,
+        })
+        .collect();
+    pools.sort_by(|a, b| a.name.cmp(&b.name));
+    Some(pools)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -386,13 +435,20 @@ async fn supervise_once(
                 } else if let Ok(list) = client.list().await {
                     // Keep the machine list current: the SmolVMNode reports it, and the
                     // controller finds machines no SmolVM owns from it. A failed listing keeps
-                    // the last one.
+                    // the last one; so does a failed listing of the pools.
                     let (mut machines, mut suspended) = listing(config, metrics, &list);
+                    let pools = pool_listing(client).await;
                     status.send_if_modified(|s| {
-                        let changed = s.machines != machines || s.suspended != suspended;
+                        let mut changed = s.machines != machines || s.suspended != suspended;
                         if changed {
                             s.machines = std::mem::take(&mut machines);
                             s.suspended = std::mem::take(&mut suspended);
+                        }
+                        if let Some(pools) = pools
+                            && pools != s.pools
+                        {
+                            s.pools = pools;
+                            changed = true;
                         }
                         changed
                     });

@@ -9,13 +9,11 @@
 //! running one is running whatever the record says (a pause that never happened, or a resume
 //! whose record was not yet dropped). A resume that finds nothing saved drops the record.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use crate::state_files::MachineFiles;
+use crate::state_files::Records;
 use crate::vmm::{Machine, MachineState};
 
 /// What the agent records of one suspension.
@@ -46,27 +44,21 @@ pub fn is_suspended(machine: &Machine, record: Option<&Suspension>) -> bool {
 /// state directory, as some tests run it) this process's memory.
 #[derive(Debug)]
 pub struct SuspendRecords {
-    store: Store,
-}
-
-#[derive(Debug)]
-enum Store {
-    Files(MachineFiles),
-    Memory(Mutex<BTreeMap<String, Suspension>>),
+    records: Records<Suspension>,
 }
 
 impl SuspendRecords {
     /// Records kept in `dir` (created when first needed).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
-            store: Store::Files(MachineFiles::new(dir)),
+            records: Records::in_dir(dir),
         }
     }
 
     /// Records kept in this process's memory only: they go with it.
     pub fn in_memory() -> Self {
         Self {
-            store: Store::Memory(Mutex::default()),
+            records: Records::in_memory(),
         }
     }
 
@@ -76,50 +68,30 @@ impl SuspendRecords {
         Self::new(workload_dir.with_file_name("suspended"))
     }
 
-    fn memory(map: &Mutex<BTreeMap<String, Suspension>>) -> std::sync::MutexGuard<'_, BTreeMap<String, Suspension>> {
-        map.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// The record of `machine`; `None` when there is none. A record that cannot be read still
     /// says the machine was suspended (its time unknown): losing track of a saved state is
     /// worse than a resume that finds nothing.
     pub fn read(&self, machine: &str) -> Option<Suspension> {
-        match &self.store {
-            Store::Files(files) => {
-                let bytes = files.read(machine)?;
-                Some(serde_json::from_slice(&bytes).unwrap_or_else(|_| Suspension { since: String::new() }))
-            }
-            Store::Memory(map) => Self::memory(map).get(machine).cloned(),
+        match self.records.read(machine) {
+            Some(record) => Some(record),
+            None if self.records.exists(machine) => Some(Suspension { since: String::new() }),
+            None => None,
         }
     }
 
     /// Writes the record of `machine` (a new file renamed into place, owner-only, synced).
     pub fn write(&self, machine: &str, suspension: &Suspension) -> std::io::Result<()> {
-        match &self.store {
-            Store::Files(files) => files.write(machine, suspension),
-            Store::Memory(map) => {
-                Self::memory(map).insert(machine.to_string(), suspension.clone());
-                Ok(())
-            }
-        }
+        self.records.write(machine, suspension)
     }
 
     /// Forgets `machine` (nothing to do when there is no record).
     pub fn remove(&self, machine: &str) {
-        match &self.store {
-            Store::Files(files) => files.remove(machine),
-            Store::Memory(map) => {
-                Self::memory(map).remove(machine);
-            }
-        }
+        self.records.remove(machine);
     }
 
     /// The names of the machines with a record, sorted.
     pub fn names(&self) -> Vec<String> {
-        match &self.store {
-            Store::Files(files) => files.names(),
-            Store::Memory(map) => Self::memory(map).keys().cloned().collect(),
-        }
+        self.records.names()
     }
 
     /// Of `machines` as smolvm lists them, the names of those suspended ([`is_suspended`]),

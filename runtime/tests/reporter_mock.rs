@@ -69,6 +69,7 @@ fn observation(uid: &str) -> Observation {
         },
         machines: Some(vec!["svm-a".into()]),
         suspended_machines: Some(Vec::new()),
+        pools: None,
         serving_certificate: None,
         boot_check: None,
     }

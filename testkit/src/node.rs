@@ -426,6 +426,7 @@ impl TestAgent {
             client_ca: ClientCa::Pem(pki.ca.cert_pem().to_string()),
             auth,
             file_poll_interval: Duration::from_millis(100),
+            pool_keep_interval: Duration::from_millis(500),
             workload_records: Some(dir.join("workloads")),
             publish_address: None,
             guards: smolvm_runtime::guards::GuardOptions {

@@ -16,6 +16,43 @@
 //! start of a paused machine discards its saved state (smolvm says "use start for a fresh
 //! boot"). It binds no published port and runs no process (no `pid`).
 //!
+//! Fork pools and leases (smolvm's `/api/v1/pools` routes) are played at once, without a guest.
+//! A pool keeps `desiredReady` ready workers: machines `{pool}-w{n}` (`n` counts up and is never
+//! reused) that run with `branchpointHeld` and the pool's source as `parentMachine`. The refill
+//! forks them synchronously at the end of every request that changes something, unless a test
+//! holds it ([`DoubleHandle::hold_refill`]); releasing the hold refills at once. A lease takes a
+//! ready worker (its `branchpointHeld` clears and its environment gets the lease's `env`);
+//! completing the lease deletes the worker. [`DoubleHandle::restart`] plays a restart of `smolvm
+//! serve`: pools and their ready workers do not survive it, every lease is forgotten, leased
+//! workers stay as ordinary machines, and the boot id changes. Observed on smolvm 1.32.2: the list
+//! with no pool is `{"pools":[]}`; a missing source is 404 `NOT_FOUND` "machine 'X' not found", a
+//! source not running 409 `CONFLICT` "golden machine 'X' is not running"; every pool and lease
+//! route on an unknown pool is 404 "fork pool 'X' not found"; an unknown lease is 404 "lease 'L'
+//! not found in fork pool 'P'" (get) or "fork lease 'L' not found" (heartbeat, complete).
+//!
+//! Assumed of pools, as no worker could be forked here:
+//! - a source running but not started `branchable` is 409 `CONFLICT`, so is a pool name taken;
+//!   a pool name follows the machine name rule (400);
+//! - `leaseTtlSecs` defaults to 300, `autoAdmission` to false (no CUDA); `freezeSource`,
+//!   `shareWeights` and `maxActive` are echoed but not played, `readyTimeoutSecs` is read only;
+//! - the refill forks only from a source that exists and runs; a worker has its image, CPUs,
+//!   memory, disk sizes, network and environment, but no published port;
+//! - a resize below the ready count deletes the newest ready workers at once (even while the
+//!   refill is held);
+//! - acquire with no ready worker is 503 `UNAVAILABLE` "no ready worker in fork pool 'P'" at
+//!   once (`waitSecs` is not played: a client must judge by the status); an `env` entry without
+//!   `=` is 400; the oldest ready worker is taken; the lease is `active` at once
+//!   (`awaitWorkerReady` is not played) and `files` are not staged; an `idempotencyKey` seen
+//!   before returns that lease, whatever its state;
+//! - heartbeat or complete of a lease not `active` is 409 `CONFLICT`;
+//! - leases never expire by time (`expiresAt` is written, never enforced);
+//! - delete of a pool with active leases is 409 `CONFLICT` without `?force=true`; with it their
+//!   workers are deleted and the leases `cancelled`; the deletion is over when the answer comes
+//!   (`deleting` is never true) and the source is left alone; a leased worker deleted with
+//!   `delete_machine` leaves its lease as it was;
+//! - a start with `branchable` in its body sets it (and its alias `forkable`), a start without
+//!   leaves it as it was; the `forkable` query parameter is not read.
+//!
 //! Any agent can use it: in-process, or the `smolvm-runtime` binary with `--attach-socket
 //! <socket>`. It records the calls it received ([`Call`]) with the time each arrived, so a
 //! bench can measure from a spec write to the node's call.
@@ -71,7 +108,7 @@ const fn route(
 }
 
 /// Every route the double serves.
-pub const ROUTES: [Route; 11] = [
+pub const ROUTES: [Route; 20] = [
     route("GET", "/health", "health", None, "HealthResponse"),
     route("GET", "/capacity", "capacity", None, "CapacityResponse"),
     route("GET", "/api/v1/machines", "list_machines", None, "ListMachinesResponse"),
@@ -125,14 +162,62 @@ pub const ROUTES: [Route; 11] = [
         Some("ResizeMachineRequest"),
         "MachineInfo",
     ),
+    route("GET", "/api/v1/pools", "list_pools", None, "ListForkPoolsResponse"),
+    route(
+        "POST",
+        "/api/v1/pools",
+        "create_pool",
+        Some("CreateForkPoolRequest"),
+        "ForkPoolInfo",
+    ),
+    route("GET", "/api/v1/pools/{name}", "get_pool", None, "ForkPoolInfo"),
+    route("DELETE", "/api/v1/pools/{name}", "delete_pool", None, "DeleteResponse"),
+    route(
+        "PUT",
+        "/api/v1/pools/{name}/size",
+        "resize_pool",
+        Some("ResizeForkPoolRequest"),
+        "ForkPoolInfo",
+    ),
+    route(
+        "POST",
+        "/api/v1/pools/{name}/leases",
+        "acquire_lease",
+        Some("AcquireForkLeaseRequest"),
+        "ForkLeaseInfo",
+    ),
+    route(
+        "GET",
+        "/api/v1/pools/{name}/leases/{lease}",
+        "get_lease",
+        None,
+        "ForkLeaseInfo",
+    ),
+    route(
+        "POST",
+        "/api/v1/pools/{name}/leases/{lease}/heartbeat",
+        "heartbeat_lease",
+        None,
+        "ForkLeaseInfo",
+    ),
+    route(
+        "POST",
+        "/api/v1/pools/{name}/leases/{lease}/complete",
+        "complete_lease",
+        None,
+        "ForkLeaseInfo",
+    ),
 ];
+
+/// The query parameters the double reads, by operation id: any other is ignored.
+pub const QUERY_PARAMETERS: [(&str, &str); 1] = [("delete_pool", "force")];
 
 /// The field names of a wire type, as serde reads them.
 pub type Fields = fn() -> &'static [&'static str];
 
 /// Every wire type of the double, by the name of smolvm's schema it plays, with its fields: the
 /// answers it writes, the request bodies it reads, and the objects inside them.
-pub const SCHEMAS: [(&str, Fields); 14] = [
+pub const SCHEMAS: [(&str, Fields); 21] = [
     ("HealthResponse", fields_of::<HealthResponse>),
     ("MachineCountsResponse", fields_of::<MachineCounts>),
     ("CapacityResponse", fields_of::<CapacityResponse>),
@@ -147,6 +232,13 @@ pub const SCHEMAS: [(&str, Fields); 14] = [
     ("DeleteResponse", fields_of::<DeleteResponse>),
     ("ApiErrorResponse", fields_of::<ApiError>),
     ("MountInfo", fields_of::<NoFields>),
+    ("CreateForkPoolRequest", fields_of::<CreateForkPool>),
+    ("ForkPoolInfo", fields_of::<ForkPoolInfo>),
+    ("ListForkPoolsResponse", fields_of::<ListForkPools>),
+    ("ResizeForkPoolRequest", fields_of::<ResizeForkPool>),
+    ("AcquireForkLeaseRequest", fields_of::<AcquireForkLease>),
+    ("ForkLeaseInfo", fields_of::<ForkLeaseInfo>),
+    ("ForkLeasePayloadFile", fields_of::<ForkLeasePayloadFile>),
 ];
 
 /// The fields of a struct that derives `Deserialize`, under their wire names (serde hands them
@@ -236,6 +328,8 @@ struct MachineInfo {
     forkable: bool,
     branchpoint_held: bool,
     forkpoint_held: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    parent_machine: Option<String>,
     disk_used_mb: u64,
     created_at: u64,
 }
@@ -305,6 +399,8 @@ struct RestartSpec {
 struct StartMachine {
     #[allow(dead_code)]
     registry_auth: Option<serde_json::Value>,
+    /// Start as a branch source (a fork pool's source must be).
+    branchable: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -327,15 +423,133 @@ struct ApiError {
     code: String,
 }
 
+/// The CUDA and readiness options are read (and so checked) but not played.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CreateForkPool {
+    name: String,
+    source: String,
+    desired_ready: u32,
+    auto_admission: Option<bool>,
+    #[serde(default)]
+    freeze_source: bool,
+    lease_ttl_secs: Option<u64>,
+    max_active: Option<u32>,
+    #[allow(dead_code)]
+    ready_timeout_secs: Option<u64>,
+    #[serde(default)]
+    share_weights: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ForkPoolInfo {
+    name: String,
+    source: String,
+    golden: String,
+    desired_ready: u32,
+    freeze_source: bool,
+    auto_admission: bool,
+    share_weights: bool,
+    lease_ttl_secs: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_active: Option<u32>,
+    provisioning: u32,
+    ready: u32,
+    activating: u32,
+    active: u32,
+    retiring: u32,
+    deleting: bool,
+    created_at: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ListForkPools {
+    pools: Vec<ForkPoolInfo>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ResizeForkPool {
+    desired_ready: u32,
+}
+
+/// Not `deny_unknown_fields`, as smolvm's schema. Waiting, readiness, files and rollout access
+/// are read (and so checked) but not played.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+struct AcquireForkLease {
+    idempotency_key: String,
+    #[serde(default)]
+    env: Vec<String>,
+    #[serde(default)]
+    files: Vec<ForkLeasePayloadFile>,
+    ttl_secs: Option<u64>,
+    wait_secs: Option<u64>,
+    #[serde(default)]
+    await_worker_ready: bool,
+    worker_ready_timeout_secs: Option<u64>,
+    rollout_access: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+struct ForkLeasePayloadFile {
+    path: String,
+    data_base64: String,
+    mode: Option<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ForkLeaseInfo {
+    id: String,
+    pool: String,
+    machine: String,
+    state: String,
+    created_at: u64,
+    expires_at: u64,
+}
+
 /// One call the double received.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Call {
     /// smolvm's operation id of the route ([`ROUTES`]).
     pub operation: &'static str,
-    /// The machine named in the path, if any.
+    /// The `{name}` in the path, if any: a machine's name, or a fork pool's.
     pub machine: Option<String>,
+    /// The `{lease}` in the path, if any (a lease id).
+    pub lease: Option<String>,
     /// When the request arrived (its head read).
     pub at: SystemTime,
+}
+
+/// A fork pool as a test sees it ([`DoubleHandle::pool`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolView {
+    /// Its `desiredReady`: the ready workers it keeps.
+    pub desired: u32,
+    /// Its ready workers (booted, held at the branch point, not leased).
+    pub ready: u32,
+    /// Its active leases.
+    pub active: u32,
+}
+
+/// A lease as a test sees it ([`DoubleHandle::leases`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseView {
+    /// Its id (`lease-{n}`).
+    pub id: String,
+    /// The pool it was acquired from.
+    pub pool: String,
+    /// The worker machine it holds.
+    pub machine: String,
+    /// smolvm's state word: `active`, `completed` or `cancelled`.
+    pub state: String,
+    /// The `idempotencyKey` it was acquired with.
+    pub key: String,
 }
 
 /// A machine as the double keeps it.
@@ -344,19 +558,90 @@ struct Machine {
     info: MachineInfo,
     /// Paused: its state saved, resumable.
     paused: bool,
+    /// Its environment, `KEY=VALUE` (which `MachineInfo` does not show).
+    env: Vec<String>,
+    /// The pool it is a worker of (ready or leased), until a restart.
+    worker: Option<Worker>,
+}
+
+/// A pool worker: its pool (by [`Pool::uid`]) and its number in the name `{pool}-w{n}`.
+#[derive(Debug, Clone, Copy)]
+struct Worker {
+    pool: u64,
+    n: u64,
+}
+
+/// A fork pool as the double keeps it.
+#[derive(Debug, Clone)]
+struct Pool {
+    /// Tells this pool from an earlier one of the same name (its workers and leases).
+    uid: u64,
+    name: String,
+    source: String,
+    desired_ready: u32,
+    lease_ttl_secs: u64,
+    freeze_source: bool,
+    auto_admission: bool,
+    share_weights: bool,
+    max_active: Option<u32>,
+    created_at: u64,
+}
+
+/// A lease as the double keeps it.
+#[derive(Debug, Clone)]
+struct Lease {
+    id: String,
+    pool: String,
+    /// The [`Pool::uid`] of its pool.
+    pool_uid: u64,
+    machine: String,
+    state: String,
+    key: String,
+    ttl_secs: u64,
+    created_at: u64,
+    expires_at: u64,
+}
+
+/// Everything smolvm keeps, under one lock.
+#[derive(Debug)]
+struct World {
+    machines: BTreeMap<String, Machine>,
+    pools: BTreeMap<String, Pool>,
+    /// Every lease since the last restart, those of deleted pools too.
+    leases: Vec<Lease>,
+    /// The last pool uid and lease number given.
+    last_pool: u64,
+    last_lease: u64,
+    /// The last worker number given, by pool name (kept through deletes and restarts, so a
+    /// worker name is never reused).
+    last_worker: BTreeMap<String, u64>,
+    /// The refill waits (a test's [`DoubleHandle::hold_refill`]).
+    refill_held: bool,
+    /// When `smolvm serve` (last) started.
+    started: Instant,
+    boot_id: String,
+    restarts: u64,
 }
 
 #[derive(Debug)]
 struct Inner {
-    machines: Mutex<BTreeMap<String, Machine>>,
+    world: Mutex<World>,
     calls: Mutex<Vec<Call>>,
     delays: Mutex<BTreeMap<&'static str, Duration>>,
-    started: Instant,
-    boot_id: String,
 }
 
 fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// A boot id no earlier boot of any double had.
+fn boot_id(restarts: u64) -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("double-{}-{nanos}-{restarts}", std::process::id())
 }
 
 /// The TEST DOUBLE of `smolvm serve`; see the module's doc.
@@ -371,13 +656,21 @@ impl SmolvmDouble {
             std::fs::remove_file(&socket)?;
         }
         let listener = tokio::net::UnixListener::bind(&socket)?;
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let inner = Arc::new(Inner {
-            machines: Mutex::default(),
+            world: Mutex::new(World {
+                machines: BTreeMap::new(),
+                pools: BTreeMap::new(),
+                leases: Vec::new(),
+                last_pool: 0,
+                last_lease: 0,
+                last_worker: BTreeMap::new(),
+                refill_held: false,
+                started: Instant::now(),
+                boot_id: boot_id(0),
+                restarts: 0,
+            }),
             calls: Mutex::default(),
             delays: Mutex::default(),
-            started: Instant::now(),
-            boot_id: format!("double-{}-{nanos}", std::process::id()),
         });
         let app = axum::Router::new().fallback(dispatch).with_state(inner.clone());
         let task = tokio::spawn(async move {
@@ -430,12 +723,72 @@ impl DoubleHandle {
 
     /// smolvm's state word of a machine (`created`, `running`, `stopped`), if it exists.
     pub fn state(&self, name: &str) -> Option<String> {
-        locked(&self.inner.machines).get(name).map(|m| m.info.state.clone())
+        locked(&self.inner.world)
+            .machines
+            .get(name)
+            .map(|m| m.info.state.clone())
     }
 
     /// Whether a machine is paused (its state saved).
     pub fn is_paused(&self, name: &str) -> bool {
-        locked(&self.inner.machines).get(name).is_some_and(|m| m.paused)
+        locked(&self.inner.world).machines.get(name).is_some_and(|m| m.paused)
+    }
+
+    /// A machine's environment (`KEY=VALUE`: its create's `env`, then its leases'), if it exists.
+    pub fn env(&self, name: &str) -> Option<Vec<String>> {
+        locked(&self.inner.world).machines.get(name).map(|m| m.env.clone())
+    }
+
+    /// Holds the pools' refill (`true`): no worker is forked until it is released (`false`),
+    /// which refills every pool at once. A test sets the pace of the refill so.
+    pub fn hold_refill(&self, held: bool) {
+        let mut world = locked(&self.inner.world);
+        world.refill_held = held;
+        refill(&mut world);
+    }
+
+    /// A fork pool's counts, if it exists.
+    pub fn pool(&self, name: &str) -> Option<PoolView> {
+        let world = locked(&self.inner.world);
+        let pool = world.pools.get(name)?;
+        Some(PoolView {
+            desired: pool.desired_ready,
+            ready: ready_workers(&world, pool.uid).len() as u32,
+            active: active_leases(&world, pool.uid),
+        })
+    }
+
+    /// Every lease since the last restart, in the order acquired (those of deleted pools too).
+    pub fn leases(&self) -> Vec<LeaseView> {
+        locked(&self.inner.world)
+            .leases
+            .iter()
+            .map(|l| LeaseView {
+                id: l.id.clone(),
+                pool: l.pool.clone(),
+                machine: l.machine.clone(),
+                state: l.state.clone(),
+                key: l.key.clone(),
+            })
+            .collect()
+    }
+
+    /// Plays a restart of `smolvm serve`: the pools and their ready workers vanish, every lease
+    /// is forgotten, leased workers stay as ordinary machines, and the boot id (health's
+    /// uptime too) starts again. Other machines are left as they are.
+    pub fn restart(&self) {
+        let mut world = locked(&self.inner.world);
+        world.pools.clear();
+        world.leases.clear();
+        world
+            .machines
+            .retain(|_, m| !(m.worker.is_some() && m.info.branchpoint_held));
+        for machine in world.machines.values_mut() {
+            machine.worker = None;
+        }
+        world.restarts += 1;
+        world.boot_id = boot_id(world.restarts);
+        world.started = Instant::now();
     }
 }
 
@@ -484,13 +837,28 @@ fn not_found(name: &str) -> Response {
     )
 }
 
+fn pool_not_found(name: &str) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "NOT_FOUND",
+        format!("fork pool '{name}' not found"),
+    )
+}
+
+fn conflict(message: String) -> Response {
+    error(StatusCode::CONFLICT, "CONFLICT", message)
+}
+
 fn bad_request(message: String) -> Response {
     error(StatusCode::BAD_REQUEST, "BAD_REQUEST", message)
 }
 
-/// The route of a request and the machine name in its path; `Err` is the status of a path
-/// served with another method (405) or not at all (404).
-fn find_route(method: &Method, path: &str) -> Result<(&'static Route, Option<String>), StatusCode> {
+/// A request's route and the `{name}` and `{lease}` of its path.
+type Found = (&'static Route, Option<String>, Option<String>);
+
+/// The route of a request and the name (a machine's or a pool's) and lease id in its path;
+/// `Err` is the status of a path served with another method (405) or not at all (404).
+fn find_route(method: &Method, path: &str) -> Result<Found, StatusCode> {
     let segments: Vec<&str> = path.split('/').collect();
     let mut path_known = false;
     for route in &ROUTES {
@@ -498,21 +866,22 @@ fn find_route(method: &Method, path: &str) -> Result<(&'static Route, Option<Str
         if template.len() != segments.len() {
             continue;
         }
-        let mut name = None;
+        let (mut name, mut lease) = (None, None);
         let matches = template.iter().zip(&segments).all(|(t, s)| {
-            if *t == "{name}" {
-                name = percent_decode(s);
-                name.as_ref().is_some_and(|n| !n.is_empty())
-            } else {
-                t == s
-            }
+            let parameter = match *t {
+                "{name}" => &mut name,
+                "{lease}" => &mut lease,
+                _ => return t == s,
+            };
+            *parameter = percent_decode(s);
+            parameter.as_ref().is_some_and(|p| !p.is_empty())
         });
         if !matches {
             continue;
         }
         path_known = true;
         if route.method == method.as_str() {
-            return Ok((route, name));
+            return Ok((route, name, lease));
         }
     }
     Err(if path_known {
@@ -541,19 +910,21 @@ fn percent_decode(segment: &str) -> Option<String> {
 
 async fn dispatch(State(inner): State<Arc<Inner>>, request: Request) -> Response {
     let at = SystemTime::now();
-    let (route, name) = match find_route(request.method(), request.uri().path()) {
+    let (route, name, lease) = match find_route(request.method(), request.uri().path()) {
         Ok(found) => found,
         Err(status) => return empty(status),
     };
     locked(&inner.calls).push(Call {
         operation: route.operation,
         machine: name.clone(),
+        lease: lease.clone(),
         at,
     });
     let delay = locked(&inner.delays).get(route.operation).copied();
     if let Some(delay) = delay {
         tokio::time::sleep(delay).await;
     }
+    let query = request.uri().query().unwrap_or_default().to_string();
     let json_body = request
         .headers()
         .get(header::CONTENT_TYPE)
@@ -564,43 +935,114 @@ async fn dispatch(State(inner): State<Arc<Inner>>, request: Request) -> Response
         Err(_) => return text(StatusCode::BAD_REQUEST, "Failed to buffer the request body".into()),
     };
     let name = name.unwrap_or_default();
-    match route.operation {
-        "health" => health(&inner),
-        "capacity" => capacity(&inner),
+    let lease = lease.unwrap_or_default();
+    let mut world = locked(&inner.world);
+    let world = &mut *world;
+    let response = match route.operation {
+        "health" => health(world),
+        "capacity" => capacity(world),
         "list_machines" => {
-            let machines = locked(&inner.machines).values().map(|m| m.info.clone()).collect();
+            let machines = world.machines.values().map(|m| m.info.clone()).collect();
             json(StatusCode::OK, &ListMachines { machines })
         }
-        "create_machine" => match read_body::<CreateMachine>(&body, json_body, true) {
-            Ok(Some(request)) => create(&inner, request),
-            Ok(None) => text(
-                StatusCode::BAD_REQUEST,
-                "Failed to parse the request body as JSON".into(),
-            ),
+        "create_machine" => match read_required::<CreateMachine>(&body, json_body) {
+            Ok(request) => create(world, request),
             Err(refusal) => *refusal,
         },
-        "get_machine" => with_machine(&inner, &name, |m| json(StatusCode::OK, &m.info)),
-        "delete_machine" => match locked(&inner.machines).remove(&name) {
+        "get_machine" => with_machine(world, &name, |m| json(StatusCode::OK, &m.info)),
+        "delete_machine" => match world.machines.remove(&name) {
             Some(_) => json(StatusCode::OK, &DeleteResponse { deleted: name }),
             None => not_found(&name),
         },
         "start_machine" => match read_body::<StartMachine>(&body, json_body, false) {
-            Ok(_) => with_machine(&inner, &name, start),
+            Ok(request) => {
+                let branchable = request.and_then(|r| r.branchable);
+                with_machine(world, &name, |m| start(m, branchable))
+            }
             Err(refusal) => *refusal,
         },
-        "stop_machine" => with_machine(&inner, &name, stop),
-        "pause_machine" => with_machine(&inner, &name, pause),
-        "resume_machine" => with_machine(&inner, &name, resume),
-        "resize_machine" => match read_body::<ResizeMachine>(&body, json_body, true) {
-            Ok(Some(request)) => with_machine(&inner, &name, |m| resize(m, &request)),
-            Ok(None) => text(
-                StatusCode::BAD_REQUEST,
-                "Failed to parse the request body as JSON".into(),
+        "stop_machine" => with_machine(world, &name, stop),
+        "pause_machine" => with_machine(world, &name, pause),
+        "resume_machine" => with_machine(world, &name, resume),
+        "resize_machine" => match read_required::<ResizeMachine>(&body, json_body) {
+            Ok(request) => with_machine(world, &name, |m| resize(m, &request)),
+            Err(refusal) => *refusal,
+        },
+        "list_pools" => {
+            let pools = world.pools.values().map(|p| pool_info(world, p)).collect();
+            json(StatusCode::OK, &ListForkPools { pools })
+        }
+        "create_pool" => match read_required::<CreateForkPool>(&body, json_body) {
+            Ok(request) => create_pool(world, request),
+            Err(refusal) => *refusal,
+        },
+        "get_pool" => match world.pools.get(&name) {
+            Some(pool) => json(StatusCode::OK, &pool_info(world, pool)),
+            None => pool_not_found(&name),
+        },
+        "delete_pool" => match query_flag(&query, "force") {
+            Ok(force) => delete_pool(world, &name, force),
+            Err(refusal) => *refusal,
+        },
+        "resize_pool" => match read_required::<ResizeForkPool>(&body, json_body) {
+            Ok(request) => resize_pool(world, &name, request.desired_ready),
+            Err(refusal) => *refusal,
+        },
+        "acquire_lease" => match read_required::<AcquireForkLease>(&body, json_body) {
+            Ok(request) => acquire(world, &name, request),
+            Err(refusal) => *refusal,
+        },
+        "get_lease" => match find_lease(world, &name, &lease) {
+            Ok(Some(at)) => json(StatusCode::OK, &lease_info(&world.leases[at])),
+            Ok(None) => error(
+                StatusCode::NOT_FOUND,
+                "NOT_FOUND",
+                format!("lease '{lease}' not found in fork pool '{name}'"),
             ),
             Err(refusal) => *refusal,
         },
+        "heartbeat_lease" => with_active_lease(world, &name, &lease, heartbeat),
+        "complete_lease" => with_active_lease(world, &name, &lease, complete),
         _ => empty(StatusCode::NOT_FOUND),
+    };
+    if route.method != "GET" {
+        refill(world);
     }
+    response
+}
+
+/// A required body, as [`read_body`] reads it.
+fn read_required<T: de::DeserializeOwned>(body: &Bytes, json_type: bool) -> Result<T, Box<Response>> {
+    read_body(body, json_type, true)?.ok_or_else(|| {
+        Box::new(text(
+            StatusCode::BAD_REQUEST,
+            "Failed to parse the request body as JSON".into(),
+        ))
+    })
+}
+
+/// A boolean query parameter (absent: false); another value than `true` or `false` is refused
+/// in plain text, as smolvm's query layer.
+fn query_flag(query: &str, name: &str) -> Result<bool, Box<Response>> {
+    let mut flag = false;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key == name {
+            flag = match value {
+                "true" => true,
+                "false" => false,
+                _ => {
+                    return Err(Box::new(text(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "Failed to deserialize query string: {name}: provided string was not `true` or `false`"
+                        ),
+                    )));
+                }
+            };
+        }
+    }
+    Ok(flag)
 }
 
 /// A request body as smolvm's request layer reads it: a required body needs the JSON content
@@ -634,16 +1076,15 @@ fn read_body<T: de::DeserializeOwned>(
     })
 }
 
-fn with_machine(inner: &Inner, name: &str, act: impl FnOnce(&mut Machine) -> Response) -> Response {
-    let mut machines = locked(&inner.machines);
-    match machines.get_mut(name) {
+fn with_machine(world: &mut World, name: &str, act: impl FnOnce(&mut Machine) -> Response) -> Response {
+    match world.machines.get_mut(name) {
         Some(machine) => act(machine),
         None => not_found(name),
     }
 }
 
-fn health(inner: &Inner) -> Response {
-    let machines = locked(&inner.machines);
+fn health(world: &World) -> Response {
+    let machines = &world.machines;
     let running = machines.values().filter(|m| m.info.state == "running").count();
     json(
         StatusCode::OK,
@@ -654,15 +1095,14 @@ fn health(inner: &Inner) -> Response {
                 total: machines.len() as u64,
                 running: running as u64,
             }),
-            uptime_seconds: Some(inner.started.elapsed().as_secs()),
+            uptime_seconds: Some(world.started.elapsed().as_secs()),
             nested_virt: false,
         },
     )
 }
 
-fn capacity(inner: &Inner) -> Response {
-    let machines = locked(&inner.machines);
-    let running = machines.values().filter(|m| m.info.state == "running");
+fn capacity(world: &World) -> Response {
+    let running = world.machines.values().filter(|m| m.info.state == "running");
     let (cpus, memory) = running.fold((0, 0), |(c, m), machine| {
         (c + machine.info.cpus, m + machine.info.memory_mb)
     });
@@ -674,38 +1114,37 @@ fn capacity(inner: &Inner) -> Response {
             used_cpus: 0.0,
             used_memory_mb: 0,
             used_disk_gb: 0,
-            boot_id: inner.boot_id.clone(),
+            boot_id: world.boot_id.clone(),
         },
     )
 }
 
-/// smolvm's name rule: letters, digits, `-` and `_`, starting with a letter or digit.
-fn check_name(name: &str) -> Result<(), String> {
+/// smolvm's name rule: letters, digits, `-` and `_`, starting with a letter or digit. `kind`
+/// names what is named (`machine`; `pool`, assumed to follow the same rule).
+fn check_name(kind: &str, name: &str) -> Result<(), String> {
     let Some(first) = name.chars().next() else {
-        return Err("machine name cannot be empty".into());
+        return Err(format!("{kind} name cannot be empty"));
     };
     if let Some(bad) = name
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
     {
-        return Err(format!("machine name contains invalid character: '{bad}'"));
+        return Err(format!("{kind} name contains invalid character: '{bad}'"));
     }
     if !first.is_ascii_alphanumeric() {
-        return Err(format!(
-            "machine name must start with a letter or digit (got: {name:?})"
-        ));
+        return Err(format!("{kind} name must start with a letter or digit (got: {name:?})"));
     }
     Ok(())
 }
 
-fn create(inner: &Inner, request: CreateMachine) -> Response {
+fn create(world: &mut World, request: CreateMachine) -> Response {
     let name = request.name.clone().unwrap_or_else(|| {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
         format!("vm-{nanos:08x}")
     });
-    if let Err(message) = check_name(&name) {
+    if let Err(message) = check_name("machine", &name) {
         return bad_request(message);
     }
     let cpus = request.cpus.map_or(4, u32::from);
@@ -722,20 +1161,22 @@ fn create(inner: &Inner, request: CreateMachine) -> Response {
         let zero = if port.host == 0 { port.host } else { port.guest };
         return bad_request(format!("port {zero} is not valid for VM port forwarding"));
     }
-    let mut machines = locked(&inner.machines);
-    if machines.contains_key(&name) {
+    if world.machines.contains_key(&name) {
         return error(
             StatusCode::CONFLICT,
             "CONFLICT",
             format!("machine '{name}' already exists"),
         );
     }
+    let env = request.env.iter().map(|v| format!("{}={}", v.name, v.value)).collect();
     let info = machine_info(name.clone(), request, cpus, u64::from(memory_mb));
-    machines.insert(
+    world.machines.insert(
         name,
         Machine {
             info: info.clone(),
             paused: false,
+            env,
+            worker: None,
         },
     );
     json(StatusCode::OK, &info)
@@ -770,13 +1211,19 @@ fn machine_info(name: String, request: CreateMachine, cpus: u32, memory_mb: u64)
         forkable: false,
         branchpoint_held: false,
         forkpoint_held: false,
+        parent_machine: None,
         disk_used_mb: 0,
-        created_at: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        created_at: now_secs(),
     }
 }
 
-/// Start boots at once. A paused machine boots afresh: its saved state is discarded.
-fn start(machine: &mut Machine) -> Response {
+/// Start boots at once. A paused machine boots afresh: its saved state is discarded. A start
+/// with `branchable` sets it (and its legacy alias `forkable`); one without leaves it as it was.
+fn start(machine: &mut Machine, branchable: Option<bool>) -> Response {
+    if let Some(branchable) = branchable {
+        machine.info.branchable = branchable;
+        machine.info.forkable = branchable;
+    }
     machine.info.state = "running".into();
     machine.paused = false;
     json(StatusCode::OK, &machine.info)
@@ -841,9 +1288,299 @@ fn resize(machine: &mut Machine, request: &ResizeMachine) -> Response {
     json(StatusCode::OK, &machine.info)
 }
 
+/// The lease time of a pool created without `leaseTtlSecs` (assumed).
+const DEFAULT_LEASE_TTL_SECS: u64 = 300;
+
+/// A pool's ready workers, oldest first: running, held at the branch point, not leased.
+fn ready_workers(world: &World, pool: u64) -> Vec<(u64, String)> {
+    let mut ready: Vec<(u64, String)> = world
+        .machines
+        .iter()
+        .filter(|(_, m)| m.info.branchpoint_held && m.info.state == "running")
+        .filter_map(|(name, m)| m.worker.filter(|w| w.pool == pool).map(|w| (w.n, name.clone())))
+        .collect();
+    ready.sort();
+    ready
+}
+
+fn active_leases(world: &World, pool: u64) -> u32 {
+    let active = world
+        .leases
+        .iter()
+        .filter(|l| l.pool_uid == pool && l.state == "active");
+    active.count() as u32
+}
+
+fn pool_info(world: &World, pool: &Pool) -> ForkPoolInfo {
+    ForkPoolInfo {
+        name: pool.name.clone(),
+        source: pool.source.clone(),
+        golden: pool.source.clone(),
+        desired_ready: pool.desired_ready,
+        freeze_source: pool.freeze_source,
+        auto_admission: pool.auto_admission,
+        share_weights: pool.share_weights,
+        lease_ttl_secs: pool.lease_ttl_secs,
+        max_active: pool.max_active,
+        provisioning: 0,
+        ready: ready_workers(world, pool.uid).len() as u32,
+        activating: 0,
+        active: active_leases(world, pool.uid),
+        retiring: 0,
+        deleting: false,
+        created_at: pool.created_at,
+    }
+}
+
+fn answer_pool(world: &World, name: &str) -> Response {
+    match world.pools.get(name) {
+        Some(pool) => json(StatusCode::OK, &pool_info(world, pool)),
+        None => pool_not_found(name),
+    }
+}
+
+fn lease_info(lease: &Lease) -> ForkLeaseInfo {
+    ForkLeaseInfo {
+        id: lease.id.clone(),
+        pool: lease.pool.clone(),
+        machine: lease.machine.clone(),
+        state: lease.state.clone(),
+        created_at: lease.created_at,
+        expires_at: lease.expires_at,
+    }
+}
+
+/// Forks every pool's missing ready workers from its source, unless the refill is held or the
+/// source is gone, not running or not branchable.
+fn refill(world: &mut World) {
+    if world.refill_held {
+        return;
+    }
+    let pools: Vec<Pool> = world.pools.values().cloned().collect();
+    for pool in pools {
+        let source = world.machines.get(&pool.source);
+        let Some(source) = source.filter(|m| m.info.state == "running" && m.info.branchable) else {
+            continue;
+        };
+        let (template, env) = (source.info.clone(), source.env.clone());
+        let ready = ready_workers(world, pool.uid).len();
+        for _ in ready..pool.desired_ready as usize {
+            let (name, n) = loop {
+                let n = world.last_worker.entry(pool.name.clone()).or_insert(0);
+                *n += 1;
+                let name = format!("{}-w{n}", pool.name);
+                if !world.machines.contains_key(&name) {
+                    break (name, *n);
+                }
+            };
+            let info = MachineInfo {
+                name: name.clone(),
+                state: "running".into(),
+                ports: Vec::new(),
+                branchable: false,
+                forkable: false,
+                branchpoint_held: true,
+                forkpoint_held: true,
+                parent_machine: Some(pool.source.clone()),
+                disk_used_mb: 0,
+                created_at: now_secs(),
+                ..template.clone()
+            };
+            let worker = Some(Worker { pool: pool.uid, n });
+            let env = env.clone();
+            world.machines.insert(
+                name,
+                Machine {
+                    info,
+                    paused: false,
+                    env,
+                    worker,
+                },
+            );
+        }
+    }
+}
+
+fn create_pool(world: &mut World, request: CreateForkPool) -> Response {
+    if let Err(message) = check_name("pool", &request.name) {
+        return bad_request(message);
+    }
+    let Some(source) = world.machines.get(&request.source) else {
+        return not_found(&request.source);
+    };
+    if source.info.state != "running" {
+        return conflict(format!("golden machine '{}' is not running", request.source));
+    }
+    if !source.info.branchable {
+        return conflict(format!(
+            "golden machine '{}' is not branchable; start it with branchable",
+            request.source
+        ));
+    }
+    if world.pools.contains_key(&request.name) {
+        return conflict(format!("fork pool '{}' already exists", request.name));
+    }
+    world.last_pool += 1;
+    let pool = Pool {
+        uid: world.last_pool,
+        name: request.name.clone(),
+        source: request.source,
+        desired_ready: request.desired_ready,
+        lease_ttl_secs: request.lease_ttl_secs.unwrap_or(DEFAULT_LEASE_TTL_SECS),
+        freeze_source: request.freeze_source,
+        auto_admission: request.auto_admission.unwrap_or(false),
+        share_weights: request.share_weights,
+        max_active: request.max_active,
+        created_at: now_secs(),
+    };
+    world.pools.insert(request.name.clone(), pool);
+    refill(world);
+    answer_pool(world, &request.name)
+}
+
+/// Sets a pool's target: its newest ready workers beyond it are deleted at once, and the refill
+/// forks the missing ones.
+fn resize_pool(world: &mut World, name: &str, desired_ready: u32) -> Response {
+    let Some(pool) = world.pools.get_mut(name) else {
+        return pool_not_found(name);
+    };
+    pool.desired_ready = desired_ready;
+    let uid = pool.uid;
+    for (_, worker) in ready_workers(world, uid).into_iter().skip(desired_ready as usize) {
+        world.machines.remove(&worker);
+    }
+    refill(world);
+    answer_pool(world, name)
+}
+
+/// Deletes a pool and its ready workers; with `force`, its leased workers too (their leases
+/// `cancelled`), else active leases refuse it. The source is left alone.
+fn delete_pool(world: &mut World, name: &str, force: bool) -> Response {
+    let Some(pool) = world.pools.get(name) else {
+        return pool_not_found(name);
+    };
+    let uid = pool.uid;
+    let active = active_leases(world, uid);
+    if active > 0 && !force {
+        return conflict(format!(
+            "fork pool '{name}' has {active} active lease(s); delete with force=true to cancel them"
+        ));
+    }
+    for lease in world.leases.iter_mut() {
+        if lease.pool_uid == uid && lease.state == "active" {
+            lease.state = "cancelled".into();
+        }
+    }
+    world.machines.retain(|_, m| m.worker.is_none_or(|w| w.pool != uid));
+    world.pools.remove(name);
+    json(StatusCode::OK, &DeleteResponse { deleted: name.into() })
+}
+
+/// Leases the oldest ready worker: it leaves the branch point with the lease's environment. A
+/// key seen before in this pool answers its lease again.
+fn acquire(world: &mut World, name: &str, request: AcquireForkLease) -> Response {
+    let Some(pool) = world.pools.get(name) else {
+        return pool_not_found(name);
+    };
+    let (uid, default_ttl) = (pool.uid, pool.lease_ttl_secs);
+    let key = request.idempotency_key;
+    if let Some(lease) = world.leases.iter().find(|l| l.pool_uid == uid && l.key == key) {
+        return json(StatusCode::OK, &lease_info(lease));
+    }
+    let assignment = |entry: &String| entry.split_once('=').is_some_and(|(k, _)| !k.is_empty());
+    if let Some(bad) = request.env.iter().find(|entry| !assignment(entry)) {
+        return bad_request(format!("env entry '{bad}' is not KEY=VALUE"));
+    }
+    let ready = ready_workers(world, uid).into_iter().next();
+    let Some(machine) = ready.and_then(|(_, worker)| world.machines.get_mut(&worker)) else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "UNAVAILABLE",
+            format!("no ready worker in fork pool '{name}'"),
+        );
+    };
+    machine.info.branchpoint_held = false;
+    machine.info.forkpoint_held = false;
+    machine.env.extend(request.env);
+    let worker = machine.info.name.clone();
+    world.last_lease += 1;
+    let now = now_secs();
+    let ttl_secs = request.ttl_secs.unwrap_or(default_ttl);
+    let lease = Lease {
+        id: format!("lease-{}", world.last_lease),
+        pool: name.into(),
+        pool_uid: uid,
+        machine: worker,
+        state: "active".into(),
+        key,
+        ttl_secs,
+        created_at: now,
+        expires_at: now.saturating_add(ttl_secs),
+    };
+    let info = lease_info(&lease);
+    world.leases.push(lease);
+    refill(world);
+    json(StatusCode::OK, &info)
+}
+
+/// Where a pool's lease is in [`World::leases`] (`None`: no such lease); `Err` refuses an
+/// unknown pool.
+fn find_lease(world: &World, pool: &str, lease: &str) -> Result<Option<usize>, Box<Response>> {
+    let Some(pool) = world.pools.get(pool) else {
+        return Err(Box::new(pool_not_found(pool)));
+    };
+    Ok(world
+        .leases
+        .iter()
+        .position(|l| l.pool_uid == pool.uid && l.id == lease))
+}
+
+/// Acts on an active lease of a pool (heartbeat, complete); an unknown one is 404, one no
+/// longer active 409.
+fn with_active_lease(world: &mut World, pool: &str, lease: &str, act: fn(&mut World, usize) -> Response) -> Response {
+    let at = match find_lease(world, pool, lease) {
+        Ok(Some(at)) => at,
+        Ok(None) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                "NOT_FOUND",
+                format!("fork lease '{lease}' not found"),
+            );
+        }
+        Err(refusal) => return *refusal,
+    };
+    let state = &world.leases[at].state;
+    if state != "active" {
+        return conflict(format!("fork lease '{lease}' is not active (state: {state})"));
+    }
+    act(world, at)
+}
+
+/// Extends an active lease by its time.
+fn heartbeat(world: &mut World, at: usize) -> Response {
+    let lease = &mut world.leases[at];
+    lease.expires_at = now_secs().saturating_add(lease.ttl_secs);
+    json(StatusCode::OK, &lease_info(lease))
+}
+
+/// Completes an active lease and deletes its worker (the refill replaces it).
+fn complete(world: &mut World, at: usize) -> Response {
+    let lease = &mut world.leases[at];
+    lease.state = "completed".into();
+    let (worker, uid, info) = (lease.machine.clone(), lease.pool_uid, lease_info(lease));
+    let ours = |m: &Machine| m.worker.is_some_and(|w| w.pool == uid);
+    if world.machines.get(&worker).is_some_and(ours) {
+        world.machines.remove(&worker);
+    }
+    json(StatusCode::OK, &info)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::TokioIo;
+    use serde_json::{Value, json};
 
     /// Routes smolvm serves outside its OpenAPI document, by name, with the reason. The double
     /// serves none of them.
@@ -897,10 +1634,37 @@ mod tests {
                 assert!(SCHEMAS.iter().any(|(name, _)| *name == schema), "{schema}");
             }
         }
+        // A path's parameters are the operation's, and the query parameters the double reads.
+        for route in ROUTES {
+            let operation = &doc["paths"][route.path][route.method.to_ascii_lowercase()];
+            let parameters = operation["parameters"].as_array().cloned().unwrap_or_default();
+            let declared = |name: &str, place: &str| parameters.iter().any(|p| p["name"] == name && p["in"] == place);
+            let served = format!("{} {}", route.method, route.path);
+            for segment in route.path.split('/').filter(|s| s.starts_with('{')) {
+                assert!(
+                    ["{name}", "{lease}"].contains(&segment),
+                    "{served}: find_route does not read {segment}"
+                );
+                assert!(
+                    declared(segment.trim_matches(['{', '}']), "path"),
+                    "{served}: {segment}"
+                );
+            }
+            for (_, query) in QUERY_PARAMETERS.iter().filter(|(op, _)| *op == route.operation) {
+                assert!(declared(query, "query"), "{served}: query {query}");
+            }
+        }
+        for (operation, _) in QUERY_PARAMETERS {
+            assert!(ROUTES.iter().any(|r| r.operation == operation), "{operation}");
+        }
         // What the double requires of itself are smolvm's required properties, all written.
         for (schema, fields) in [
             ("MachineInfo", fields_of::<MachineInfo>()),
             ("HealthResponse", fields_of::<HealthResponse>()),
+            ("ForkPoolInfo", fields_of::<ForkPoolInfo>()),
+            ("ListForkPoolsResponse", fields_of::<ListForkPools>()),
+            ("ForkLeaseInfo", fields_of::<ForkLeaseInfo>()),
+            ("DeleteResponse", fields_of::<DeleteResponse>()),
         ] {
             let required = doc["components"]["schemas"][schema]["required"]
                 .as_array()
@@ -922,19 +1686,336 @@ mod tests {
 
     #[test]
     fn paths_find_their_route() {
+        let lease = "/api/v1/pools/p/leases/lease-1";
         let cases = [
-            ("GET", "/health", Ok(("health", None))),
-            ("POST", "/api/v1/machines/m1/pause", Ok(("pause_machine", Some("m1")))),
-            ("DELETE", "/api/v1/machines/a%2Eb", Ok(("delete_machine", Some("a.b")))),
+            ("GET", "/health", Ok(("health", None, None))),
+            (
+                "POST",
+                "/api/v1/machines/m1/pause",
+                Ok(("pause_machine", Some("m1"), None)),
+            ),
+            (
+                "DELETE",
+                "/api/v1/machines/a%2Eb",
+                Ok(("delete_machine", Some("a.b"), None)),
+            ),
             ("PATCH", "/api/v1/machines/m1", Err(StatusCode::METHOD_NOT_ALLOWED)),
             ("GET", "/version", Err(StatusCode::NOT_FOUND)),
             ("POST", "/api/v1/machines//pause", Err(StatusCode::NOT_FOUND)),
+            ("PUT", "/api/v1/pools/p/size", Ok(("resize_pool", Some("p"), None))),
+            ("GET", lease, Ok(("get_lease", Some("p"), Some("lease-1")))),
+            (
+                "POST",
+                "/api/v1/pools/p/leases/l%2D2/complete",
+                Ok(("complete_lease", Some("p"), Some("l-2"))),
+            ),
+            ("POST", lease, Err(StatusCode::METHOD_NOT_ALLOWED)),
+            ("POST", "/api/v1/pools/p/leases//heartbeat", Err(StatusCode::NOT_FOUND)),
         ];
         for (method, path, want) in cases {
             let method = Method::from_bytes(method.as_bytes()).expect("method");
-            let got = find_route(&method, path).map(|(r, name)| (r.operation, name));
-            let want = want.map(|(op, name)| (op, name.map(str::to_string)));
+            let got = find_route(&method, path).map(|(r, name, lease)| (r.operation, name, lease));
+            let want = want.map(|(op, name, lease)| (op, name.map(str::to_string), lease.map(str::to_string)));
             assert_eq!(got, want, "{method} {path}");
         }
+    }
+
+    #[test]
+    fn force_is_read_from_the_query() {
+        assert_eq!(query_flag("", "force").ok(), Some(false));
+        assert_eq!(query_flag("force=true", "force").ok(), Some(true));
+        assert_eq!(query_flag("a=b&force=false", "force").ok(), Some(false));
+        let refused = query_flag("force=yes", "force").err().map(|r| r.status());
+        assert_eq!(refused, Some(StatusCode::BAD_REQUEST));
+    }
+
+    /// A socket path of its own for one test.
+    fn socket_path(test: &str) -> PathBuf {
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        std::env::temp_dir().join(format!("smolvm-double-{test}-{}-{nanos}.sock", std::process::id()))
+    }
+
+    /// One request over the double's socket: the status and the body (JSON, or else its text as
+    /// a JSON string).
+    async fn call(socket: &Path, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let stream = tokio::net::UnixStream::connect(socket).await.expect("connect");
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .expect("handshake");
+        tokio::spawn(connection);
+        let mut request = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::HOST, "localhost");
+        if body.is_some() {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let request = request.body(Full::new(Bytes::from(body))).expect("request");
+        let response = sender.send_request(request).await.expect("answer");
+        let status = response.status().as_u16();
+        let bytes = response.into_body().collect().await.expect("body").to_bytes();
+        let body = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        (status, body)
+    }
+
+    fn refusal(status: u16, code: &str, error: &str) -> (u16, Value) {
+        (status, json!({"error": error, "code": code}))
+    }
+
+    /// The names of the machines branched from `source`, in smolvm's order.
+    async fn workers_of(socket: &Path, source: &str) -> Vec<Value> {
+        let (_, list) = call(socket, "GET", "/api/v1/machines", None).await;
+        let machines = list["machines"].as_array().cloned().unwrap_or_default();
+        machines.into_iter().filter(|m| m["parentMachine"] == source).collect()
+    }
+
+    /// A running branchable source `src` (2 CPUs, 1 GiB, `BASE=1`).
+    async fn branchable_source(socket: &Path) {
+        let source = json!({
+            "name": "src", "image": "alpine", "cpus": 2, "memoryMb": 1024,
+            "env": [{"name": "BASE", "value": "1"}],
+        });
+        assert_eq!(call(socket, "POST", "/api/v1/machines", Some(source)).await.0, 200);
+        let branchable = Some(json!({"branchable": true}));
+        let (status, started) = call(socket, "POST", "/api/v1/machines/src/start", branchable).await;
+        assert_eq!(status, 200, "{started}");
+        assert_eq!(
+            (&started["state"], &started["branchable"]),
+            (&json!("running"), &json!(true))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_pool_keeps_its_ready_workers_and_leases_each_once() {
+        let double = SmolvmDouble::start(socket_path("pool")).await.expect("double");
+        let s = double.socket();
+        let pools = "/api/v1/pools";
+        let leases = "/api/v1/pools/p/leases";
+        assert_eq!(call(s, "GET", pools, None).await, (200, json!({"pools": []})));
+
+        // The refusals of a create.
+        let source = json!({"name": "src", "image": "alpine", "cpus": 2, "memoryMb": 1024,
+            "env": [{"name": "BASE", "value": "1"}]});
+        assert_eq!(call(s, "POST", "/api/v1/machines", Some(source)).await.0, 200);
+        let pool = json!({"name": "p", "source": "src", "desiredReady": 3});
+        let missing = json!({"name": "p", "source": "nope", "desiredReady": 3});
+        let not_found = refusal(404, "NOT_FOUND", "machine 'nope' not found");
+        assert_eq!(call(s, "POST", pools, Some(missing)).await, not_found);
+        let not_running = refusal(409, "CONFLICT", "golden machine 'src' is not running");
+        assert_eq!(call(s, "POST", pools, Some(pool.clone())).await, not_running);
+        let (status, started) = call(s, "POST", "/api/v1/machines/src/start", None).await;
+        assert_eq!((status, &started["branchable"]), (200, &json!(false)));
+        let (status, refused) = call(s, "POST", pools, Some(pool.clone())).await;
+        assert_eq!((status, &refused["code"]), (409, &json!("CONFLICT")), "not branchable");
+        let branchable = Some(json!({"branchable": true}));
+        let (status, started) = call(s, "POST", "/api/v1/machines/src/start", branchable).await;
+        assert_eq!((status, &started["branchable"]), (200, &json!(true)));
+        let unknown = json!({"name": "p", "source": "src", "desiredReady": 3, "size": 3});
+        let (status, refused) = call(s, "POST", pools, Some(unknown)).await;
+        assert!(status == 422 && refused.is_string(), "{status} {refused}");
+
+        // Created and filled.
+        let (status, info) = call(s, "POST", pools, Some(pool.clone())).await;
+        assert_eq!(status, 200, "{info}");
+        for (field, want) in [
+            ("name", json!("p")),
+            ("source", json!("src")),
+            ("golden", json!("src")),
+            ("desiredReady", json!(3)),
+            ("ready", json!(3)),
+            ("active", json!(0)),
+            ("leaseTtlSecs", json!(300)),
+            ("deleting", json!(false)),
+        ] {
+            assert_eq!(info[field], want, "{field}");
+        }
+        let (status, taken) = call(s, "POST", pools, Some(pool)).await;
+        assert_eq!((status, &taken["code"]), (409, &json!("CONFLICT")));
+        assert_eq!(call(s, "GET", "/api/v1/pools/p", None).await, (200, info));
+        let workers = workers_of(s, "src").await;
+        let names: Vec<&Value> = workers.iter().map(|w| &w["name"]).collect();
+        assert_eq!(names, [&json!("p-w1"), &json!("p-w2"), &json!("p-w3")]);
+        for worker in &workers {
+            assert_eq!(
+                (
+                    &worker["state"],
+                    &worker["branchpointHeld"],
+                    &worker["cpus"],
+                    &worker["memoryMb"]
+                ),
+                (&json!("running"), &json!(true), &json!(2), &json!(1024)),
+                "{worker}"
+            );
+            assert_eq!(worker["image"], "alpine");
+        }
+
+        // Three leases empty it while the refill is held; a fourth waits for it.
+        double.hold_refill(true);
+        let mut acquired = Vec::new();
+        for key in ["k1", "k2", "k3"] {
+            let request = json!({"idempotencyKey": key, "env": [format!("JOB={key}")]});
+            let (status, lease) = call(s, "POST", leases, Some(request)).await;
+            assert_eq!(status, 200, "{lease}");
+            assert_eq!((&lease["pool"], &lease["state"]), (&json!("p"), &json!("active")));
+            let machine = lease["machine"].as_str().unwrap_or_default().to_string();
+            let (_, worker) = call(s, "GET", &format!("/api/v1/machines/{machine}"), None).await;
+            assert_eq!(worker["branchpointHeld"], false, "{worker}");
+            assert_eq!(double.env(&machine), Some(vec!["BASE=1".into(), format!("JOB={key}")]));
+            acquired.push(lease);
+        }
+        let machines = acquired.iter().filter_map(|l| l["machine"].as_str());
+        let machines: std::collections::BTreeSet<&str> = machines.collect();
+        assert_eq!(machines.len(), 3, "{acquired:?}");
+        let (status, empty) = call(s, "POST", leases, Some(json!({"idempotencyKey": "k4"}))).await;
+        assert_eq!((status, &empty["code"]), (503, &json!("UNAVAILABLE")), "{empty}");
+        let again = call(s, "POST", leases, Some(json!({"idempotencyKey": "k1"}))).await;
+        assert_eq!(again, (200, acquired[0].clone()));
+        let (status, refused) = call(s, "POST", leases, Some(json!({"env": []}))).await;
+        assert!(status == 422 && refused.is_string(), "{status} {refused}");
+        let unknown = call(
+            s,
+            "POST",
+            "/api/v1/pools/nope/leases",
+            Some(json!({"idempotencyKey": "k"})),
+        )
+        .await;
+        assert_eq!(unknown, refusal(404, "NOT_FOUND", "fork pool 'nope' not found"));
+        let view = |ready, active| {
+            Some(PoolView {
+                desired: 3,
+                ready,
+                active,
+            })
+        };
+        assert_eq!(double.pool("p"), view(0, 3));
+        double.hold_refill(false);
+        assert_eq!(double.pool("p"), view(3, 3));
+        assert_eq!(workers_of(s, "src").await.len(), 6);
+
+        // Heartbeat and complete.
+        let (id, machine) = (acquired[0]["id"].as_str().unwrap_or_default(), &acquired[0]["machine"]);
+        let lease = format!("{leases}/{id}");
+        assert_eq!(call(s, "GET", &lease, None).await, (200, acquired[0].clone()));
+        let unknown = refusal(404, "NOT_FOUND", "lease 'lease-99' not found in fork pool 'p'");
+        assert_eq!(call(s, "GET", &format!("{leases}/lease-99"), None).await, unknown);
+        let (status, beaten) = call(s, "POST", &format!("{lease}/heartbeat"), None).await;
+        assert_eq!((status, &beaten["state"]), (200, &json!("active")));
+        let (created, expires) = (beaten["createdAt"].as_u64(), beaten["expiresAt"].as_u64());
+        assert!(expires >= created.map(|c| c + 300), "{beaten}");
+        let unknown = refusal(404, "NOT_FOUND", "fork lease 'lease-99' not found");
+        assert_eq!(
+            call(s, "POST", &format!("{leases}/lease-99/heartbeat"), None).await,
+            unknown
+        );
+        assert_eq!(
+            call(s, "POST", &format!("{leases}/lease-99/complete"), None).await,
+            unknown
+        );
+        let (status, completed) = call(s, "POST", &format!("{lease}/complete"), None).await;
+        assert_eq!((status, &completed["state"]), (200, &json!("completed")));
+        assert_eq!(
+            double.state(machine.as_str().unwrap_or_default()),
+            None,
+            "its worker is deleted"
+        );
+        assert_eq!(double.pool("p"), view(3, 2));
+        for then in ["heartbeat", "complete"] {
+            let (status, refused) = call(s, "POST", &format!("{lease}/{then}"), None).await;
+            assert_eq!((status, &refused["code"]), (409, &json!("CONFLICT")), "{then}");
+        }
+        let calls = double.calls_of("heartbeat_lease");
+        assert_eq!(
+            (calls[0].machine.as_deref(), calls[0].lease.as_deref()),
+            (Some("p"), Some(id))
+        );
+
+        // Resize.
+        let (status, info) = call(s, "PUT", "/api/v1/pools/p/size", Some(json!({"desiredReady": 1}))).await;
+        assert_eq!((status, &info["ready"], &info["active"]), (200, &json!(1), &json!(2)));
+        let (status, info) = call(s, "PUT", "/api/v1/pools/p/size", Some(json!({"desiredReady": 2}))).await;
+        assert_eq!((status, &info["ready"]), (200, &json!(2)));
+        let unknown = call(s, "PUT", "/api/v1/pools/nope/size", Some(json!({"desiredReady": 2}))).await;
+        assert_eq!(unknown, refusal(404, "NOT_FOUND", "fork pool 'nope' not found"));
+
+        // Delete: refused with active leases, forced then.
+        let (status, refused) = call(s, "DELETE", "/api/v1/pools/p", None).await;
+        assert_eq!((status, &refused["code"]), (409, &json!("CONFLICT")), "{refused}");
+        let deleted = call(s, "DELETE", "/api/v1/pools/p?force=true", None).await;
+        assert_eq!(deleted, (200, json!({"deleted": "p"})));
+        let states: Vec<(String, String)> = double.leases().into_iter().map(|l| (l.key, l.state)).collect();
+        let want = [("k1", "completed"), ("k2", "cancelled"), ("k3", "cancelled")];
+        assert_eq!(states, want.map(|(k, s)| (k.to_string(), s.to_string())));
+        assert_eq!(workers_of(s, "src").await, Vec::<Value>::new());
+        assert_eq!(
+            double.state("src").as_deref(),
+            Some("running"),
+            "the source is left alone"
+        );
+        let gone = refusal(404, "NOT_FOUND", "fork pool 'p' not found");
+        assert_eq!(call(s, "GET", "/api/v1/pools/p", None).await, gone);
+        assert_eq!(call(s, "GET", &lease, None).await, gone);
+        assert_eq!(call(s, "DELETE", "/api/v1/pools/p", None).await, gone);
+        assert_eq!(call(s, "GET", pools, None).await, (200, json!({"pools": []})));
+    }
+
+    #[tokio::test]
+    async fn a_restart_forgets_pools_leases_and_ready_workers() {
+        let double = SmolvmDouble::start(socket_path("restart")).await.expect("double");
+        let s = double.socket();
+        branchable_source(s).await;
+        let pool = json!({"name": "q", "source": "src", "desiredReady": 2});
+        assert_eq!(call(s, "POST", "/api/v1/pools", Some(pool)).await.0, 200);
+        let (status, lease) = call(
+            s,
+            "POST",
+            "/api/v1/pools/q/leases",
+            Some(json!({"idempotencyKey": "a"})),
+        )
+        .await;
+        assert_eq!(status, 200, "{lease}");
+        let leased = lease["machine"].as_str().unwrap_or_default().to_string();
+        let (_, before) = call(s, "GET", "/capacity", None).await;
+
+        double.restart();
+        assert_eq!(call(s, "GET", "/api/v1/pools", None).await, (200, json!({"pools": []})));
+        let gone = refusal(404, "NOT_FOUND", "fork pool 'q' not found");
+        let id = lease["id"].as_str().unwrap_or_default();
+        assert_eq!(
+            call(s, "GET", &format!("/api/v1/pools/q/leases/{id}"), None).await,
+            gone
+        );
+        assert_eq!(double.leases(), Vec::new());
+        assert_eq!(double.pool("q"), None);
+        let workers = workers_of(s, "src").await;
+        assert_eq!(workers.len(), 1, "only the leased worker stays: {workers:?}");
+        assert_eq!(
+            (&workers[0]["name"], &workers[0]["state"]),
+            (&json!(leased), &json!("running"))
+        );
+        assert_eq!(double.state("src").as_deref(), Some("running"));
+        let (_, after) = call(s, "GET", "/capacity", None).await;
+        assert!(before["boot_id"].is_string());
+        assert_ne!(before["boot_id"], after["boot_id"]);
+
+        // A pool made again names new workers and forgets the old keys.
+        let pool = json!({"name": "q", "source": "src", "desiredReady": 1});
+        let (status, info) = call(s, "POST", "/api/v1/pools", Some(pool)).await;
+        assert_eq!((status, &info["ready"]), (200, &json!(1)), "{info}");
+        let (status, again) = call(
+            s,
+            "POST",
+            "/api/v1/pools/q/leases",
+            Some(json!({"idempotencyKey": "a"})),
+        )
+        .await;
+        assert_eq!(status, 200, "{again}");
+        assert_ne!((&again["id"], &again["machine"]), (&lease["id"], &lease["machine"]));
+        assert_eq!(
+            double.state(&leased).as_deref(),
+            Some("running"),
+            "not a worker of the new pool"
+        );
     }
 }

@@ -16,8 +16,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::wire::{
-    DeleteResponse, ExecRequest, ExecResponse, HealthResponse, IdentityResponse, MachineSpec, MachineStatus,
-    ResizeSpec, StartRequest,
+    DeleteResponse, ExecRequest, ExecResponse, HealthResponse, IdentityResponse, LeaseRequest, MachineSpec,
+    MachineStatus, PoolList, PoolSpec, PoolStatus, ResizeSpec, StartRequest,
 };
 
 /// The path segment of this protocol version (the paths start `/v1/`).
@@ -53,7 +53,8 @@ impl Method {
 pub enum Segment {
     /// A fixed word.
     Fixed(&'static str),
-    /// The machine's name (`{name}`), a DNS label ([`super::validate_machine_name`]).
+    /// The machine's name (`{name}`), a DNS label ([`super::validate_machine_name`]); in the
+    /// pool operations, the pool's, which follows the same rule.
     Machine,
     /// The rest of the path: a file's absolute path in the machine (`{*path}`), each segment
     /// percent-encoded.
@@ -158,10 +159,22 @@ operations! {
     ReadFile,
     /// `PUT /v1/machines/{name}/files/{path}?mode=0644` with the file's bytes.
     WriteFile,
+    /// `POST /v1/machines/{name}/lease` with a [`LeaseRequest`]: 200 [`MachineStatus`], the
+    /// machine served from a ready slot of the pool (the same answer again for the same name).
+    /// Refused with 409 `NoReadySlot` when the pool has none, 404 `PoolNotFound`.
+    LeaseMachine,
+    /// `GET /v1/pools`: 200 [`PoolList`].
+    ListPools,
+    /// `PUT /v1/pools/{name}` with a [`PoolSpec`]: 200 [`PoolStatus`].
+    ApplyPool,
+    /// `DELETE /v1/pools/{name}`: 200 [`DeleteResponse`] once its ready slots and its source
+    /// machine are gone; 409 `PoolInUse` while machines served from it remain.
+    DeletePool,
 }
 
 const V: Segment = Segment::Fixed(VERSION_SEGMENT);
 const MACHINES: Segment = Segment::Fixed("machines");
+const POOLS: Segment = Segment::Fixed("pools");
 
 impl Operation {
     /// The label of a request that names no operation.
@@ -249,6 +262,16 @@ impl Operation {
                     File,
                     FileWritten,
                 ),
+                Operation::LeaseMachine => (
+                    Post,
+                    &[V, MACHINES, Machine, Fixed("lease")],
+                    &[],
+                    Json("LeaseRequest"),
+                    Json("MachineStatus"),
+                ),
+                Operation::ListPools => (Get, &[V, POOLS], &[], Empty, Json("PoolList")),
+                Operation::ApplyPool => (Put, &[V, POOLS, Machine], &[], Json("PoolSpec"), Json("PoolStatus")),
+                Operation::DeletePool => (Delete, &[V, POOLS, Machine], &[], Empty, Json("DeleteResponse")),
             };
         Spec {
             method,
@@ -418,6 +441,10 @@ pub mod calls {
         SuspendMachine: () => MachineStatus;
         ResumeMachine: () => MachineStatus;
         ExecInMachine: ExecRequest => ExecResponse;
+        LeaseMachine: LeaseRequest => MachineStatus;
+        ListPools: () => PoolList;
+        ApplyPool: PoolSpec => PoolStatus;
+        DeletePool: () => DeleteResponse;
     }
 }
 
@@ -428,7 +455,7 @@ mod tests {
     #[test]
     fn requests_route_to_their_operation() {
         // (method, path, operation, machine segment)
-        let cases: [(&str, &str, Option<Operation>, Option<&str>); 22] = [
+        let cases: [(&str, &str, Option<Operation>, Option<&str>); 27] = [
             ("GET", "/v1/health", Some(Operation::Health), None),
             ("GET", "/v1/identity", Some(Operation::Identity), None),
             ("GET", "/v1/machines/a", Some(Operation::GetMachine), Some("a")),
@@ -479,6 +506,11 @@ mod tests {
                 Some(Operation::WriteFile),
                 Some("a"),
             ),
+            ("POST", "/v1/machines/a/lease", Some(Operation::LeaseMachine), Some("a")),
+            ("GET", "/v1/pools", Some(Operation::ListPools), None),
+            ("PUT", "/v1/pools/p", Some(Operation::ApplyPool), Some("p")),
+            ("DELETE", "/v1/pools/p", Some(Operation::DeletePool), Some("p")),
+            ("GET", "/v1/pools/p", None, None),
             ("POST", "/v1/machines/a", None, None),
             ("GET", "/v1/machines/a/stop", None, None),
             ("GET", "/v1/machines", None, None),
@@ -579,5 +611,9 @@ mod tests {
         payloads_match::<calls::SuspendMachine>();
         payloads_match::<calls::ResumeMachine>();
         payloads_match::<calls::ExecInMachine>();
+        payloads_match::<calls::LeaseMachine>();
+        payloads_match::<calls::ListPools>();
+        payloads_match::<calls::ApplyPool>();
+        payloads_match::<calls::DeletePool>();
     }
 }

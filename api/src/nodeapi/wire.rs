@@ -28,6 +28,8 @@ pub enum ErrorCode {
     Forbidden,
     /// 404: no machine of that name on this node.
     MachineNotFound,
+    /// 404: no pool of that name on this node.
+    PoolNotFound,
     /// 404: no such route.
     RouteNotFound,
     /// 405: the route exists, the method does not.
@@ -57,6 +59,12 @@ pub enum ErrorCode {
     /// start) or cannot apply to it (a live resize); resume it first. `details.state` is
     /// `Suspended`.
     AlreadySuspended,
+    /// 409: the pool has no ready slot now (smolvm refills it as slots are taken); the
+    /// SmolVM is created cold or waits, as its pool's `whenEmpty` says.
+    NoReadySlot,
+    /// 409: the pool still serves leased machines, so it is not deleted; its ready slots were
+    /// given back. `details.leased` counts the machines. Retry once they are gone.
+    PoolInUse,
     /// 409: another conflict reported by smolvm.
     Conflict,
     /// 413: request body larger than the limit.
@@ -85,11 +93,12 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code this build knows.
-    pub const KNOWN: [ErrorCode; 23] = [
+    pub const KNOWN: [ErrorCode; 26] = [
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
         ErrorCode::MachineNotFound,
+        ErrorCode::PoolNotFound,
         ErrorCode::RouteNotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::HostPortExcluded,
@@ -100,6 +109,8 @@ impl ErrorCode {
         ErrorCode::MachineNotRunning,
         ErrorCode::NoSavedState,
         ErrorCode::AlreadySuspended,
+        ErrorCode::NoReadySlot,
+        ErrorCode::PoolInUse,
         ErrorCode::Conflict,
         ErrorCode::PayloadTooLarge,
         ErrorCode::StartFailed,
@@ -118,6 +129,7 @@ impl ErrorCode {
             ErrorCode::Unauthenticated => "Unauthenticated",
             ErrorCode::Forbidden => "Forbidden",
             ErrorCode::MachineNotFound => "MachineNotFound",
+            ErrorCode::PoolNotFound => "PoolNotFound",
             ErrorCode::RouteNotFound => "RouteNotFound",
             ErrorCode::MethodNotAllowed => "MethodNotAllowed",
             ErrorCode::HostPortExcluded => "HostPortExcluded",
@@ -128,6 +140,8 @@ impl ErrorCode {
             ErrorCode::MachineNotRunning => "MachineNotRunning",
             ErrorCode::NoSavedState => "NoSavedState",
             ErrorCode::AlreadySuspended => "AlreadySuspended",
+            ErrorCode::NoReadySlot => "NoReadySlot",
+            ErrorCode::PoolInUse => "PoolInUse",
             ErrorCode::Conflict => "Conflict",
             ErrorCode::PayloadTooLarge => "PayloadTooLarge",
             ErrorCode::StartFailed => "StartFailed",
@@ -161,7 +175,7 @@ impl ErrorCode {
             ErrorCode::InvalidRequest => 400,
             ErrorCode::Unauthenticated => 401,
             ErrorCode::Forbidden | ErrorCode::HostPortExcluded | ErrorCode::ImagePullCredentialsRequired => 403,
-            ErrorCode::MachineNotFound | ErrorCode::RouteNotFound => 404,
+            ErrorCode::MachineNotFound | ErrorCode::PoolNotFound | ErrorCode::RouteNotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::MachineSpecConflict
             | ErrorCode::ResizeRequiresRunning
@@ -169,6 +183,8 @@ impl ErrorCode {
             | ErrorCode::MachineNotRunning
             | ErrorCode::NoSavedState
             | ErrorCode::AlreadySuspended
+            | ErrorCode::NoReadySlot
+            | ErrorCode::PoolInUse
             | ErrorCode::Conflict => 409,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::TooManyStreams | ErrorCode::TooManyBytes => 429,
@@ -440,6 +456,9 @@ pub struct MachineStatus {
     /// While suspended: when the agent suspended it, and the size of its saved state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspended: Option<SuspendedState>,
+    /// For a machine served from a pool's ready slot: the pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
 }
 
 /// A suspended machine's saved state, as its agent records it.
@@ -452,6 +471,59 @@ pub struct SuspendedState {
     /// (smolvm 1.32.2 reports none: count the machine's memory, the worst case).
     #[serde(default, rename = "savedStateMiB", skip_serializing_if = "Option::is_none")]
     pub saved_state_mib: Option<u64>,
+}
+
+/// Body of `PUT /v1/pools/{name}`: a warm pool on this node. The agent keeps its source
+/// machine (made from the pool's template, named as the pool, started as a branch source) and
+/// has smolvm keep `slots` ready machines forked from it. Applying the same pool again changes
+/// only its slots; a pool of another template is another pool (another name).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolSpec {
+    /// The source machine, as `PUT /v1/machines/{name}` takes it.
+    pub source: MachineSpec,
+    /// Ready slots to keep.
+    pub slots: u32,
+    /// Credentials for the source's image registry, for its start only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_auth: Option<RegistryAuth>,
+}
+
+/// A pool on this node, as `PUT /v1/pools/{name}` and `GET /v1/pools` answer it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolStatus {
+    /// The pool's name (also its source machine's).
+    pub name: String,
+    /// Ready slots wanted.
+    pub slots: u32,
+    /// Slots ready to serve now.
+    pub ready: u32,
+    /// Slots being forked and booted.
+    pub provisioning: u32,
+    /// Machines served from the pool and still leased.
+    pub leased: u32,
+}
+
+/// Answer of `GET /v1/pools`: the pools the agent keeps, by name.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolList {
+    /// The pools.
+    pub pools: Vec<PoolStatus>,
+}
+
+/// Body of `POST /v1/machines/{name}/lease`: serve the machine `{name}` from a ready slot of
+/// `pool`. The slot's machine takes the name `{name}` on the node API from then on; the agent
+/// keeps the lease alive while the machine exists and ends it when it is deleted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LeaseRequest {
+    /// The pool on this node.
+    pub pool: String,
+    /// The machine's own environment, values resolved, installed before its workload runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
 }
 
 /// Answer of `DELETE /v1/machines/{name}`: exactly one of the two is true.

@@ -104,6 +104,7 @@ pub fn map_vmm_error(error: &VmmError) -> ApiFailure {
         VmmError::StartFailed { .. } => ApiFailure::new(ErrorCode::StartFailed, message),
         VmmError::Unavailable { .. } => ApiFailure::new(ErrorCode::RuntimeUnavailable, error.to_string()),
         VmmError::Timeout { .. } => ApiFailure::new(ErrorCode::RuntimeTimeout, message),
+        VmmError::NoReadySlot { .. } => ApiFailure::new(ErrorCode::NoReadySlot, message),
         VmmError::Internal { .. } => ApiFailure::new(ErrorCode::RuntimeError, message),
         VmmError::Protocol(_) => ApiFailure::new(ErrorCode::RuntimeProtocolError, message),
     }
@@ -227,6 +228,7 @@ pub fn to_status_with(machine: &Machine, record: Option<&Suspension>) -> Machine
             since: record.since.clone(),
             saved_state_mib: None,
         }),
+        pool: None,
     }
 }
 

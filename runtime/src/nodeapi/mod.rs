@@ -3,6 +3,7 @@
 //! [`types`] re-exports the wire contract from `smolvm_api::nodeapi`; [`logic`] holds the
 //! pure mapping to the VMM; [`server`] is the axum router; [`stream`] bridges interactive exec
 //! (Kubernetes' channel protocol) to the runtime; [`suspend`] suspends and resumes machines;
+//! `pools` keeps warm pools and serves machines from them;
 //! [`tls`] serves it over mTLS with a reloadable serving certificate and client CA; [`uploads`]
 //! holds the budget of file uploads.
 //! The operations, their paths and their names come from the contract's table
@@ -10,6 +11,7 @@
 
 pub mod auth;
 pub mod logic;
+pub(crate) mod pools;
 pub mod server;
 pub mod stream;
 pub mod suspend;

@@ -101,6 +101,9 @@ pub struct NodeApiState {
     /// The machines this agent suspended ([`crate::suspensions`]); in memory unless
     /// [`NodeApiState::with_suspend_records`] gives files.
     pub suspensions: Arc<crate::suspensions::SuspendRecords>,
+    /// The pools this agent keeps and the machines it served from them ([`crate::pools`]); in
+    /// memory unless [`NodeApiState::with_pool_book`] gives files.
+    pub pools: Arc<crate::pools::PoolBook>,
     locks: MachineLocks,
 }
 
@@ -126,6 +129,7 @@ impl NodeApiState {
             streams: super::stream::Streams::new(super::stream::StreamLimits::default()),
             uploads: super::uploads::UploadBudget::new(super::uploads::DEFAULT_UPLOAD_BYTES),
             suspensions: Arc::new(crate::suspensions::SuspendRecords::in_memory()),
+            pools: Arc::new(crate::pools::PoolBook::in_memory()),
             locks: Arc::default(),
         }
     }
@@ -216,9 +220,56 @@ impl NodeApiState {
         self
     }
 
+    /// Keeps the records of pools and served machines in `book` (the one the runtime's
+    /// [`crate::vmm::LeasedVmm`] maps names with).
+    pub fn with_pool_book(mut self, book: Arc<crate::pools::PoolBook>) -> Self {
+        self.pools = book;
+        self
+    }
+
     /// `machine` as the node API reports it: `Suspended` when this agent suspended it.
     pub(super) fn status_of(&self, machine: &crate::vmm::Machine) -> super::types::MachineStatus {
-        logic::to_status_with(machine, self.suspensions.read(&machine.name).as_ref())
+        let mut status = logic::to_status_with(machine, self.suspensions.read(&machine.name).as_ref());
+        status.pool = self.pools.leases.read(&machine.name).map(|record| record.pool);
+        status
+    }
+
+    /// A private image is never started without credentials (SPEC 6, Tenants): an image that
+    /// was started on this node with registry credentials needs this start's own, for its
+    /// registry (`ImagePullCredentialsRequired`).
+    pub(super) fn check_image(
+        &self,
+        name: &str,
+        image: Option<&str>,
+        auth: Option<&super::types::RegistryAuth>,
+    ) -> Result<(), ApiError> {
+        let (Some(guard), Some(image)) = (&self.images, image) else {
+            return Ok(());
+        };
+        match guard.check(image, auth) {
+            crate::images::PullDecision::CredentialsRequired { registry } => Err(ApiFailure::new(
+                ErrorCode::ImagePullCredentialsRequired,
+                format!(
+                    "image {image} needs registry credentials on this node and this start has none for {registry}: give the SmolVM an imagePullSecret for {registry}"
+                ),
+            )
+            .with_details(serde_json::json!({ "registry": registry }))
+            .into()),
+            crate::images::PullDecision::PullAgain => {
+                tracing::info!(machine = %name, "the image was started on this node with other credentials: this start presents its own to the registry");
+                Ok(())
+            }
+            crate::images::PullDecision::Start | crate::images::PullDecision::Verified => Ok(()),
+        }
+    }
+
+    /// After a start with registry credentials: the image is recorded as private to them.
+    pub(super) fn remember_image(&self, name: &str, image: Option<&str>, auth: Option<&super::types::RegistryAuth>) {
+        if let (Some(guard), Some(image), Some(auth)) = (&self.images, image, auth)
+            && let Err(error) = guard.remember(image, auth)
+        {
+            tracing::warn!(machine = %name, %error, "could not record the image's credential digest");
+        }
     }
 
     /// Serializes mutating operations per machine name. The guard drops the name's entry when
@@ -338,7 +389,7 @@ pub(super) fn answer<C: JsonCall>(status: StatusCode, body: &C::Response) -> Res
 }
 
 /// The body of a request of the JSON operation `C`, read as the type the contract gives it.
-fn body_of<C: JsonCall>(body: Result<Bytes, BytesRejection>) -> Result<C::Request, ApiError> {
+pub(super) fn body_of<C: JsonCall>(body: Result<Bytes, BytesRejection>) -> Result<C::Request, ApiError> {
     parse_body(body)
 }
 
@@ -465,6 +516,10 @@ fn handler(operation: Operation) -> MethodRouter<NodeApiState> {
         Operation::ReadFile => on(method, read_file),
         // write_file reads its body itself, within MAX_FILE_BYTES and the upload budget.
         Operation::WriteFile => on(method, write_file).layer(DefaultBodyLimit::disable()),
+        Operation::LeaseMachine => on(method, super::pools::lease_machine),
+        Operation::ListPools => on(method, super::pools::list_pools),
+        Operation::ApplyPool => on(method, super::pools::apply_pool),
+        Operation::DeletePool => on(method, super::pools::delete_pool),
     }
 }
 
@@ -624,38 +679,12 @@ async fn ensure_running(
         // Ports never change after binding (V6): the machine keeps them; operators are told.
         tracing::warn!(machine = %name, reason = %excluded.body.message, "starting a machine that publishes a host port the policy now excludes; it keeps the ports it was created with");
     }
-    // A private image is never started without credentials (SPEC 6, Tenants).
-    let private = match (&state.images, machine.image.as_deref()) {
-        (Some(guard), Some(image)) => Some((guard, image)),
-        _ => None,
-    };
-    if let Some((guard, image)) = private {
-        match guard.check(image, request.registry_auth.as_ref()) {
-            crate::images::PullDecision::CredentialsRequired { registry } => {
-                return Err(ApiFailure::new(
-                    ErrorCode::ImagePullCredentialsRequired,
-                    format!(
-                        "image {image} needs registry credentials on this node and this start has none for {registry}: give the SmolVM an imagePullSecret for {registry}"
-                    ),
-                )
-                .with_details(serde_json::json!({ "registry": registry }))
-                .into());
-            }
-            crate::images::PullDecision::PullAgain => {
-                tracing::info!(machine = %name, "the image was started on this node with other credentials: this start presents its own to the registry");
-            }
-            crate::images::PullDecision::Start | crate::images::PullDecision::Verified => {}
-        }
-    }
+    state.check_image(&name, machine.image.as_deref(), request.registry_auth.as_ref())?;
     state.check_ports(&name, &machine.ports)?;
     let started = state.vmm.start(&name, request.registry_auth.as_ref()).await;
     state.poke_forwarder();
     let started = started?;
-    if let (Some((guard, image)), Some(auth)) = (private, request.registry_auth.as_ref())
-        && let Err(error) = guard.remember(image, auth)
-    {
-        tracing::warn!(machine = %name, %error, "could not record the image's credential digest");
-    }
+    state.remember_image(&name, machine.image.as_deref(), request.registry_auth.as_ref());
     Ok(answer::<calls::EnsureMachineRunning>(
         StatusCode::OK,
         &logic::to_status(&started),

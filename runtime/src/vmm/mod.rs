@@ -19,10 +19,12 @@ pub use smolvm_api::nodeapi::MachineState;
 pub use smolvm_api::nodeapi::{RegistryAuth, Sensitive};
 
 pub mod interactive;
+pub mod leased;
 pub mod smolvm;
 pub mod sse;
 
 pub use interactive::{InteractiveRequest, Session, SessionInput, SessionOutput};
+pub use leased::LeasedVmm;
 pub use smolvm::{SmolvmClient, SmolvmConfig};
 
 /// A machine runtime on this node (smolvm, or a stand-in in tests).
@@ -73,6 +75,57 @@ pub trait Vmm: Send + Sync {
     async fn resume(&self, name: &str) -> Result<Machine, VmmError> {
         let _ = name;
         Err(unsupported("resume"))
+    }
+
+    /// Starts a machine as a branch source (smolvm's `branchable` start: its memory can be
+    /// forked), the source of a pool.
+    async fn start_branchable(&self, name: &str, registry_auth: Option<&RegistryAuth>) -> Result<Machine, VmmError> {
+        let _ = (name, registry_auth);
+        Err(unsupported("branchable starts"))
+    }
+
+    /// The pools the runtime keeps.
+    async fn pools(&self) -> Result<Vec<PoolInfo>, VmmError> {
+        Err(unsupported("pools"))
+    }
+
+    /// Creates a pool of ready machines forked from a running branch source. A source that is
+    /// not running is a [`VmmError::Conflict`]; a missing one a [`VmmError::NotFound`].
+    async fn create_pool(&self, request: &PoolRequest<'_>) -> Result<PoolInfo, VmmError> {
+        let _ = request;
+        Err(unsupported("pools"))
+    }
+
+    /// Sets how many ready machines a pool keeps.
+    async fn resize_pool(&self, name: &str, ready: u32) -> Result<PoolInfo, VmmError> {
+        let _ = (name, ready);
+        Err(unsupported("pools"))
+    }
+
+    /// Deletes a pool and its ready machines, never its leased ones: a pool with active leases
+    /// is a [`VmmError::Conflict`]; a missing one [`DeleteOutcome::Missing`].
+    async fn delete_pool(&self, name: &str) -> Result<DeleteOutcome, VmmError> {
+        let _ = name;
+        Err(unsupported("pools"))
+    }
+
+    /// Takes one ready machine of a pool; the same key again answers the same lease. A pool
+    /// with no ready machine is a [`VmmError::NoReadySlot`].
+    async fn acquire_lease(&self, pool: &str, request: &LeaseRequest<'_>) -> Result<LeaseInfo, VmmError> {
+        let _ = (pool, request);
+        Err(unsupported("leases"))
+    }
+
+    /// Keeps a lease alive for its time to live again.
+    async fn heartbeat_lease(&self, pool: &str, lease: &str) -> Result<LeaseInfo, VmmError> {
+        let _ = (pool, lease);
+        Err(unsupported("leases"))
+    }
+
+    /// Ends a lease; the runtime retires its machine.
+    async fn complete_lease(&self, pool: &str, lease: &str) -> Result<LeaseInfo, VmmError> {
+        let _ = (pool, lease);
+        Err(unsupported("leases"))
     }
 
     /// A machine's log as plain text lines. A log that does not exist yet (a machine never
@@ -129,6 +182,60 @@ fn unsupported(what: &str) -> VmmError {
     VmmError::BadRequest {
         message: format!("this runtime does not support {what}"),
     }
+}
+
+/// A pool of ready machines forked from one branch source, as the runtime reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PoolInfo {
+    /// The pool's name.
+    pub name: String,
+    /// Its source machine.
+    pub source: String,
+    /// Ready machines wanted.
+    pub desired: u32,
+    /// Ready machines now.
+    pub ready: u32,
+    /// Machines being forked and booted.
+    pub provisioning: u32,
+    /// Machines held by active leases.
+    pub active: u32,
+}
+
+/// What a new pool is made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolRequest<'a> {
+    /// The pool's name.
+    pub name: &'a str,
+    /// The running branch source its machines are forked from.
+    pub source: &'a str,
+    /// Ready machines to keep.
+    pub ready: u32,
+    /// Seconds a leased machine lives without a heartbeat.
+    pub lease_ttl_secs: u64,
+}
+
+/// What a lease asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseRequest<'a> {
+    /// The retry key: the same key answers the same lease.
+    pub key: &'a str,
+    /// Environment installed in the machine before its workload runs.
+    pub env: &'a [(String, Sensitive)],
+    /// Seconds it lives without a heartbeat.
+    pub ttl_secs: u64,
+}
+
+/// One lease on a pool's machine, as the runtime reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LeaseInfo {
+    /// The lease's id (for heartbeats and completion).
+    pub id: String,
+    /// The pool.
+    pub pool: String,
+    /// The machine it holds.
+    pub machine: String,
+    /// `activating`, `active`, `completed`, `expired`, `failed` or `cancelled`.
+    pub state: String,
 }
 
 /// Which log of a machine.
@@ -398,6 +505,9 @@ pub enum VmmError {
     /// The runtime did not answer within the call's time limit; the operation may still finish.
     #[error("{message}")]
     Timeout { message: String },
+    /// A pool had no ready machine to lease (smolvm 503 on a lease).
+    #[error("{message}")]
+    NoReadySlot { message: String },
     /// The runtime failed the request (smolvm 5xx other than on start, or an unexpected status).
     #[error("smolvm failed (HTTP {status}): {message}")]
     Internal { status: u16, message: String },
@@ -418,6 +528,7 @@ impl VmmError {
             Self::StartFailed { .. } => "StartFailed",
             Self::Unavailable { .. } => "RuntimeUnavailable",
             Self::Timeout { .. } => "RuntimeTimeout",
+            Self::NoReadySlot { .. } => "NoReadySlot",
             Self::Internal { .. } => "RuntimeError",
             Self::Protocol(_) => "RuntimeProtocolError",
         }
@@ -434,6 +545,7 @@ impl VmmError {
             | Self::StartFailed { message }
             | Self::Unavailable { message }
             | Self::Timeout { message }
+            | Self::NoReadySlot { message }
             | Self::Internal { message, .. } => message,
             Self::Protocol(message) => message,
         }

@@ -23,9 +23,12 @@ use base64::Engine as _;
 use futures::StreamExt as _;
 
 use super::{
-    DeleteOutcome, ExecOutput, ExecRequest, FileContent, LogQuery, LogStream, Machine, MachineSpec, MachineState,
-    PortMapping, RegistryAuth, ResizeRequest, Sensitive, Vmm, VmmCapacity, VmmError, VmmHealth,
+    DeleteOutcome, ExecOutput, ExecRequest, FileContent, LeaseInfo, LeaseRequest, LogQuery, LogStream, Machine,
+    MachineSpec, MachineState, PoolInfo, PoolRequest, PortMapping, RegistryAuth, ResizeRequest, Sensitive, Vmm,
+    VmmCapacity, VmmError, VmmHealth,
 };
+
+mod pools;
 
 /// Where smolvm listens and how long each kind of call may take.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,6 +106,12 @@ pub enum Operation {
     Logs,
     Exec,
     Files,
+    /// The pool calls: list, create, resize, delete.
+    Pools,
+    /// A lease's acquisition.
+    Lease,
+    /// A lease's heartbeat or completion.
+    LeaseUpdate,
 }
 
 impl SmolvmClient {
@@ -403,10 +412,49 @@ impl Vmm for SmolvmClient {
     async fn start(&self, name: &str, registry_auth: Option<&RegistryAuth>) -> Result<Machine, VmmError> {
         // smolvm's per-start credentials: in this request only, never in its machine record.
         let body = match registry_auth {
-            Some(auth) => Some(to_json(&StartWire { registry_auth: auth })?),
+            Some(auth) => Some(to_json(&StartWire {
+                registry_auth: Some(auth),
+                branchable: false,
+            })?),
             None => None,
         };
         self.lifecycle_call(Operation::Start, name, "start", body).await
+    }
+
+    async fn start_branchable(&self, name: &str, registry_auth: Option<&RegistryAuth>) -> Result<Machine, VmmError> {
+        let body = to_json(&StartWire {
+            registry_auth,
+            branchable: true,
+        })?;
+        self.lifecycle_call(Operation::Start, name, "start", Some(body)).await
+    }
+
+    async fn pools(&self) -> Result<Vec<PoolInfo>, VmmError> {
+        self.list_pools().await
+    }
+
+    async fn create_pool(&self, request: &PoolRequest<'_>) -> Result<PoolInfo, VmmError> {
+        self.create_pool_call(request).await
+    }
+
+    async fn resize_pool(&self, name: &str, ready: u32) -> Result<PoolInfo, VmmError> {
+        self.resize_pool_call(name, ready).await
+    }
+
+    async fn delete_pool(&self, name: &str) -> Result<DeleteOutcome, VmmError> {
+        self.delete_pool_call(name).await
+    }
+
+    async fn acquire_lease(&self, pool: &str, request: &LeaseRequest<'_>) -> Result<LeaseInfo, VmmError> {
+        self.acquire_lease_call(pool, request).await
+    }
+
+    async fn heartbeat_lease(&self, pool: &str, lease: &str) -> Result<LeaseInfo, VmmError> {
+        self.lease_verb(pool, lease, "heartbeat").await
+    }
+
+    async fn complete_lease(&self, pool: &str, lease: &str) -> Result<LeaseInfo, VmmError> {
+        self.lease_verb(pool, lease, "complete").await
     }
 
     async fn stop(&self, name: &str) -> Result<Machine, VmmError> {
@@ -696,6 +744,8 @@ pub fn map_error(operation: Operation, status: StatusCode, body: &[u8]) -> VmmEr
         409 if operation == Operation::Resume && code == Some("CONFLICT") => VmmError::NotPaused { message },
         409 => VmmError::Conflict { message },
         400 | 403 | 413 | 415 | 422 => VmmError::BadRequest { message },
+        // A live smolvm's 503 on a lease: the pool has no ready machine now.
+        503 if operation == Operation::Lease && api_error.is_some() => VmmError::NoReadySlot { message },
         503 => VmmError::Unavailable { message },
         500..=599 if operation == Operation::Start => VmmError::StartFailed { message },
         _ => {
@@ -972,7 +1022,10 @@ struct RestartWire {
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct StartWire<'a> {
-    registry_auth: &'a RegistryAuth,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    registry_auth: Option<&'a RegistryAuth>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    branchable: bool,
 }
 
 #[derive(Debug, Serialize)]

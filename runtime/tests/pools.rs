@@ -1,0 +1,261 @@
+//! Warm pools through the agent's node API over mTLS: ApplyPool, ListPools, LeaseMachine and
+//! DeletePool.
+//!
+//! Against a real `smolvm serve` (found as the other tests find it; `skipped: …` without it):
+//! what is reachable without a running guest. A pool's source does not boot here, so ApplyPool
+//! answers `StartFailed` with smolvm's cause cleaned (what the pool's condition will say); a
+//! lease on a pool smolvm does not have is `PoolNotFound`; deleting it is idempotent. Against
+//! the TEST DOUBLE of smolvm serve (`smolvm_testkit::smolvm_double`), whose machines "boot" at
+//! once, behind the agent's real node API and smolvm client: the happy path, the machine served
+//! under its own name in every call, the lease's env, `NoReadySlot` while refill is held, the
+//! pool made again after smolvm restarts, and the lease ended on delete. Tests assert codes and
+//! meaning, never smolvm's wording.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use common::{Pki, TestAgent};
+use smolvm_testkit::node as common;
+use smolvm_testkit::smolvm_double::SmolvmDouble;
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("smolvm-pools-")
+        .tempdir()
+        .expect("temp dir")
+}
+
+fn assert_error(answer: &common::Answer, status: u16, code: &str) {
+    assert_eq!(answer.status, status, "{answer:?}");
+    assert_eq!(answer.body["code"], code, "{answer:?}");
+    assert!(
+        answer.body["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{answer:?}"
+    );
+}
+
+/// A pool of `slots` ready machines from a small alpine source.
+fn pool(slots: u32) -> serde_json::Value {
+    json!({
+        "source": {"image": "alpine:3", "cpus": 1, "memoryMiB": 256, "storageGiB": 2, "overlayGiB": 1,
+            "workload": {"env": [{"name": "MODE", "value": "pool"}]}},
+        "slots": slots
+    })
+}
+
+fn lease(pool: &str, job: &str) -> serde_json::Value {
+    json!({"pool": pool, "env": [{"name": "JOB", "value": job}]})
+}
+
+/// Against the real smolvm: a source that cannot boot is `StartFailed` with a cleaned cause
+/// (no colour codes, no timestamps of smolvm's log lines); the pool is recorded all the same (the
+/// keeper tries again); a lease on it is `PoolNotFound`; delete is answered, and again.
+#[tokio::test]
+async fn refusals_against_real_smolvm() {
+    common::init();
+    let dir = tempdir();
+    let Some(agent) =
+        TestAgent::with_smolvm("pools_refusals_against_real_smolvm", dir.path(), Arc::new(Pki::new())).await
+    else {
+        return;
+    };
+    let mut c = agent.client().await;
+    let listed = c.call("GET", "/v1/pools", None).await;
+    assert_eq!((listed.status, listed.body.clone()), (200, json!({"pools": []})));
+
+    let applied = c.call("PUT", "/v1/pools/pool-real", Some(pool(2))).await;
+    match applied.status {
+        // No guest boots on this kind of machine: the cause is smolvm's, cleaned.
+        500 => {
+            assert_error(&applied, 500, "StartFailed");
+            let message = applied.body["message"].as_str().unwrap_or_default();
+            assert!(
+                !message.contains('\u{1b}'),
+                "colour codes reach the caller: {message:?}"
+            );
+            println!(
+                "ApplyPool where no guest boots: StartFailed ({} bytes of cleaned cause)",
+                message.len()
+            );
+        }
+        // A machine where guests boot makes the pool.
+        200 => println!("ApplyPool: a guest booted here; the pool was made"),
+        other => panic!("ApplyPool answered {other}: {applied:?}"),
+    }
+    assert!(
+        agent.agent.pools().pools.exists("pool-real"),
+        "the pool is recorded before smolvm is asked"
+    );
+    let refused = c
+        .call("POST", "/v1/machines/svm-a/lease", Some(lease("pool-none", "1")))
+        .await;
+    assert_error(&refused, 404, "PoolNotFound");
+    let refused = c
+        .call(
+            "POST",
+            "/v1/machines/svm-a/lease",
+            Some(json!({"pool": "p", "files": []})),
+        )
+        .await;
+    assert_error(&refused, 400, "InvalidRequest");
+    for _ in 0..2 {
+        let deleted = c.call("DELETE", "/v1/pools/pool-real", None).await;
+        assert_eq!(deleted.status, 200, "{deleted:?}");
+    }
+    assert!(!agent.agent.pools().pools.exists("pool-real"));
+    agent.agent.shutdown().await;
+}
+
+/// The happy path against the double: a pool of 2, two machines served from it under their own
+/// names, their env from the lease; a third gets `NoReadySlot` while refill is held; every call
+/// on a served machine reaches its worker; delete ends the lease; the pool is made again after
+/// smolvm restarts; DeletePool waits for its served machines.
+#[tokio::test]
+async fn pools_and_leases_against_the_double() {
+    common::init();
+    let dir = tempdir();
+    let double = SmolvmDouble::start(dir.path().join("double.sock"))
+        .await
+        .expect("double");
+    let agent = TestAgent::attached(&dir.path().join("agent"), Arc::new(Pki::new()), double.socket()).await;
+    let mut c = agent.client().await;
+
+    let applied = c.call("PUT", "/v1/pools/pool-a", Some(pool(2))).await;
+    assert_eq!(applied.status, 200, "{applied:?}");
+    assert_eq!(
+        (applied.body["slots"].clone(), applied.body["ready"].clone()),
+        (json!(2), json!(2))
+    );
+    assert_eq!(double.calls_of("start_machine").len(), 1, "the source started once");
+    let again = c.call("PUT", "/v1/pools/pool-a", Some(pool(2))).await;
+    assert_eq!(again.status, 200);
+    assert_eq!(
+        double.calls_of("create_pool").len(),
+        1,
+        "applying the same pool changes nothing"
+    );
+
+    double.hold_refill(true);
+    for (name, job) in [("svm-one", "1"), ("svm-two", "2")] {
+        let served = c
+            .call(
+                "POST",
+                &format!("/v1/machines/{name}/lease"),
+                Some(lease("pool-a", job)),
+            )
+            .await;
+        assert_eq!(served.status, 200, "{served:?}");
+        assert_eq!(served.body["name"], name, "the machine keeps its own name");
+        assert_eq!(served.body["state"], "Running");
+        assert_eq!(served.body["pool"], "pool-a");
+        let retried = c
+            .call(
+                "POST",
+                &format!("/v1/machines/{name}/lease"),
+                Some(lease("pool-a", job)),
+            )
+            .await;
+        assert_eq!(retried.body, served.body, "a retry answers the same machine");
+    }
+    let drained = c
+        .call("POST", "/v1/machines/svm-three/lease", Some(lease("pool-a", "3")))
+        .await;
+    assert_error(&drained, 409, "NoReadySlot");
+    let leases = double.leases();
+    assert_eq!(leases.len(), 2, "{leases:?}");
+    let worker = leases
+        .iter()
+        .find(|l| l.key == "svm-one")
+        .map(|l| l.machine.clone())
+        .unwrap_or_default();
+    let env = double.env(&worker).unwrap_or_default();
+    assert!(
+        env.iter().any(|e| e == "JOB=1"),
+        "the lease's env reached the worker: {env:?}"
+    );
+
+    // Every call on the served machine reaches its worker, under the machine's name.
+    let got = c.call("GET", "/v1/machines/svm-one", None).await;
+    assert_eq!((got.status, got.body["name"].clone()), (200, json!("svm-one")));
+    let stopped = c.call("POST", "/v1/machines/svm-one/stop", None).await;
+    assert_eq!(stopped.status, 200, "{stopped:?}");
+    assert_eq!(double.state(&worker).as_deref(), Some("stopped"));
+    let started = c.call("POST", "/v1/machines/svm-one/ensure-running", None).await;
+    assert_eq!((started.status, started.body["state"].clone()), (200, json!("Running")));
+    let suspended = c.call("POST", "/v1/machines/svm-one/suspend", None).await;
+    assert_eq!(
+        (suspended.status, suspended.body["state"].clone()),
+        (200, json!("Suspended"))
+    );
+    assert!(double.is_paused(&worker));
+    let resumed = c.call("POST", "/v1/machines/svm-one/resume", None).await;
+    assert_eq!(resumed.body["state"], "Running");
+    // The node's report names the served machines, never their workers, and the pool's slots.
+    let mut status = agent.agent.supervisor().status();
+    let reported = tokio::time::timeout(
+        Duration::from_secs(10),
+        status.wait_for(|s| {
+            s.machines.iter().any(|m| m == "svm-one") && s.pools.iter().any(|p| p.name == "pool-a" && p.leased == 2)
+        }),
+    )
+    .await
+    .map(|s| s.map(|s| s.clone()));
+    let Ok(Ok(reported)) = reported else {
+        panic!(
+            "the supervisor never listed the served machines and the pool: {:?}",
+            status.borrow()
+        );
+    };
+    assert!(!reported.machines.contains(&worker), "{reported:?}");
+    assert_eq!(reported.pools[0].ready, 0, "refill is held");
+    let listed = agent.agent.vmm().list().await.expect("list");
+    assert!(listed.iter().any(|m| m.name == "svm-one"), "the list names it");
+    assert!(!listed.iter().any(|m| m.name == worker), "and not its worker");
+    let mut other = pool(0)["source"].clone();
+    other["cpus"] = json!(2);
+    let conflict = c.call("PUT", "/v1/machines/svm-one", Some(other)).await;
+    assert_error(&conflict, 409, "MachineSpecConflict");
+
+    // smolvm restarts: its pools are gone; the keeper makes them again, the leases stay recorded.
+    double.restart();
+    double.hold_refill(false);
+    let back = wait_for(Duration::from_secs(10), || {
+        double.pool("pool-a").is_some_and(|p| p.ready == 2)
+    })
+    .await;
+    assert!(back, "the keeper made the pool again: {:?}", double.pool("pool-a"));
+
+    // DeletePool waits for the served machines; a served machine's delete ends its lease.
+    let busy = c.call("DELETE", "/v1/pools/pool-a", None).await;
+    assert_error(&busy, 409, "PoolInUse");
+    assert_eq!(busy.body["details"]["leased"], 2);
+    for name in ["svm-one", "svm-two"] {
+        let deleted = c.call("DELETE", &format!("/v1/machines/{name}"), None).await;
+        assert_eq!(
+            (deleted.status, deleted.body["deleted"].clone()),
+            (200, json!(true)),
+            "{deleted:?}"
+        );
+        let gone = c.call("GET", &format!("/v1/machines/{name}"), None).await;
+        assert_error(&gone, 404, "MachineNotFound");
+    }
+    assert!(double.state(&worker).is_none(), "the worker is gone");
+    let deleted = c.call("DELETE", "/v1/pools/pool-a", None).await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    assert!(double.pool("pool-a").is_none());
+    assert!(double.state("pool-a").is_none(), "the source went with the pool");
+    agent.agent.shutdown().await;
+}
+
+async fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    done()
+}
