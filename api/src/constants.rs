@@ -229,6 +229,15 @@ pub mod reason {
     pub const SUSPEND_FAILED: &str = "SuspendFailed";
     /// The node runtime failed to resume the machine.
     pub const RESUME_FAILED: &str = "ResumeFailed";
+    /// SmolVMPool Ready True: every matching node keeps its slots ready.
+    pub const SLOTS_READY: &str = "SlotsReady";
+    /// SmolVMPool Ready False: slots are being made (the message counts the ready ones).
+    pub const SLOTS_FILLING: &str = "SlotsFilling";
+    /// SmolVMPool Ready False: a node could not make the pool's slots (the message names the
+    /// node and smolvm's cause, cleaned); retried with a backoff.
+    pub const SLOTS_FAILING: &str = "SlotsFailing";
+    /// SmolVMPool Ready False: no node that can take VMs matches the pool's nodeSelector.
+    pub const NO_MATCHING_NODES: &str = "NoMatchingNodes";
     /// KVM is not usable on the node.
     pub const KVM_UNAVAILABLE: &str = "KVMUnavailable";
     /// `smolvm serve` is down or restarting.

@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+pub use crate::types::PoolRef;
 use crate::types::{EnvVar, LabelValue, LocalObjectReference, Network, Resources, RestartPolicy, SmolVMSpec, Storage};
 
 /// The fields a pooled SmolVM may set besides `poolRef`: what a lease carries (`env`) and its
@@ -215,16 +216,6 @@ pub struct PoolNodeStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub message: Option<String>,
-}
-
-/// The pool a SmolVM is served from.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
-#[serde(rename_all = "camelCase")]
-pub struct PoolRef {
-    /// Name of a SmolVMPool in the SmolVM's namespace.
-    #[schemars(length(min = 1, max = 253))]
-    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("poolRef.name must be a DNS-1123 subdomain: lower-case letters, digits, '-' and '.' (V14)"))]
-    pub name: String,
 }
 
 impl SmolVMPool {

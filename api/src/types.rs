@@ -199,7 +199,17 @@ pub struct SmolVMSpec {
 
     /// The SmolVMPool in this namespace this SmolVM is served from: at CREATE it takes every field of its spec from the pool's template (and its nodeSelector), and is then served from a ready slot, in milliseconds instead of a cold boot. It sets only `env` (carried to the slot), `running` and `suspended` itself. Never changes after CREATE.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pool_ref: Option<crate::pool::PoolRef>,
+    pub pool_ref: Option<PoolRef>,
+}
+
+/// The pool a SmolVM is served from.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolRef {
+    /// Name of a SmolVMPool in the SmolVM's namespace.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("poolRef.name must be a DNS-1123 subdomain: lower-case letters, digits, '-' and '.' (V14)"))]
+    pub name: String,
 }
 
 /// The schema's most `env` entries (the policy's `maxEnv` may lower it).

@@ -265,6 +265,7 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         Duration::from_secs(10),
         flags.orphan_grace,
     ));
+    tokio::spawn(crate::pools::run(ctx.clone(), crate::pools::EVERY));
     *vm_store_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(vm_store.clone());
     let owned = OwnedEvents { services, slices };
     let running = vms(ctx, vm_events, vm_store, wake, owned, shutdown.clone());

@@ -19,6 +19,7 @@ pub mod nodeclient;
 pub mod orphans;
 pub mod pki;
 pub mod placement;
+pub mod pools;
 pub mod tasks;
 pub mod vm;
 

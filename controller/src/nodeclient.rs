@@ -30,7 +30,7 @@ use rustls::{ClientConfig, pki_types::ServerName};
 use serde::{Serialize, de::DeserializeOwned};
 use smolvm_api::nodeapi::{
     self, DeleteResponse, ErrorCode, HealthResponse, IdentityResponse, JsonCall, MachineSpec, MachineStatus,
-    NodeApiError, Operation, RegistryAuth, ResizeSpec, StartRequest, calls,
+    NodeApiError, Operation, PoolSpec, PoolStatus, RegistryAuth, ResizeSpec, StartRequest, calls,
 };
 use tokio::net::TcpStream;
 use tokio_rustls::{TlsConnector, client::TlsStream};
@@ -450,6 +450,19 @@ impl NodeClient {
     /// [`Operation::DeleteMachine`].
     pub async fn delete_machine(&self, node: &str, name: &str) -> Result<DeleteResponse, CallError> {
         self.json::<calls::DeleteMachine>(node, name, None, self.settings.start_timeout)
+            .await
+    }
+
+    /// [`Operation::ApplyPool`]: the node keeps the pool `name` (its source machine may take a
+    /// start's time to boot).
+    pub async fn apply_pool(&self, node: &str, name: &str, spec: &PoolSpec) -> Result<PoolStatus, CallError> {
+        self.json::<calls::ApplyPool>(node, name, Some(spec), self.settings.start_timeout)
+            .await
+    }
+
+    /// [`Operation::DeletePool`].
+    pub async fn delete_pool(&self, node: &str, name: &str) -> Result<DeleteResponse, CallError> {
+        self.json::<calls::DeletePool>(node, name, None, self.settings.start_timeout)
             .await
     }
 

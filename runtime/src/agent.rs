@@ -14,10 +14,10 @@ use crate::metrics::Metrics;
 use crate::nodeapi::auth::TokenAuth;
 use crate::nodeapi::tls::{MtlsServer, PlainServer};
 use crate::nodeapi::{Identity, NodeApiState, router};
-use crate::pools::PoolBook;
+use crate::pools::{LeasedVmm, PoolBook};
 use crate::supervisor::{Supervisor, SupervisorConfig};
 use crate::suspensions::SuspendRecords;
-use crate::vmm::{LeasedVmm, SmolvmClient, SmolvmConfig, Vmm};
+use crate::vmm::{SmolvmClient, SmolvmConfig, Vmm};
 
 /// Where the trusted client CA comes from.
 #[derive(Debug, Clone)]
@@ -98,19 +98,7 @@ impl Agent {
             .policy_file
             .clone()
             .map(|path| host_ports.spawn_reload(path, options.file_poll_interval));
-        let mut smolvm_config = SmolvmConfig::new(&options.supervisor.socket);
-        if let Some(dir) = &options.local_image_dir {
-            smolvm_config = smolvm_config.with_local_image_dir(dir);
-        }
-        let pools = Arc::new(match options.workload_records.as_deref() {
-            Some(dir) => PoolBook::beside(dir),
-            None => PoolBook::in_memory(),
-        });
-        // Machines served from pools answer to their own names ([`LeasedVmm`]).
-        let vmm: Arc<dyn Vmm> = Arc::new(LeasedVmm::new(
-            Arc::new(SmolvmClient::new(smolvm_config)),
-            pools.clone(),
-        ));
+        let (vmm, pools) = runtime(&options);
         let suspensions = suspend_records(options.workload_records.as_deref());
         let supervision = SupervisorConfig {
             suspensions: Some(suspensions.clone()),
@@ -282,6 +270,25 @@ async fn keep_pools(state: crate::nodeapi::NodeApiState, interval: Duration) {
         })
         .await;
     }
+}
+
+/// The runtime the node API drives: smolvm's client, with the machines served from pools under
+/// their own names ([`LeasedVmm`]), and the records of the pools, beside the workload records
+/// (in memory without them).
+fn runtime(options: &AgentOptions) -> (Arc<dyn Vmm>, Arc<PoolBook>) {
+    let mut smolvm_config = SmolvmConfig::new(&options.supervisor.socket);
+    if let Some(dir) = &options.local_image_dir {
+        smolvm_config = smolvm_config.with_local_image_dir(dir);
+    }
+    let pools = Arc::new(match options.workload_records.as_deref() {
+        Some(dir) => PoolBook::beside(dir),
+        None => PoolBook::in_memory(),
+    });
+    let vmm: Arc<dyn Vmm> = Arc::new(LeasedVmm::new(
+        Arc::new(SmolvmClient::new(smolvm_config)),
+        pools.clone(),
+    ));
+    (vmm, pools)
 }
 
 /// The records of the machines the agent suspends: beside the workload records, or in memory

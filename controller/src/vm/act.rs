@@ -186,7 +186,7 @@ async fn place(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, uid: &str) -> Resu
 }
 
 /// Points the node client at the endpoint the node's SmolVMNode advertises.
-fn sync_endpoint(ctx: &Context, node: &str) {
+pub fn sync_endpoint(ctx: &Context, node: &str) {
     match ctx
         .nodes
         .get(&ObjectRef::new(node))
@@ -394,6 +394,24 @@ async fn timed<T>(ctx: &Context, operation: Operation, call: impl std::future::F
     let out = call.await;
     ctx.metrics.runtime_call(operation.name(), start.elapsed());
     out
+}
+
+/// The workload's environment and the image's registry credential for `vm`, read now in its
+/// namespace (a pool's source machine is made from a SmolVM the template describes); the
+/// failure's words when one cannot be read.
+pub async fn secrets_of(
+    ctx: &Context,
+    vm: &SmolVM,
+) -> Result<Result<(Vec<EnvVar>, Option<RegistryAuth>), String>, Error> {
+    let words = |failure: Failure| match failure {
+        Failure::Config { message, .. } => message,
+        Failure::Call(error) => error.message().to_string(),
+    };
+    let env = match workload_env(ctx, vm).await? {
+        Ok(env) => env,
+        Err(failure) => return Ok(Err(words(failure))),
+    };
+    Ok(registry_auth(ctx, vm).await?.map(|auth| (env, auth)).map_err(words))
 }
 
 /// The workload's environment, resolved from the Secrets and ConfigMaps it refers to in the

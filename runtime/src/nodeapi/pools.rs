@@ -7,7 +7,7 @@
 //!   `StartFailed` with smolvm's cause, cleaned: the pool's condition says it.
 //! - LeaseMachine serves the machine `{name}` from a ready machine of the pool. The lease's
 //!   idempotency key is the name, so a retry answers the same machine; the lease is recorded
-//!   once granted and from then the worker answers to `{name}` ([`crate::vmm::LeasedVmm`]).
+//!   once granted and from then the worker answers to `{name}` ([`crate::pools::LeasedVmm`]).
 //! - DeletePool gives the ready machines back at once; the pool and its source go once no
 //!   served machine remains (`PoolInUse` until then). Served machines are never touched.
 

@@ -221,7 +221,7 @@ impl NodeApiState {
     }
 
     /// Keeps the records of pools and served machines in `book` (the one the runtime's
-    /// [`crate::vmm::LeasedVmm`] maps names with).
+    /// [`crate::pools::LeasedVmm`] maps names with).
     pub fn with_pool_book(mut self, book: Arc<crate::pools::PoolBook>) -> Self {
         self.pools = book;
         self

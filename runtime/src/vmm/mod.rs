@@ -19,12 +19,10 @@ pub use smolvm_api::nodeapi::MachineState;
 pub use smolvm_api::nodeapi::{RegistryAuth, Sensitive};
 
 pub mod interactive;
-pub mod leased;
 pub mod smolvm;
 pub mod sse;
 
 pub use interactive::{InteractiveRequest, Session, SessionInput, SessionOutput};
-pub use leased::LeasedVmm;
 pub use smolvm::{SmolvmClient, SmolvmConfig};
 
 /// A machine runtime on this node (smolvm, or a stand-in in tests).

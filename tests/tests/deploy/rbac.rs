@@ -16,7 +16,10 @@ smolvm-controller  cluster        core/nodes  -  get
 smolvm-controller  cluster        core/services  -  create,delete,get,list,patch,watch
 smolvm-controller  cluster        discovery.k8s.io/endpointslices  -  create,delete,get,list,patch,watch
 smolvm-controller  cluster        events.k8s.io/events  -  create
+smolvm-controller  cluster        vm.smolvm.dev/smolvmclasses  -  list
 smolvm-controller  cluster        vm.smolvm.dev/smolvmnodes  -  get,list,watch
+smolvm-controller  cluster        vm.smolvm.dev/smolvmpools  -  list
+smolvm-controller  cluster        vm.smolvm.dev/smolvmpools/status  -  patch
 smolvm-controller  cluster        vm.smolvm.dev/smolvms  -  get,list,patch,watch
 smolvm-controller  cluster        vm.smolvm.dev/smolvms/status  -  patch,update
 smolvm-controller  kube-system    core/configmaps  extension-apiserver-authentication  get

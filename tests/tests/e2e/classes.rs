@@ -14,7 +14,7 @@ use smolvm_api::{
 };
 use smolvm_tests::env::{Env, eventually, repo_root};
 
-use crate::{NS, Scenario, delete_and_wait, expect_rejected, kubectl_apply, vm, vms};
+use crate::{NS, Scenario, delete_and_wait, dry_run_until_admitted, expect_rejected, kubectl_apply, vm, vms};
 
 pub(crate) fn scenarios() -> Vec<(&'static str, Scenario)> {
     scenarios![classes_fill_a_smolvm_once_and_v12_guards_them]
@@ -69,20 +69,7 @@ async fn classes_fill_a_smolvm_once_and_v12_guards_them(env: &mut Env) -> anyhow
             .iter()
             .find(|o| o["metadata"]["name"] == name)
             .with_context(|| format!("the example has no SmolVM {name}"))?;
-        let text = serde_json::to_string(object)?;
-        let out = eventually(
-            &format!("{name} admitted with its class"),
-            Duration::from_secs(30),
-            || async {
-                let out = env.kubectl(&["apply", "--dry-run=server", "-o", "json", "-f", "-"], Some(&text))?;
-                Ok(out
-                    .status
-                    .success()
-                    .then(|| serde_json::from_slice::<Value>(&out.stdout).ok())
-                    .flatten())
-            },
-        )
-        .await?;
+        let out = dry_run_until_admitted(env, object, &format!("{name} admitted with its class")).await?;
         ensure!(
             out["spec"]["className"] == class,
             "{name}: className {}",

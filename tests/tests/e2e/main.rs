@@ -232,6 +232,22 @@ pub(crate) fn expect_rejected(env: &Env, object: &Value, needles: &[&str]) -> an
     }
 }
 
+/// `object` as the API server would store it, from `kubectl apply --dry-run=server` (admission
+/// runs; nothing is stored), retried for 30 s while the webhook's caches catch up with an object
+/// it depends on (a class, a pool) applied just before.
+pub(crate) async fn dry_run_until_admitted(env: &Env, object: &Value, what: &str) -> anyhow::Result<Value> {
+    let text = serde_json::to_string(object)?;
+    eventually(what, Duration::from_secs(30), || async {
+        let out = env.kubectl(&["apply", "--dry-run=server", "-o", "json", "-f", "-"], Some(&text))?;
+        Ok(out
+            .status
+            .success()
+            .then(|| serde_json::from_slice::<Value>(&out.stdout).ok())
+            .flatten())
+    })
+    .await
+}
+
 /// `kubectl patch smolvm NAME --type=merge -p PATCH`.
 pub(crate) fn patch_vm(env: &Env, name: &str, patch: &str) -> anyhow::Result<std::process::Output> {
     env.kubectl(&["patch", "smolvm", name, "-n", NS, "--type=merge", "-p", patch], None)

@@ -7,14 +7,19 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, ensure};
+use kube::{Api, api::DeleteParams};
 use serde_json::{Value, json};
-use smolvm_api::constants::LABEL_POOL;
+use smolvm_api::{SmolVMNode, SmolVMPool, constants, constants::LABEL_POOL};
+use smolvm_testkit::smolvm_double::{DoubleHandle, SmolvmDouble};
 use smolvm_tests::env::{Env, eventually, repo_root};
 
-use crate::{NS, Scenario, delete_and_wait, expect_rejected, kubectl_apply, patch_vm, vm, vms};
+use crate::{NS, Scenario, delete_and_wait, dry_run_until_admitted, expect_rejected, kubectl_apply, patch_vm, vm, vms};
 
 pub(crate) fn scenarios() -> Vec<(&'static str, Scenario)> {
-    scenarios![pools_fill_a_smolvm_from_the_template_and_v14_guards_them]
+    scenarios![
+        pools_fill_a_smolvm_from_the_template_and_v14_guards_them,
+        a_pool_keeps_its_slots_on_the_nodes_it_matches
+    ]
 }
 
 /// The objects of `deploy/examples/pool.yaml`, as JSON.
@@ -57,20 +62,7 @@ async fn pools_fill_a_smolvm_from_the_template_and_v14_guards_them(env: &mut Env
     // with a server-side dry run, come back filled from the template.
     for claim in &claims {
         let name = claim["metadata"]["name"].as_str().unwrap_or_default().to_string();
-        let text = serde_json::to_string(claim)?;
-        let out = eventually(
-            &format!("{name} filled from its pool"),
-            Duration::from_secs(30),
-            || async {
-                let out = env.kubectl(&["apply", "--dry-run=server", "-o", "json", "-f", "-"], Some(&text))?;
-                Ok(out
-                    .status
-                    .success()
-                    .then(|| serde_json::from_slice::<Value>(&out.stdout).ok())
-                    .flatten())
-            },
-        )
-        .await?;
+        let out = dry_run_until_admitted(env, claim, &format!("{name} filled from its pool")).await?;
         ensure!(out["spec"]["image"] == "python:3.12-slim", "{name}: {}", out["spec"]);
         ensure!(
             out["spec"]["resources"] == json!({"cpus": 1, "memoryMiB": 1024}),
@@ -176,6 +168,122 @@ async fn pools_fill_a_smolvm_from_the_template_and_v14_guards_them(env: &mut Env
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    Ok(())
+}
+
+/// The node backed by the smolvm double (its machines "boot" at once).
+const DOUBLE_NODE: &str = "pool-double-node";
+
+/// A pool's slots kept on a matching node: the controller asks the node's agent, which makes
+/// the source and smolvm's pool; the pool's status counts the ready slots per node and says
+/// Ready; a new template replaces the node pool; a deleted pool's node pool goes.
+async fn a_pool_keeps_its_slots_on_the_nodes_it_matches(env: &mut Env) -> anyhow::Result<()> {
+    let socket = env.dir().join("pool-double.sock");
+    let double = SmolvmDouble::start(&socket)
+        .await
+        .context("starting the smolvm double")?;
+    let mut agent = env.start_double_node(DOUBLE_NODE, &socket, &[]).await?;
+    let outcome = keep_slots(env, &double).await;
+    let _ = env.kubectl(&["delete", "svmp", "warm", "-n", NS, "--wait=false"], None);
+    agent.terminate(Duration::from_secs(10));
+    let _ = Api::<SmolVMNode>::all(env.admin().await?)
+        .delete(DOUBLE_NODE, &DeleteParams::default())
+        .await;
+    outcome
+}
+
+async fn keep_slots(env: &mut Env, double: &DoubleHandle) -> anyhow::Result<()> {
+    let warm = pool(
+        "warm",
+        json!({"slotsPerNode": 2, "nodeSelector": {"kubernetes.io/hostname": DOUBLE_NODE},
+            "template": {"image": "alpine:3.20", "resources": {"memoryMiB": 128}, "storage": {"storageGiB": 1, "overlayGiB": 1}}}),
+    );
+    kubectl_apply(env, &warm)?.map_err(|e| anyhow!("applying the pool: {e}"))?;
+    let pools: Api<SmolVMPool> = Api::namespaced(env.admin().await?, NS);
+    let ready = |p: &SmolVMPool| {
+        let status = p.status.as_ref();
+        let condition = status.and_then(|s| s.conditions.iter().find(|c| c.type_ == constants::condition::READY));
+        status.and_then(|s| s.ready_slots) == Some(2)
+            && condition.is_some_and(|c| c.reason == constants::reason::SLOTS_READY)
+    };
+    let got = eventually(
+        "the pool's 2 slots ready on the double's node",
+        Duration::from_secs(60),
+        || {
+            let pools = pools.clone();
+            async move { Ok(pools.get("warm").await.ok().filter(|p| ready(p))) }
+        },
+    )
+    .await?;
+    let first = got.status.as_ref().map(|s| s.nodes.clone()).unwrap_or_default();
+    ensure!(
+        first.len() == 1 && first[0].node_name == DOUBLE_NODE && first[0].ready == 2,
+        "{first:?}"
+    );
+    let name_of = |p: &SmolVMPool| {
+        format!(
+            "pool-{}-g{}",
+            &p.metadata.uid.clone().unwrap_or_default()[..8],
+            p.metadata.generation.unwrap_or(0)
+        )
+    };
+    let node_pool = name_of(&got);
+    ensure!(
+        double.pool(&node_pool).is_some_and(|p| p.ready == 2),
+        "smolvm keeps {node_pool}"
+    );
+    println!("    {node_pool}: 2 slots ready on {DOUBLE_NODE}, Ready=True SlotsReady");
+
+    // A new template: a new node pool; the old one goes (it serves nothing).
+    let out = env.kubectl(
+        &[
+            "patch",
+            "svmp",
+            "warm",
+            "-n",
+            NS,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"template":{"args":["v2"]}}}"#,
+        ],
+        None,
+    )?;
+    ensure!(
+        out.status.success(),
+        "patching the template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let renewed = eventually(
+        "the new template's slots ready, the old node pool gone",
+        Duration::from_secs(60),
+        || {
+            let pools = pools.clone();
+            let old = node_pool.clone();
+            async move {
+                let p = pools.get("warm").await?;
+                let new = name_of(&p);
+                Ok(
+                    (new != old && double.pool(&new).is_some_and(|x| x.ready == 2) && double.pool(&old).is_none())
+                        .then_some(new),
+                )
+            }
+        },
+    )
+    .await?;
+    println!("    a new template: {renewed} replaced {node_pool}");
+
+    // The pool deleted: its node pool goes with it.
+    let out = env.kubectl(&["delete", "svmp", "warm", "-n", NS], None)?;
+    ensure!(
+        out.status.success(),
+        "deleting the pool: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eventually("the deleted pool's node pool gone", Duration::from_secs(60), || {
+        let renewed = renewed.clone();
+        async move { Ok(double.pool(&renewed).is_none().then_some(())) }
+    })
+    .await?;
     Ok(())
 }
 

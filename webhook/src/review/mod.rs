@@ -528,14 +528,24 @@ fn mutate(
     // here, on the defaulted object, with the validating endpoint's text. Warnings are left to
     // the validating endpoint (said once, not twice).
     let verdict = objects.validate_defaulted(&patch, operation, ctx);
+    defaulted(base, &verdict, &patch, outcome)
+}
+
+/// The mutating answer: denied with every violation of `verdict`, else `patch` (none when empty).
+fn defaulted(
+    base: Answer,
+    verdict: &Verdict,
+    patch: &json_patch::Patch,
+    outcome: &mut Outcome,
+) -> Result<Answer, RequestError> {
     if !verdict.allowed() {
-        return Ok(judged(base, &verdict, outcome));
+        return Ok(judged(base, verdict, outcome));
     }
     if patch.0.is_empty() {
         return Ok(base);
     }
     outcome.patched = true;
-    with_patch(base, &patch)
+    with_patch(base, patch)
 }
 
 /// Whether a SmolVM names a pool (`spec.poolRef` present and not null).
@@ -574,14 +584,7 @@ fn mutate_pooled(
     };
     let mut verdict = validate_pooled_request(new);
     verdict.extend(objects.validate_defaulted(&patch, operation, ctx));
-    if !verdict.allowed() {
-        return Ok(judged(base, &verdict, outcome));
-    }
-    outcome.patched = !patch.0.is_empty();
-    if patch.0.is_empty() {
-        return Ok(base);
-    }
-    with_patch(base, &patch)
+    defaulted(base, &verdict, &patch, outcome)
 }
 
 #[cfg(test)]

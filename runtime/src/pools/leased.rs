@@ -12,12 +12,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::{
+use super::PoolBook;
+use crate::vmm::{
     DeleteOutcome, ExecOutput, ExecRequest, FileContent, InteractiveRequest, LeaseInfo, LeaseRequest, LogQuery,
     LogStream, Machine, MachineSpec, PoolInfo, PoolRequest, RegistryAuth, ResizeRequest, Session, Vmm, VmmCapacity,
     VmmError, VmmHealth,
 };
-use crate::pools::PoolBook;
 
 /// The runtime with the machines served from pools under their own names.
 pub struct LeasedVmm {

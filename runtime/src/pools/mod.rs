@@ -4,7 +4,7 @@
 //! A pool is smolvm's fork pool: a source machine made from the pool's template, started as a
 //! branch source, and `slots` ready machines forked from it. A machine served from a pool keeps
 //! its node API name (`svm-<uid>`); the agent leased one of the pool's ready machines (the
-//! worker) for it and maps the name to the worker in every call ([`crate::vmm::leased`]). Both
+//! worker) for it and maps the name to the worker in every call ([`LeasedVmm`]). Both
 //! records live in the state directory beside the workload records, so they survive an agent
 //! restart:
 //! - `pools/<pool>.json`: the pool's spec, to make the pool again after smolvm restarts (smolvm's
@@ -17,6 +17,10 @@
 //! controller outage never retires a user's machine: the agent keeps it alive, with a time to
 //! live of [`LEASE_TTL_SECS`], far beyond the interval) and makes again every recorded pool
 //! smolvm no longer has.
+
+mod leased;
+
+pub use leased::LeasedVmm;
 
 use std::path::Path;
 use std::sync::Arc;

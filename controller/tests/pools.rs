@@ -1,0 +1,295 @@
+//! The pools' pass as data, table-driven: which nodes are asked to keep a pool and which node
+//! pools go ([`plan`], [`orphans`]), the status it reports ([`status`]), and the slot's machine
+//! made from the template as admission makes a SmolVM naming the pool ([`slot_vm`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::jiff::Timestamp;
+use serde_json::json;
+use smolvm_api::{
+    NodePool, SmolVMNode, SmolVMNodeSpec, SmolVMNodeStatus, SmolVMPool,
+    constants::{condition, reason},
+    fixtures,
+};
+use smolvm_controller::pools::{node_pool_name, orphans, plan, slot_vm, status};
+
+const UID: &str = "0d7a3c9e-5f21-4b8e-a6c4-2e9f1b7d3a58";
+
+fn pool(slots: i32, generation: i64) -> SmolVMPool {
+    let mut pool = fixtures::pool(
+        "sandboxes",
+        json!({"template": {"image": "python:3.12-slim", "className": "medium"}, "slotsPerNode": slots}),
+    );
+    pool.metadata.uid = Some(UID.into());
+    pool.metadata.generation = Some(generation);
+    pool
+}
+
+/// A node reporting `pools` as `(name, ready, slots)`.
+fn node(name: &str, pools: &[(&str, i32, i32)]) -> Arc<SmolVMNode> {
+    let mut node = SmolVMNode::new(name, SmolVMNodeSpec::default());
+    node.status = Some(SmolVMNodeStatus {
+        pools: Some(
+            pools
+                .iter()
+                .map(|(name, ready, slots)| NodePool {
+                    name: (*name).into(),
+                    ready: *ready,
+                    slots: *slots,
+                    leased: 0,
+                })
+                .collect(),
+        ),
+        ..Default::default()
+    });
+    Arc::new(node)
+}
+
+#[test]
+fn the_node_pool_is_named_from_the_uid_and_the_generation() {
+    assert_eq!(node_pool_name(&pool(3, 7)).as_deref(), Some("pool-0d7a3c9e-g7"));
+    let mut unsaved = pool(3, 1);
+    unsaved.metadata.uid = None;
+    assert_eq!(node_pool_name(&unsaved), None, "a pool not stored yet has none");
+    assert!(plan(&unsaved, &[], &|_| true).is_none());
+}
+
+#[test]
+fn plan_table() {
+    let current = "pool-0d7a3c9e-g2";
+    let old = "pool-0d7a3c9e-g1";
+    // (case, nodes, eligible nodes, apply, retire)
+    type Case = (
+        &'static str,
+        Vec<Arc<SmolVMNode>>,
+        Vec<&'static str>,
+        Vec<&'static str>,
+        Vec<(&'static str, &'static str)>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "a new pool: every eligible node is asked",
+            vec![node("a", &[]), node("b", &[])],
+            vec!["a", "b"],
+            vec!["a", "b"],
+            vec![],
+        ),
+        (
+            "an ineligible node is not",
+            vec![node("a", &[]), node("b", &[])],
+            vec!["b"],
+            vec!["b"],
+            vec![],
+        ),
+        (
+            "a node that keeps it as asked is left alone",
+            vec![node("a", &[(current, 1, 3)])],
+            vec!["a"],
+            vec![],
+            vec![],
+        ),
+        (
+            "other slots: asked again",
+            vec![node("a", &[(current, 3, 5)])],
+            vec!["a"],
+            vec!["a"],
+            vec![],
+        ),
+        (
+            "a new template: the old node pool goes, the new one is asked",
+            vec![node("a", &[(old, 3, 3)])],
+            vec!["a"],
+            vec!["a"],
+            vec![("a", old)],
+        ),
+        (
+            "a node it no longer matches: its node pool goes",
+            vec![node("a", &[(current, 3, 3)]), node("b", &[])],
+            vec!["b"],
+            vec!["b"],
+            vec![("a", current)],
+        ),
+        (
+            "another pool's node pools are not its concern",
+            vec![node("a", &[("pool-11111111-g1", 3, 3), (current, 3, 3)])],
+            vec!["a"],
+            vec![],
+            vec![],
+        ),
+    ];
+    let p = pool(3, 2);
+    for (name, nodes, eligible, apply, retire) in cases {
+        let got = plan(&p, &nodes, &|n: &SmolVMNode| {
+            eligible.contains(&n.metadata.name.as_deref().unwrap_or(""))
+        })
+        .expect("a plan");
+        assert_eq!(got.name, current, "{name}");
+        assert_eq!(got.apply, apply, "{name}");
+        let retire: Vec<(String, String)> = retire.iter().map(|(n, p)| (n.to_string(), p.to_string())).collect();
+        assert_eq!(got.retire, retire, "{name}");
+        assert_eq!(got.targets.len(), eligible.len(), "{name}");
+    }
+}
+
+#[test]
+fn orphans_are_node_pools_of_pools_that_are_gone() {
+    let nodes = vec![
+        node("a", &[("pool-0d7a3c9e-g2", 3, 3), ("pool-deadbeef-g1", 1, 1)]),
+        node(
+            "b",
+            &[
+                ("pool-deadbeef-g4", 0, 2),
+                ("something-else", 1, 1),
+                ("pool-hand-made-g1", 1, 1),
+                ("pool-deadbeef-gx", 1, 1),
+            ],
+        ),
+    ];
+    assert_eq!(
+        orphans(&nodes, &[pool(3, 2)]),
+        vec![
+            ("a".to_string(), "pool-deadbeef-g1".to_string()),
+            ("b".to_string(), "pool-deadbeef-g4".to_string())
+        ]
+    );
+    assert_eq!(
+        orphans(&nodes, &[]).len(),
+        3,
+        "with no pool left, every pool-named node pool goes"
+    );
+}
+
+#[test]
+fn status_table() {
+    let current = "pool-0d7a3c9e-g2";
+    let now = Timestamp::UNIX_EPOCH;
+    let p = pool(3, 2);
+    // (case, nodes, eligible, failures, ready, total, condition status, reason, message part)
+    type Case = (
+        &'static str,
+        Vec<Arc<SmolVMNode>>,
+        Vec<&'static str>,
+        Vec<(&'static str, &'static str)>,
+        i32,
+        i32,
+        &'static str,
+        &'static str,
+        &'static str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "no node matches",
+            vec![node("a", &[])],
+            vec![],
+            vec![],
+            0,
+            0,
+            "False",
+            reason::NO_MATCHING_NODES,
+            "nodeSelector",
+        ),
+        (
+            "filling",
+            vec![node("a", &[(current, 1, 3)]), node("b", &[])],
+            vec!["a", "b"],
+            vec![],
+            1,
+            6,
+            "False",
+            reason::SLOTS_FILLING,
+            "1 of 6",
+        ),
+        (
+            "ready",
+            vec![node("a", &[(current, 3, 3)])],
+            vec!["a"],
+            vec![],
+            3,
+            3,
+            "True",
+            reason::SLOTS_READY,
+            "3 slots ready on 1 node",
+        ),
+        (
+            "a node fails: named, with its cause",
+            vec![node("a", &[(current, 3, 3)]), node("b", &[])],
+            vec!["a", "b"],
+            vec![("b", "image not found")],
+            3,
+            6,
+            "False",
+            reason::SLOTS_FAILING,
+            "b: image not found",
+        ),
+        (
+            "an older generation's ready slots are not this one's",
+            vec![node("a", &[("pool-0d7a3c9e-g1", 3, 3)])],
+            vec!["a"],
+            vec![],
+            0,
+            3,
+            "False",
+            reason::SLOTS_FILLING,
+            "0 of 3",
+        ),
+    ];
+    for (name, nodes, eligible, failures, ready, total, state, why, words) in cases {
+        let plan = plan(&p, &nodes, &|n: &SmolVMNode| {
+            eligible.contains(&n.metadata.name.as_deref().unwrap_or(""))
+        })
+        .expect("a plan");
+        let failures: BTreeMap<String, String> = failures.iter().map(|(n, m)| (n.to_string(), m.to_string())).collect();
+        let got = status(&p, &nodes, &plan, &failures, now);
+        assert_eq!((got.ready_slots, got.total_slots), (Some(ready), Some(total)), "{name}");
+        assert_eq!(got.observed_generation, Some(2), "{name}");
+        let ready_condition = got
+            .conditions
+            .iter()
+            .find(|c| c.type_ == condition::READY)
+            .expect("Ready");
+        assert_eq!(
+            (ready_condition.status.as_str(), ready_condition.reason.as_str()),
+            (state, why),
+            "{name}"
+        );
+        assert!(
+            ready_condition.message.contains(words),
+            "{name}: {}",
+            ready_condition.message
+        );
+        assert_eq!(
+            got.nodes.len(),
+            eligible.len(),
+            "{name}: one entry per node that keeps slots"
+        );
+        for entry in &got.nodes {
+            assert_eq!(entry.total, 3, "{name}");
+            assert_eq!(
+                entry.message.is_some(),
+                failures.contains_key(&entry.node_name),
+                "{name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_slot_is_the_smolvm_admission_would_make_from_the_template() {
+    let classes = vec![fixtures::class(
+        "medium",
+        json!({"resources": {"cpus": 2, "memoryMiB": 2048}}),
+        false,
+    )];
+    let vm = slot_vm(&pool(3, 2), &classes).expect("a SmolVM");
+    assert_eq!(vm.spec.image, "python:3.12-slim");
+    let resources = vm.spec.resources.clone().unwrap_or_default();
+    assert_eq!(
+        (resources.cpus, resources.memory_mib),
+        (Some(2), Some(2048)),
+        "the class's sizes"
+    );
+    assert_eq!(vm.spec.running, Some(true), "M1 after M3");
+    let spec = smolvm_controller::vm::rules::machine_spec(&vm).expect("a machine spec");
+    assert_eq!((spec.cpus, spec.memory_mib), (2, 2048));
+}
