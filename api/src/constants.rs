@@ -229,6 +229,14 @@ pub mod reason {
     pub const SUSPEND_FAILED: &str = "SuspendFailed";
     /// The node runtime failed to resume the machine.
     pub const RESUME_FAILED: &str = "ResumeFailed";
+    /// Event: a SmolVM naming a pool was served from a ready slot of it on its node.
+    pub const SERVED_FROM_POOL: &str = "ServedFromPool";
+    /// Event: a SmolVM naming a pool found no ready slot on its node and was created cold
+    /// from its template (`whenEmpty: Cold`).
+    pub const POOL_EMPTY: &str = "PoolEmpty";
+    /// Ready False: a SmolVM naming a pool waits for a ready slot on its node (`whenEmpty:
+    /// Wait`); looked at again with a backoff of 1 s doubling to 30 s.
+    pub const WAITING_FOR_SLOT: &str = "WaitingForSlot";
     /// SmolVMPool Ready True: every matching node keeps its slots ready.
     pub const SLOTS_READY: &str = "SlotsReady";
     /// SmolVMPool Ready False: slots are being made (the message counts the ready ones).

@@ -29,8 +29,8 @@ use hyper_util::{
 use rustls::{ClientConfig, pki_types::ServerName};
 use serde::{Serialize, de::DeserializeOwned};
 use smolvm_api::nodeapi::{
-    self, DeleteResponse, ErrorCode, HealthResponse, IdentityResponse, JsonCall, MachineSpec, MachineStatus,
-    NodeApiError, Operation, PoolSpec, PoolStatus, RegistryAuth, ResizeSpec, StartRequest, calls,
+    self, DeleteResponse, ErrorCode, HealthResponse, IdentityResponse, JsonCall, LeaseRequest, MachineSpec,
+    MachineStatus, NodeApiError, Operation, PoolSpec, PoolStatus, RegistryAuth, ResizeSpec, StartRequest, calls,
 };
 use tokio::net::TcpStream;
 use tokio_rustls::{TlsConnector, client::TlsStream};
@@ -457,6 +457,17 @@ impl NodeClient {
     /// start's time to boot).
     pub async fn apply_pool(&self, node: &str, name: &str, spec: &PoolSpec) -> Result<PoolStatus, CallError> {
         self.json::<calls::ApplyPool>(node, name, Some(spec), self.settings.start_timeout)
+            .await
+    }
+
+    /// [`Operation::LeaseMachine`]: the machine served from a ready slot of the node pool.
+    pub async fn lease_machine(
+        &self,
+        node: &str,
+        name: &str,
+        request: &LeaseRequest,
+    ) -> Result<MachineStatus, CallError> {
+        self.json::<calls::LeaseMachine>(node, name, Some(request), self.settings.start_timeout)
             .await
     }
 

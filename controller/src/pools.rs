@@ -55,7 +55,13 @@ fn prefix(pool: &SmolVMPool) -> Option<String> {
 /// The pool's name on its nodes for its current template: `pool-<uid prefix>-g<generation>`
 /// (also its source machine's name; never `svm-…`, so orphan collection leaves it alone).
 pub fn node_pool_name(pool: &SmolVMPool) -> Option<String> {
-    Some(format!("{}{}", prefix(pool)?, pool.metadata.generation.unwrap_or(0)))
+    node_pool_name_at(pool, pool.metadata.generation)
+}
+
+/// The pool's name on its nodes for the template of `generation` (a SmolVM filled from an
+/// older template is served only by slots of that one).
+pub fn node_pool_name_at(pool: &SmolVMPool, generation: Option<i64>) -> Option<String> {
+    Some(format!("{}{}", prefix(pool)?, generation.unwrap_or(0)))
 }
 
 /// The pools a node reports, by name, with their ready and wanted slots.

@@ -12,7 +12,7 @@ use smolvm_api::{
     constants::{condition, reason},
     fixtures,
 };
-use smolvm_controller::pools::{node_pool_name, orphans, plan, slot_vm, status};
+use smolvm_controller::pools::{node_pool_name, node_pool_name_at, orphans, plan, slot_vm, status};
 
 const UID: &str = "0d7a3c9e-5f21-4b8e-a6c4-2e9f1b7d3a58";
 
@@ -49,6 +49,11 @@ fn node(name: &str, pools: &[(&str, i32, i32)]) -> Arc<SmolVMNode> {
 #[test]
 fn the_node_pool_is_named_from_the_uid_and_the_generation() {
     assert_eq!(node_pool_name(&pool(3, 7)).as_deref(), Some("pool-0d7a3c9e-g7"));
+    // A SmolVM filled from generation 5 is served only by that template's slots.
+    assert_eq!(
+        node_pool_name_at(&pool(3, 7), Some(5)).as_deref(),
+        Some("pool-0d7a3c9e-g5")
+    );
     let mut unsaved = pool(3, 1);
     unsaved.metadata.uid = None;
     assert_eq!(node_pool_name(&unsaved), None, "a pool not stored yet has none");

@@ -369,11 +369,15 @@ async fn node_call(
             .await
             .map_err(Failure::Call),
         Call::Create(spec) => match workload_env(ctx, vm).await? {
-            Ok(env) => {
-                let mut spec = spec.as_ref().clone();
-                spec.workload.env = env;
-                done(timed(ctx, op, client.create_machine(node, machine, &spec)).await)
-            }
+            Ok(env) => match super::pooled::serve(ctx, vm, node, machine, &env).await? {
+                super::pooled::Served::Warm(status) => Ok(Some(status)),
+                super::pooled::Served::Not(failure) => Err(failure),
+                super::pooled::Served::Cold => {
+                    let mut spec = spec.as_ref().clone();
+                    spec.workload.env = env;
+                    done(timed(ctx, op, client.create_machine(node, machine, &spec)).await)
+                }
+            },
             Err(failure) => Err(failure),
         },
         Call::EnsureRunning => match registry_auth(ctx, vm).await? {

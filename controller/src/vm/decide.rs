@@ -230,7 +230,7 @@ impl Note {
         Note::normal("Scheduled", "Bind", note)
     }
 
-    fn normal(reason: impl Into<String>, action: &'static str, note: String) -> Self {
+    pub(crate) fn normal(reason: impl Into<String>, action: &'static str, note: String) -> Self {
         Note {
             warning: false,
             reason: reason.into(),

@@ -19,6 +19,7 @@ pub mod act;
 pub mod decide;
 pub mod exposure;
 pub mod fetch;
+pub mod pooled;
 pub mod report;
 pub mod rules;
 pub mod workload;

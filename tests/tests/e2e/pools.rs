@@ -18,7 +18,8 @@ use crate::{NS, Scenario, delete_and_wait, dry_run_until_admitted, expect_reject
 pub(crate) fn scenarios() -> Vec<(&'static str, Scenario)> {
     scenarios![
         pools_fill_a_smolvm_from_the_template_and_v14_guards_them,
-        a_pool_keeps_its_slots_on_the_nodes_it_matches
+        a_pool_keeps_its_slots_on_the_nodes_it_matches,
+        a_drained_pool_serves_three_claims_warm_and_two_cold
     ]
 }
 
@@ -284,6 +285,119 @@ async fn keep_slots(env: &mut Env, double: &DoubleHandle) -> anyhow::Result<()> 
         async move { Ok(double.pool(&renewed).is_none().then_some(())) }
     })
     .await?;
+    Ok(())
+}
+
+/// The node of the claims scenario, backed by its own double.
+const CLAIMS_NODE: &str = "claims-double-node";
+
+/// The walk: a pool of 3 slots per node with `whenEmpty: Cold`; 5 SmolVMs claim while
+/// refill is held: 3 are served warm from the slots (each with its own env), 2 are created cold;
+/// once refill runs the pool is back to 3 ready; deleting the SmolVMs ends their leases.
+async fn a_drained_pool_serves_three_claims_warm_and_two_cold(env: &mut Env) -> anyhow::Result<()> {
+    let socket = env.dir().join("claims-double.sock");
+    let double = SmolvmDouble::start(&socket)
+        .await
+        .context("starting the smolvm double")?;
+    // Room for the five claims whatever this machine has.
+    let extra = ["--cpu-allocation-ratio=4", "--reserved-cpus=0"];
+    let mut agent = env.start_double_node(CLAIMS_NODE, &socket, &extra).await?;
+    let outcome = claims(env, &double).await;
+    for i in 1..=5 {
+        let _ = delete_and_wait(env, &format!("claim-{i}")).await;
+    }
+    let _ = env.kubectl(&["delete", "svmp", "claims", "-n", NS, "--wait=false"], None);
+    agent.terminate(Duration::from_secs(10));
+    let _ = Api::<SmolVMNode>::all(env.admin().await?)
+        .delete(CLAIMS_NODE, &DeleteParams::default())
+        .await;
+    outcome
+}
+
+async fn claims(env: &mut Env, double: &DoubleHandle) -> anyhow::Result<()> {
+    let claims_pool = pool(
+        "claims",
+        json!({"slotsPerNode": 3, "whenEmpty": "Cold", "nodeSelector": {"kubernetes.io/hostname": CLAIMS_NODE},
+            "template": {"image": "alpine:3.20", "resources": {"memoryMiB": 128}, "storage": {"storageGiB": 1, "overlayGiB": 1}}}),
+    );
+    kubectl_apply(env, &claims_pool)?.map_err(|e| anyhow!("applying the pool: {e}"))?;
+    let pools: Api<SmolVMPool> = Api::namespaced(env.admin().await?, NS);
+    let ready_slots = |pools: Api<SmolVMPool>| async move {
+        Ok::<_, anyhow::Error>(pools.get("claims").await?.status.and_then(|s| s.ready_slots))
+    };
+    eventually("the pool's 3 slots ready", Duration::from_secs(60), || {
+        let pools = pools.clone();
+        async move { Ok((ready_slots(pools).await? == Some(3)).then_some(())) }
+    })
+    .await?;
+    double.hold_refill(true);
+    for i in 1..=5 {
+        let claim = vm(
+            &format!("claim-{i}"),
+            json!({"poolRef": {"name": "claims"}, "env": [{"name": "JOB", "value": i.to_string()}]}),
+        );
+        let text = serde_json::to_string(&claim)?;
+        eventually(&format!("claim-{i} stored"), Duration::from_secs(30), || async {
+            let out = env.kubectl(&["apply", "-f", "-"], Some(&text))?;
+            Ok(out.status.success().then_some(()))
+        })
+        .await?;
+    }
+    let mut machines = Vec::new();
+    for i in 1..=5 {
+        let name = format!("claim-{i}");
+        let running = crate::wait_vm(env, &name, &format!("{name} running"), Duration::from_secs(60), |v| {
+            v.status.as_ref().and_then(|s| s.phase) == Some(smolvm_api::Phase::Running)
+        })
+        .await?;
+        let machine = running.status.and_then(|s| s.machine_name).unwrap_or_default();
+        machines.push((i, machine));
+    }
+    let leases = double.leases();
+    let warm: Vec<&(i32, String)> = machines
+        .iter()
+        .filter(|(_, m)| leases.iter().any(|l| &l.key == m))
+        .collect();
+    // A cold one is a machine of its own name in smolvm; a warm one is a slot's worker.
+    let cold: Vec<&(i32, String)> = machines
+        .iter()
+        .filter(|(_, m)| double.state(m).as_deref() == Some("running"))
+        .collect();
+    ensure!(
+        warm.len() == 3 && cold.len() == 2,
+        "3 warm and 2 cold: warm {warm:?}, cold {cold:?}, leases {leases:?}"
+    );
+    for (i, machine) in &warm {
+        let worker = leases
+            .iter()
+            .find(|l| &l.key == machine)
+            .map(|l| l.machine.clone())
+            .unwrap_or_default();
+        let env_of = double.env(&worker).unwrap_or_default();
+        ensure!(
+            env_of.contains(&format!("JOB={i}")),
+            "claim-{i}'s lease carried its env: {env_of:?}"
+        );
+    }
+    println!("    5 claims while refill was held: 3 served warm from the slots, 2 created cold");
+
+    double.hold_refill(false);
+    eventually("the pool back to 3 ready slots", Duration::from_secs(60), || {
+        let pools = pools.clone();
+        async move { Ok((ready_slots(pools).await? == Some(3)).then_some(())) }
+    })
+    .await?;
+    println!("    refill released: the pool is back to 3 ready slots");
+
+    for i in 1..=5 {
+        delete_and_wait(env, &format!("claim-{i}")).await?;
+    }
+    let active = double.leases().into_iter().filter(|l| l.state == "active").count();
+    ensure!(
+        active == 0,
+        "deleting the claims ended their leases: {:?}",
+        double.leases()
+    );
     Ok(())
 }
 
