@@ -461,14 +461,25 @@ pub fn orphan_ledger_key(node: &str, machine: &str) -> String {
     format!("{ORPHAN_KEY_PREFIX}{node}/{machine}")
 }
 
+/// Ledger keys of the warm pools kept on nodes ([`crate::pools`]: a pool's source machine and
+/// its ready slots) start with this (never a UID), so the pruning of gone SmolVMs leaves them
+/// alone; the pools' pass books and releases them.
+pub const POOL_KEY_PREFIX: &str = "pool/";
+
+/// The ledger key of a node pool on a node.
+pub fn pool_ledger_key(node: &str, pool: &str) -> String {
+    format!("{POOL_KEY_PREFIX}{node}/{pool}")
+}
+
 /// The reservations whose VM is gone: in `reserved` but not in `live` (sorted). Reservations
 /// leak when a VM vanishes without a reconcile seeing it deleted (someone else removed the
 /// finalizer, or the watch missed the delete while disconnected).
 pub fn gone_reservations(reserved: &[String], live: &HashSet<String>) -> Vec<String> {
-    // Orphan machines are booked under their own keys and released by the orphan collector.
+    // Orphan machines and node pools are booked under their own keys and released by the
+    // orphan collector and the pools' pass.
     let mut gone: Vec<String> = reserved
         .iter()
-        .filter(|uid| !uid.starts_with(ORPHAN_KEY_PREFIX) && !live.contains(*uid))
+        .filter(|uid| !uid.starts_with(ORPHAN_KEY_PREFIX) && !uid.starts_with(POOL_KEY_PREFIX) && !live.contains(*uid))
         .cloned()
         .collect();
     gone.sort();

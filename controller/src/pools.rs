@@ -12,6 +12,11 @@
 //! - [`status`]: ready and wanted slots per node, and the Ready condition, with the node's
 //!   cause (already cleaned by the agent) when its slots fail.
 //!
+//! What a node pool holds (its source and its ready slots, each the size of the template's
+//! machine) is booked in the ledger under its own key ([`pool_ledger_key`]) on every node that
+//! keeps it, so placement never puts a VM into the room the slots take; machines served from it
+//! are SmolVMs, booked as theirs.
+//!
 //! A node whose ApplyPool failed is asked again after a backoff (10 s doubling to 5 minutes),
 //! as a failed start is: a source that does not boot takes smolvm tens of seconds each time.
 
@@ -34,7 +39,7 @@ use smolvm_api::{
     validate::Operation,
 };
 
-use crate::placement::{Request, check_node};
+use crate::placement::{Request, check_node, pool_ledger_key};
 use crate::vm::{Context, rules::set_condition};
 
 /// How often the pools are looked at.
@@ -340,6 +345,7 @@ async fn keep(
     let Some(plan) = plan(pool, nodes, &eligible) else {
         return;
     };
+    let mut kept = Vec::new();
     if !plan.apply.is_empty() {
         match source_spec(ctx, pool, classes).await {
             Ok(spec) => {
@@ -350,7 +356,10 @@ async fn keep(
                     }
                     crate::vm::act::sync_endpoint(ctx, node);
                     match ctx.node_client.apply_pool(node, &plan.name, &spec).await {
-                        Ok(_) => backoff.succeeded(&key),
+                        Ok(_) => {
+                            backoff.succeeded(&key);
+                            kept.push(node.clone());
+                        }
                         Err(error) => {
                             tracing::info!(pool = %pool.name_any(), %node, code = ?error.code(), message = error.message(), "ApplyPool failed");
                             backoff.failed(key, error.message().to_string(), Instant::now());
@@ -364,6 +373,9 @@ async fn keep(
                 }
             }
         }
+    }
+    if let Ok(slot) = slot_vm(pool, classes) {
+        book(ctx, pool, &plan, nodes, &kept, &Request::of(&slot).resources);
     }
     for (node, name) in &plan.retire {
         retire(ctx, node, name).await;
@@ -388,9 +400,53 @@ async fn keep(
 async fn retire(ctx: &Context, node: &str, name: &str) {
     crate::vm::act::sync_endpoint(ctx, node);
     match ctx.node_client.delete_pool(node, name).await {
-        Ok(_) => tracing::info!(%node, pool = %name, "node pool deleted"),
+        Ok(_) => {
+            tracing::info!(%node, pool = %name, "node pool deleted");
+            ctx.ledger.release(&pool_ledger_key(node, name));
+        }
         Err(error) if error.code() == Some(&ErrorCode::PoolInUse) => {}
         Err(error) => tracing::debug!(%node, pool = %name, %error, "deleting a node pool failed; retried next round"),
+    }
+}
+
+/// What a node pool holds on its node: its source machine and its ready slots, each a slot's
+/// machine (the machines served from it are SmolVMs, booked as theirs).
+pub fn pool_holds(slot: &NodeResources, slots: i32) -> NodeResources {
+    let n = i64::from(slots.max(0)).saturating_add(1);
+    NodeResources {
+        cpus: slot.cpus.saturating_mul(n),
+        memory_mib: slot.memory_mib.saturating_mul(n),
+        storage_gib: slot.storage_gib.saturating_mul(n),
+    }
+}
+
+/// Books what the pool holds on each target node where it is kept (reported by the node, or
+/// applied in this pass), and releases it where it is not.
+fn book(
+    ctx: &Context,
+    pool: &SmolVMPool,
+    plan: &Plan,
+    nodes: &[Arc<SmolVMNode>],
+    kept: &[String],
+    slot: &NodeResources,
+) {
+    let holds = Request {
+        resources: pool_holds(slot, pool.spec.slots_per_node),
+        host_ports: Vec::new(),
+        node_selector: Default::default(),
+        pin: None,
+    };
+    for node in &plan.targets {
+        let key = pool_ledger_key(node, &plan.name);
+        let reported = nodes
+            .iter()
+            .find(|n| &n.name_any() == node)
+            .is_some_and(|n| reported(n).contains_key(plan.name.as_str()));
+        if reported || kept.contains(node) {
+            ctx.ledger.observe_bound(&key, node, &holds);
+        } else {
+            ctx.ledger.release(&key);
+        }
     }
 }
 

@@ -523,6 +523,12 @@ fn gone_reservations_table() {
         ("all_live", reserved(&["a", "b"]), live(&["a", "b", "c"]), vec![]),
         ("one_gone", reserved(&["a", "b"]), live(&["a"]), vec!["b"]),
         ("cache_empty", reserved(&["b", "a"]), live(&[]), vec!["a", "b"]),
+        (
+            "node_pools_and_orphans_are_not_vms",
+            reserved(&["pool/node-a/pool-0d7a3c9e-g1", "orphan/node-a/svm-x", "a"]),
+            live(&[]),
+            vec!["a"],
+        ),
     ];
     for (name, reserved, live, expected) in cases {
         assert_eq!(gone_reservations(&reserved, &live), expected, "{name}");

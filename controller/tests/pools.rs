@@ -8,11 +8,11 @@ use std::sync::Arc;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 use smolvm_api::{
-    NodePool, SmolVMNode, SmolVMNodeSpec, SmolVMNodeStatus, SmolVMPool,
+    NodePool, NodeResources, SmolVMNode, SmolVMNodeSpec, SmolVMNodeStatus, SmolVMPool,
     constants::{condition, reason},
     fixtures,
 };
-use smolvm_controller::pools::{node_pool_name, node_pool_name_at, orphans, plan, slot_vm, status};
+use smolvm_controller::pools::{node_pool_name, node_pool_name_at, orphans, plan, pool_holds, slot_vm, status};
 
 const UID: &str = "0d7a3c9e-5f21-4b8e-a6c4-2e9f1b7d3a58";
 
@@ -297,4 +297,24 @@ fn a_slot_is_the_smolvm_admission_would_make_from_the_template() {
     assert_eq!(vm.spec.running, Some(true), "M1 after M3");
     let spec = smolvm_controller::vm::rules::machine_spec(&vm).expect("a machine spec");
     assert_eq!((spec.cpus, spec.memory_mib), (2, 2048));
+}
+
+#[test]
+fn a_node_pool_holds_its_source_and_its_ready_slots() {
+    let slot = NodeResources {
+        cpus: 1,
+        memory_mib: 128,
+        storage_gib: 2,
+    };
+    for (slots, cpus, memory, storage) in [(0, 1, 128, 2), (3, 4, 512, 8), (-1, 1, 128, 2)] {
+        assert_eq!(
+            pool_holds(&slot, slots),
+            NodeResources {
+                cpus,
+                memory_mib: memory,
+                storage_gib: storage
+            },
+            "{slots} slots"
+        );
+    }
 }

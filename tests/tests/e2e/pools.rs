@@ -299,8 +299,9 @@ async fn a_drained_pool_serves_three_claims_warm_and_two_cold(env: &mut Env) -> 
     let double = SmolvmDouble::start(&socket)
         .await
         .context("starting the smolvm double")?;
-    // Room for the five claims whatever this machine has.
-    let extra = ["--cpu-allocation-ratio=4", "--reserved-cpus=0"];
+    // Room for the pool (its source and 3 slots, booked by the controller) and the five claims,
+    // one CPU each, whatever this machine has.
+    let extra = ["--cpu-allocation-ratio=8", "--reserved-cpus=0"];
     let mut agent = env.start_double_node(CLAIMS_NODE, &socket, &extra).await?;
     let outcome = claims(env, &double).await;
     for i in 1..=5 {
