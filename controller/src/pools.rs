@@ -80,6 +80,16 @@ fn reported(node: &SmolVMNode) -> BTreeMap<&str, (i32, i32)> {
         .collect()
 }
 
+/// Of `nodes`, those that report a ready slot of the node pool `name`: where a SmolVM naming its
+/// pool is placed first, so that it is served warm.
+pub fn with_ready_slot<'n>(nodes: &'n [Arc<SmolVMNode>], name: &str) -> Vec<&'n SmolVMNode> {
+    nodes
+        .iter()
+        .filter(|n| reported(n).get(name).is_some_and(|(ready, _)| *ready > 0))
+        .map(|n| n.as_ref())
+        .collect()
+}
+
 /// What one pass does for one pool.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {

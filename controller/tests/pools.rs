@@ -12,7 +12,9 @@ use smolvm_api::{
     constants::{condition, reason},
     fixtures,
 };
-use smolvm_controller::pools::{node_pool_name, node_pool_name_at, orphans, plan, pool_holds, slot_vm, status};
+use smolvm_controller::pools::{
+    node_pool_name, node_pool_name_at, orphans, plan, pool_holds, slot_vm, status, with_ready_slot,
+};
 
 const UID: &str = "0d7a3c9e-5f21-4b8e-a6c4-2e9f1b7d3a58";
 
@@ -317,4 +319,20 @@ fn a_node_pool_holds_its_source_and_its_ready_slots() {
             "{slots} slots"
         );
     }
+}
+
+#[test]
+fn a_pooled_smolvm_is_placed_first_where_its_slots_are_ready() {
+    let nodes = vec![
+        node("drained", &[("pool-0d7a3c9e-g2", 0, 3)]),
+        node("warm", &[("pool-0d7a3c9e-g2", 2, 3)]),
+        node("older", &[("pool-0d7a3c9e-g1", 3, 3)]),
+        node("none", &[]),
+    ];
+    let names: Vec<String> = with_ready_slot(&nodes, "pool-0d7a3c9e-g2")
+        .iter()
+        .filter_map(|n| n.metadata.name.clone())
+        .collect();
+    assert_eq!(names, vec!["warm".to_string()]);
+    assert!(with_ready_slot(&nodes, "pool-ffffffff-g1").is_empty());
 }

@@ -135,13 +135,21 @@ async fn place(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, uid: &str) -> Resu
     }
     let nodes = ctx.nodes.state();
     let now = Timestamp::now();
-    let chosen = ctx.ledger.place_and_reserve(
-        uid,
-        &Request::of(vm),
-        nodes.iter().map(|n| n.as_ref()),
-        now,
-        &ctx.placement,
-    );
+    let request = Request::of(vm);
+    // A SmolVM naming a pool goes where its pool has a ready slot, when one fits; else anywhere.
+    let warm = match super::pooled::pool_of(ctx, vm).await? {
+        Some((_, node_pool)) => crate::pools::with_ready_slot(&nodes, &node_pool),
+        None => Vec::new(),
+    };
+    let chosen = match ctx
+        .ledger
+        .place_and_reserve(uid, &request, warm.iter().copied(), now, &ctx.placement)
+    {
+        Ok(node) => Ok(node),
+        Err(_) => ctx
+            .ledger
+            .place_and_reserve(uid, &request, nodes.iter().map(|n| n.as_ref()), now, &ctx.placement),
+    };
     let node = match chosen {
         Ok(name) => name,
         Err(unplaceable) => {

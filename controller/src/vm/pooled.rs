@@ -29,26 +29,33 @@ pub enum Served {
     Not(Failure),
 }
 
-/// Serves `vm`'s machine `machine` on `node` from its pool when it names one; `env` is its
-/// workload's environment, resolved, which the lease carries.
-pub async fn serve(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, env: &[EnvVar]) -> Result<Served, Error> {
+/// The pool `vm` names and the name on its nodes of the node pool whose slots may serve it (the
+/// template it was filled from); `None` for a SmolVM that names no pool, or whose pool is gone.
+pub async fn pool_of(ctx: &Context, vm: &SmolVM) -> Result<Option<(SmolVMPool, String)>, Error> {
     let Some(pool_ref) = &vm.spec.pool_ref else {
-        return Ok(Served::Cold);
+        return Ok(None);
     };
     let namespace = vm.namespace().unwrap_or_default();
     let api: Api<SmolVMPool> = Api::namespaced(ctx.client.clone(), &namespace);
     let Some(pool) = api.get_opt(&pool_ref.name).await? else {
         tracing::info!(vm = %vm.name_any(), pool = %pool_ref.name, "the pool is gone: created cold from the spec it holds");
-        return Ok(Served::Cold);
+        return Ok(None);
     };
     let generation = vm
         .annotations()
         .get(ANNOTATION_POOL_GENERATION)
         .and_then(|g| g.parse::<i64>().ok())
         .or(pool.metadata.generation);
-    let Some(node_pool) = crate::pools::node_pool_name_at(&pool, generation) else {
+    Ok(crate::pools::node_pool_name_at(&pool, generation).map(|name| (pool, name)))
+}
+
+/// Serves `vm`'s machine `machine` on `node` from its pool when it names one; `env` is its
+/// workload's environment, resolved, which the lease carries.
+pub async fn serve(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, env: &[EnvVar]) -> Result<Served, Error> {
+    let Some((pool, node_pool)) = pool_of(ctx, vm).await? else {
         return Ok(Served::Cold);
     };
+    let pool_name = pool.name_any();
     let request = LeaseRequest {
         pool: node_pool.clone(),
         env: env.to_vec(),
@@ -59,12 +66,12 @@ pub async fn serve(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, env: &
         .runtime_call(Operation::LeaseMachine.name(), start.elapsed());
     match leased {
         Ok(status) => {
-            let note = format!("served from a ready slot of pool {} on node {node}", pool_ref.name);
+            let note = format!("served from a ready slot of pool {pool_name} on node {node}");
             super::report::publish(ctx, vm, &Note::normal(reason::SERVED_FROM_POOL, "Create", note)).await;
             Ok(Served::Warm(status))
         }
         Err(error) if matches!(error.code(), Some(ErrorCode::NoReadySlot | ErrorCode::PoolNotFound)) => {
-            let empty = format!("pool {} has no ready slot on node {node}", pool_ref.name);
+            let empty = format!("pool {pool_name} has no ready slot on node {node}");
             if pool.when_empty() == WhenEmpty::Wait {
                 return Ok(Served::Not(Failure::Config {
                     reason: reason::WAITING_FOR_SLOT,
