@@ -236,10 +236,13 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         trust,
     });
     let (owned, services, slices) = vm::owned_watches(&client);
+    let (pool_store, pool_events) = vm::pool_watch(&client);
+    tokio::spawn(pool_events.for_each(|_| std::future::ready(())));
     let ctx = Arc::new(Context {
         client,
         nodes: node_store,
         owned,
+        pools: Some(pool_store),
         ledger,
         node_client,
         recorder: events,

@@ -312,10 +312,15 @@ pub async fn run(ctx: Arc<Context>, every: Duration) {
 
 /// One pass over every pool.
 async fn pass(ctx: &Context, backoff: &mut Backoff) -> Result<(), kube::Error> {
-    let pools: Vec<SmolVMPool> = Api::<SmolVMPool>::all(ctx.client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
+    let pools: Vec<SmolVMPool> = match &ctx.pools {
+        Some(store) if crate::store_ready(store).await => store.state().iter().map(|p| (**p).clone()).collect(),
+        _ => {
+            Api::<SmolVMPool>::all(ctx.client.clone())
+                .list(&ListParams::default())
+                .await?
+                .items
+        }
+    };
     let nodes = ctx.nodes.state();
     for (node, name) in orphans(&nodes, &pools) {
         retire(ctx, &node, &name).await;

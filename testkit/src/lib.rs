@@ -7,6 +7,8 @@
 //!   drive deterministically (an exact call sequence, a hung answer, a race between replicas).
 //!   The end-to-end tier runs a real kube-apiserver;
 //! - [`flags`]: the shared flag vocabulary, checked on a built binary;
+//! - [`memory_vmm`]: a test double of `smolvm serve` in memory (machines, pools, leases) behind
+//!   the simulated nodes of the control-plane benchmarks;
 //! - [`runtime_double`]: a test double of the runtime for interactive exec, which no guest here
 //!   can serve;
 //! - [`smolvm_double`]: a test double of `smolvm serve` itself (its HTTP API on a Unix socket),
@@ -15,6 +17,7 @@
 
 pub mod apiserver;
 pub mod flags;
+pub mod memory_vmm;
 pub mod node;
 pub mod runtime_double;
 pub mod smolvm_double;

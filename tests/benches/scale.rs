@@ -2,8 +2,8 @@
 //! kube-apiserver with the real webhook and controller (separate processes, as in e2e).
 //!
 //! TEST DOUBLE: each simulated node is the runtime agent's real node API server (mTLS, bearer
-//! token, the same router) backed by `MemoryVmm`, an in-memory machine table standing in for
-//! `smolvm serve`. It is used only here: fifty real smolvm servers cannot run on one machine, and
+//! token, the same router) backed by testkit's `MemoryVmm`, an in-memory machine table standing
+//! in for `smolvm serve`. It is used only here: fifty real smolvm servers cannot run on one machine, and
 //! guests cannot boot on these machines anyway.
 //!
 //! Prints: the time until every VM is bound and created (phase Running), API writes per VM
@@ -12,117 +12,23 @@
 //! (1000), SCALE_TOTAL (10000; 0 skips the second stage), SCALE_CONCURRENCY (32).
 
 use std::{
-    collections::HashMap,
-    net::{IpAddr, Ipv4Addr},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, anyhow};
-use async_trait::async_trait;
+use anyhow::anyhow;
 use futures::{StreamExt, stream};
-use k8s_openapi::api::core::v1::Secret;
 use kube::{
-    Api, Client,
-    api::{ListParams, Patch, PatchParams, PostParams},
+    Api,
+    api::{ListParams, PostParams},
 };
 use serde_json::json;
-use smolvm_api::{SmolVM, SmolVMNode, constants};
-use smolvm_certs::{CertificateAuthority, ReloadableResolver, runtime_serving_sans};
-use smolvm_runtime::{
-    metrics::Metrics,
-    nodeapi::{Identity, NodeApiState, auth::TokenAuth, router, tls::MtlsServer},
-    vmm::{DeleteOutcome, Machine, MachineSpec, MachineState, ResizeRequest, Vmm, VmmError, VmmHealth},
-};
+use smolvm_api::{SmolVM, constants};
 use smolvm_tests::{
     assets,
-    env::{Env, NAMESPACE, Options},
+    env::{Env, Options},
+    simnodes::{self, api_writes as writes, peak_rss_mib},
 };
-
-/// TEST DOUBLE of `smolvm serve`: machines in a map; start always succeeds.
-#[derive(Default)]
-struct MemoryVmm {
-    machines: Mutex<HashMap<String, Machine>>,
-}
-
-impl MemoryVmm {
-    fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, Machine>) -> T) -> T {
-        let mut guard = self.machines.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut guard)
-    }
-
-    fn transition(&self, name: &str, state: MachineState) -> Result<Machine, VmmError> {
-        self.with(|m| match m.get_mut(name) {
-            Some(machine) => {
-                machine.state = state;
-                Ok(machine.clone())
-            }
-            None => Err(VmmError::NotFound {
-                message: format!("machine '{name}' not found"),
-            }),
-        })
-    }
-}
-
-#[async_trait]
-impl Vmm for MemoryVmm {
-    async fn health(&self) -> Result<VmmHealth, VmmError> {
-        Ok(VmmHealth {
-            status: "ok".into(),
-            version: "memory-double".into(),
-            nested_virt: false,
-            machines_total: Some(self.with(|m| m.len() as u64)),
-            machines_running: None,
-            uptime_seconds: None,
-        })
-    }
-    async fn list(&self) -> Result<Vec<Machine>, VmmError> {
-        Ok(self.with(|m| m.values().cloned().collect()))
-    }
-    async fn get(&self, name: &str) -> Result<Option<Machine>, VmmError> {
-        Ok(self.with(|m| m.get(name).cloned()))
-    }
-    async fn create(&self, spec: &MachineSpec) -> Result<Machine, VmmError> {
-        self.with(|m| {
-            if m.contains_key(&spec.name) {
-                return Err(VmmError::Conflict {
-                    message: format!("machine '{}' already exists", spec.name),
-                });
-            }
-            let machine = Machine::created_from(spec);
-            m.insert(spec.name.clone(), machine.clone());
-            Ok(machine)
-        })
-    }
-    async fn start(&self, name: &str, _auth: Option<&smolvm_api::nodeapi::RegistryAuth>) -> Result<Machine, VmmError> {
-        self.transition(name, MachineState::Running)
-    }
-    async fn stop(&self, name: &str) -> Result<Machine, VmmError> {
-        self.transition(name, MachineState::Stopped)
-    }
-    async fn delete(&self, name: &str) -> Result<DeleteOutcome, VmmError> {
-        Ok(match self.with(|m| m.remove(name)) {
-            Some(_) => DeleteOutcome::Deleted,
-            None => DeleteOutcome::Missing,
-        })
-    }
-    async fn resize(&self, name: &str, request: &ResizeRequest) -> Result<Machine, VmmError> {
-        self.with(|m| match m.get_mut(name) {
-            Some(machine) => {
-                if let Some(c) = request.cpus {
-                    machine.cpus = c;
-                }
-                if let Some(mem) = request.memory_mib {
-                    machine.memory_mib = u64::from(mem);
-                }
-                Ok(machine.clone())
-            }
-            None => Err(VmmError::NotFound {
-                message: format!("machine '{name}' not found"),
-            }),
-        })
-    }
-}
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -132,60 +38,6 @@ fn main() -> anyhow::Result<()> {
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.worker_threads(2);
     assets::bench_main("scale", runtime, run)
-}
-
-/// Writes (POST, PUT, PATCH, DELETE) kube-apiserver has served, by resource.
-async fn writes(admin: &Client) -> anyhow::Result<HashMap<String, f64>> {
-    let text = admin
-        .request_text(http::Request::get("/metrics").body(Vec::new())?)
-        .await?;
-    let mut by_resource = HashMap::new();
-    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
-        let Some((labels, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let label = |k: &str| {
-            labels
-                .split(&format!("{k}=\""))
-                .nth(1)
-                .and_then(|r| r.split('"').next())
-                .unwrap_or_default()
-                .to_string()
-        };
-        if !matches!(label("verb").as_str(), "POST" | "PUT" | "PATCH" | "DELETE") {
-            continue;
-        }
-        let key = match label("subresource").as_str() {
-            "" => label("resource"),
-            sub => format!("{}/{sub}", label("resource")),
-        };
-        let value = value.parse::<f64>().unwrap_or(0.0);
-        // Totals count the writes that took effect; refused ones show in the breakdown.
-        if label("code").starts_with('2') {
-            *by_resource.entry(key.clone()).or_insert(0.0) += value;
-        }
-        // The same by verb and code, for the breakdown (409s are retried binds).
-        *by_resource
-            .entry(format!("{key} {} {}", label("verb"), label("code")))
-            .or_insert(0.0) += value;
-    }
-    Ok(by_resource)
-}
-
-fn peak_rss_mib(pid: u32) -> String {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<f64>().ok())
-            .map(|kb| kb / 1024.0)
-    };
-    match (field("VmHWM:"), field("VmRSS:")) {
-        (Some(peak), Some(now)) => format!("peak RSS {peak:.1} MiB (now {now:.1} MiB)"),
-        _ => "RSS unavailable".into(),
-    }
 }
 
 async fn run(assets: assets::Assets) -> anyhow::Result<()> {
@@ -208,93 +60,16 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
         .and_then(|p| p.pid())
         .ok_or_else(|| anyhow!("no controller process"))?;
 
-    // The runtime CA and token the controller created, as the simulated runtimes' kubelet would
-    // mount them (the CA's key is read here only to issue the doubles' serving certificates).
-    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NAMESPACE);
-    let text = |s: &Secret, k: &str| -> anyhow::Result<String> {
-        s.data
-            .as_ref()
-            .and_then(|d| d.get(k))
-            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-            .ok_or_else(|| anyhow!("Secret lacks {k}"))
-    };
-    let ca_secret = secrets.get(constants::RUNTIME_CA).await.context("runtime CA Secret")?;
-    let ca = CertificateAuthority::from_pem(&text(&ca_secret, "tls.crt")?, &text(&ca_secret, "tls.key")?)?;
-    let token = text(&secrets.get(constants::RUNTIME_AUTH_SECRET).await?, "token")?;
-
-    // Fifty simulated nodes: real node API servers over MemoryVmm, and their SmolVMNodes.
-    let node_api: Api<SmolVMNode> = Api::all(admin.clone());
-    let mut servers = Vec::new();
-    let mut endpoints = Vec::new();
-    for i in 0..nodes_n {
-        let name = format!("sim-node-{i:02}");
-        let leaf = ca.issue_server(&runtime_serving_sans(&name), &[], Duration::from_secs(24 * 3600))?;
-        let resolver = Arc::new(ReloadableResolver::from_pem(&leaf.cert_pem, &leaf.key_pem)?);
-        let identity = Identity::new(name.clone());
-        let uid = format!("sim-uid-{i:02}");
-        identity.set_node_uid(Some(uid.clone()));
-        identity.set_runtime_version(Some("memory-double".into()));
-        let state = NodeApiState::new(
-            Arc::new(MemoryVmm::default()),
-            TokenAuth::fixed(token.clone())?,
-            identity,
-            Arc::new(Metrics::default()),
-            None,
-        );
-        let listener = std::net::TcpListener::bind((IpAddr::V4(Ipv4Addr::LOCALHOST), 0))?;
-        let port = listener.local_addr()?.port();
-        servers.push(MtlsServer::start(listener, router(state), resolver, ca.cert_pem())?);
-        let node: SmolVMNode = serde_json::from_value(json!({
-            "apiVersion": constants::API_VERSION, "kind": "SmolVMNode",
-            "metadata": {"name": name}, "spec": {},
-        }))?;
-        match node_api.create(&PostParams::default(), &node).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(e.into()),
-        }
-        endpoints.push((name, uid, port));
-    }
-    let heartbeat = |admin: Client, endpoints: Vec<(String, String, u16)>| async move {
-        let api: Api<SmolVMNode> = Api::all(admin);
-        for (name, uid, port) in &endpoints {
-            let now = k8s_openapi::jiff::Timestamp::now().to_string();
-            let status = json!({
-                "apiVersion": constants::API_VERSION, "kind": "SmolVMNode",
-                "status": {
-                    "nodeUID": uid,
-                    "endpoint": {"address": "127.0.0.1", "port": port},
-                    "runtimeVersion": "memory-double",
-                    "protocolVersion": constants::PROTOCOL_VERSION,
-                    "heartbeatTime": now,
-                    "capacity": {"cpus": 512, "memoryMiB": 262144, "storageGiB": 8192},
-                    "allocatable": {"cpus": 512, "memoryMiB": 262144, "storageGiB": 8192},
-                    "conditions": [
-                        {"type": "Ready", "status": "True", "reason": "RuntimeReady", "message": "simulated", "lastTransitionTime": now},
-                        {"type": "RuntimeReady", "status": "True", "reason": "Serving", "message": "simulated", "lastTransitionTime": now},
-                        {"type": "KVMAvailable", "status": "True", "reason": "Simulated", "message": "simulated", "lastTransitionTime": now},
-                    ],
-                },
-            });
-            if let Err(e) = api
-                .patch_status(
-                    name,
-                    &PatchParams::apply("smolvm-scale-bench").force(),
-                    &Patch::Apply(&status),
-                )
-                .await
-            {
-                eprintln!("heartbeat of {name}: {e}");
-            }
-        }
-    };
-    heartbeat(admin.clone(), endpoints.clone()).await;
+    // Simulated nodes (testkit's MemoryVmm behind the real node API) and their heartbeats.
+    let sim = simnodes::start(&admin, "sim-node", nodes_n).await?;
+    simnodes::heartbeat(&admin, &sim.nodes).await;
+    let sim = Arc::new(sim);
     let beat = tokio::spawn({
-        let (admin, endpoints) = (admin.clone(), endpoints.clone());
+        let (admin, sim) = (admin.clone(), sim.clone());
         async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(20)).await;
-                heartbeat(admin.clone(), endpoints.clone()).await;
+                simnodes::heartbeat(&admin, &sim.nodes).await;
             }
         }
     });
@@ -391,7 +166,7 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
         println!("scale:   controller at {created} VMs: {}", peak_rss_mib(controller_pid));
     }
     beat.abort();
-    drop(servers);
+    drop(sim);
     drop(env);
     Ok(())
 }

@@ -15,6 +15,7 @@ pub mod controlplane;
 pub mod env;
 pub mod monitoring;
 pub mod process;
+pub mod simnodes;
 
 /// Installs rustls' ring provider; call first in every harness `main`.
 pub fn install_crypto_provider() {

@@ -99,6 +99,26 @@ pub struct Owned {
 
 /// The watches of the Services and EndpointSlices the controller makes for SmolVMs: their caches
 /// and the streams that wake their SmolVM's pass when one changes or goes (`Controller::owns_stream`),
+/// The SmolVMPools' cache, and its watch to drive (a SmolVM naming a pool reads its pool at
+/// placement and at create; the pools' pass reads them all every few seconds).
+pub fn pool_watch(
+    client: &Client,
+) -> (
+    Store<smolvm_api::SmolVMPool>,
+    impl Stream<Item = Result<smolvm_api::SmolVMPool, watcher::Error>> + Send + 'static,
+) {
+    let (store, writer) = reflector::store::<smolvm_api::SmolVMPool>();
+    let events = watcher(
+        Api::<smolvm_api::SmolVMPool>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|p| p.metadata.managed_fields = None)
+    .reflect(writer)
+    .touched_objects();
+    (store, events)
+}
+
 /// so a deleted or edited Service is put back within seconds rather than at the next resync.
 pub fn owned_watches(
     client: &Client,
@@ -135,6 +155,8 @@ pub struct Context {
     pub nodes: Store<SmolVMNode>,
     /// The Services and EndpointSlices made for SmolVMs, from reflectors.
     pub owned: Owned,
+    /// The SmolVMPools, from a reflector (`None`: read from the API server when needed).
+    pub pools: Option<Store<smolvm_api::SmolVMPool>>,
     /// What is committed on each node.
     pub ledger: placement::Ledger,
     /// Client of the node API.

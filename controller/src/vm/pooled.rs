@@ -6,7 +6,7 @@
 //! `vm.smolvm.dev/pool-generation`): after a template change its node pool is retired and it is
 //! created cold, from the spec it holds.
 
-use kube::{Api, ResourceExt};
+use kube::{Api, ResourceExt, runtime::reflector::ObjectRef};
 use smolvm_api::{
     SmolVM, SmolVMPool,
     constants::{ANNOTATION_POOL_GENERATION, reason},
@@ -36,8 +36,20 @@ pub async fn pool_of(ctx: &Context, vm: &SmolVM) -> Result<Option<(SmolVMPool, S
         return Ok(None);
     };
     let namespace = vm.namespace().unwrap_or_default();
-    let api: Api<SmolVMPool> = Api::namespaced(ctx.client.clone(), &namespace);
-    let Some(pool) = api.get_opt(&pool_ref.name).await? else {
+    // The cache first; the API server for a pool it does not hold (yet).
+    let cached = ctx
+        .pools
+        .as_ref()
+        .and_then(|store| store.get(&ObjectRef::new(&pool_ref.name).within(&namespace)))
+        .map(|pool| (*pool).clone());
+    let pool = match cached {
+        Some(pool) => Some(pool),
+        None => {
+            let api: Api<SmolVMPool> = Api::namespaced(ctx.client.clone(), &namespace);
+            api.get_opt(&pool_ref.name).await?
+        }
+    };
+    let Some(pool) = pool else {
         tracing::info!(vm = %vm.name_any(), pool = %pool_ref.name, "the pool is gone: created cold from the spec it holds");
         return Ok(None);
     };

@@ -51,6 +51,7 @@ pub fn context(client: Client, nodes: Vec<SmolVMNode>, node_client: Option<NodeC
         client: client.clone(),
         nodes: store,
         owned: Default::default(),
+        pools: None,
         ledger: Ledger::new(),
         node_client,
         recorder: smolvm_controller::events::EventSink::new(

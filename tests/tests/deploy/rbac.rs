@@ -18,7 +18,7 @@ smolvm-controller  cluster        discovery.k8s.io/endpointslices  -  create,del
 smolvm-controller  cluster        events.k8s.io/events  -  create
 smolvm-controller  cluster        vm.smolvm.dev/smolvmclasses  -  list
 smolvm-controller  cluster        vm.smolvm.dev/smolvmnodes  -  get,list,watch
-smolvm-controller  cluster        vm.smolvm.dev/smolvmpools  -  get,list
+smolvm-controller  cluster        vm.smolvm.dev/smolvmpools  -  get,list,watch
 smolvm-controller  cluster        vm.smolvm.dev/smolvmpools/status  -  patch
 smolvm-controller  cluster        vm.smolvm.dev/smolvms  -  get,list,patch,watch
 smolvm-controller  cluster        vm.smolvm.dev/smolvms/status  -  patch,update

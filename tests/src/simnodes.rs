@@ -1,0 +1,205 @@
+//! Simulated nodes for the control-plane benchmarks (`make bench-e2e`, `make bench-pool`).
+//!
+//! TEST DOUBLE: each simulated node is the runtime agent's real node API server (mTLS with a
+//! serving certificate from the runtime CA the controller made, the bearer token, the same
+//! router, the same mapping of machines served from pools) backed by testkit's `MemoryVmm`, an
+//! in-memory stand-in for `smolvm serve`; its SmolVMNode is written by [`heartbeat`], as the
+//! agent's reporter would, with its pools. Fifty real smolvm servers cannot run on one machine,
+//! and no guest boots on these machines.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow};
+use k8s_openapi::api::core::v1::Secret;
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+use smolvm_api::{SmolVMNode, constants};
+use smolvm_certs::{CertificateAuthority, ReloadableResolver, runtime_serving_sans};
+use smolvm_runtime::{
+    metrics::Metrics,
+    nodeapi::{Identity, NodeApiState, auth::TokenAuth, router, tls::MtlsServer},
+    pools::{LeasedVmm, PoolBook},
+};
+use smolvm_testkit::memory_vmm::MemoryVmm;
+
+use crate::env::NAMESPACE;
+
+/// One simulated node.
+pub struct SimNode {
+    /// Its name (and its SmolVMNode's).
+    pub name: String,
+    /// Its Node UID.
+    pub uid: String,
+    /// Its node API port on 127.0.0.1.
+    pub port: u16,
+    /// Its runtime.
+    pub vmm: Arc<MemoryVmm>,
+}
+
+/// Simulated nodes and their servers (they serve until dropped).
+pub struct SimNodes {
+    /// The nodes.
+    pub nodes: Vec<SimNode>,
+    _servers: Vec<MtlsServer>,
+}
+
+/// Starts `n` simulated nodes named `<prefix>-NN` and creates their SmolVMNodes, with the
+/// runtime CA and token the controller made (read from their Secrets, as a kubelet mounts them).
+pub async fn start(admin: &Client, prefix: &str, n: usize) -> anyhow::Result<SimNodes> {
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NAMESPACE);
+    let text = |s: &Secret, k: &str| -> anyhow::Result<String> {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            .ok_or_else(|| anyhow!("Secret lacks {k}"))
+    };
+    let ca_secret = secrets.get(constants::RUNTIME_CA).await.context("runtime CA Secret")?;
+    let ca = CertificateAuthority::from_pem(&text(&ca_secret, "tls.crt")?, &text(&ca_secret, "tls.key")?)?;
+    let token = text(&secrets.get(constants::RUNTIME_AUTH_SECRET).await?, "token")?;
+    let node_api: Api<SmolVMNode> = Api::all(admin.clone());
+    let mut servers = Vec::new();
+    let mut nodes = Vec::new();
+    for i in 0..n {
+        let name = format!("{prefix}-{i:02}");
+        let leaf = ca.issue_server(&runtime_serving_sans(&name), &[], Duration::from_secs(24 * 3600))?;
+        let resolver = Arc::new(ReloadableResolver::from_pem(&leaf.cert_pem, &leaf.key_pem)?);
+        let identity = Identity::new(name.clone());
+        let uid = format!("sim-uid-{i:02}");
+        identity.set_node_uid(Some(uid.clone()));
+        identity.set_runtime_version(Some("memory-double".into()));
+        let vmm = Arc::new(MemoryVmm::default());
+        let book = Arc::new(PoolBook::in_memory());
+        let state = NodeApiState::new(
+            Arc::new(LeasedVmm::new(vmm.clone(), book.clone())),
+            TokenAuth::fixed(token.clone())?,
+            identity,
+            Arc::new(Metrics::default()),
+            None,
+        )
+        .with_pool_book(book);
+        let listener = std::net::TcpListener::bind((IpAddr::V4(Ipv4Addr::LOCALHOST), 0))?;
+        let port = listener.local_addr()?.port();
+        servers.push(MtlsServer::start(listener, router(state), resolver, ca.cert_pem())?);
+        let node: SmolVMNode = serde_json::from_value(json!({
+            "apiVersion": constants::API_VERSION, "kind": "SmolVMNode",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}, "spec": {},
+        }))?;
+        match node_api.create(&PostParams::default(), &node).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        nodes.push(SimNode { name, uid, port, vmm });
+    }
+    Ok(SimNodes {
+        nodes,
+        _servers: servers,
+    })
+}
+
+/// Writes each node's SmolVMNode status as its agent would: Ready, a fresh heartbeat, a large
+/// allocatable, and the pools its runtime keeps.
+pub async fn heartbeat(admin: &Client, nodes: &[SimNode]) {
+    let api: Api<SmolVMNode> = Api::all(admin.clone());
+    for node in nodes {
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let pools: Vec<serde_json::Value> = node
+            .vmm
+            .pool_counts()
+            .into_iter()
+            .map(|(name, ready, slots, leased)| json!({"name": name, "ready": ready, "slots": slots, "leased": leased}))
+            .collect();
+        let status = json!({
+            "apiVersion": constants::API_VERSION, "kind": "SmolVMNode",
+            "status": {
+                "nodeUID": node.uid,
+                "endpoint": {"address": "127.0.0.1", "port": node.port},
+                "runtimeVersion": "memory-double",
+                "protocolVersion": constants::PROTOCOL_VERSION,
+                "heartbeatTime": now,
+                "capacity": {"cpus": 512, "memoryMiB": 262144, "storageGiB": 8192},
+                "allocatable": {"cpus": 512, "memoryMiB": 262144, "storageGiB": 8192},
+                "pools": pools,
+                "conditions": [
+                    {"type": "Ready", "status": "True", "reason": "RuntimeReady", "message": "simulated", "lastTransitionTime": now},
+                    {"type": "RuntimeReady", "status": "True", "reason": "Serving", "message": "simulated", "lastTransitionTime": now},
+                    {"type": "KVMAvailable", "status": "True", "reason": "Simulated", "message": "simulated", "lastTransitionTime": now},
+                ],
+            },
+        });
+        if let Err(e) = api
+            .patch_status(
+                &node.name,
+                &PatchParams::apply("smolvm-sim-nodes").force(),
+                &Patch::Apply(&status),
+            )
+            .await
+        {
+            eprintln!("heartbeat of {}: {e}", node.name);
+        }
+    }
+}
+
+/// Writes (POST, PUT, PATCH, DELETE) kube-apiserver has served, by resource (`smolvms`,
+/// `smolvms/status`, `events`, …; `<resource> <verb> <code>` for the breakdown). Only 2xx count in
+/// the totals.
+pub async fn api_writes(admin: &Client) -> anyhow::Result<HashMap<String, f64>> {
+    let text = admin
+        .request_text(http::Request::get("/metrics").body(Vec::new())?)
+        .await?;
+    let mut by_resource = HashMap::new();
+    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+        let Some((labels, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let label = |k: &str| {
+            labels
+                .split(&format!("{k}=\""))
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or_default()
+                .to_string()
+        };
+        if !matches!(label("verb").as_str(), "POST" | "PUT" | "PATCH" | "DELETE") {
+            continue;
+        }
+        let key = match label("subresource").as_str() {
+            "" => label("resource"),
+            sub => format!("{}/{sub}", label("resource")),
+        };
+        let value = value.parse::<f64>().unwrap_or(0.0);
+        // Totals count the writes that took effect; refused ones show in the breakdown.
+        if label("code").starts_with('2') {
+            *by_resource.entry(key.clone()).or_insert(0.0) += value;
+        }
+        // The same by verb and code, for the breakdown (409s are retried binds).
+        *by_resource
+            .entry(format!("{key} {} {}", label("verb"), label("code")))
+            .or_insert(0.0) += value;
+    }
+    Ok(by_resource)
+}
+
+/// A process's peak and current resident memory, as `/proc` reports them.
+pub fn peak_rss_mib(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map(|kb| kb / 1024.0)
+    };
+    match (field("VmHWM:"), field("VmRSS:")) {
+        (Some(peak), Some(now)) => format!("peak RSS {peak:.1} MiB (now {now:.1} MiB)"),
+        _ => "RSS unavailable".into(),
+    }
+}
