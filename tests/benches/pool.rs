@@ -29,13 +29,8 @@ use serde_json::json;
 use smolvm_api::{Phase, SmolVM, SmolVMPool, constants};
 use smolvm_tests::{
     assets,
-    env::{Env, Options},
-    simnodes::{self, api_writes, peak_rss_mib},
+    simnodes::{self, api_writes, env_usize, peak_rss_mib},
 };
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 fn main() -> anyhow::Result<()> {
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
@@ -57,20 +52,8 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
     let slots = env_usize("POOL_SLOTS", 50);
     let claims = env_usize("POOL_CLAIMS", 1000);
     let concurrency = env_usize("POOL_CONCURRENCY", 20);
-    let bins = assets::operator_bins()?;
-    let tmp = tempfile::Builder::new().prefix("smolvm-pool-").tempdir()?;
-    let options = Options {
-        runtime: false,
-        heartbeat_timeout: Duration::from_secs(120),
-        ..Options::default()
-    };
-    let env = Env::start(&assets, bins, tmp.path(), options).await?;
-    let admin = env.admin().await?;
-    let controller_pid = env
-        .controller
-        .as_ref()
-        .and_then(|p| p.pid())
-        .ok_or_else(|| anyhow!("no controller process"))?;
+    let plane = simnodes::control_plane(&assets, "pool").await?;
+    let (admin, controller_pid) = (plane.admin.clone(), plane.controller_pid);
 
     // The simulated nodes report their pools every second, as agents report within seconds.
     let sim = Arc::new(simnodes::start(&admin, "pool-node", nodes_n).await?);
@@ -214,6 +197,6 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
     watch.abort();
     beat.abort();
     drop(sim);
-    drop(env);
+    drop(plane);
     Ok(())
 }

@@ -26,13 +26,8 @@ use serde_json::json;
 use smolvm_api::{SmolVM, constants};
 use smolvm_tests::{
     assets,
-    env::{Env, Options},
-    simnodes::{self, api_writes as writes, peak_rss_mib},
+    simnodes::{self, api_writes as writes, env_usize, peak_rss_mib},
 };
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 fn main() -> anyhow::Result<()> {
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
@@ -45,20 +40,8 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
     let first = env_usize("SCALE_FIRST", 1000);
     let total = env_usize("SCALE_TOTAL", 10_000);
     let concurrency = env_usize("SCALE_CONCURRENCY", 32);
-    let bins = assets::operator_bins()?;
-    let tmp = tempfile::Builder::new().prefix("smolvm-scale-").tempdir()?;
-    let options = Options {
-        runtime: false,
-        heartbeat_timeout: Duration::from_secs(120),
-        ..Options::default()
-    };
-    let env = Env::start(&assets, bins, tmp.path(), options).await?;
-    let admin = env.admin().await?;
-    let controller_pid = env
-        .controller
-        .as_ref()
-        .and_then(|p| p.pid())
-        .ok_or_else(|| anyhow!("no controller process"))?;
+    let plane = simnodes::control_plane(&assets, "scale").await?;
+    let (admin, controller_pid) = (plane.admin.clone(), plane.controller_pid);
 
     // Simulated nodes (testkit's MemoryVmm behind the real node API) and their heartbeats.
     let sim = simnodes::start(&admin, "sim-node", nodes_n).await?;
@@ -167,6 +150,6 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
     }
     beat.abort();
     drop(sim);
-    drop(env);
+    drop(plane);
     Ok(())
 }

@@ -28,7 +28,52 @@ use smolvm_runtime::{
 };
 use smolvm_testkit::memory_vmm::MemoryVmm;
 
-use crate::env::NAMESPACE;
+use crate::{
+    assets,
+    env::{Env, NAMESPACE, Options},
+};
+
+/// A number from the environment, or `default`.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// The control plane of a benchmark on simulated nodes: a real kube-apiserver, etcd, webhook and
+/// controller (no runtime agent of its own), and a heartbeat timeout the simulated nodes' 20 s
+/// beats stay within.
+pub struct ControlPlane {
+    /// The running environment (dropped before its directory).
+    pub env: Env,
+    /// An admin client.
+    pub admin: Client,
+    /// The controller's process id, for its memory.
+    pub controller_pid: u32,
+    _dir: tempfile::TempDir,
+}
+
+/// Starts a [`ControlPlane`] in a new temporary directory named after `bench`.
+pub async fn control_plane(assets: &assets::Assets, bench: &str) -> anyhow::Result<ControlPlane> {
+    let bins = assets::operator_bins()?;
+    let dir = tempfile::Builder::new().prefix(&format!("smolvm-{bench}-")).tempdir()?;
+    let options = Options {
+        runtime: false,
+        heartbeat_timeout: Duration::from_secs(120),
+        ..Options::default()
+    };
+    let env = Env::start(assets, bins, dir.path(), options).await?;
+    let admin = env.admin().await?;
+    let controller_pid = env
+        .controller
+        .as_ref()
+        .and_then(|p| p.pid())
+        .ok_or_else(|| anyhow!("no controller process"))?;
+    Ok(ControlPlane {
+        env,
+        admin,
+        controller_pid,
+        _dir: dir,
+    })
+}
 
 /// One simulated node.
 pub struct SimNode {
