@@ -12,7 +12,7 @@ use std::{
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use smolvm_api::{
-    NodeResources, Port, Protocol, SmolVM, SmolVMNode,
+    NodeResources, Port, Protocol, SmolVM, SmolVMNode, SmolVMPool,
     constants::{PROTOCOL_VERSION, condition},
 };
 
@@ -459,6 +459,43 @@ pub const ORPHAN_KEY_PREFIX: &str = "orphan/";
 /// The ledger key of an orphan machine on a node.
 pub fn orphan_ledger_key(node: &str, machine: &str) -> String {
     format!("{ORPHAN_KEY_PREFIX}{node}/{machine}")
+}
+
+// Warm pools' names on their nodes, and their ready slots there: what placement and the pools'
+// pass ([`crate::pools`]) both read.
+
+/// The prefix of every node pool of `pool`: `pool-<first 8 characters of its UID>-g`.
+pub(crate) fn pool_prefix(pool: &SmolVMPool) -> Option<String> {
+    let uid = pool.metadata.uid.as_deref()?;
+    let short: String = uid.chars().filter(char::is_ascii_alphanumeric).take(8).collect();
+    (short.len() == 8).then(|| format!("pool-{}-g", short.to_ascii_lowercase()))
+}
+
+/// The pool's name on its nodes for the template of `generation` (a SmolVM filled from an
+/// older template is served only by slots of that one).
+pub fn node_pool_name_at(pool: &SmolVMPool, generation: Option<i64>) -> Option<String> {
+    Some(format!("{}{}", pool_prefix(pool)?, generation.unwrap_or(0)))
+}
+
+/// The pools a node reports, by name, with their ready and wanted slots.
+pub(crate) fn reported_pools(node: &SmolVMNode) -> BTreeMap<&str, (i32, i32)> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.pools.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|p| (p.name.as_str(), (p.ready, p.slots)))
+        .collect()
+}
+
+/// Of `nodes`, those that report a ready slot of the node pool `name`: where a SmolVM naming its
+/// pool is placed first, so that it is served warm.
+pub fn with_ready_slot<'n>(nodes: &'n [Arc<SmolVMNode>], name: &str) -> Vec<&'n SmolVMNode> {
+    nodes
+        .iter()
+        .filter(|n| reported_pools(n).get(name).is_some_and(|(ready, _)| *ready > 0))
+        .map(|n| n.as_ref())
+        .collect()
 }
 
 /// Ledger keys of the warm pools kept on nodes ([`crate::pools`]: a pool's source machine and

@@ -39,7 +39,8 @@ use smolvm_api::{
     validate::Operation,
 };
 
-use crate::placement::{Request, check_node, pool_ledger_key};
+use crate::placement::{Request, check_node, pool_ledger_key, pool_prefix as prefix, reported_pools as reported};
+pub use crate::placement::{node_pool_name_at, with_ready_slot};
 use crate::vm::{Context, rules::set_condition};
 
 /// How often the pools are looked at.
@@ -50,44 +51,10 @@ pub const RETRY_FIRST: Duration = Duration::from_secs(10);
 /// The longest wait.
 pub const RETRY_MAX: Duration = Duration::from_secs(300);
 
-/// The prefix of every node pool of `pool`: `pool-<first 8 characters of its UID>-g`.
-fn prefix(pool: &SmolVMPool) -> Option<String> {
-    let uid = pool.metadata.uid.as_deref()?;
-    let short: String = uid.chars().filter(char::is_ascii_alphanumeric).take(8).collect();
-    (short.len() == 8).then(|| format!("pool-{}-g", short.to_ascii_lowercase()))
-}
-
 /// The pool's name on its nodes for its current template: `pool-<uid prefix>-g<generation>`
 /// (also its source machine's name; never `svm-…`, so orphan collection leaves it alone).
 pub fn node_pool_name(pool: &SmolVMPool) -> Option<String> {
     node_pool_name_at(pool, pool.metadata.generation)
-}
-
-/// The pool's name on its nodes for the template of `generation` (a SmolVM filled from an
-/// older template is served only by slots of that one).
-pub fn node_pool_name_at(pool: &SmolVMPool, generation: Option<i64>) -> Option<String> {
-    Some(format!("{}{}", prefix(pool)?, generation.unwrap_or(0)))
-}
-
-/// The pools a node reports, by name, with their ready and wanted slots.
-fn reported(node: &SmolVMNode) -> BTreeMap<&str, (i32, i32)> {
-    node.status
-        .as_ref()
-        .and_then(|s| s.pools.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|p| (p.name.as_str(), (p.ready, p.slots)))
-        .collect()
-}
-
-/// Of `nodes`, those that report a ready slot of the node pool `name`: where a SmolVM naming its
-/// pool is placed first, so that it is served warm.
-pub fn with_ready_slot<'n>(nodes: &'n [Arc<SmolVMNode>], name: &str) -> Vec<&'n SmolVMNode> {
-    nodes
-        .iter()
-        .filter(|n| reported(n).get(name).is_some_and(|(ready, _)| *ready > 0))
-        .map(|n| n.as_ref())
-        .collect()
 }
 
 /// What one pass does for one pool.
@@ -360,37 +327,18 @@ async fn keep(
     let Some(plan) = plan(pool, nodes, &eligible) else {
         return;
     };
-    let mut kept = Vec::new();
-    if !plan.apply.is_empty() {
-        match source_spec(ctx, pool, classes).await {
-            Ok(spec) => {
-                for node in &plan.apply {
-                    let key = (node.clone(), plan.name.clone());
-                    if !backoff.due(&key, Instant::now()) {
-                        continue;
-                    }
-                    crate::vm::act::sync_endpoint(ctx, node);
-                    match ctx.node_client.apply_pool(node, &plan.name, &spec).await {
-                        Ok(_) => {
-                            backoff.succeeded(&key);
-                            kept.push(node.clone());
-                        }
-                        Err(error) => {
-                            tracing::info!(pool = %pool.name_any(), %node, code = ?error.code(), message = error.message(), "ApplyPool failed");
-                            backoff.failed(key, error.message().to_string(), Instant::now());
-                        }
-                    }
-                }
-            }
-            Err(message) => {
-                for node in &plan.apply {
-                    backoff.failed((node.clone(), plan.name.clone()), message.clone(), Instant::now());
-                }
-            }
-        }
-    }
-    if let Ok(slot) = slot_vm(pool, classes) {
-        book(ctx, pool, &plan, nodes, &kept, &Request::of(&slot).resources);
+    // The slot's machine, made once per pass: what ApplyPool sends and what the ledger books.
+    let slot = slot_vm(pool, classes);
+    let kept = match (&slot, plan.apply.is_empty()) {
+        (_, true) => Vec::new(),
+        (Ok(slot), false) => match source_spec(ctx, pool, slot).await {
+            Ok(spec) => apply(ctx, pool, &plan, &spec, backoff).await,
+            Err(message) => fail_all(&plan, &message, backoff),
+        },
+        (Err(message), false) => fail_all(&plan, message, backoff),
+    };
+    if let Ok(slot) = &slot {
+        book(ctx, pool, &plan, nodes, &kept, &Request::of(slot).resources);
     }
     for (node, name) in &plan.retire {
         retire(ctx, node, name).await;
@@ -409,6 +357,37 @@ async fn keep(
     {
         tracing::debug!(pool = %pool.name_any(), %error, "writing the pool's status failed; retried next round");
     }
+}
+
+/// ApplyPool on each node of `plan.apply` whose backoff is over; the nodes that took it.
+async fn apply(ctx: &Context, pool: &SmolVMPool, plan: &Plan, spec: &PoolSpec, backoff: &mut Backoff) -> Vec<String> {
+    let mut kept = Vec::new();
+    for node in &plan.apply {
+        let key = (node.clone(), plan.name.clone());
+        if !backoff.due(&key, Instant::now()) {
+            continue;
+        }
+        crate::vm::act::sync_endpoint(ctx, node);
+        match ctx.node_client.apply_pool(node, &plan.name, spec).await {
+            Ok(_) => {
+                backoff.succeeded(&key);
+                kept.push(node.clone());
+            }
+            Err(error) => {
+                tracing::info!(pool = %pool.name_any(), %node, code = ?error.code(), message = error.message(), "ApplyPool failed");
+                backoff.failed(key, error.message().to_string(), Instant::now());
+            }
+        }
+    }
+    kept
+}
+
+/// Every node of `plan.apply` failed for `message` (the spec could not be made); none took it.
+fn fail_all(plan: &Plan, message: &str, backoff: &mut Backoff) -> Vec<String> {
+    for node in &plan.apply {
+        backoff.failed((node.clone(), plan.name.clone()), message.to_string(), Instant::now());
+    }
+    Vec::new()
 }
 
 /// The node pool `name` deleted on `node`; one still serving machines stays (asked again later).
@@ -465,14 +444,11 @@ fn book(
     }
 }
 
-/// What ApplyPool sends for `pool`: its slot's machine, env values and registry credential
+/// What ApplyPool sends for `pool`: its slot's machine `vm`, env values and registry credential
 /// resolved in its namespace.
-async fn source_spec(ctx: &Context, pool: &SmolVMPool, classes: &Vec<SmolVMClass>) -> Result<PoolSpec, String> {
-    let vm = slot_vm(pool, classes)?;
-    let mut source = crate::vm::rules::machine_spec(&vm)?;
-    let (env, registry_auth) = crate::vm::act::secrets_of(ctx, &vm)
-        .await
-        .map_err(|e| e.to_string())??;
+async fn source_spec(ctx: &Context, pool: &SmolVMPool, vm: &SmolVM) -> Result<PoolSpec, String> {
+    let mut source = crate::vm::rules::machine_spec(vm)?;
+    let (env, registry_auth) = crate::vm::act::secrets_of(ctx, vm).await.map_err(|e| e.to_string())??;
     source.workload.env = env;
     Ok(PoolSpec {
         source,

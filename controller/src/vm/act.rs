@@ -138,7 +138,7 @@ async fn place(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, uid: &str) -> Resu
     let request = Request::of(vm);
     // A SmolVM naming a pool goes where its pool has a ready slot, when one fits; else anywhere.
     let warm = match super::pooled::pool_of(ctx, vm).await? {
-        Some((_, node_pool)) => crate::pools::with_ready_slot(&nodes, &node_pool),
+        Some((_, node_pool)) => crate::placement::with_ready_slot(&nodes, &node_pool),
         None => Vec::new(),
     };
     let chosen = match ctx

@@ -58,7 +58,7 @@ pub async fn pool_of(ctx: &Context, vm: &SmolVM) -> Result<Option<(SmolVMPool, S
         .get(ANNOTATION_POOL_GENERATION)
         .and_then(|g| g.parse::<i64>().ok())
         .or(pool.metadata.generation);
-    Ok(crate::pools::node_pool_name_at(&pool, generation).map(|name| (pool, name)))
+    Ok(crate::placement::node_pool_name_at(&pool, generation).map(|name| (pool, name)))
 }
 
 /// Serves `vm`'s machine `machine` on `node` from its pool when it names one; `env` is its

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use smolvm_api::nodeapi::{MachineState, RestartPolicy, SuspendedState, WorkloadSpec};
+use smolvm_api::nodeapi::{EnvVar, MachineState, RestartPolicy, Sensitive, SuspendedState, WorkloadSpec};
 use smolvm_api::policy::PortRange;
 
 use super::types::{ErrorCode, MachineSpec, MachineStatus, NetworkSpec, NodeApiError, PortSpec, ResizeSpec};
@@ -151,6 +151,11 @@ fn from_vmm_port(port: &PortMapping) -> PortSpec {
     }
 }
 
+/// Environment entries as the runtime takes them (a create's, or a lease's).
+pub fn to_vmm_env(env: &[EnvVar]) -> Vec<(String, Sensitive)> {
+    env.iter().map(|e| (e.name.clone(), e.value.clone())).collect()
+}
+
 /// The VMM create request for a node API spec. An empty allow-list means unrestricted egress.
 pub fn to_vmm_spec(name: &str, spec: &MachineSpec) -> vmm::MachineSpec {
     let mut out = vmm::MachineSpec::new(name, spec.cpus, spec.memory_mib);
@@ -166,7 +171,7 @@ pub fn to_vmm_spec(name: &str, spec: &MachineSpec) -> vmm::MachineSpec {
         entrypoint: workload.command.clone(),
         cmd: workload.args.clone(),
         workdir: workload.working_dir.clone(),
-        env: workload.env.iter().map(|e| (e.name.clone(), e.value.clone())).collect(),
+        env: to_vmm_env(&workload.env),
         restart: Some(restart_word(workload.restart_policy)),
         stop_timeout_secs: Some(u64::from(workload.termination_grace_period_seconds)),
     };

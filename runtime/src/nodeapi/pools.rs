@@ -75,7 +75,7 @@ pub(super) async fn lease_machine(
         )
         .into());
     }
-    let env = logic::to_vmm_spec(&name, &empty_spec(&request.env)).workload.env;
+    let env = logic::to_vmm_env(&request.env);
     let lease = LeaseRequest {
         key: &name,
         env: &env,
@@ -104,22 +104,6 @@ pub(super) async fn lease_machine(
             &state.status_of(&machine),
         )),
         None => Err(not_found(&name)),
-    }
-}
-
-/// A spec that carries only `env`, to read it into the runtime's form as a create would.
-fn empty_spec(env: &[super::types::EnvVar]) -> super::types::MachineSpec {
-    super::types::MachineSpec {
-        image: String::new(),
-        cpus: 1,
-        memory_mib: 64,
-        storage_gib: 1,
-        overlay_gib: 1,
-        network: Default::default(),
-        workload: super::types::WorkloadSpec {
-            env: env.to_vec(),
-            ..Default::default()
-        },
     }
 }
 

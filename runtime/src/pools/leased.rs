@@ -141,14 +141,12 @@ impl Vmm for LeasedVmm {
             Ok(_) | Err(VmmError::NotFound { .. }) | Err(VmmError::Conflict { .. }) => {}
             Err(error) => return Err(Self::about(name, &record.worker, error)),
         }
-        let outcome = self
-            .inner
+        // Retired by the completion (then missing here) or deleted now: either way it is gone.
+        self.inner
             .delete(&record.worker)
             .await
             .map_err(|error| Self::about(name, &record.worker, error))?;
         self.book.leases.remove(name);
-        // The worker was retired by the completion, or deleted now: the machine is gone.
-        let _ = outcome;
         Ok(DeleteOutcome::Deleted)
     }
 
