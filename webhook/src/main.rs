@@ -19,6 +19,11 @@ use smolvm_webhook::{
     state::{AppState, ClassStore, PolicyHandle, PoolStore, StoreCatalog},
 };
 
+/// mimalloc, not glibc's malloc: on /mutate under load, 27-28 µs of CPU per review instead of
+/// 31-39 µs here (`webhook/bench`), as each review allocates and frees many small strings.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let (args, deprecated) = smolvm_kit::cli::parse::<Args>(RENAMED);
