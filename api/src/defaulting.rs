@@ -4,14 +4,23 @@
 //! reject (validation reports those). The patch is minimal: it only adds what is missing, and a
 //! second pass over the patched object yields an empty patch.
 //!
+//! M1 and M2 decide as data: from what they read of the object ([`Shape`], from its Value or,
+//! in the webhook, from its text) to a list of [`Addition`]s, which become the patch
+//! ([`default_smolvm`]), are written out as its JSON, or are applied to the decoded object for
+//! validation, without building a JSON value.
+//!
 //! M3 (the class) comes before M1 (the built-in defaults): [`default_smolvm_with_class`] fills
 //! from the class first, then computes M1 and M2 on the object as the class left it.
 //!
 //! M4 (the pool) comes first of all: [`default_pooled_smolvm`] fills a SmolVM that names a pool
 //! from the pool's template, then applies M3, M1 and M2 to the object as the template left it.
 
+mod shape;
+
 use json_patch::{AddOperation, Patch, PatchOperation, jsonptr::PointerBuf};
 use serde_json::{Value, json};
+
+pub use shape::{Finalizers, Members, Shape, SpecShape, SpecText};
 
 use crate::{
     class::{ClassCatalog, SmolVMClass, class_for},
@@ -22,7 +31,7 @@ use crate::{
     types::{
         DEFAULT_CPUS, DEFAULT_EXPOSE_SERVICE, DEFAULT_MEMORY_MIB, DEFAULT_NETWORK_ENABLED, DEFAULT_OVERLAY_GIB,
         DEFAULT_RESTART_POLICY, DEFAULT_RUNNING, DEFAULT_STORAGE_GIB, DEFAULT_SUSPENDED,
-        DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS, SmolVM,
+        DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS, Network, Resources, SmolVM, Storage,
     },
     validate::Operation,
 };
@@ -35,17 +44,281 @@ use crate::{
 ///   spec may no longer change (rule V8).
 /// - M2 (CREATE): the finalizer `vm.smolvm.dev/node-cleanup` is added.
 pub fn default_smolvm(op: Operation, object: &Value) -> Patch {
-    let mut ops = Vec::new();
+    Patch(
+        additions(op, &Shape::of_value(object))
+            .into_iter()
+            .map(Addition::to_patch)
+            .collect(),
+    )
+}
+
+/// The additions of [`default_smolvm`], decided from what it reads of the SmolVM ([`Shape`]):
+/// the same, in the same order, for the shape of the same object however it was read.
+pub fn additions(op: Operation, shape: &Shape) -> Vec<Addition> {
+    let mut out = Vec::new();
     if matches!(op, Operation::Create | Operation::Update)
-        && !is_deleting(object)
-        && let Some(spec) = object.get("spec").and_then(Value::as_object)
+        && !shape.deleting
+        && let Some(spec) = &shape.spec
     {
-        default_spec(spec, &mut ops);
+        let scalars = [
+            (spec.running, Addition::Running),
+            (spec.suspended, Addition::Suspended),
+            (spec.restart_policy, Addition::RestartPolicy),
+            (
+                spec.termination_grace_period_seconds,
+                Addition::TerminationGracePeriodSeconds,
+            ),
+        ];
+        out.extend(
+            scalars
+                .into_iter()
+                .filter(|(set, _)| !set)
+                .map(|(_, addition)| addition),
+        );
+        for (group, members) in [
+            (Group::Resources, spec.resources),
+            (Group::Storage, spec.storage),
+            (Group::Network, spec.network),
+        ] {
+            match members {
+                Members::Unset => out.push(Addition::Group(group)),
+                Members::Object(first, second) => {
+                    out.extend((!first).then_some(Addition::Member(group, 0)));
+                    out.extend((!second).then_some(Addition::Member(group, 1)));
+                }
+                Members::Other => {}
+            }
+        }
+        out.extend(spec.ports_without_protocol.iter().map(|&i| Addition::PortProtocol(i)));
     }
     if op == Operation::Create {
-        add_finalizer(object, &mut ops);
+        match shape.finalizers {
+            Finalizers::Unset if shape.metadata => out.push(Addition::Finalizers),
+            Finalizers::List { ours: false } => out.push(Addition::Finalizer),
+            _ => {}
+        }
     }
-    Patch(ops)
+    out
+}
+
+/// An object of the spec that M1 defaults member by member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    /// `spec.resources` (`cpus`, `memoryMiB`).
+    Resources,
+    /// `spec.storage` (`storageGiB`, `overlayGiB`).
+    Storage,
+    /// `spec.network` (`enabled`, `exposeService`).
+    Network,
+}
+
+impl Group {
+    fn field(self) -> &'static str {
+        match self {
+            Group::Resources => "resources",
+            Group::Storage => "storage",
+            Group::Network => "network",
+        }
+    }
+
+    fn members(self) -> [&'static str; 2] {
+        shape::MEMBERS[self as usize]
+    }
+
+    /// The defaults of its two members.
+    fn defaults(self) -> [Value; 2] {
+        match self {
+            Group::Resources => [json!(DEFAULT_CPUS), json!(DEFAULT_MEMORY_MIB)],
+            Group::Storage => [json!(DEFAULT_STORAGE_GIB), json!(DEFAULT_OVERLAY_GIB)],
+            Group::Network => [json!(DEFAULT_NETWORK_ENABLED), json!(DEFAULT_EXPOSE_SERVICE)],
+        }
+    }
+}
+
+/// One addition of rules M1 and M2: a JSON patch `add` known by what it adds, so that it can be
+/// written out ([`Addition::write_json`]) and applied to a decoded SmolVM ([`Addition::apply`])
+/// without a JSON value being built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Addition {
+    /// `spec.running`.
+    Running,
+    /// `spec.suspended`.
+    Suspended,
+    /// `spec.restartPolicy`.
+    RestartPolicy,
+    /// `spec.terminationGracePeriodSeconds`.
+    TerminationGracePeriodSeconds,
+    /// A whole object of the spec.
+    Group(Group),
+    /// The first (0) or second (1) member of an object of the spec.
+    Member(Group, usize),
+    /// `spec.network.ports[i].protocol`.
+    PortProtocol(usize),
+    /// `metadata.finalizers`, holding [`FINALIZER`].
+    Finalizers,
+    /// [`FINALIZER`] appended to `metadata.finalizers`.
+    Finalizer,
+}
+
+impl Addition {
+    /// The value added.
+    pub fn value(self) -> Value {
+        match self {
+            Addition::Running => json!(DEFAULT_RUNNING),
+            Addition::Suspended => json!(DEFAULT_SUSPENDED),
+            Addition::RestartPolicy => json!(DEFAULT_RESTART_POLICY.as_str()),
+            Addition::TerminationGracePeriodSeconds => json!(DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS),
+            Addition::Group(group) => {
+                let [first, second] = group.members();
+                let [a, b] = group.defaults();
+                let map: serde_json::Map<String, Value> =
+                    [(first.to_string(), a), (second.to_string(), b)].into_iter().collect();
+                Value::Object(map)
+            }
+            Addition::Member(group, i) => {
+                let [a, b] = group.defaults();
+                if i == 0 { a } else { b }
+            }
+            Addition::PortProtocol(_) => json!("TCP"),
+            Addition::Finalizers => json!([FINALIZER]),
+            Addition::Finalizer => json!(FINALIZER),
+        }
+    }
+
+    /// Where it is added (a JSON pointer).
+    pub fn path(self) -> String {
+        match self {
+            Addition::Running => "/spec/running".into(),
+            Addition::Suspended => "/spec/suspended".into(),
+            Addition::RestartPolicy => "/spec/restartPolicy".into(),
+            Addition::TerminationGracePeriodSeconds => "/spec/terminationGracePeriodSeconds".into(),
+            Addition::Group(group) => format!("/spec/{}", group.field()),
+            Addition::Member(group, i) => format!("/spec/{}/{}", group.field(), group.members()[i.min(1)]),
+            Addition::PortProtocol(i) => format!("/spec/network/ports/{i}/protocol"),
+            Addition::Finalizers => "/metadata/finalizers".into(),
+            Addition::Finalizer => "/metadata/finalizers/-".into(),
+        }
+    }
+
+    /// The `add` operation.
+    pub fn to_patch(self) -> PatchOperation {
+        let path = self.path();
+        PatchOperation::Add(AddOperation {
+            path: PointerBuf::parse(&path).unwrap_or_default(),
+            value: self.value(),
+        })
+    }
+
+    /// Writes the `add` operation's JSON, as serde_json writes [`Addition::to_patch`]'s.
+    pub fn write_json(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(br#"{"op":"add","path":""#);
+        out.extend_from_slice(self.path().as_bytes());
+        out.extend_from_slice(br#"","value":"#);
+        out.extend_from_slice(self.value_json().as_bytes());
+        out.push(b'}');
+    }
+
+    /// The value's JSON text: the same for every addition of a kind, so written once.
+    fn value_json(self) -> &'static str {
+        use std::sync::OnceLock;
+        /// Every kind but [`Addition::PortProtocol`], in the order of [`Addition::kind`].
+        const KINDS: [Addition; 14] = [
+            Addition::Running,
+            Addition::Suspended,
+            Addition::RestartPolicy,
+            Addition::TerminationGracePeriodSeconds,
+            Addition::Group(Group::Resources),
+            Addition::Group(Group::Storage),
+            Addition::Group(Group::Network),
+            Addition::Member(Group::Resources, 0),
+            Addition::Member(Group::Resources, 1),
+            Addition::Member(Group::Storage, 0),
+            Addition::Member(Group::Storage, 1),
+            Addition::Member(Group::Network, 0),
+            Addition::Member(Group::Network, 1),
+            Addition::Finalizers,
+        ];
+        static TEXTS: OnceLock<Vec<String>> = OnceLock::new();
+        let texts = TEXTS.get_or_init(|| KINDS.iter().map(|k| k.value().to_string()).collect());
+        let kind = match self {
+            Addition::Running => 0,
+            Addition::Suspended => 1,
+            Addition::RestartPolicy => 2,
+            Addition::TerminationGracePeriodSeconds => 3,
+            Addition::Group(group) => 4 + group as usize,
+            Addition::Member(group, i) => 7 + 2 * group as usize + i.min(1),
+            Addition::Finalizers => 13,
+            Addition::PortProtocol(_) => return "\"TCP\"",
+            Addition::Finalizer => return concat!("\"", "vm.smolvm.dev/node-cleanup", "\""),
+        };
+        texts.get(kind).map(String::as_str).unwrap_or("null")
+    }
+
+    /// Applies it to `vm`, decoded: `vm` becomes what decoding the object with the addition gives.
+    /// `false` where the decoded object lacks what the addition goes into (it was computed for
+    /// another object).
+    pub fn apply(self, vm: &mut SmolVM) -> bool {
+        let spec = &mut vm.spec;
+        match self {
+            Addition::Running => spec.running = Some(DEFAULT_RUNNING),
+            Addition::Suspended => spec.suspended = Some(DEFAULT_SUSPENDED),
+            Addition::RestartPolicy => spec.restart_policy = Some(DEFAULT_RESTART_POLICY),
+            Addition::TerminationGracePeriodSeconds => {
+                spec.termination_grace_period_seconds = Some(DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS)
+            }
+            Addition::Group(Group::Resources) => {
+                spec.resources = Some(Resources {
+                    cpus: Some(DEFAULT_CPUS),
+                    memory_mib: Some(DEFAULT_MEMORY_MIB),
+                })
+            }
+            Addition::Group(Group::Storage) => {
+                spec.storage = Some(Storage {
+                    storage_gib: Some(DEFAULT_STORAGE_GIB),
+                    overlay_gib: Some(DEFAULT_OVERLAY_GIB),
+                })
+            }
+            Addition::Group(Group::Network) => {
+                spec.network = Some(Network {
+                    enabled: Some(DEFAULT_NETWORK_ENABLED),
+                    expose_service: Some(DEFAULT_EXPOSE_SERVICE),
+                    ..Network::default()
+                })
+            }
+            Addition::Member(group, i) => {
+                let set = match (group, i, spec) {
+                    (Group::Resources, 0, s) => s.resources.as_mut().map(|r| r.cpus = Some(DEFAULT_CPUS)),
+                    (Group::Resources, _, s) => s.resources.as_mut().map(|r| r.memory_mib = Some(DEFAULT_MEMORY_MIB)),
+                    (Group::Storage, 0, s) => s.storage.as_mut().map(|r| r.storage_gib = Some(DEFAULT_STORAGE_GIB)),
+                    (Group::Storage, _, s) => s.storage.as_mut().map(|r| r.overlay_gib = Some(DEFAULT_OVERLAY_GIB)),
+                    (Group::Network, 0, s) => s.network.as_mut().map(|n| n.enabled = Some(DEFAULT_NETWORK_ENABLED)),
+                    (Group::Network, _, s) => s
+                        .network
+                        .as_mut()
+                        .map(|n| n.expose_service = Some(DEFAULT_EXPOSE_SERVICE)),
+                };
+                return set.is_some();
+            }
+            Addition::PortProtocol(i) => {
+                let port = spec
+                    .network
+                    .as_mut()
+                    .and_then(|n| n.ports.as_mut())
+                    .and_then(|p| p.get_mut(i));
+                return port.map(|p| p.protocol = crate::types::Protocol::Tcp).is_some();
+            }
+            Addition::Finalizers => vm.metadata.finalizers = Some(vec![FINALIZER.to_string()]),
+            Addition::Finalizer => {
+                return vm
+                    .metadata
+                    .finalizers
+                    .as_mut()
+                    .map(|f| f.push(FINALIZER.to_string()))
+                    .is_some();
+            }
+        }
+        true
+    }
 }
 
 /// Applies a patch of [`default_smolvm`] to the SmolVM it was computed for, already decoded:
@@ -326,70 +599,6 @@ fn record(object: &Value, map: &str, entries: &[(&str, &str)], ops: &mut Vec<Pat
     }
 }
 
-fn default_spec(spec: &serde_json::Map<String, Value>, ops: &mut Vec<PatchOperation>) {
-    if is_absent(spec.get("running")) {
-        ops.push(add(&["spec", "running"], json!(DEFAULT_RUNNING)));
-    }
-    if is_absent(spec.get("suspended")) {
-        ops.push(add(&["spec", "suspended"], json!(DEFAULT_SUSPENDED)));
-    }
-    if is_absent(spec.get("restartPolicy")) {
-        ops.push(add(&["spec", "restartPolicy"], json!(DEFAULT_RESTART_POLICY.as_str())));
-    }
-    if is_absent(spec.get("terminationGracePeriodSeconds")) {
-        ops.push(add(
-            &["spec", "terminationGracePeriodSeconds"],
-            json!(DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS),
-        ));
-    }
-    default_object(
-        spec,
-        "resources",
-        &[("cpus", json!(DEFAULT_CPUS)), ("memoryMiB", json!(DEFAULT_MEMORY_MIB))],
-        ops,
-    );
-    default_object(
-        spec,
-        "storage",
-        &[
-            ("storageGiB", json!(DEFAULT_STORAGE_GIB)),
-            ("overlayGiB", json!(DEFAULT_OVERLAY_GIB)),
-        ],
-        ops,
-    );
-    match spec.get("network") {
-        None | Some(Value::Null) => {
-            ops.push(add(
-                &["spec", "network"],
-                json!({ "enabled": DEFAULT_NETWORK_ENABLED, "exposeService": DEFAULT_EXPOSE_SERVICE }),
-            ));
-        }
-        Some(Value::Object(network)) => {
-            if is_absent(network.get("enabled")) {
-                ops.push(add(&["spec", "network", "enabled"], json!(DEFAULT_NETWORK_ENABLED)));
-            }
-            if is_absent(network.get("exposeService")) {
-                ops.push(add(
-                    &["spec", "network", "exposeService"],
-                    json!(DEFAULT_EXPOSE_SERVICE),
-                ));
-            }
-            if let Some(Value::Array(ports)) = network.get("ports") {
-                for (i, port) in ports.iter().enumerate() {
-                    if let Value::Object(port) = port
-                        && is_absent(port.get("protocol"))
-                    {
-                        let index = i.to_string();
-                        ops.push(add(&["spec", "network", "ports", &index, "protocol"], json!("TCP")));
-                    }
-                }
-            }
-        }
-        // Any other type is left for validation to report.
-        Some(_) => {}
-    }
-}
-
 /// Defaults `spec.<field>` as a whole when absent, or each missing member when it is an object.
 fn default_object(
     spec: &serde_json::Map<String, Value>,
@@ -425,22 +634,6 @@ fn metadata_member<'a>(object: &'a Value, key: &str) -> Option<&'a Value> {
     object.get("metadata").and_then(|m| m.get(key))
 }
 
-fn add_finalizer(object: &Value, ops: &mut Vec<PatchOperation>) {
-    match metadata_member(object, "finalizers") {
-        None | Some(Value::Null) => {
-            if object.get("metadata").is_some_and(Value::is_object) {
-                ops.push(add(&["metadata", "finalizers"], json!([FINALIZER])));
-            }
-        }
-        Some(Value::Array(list)) => {
-            if !list.iter().any(|f| f.as_str() == Some(FINALIZER)) {
-                ops.push(add(&["metadata", "finalizers", "-"], json!(FINALIZER)));
-            }
-        }
-        Some(_) => {}
-    }
-}
-
 fn is_absent(value: Option<&Value>) -> bool {
     matches!(value, None | Some(Value::Null))
 }
@@ -467,6 +660,61 @@ fn add(tokens: &[&str], value: Value) -> PatchOperation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every kind of addition: written out as serde_json writes its patch operation, and applied
+    /// to a decoded SmolVM as decoding the patched JSON gives.
+    #[test]
+    fn additions_write_and_apply_as_their_patch() {
+        let groups = [Group::Resources, Group::Storage, Group::Network];
+        let mut all = vec![
+            Addition::Running,
+            Addition::Suspended,
+            Addition::RestartPolicy,
+            Addition::TerminationGracePeriodSeconds,
+            Addition::PortProtocol(0),
+            Addition::PortProtocol(1),
+            Addition::Finalizers,
+            Addition::Finalizer,
+        ];
+        for group in groups {
+            all.extend([
+                Addition::Group(group),
+                Addition::Member(group, 0),
+                Addition::Member(group, 1),
+            ]);
+        }
+        // An object that every addition applies to: each group an empty object, two ports, an
+        // empty finalizer list (the whole-field additions replace them).
+        let object = json!({"metadata": {"name": "a", "finalizers": []},
+            "spec": {"image": "alpine", "resources": {}, "storage": {}, "network": {"ports": [
+                {"hostPort": 8080, "guestPort": 80}, {"hostPort": 8081, "guestPort": 81}]}}});
+        for addition in all {
+            let mut written = Vec::new();
+            addition.write_json(&mut written);
+            let reference = serde_json::to_vec(&addition.to_patch()).unwrap_or_default();
+            assert_eq!(
+                String::from_utf8_lossy(&written),
+                String::from_utf8_lossy(&reference),
+                "{addition:?}"
+            );
+
+            let patched = apply(&object, &Patch(vec![addition.to_patch()]));
+            let want: SmolVM = serde_json::from_value(patched).unwrap_or_else(|e| panic!("{addition:?}: {e}"));
+            let mut got: SmolVM = serde_json::from_value(object.clone()).unwrap_or_else(|e| panic!("{e}"));
+            assert!(addition.apply(&mut got), "{addition:?} applies");
+            assert_eq!((got.metadata, got.spec), (want.metadata, want.spec), "{addition:?}");
+        }
+        // Where the decoded object lacks what an addition goes into, it says so.
+        let mut bare: SmolVM =
+            serde_json::from_value(json!({"metadata": {}, "spec": {"image": "a"}})).unwrap_or_else(|e| panic!("{e}"));
+        for addition in [
+            Addition::Member(Group::Storage, 1),
+            Addition::PortProtocol(0),
+            Addition::Finalizer,
+        ] {
+            assert!(!addition.apply(&mut bare), "{addition:?}");
+        }
+    }
 
     fn apply(object: &Value, patch: &Patch) -> Value {
         let mut doc = object.clone();

@@ -692,6 +692,28 @@ pub fn validate_smolvm_patched(
     Some(validate_smolvm(op, old.as_ref(), &new, ctx))
 }
 
+/// [`validate_smolvm_patched`] with the defaults given as [`Addition`]s, applied to the decoded
+/// object without a JSON value being built.
+///
+/// [`Addition`]: crate::defaulting::Addition
+pub fn validate_smolvm_with(
+    op: Operation,
+    old: Option<Raw<'_>>,
+    new: Raw<'_>,
+    additions: &[crate::defaulting::Addition],
+    ctx: &Context<'_>,
+) -> Option<Verdict> {
+    let mut new = decode_strictly::<SmolVM>(new)?;
+    let old = match old {
+        Some(old) => Some(decode_strictly::<SmolVM>(old)?),
+        None => None,
+    };
+    if !additions.iter().all(|a| a.apply(&mut new)) {
+        return None;
+    }
+    Some(validate_smolvm(op, old.as_ref(), &new, ctx))
+}
+
 /// The object decoded for the rules when it decodes as it stands (text directly); `None`
 /// otherwise, without wording why.
 fn decode_strictly<T: RuleDecode>(raw: Raw<'_>) -> Option<T> {

@@ -27,11 +27,11 @@ use smolvm_api::{
     Policy,
     class::{ClassCatalog, class_for},
     constants::{GROUP, RESOURCE_SMOLVMCLASSES, RESOURCE_SMOLVMNODES, RESOURCE_SMOLVMPOOLS, RESOURCE_SMOLVMS},
-    defaulting::{default_pooled_smolvm, default_smolvm, default_smolvm_with_class},
+    defaulting::{Addition, Shape, additions, default_pooled_smolvm, default_smolvm, default_smolvm_with_class},
     pool::PoolCatalog,
     validate::{
         Context, Identity, NodeCatalog, Operation, Raw, RuleId, Target, Verdict, validate_pooled_request, validate_raw,
-        validate_smolvm_patched,
+        validate_smolvm_patched, validate_smolvm_with,
     },
 };
 
@@ -245,6 +245,18 @@ impl<'a> Objects<'a> {
             return self.validate(Target::SmolVM, operation, ctx);
         }
         validate_raw(Target::SmolVM, operation, old, Raw::Value(&patched), ctx)
+    }
+
+    /// [`Objects::validate_defaulted`] with the defaults given as additions: applied to the
+    /// decoded text directly, or as their patch on the reference route.
+    fn validate_with(&self, additions: &[Addition], operation: Operation, ctx: &Context<'_>) -> Verdict {
+        if let Some((old, new @ Raw::Text(_))) = self.raw()
+            && let Some(verdict) = validate_smolvm_with(operation, old, new, additions, ctx)
+        {
+            return verdict;
+        }
+        let patch = json_patch::Patch(additions.iter().map(|a| a.to_patch()).collect());
+        self.validate_defaulted(&patch, operation, ctx)
     }
 
     fn validate(&self, target: Target, operation: Operation, ctx: &Context<'_>) -> Verdict {
@@ -482,46 +494,61 @@ fn mutate(
     base: Answer,
     outcome: &mut Outcome,
 ) -> Result<Answer, RequestError> {
-    // Text is read for defaulting as one small Value (spec, deletionTimestamp, finalizers),
-    // or whole when it does not read so.
-    let view = match &objects {
+    // What defaulting reads of the object: from the scan of its text (the spec's text read into
+    // its shape), else from its Value.
+    let text_shape = match &objects {
         Objects::Text {
-            new: Some((text, scan)),
-            ..
-        } => defaulting_view(scan).or_else(|| serde_json::from_str(text).ok()),
+            new: Some((_, scan)), ..
+        } => defaulting_shape(scan),
         _ => None,
     };
-    let new = match (&objects, &view) {
-        (Objects::Parsed { new: Some(new), .. }, _) => Some(new),
-        (_, view) => view.as_ref(),
+    let (objects, shape) = match text_shape {
+        Some(shape) => (objects, Some(shape)),
+        None => {
+            let objects = objects.into_parsed();
+            let shape = match &objects {
+                Objects::Parsed { new: Some(new), .. } => Some(Shape::of_value(new)),
+                _ => None,
+            };
+            (objects, shape)
+        }
     };
-    if operation == Operation::Create && new.is_some_and(names_pool) {
+    let spec = shape.as_ref().and_then(|s| s.spec.as_ref());
+    let creating = operation == Operation::Create;
+    if creating && spec.is_some_and(|s| s.pool_ref) {
         return mutate_pooled(objects, operation, ctx, base, outcome);
     }
     // M3: at CREATE, the class the SmolVM names, or the default class. An unknown name applies
     // none; validation below reports it (V12).
-    let class = if operation == Operation::Create {
-        let name = new.and_then(|o| o.get("spec")).and_then(|s| s.get("className"));
-        class_for(name.and_then(Value::as_str), ctx.classes).ok().flatten()
+    let class = if creating {
+        class_for(spec.and_then(|s| s.class_name.as_deref()), ctx.classes)
+            .ok()
+            .flatten()
     } else {
         None
     };
-    let (objects, patch) = match (class, new) {
-        (None, Some(new)) => {
-            let patch = default_smolvm(operation, new);
-            (objects, patch)
+    let Some(class) = class else {
+        // M1 and M2, decided from the shape; their additions are applied to the decoded object
+        // and written out as the patch, with no JSON value built for them.
+        let additions = shape.map(|shape| additions(operation, &shape)).unwrap_or_default();
+        let verdict = objects.validate_with(&additions, operation, ctx);
+        if !verdict.allowed() {
+            return Ok(judged(base, &verdict, outcome));
         }
-        (None, None) => (objects, json_patch::Patch(Vec::new())),
-        // A class writes annotations and labels, which the view lacks: defaulting and
-        // validation then share one parse of the object.
-        (Some(class), _) => {
-            let objects = objects.into_parsed();
-            let patch = match &objects {
-                Objects::Parsed { new: Some(new), .. } => default_smolvm_with_class(operation, new, Some(&class)),
-                _ => json_patch::Patch(Vec::new()),
-            };
-            (objects, patch)
+        if additions.is_empty() {
+            return Ok(base);
         }
+        outcome.patched = true;
+        let mut response = base;
+        response.patch = Some(additions_json(&additions));
+        return Ok(response);
+    };
+    // A class writes annotations and labels, which the shape lacks: defaulting and validation
+    // then share one parse of the object.
+    let objects = objects.into_parsed();
+    let patch = match &objects {
+        Objects::Parsed { new: Some(new), .. } => default_smolvm_with_class(operation, new, Some(&class)),
+        _ => json_patch::Patch(Vec::new()),
     };
     // Every violation in one answer: the API server checks the CRD schema and its CEL rules
     // after mutating admission and stops at their objection, so the complete list is given
@@ -548,12 +575,18 @@ fn defaulted(
     with_patch(base, patch)
 }
 
-/// Whether a SmolVM names a pool (`spec.poolRef` present and not null).
-fn names_pool(object: &Value) -> bool {
-    object
-        .get("spec")
-        .and_then(|s| s.get("poolRef"))
-        .is_some_and(|r| !r.is_null())
+/// The JSON patch of `additions` (an empty list is no patch: the caller sends none).
+fn additions_json(additions: &[Addition]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 * additions.len() + 2);
+    out.push(b'[');
+    for (i, addition) in additions.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        addition.write_json(&mut out);
+    }
+    out.push(b']');
+    out
 }
 
 /// The mutating review of a SmolVM that names a pool, at CREATE: the pool's template fills it
@@ -567,7 +600,7 @@ fn mutate_pooled(
     base: Answer,
     outcome: &mut Outcome,
 ) -> Result<Answer, RequestError> {
-    // The template writes labels and annotations, which the view lacks: filling, defaulting
+    // The template writes labels and annotations, which the shape lacks: filling, defaulting
     // and validation share one parse of the object.
     let objects = objects.into_parsed();
     let Objects::Parsed { new: Some(new), .. } = &objects else {

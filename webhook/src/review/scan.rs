@@ -5,6 +5,7 @@
 //! check against the reference reading.
 
 use serde_json::{Value, value::RawValue};
+use smolvm_api::defaulting::{Finalizers, Shape, SpecText};
 
 use super::wire::*;
 
@@ -419,29 +420,28 @@ pub(super) fn parse_text(body: &[u8]) -> Option<TextObjects<'_>> {
     Some((request, new, old))
 }
 
-/// The part of a SmolVM that [`default_smolvm`] reads, as a Value it answers the same on: the
-/// object's `spec`, and its `metadata` with only `deletionTimestamp` and `finalizers` (a
-/// `metadata` that is not an object is null, which the rules treat alike).
-pub(super) fn defaulting_view(scan: &Scanned<'_>) -> Option<Value> {
-    let mut object = serde_json::Map::new();
-    if let Some(spec) = scan.spec {
-        object.insert("spec".into(), serde_json::from_str(spec).ok()?);
+/// What defaulting reads of a SmolVM ([`Shape`]), from its scan: the spec's text read into its
+/// shape, and the two members of `metadata` it reads (a `metadata` that is not an object reads
+/// as none, as on the Value).
+pub(super) fn defaulting_shape(scan: &Scanned<'_>) -> Option<Shape> {
+    let spec = match scan.spec {
+        Some(text) => serde_json::from_str::<SpecText>(text).ok()?.0,
+        None => None,
+    };
+    if scan.metadata != Some(Kind::Object) {
+        return Some(Shape {
+            spec,
+            ..Shape::default()
+        });
     }
-    match scan.metadata {
-        None => {}
-        Some(Kind::Object) => {
-            let mut metadata = serde_json::Map::new();
-            if let Some(v) = scan.deletion_timestamp {
-                metadata.insert("deletionTimestamp".into(), serde_json::from_str(v).ok()?);
-            }
-            if let Some(v) = scan.finalizers {
-                metadata.insert("finalizers".into(), serde_json::from_str(v).ok()?);
-            }
-            object.insert("metadata".into(), Value::Object(metadata));
-        }
-        Some(_) => {
-            object.insert("metadata".into(), Value::Null);
-        }
-    }
-    Some(Value::Object(object))
+    let finalizers = match scan.finalizers {
+        Some(text) => Finalizers::of_value(Some(&serde_json::from_str::<Value>(text).ok()?)),
+        None => Finalizers::Unset,
+    };
+    Some(Shape {
+        spec,
+        metadata: true,
+        deleting: scan.deletion_timestamp.is_some_and(|t| t.trim() != "null"),
+        finalizers,
+    })
 }

@@ -2,6 +2,7 @@
 //! encoder writes, and the fast scanner answers as the reference reading does.
 
 use super::*;
+use proptest::prelude::{Just, Strategy, prop, prop_oneof};
 use serde_json::json;
 use smolvm_api::fixtures;
 
@@ -382,6 +383,87 @@ proptest::proptest! {
                 }
                 _ => proptest::prop_assert_eq!(got.as_ref().err(), want.as_ref().err()),
             }
+        }
+    }
+}
+
+/// A member of a spec for [`text_and_value_default_alike`]: absent, null, or one of `values`.
+fn member(name: &'static str, values: &'static [&'static str]) -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        Just(format!(r#""{name}":null,"#)),
+        prop::sample::select(values).prop_map(move |v| format!(r#""{name}":{v},"#)),
+    ]
+}
+
+proptest::proptest! {
+    /// SmolVMs with every defaulted field absent, null or set (some set wrongly) get the same
+    /// answer from their text (the shape read from the spec's text) as from their Value, on both
+    /// SmolVM routes.
+    #[test]
+    fn text_and_value_default_alike(
+        running in member("running", &["true", "false", "1"]),
+        resources in member("resources", &["{}", r#"{"cpus":2}"#, r#"{"memoryMiB":null,"cpus":1}"#, "[2]"]),
+        storage in member("storage", &["{}", r#"{"overlayGiB":5}"#, r#"{"storageGiB":20,"overlayGiB":10}"#]),
+        network in member("network", &[
+            "{}",
+            r#"{"enabled":true}"#,
+            r#"{"ports":[{"hostPort":8080,"guestPort":80},{"hostPort":8081,"guestPort":81,"protocol":"UDP"}]}"#,
+            r#"{"exposeService":true,"ports":[{"hostPort":8080,"guestPort":80,"protocol":null}]}"#,
+            r#"{"ports":null}"#,
+        ]),
+        restart in member("restartPolicy", &[r#""Always""#, r#""Never""#, r#""Sometimes""#]),
+        grace in member("terminationGracePeriodSeconds", &["0", "30", "-1"]),
+        class in member("className", &[r#""small""#, "3"]),
+        finalizers in prop_oneof![
+            Just(String::new()),
+            Just(r#","finalizers":null"#.to_string()),
+            Just(r#","finalizers":["a"]"#.to_string()),
+            Just(r#","finalizers":["vm.smolvm.dev/node-cleanup"]"#.to_string()),
+        ],
+        deleting in proptest::bool::ANY,
+        operation in prop::sample::select(&["CREATE", "UPDATE"]),
+    ) {
+        let policy = fixtures::policy();
+        let nodes: Vec<smolvm_api::SmolVMNode> = Vec::new();
+        let deleted = if deleting { r#","deletionTimestamp":"2026-11-26T00:00:00Z""# } else { "" };
+        let object = format!(
+            r#"{{"metadata":{{"name":"a","namespace":"default"{finalizers}{deleted}}},"spec":{{{running}{resources}{storage}{network}{restart}{grace}{class}"image":"alpine"}}}}"#
+        );
+        let old = if operation == "UPDATE" { object.as_str() } else { "null" };
+        let body = body_with_object_text("smolvms", operation, &object, old);
+        proptest::prop_assert!(parse_text(&body).is_some(), "{object}: the text path reads it");
+        for route in [Route::MutateSmolVM, Route::ValidateSmolVM] {
+            let got = review(route, &body, &policy, Catalogs::nodes(&nodes));
+            let want = review_parsed(route, &body, &policy, Catalogs::nodes(&nodes));
+            match (&got, &want) {
+                (Ok(g), Ok(w)) => {
+                    proptest::prop_assert_eq!(&g.outcome, &w.outcome);
+                    proptest::prop_assert_eq!(&g.body, &w.body);
+                }
+                _ => proptest::prop_assert_eq!(got.as_ref().err(), want.as_ref().err()),
+            }
+        }
+    }
+}
+
+/// The additions' patch is written as serde_json writes the patch of `default_smolvm`.
+#[test]
+fn additions_are_written_as_their_patch() {
+    let objects = [
+        json!({"metadata": {}, "spec": {}}),
+        json!({"metadata": {"finalizers": ["x"]}, "spec": {"resources": {"cpus": 2},
+            "network": {"ports": [{"hostPort": 1, "guestPort": 2}, {"protocol": "UDP"}, {}]}}}),
+        fixtures::alpine(),
+    ];
+    for object in objects {
+        for op in [Operation::Create, Operation::Update] {
+            let list = additions(op, &Shape::of_value(&object));
+            let reference = patch_json(&default_smolvm(op, &object)).unwrap_or_default();
+            assert_eq!(
+                String::from_utf8_lossy(&additions_json(&list)),
+                String::from_utf8_lossy(&reference)
+            );
         }
     }
 }
