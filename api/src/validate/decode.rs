@@ -681,11 +681,7 @@ pub fn validate_smolvm_patched(
     patch: &json_patch::Patch,
     ctx: &Context<'_>,
 ) -> Option<Verdict> {
-    let mut new = decode_strictly::<SmolVM>(new)?;
-    let old = match old {
-        Some(old) => Some(decode_strictly::<SmolVM>(old)?),
-        None => None,
-    };
+    let (old, mut new) = decode_pair(old, new)?;
     if !crate::defaulting::apply_defaults(&mut new, patch) {
         return None;
     }
@@ -703,15 +699,21 @@ pub fn validate_smolvm_with(
     additions: &[crate::defaulting::Addition],
     ctx: &Context<'_>,
 ) -> Option<Verdict> {
-    let mut new = decode_strictly::<SmolVM>(new)?;
-    let old = match old {
-        Some(old) => Some(decode_strictly::<SmolVM>(old)?),
-        None => None,
-    };
+    let (old, mut new) = decode_pair(old, new)?;
     if !additions.iter().all(|a| a.apply(&mut new)) {
         return None;
     }
     Some(validate_smolvm(op, old.as_ref(), &new, ctx))
+}
+
+/// The stored and the new SmolVM of a request, each decoded as it stands ([`decode_strictly`]).
+fn decode_pair(old: Option<Raw<'_>>, new: Raw<'_>) -> Option<(Option<SmolVM>, SmolVM)> {
+    let new = decode_strictly::<SmolVM>(new)?;
+    let old = match old {
+        Some(old) => Some(decode_strictly::<SmolVM>(old)?),
+        None => None,
+    };
+    Some((old, new))
 }
 
 /// The object decoded for the rules when it decodes as it stands (text directly); `None`

@@ -350,8 +350,6 @@ proptest::proptest! {
         depth in 0usize..130,
         which in 0usize..6,
     ) {
-        let policy = fixtures::policy();
-        let nodes: Vec<smolvm_api::SmolVMNode> = Vec::new();
         let object = match which {
             0 => format!(r#"{{"metadata":{metadata},"spec":{{"image":"alpine"}},"x":{extra}}}"#),
             1 => format!(r#"{{"metadata":{{"name":"a","annotations":{{"k":{extra}}}}},"spec":{{"image":"alpine"}}}}"#),
@@ -373,18 +371,26 @@ proptest::proptest! {
         if slow.is_ok() && which != 3 && !(matches!(which, 0 | 4) && metadata.contains('\\')) {
             proptest::prop_assert!(fast, "{object}: text path refused what the Value path accepts");
         }
-        for route in Route::ALL {
-            let got = review(route, &body, &policy, Catalogs::nodes(&nodes));
-            let want = review_parsed(route, &body, &policy, Catalogs::nodes(&nodes));
-            match (&got, &want) {
-                (Ok(g), Ok(w)) => {
-                    proptest::prop_assert_eq!(&g.outcome, &w.outcome);
-                    proptest::prop_assert_eq!(&g.body, &w.body);
-                }
-                _ => proptest::prop_assert_eq!(got.as_ref().err(), want.as_ref().err()),
+        answers_as_values(&body, &Route::ALL)?;
+    }
+}
+
+/// Whether [`review`] answers `body` on each of `routes` as the Value path does, byte for byte.
+fn answers_as_values(body: &[u8], routes: &[Route]) -> Result<(), proptest::test_runner::TestCaseError> {
+    let policy = fixtures::policy();
+    let nodes: Vec<smolvm_api::SmolVMNode> = Vec::new();
+    for &route in routes {
+        let got = review(route, body, &policy, Catalogs::nodes(&nodes));
+        let want = review_parsed(route, body, &policy, Catalogs::nodes(&nodes));
+        match (&got, &want) {
+            (Ok(g), Ok(w)) => {
+                proptest::prop_assert_eq!(&g.outcome, &w.outcome);
+                proptest::prop_assert_eq!(&g.body, &w.body);
             }
+            _ => proptest::prop_assert_eq!(got.as_ref().err(), want.as_ref().err()),
         }
     }
+    Ok(())
 }
 
 /// A member of a spec for [`text_and_value_default_alike`]: absent, null, or one of `values`.
@@ -424,8 +430,6 @@ proptest::proptest! {
         deleting in proptest::bool::ANY,
         operation in prop::sample::select(&["CREATE", "UPDATE"]),
     ) {
-        let policy = fixtures::policy();
-        let nodes: Vec<smolvm_api::SmolVMNode> = Vec::new();
         let deleted = if deleting { r#","deletionTimestamp":"2026-11-26T00:00:00Z""# } else { "" };
         let object = format!(
             r#"{{"metadata":{{"name":"a","namespace":"default"{finalizers}{deleted}}},"spec":{{{running}{resources}{storage}{network}{restart}{grace}{class}"image":"alpine"}}}}"#
@@ -433,17 +437,7 @@ proptest::proptest! {
         let old = if operation == "UPDATE" { object.as_str() } else { "null" };
         let body = body_with_object_text("smolvms", operation, &object, old);
         proptest::prop_assert!(parse_text(&body).is_some(), "{object}: the text path reads it");
-        for route in [Route::MutateSmolVM, Route::ValidateSmolVM] {
-            let got = review(route, &body, &policy, Catalogs::nodes(&nodes));
-            let want = review_parsed(route, &body, &policy, Catalogs::nodes(&nodes));
-            match (&got, &want) {
-                (Ok(g), Ok(w)) => {
-                    proptest::prop_assert_eq!(&g.outcome, &w.outcome);
-                    proptest::prop_assert_eq!(&g.body, &w.body);
-                }
-                _ => proptest::prop_assert_eq!(got.as_ref().err(), want.as_ref().err()),
-            }
-        }
+        answers_as_values(&body, &[Route::MutateSmolVM, Route::ValidateSmolVM])?;
     }
 }
 
