@@ -187,17 +187,26 @@ impl Addition {
 
     /// Where it is added (a JSON pointer).
     pub fn path(self) -> String {
-        match self {
-            Addition::Running => "/spec/running".into(),
-            Addition::Suspended => "/spec/suspended".into(),
-            Addition::RestartPolicy => "/spec/restartPolicy".into(),
-            Addition::TerminationGracePeriodSeconds => "/spec/terminationGracePeriodSeconds".into(),
-            Addition::Group(group) => format!("/spec/{}", group.field()),
-            Addition::Member(group, i) => format!("/spec/{}/{}", group.field(), group.members()[i.min(1)]),
-            Addition::PortProtocol(i) => format!("/spec/network/ports/{i}/protocol"),
-            Addition::Finalizers => "/metadata/finalizers".into(),
-            Addition::Finalizer => "/metadata/finalizers/-".into(),
-        }
+        let mut path = Vec::new();
+        self.write_path(&mut path);
+        String::from_utf8(path).unwrap_or_default()
+    }
+
+    /// Writes [`Addition::path`] to `out`.
+    fn write_path(self, out: &mut Vec<u8>) {
+        use std::io::Write;
+        // Writing to a Vec cannot fail.
+        let _ = match self {
+            Addition::Running => out.write_all(b"/spec/running"),
+            Addition::Suspended => out.write_all(b"/spec/suspended"),
+            Addition::RestartPolicy => out.write_all(b"/spec/restartPolicy"),
+            Addition::TerminationGracePeriodSeconds => out.write_all(b"/spec/terminationGracePeriodSeconds"),
+            Addition::Group(group) => write!(out, "/spec/{}", group.field()),
+            Addition::Member(group, i) => write!(out, "/spec/{}/{}", group.field(), group.members()[i.min(1)]),
+            Addition::PortProtocol(i) => write!(out, "/spec/network/ports/{i}/protocol"),
+            Addition::Finalizers => out.write_all(b"/metadata/finalizers"),
+            Addition::Finalizer => out.write_all(b"/metadata/finalizers/-"),
+        };
     }
 
     /// The `add` operation.
@@ -212,7 +221,7 @@ impl Addition {
     /// Writes the `add` operation's JSON, as serde_json writes [`Addition::to_patch`]'s.
     pub fn write_json(self, out: &mut Vec<u8>) {
         out.extend_from_slice(br#"{"op":"add","path":""#);
-        out.extend_from_slice(self.path().as_bytes());
+        self.write_path(out);
         out.extend_from_slice(br#"","value":"#);
         out.extend_from_slice(self.value_json().as_bytes());
         out.push(b'}');
@@ -319,58 +328,6 @@ impl Addition {
         }
         true
     }
-}
-
-/// Applies a patch of [`default_smolvm`] to the SmolVM it was computed for, already decoded:
-/// `vm` becomes what decoding the patched object would give, without writing or reading the
-/// object's JSON again. Each `add` decodes its value into the field its path names. A patch
-/// from the JSON leaves a decoded field absent exactly where it adds it whole, and adds a member
-/// only to an object, which decoded to a present field; so `false` (with `vm` partly changed)
-/// means an operation this does not know (another kind, another path, as a class's are) or a
-/// path the decoded object does not have, and the caller patches the JSON instead.
-pub fn apply_defaults(vm: &mut SmolVM, patch: &Patch) -> bool {
-    patch.0.iter().all(|op| match op {
-        PatchOperation::Add(add) => apply_add(vm, add.path.as_str(), &add.value).is_some(),
-        _ => false,
-    })
-}
-
-/// One `add` of [`apply_defaults`]; `None` when it does not apply.
-fn apply_add(vm: &mut SmolVM, path: &str, value: &Value) -> Option<()> {
-    fn decoded<T: serde::de::DeserializeOwned>(value: &Value) -> Option<T> {
-        T::deserialize(value).ok()
-    }
-    // Defaulting's paths have at most five tokens.
-    let mut tokens = [""; 5];
-    let mut count = 0;
-    for token in path.strip_prefix('/')?.split('/') {
-        *tokens.get_mut(count)? = token;
-        count += 1;
-    }
-    let spec = &mut vm.spec;
-    match &tokens[..count] {
-        ["spec", "running"] => spec.running = Some(decoded(value)?),
-        ["spec", "suspended"] => spec.suspended = Some(decoded(value)?),
-        ["spec", "restartPolicy"] => spec.restart_policy = Some(decoded(value)?),
-        ["spec", "terminationGracePeriodSeconds"] => spec.termination_grace_period_seconds = Some(decoded(value)?),
-        ["spec", "resources"] => spec.resources = Some(decoded(value)?),
-        ["spec", "storage"] => spec.storage = Some(decoded(value)?),
-        ["spec", "network"] => spec.network = Some(decoded(value)?),
-        ["spec", "resources", "cpus"] => spec.resources.as_mut()?.cpus = Some(decoded(value)?),
-        ["spec", "resources", "memoryMiB"] => spec.resources.as_mut()?.memory_mib = Some(decoded(value)?),
-        ["spec", "storage", "storageGiB"] => spec.storage.as_mut()?.storage_gib = Some(decoded(value)?),
-        ["spec", "storage", "overlayGiB"] => spec.storage.as_mut()?.overlay_gib = Some(decoded(value)?),
-        ["spec", "network", "enabled"] => spec.network.as_mut()?.enabled = Some(decoded(value)?),
-        ["spec", "network", "exposeService"] => spec.network.as_mut()?.expose_service = Some(decoded(value)?),
-        ["spec", "network", "ports", index, "protocol"] => {
-            let ports = spec.network.as_mut()?.ports.as_mut()?;
-            ports.get_mut(index.parse::<usize>().ok()?)?.protocol = decoded(value)?;
-        }
-        ["metadata", "finalizers"] => vm.metadata.finalizers = Some(decoded(value)?),
-        ["metadata", "finalizers", "-"] => vm.metadata.finalizers.as_mut()?.push(decoded(value)?),
-        _ => return None,
-    }
-    Some(())
 }
 
 /// Computes the defaulting patch for a SmolVM with its class (rules M3, M1 and M2).

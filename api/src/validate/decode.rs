@@ -667,31 +667,16 @@ pub fn validate_raw(target: Target, op: Operation, old: Option<Raw<'_>>, new: Ra
     }
 }
 
-/// Validates a SmolVM as `patch` (its defaults, from [`crate::defaulting::default_smolvm`])
-/// leaves it, decoding the object once: the object as given is decoded, the patch applied to
-/// the decoded object ([`crate::defaulting::apply_defaults`]) and the rules run on the result,
-/// which is what [`validate_raw`] finds on the patched JSON. `None` where this route does not
-/// apply: the new or the stored object does not decode as it stands (the findings are worded
-/// on the JSON), or the patch holds an operation the decoded object cannot take; the caller then
-/// validates the patched JSON with [`validate_raw`].
-pub fn validate_smolvm_patched(
-    op: Operation,
-    old: Option<Raw<'_>>,
-    new: Raw<'_>,
-    patch: &json_patch::Patch,
-    ctx: &Context<'_>,
-) -> Option<Verdict> {
-    let (old, mut new) = decode_pair(old, new)?;
-    if !crate::defaulting::apply_defaults(&mut new, patch) {
-        return None;
-    }
-    Some(validate_smolvm(op, old.as_ref(), &new, ctx))
-}
-
-/// [`validate_smolvm_patched`] with the defaults given as [`Addition`]s, applied to the decoded
-/// object without a JSON value being built.
+/// Validates a SmolVM as its defaults leave it, decoding the object once: the object as given
+/// is decoded, the [`Addition`]s of [`crate::defaulting::additions`] are applied to the decoded
+/// object ([`Addition::apply`]) and the rules run on the result, which is what [`validate_raw`]
+/// finds on the patched JSON. `None` where this route does not apply: the new or the stored
+/// object does not decode as it stands (the findings are worded on the JSON), or an addition
+/// does not fit the decoded object; the caller then validates the patched JSON with
+/// [`validate_raw`].
 ///
 /// [`Addition`]: crate::defaulting::Addition
+/// [`Addition::apply`]: crate::defaulting::Addition::apply
 pub fn validate_smolvm_with(
     op: Operation,
     old: Option<Raw<'_>>,
@@ -699,21 +684,15 @@ pub fn validate_smolvm_with(
     additions: &[crate::defaulting::Addition],
     ctx: &Context<'_>,
 ) -> Option<Verdict> {
-    let (old, mut new) = decode_pair(old, new)?;
-    if !additions.iter().all(|a| a.apply(&mut new)) {
-        return None;
-    }
-    Some(validate_smolvm(op, old.as_ref(), &new, ctx))
-}
-
-/// The stored and the new SmolVM of a request, each decoded as it stands ([`decode_strictly`]).
-fn decode_pair(old: Option<Raw<'_>>, new: Raw<'_>) -> Option<(Option<SmolVM>, SmolVM)> {
-    let new = decode_strictly::<SmolVM>(new)?;
+    let mut new = decode_strictly::<SmolVM>(new)?;
     let old = match old {
         Some(old) => Some(decode_strictly::<SmolVM>(old)?),
         None => None,
     };
-    Some((old, new))
+    if !additions.iter().all(|a| a.apply(&mut new)) {
+        return None;
+    }
+    Some(validate_smolvm(op, old.as_ref(), &new, ctx))
 }
 
 /// The object decoded for the rules when it decodes as it stands (text directly); `None`
@@ -901,7 +880,7 @@ mod tests {
     /// gives, for objects of every shape defaulting meets; where it cannot tell, it says so.
     #[test]
     fn defaults_applied_to_the_decoded_object_match_the_patched_json() {
-        use crate::defaulting::{apply_defaults, default_smolvm};
+        use crate::defaulting::{Shape, additions, default_smolvm};
         let objects = [
             json!({"metadata": {"name": "a"}, "spec": {"image": "alpine"}}),
             json!({"metadata": {"name": "a", "finalizers": ["x"]}, "spec": {"image": "alpine", "running": null,
@@ -929,8 +908,9 @@ mod tests {
                 json_patch::patch(&mut patched, &patch).unwrap_or_else(|e| panic!("{object}: {e}"));
                 let want = decode_strictly::<SmolVM>(Raw::Value(&patched));
                 let text = object.to_string();
+                let added = additions(op, &Shape::of_value(object));
                 let got = decode_strictly::<SmolVM>(Raw::Text(&text))
-                    .and_then(|mut vm| apply_defaults(&mut vm, &patch).then_some(vm));
+                    .and_then(|mut vm| added.iter().all(|a| a.apply(&mut vm)).then_some(vm));
                 match (&got, &want) {
                     (Some(got), Some(want)) => {
                         assert_eq!(got.spec, want.spec, "{object} {op:?}");

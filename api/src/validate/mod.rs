@@ -24,8 +24,8 @@ mod verdict;
 pub use class::validate_smolvm_class;
 pub use context::{Context, Identity, NodeCatalog, NodeFacts};
 pub use decode::{
-    Raw, Target, decode, validate_raw, validate_smolvm_json, validate_smolvm_node_json, validate_smolvm_patched,
-    validate_smolvm_status_json, validate_smolvm_with,
+    Raw, Target, decode, validate_raw, validate_smolvm_json, validate_smolvm_node_json, validate_smolvm_status_json,
+    validate_smolvm_with,
 };
 pub use node::{validate_smolvm_node, validate_smolvm_node_status};
 pub use pool::{validate_pooled_request, validate_smolvm_pool};

@@ -43,13 +43,6 @@ pub(super) fn deny(mut response: Answer, code: u16, reason: &'static str, messag
     response
 }
 
-/// `response` with `patch` (as JSON bytes, the encoding kube-core's `AdmissionResponse::with_patch`
-/// uses).
-pub(super) fn with_patch(mut response: Answer, patch: &json_patch::Patch) -> Result<Answer, RequestError> {
-    response.patch = Some(patch_json(patch)?);
-    Ok(response)
-}
-
 /// `patch` as serde_json writes it, byte for byte (the tests compare): an `add` (all that
 /// defaulting writes) is written here, field by field; any other operation by serde_json.
 pub(super) fn patch_json(patch: &json_patch::Patch) -> Result<Vec<u8>, RequestError> {

@@ -31,7 +31,7 @@ use smolvm_api::{
     pool::PoolCatalog,
     validate::{
         Context, Identity, NodeCatalog, Operation, Raw, RuleId, Target, Verdict, validate_pooled_request, validate_raw,
-        validate_smolvm_patched, validate_smolvm_with,
+        validate_smolvm_with,
     },
 };
 
@@ -219,19 +219,12 @@ impl<'a> Objects<'a> {
     /// it came: the verdict the validating endpoint will reach on the same object, given before
     /// the API server's schema and CEL checks can stop the request at their first objection.
     ///
-    /// Text is decoded once and the patch applied to the decoded object
-    /// ([`validate_smolvm_patched`]). Parsed objects (a class's defaults, or text that does not
-    /// decode as it stands) take the reference route: the patched JSON, judged as the
-    /// validating endpoint judges it.
+    /// The reference route: the patched JSON, judged as the validating endpoint judges it
+    /// (M1 and M2 alone take the faster [`Objects::validate_with`] first).
     fn validate_defaulted(&self, patch: &json_patch::Patch, operation: Operation, ctx: &Context<'_>) -> Verdict {
         let Some((old, new)) = self.raw() else {
             return Verdict::default();
         };
-        if let Raw::Text(_) = new
-            && let Some(verdict) = validate_smolvm_patched(operation, old, new, patch, ctx)
-        {
-            return verdict;
-        }
         let mut patched = match new {
             Raw::Value(new) => new.clone(),
             Raw::Text(text) => match serde_json::from_str(text) {
@@ -532,16 +525,13 @@ fn mutate(
         // and written out as the patch, with no JSON value built for them.
         let additions = shape.map(|shape| additions(operation, &shape)).unwrap_or_default();
         let verdict = objects.validate_with(&additions, operation, ctx);
-        if !verdict.allowed() {
-            return Ok(judged(base, &verdict, outcome));
-        }
-        if additions.is_empty() {
-            return Ok(base);
-        }
-        outcome.patched = true;
-        let mut response = base;
-        response.patch = Some(additions_json(&additions));
-        return Ok(response);
+        return answer(
+            base,
+            &verdict,
+            additions.is_empty(),
+            || Ok(additions_json(&additions)),
+            outcome,
+        );
     };
     // A class writes annotations and labels, which the shape lacks: defaulting and validation
     // then share one parse of the object.
@@ -565,14 +555,29 @@ fn defaulted(
     patch: &json_patch::Patch,
     outcome: &mut Outcome,
 ) -> Result<Answer, RequestError> {
+    answer(base, verdict, patch.0.is_empty(), || patch_json(patch), outcome)
+}
+
+/// The mutating answer: denied with every violation of `verdict`, else the patch `json` writes
+/// (none when `empty`).
+fn answer(
+    base: Answer,
+    verdict: &Verdict,
+    empty: bool,
+    json: impl FnOnce() -> Result<Vec<u8>, RequestError>,
+    outcome: &mut Outcome,
+) -> Result<Answer, RequestError> {
     if !verdict.allowed() {
         return Ok(judged(base, verdict, outcome));
     }
-    if patch.0.is_empty() {
+    if empty {
         return Ok(base);
     }
     outcome.patched = true;
-    with_patch(base, patch)
+    Ok(Answer {
+        patch: Some(json()?),
+        ..base
+    })
 }
 
 /// The JSON patch of `additions` (an empty list is no patch: the caller sends none).
