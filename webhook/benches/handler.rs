@@ -1,5 +1,5 @@
 //! The webhook's per-request work in process, without TLS or sockets: the pure review
-//! (parse, rules, encode) and the whole admission router (routing, body read, review, metrics,
+//! (parse, rules, encode) and the whole admission service (routing, body read, review, metrics,
 //! response), next to the parse-and-echo floor's router for comparison.
 //!
 //! Run: `cargo bench -p smolvm-webhook --features bench --bench handler`
@@ -14,6 +14,7 @@ use axum::{
     Router,
     body::{Body, Bytes},
     http::{Request, header},
+    response::IntoResponse,
 };
 use criterion::Criterion;
 use http_body_util::BodyExt;
@@ -21,7 +22,7 @@ use smolvm_api::{Policy, SmolVMClass, SmolVMNode};
 use smolvm_webhook::{
     bench_support::{floor_router, review_json},
     review::{Catalogs, Route, review},
-    server::admission_router,
+    server::{Admission, admission_service},
     state::{AppState, PolicyHandle},
 };
 use tower::ServiceExt;
@@ -33,7 +34,7 @@ struct Setup {
     classes: Vec<SmolVMClass>,
     policy: Policy,
     nodes: Vec<SmolVMNode>,
-    webhook: Router,
+    webhook: Admission,
     floor: Router,
     rt: tokio::runtime::Runtime,
 }
@@ -67,13 +68,17 @@ fn setup() -> Setup {
         classes,
         policy: Policy::default(),
         nodes: Vec::new(),
-        webhook: admission_router(state),
+        webhook: admission_service(state),
         floor: floor_router(),
         rt,
     }
 }
 
-fn call(s: &Setup, router: &Router, path: &str) -> usize {
+fn call<S>(s: &Setup, service: &S, path: &str) -> usize
+where
+    S: tower::Service<Request<Body>, Error = std::convert::Infallible> + Clone,
+    S::Response: IntoResponse,
+{
     let request = Request::builder()
         .method("POST")
         .uri(path)
@@ -82,7 +87,12 @@ fn call(s: &Setup, router: &Router, path: &str) -> usize {
         .body(Body::from(s.body.clone()))
         .unwrap_or_else(|e| panic!("{e}"));
     s.rt.block_on(async {
-        let response = router.clone().oneshot(request).await.unwrap_or_else(|e| match e {});
+        let response = service
+            .clone()
+            .oneshot(request)
+            .await
+            .unwrap_or_else(|e| match e {})
+            .into_response();
         assert_eq!(response.status(), 200);
         let body = response.into_body().collect().await.map(|c| c.to_bytes());
         body.map(|b| b.len()).unwrap_or_default()

@@ -15,7 +15,7 @@ use smolvm_webhook::{
     Error, Result,
     cli::{Args, RENAMED, TlsMode},
     reload,
-    server::{admission_router, serve_ops, serve_tls},
+    server::{admission_service, serve_ops, serve_tls},
     state::{AppState, ClassStore, PolicyHandle, PoolStore, StoreCatalog},
 };
 
@@ -254,7 +254,7 @@ async fn run(args: Args) -> Result<()> {
     }));
     let streams = u32::try_from(state.max_concurrent_reviews).unwrap_or(u32::MAX);
     let metrics = state.metrics.clone();
-    let result = serve_tls(listener, admission_router(state), resolver, handle, streams, metrics).await;
+    let result = serve_tls(listener, admission_service(state), resolver, handle, streams, metrics).await;
     let _ = ops.await;
     drop(stop_rx);
     result

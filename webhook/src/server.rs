@@ -4,15 +4,15 @@ use std::{net::SocketAddr, sync::Arc, time::Duration, time::Instant};
 
 use axum::{
     Router,
-    body::{Body, HttpBody},
-    http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header},
-    response::Response,
+    body::HttpBody,
+    http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header},
 };
+use bytes::Bytes;
 use futures::FutureExt;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioTimer;
 use smolvm_certs::ReloadableResolver;
-use tower_http::{catch_panic::CatchPanicLayer, timeout::TimeoutLayer};
+use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::{
     error::{Error, Result},
@@ -27,12 +27,16 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// kept-alive connection may stay idle between requests).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The whole-request deadline of the admission router (the API server gives up after at most
-/// 30 s, and the shipped configuration after 5 s).
+/// The longest a request's body may take to arrive, whatever `--body-timeout` says (the API
+/// server gives up after at most 30 s, and the shipped configuration after 5 s). Every other
+/// wait of a request is bounded by the body's own timeouts, and the review itself does not wait.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 
-fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
-    let mut response = Response::new(Body::from(body));
+/// An admission answer: a whole JSON body, sent as one frame.
+pub type Reply = Response<Full<Bytes>>;
+
+fn json_response(status: StatusCode, body: Vec<u8>) -> Reply {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     response
         .headers_mut()
@@ -40,7 +44,7 @@ fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
     response
 }
 
-fn error_response(error: &RequestError) -> Response {
+fn error_response(error: &RequestError) -> Reply {
     let status = StatusCode::from_u16(error.status()).unwrap_or(StatusCode::BAD_REQUEST);
     json_response(status, error.to_json())
 }
@@ -70,13 +74,14 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
 /// `max_concurrent_bodies` reader slots ([`crate::bodies`]: none free, the longest-held is
 /// displaced, answered 408; none freeing in time, this request is shed with 429), and given up
 /// with 408 when no byte comes for `body_idle_timeout` or the whole body is not in within
-/// `body_timeout` of the request's start. A slow client so ties up a reader slot for a bounded
-/// time, loses it first to a body that is arriving, and never holds a review slot.
-async fn read_body(
-    state: &AppState,
-    request: Request<Body>,
-    start: Instant,
-) -> std::result::Result<bytes::Bytes, RequestError> {
+/// `body_timeout` (at most [`REQUEST_TIMEOUT`]) of the request's start. A slow client so ties up
+/// a reader slot for a bounded time, loses it first to a body that is arriving, and never holds
+/// a review slot.
+async fn read_body<B>(state: &AppState, request: Request<B>, start: Instant) -> std::result::Result<Bytes, RequestError>
+where
+    B: HttpBody<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
     if request.method() != Method::POST {
         return Err(RequestError::MethodNotAllowed(request.method().to_string()));
     }
@@ -113,7 +118,8 @@ async fn read_body(
             None => return Err(RequestError::BodiesBusy(state.max_concurrent_bodies)),
         },
     };
-    let deadline = tokio::time::Instant::from_std(start) + state.body_timeout;
+    let body_timeout = state.body_timeout.min(REQUEST_TIMEOUT);
+    let deadline = tokio::time::Instant::from_std(start) + body_timeout;
     let mut progress = tokio::time::Instant::now();
     // One timer, moved on only when it fires (not at every chunk): at the idle timeout after the
     // last progress, or the deadline if sooner.
@@ -135,7 +141,7 @@ async fn read_body(
             () = &mut timer => {
                 let now = tokio::time::Instant::now();
                 if now >= deadline {
-                    return Err(RequestError::Timeout(state.body_timeout));
+                    return Err(RequestError::Timeout(body_timeout));
                 }
                 if now >= progress + idle {
                     return Err(RequestError::Stalled(idle));
@@ -149,7 +155,7 @@ async fn read_body(
 /// A body being read: at most `limit` bytes kept; a longer one is read on (and dropped) up to
 /// [`DRAIN_LIMIT`] bytes more, then refused with [`RequestError::TooLarge`].
 struct Collected {
-    chunks: Vec<bytes::Bytes>,
+    chunks: Vec<Bytes>,
     seen: usize,
     limit: usize,
 }
@@ -164,9 +170,9 @@ impl Collected {
     }
 
     /// Takes one frame; `Ok(false)` when reading on is pointless (over the limit and the drain).
-    fn push(
+    fn push<E: std::fmt::Display>(
         &mut self,
-        frame: std::result::Result<hyper::body::Frame<bytes::Bytes>, axum::Error>,
+        frame: std::result::Result<hyper::body::Frame<Bytes>, E>,
     ) -> std::result::Result<bool, RequestError> {
         let frame = frame.map_err(|e| RequestError::Body(e.to_string()))?;
         let Ok(data) = frame.into_data() else { return Ok(true) };
@@ -178,12 +184,12 @@ impl Collected {
     }
 
     /// The body, or [`RequestError::TooLarge`].
-    fn finish(mut self) -> std::result::Result<bytes::Bytes, RequestError> {
+    fn finish(mut self) -> std::result::Result<Bytes, RequestError> {
         if self.seen > self.limit {
             return Err(RequestError::TooLarge { limit: self.limit });
         }
         Ok(match self.chunks.len() {
-            0 => bytes::Bytes::new(),
+            0 => Bytes::new(),
             1 => self.chunks.swap_remove(0),
             _ => self.chunks.concat().into(),
         })
@@ -196,7 +202,7 @@ impl Collected {
 const DRAIN_LIMIT: usize = 1024 * 1024;
 
 /// A refusal with `Retry-After: 1`, which the API server's webhook client honours by retrying.
-fn shed_response(error: &RequestError) -> Response {
+fn shed_response(error: &RequestError) -> Reply {
     let mut response = error_response(error);
     response
         .headers_mut()
@@ -204,7 +210,11 @@ fn shed_response(error: &RequestError) -> Response {
     response
 }
 
-async fn admit(state: &AppState, route: Route, request: Request<Body>) -> Response {
+async fn admit<B>(state: &AppState, route: Route, request: Request<B>) -> Reply
+where
+    B: HttpBody<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
     let start = Instant::now();
     // The whole body first, under the bounds of bodies in flight: a slow body holds no review
     // slot.
@@ -274,12 +284,12 @@ async fn admit(state: &AppState, route: Route, request: Request<Body>) -> Respon
     }
 }
 
-fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Reply {
     tracing::error!("a request handler panicked; answered 500");
     error_response(&RequestError::Internal("the handler panicked".into()))
 }
 
-fn not_found() -> Response {
+fn not_found() -> Reply {
     json_response(
         StatusCode::NOT_FOUND,
         serde_json::to_vec(&serde_json::json!({
@@ -290,45 +300,51 @@ fn not_found() -> Response {
     )
 }
 
-/// The admission endpoints as one service: the route whose path the request's is, else 404.
+/// The admission endpoints, served as one service straight to hyper: `/mutate/smolvms`,
+/// `/validate/smolvms`, `/validate/smolvmnodes`, `/validate/smolvmclasses`,
+/// `/validate/smolvmpools` (any method reaches them, and is answered 405 unless POST); any other
+/// path is answered 404.
 ///
-/// One service rather than a route each: a request is matched by comparing its path with four
-/// strings, and goes through no per-route method router, handler adapter or boxed route, and
-/// the state is shared, not cloned field by field, per request.
+/// Built for speed, as the `handler` bench and `webhook/bench/run.sh` measure: a request is
+/// matched by comparing its path with five strings and goes through no router, method router,
+/// handler adapter, boxed route or middleware; the answer is a whole body in one frame. What a
+/// router's layers gave is done here: a panic while answering is caught and answered 500
+/// ([`panic_response`]), and no request waits unbounded (every wait is the body's, bounded by
+/// its timeouts and [`REQUEST_TIMEOUT`]; the review itself does not wait).
 #[derive(Clone)]
-struct Admission(Arc<AppState>);
+pub struct Admission(Arc<AppState>);
 
-impl tower::Service<Request<Body>> for Admission {
-    type Response = Response;
+impl<B> tower::Service<Request<B>> for Admission
+where
+    B: HttpBody<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: std::fmt::Display,
+{
+    type Response = Reply;
     type Error = std::convert::Infallible;
-    type Future = futures::future::BoxFuture<'static, std::result::Result<Response, Self::Error>>;
+    type Future = futures::future::BoxFuture<'static, std::result::Result<Reply, Self::Error>>;
 
     fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<std::result::Result<(), Self::Error>> {
         std::task::Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
+    fn call(&mut self, request: Request<B>) -> Self::Future {
         let state = self.0.clone();
         Box::pin(async move {
             let route = Route::ALL.into_iter().find(|r| r.path() == request.uri().path());
             Ok(match route {
-                Some(route) => admit(&state, route, request).await,
+                Some(route) => std::panic::AssertUnwindSafe(admit(&state, route, request))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(panic_response),
                 None => not_found(),
             })
         })
     }
 }
 
-/// The admission router: `/mutate/smolvms`, `/validate/smolvms`, `/validate/smolvmnodes`,
-/// `/validate/smolvmclasses`, `/validate/smolvmpools` (any method reaches them, and is answered 405 unless POST).
-pub fn admission_router(state: AppState) -> Router {
-    Router::new()
-        .fallback_service(Admission(Arc::new(state)))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::SERVICE_UNAVAILABLE,
-            REQUEST_TIMEOUT,
-        ))
-        .layer(CatchPanicLayer::custom(panic_response))
+/// The admission service over `state`.
+pub fn admission_service(state: AppState) -> Admission {
+    Admission(Arc::new(state))
 }
 
 /// What the shared ops server asks the webhook.
@@ -399,14 +415,14 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// TLS handshakes in progress at once; more are closed at once.
 pub const MAX_HANDSHAKES: usize = 64;
 
-/// Serves `router` over TLS (HTTP/2 and HTTP/1.1 by ALPN) on `listener`, with the certificate
+/// Serves `service` over TLS (HTTP/2 and HTTP/1.1 by ALPN) on `listener`, with the certificate
 /// from `resolver` (swapped in place on rotation), until `handle` shuts it down. Connections
 /// are bounded before they are read (`smolvm_kit::accept`): [`MAX_CONNECTIONS`] open,
 /// [`MAX_HANDSHAKES`] handshaking, each handshake within [`HANDSHAKE_TIMEOUT`]; the
 /// connections closed for it are counted in `metrics`.
 pub async fn serve_tls(
     listener: std::net::TcpListener,
-    router: Router,
+    service: Admission,
     resolver: Arc<ReloadableResolver>,
     handle: axum_server::Handle<SocketAddr>,
     max_streams: u32,
@@ -455,7 +471,7 @@ pub async fn serve_tls(
             .keep_alive_timeout(Duration::from_secs(10));
     }
     server
-        .serve(router.into_make_service())
+        .serve(tower::make::Shared::new(service))
         .await
         .map_err(|source| Error::Serve {
             what: "webhook",

@@ -15,14 +15,15 @@
 //!
 //! The module by concern:
 //! - `wire`: the AdmissionReview envelope, its reference reading ([`parse`]) and [`RequestError`];
-//! - `scan`: the fast reading of a review's objects (for speed; answers as [`parse`] does);
+//! - `scan`: the fast reading of a whole review in one pass (for speed; answers as [`parse`]
+//!   does, or leaves the body to it);
 //! - `encode`: the response encoder (for speed; the tests compare it with kube-core's
 //!   `AdmissionResponse`);
 //! - here: the routes and the review flow from body to [`Reviewed`].
 
 use k8s_openapi::api::authentication::v1::UserInfo;
-use kube::core::{GroupVersionResource, admission::Operation as WireOperation};
-use serde_json::{Value, value::RawValue};
+use kube::core::admission::Operation as WireOperation;
+use serde_json::Value;
 use smolvm_api::{
     Policy,
     class::{ClassCatalog, class_for},
@@ -275,7 +276,9 @@ fn target_of(route: Route, status: bool) -> Target {
 /// The parts of a request that [`review`] uses.
 struct Request<'a> {
     uid: String,
-    resource: GroupVersionResource,
+    /// The API group and the plural name of the resource the request is for.
+    group: String,
+    resource: String,
     sub_resource: Option<String>,
     operation: WireOperation,
     user_info: UserInfo,
@@ -287,7 +290,8 @@ impl<O> WireRequest<O> {
     fn with_objects<'a>(self, objects: impl FnOnce(Option<O>, Option<O>) -> Objects<'a>) -> Request<'a> {
         Request {
             uid: self.uid,
-            resource: self.resource,
+            group: self.resource.group,
+            resource: self.resource.resource,
             sub_resource: self.sub_resource,
             operation: self.operation,
             user_info: self.user_info,
@@ -305,19 +309,23 @@ impl From<WireRequest> for Request<'_> {
     }
 }
 
-impl<'a> From<TextObjects<'a>> for Request<'a> {
-    fn from((r, scan, scan_old): TextObjects<'a>) -> Self {
-        // JSON null is `None` already (serde reads `null` into an absent Option).
-        r.with_objects(|new, old| {
-            let new = new.map(RawValue::get).zip(scan);
-            let old = old.map(RawValue::get);
-            Objects::Text {
-                new,
-                old,
-                slim: new.and_then(|(text, scan)| scan.slimmed(text)),
-                slim_old: old.zip(scan_old).and_then(|(text, scan)| scan.slimmed(text)),
-            }
-        })
+impl<'a> From<TextRequest<'a>> for Request<'a> {
+    fn from(r: TextRequest<'a>) -> Self {
+        let (object, old_object) = (r.object, r.old_object);
+        Request {
+            uid: r.uid,
+            group: r.group,
+            resource: r.resource,
+            sub_resource: r.sub_resource,
+            operation: r.operation,
+            user_info: r.user_info,
+            objects: Objects::Text {
+                new: object,
+                old: old_object.map(|(text, _)| text),
+                slim: object.and_then(|(text, scan)| scan.slimmed(text)),
+                slim_old: old_object.and_then(|(text, scan)| scan.slimmed(text)),
+            },
+        }
     }
 }
 
@@ -374,8 +382,8 @@ fn review_request(
     let sub = request.sub_resource.as_deref().filter(|s| !s.is_empty());
     let mut outcome = Outcome {
         resource: match sub {
-            Some(s) => format!("{}/{s}", request.resource.resource),
-            None => request.resource.resource.clone(),
+            Some(s) => format!("{}/{s}", request.resource),
+            None => request.resource.clone(),
         },
         operation: operation.as_str(),
         verdict: "allowed",
@@ -384,7 +392,7 @@ fn review_request(
         uid: request.uid.clone(),
     };
     let base = response_to(&request.uid);
-    let status = match served(route, &request.resource, sub) {
+    let status = match served(route, &request.group, &request.resource, sub) {
         Ok(status) => status,
         Err(message) => {
             outcome.verdict = "denied";
@@ -439,17 +447,15 @@ fn review_request(
     answered(response, outcome)
 }
 
-/// Whether `route` serves a request for `resource` and subresource `sub`: `Ok(true)` for the
-/// status subresource, `Ok(false)` for the main resource, else the message of a 400 denial (a
-/// misconfigured webhook rule is denied, not guessed at).
-fn served(route: Route, resource: &GroupVersionResource, sub: Option<&str>) -> Result<bool, String> {
-    if resource.group != GROUP || resource.resource != route.resource() {
+/// Whether `route` serves a request for `resource` of API group `group` and subresource `sub`:
+/// `Ok(true)` for the status subresource, `Ok(false)` for the main resource, else the message
+/// of a 400 denial (a misconfigured webhook rule is denied, not guessed at).
+fn served(route: Route, group: &str, resource: &str, sub: Option<&str>) -> Result<bool, String> {
+    if group != GROUP || resource != route.resource() {
         return Err(format!(
-            "{} serves {GROUP}/{}, not {}/{}",
+            "{} serves {GROUP}/{}, not {group}/{resource}",
             route.path(),
             route.resource(),
-            resource.group,
-            resource.resource
         ));
     }
     match sub {

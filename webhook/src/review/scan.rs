@@ -1,10 +1,15 @@
-//! The fast reading of a review: a hand-written scanner that checks a request's objects in place
-//! (depth, shape, `metadata`) and picks out what defaulting reads, so the happy path builds no
-//! `serde_json::Value` tree for them. It exists for speed (the `handler` bench measures it); for
-//! every body it accepts it must answer as [`parse`](super::wire::parse) does, which the tests
-//! check against the reference reading.
+//! The fast reading of a review: one hand-written pass over the whole body ([`parse_text`]) that
+//! checks it as strictly as serde_json would, reads the envelope's few members the review uses,
+//! and leaves the request's objects as text in place, checked (depth, shape, `metadata`) and
+//! with what defaulting and the rules read picked out, so the happy path builds no
+//! `serde_json::Value` tree and reads no byte twice. It exists for speed (the `handler` bench and
+//! `webhook/bench/run.sh` measure it); it may leave any body to the reference reading
+//! ([`parse`](super::wire::parse)), and for every body it accepts it must answer as that does,
+//! which the tests check (tables, and property tests that edit reviews byte by byte).
 
-use serde_json::{Value, value::RawValue};
+use k8s_openapi::api::authentication::v1::UserInfo;
+use kube::core::admission::Operation as WireOperation;
+use serde_json::Value;
 use smolvm_api::defaulting::{Finalizers, Shape, SpecText};
 
 use super::wire::*;
@@ -33,28 +38,65 @@ fn kind_at(byte: u8) -> Kind {
     }
 }
 
-/// The four hex digits at `b[at..]`.
+/// The four hex digits at `b[at..]` (digits only: no sign, as JSON has none).
 fn hex4(b: &[u8], at: usize) -> Option<u16> {
-    let digits = std::str::from_utf8(b.get(at..at + 4)?).ok()?;
-    u16::from_str_radix(digits, 16).ok()
+    let digits = b.get(at..at + 4)?;
+    let mut n = 0u16;
+    for &d in digits {
+        n = n << 4 | u16::from(char::from(d).to_digit(16)? as u8);
+    }
+    Some(n)
+}
+
+/// The index of the first byte at or after `i` that a string cannot hold as it is: a quote, a
+/// backslash or a control character (below 0x20). Eight bytes at a time: for each of the three
+/// tests, `(x - 0x01..) & !x & 0x80..` marks a byte that matched, and the lowest mark is exact.
+fn string_stop(b: &[u8], mut i: usize) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    while let Some(chunk) = b.get(i..i + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(word);
+        let quote = x ^ (ONES * u64::from(b'"'));
+        let backslash = x ^ (ONES * u64::from(b'\\'));
+        let marks = (quote.wrapping_sub(ONES) & !quote)
+            | (backslash.wrapping_sub(ONES) & !backslash)
+            | (x.wrapping_sub(ONES * 0x20) & !x);
+        let marks = marks & HIGH;
+        if marks != 0 {
+            return Some(i + (marks.trailing_zeros() / 8) as usize);
+        }
+        i += 8;
+    }
+    b.get(i..)?
+        .iter()
+        .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
+        .map(|n| i + n)
 }
 
 /// The end (index of the closing quote) of the string whose content starts at `b[start..]`,
-/// and whether it has escapes; `None` when `\u` escapes are not paired the way a
+/// and whether it has escapes; `None` for a string JSON refuses (a control character, an
+/// unknown escape, an unterminated string), and for `\u` escapes not paired the way a
 /// `serde_json::Value` read requires (a trailing surrogate alone, or a leading one not followed
 /// by `\u` and a trailing one).
 fn scan_string(b: &[u8], start: usize) -> Option<(usize, bool)> {
     let mut i = start;
     let mut escaped = false;
     loop {
-        i += memchr::memchr2(b'"', b'\\', b.get(i..)?)?;
-        if b[i] == b'"' {
-            return Some((i, escaped));
+        i = string_stop(b, i)?;
+        match b[i] {
+            b'"' => return Some((i, escaped)),
+            b'\\' => escaped = true,
+            _ => return None,
         }
-        escaped = true;
-        if b.get(i + 1) != Some(&b'u') {
-            i += 2;
-            continue;
+        match *b.get(i + 1)? {
+            b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {
+                i += 2;
+                continue;
+            }
+            b'u' => {}
+            _ => return None,
         }
         let n = hex4(b, i + 2)?;
         i += 6;
@@ -72,6 +114,18 @@ fn scan_string(b: &[u8], start: usize) -> Option<(usize, bool)> {
             i += 6;
         }
     }
+}
+
+/// The index of the first byte at or after `i` that is not JSON whitespace.
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while let Some(&c) = b.get(i) {
+        if c == b' ' || c == b'\n' || c == b'\r' || c == b'\t' {
+            i += 1;
+        } else {
+            break;
+        }
+    }
+    i
 }
 
 /// What [`scan_object`] learns about an object.
@@ -154,81 +208,171 @@ enum Member {
     Other,
 }
 
-/// Checks a request's object, given as text that is well-formed JSON (serde_json read it as a
-/// `RawValue`, which checks the syntax), for what a `serde_json::Value` read checks beyond the
-/// syntax: the nesting limit (at the object's depth in a review), `\u` surrogate pairs, and
-/// numbers that do not fit an f64. On the way it notes where the members the rules read are
-/// (later repeats of a key win, as in a Value). `None` when a Value read would fail, or when a
-/// key of the object or of its `metadata` has escapes (not worth decoding here; the Value path
-/// handles it).
-pub(super) fn scan_object(text: &str) -> Option<Scanned<'_>> {
-    let b = text.as_bytes();
-    let mut scan = Scan::new(text, kind_at(*b.first()?));
-    if scan.out.kind != Kind::Object {
-        return Some(scan.out);
-    }
-    let mut i = 0;
-    while let Some(&c) = b.get(i) {
-        // (An if-chain in order of frequency: a `match` here compiles to a jump table whose
-        // indirect branch mispredicts on almost every byte.)
-        i = if c == b'"' {
-            scan.string(i)?
-        } else if c == b':' {
-            i + 1
-        } else if c == b',' {
-            scan.expect_key = scan.keys_here();
-            i + 1
-        } else if c == b'{' || c == b'[' {
-            scan.value(c, i, i + 1, true)?
-        } else if c == b'}' || c == b']' {
-            scan.depth = scan.depth.checked_sub(1)?;
-            scan.close(scan.depth, i + 1);
-            i + 1
-        } else if c.is_ascii_digit() || c == b'-' {
-            scan.value(c, i, number_end(text, i)?, false)?
-        } else if c == b't' || c == b'n' {
-            scan.value(c, i, i + 4, false)?
-        } else if c == b'f' {
-            scan.value(c, i, i + 5, false)?
-        } else {
-            i + 1 // whitespace
-        };
-    }
-    Some(scan.out)
+/// Where [`scan_value`] is in JSON's grammar, between two tokens.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// A value (at the start, after `:`, after `,` in an array).
+    Value,
+    /// A value or `]` (just after `[`).
+    ValueOrEnd,
+    /// A key or `}` (just after `{`).
+    KeyOrEnd,
+    /// A key (after `,` in an object).
+    Key,
+    /// The `:` after a key.
+    Colon,
+    /// A `,` or the end of the container open here.
+    CommaOrEnd,
 }
 
-/// The end of the number starting at `text[i..]`; `None` when it is one a Value read refuses
-/// (out of an f64's range).
+/// Reads the JSON value at `text[start..]` (whitespace before it allowed) as serde_json reads
+/// a value `base` containers deep in a document: strictly by JSON's grammar, with serde_json's
+/// nesting limit, `\u` surrogates paired and numbers within an f64's range, as a
+/// `serde_json::Value` read requires. Returns where the value ends and, when it is an object,
+/// where the members the rules read are (later repeats of a key win, as in a Value). `None`
+/// when such a read would fail, and when a key of the object or of its `metadata` has escapes
+/// (not worth decoding here; the Value path handles it).
+fn scan_value(text: &str, start: usize, base: u32) -> Option<(usize, Scanned<'_>)> {
+    let b = text.as_bytes();
+    let mut i = skip_ws(b, start);
+    let mut scan = Scan::new(text, kind_at(*b.get(i)?), base, i);
+    let mut next = Next::Value;
+    loop {
+        i = skip_ws(b, i);
+        let c = *b.get(i)?;
+        match next {
+            Next::Colon => {
+                if c != b':' {
+                    return None;
+                }
+                next = Next::Value;
+                i += 1;
+                continue;
+            }
+            Next::Key | Next::KeyOrEnd if c == b'"' => {
+                let (end, escaped) = scan_string(b, i + 1)?;
+                scan.key(i, end, escaped)?;
+                next = Next::Colon;
+                i = end + 1;
+                continue;
+            }
+            Next::CommaOrEnd if c == b',' => {
+                next = if scan.in_object() { Next::Key } else { Next::Value };
+                i += 1;
+                continue;
+            }
+            Next::KeyOrEnd | Next::CommaOrEnd | Next::ValueOrEnd
+                if (c == b'}' && scan.in_object() && next != Next::ValueOrEnd)
+                    || (c == b']' && !scan.in_object() && next != Next::KeyOrEnd) =>
+            {
+                scan.depth -= 1;
+                scan.close(scan.depth, i + 1);
+                i += 1;
+            }
+            Next::Value | Next::ValueOrEnd => {
+                // (An if-chain in order of frequency: a `match` here compiles to a jump table
+                // whose indirect branch mispredicts on almost every value.)
+                i = if c == b'"' {
+                    let (end, _) = scan_string(b, i + 1)?;
+                    scan.value(c, i, end + 1, false)?
+                } else if c == b'{' || c == b'[' {
+                    let at = scan.value(c, i, i + 1, true)?;
+                    next = if c == b'{' { Next::KeyOrEnd } else { Next::ValueOrEnd };
+                    i = at;
+                    continue;
+                } else if c.is_ascii_digit() || c == b'-' {
+                    scan.value(c, i, number_end(text, i)?, false)?
+                } else {
+                    let word: &[u8] = match c {
+                        b't' => b"true",
+                        b'f' => b"false",
+                        b'n' => b"null",
+                        _ => return None,
+                    };
+                    if b.get(i..i + word.len()) != Some(word) {
+                        return None;
+                    }
+                    scan.value(c, i, i + word.len(), false)?
+                };
+            }
+            _ => return None,
+        }
+        // A value ended here: the whole one, or a member or element of a container.
+        if scan.depth == 0 {
+            return Some((i, scan.out));
+        }
+        next = Next::CommaOrEnd;
+    }
+}
+
+/// [`scan_value`] of a request's object, given alone as `text`: the whole text is one value.
+pub(super) fn scan_object(text: &str) -> Option<Scanned<'_>> {
+    let (end, scanned) = scan_value(text, 0, OBJECT_DEPTH)?;
+    (skip_ws(text.as_bytes(), end) == text.len()).then_some(scanned)
+}
+
+/// The end of the number at `text[i..]`, by JSON's grammar; `None` for one JSON refuses, or one
+/// a Value read refuses (out of an f64's range).
 fn number_end(text: &str, i: usize) -> Option<usize> {
     let b = text.as_bytes();
-    let len = b[i..]
-        .iter()
-        .position(|c| !matches!(c, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
-        .unwrap_or(b.len() - i);
-    let number = &text[i..i + len];
-    // A plain integer of up to 19 digits is a u64 or an i64; anything else may be an f64 out of
-    // range, which only serde_json itself can tell.
-    let plain = len < 20 && !number.contains(['.', 'e', 'E']);
-    if !plain && serde_json::from_str::<Value>(number).is_err() {
+    let digits = |mut j: usize| {
+        while b.get(j).is_some_and(u8::is_ascii_digit) {
+            j += 1;
+        }
+        j
+    };
+    let mut j = i + usize::from(b.get(i) == Some(&b'-'));
+    j = match b.get(j)? {
+        b'0' => j + 1,
+        b'1'..=b'9' => digits(j + 1),
+        _ => return None,
+    };
+    let integer_end = j;
+    if b.get(j) == Some(&b'.') {
+        let end = digits(j + 1);
+        if end == j + 1 {
+            return None;
+        }
+        j = end;
+    }
+    if matches!(b.get(j), Some(b'e' | b'E')) {
+        j += 1;
+        if matches!(b.get(j), Some(b'+' | b'-')) {
+            j += 1;
+        }
+        let end = digits(j);
+        if end == j {
+            return None;
+        }
+        j = end;
+    }
+    // A plain integer of up to 19 characters is a u64 or an i64; anything else may be an f64
+    // out of range, which only serde_json itself can tell.
+    let plain = j == integer_end && j - i < 20;
+    if !plain && serde_json::from_str::<Value>(text.get(i..j)?).is_err() {
         return None;
     }
-    Some(i + len)
+    Some(j)
 }
 
-/// The state of [`scan_object`] between two tokens.
+/// The state of [`scan_value`] between two tokens.
 struct Scan<'a> {
     text: &'a str,
     out: Scanned<'a>,
+    /// Where the value read starts in `text` (its cuts are counted from there).
+    origin: usize,
+    /// How deep the value read sits in its document.
+    base: u32,
     /// Containers open around the current position.
     depth: u32,
+    /// Which of them are objects (bit `d` for the container at depth `d`).
+    objects: u128,
     /// Inside the current `metadata` object.
     in_metadata: bool,
     /// Inside an `annotations` object of the current `metadata`, and whether it may be cut.
     in_annotations: bool,
     annotations_cuttable: bool,
-    /// The next string is a key of the object or of its metadata.
-    expect_key: bool,
-    /// A key was just read: the next value is its member's.
+    /// A key the scan keeps was just read: the next value is its member's.
     expect_value: bool,
     /// The member at depth 1 and where its value starts.
     key1: Member,
@@ -239,9 +383,10 @@ struct Scan<'a> {
 }
 
 impl<'a> Scan<'a> {
-    fn new(text: &'a str, kind: Kind) -> Self {
+    fn new(text: &'a str, kind: Kind, base: u32, origin: usize) -> Self {
         Scan {
             text,
+            origin,
             out: Scanned {
                 kind,
                 metadata: None,
@@ -251,11 +396,12 @@ impl<'a> Scan<'a> {
                 cuts: [(0, 0, Cut::Null); MAX_CUTS],
                 n_cuts: 0,
             },
+            base,
             depth: 0,
+            objects: 0,
             in_metadata: false,
             in_annotations: false,
             annotations_cuttable: false,
-            expect_key: false,
             expect_value: false,
             key1: Member::Other,
             start1: None,
@@ -264,29 +410,31 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// Whether the keys of the container open here are read: the object's, its metadata's and
+    /// Whether the container open here is an object.
+    fn in_object(&self) -> bool {
+        self.objects >> self.depth & 1 == 1
+    }
+
+    /// Whether the keys of the object open here are read: the object's, its metadata's and
     /// its metadata's annotations'.
     fn keys_here(&self) -> bool {
         self.depth == 1 || (self.depth == 2 && self.in_metadata) || (self.depth == 3 && self.in_annotations)
     }
 
-    /// The string starting at `i`, a key or a value; where the scan goes on.
-    fn string(&mut self, i: usize) -> Option<usize> {
-        let b = self.text.as_bytes();
-        let (end, escaped) = scan_string(b, i + 1)?;
-        if !self.expect_key {
-            return self.value(b'"', i, end + 1, false);
+    /// The key `text[i + 1..end]` (`escaped` if it has escapes) of the object open here.
+    fn key(&mut self, i: usize, end: usize, escaped: bool) -> Option<()> {
+        if !self.keys_here() {
+            return Some(());
         }
-        let key = &b[i + 1..end];
+        let key = &self.text.as_bytes()[i + 1..end];
+        self.expect_value = true;
         if self.depth == 3 {
             // An annotation's key: one the rules may read (or that may decode to one) keeps the
             // annotations in.
             if escaped || key.starts_with(RULE_ANNOTATION_PREFIX) {
                 self.annotations_cuttable = false;
             }
-            self.expect_key = false;
-            self.expect_value = true;
-            return Some(end + 1);
+            return Some(());
         }
         if escaped {
             return None;
@@ -306,9 +454,7 @@ impl<'a> Scan<'a> {
                 _ => Member::Other,
             };
         }
-        self.expect_key = false;
-        self.expect_value = true;
-        Some(end + 1)
+        Some(())
     }
 
     /// A value starting at `i` with byte `c`: a scalar ending at `next`, or a container that
@@ -338,10 +484,14 @@ impl<'a> Scan<'a> {
         }
         if opens {
             self.depth += 1;
-            if OBJECT_DEPTH + self.depth >= JSON_DEPTH_LIMIT {
+            if self.base + self.depth >= JSON_DEPTH_LIMIT {
                 return None;
             }
-            self.expect_key = c == b'{' && self.keys_here();
+            if c == b'{' {
+                self.objects |= 1 << self.depth;
+            } else {
+                self.objects &= !(1 << self.depth);
+            }
         } else {
             self.close(self.depth, next);
         }
@@ -377,10 +527,11 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// Leaves `text[start..end]` out of [`Scanned::slimmed`], `with` in its place (not past
-    /// [`MAX_CUTS`], nor past 4 GiB of text).
+    /// Leaves `text[start..end]` out of [`Scanned::slimmed`] (of the value's own text), `with`
+    /// in its place (not past [`MAX_CUTS`], nor past 4 GiB of text).
     fn cut(&mut self, start: usize, end: usize, with: Cut) {
-        let (Ok(start), Ok(end)) = (u32::try_from(start), u32::try_from(end)) else {
+        let from_origin = |at: usize| at.checked_sub(self.origin).and_then(|n| u32::try_from(n).ok());
+        let (Some(start), Some(end)) = (from_origin(start), from_origin(end)) else {
             return;
         };
         if let Some(slot) = self.out.cuts.get_mut(self.out.n_cuts) {
@@ -390,34 +541,253 @@ impl<'a> Scan<'a> {
     }
 }
 
-/// The scan of `raw` (a request's object) when it is one [`parse`] accepts as a Value and that
-/// passes [`check_envelope`]: it reads as a Value at its depth in the review, is an object, and
-/// its `metadata` is absent, null or an object.
-fn scan_text_object(raw: &RawValue) -> Option<Scanned<'_>> {
-    scan_object(raw.get())
-        .filter(|s| s.kind == Kind::Object && matches!(s.metadata, None | Some(Kind::Null | Kind::Object)))
+/// A request read from a review's text by [`parse_text`]: what [`parse`] reads of it, with the
+/// objects left as text (borrowed from the body), each with its scan.
+pub(super) struct TextRequest<'a> {
+    pub(super) uid: String,
+    pub(super) group: String,
+    pub(super) resource: String,
+    pub(super) sub_resource: Option<String>,
+    pub(super) operation: WireOperation,
+    pub(super) user_info: UserInfo,
+    pub(super) object: Option<(&'a str, Scanned<'a>)>,
+    pub(super) old_object: Option<(&'a str, Scanned<'a>)>,
 }
 
-/// A request with its objects as text, and the scans of its new and old objects.
-pub(super) type TextObjects<'a> = (TextRequest<'a>, Option<Scanned<'a>>, Option<Scanned<'a>>);
-
-/// The request of `body` with its objects as text, when [`parse`] would accept `body` and the
-/// objects are well-formed; `None` for anything else (then [`parse`] decides).
-pub(super) fn parse_text(body: &[u8]) -> Option<TextObjects<'_>> {
-    let review = serde_json::from_slice::<TextReview<'_>>(body).ok()?;
-    if review.kind != ADMISSION_KIND || review.api_version != ADMISSION_API_VERSION {
+/// The request of `body`, when [`parse`] would accept `body` and read the same of it; `None`
+/// for anything else (then [`parse`] decides).
+///
+/// One pass over the body, for speed (a review's objects are most of it, and serde_json would
+/// read them once to find where they end and the scan once more). It reads strictly: the
+/// body is UTF-8 and one JSON value, the envelope's members are read as `WireReview` and
+/// `WireRequest` read them (a repeated member, a missing or mistyped one, or a key with escapes
+/// is left to [`parse`]), the members it skips are checked as serde_json checks what it
+/// ignores, and the objects as a `serde_json::Value` read checks them ([`scan_value`]).
+pub(super) fn parse_text(body: &[u8]) -> Option<TextRequest<'_>> {
+    let text = std::str::from_utf8(body).ok()?;
+    let mut r = Envelope { text, i: 0 };
+    let (mut api_version, mut kind, mut request) = (None, None, None);
+    r.object(|r, key| match key {
+        b"apiVersion" => once(&mut api_version, r.string()),
+        b"kind" => once(&mut kind, r.string()),
+        b"request" => once(&mut request, r.request()),
+        _ => r.skip(1),
+    })?;
+    if skip_ws(text.as_bytes(), r.i) != text.len() || api_version? != ADMISSION_API_VERSION || kind? != ADMISSION_KIND {
         return None;
     }
-    let request = review.request?;
-    let new = match request.object {
-        Some(raw) => Some(scan_text_object(raw)?),
-        None => None,
-    };
-    let old = match request.old_object {
-        Some(raw) => Some(scan_text_object(raw)?),
-        None => None,
-    };
-    Some((request, new, old))
+    request
+}
+
+/// Sets `slot` to `value` the first time; `None` for a second time (a struct's member named
+/// twice, which serde refuses) or no value.
+fn once<T>(slot: &mut Option<T>, value: Option<T>) -> Option<()> {
+    if slot.is_some() {
+        return None;
+    }
+    *slot = Some(value?);
+    Some(())
+}
+
+/// [`parse_text`]'s position in the body.
+struct Envelope<'a> {
+    text: &'a str,
+    i: usize,
+}
+
+impl<'a> Envelope<'a> {
+    /// The next byte that is not whitespace, which the reader is then at.
+    fn peek(&mut self) -> Option<u8> {
+        self.i = skip_ws(self.text.as_bytes(), self.i);
+        self.text.as_bytes().get(self.i).copied()
+    }
+
+    /// Reads `c`, or `None`.
+    fn eat(&mut self, c: u8) -> Option<()> {
+        (self.peek()? == c).then(|| self.i += 1)
+    }
+
+    /// Reads `null` if it is next.
+    fn null(&mut self) -> bool {
+        let null = self.peek() == Some(b'n') && self.text.as_bytes().get(self.i..self.i + 4) == Some(b"null");
+        if null {
+            self.i += 4;
+        }
+        null
+    }
+
+    /// `None` for `null`, else what `read` reads.
+    fn nullable<T>(&mut self, read: impl FnOnce(&mut Self) -> Option<T>) -> Option<Option<T>> {
+        if self.null() { Some(None) } else { read(self).map(Some) }
+    }
+
+    /// The object next, each member given to `member` with its key (with no escapes) and the
+    /// reader at its value.
+    fn object(&mut self, mut member: impl FnMut(&mut Self, &'a [u8]) -> Option<()>) -> Option<()> {
+        self.eat(b'{')?;
+        if self.peek()? == b'}' {
+            self.i += 1;
+            return Some(());
+        }
+        let b = self.text.as_bytes();
+        loop {
+            if self.peek()? != b'"' {
+                return None;
+            }
+            let (end, escaped) = scan_string(b, self.i + 1)?;
+            if escaped {
+                return None;
+            }
+            let key = &b[self.i + 1..end];
+            self.i = end + 1;
+            self.eat(b':')?;
+            member(self, key)?;
+            match self.peek()? {
+                b',' => self.i += 1,
+                b'}' => {
+                    self.i += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// The string next, unescaped.
+    fn string(&mut self) -> Option<String> {
+        if self.peek()? != b'"' {
+            return None;
+        }
+        let (end, escaped) = scan_string(self.text.as_bytes(), self.i + 1)?;
+        let quoted = self.text.get(self.i..=end)?;
+        self.i = end + 1;
+        if escaped {
+            serde_json::from_str(quoted).ok()
+        } else {
+            Some(quoted[1..quoted.len() - 1].to_owned())
+        }
+    }
+
+    /// The array of strings next.
+    fn strings(&mut self) -> Option<Vec<String>> {
+        self.eat(b'[')?;
+        let mut out = Vec::new();
+        if self.peek()? == b']' {
+            self.i += 1;
+            return Some(out);
+        }
+        loop {
+            out.push(self.string()?);
+            match self.peek()? {
+                b',' => self.i += 1,
+                b']' => {
+                    self.i += 1;
+                    return Some(out);
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// Skips the value next, a member of an object `depth` containers deep, checked as
+    /// serde_json checks a value it ignores (and as a Value read would: stricter, never laxer).
+    fn skip(&mut self, depth: u32) -> Option<()> {
+        let (end, _) = scan_value(self.text, self.i, depth)?;
+        self.i = end;
+        Some(())
+    }
+
+    /// The review's `request`, read as [`WireRequest`] reads it.
+    fn request(&mut self) -> Option<TextRequest<'a>> {
+        let (mut uid, mut resource, mut sub_resource, mut operation) = (None, None, None, None);
+        let (mut user_info, mut object, mut old_object) = (None, None, None);
+        self.object(|r, key| match key {
+            b"uid" => once(&mut uid, r.string()),
+            b"resource" => once(&mut resource, r.resource()),
+            b"subResource" => once(&mut sub_resource, r.nullable(Self::string)),
+            b"operation" => once(&mut operation, r.string().and_then(|s| wire_operation(&s))),
+            b"userInfo" => once(&mut user_info, r.user_info()),
+            b"object" => once(&mut object, r.nullable(Self::kube_object)),
+            b"oldObject" => once(&mut old_object, r.nullable(Self::kube_object)),
+            _ => r.skip(2),
+        })?;
+        let (group, resource) = resource?;
+        Some(TextRequest {
+            uid: uid?,
+            group,
+            resource,
+            sub_resource: sub_resource.flatten(),
+            operation: operation?,
+            user_info: user_info.unwrap_or_default(),
+            object: object.flatten(),
+            old_object: old_object.flatten(),
+        })
+    }
+
+    /// `request.resource`, as kube-core's `GroupVersionResource` reads it: its group and
+    /// resource (a version is required too). Any other member is left to [`parse`].
+    fn resource(&mut self) -> Option<(String, String)> {
+        let (mut group, mut version, mut resource) = (None, None, None);
+        self.object(|r, key| match key {
+            b"group" => once(&mut group, r.string()),
+            b"version" => once(&mut version, r.string()),
+            b"resource" => once(&mut resource, r.string()),
+            _ => None,
+        })?;
+        version?;
+        Some((group?, resource?))
+    }
+
+    /// `request.userInfo`, as k8s-openapi's `UserInfo` reads it (a repeated member: the last
+    /// wins; others skipped).
+    fn user_info(&mut self) -> Option<UserInfo> {
+        let mut user = UserInfo::default();
+        self.object(|r, key| {
+            match key {
+                b"username" => user.username = r.nullable(Self::string)?,
+                b"uid" => user.uid = r.nullable(Self::string)?,
+                b"groups" => user.groups = r.nullable(Self::strings)?,
+                b"extra" => user.extra = r.nullable(Self::extra)?,
+                _ => r.skip(3)?,
+            }
+            Some(())
+        })?;
+        Some(user)
+    }
+
+    /// `userInfo.extra`: a map of string lists (a repeated key: the last wins, as a BTreeMap
+    /// reads it).
+    fn extra(&mut self) -> Option<std::collections::BTreeMap<String, Vec<String>>> {
+        let mut extra = std::collections::BTreeMap::new();
+        self.object(|r, key| {
+            let key = std::str::from_utf8(key).ok()?.to_owned();
+            extra.insert(key, r.strings()?);
+            Some(())
+        })?;
+        Some(extra)
+    }
+
+    /// A request's object: its text and scan, when [`parse`] would accept it (it reads as a
+    /// Value at its depth in the review, is an object, and its `metadata` is absent, null or
+    /// an object, as [`check_envelope`] requires).
+    fn kube_object(&mut self) -> Option<(&'a str, Scanned<'a>)> {
+        let start = skip_ws(self.text.as_bytes(), self.i);
+        let (end, scanned) = scan_value(self.text, start, OBJECT_DEPTH)?;
+        self.i = end;
+        let object = scanned.kind == Kind::Object && matches!(scanned.metadata, None | Some(Kind::Null | Kind::Object));
+        Some((self.text.get(start..end)?, scanned)).filter(|_| object)
+    }
+}
+
+/// The operation named `name`, as kube-core reads it.
+fn wire_operation(name: &str) -> Option<WireOperation> {
+    Some(match name {
+        "CREATE" => WireOperation::Create,
+        "UPDATE" => WireOperation::Update,
+        "DELETE" => WireOperation::Delete,
+        "CONNECT" => WireOperation::Connect,
+        _ => return None,
+    })
 }
 
 /// What defaulting reads of a SmolVM ([`Shape`]), from its scan: the spec's text read into its

@@ -687,3 +687,134 @@ fn wrong_resource_and_subresource_are_denied() {
         assert_eq!(v["response"]["status"]["code"], 400);
     }
 }
+
+/// A review of `alpine` whose request has `members` (the rest of the envelope as the API
+/// server writes it).
+fn review_with(members: &str) -> String {
+    format!(r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{{members}}}}}"#)
+}
+
+/// The request members of a plain CREATE of `alpine`, then `more`.
+fn create_members(more: &str) -> String {
+    let object = serde_json::to_string(&fixtures::alpine()).unwrap_or_default();
+    format!(
+        r#""uid":"u-1","resource":{{"group":"vm.smolvm.dev","version":"v1alpha1","resource":"smolvms"}},"operation":"CREATE","userInfo":{{"username":"alice"}},"object":{object}{more}"#
+    )
+}
+
+/// The fast reading of the envelope takes the bodies it should, leaves the others to the
+/// reference reading, and answers whatever it takes as the reference answers it.
+#[test]
+fn envelopes_read_as_parse_reads_them() {
+    let plain = create_members("");
+    let resource = r#""resource":{"group":"vm.smolvm.dev","version":"v1alpha1","resource":"smolvms"}"#;
+    let object = serde_json::to_string(&fixtures::alpine()).unwrap_or_default();
+    let spaced = serde_json::to_string_pretty(&serde_json::from_str::<Value>(&review_with(&plain)).unwrap_or_default())
+        .unwrap_or_default();
+    let table: Vec<(&str, String, bool)> = vec![
+        ("plain", review_with(&plain), true),
+        ("whitespace everywhere", spaced.replace('\n', "\r\n\t "), true),
+        (
+            "members in another order",
+            format!(
+                r#"{{"request":{{"object":{object},"userInfo":{{}},"operation":"UPDATE","oldObject":{object},{resource},"uid":"u"}},"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1"}}"#
+            ),
+            true,
+        ),
+        (
+            "unknown members of every kind skipped",
+            review_with(&create_members(
+                r#","kind":{"group":"g","kind":"K"},"options":{"a":[1,0,-0,2.5,-3e2,1E+2,true,false,null,"x\n\u00e9\"",{}],"b":{"c":[[]]}},"dryRun":false"#,
+            )),
+            true,
+        ),
+        ("subResource null", review_with(&create_members(r#","subResource":null"#)), true),
+        ("subResource status", review_with(&create_members(r#","subResource":"status""#)), true),
+        ("oldObject null", review_with(&create_members(r#","oldObject":null"#)), true),
+        ("an escaped uid", review_with(&plain.replace(r#""u-1""#, r#""u\u002d1\/""#)), true),
+        (
+            "userInfo with every member, repeats and nulls",
+            review_with(&plain.replace(
+                r#""userInfo":{"username":"alice"}"#,
+                r#""userInfo":{"username":"bob","uid":null,"groups":["system:authenticated","a\u0026b"],"extra":{"k":["1"],"k":["2","3"],"e":[]},"username":"al\u0069ce","other":{"x":1}}"#,
+            )),
+            true,
+        ),
+        ("userInfo members null", review_with(&plain.replace(r#""userInfo":{"username":"alice"}"#, r#""userInfo":{"username":null,"groups":null,"extra":null}"#)), true),
+        // Left to the reference reading.
+        ("uid twice", review_with(&create_members(r#","uid":"u-2""#)), false),
+        ("object twice", review_with(&create_members(&format!(r#","object":{object}"#))), false),
+        ("apiVersion twice", review_with(&plain).replacen("{", r#"{"apiVersion":"admission.k8s.io/v1","#, 1), false),
+        ("an escaped key", review_with(&plain.replace(r#""uid""#, r#""u\u0069d""#)), false),
+        ("userInfo null", review_with(&plain.replace(r#""userInfo":{"username":"alice"}"#, r#""userInfo":null"#)), false),
+        ("no uid", review_with(&plain.replace(r#""uid":"u-1","#, "")), false),
+        ("uid a number", review_with(&plain.replace(r#""u-1""#, "1")), false),
+        ("resource with another member", review_with(&plain.replace(r#""resource":"smolvms""#, r#""resource":"smolvms","api_version":"x""#)), false),
+        ("resource without version", review_with(&plain.replace(r#""version":"v1alpha1","#, "")), false),
+        ("an unknown operation", review_with(&plain.replace("CREATE", "PATCH")), false),
+        ("request null", review_with("").replace("{}", "null"), false),
+        ("request an array", review_with("").replace("{}", "[]"), false),
+        ("the review an array", "[]".into(), false),
+        ("trailing text", review_with(&plain) + " x", false),
+        ("trailing whitespace", review_with(&plain) + " \n", true),
+        ("a trailing comma in a skipped member", review_with(&create_members(r#","options":{"a":1,}"#)), false),
+        ("a trailing comma in a skipped array", review_with(&create_members(r#","options":[1,]"#)), false),
+        ("a missing colon in a skipped member", review_with(&create_members(r#","options":{"a" 1}"#)), false),
+        ("a missing comma in a skipped array", review_with(&create_members(r#","options":[1 2]"#)), false),
+        ("a control character in a skipped string", review_with(&create_members(",\"options\":\"a\u{1}b\"")), false),
+        ("an unknown escape in a skipped string", review_with(&create_members(r#","options":"a\xb""#)), false),
+        ("a short \\u escape", review_with(&create_members(r#","options":"\u00g0""#)), false),
+        ("a signed \\u escape", review_with(&create_members(r#","options":"\u+abc""#)), false),
+        ("a leading zero", review_with(&create_members(r#","options":01"#)), false),
+        ("a bare point", review_with(&create_members(r#","options":1."#)), false),
+        ("a bare minus", review_with(&create_members(r#","options":-"#)), false),
+        ("a bare exponent", review_with(&create_members(r#","options":1e"#)), false),
+        ("a leading point", review_with(&create_members(r#","options":.5"#)), false),
+        ("a plus sign", review_with(&create_members(r#","options":+1"#)), false),
+        ("a misspelt literal", review_with(&create_members(r#","options":tru"#)), false),
+        ("mismatched brackets", review_with(&create_members(r#","options":[1}"#)), false),
+        ("an unterminated string", review_with(&create_members(r#","options":"abc"#)), false),
+        ("deep nesting in a skipped member", review_with(&create_members(&format!(r#","options":{}"#, nested(200, "1")))), false),
+        ("groups with a number", review_with(&plain.replace(r#""username":"alice""#, r#""groups":[1]"#)), false),
+        ("an extra value null", review_with(&plain.replace(r#""username":"alice""#, r#""extra":{"k":null}"#)), false),
+    ];
+    for (name, body, fast) in &table {
+        assert_eq!(parse_text(body.as_bytes()).is_some(), *fast, "{name}: {body}");
+        answers_as_values(body.as_bytes(), &Route::ALL).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    let invalid_utf8 = [review_with(&create_members(r#","options":""#)).as_bytes(), b"\xff\"}}"].concat();
+    assert!(parse_text(&invalid_utf8).is_none());
+    answers_as_values(&invalid_utf8, &Route::ALL).unwrap_or_else(|e| panic!("invalid UTF-8: {e}"));
+}
+
+proptest::proptest! {
+    /// A review broken or changed a few bytes at a time is read by the fast reading only when
+    /// the reference reading accepts it too, and then answered alike.
+    #[test]
+    fn edited_reviews_are_read_soundly(
+        edits in prop::collection::vec(
+            (0usize..4096, 0u8..3, prop::sample::select(b"{}[],:\" \\\n0a-.eEu\x01\xff".to_vec())),
+            1..4,
+        ),
+        update in proptest::bool::ANY,
+    ) {
+        let mut object = fixtures::alpine();
+        object["metadata"]["annotations"] =
+            json!({"kubectl.kubernetes.io/last-applied-configuration": r#"{"spec":{"image":"alpine"}}"#});
+        let old = if update { object.clone() } else { Value::Null };
+        let mut body = body("smolvms", None, if update { "UPDATE" } else { "CREATE" }, object, old);
+        for (at, op, byte) in edits {
+            let at = at % (body.len() + 1);
+            match op {
+                0 if at < body.len() => { body.remove(at); }
+                1 => body.insert(at, byte),
+                _ if at < body.len() => body[at] = byte,
+                _ => body.push(byte),
+            }
+        }
+        if parse_text(&body).is_some() {
+            proptest::prop_assert!(parse(&body).is_ok(), "{}", String::from_utf8_lossy(&body));
+        }
+        answers_as_values(&body, &[Route::ValidateSmolVM, Route::MutateSmolVM])?;
+    }
+}

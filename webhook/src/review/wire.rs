@@ -5,7 +5,7 @@
 use k8s_openapi::api::authentication::v1::UserInfo;
 use kube::core::{GroupVersionResource, admission::Operation as WireOperation};
 use serde::Deserialize;
-use serde_json::{Value, value::RawValue};
+use serde_json::Value;
 use smolvm_api::validate::{Identity, Operation};
 
 /// The only AdmissionReview version served.
@@ -127,8 +127,8 @@ impl RequestError {
 }
 
 /// An AdmissionReview as the API server sends it, read in one pass, with fields the webhook does
-/// not use skipped. The objects are `serde_json::Value`s (`O = Value`, the reference reading), or
-/// JSON text borrowed from the body ([`TextReview`], the fast one).
+/// not use skipped. The objects are `serde_json::Value`s: the reference reading (the fast one,
+/// [`parse_text`](super::scan::parse_text), reads what it reads).
 #[derive(Deserialize)]
 pub(super) struct WireReview<O = Value> {
     #[serde(rename = "apiVersion")]
@@ -137,13 +137,6 @@ pub(super) struct WireReview<O = Value> {
     #[serde(default = "none")]
     pub(super) request: Option<WireRequest<O>>,
 }
-
-/// The happy path of [`parse`]: the AdmissionReview with the objects left as JSON text (borrowed
-/// from the body), so that no `Value` tree is built for them.
-pub(super) type TextReview<'a> = WireReview<&'a RawValue>;
-
-/// [`WireRequest`] with the objects as JSON text.
-pub(super) type TextRequest<'a> = WireRequest<&'a RawValue>;
 
 pub(super) fn none<T>() -> Option<T> {
     None

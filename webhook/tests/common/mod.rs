@@ -10,7 +10,7 @@ use smolvm_api::{Policy, SmolVMNode, validate::Identity};
 use smolvm_certs::{CertificateAuthority, ReloadableResolver};
 use smolvm_webhook::{
     client::{self, Connection, Version},
-    server::{admission_router, serve_ops, serve_tls},
+    server::{admission_service, serve_ops, serve_tls},
     state::{AppState, PolicyHandle},
 };
 
@@ -60,7 +60,7 @@ impl Harness {
         let handle = axum_server::Handle::new();
         tokio::spawn(serve_tls(
             listener,
-            admission_router(state.clone()),
+            admission_service(state.clone()),
             resolver.clone(),
             handle.clone(),
             streams,
