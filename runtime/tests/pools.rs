@@ -1,5 +1,5 @@
 //! Warm pools through the agent's node API over mTLS: ApplyPool, ListPools, LeaseMachine and
-//! DeletePool.
+//! DeletePool, and the access calls (exec, logs, files) of a machine served from a pool.
 //!
 //! Against a real `smolvm serve` (found as the other tests find it; `skipped: …` without it):
 //! what is reachable without a running guest. A pool's source does not boot here, so ApplyPool
@@ -8,8 +8,9 @@
 //! the TEST DOUBLE of smolvm serve (`smolvm_testkit::smolvm_double`), whose machines "boot" at
 //! once, behind the agent's real node API and smolvm client: the happy path, the machine served
 //! under its own name in every call, the lease's env, `NoReadySlot` while refill is held, the
-//! pool made again after smolvm restarts, and the lease ended on delete. Tests assert codes and
-//! meaning, never smolvm's wording.
+//! pool made again after smolvm restarts, and the lease ended on delete; exec, logs and a file
+//! copied in and out of a served machine reach its worker, and exec on it once stopped is
+//! refused. Tests assert codes and meaning, never smolvm's wording.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -246,6 +247,164 @@ async fn pools_and_leases_against_the_double() {
     assert_eq!(deleted.status, 200, "{deleted:?}");
     assert!(double.pool("pool-a").is_none());
     assert!(double.state("pool-a").is_none(), "the source went with the pool");
+    agent.agent.shutdown().await;
+}
+
+/// Exec, logs and a file copied in and out of a machine served from a pool, against the double:
+/// each reaches the pool's worker its lease holds (smolvm is never asked about `svm-<uid>`), the
+/// worker's own output comes back as it is (it names the worker, as a guest's would), and what
+/// the node API says of the machine names it `svm-<uid>`. Once the machine is stopped, exec is
+/// 409 `MachineNotRunning` naming its state, and the worker is not booted by it.
+#[tokio::test]
+async fn exec_logs_and_files_of_a_served_machine_reach_its_worker() {
+    use base64::Engine as _;
+    common::init();
+    let dir = tempdir();
+    let double = SmolvmDouble::start(dir.path().join("double.sock"))
+        .await
+        .expect("double");
+    let agent = TestAgent::attached(&dir.path().join("agent"), Arc::new(Pki::new()), double.socket()).await;
+    let mut c = agent.client().await;
+    let applied = c.call("PUT", "/v1/pools/pool-x", Some(pool(1))).await;
+    assert_eq!(applied.status, 200, "{applied:?}");
+    let name = "svm-0b7e5d1c-6a0f-4c1e-9d2b-5f8e7a6c4d3b";
+    let served = c
+        .call(
+            "POST",
+            &format!("/v1/machines/{name}/lease"),
+            Some(lease("pool-x", "7")),
+        )
+        .await;
+    assert_eq!(
+        (served.status, served.body["name"].clone()),
+        (200, json!(name)),
+        "{served:?}"
+    );
+    let worker = double
+        .leases()
+        .into_iter()
+        .find(|l| l.key == name)
+        .map(|l| l.machine)
+        .expect("a lease keyed by the machine's name");
+    assert_ne!(worker, name);
+    double.clear_calls();
+    let machine = format!("/v1/machines/{name}");
+    let reached = |operation: &str| -> Vec<(Option<String>, Option<String>)> {
+        let calls = double.calls_of(operation).into_iter();
+        calls.map(|c| (c.machine, c.path)).collect()
+    };
+
+    // Exec: run in the worker; its output is the worker's, byte-exact.
+    let exec = c
+        .call(
+            "POST",
+            &format!("{machine}/exec"),
+            Some(json!({"command": ["echo", "hello"]})),
+        )
+        .await;
+    assert_eq!(
+        (exec.status, exec.body["exitCode"].clone()),
+        (200, json!(0)),
+        "{exec:?}"
+    );
+    let engine = base64::engine::general_purpose::STANDARD;
+    let stdout = engine
+        .decode(exec.body["stdoutBase64"].as_str().unwrap_or_default())
+        .unwrap_or_default();
+    assert_eq!(
+        String::from_utf8_lossy(&stdout),
+        format!("ran in {worker}: echo hello\n")
+    );
+    assert_eq!(reached("exec_command"), [(Some(worker.clone()), None)]);
+
+    // Logs: the worker's console and workload logs, as plain lines.
+    for (query, want) in [
+        ("", format!("machine '{worker}' forked from 'pool-x'\n")),
+        ("?source=workload&tail=5", format!("workload of '{worker}' started\n")),
+    ] {
+        let logs = c.call("GET", &format!("{machine}/logs{query}"), None).await;
+        assert_eq!(logs.status, 200, "{query}: {logs:?}");
+        assert_eq!(logs.content_type.as_deref(), Some("text/plain; charset=utf-8"));
+        assert_eq!(String::from_utf8_lossy(&logs.raw), want, "{query}");
+    }
+    let logged = reached("stream_logs");
+    assert_eq!(logged, [(Some(worker.clone()), None), (Some(worker.clone()), None)]);
+
+    // A file copied in, then out: the worker holds it, with its mode, and gives it back.
+    let content: Vec<u8> = (0..=255u8).collect();
+    let file = "/srv/job/input.bin";
+    let put = c
+        .send_raw(
+            "PUT",
+            &format!("{machine}/files{file}?mode=0600"),
+            Some(content.clone()),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("PUT: {e}"));
+    assert_eq!(
+        (put.status, put.body.clone()),
+        (200, json!({"path": file, "bytes": 256})),
+        "{put:?}"
+    );
+    let held = double.file(&worker, file).map(|f| (f.content, f.mode));
+    assert_eq!(held, Some((content.clone(), 0o600)), "the worker holds the file");
+    let got = c.call("GET", &format!("{machine}/files{file}"), None).await;
+    assert_eq!(got.content_type.as_deref(), Some("application/octet-stream"));
+    assert_eq!((got.status, got.raw.to_vec()), (200, content), "byte-exact");
+    let at_worker = (Some(worker.clone()), Some(file.to_string()));
+    for operation in ["upload_file", "download_file"] {
+        assert_eq!(reached(operation), std::slice::from_ref(&at_worker), "{operation}");
+    }
+    // A file that is not there: the node API's answer names the machine, not its worker.
+    let missing = c.call("GET", &format!("{machine}/files/srv/none"), None).await;
+    assert_eq!(missing.status, 404, "{missing:?}");
+    let message = missing.body["message"].as_str().unwrap_or_default();
+    assert!(message.contains(name) && !message.contains(&worker), "{missing:?}");
+
+    // smolvm was never asked about the served machine's own name.
+    let calls = double.calls();
+    assert!(!calls.is_empty());
+    assert!(calls.iter().all(|c| c.machine.as_deref() != Some(name)), "{calls:?}");
+    let got = c.call("GET", &machine, None).await;
+    assert_eq!((got.status, got.body["name"].clone()), (200, json!(name)));
+
+    // Stopped: exec is refused by the node API, naming the machine and its state; the worker
+    // is neither asked nor booted. A copy is refused the same way.
+    let stopped = c.call("POST", &format!("{machine}/stop"), None).await;
+    assert_eq!(stopped.status, 200, "{stopped:?}");
+    assert_eq!(double.state(&worker).as_deref(), Some("stopped"));
+    let execs = double.calls_of("exec_command").len();
+    let refused = c
+        .call("POST", &format!("{machine}/exec"), Some(json!({"command": ["true"]})))
+        .await;
+    assert_error(&refused, 409, "MachineNotRunning");
+    assert_eq!(refused.body["details"]["state"], "Stopped", "{refused:?}");
+    let message = refused.body["message"].as_str().unwrap_or_default();
+    assert!(message.contains(name) && !message.contains(&worker), "{refused:?}");
+    let copy = c.call("GET", &format!("{machine}/files{file}"), None).await;
+    assert_error(&copy, 409, "MachineNotRunning");
+    assert_eq!(double.calls_of("exec_command").len(), execs, "smolvm is not asked");
+    assert_eq!(
+        double.state(&worker).as_deref(),
+        Some("stopped"),
+        "nor the worker booted"
+    );
+    // Asked all the same (as when it stops between the node API's check and the call), smolvm
+    // refuses it too: the agent's client sends no autoStart, and the refusal names the machine.
+    let request: smolvm_runtime::vmm::ExecRequest =
+        serde_json::from_value(json!({"command": ["true"]})).expect("an exec request");
+    match agent.agent.vmm().exec(name, &request).await {
+        Err(smolvm_runtime::vmm::VmmError::Conflict { message }) => {
+            assert!(message.contains(name) && !message.contains(&worker), "{message}");
+        }
+        other => panic!("exec on the stopped worker: {other:?}"),
+    }
+    assert_eq!(reached("exec_command").last(), Some(&(Some(worker.clone()), None)));
+    assert_eq!(double.state(&worker).as_deref(), Some("stopped"));
+
+    let deleted = c.call("DELETE", &machine, None).await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    assert!(double.state(&worker).is_none(), "the worker is gone");
     agent.agent.shutdown().await;
 }
 

@@ -53,6 +53,29 @@
 //! - a start with `branchable` in its body sets it (and its alias `forkable`), a start without
 //!   leaves it as it was; the `forkable` query parameter is not read.
 //!
+//! A machine's one-shot exec, logs and files (`exec_command`, `stream_logs`, `download_file`,
+//! `upload_file`) are played without a guest, as the agent's client calls them:
+//! - exec answers at once with exit code 0 and the standard output `ran in {machine}: {command}`
+//!   (the command's words joined by spaces, then a newline), so a test sees where it ran. A
+//!   machine not running is booted first, as smolvm does (observed), unless `autoStart` is
+//!   false: then 409 `CONFLICT` "machine 'X' is not running" (the status is smolvm's document's;
+//!   the wording is assumed). An empty command is 400 `BAD_REQUEST` (assumed); `env`, `workdir`,
+//!   `stdin`, `timeoutSecs`, `background`, `secrets` and `user` are read (and so checked) but not
+//!   played.
+//! - every machine keeps a console and a workload log of what the double did to it, one line
+//!   per event naming the machine (`machine 'X' booted`, `forked from 'S'`, `stopped`, `paused`,
+//!   `resumed`; the workload log `workload of 'X' started`), served as server-sent events, a
+//!   `data:` line each; `source` is `console` (the default) or `workload` (another is 400
+//!   `BAD_REQUEST`, assumed), `tail` keeps the last lines. A machine never booted has no log yet
+//!   (404 `NOT_FOUND`, as observed). `follow` keeps the stream open after the lines, with nothing
+//!   more (as observed of a machine not running; lines logged later are not sent).
+//! - files are kept per machine (a forked worker starts with its source's): a write takes the
+//!   body's bytes and `?mode=` in octal (default `0644`; another value is 400 `BAD_REQUEST`,
+//!   assumed) and answers the path and size; a read gives the bytes back. Both boot a machine
+//!   not running, as smolvm's do (observed). A path never written is 404 `NOT_FOUND` (wording
+//!   assumed). A directory's listing is not played: smolvm describes its entries in prose only,
+//!   with no schema to check the double against. A path is `/` and its segments, each decoded.
+//!
 //! Any agent can use it: in-process, or the `smolvm-runtime` binary with `--attach-socket
 //! <socket>`. It records the calls it received ([`Call`]) with the time each arrived, so a
 //! bench can measure from a spec write to the node's call.
@@ -76,7 +99,7 @@ pub const VERSION: &str = "1.32.2";
 pub const OPENAPI_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/smolvm-1.32.2-openapi.json");
 
 /// One route the double serves: smolvm's method, path template and OpenAPI operation id, and
-/// the schemas of the request body it reads and of its success answer.
+/// what the request body it reads and its success answer are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Route {
     /// HTTP method.
@@ -85,10 +108,34 @@ pub struct Route {
     pub path: &'static str,
     /// smolvm's `operationId`.
     pub operation: &'static str,
-    /// The schema of the request body read, if any.
-    pub request: Option<&'static str>,
-    /// The schema of the success answer.
-    pub response: &'static str,
+    /// The request body read, if any.
+    pub request: Option<Content>,
+    /// The success answer.
+    pub response: Content,
+}
+
+/// A body as smolvm's OpenAPI document describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Content {
+    /// JSON of the named schema.
+    Json(&'static str),
+    /// Bytes as they are (`application/octet-stream`).
+    Octets,
+    /// Server-sent events (`text/event-stream`).
+    EventStream,
+    /// A body whose media type the document leaves to the answer's description (a file read:
+    /// its bytes, or a directory's listing as JSON).
+    Described,
+}
+
+impl Content {
+    /// The schema, for JSON.
+    pub fn schema(self) -> Option<&'static str> {
+        match self {
+            Self::Json(schema) => Some(schema),
+            _ => None,
+        }
+    }
 }
 
 const fn route(
@@ -98,17 +145,21 @@ const fn route(
     request: Option<&'static str>,
     response: &'static str,
 ) -> Route {
+    let request = match request {
+        Some(schema) => Some(Content::Json(schema)),
+        None => None,
+    };
     Route {
         method,
         path,
         operation,
         request,
-        response,
+        response: Content::Json(response),
     }
 }
 
 /// Every route the double serves.
-pub const ROUTES: [Route; 20] = [
+pub const ROUTES: [Route; 24] = [
     route("GET", "/health", "health", None, "HealthResponse"),
     route("GET", "/capacity", "capacity", None, "CapacityResponse"),
     route("GET", "/api/v1/machines", "list_machines", None, "ListMachinesResponse"),
@@ -207,17 +258,57 @@ pub const ROUTES: [Route; 20] = [
         None,
         "ForkLeaseInfo",
     ),
+    route(
+        "POST",
+        "/api/v1/machines/{id}/exec",
+        "exec_command",
+        Some("ExecRequest"),
+        "ExecResponse",
+    ),
+    Route {
+        method: "GET",
+        path: "/api/v1/machines/{id}/logs",
+        operation: "stream_logs",
+        request: None,
+        response: Content::EventStream,
+    },
+    Route {
+        method: "GET",
+        path: "/api/v1/machines/{id}/files/{path}",
+        operation: "download_file",
+        request: None,
+        response: Content::Described,
+    },
+    Route {
+        method: "PUT",
+        path: "/api/v1/machines/{id}/files/{path}",
+        operation: "upload_file",
+        request: Some(Content::Octets),
+        response: Content::Json("FileUploadResponse"),
+    },
 ];
 
+/// The largest JSON request body read (a larger one is refused in plain text).
+const MAX_JSON_BYTES: usize = 1024 * 1024;
+
+/// The largest file written (the node API's own limit on a copy).
+const MAX_FILE_BYTES: usize = smolvm_api::nodeapi::MAX_FILE_BYTES;
+
 /// The query parameters the double reads, by operation id: any other is ignored.
-pub const QUERY_PARAMETERS: [(&str, &str); 1] = [("delete_pool", "force")];
+pub const QUERY_PARAMETERS: [(&str, &str); 5] = [
+    ("delete_pool", "force"),
+    ("stream_logs", "source"),
+    ("stream_logs", "tail"),
+    ("stream_logs", "follow"),
+    ("upload_file", "mode"),
+];
 
 /// The field names of a wire type, as serde reads them.
 pub type Fields = fn() -> &'static [&'static str];
 
 /// Every wire type of the double, by the name of smolvm's schema it plays, with its fields: the
 /// answers it writes, the request bodies it reads, and the objects inside them.
-pub const SCHEMAS: [(&str, Fields); 21] = [
+pub const SCHEMAS: [(&str, Fields); 24] = [
     ("HealthResponse", fields_of::<HealthResponse>),
     ("MachineCountsResponse", fields_of::<MachineCounts>),
     ("CapacityResponse", fields_of::<CapacityResponse>),
@@ -239,6 +330,9 @@ pub const SCHEMAS: [(&str, Fields); 21] = [
     ("AcquireForkLeaseRequest", fields_of::<AcquireForkLease>),
     ("ForkLeaseInfo", fields_of::<ForkLeaseInfo>),
     ("ForkLeasePayloadFile", fields_of::<ForkLeasePayloadFile>),
+    ("ExecRequest", fields_of::<ExecCommand>),
+    ("ExecResponse", fields_of::<ExecAnswer>),
+    ("FileUploadResponse", fields_of::<FileUpload>),
 ];
 
 /// The fields of a struct that derives `Deserialize`, under their wire names (serde hands them
@@ -513,6 +607,42 @@ struct ForkLeaseInfo {
     expires_at: u64,
 }
 
+/// `deny_unknown_fields`, as smolvm's (its document says so). What is not played is read, and
+/// so checked.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[allow(dead_code)]
+struct ExecCommand {
+    command: Vec<String>,
+    #[serde(default)]
+    env: Vec<EnvVar>,
+    workdir: Option<String>,
+    stdin: Option<String>,
+    timeout_secs: Option<u64>,
+    auto_start: Option<bool>,
+    background: Option<bool>,
+    secrets: Option<serde_json::Value>,
+    user: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ExecAnswer {
+    exit_code: i32,
+    stdout: String,
+    stderr: String,
+    #[serde(rename = "stdoutB64")]
+    stdout_b64: String,
+    #[serde(rename = "stderrB64")]
+    stderr_b64: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct FileUpload {
+    path: String,
+    size: u64,
+}
+
 /// One call the double received.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Call {
@@ -522,6 +652,9 @@ pub struct Call {
     pub machine: Option<String>,
     /// The `{lease}` in the path, if any (a lease id).
     pub lease: Option<String>,
+    /// The `{path}` in the path, if any: a file's path inside the machine (`/` and its
+    /// segments, each decoded).
+    pub path: Option<String>,
     /// When the request arrived (its head read).
     pub at: SystemTime,
 }
@@ -562,6 +695,36 @@ struct Machine {
     env: Vec<String>,
     /// The pool it is a worker of (ready or leased), until a restart.
     worker: Option<Worker>,
+    /// Its console log, one line per event (see the module's doc).
+    console: Vec<String>,
+    /// Its workload's log.
+    workload: Vec<String>,
+    /// Its files, by path (`/a/b`).
+    files: BTreeMap<String, File>,
+}
+
+/// A file in a machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct File {
+    /// Its bytes.
+    pub content: Vec<u8>,
+    /// Its permission bits.
+    pub mode: u32,
+}
+
+impl Machine {
+    /// Boots it: running, any saved state discarded, and its logs say so.
+    fn boot(&mut self) {
+        self.info.state = "running".into();
+        self.paused = false;
+        self.log(format!("machine '{}' booted", self.info.name));
+        self.workload.push(format!("workload of '{}' started", self.info.name));
+    }
+
+    /// A line in its console log.
+    fn log(&mut self, line: String) {
+        self.console.push(line);
+    }
 }
 
 /// A pool worker: its pool (by [`Pool::uid`]) and its number in the name `{pool}-w{n}`.
@@ -739,6 +902,20 @@ impl DoubleHandle {
         locked(&self.inner.world).machines.get(name).map(|m| m.env.clone())
     }
 
+    /// A file in a machine (its path `/a/b`), if both exist.
+    pub fn file(&self, machine: &str, path: &str) -> Option<File> {
+        let world = locked(&self.inner.world);
+        world.machines.get(machine)?.files.get(path).cloned()
+    }
+
+    /// A machine's console log, one line per event, if it exists.
+    pub fn console(&self, machine: &str) -> Option<Vec<String>> {
+        locked(&self.inner.world)
+            .machines
+            .get(machine)
+            .map(|m| m.console.clone())
+    }
+
     /// Holds the pools' refill (`true`): no worker is forked until it is released (`false`),
     /// which refills every pool at once. A test sets the pace of the refill so.
     pub fn hold_refill(&self, held: bool) {
@@ -853,24 +1030,30 @@ fn bad_request(message: String) -> Response {
     error(StatusCode::BAD_REQUEST, "BAD_REQUEST", message)
 }
 
-/// A request's route and the `{name}` and `{lease}` of its path.
-type Found = (&'static Route, Option<String>, Option<String>);
+/// A request's route and the `{name}` (or `{id}`), `{lease}` and `{path}` of its path.
+type Found = (&'static Route, Option<String>, Option<String>, Option<String>);
 
-/// The route of a request and the name (a machine's or a pool's) and lease id in its path;
-/// `Err` is the status of a path served with another method (405) or not at all (404).
+/// The route of a request and the name (a machine's or a pool's), lease id and file path in
+/// its path; `Err` is the status of a path served with another method (405) or not at all
+/// (404). `{path}`, last in a template, takes the rest of the path (one segment or more).
 fn find_route(method: &Method, path: &str) -> Result<Found, StatusCode> {
     let segments: Vec<&str> = path.split('/').collect();
     let mut path_known = false;
     for route in &ROUTES {
         let template: Vec<&str> = route.path.split('/').collect();
-        if template.len() != segments.len() {
+        let rest = template.last() == Some(&"{path}");
+        if segments.len() != template.len() && !(rest && segments.len() > template.len()) {
             continue;
         }
-        let (mut name, mut lease) = (None, None);
-        let matches = template.iter().zip(&segments).all(|(t, s)| {
+        let (mut name, mut lease, mut file) = (None, None, None);
+        let matches = template.iter().zip(&segments).enumerate().all(|(at, (t, s))| {
             let parameter = match *t {
-                "{name}" => &mut name,
+                "{name}" | "{id}" => &mut name,
                 "{lease}" => &mut lease,
+                "{path}" => {
+                    file = file_path(&segments[at..]);
+                    return file.is_some();
+                }
                 _ => return t == s,
             };
             *parameter = percent_decode(s);
@@ -881,7 +1064,7 @@ fn find_route(method: &Method, path: &str) -> Result<Found, StatusCode> {
         }
         path_known = true;
         if route.method == method.as_str() {
-            return Ok((route, name, lease));
+            return Ok((route, name, lease, file));
         }
     }
     Err(if path_known {
@@ -889,6 +1072,18 @@ fn find_route(method: &Method, path: &str) -> Result<Found, StatusCode> {
     } else {
         StatusCode::NOT_FOUND
     })
+}
+
+/// A file's path from the segments that name it: `/` and each, decoded; `None` when one is
+/// empty or does not decode.
+fn file_path(segments: &[&str]) -> Option<String> {
+    let mut path = String::new();
+    for segment in segments {
+        let decoded = percent_decode(segment).filter(|d| !d.is_empty())?;
+        path.push('/');
+        path.push_str(&decoded);
+    }
+    Some(path)
 }
 
 fn percent_decode(segment: &str) -> Option<String> {
@@ -910,7 +1105,7 @@ fn percent_decode(segment: &str) -> Option<String> {
 
 async fn dispatch(State(inner): State<Arc<Inner>>, request: Request) -> Response {
     let at = SystemTime::now();
-    let (route, name, lease) = match find_route(request.method(), request.uri().path()) {
+    let (route, name, lease, file) = match find_route(request.method(), request.uri().path()) {
         Ok(found) => found,
         Err(status) => return empty(status),
     };
@@ -918,6 +1113,7 @@ async fn dispatch(State(inner): State<Arc<Inner>>, request: Request) -> Response
         operation: route.operation,
         machine: name.clone(),
         lease: lease.clone(),
+        path: file.clone(),
         at,
     });
     let delay = locked(&inner.delays).get(route.operation).copied();
@@ -930,12 +1126,18 @@ async fn dispatch(State(inner): State<Arc<Inner>>, request: Request) -> Response
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
-    let body = match axum::body::to_bytes(request.into_body(), 1024 * 1024).await {
+    let limit = if route.request == Some(Content::Octets) {
+        MAX_FILE_BYTES
+    } else {
+        MAX_JSON_BYTES
+    };
+    let body = match axum::body::to_bytes(request.into_body(), limit).await {
         Ok(body) => body,
         Err(_) => return text(StatusCode::BAD_REQUEST, "Failed to buffer the request body".into()),
     };
     let name = name.unwrap_or_default();
     let lease = lease.unwrap_or_default();
+    let file = file.unwrap_or_default();
     let mut world = locked(&inner.world);
     let world = &mut *world;
     let response = match route.operation {
@@ -1003,6 +1205,19 @@ async fn dispatch(State(inner): State<Arc<Inner>>, request: Request) -> Response
         },
         "heartbeat_lease" => with_active_lease(world, &name, &lease, heartbeat),
         "complete_lease" => with_active_lease(world, &name, &lease, complete),
+        "exec_command" => match read_required::<ExecCommand>(&body, json_body) {
+            Ok(request) => with_machine(world, &name, |m| exec(m, &request)),
+            Err(refusal) => *refusal,
+        },
+        "stream_logs" => match log_read(&query) {
+            Ok(read) => with_machine(world, &name, |m| logs(m, &read)),
+            Err(refusal) => *refusal,
+        },
+        "download_file" => with_machine(world, &name, |m| download(m, &file)),
+        "upload_file" => match query_mode(&query) {
+            Ok(mode) => with_machine(world, &name, |m| upload(m, &file, mode, &body)),
+            Err(refusal) => *refusal,
+        },
         _ => empty(StatusCode::NOT_FOUND),
     };
     if route.method != "GET" {
@@ -1043,6 +1258,16 @@ fn query_flag(query: &str, name: &str) -> Result<bool, Box<Response>> {
         }
     }
     Ok(flag)
+}
+
+/// The value of a query parameter (the last one given), as it is written.
+fn query_value<'q>(query: &'q str, name: &str) -> Option<&'q str> {
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
+        .filter(|(key, _)| *key == name)
+        .map(|(_, value)| value)
+        .next_back()
 }
 
 /// A request body as smolvm's request layer reads it: a required body needs the JSON content
@@ -1177,6 +1402,9 @@ fn create(world: &mut World, request: CreateMachine) -> Response {
             paused: false,
             env,
             worker: None,
+            console: Vec::new(),
+            workload: Vec::new(),
+            files: BTreeMap::new(),
         },
     );
     json(StatusCode::OK, &info)
@@ -1224,8 +1452,9 @@ fn start(machine: &mut Machine, branchable: Option<bool>) -> Response {
         machine.info.branchable = branchable;
         machine.info.forkable = branchable;
     }
-    machine.info.state = "running".into();
-    machine.paused = false;
+    if machine.info.state != "running" {
+        machine.boot();
+    }
     json(StatusCode::OK, &machine.info)
 }
 
@@ -1233,6 +1462,7 @@ fn start(machine: &mut Machine, branchable: Option<bool>) -> Response {
 fn stop(machine: &mut Machine) -> Response {
     if machine.info.state == "running" {
         machine.info.state = "stopped".into();
+        machine.log(format!("machine '{}' stopped", machine.info.name));
     }
     machine.paused = false;
     json(StatusCode::OK, &machine.info)
@@ -1248,6 +1478,7 @@ fn pause(machine: &mut Machine) -> Response {
     }
     machine.info.state = "stopped".into();
     machine.paused = true;
+    machine.log(format!("machine '{}' paused", machine.info.name));
     json(StatusCode::OK, &machine.info)
 }
 
@@ -1261,6 +1492,7 @@ fn resume(machine: &mut Machine) -> Response {
     }
     machine.info.state = "running".into();
     machine.paused = false;
+    machine.log(format!("machine '{}' resumed", machine.info.name));
     json(StatusCode::OK, &machine.info)
 }
 
@@ -1286,6 +1518,187 @@ fn resize(machine: &mut Machine, request: &ResizeMachine) -> Response {
     info.cpus = request.cpus.unwrap_or(info.cpus);
     info.memory_mb = request.memory_mb.map_or(info.memory_mb, u64::from);
     json(StatusCode::OK, &machine.info)
+}
+
+/// Runs a command at once: exit code 0, its words echoed with the machine's name. A machine
+/// not running boots first, unless `autoStart` is false.
+fn exec(machine: &mut Machine, request: &ExecCommand) -> Response {
+    if request.command.is_empty() {
+        return bad_request("command must not be empty".into());
+    }
+    if machine.info.state != "running" {
+        if request.auto_start == Some(false) {
+            return conflict(format!("machine '{}' is not running", machine.info.name));
+        }
+        machine.boot();
+    }
+    let stdout = format!("ran in {}: {}\n", machine.info.name, request.command.join(" "));
+    json(
+        StatusCode::OK,
+        &ExecAnswer {
+            exit_code: 0,
+            stdout_b64: base64(stdout.as_bytes()),
+            stdout,
+            stderr: String::new(),
+            stderr_b64: String::new(),
+        },
+    )
+}
+
+/// What a log read asks.
+struct LogRead {
+    /// The workload's log (else the console).
+    workload: bool,
+    /// Only the last this many lines.
+    tail: Option<usize>,
+    /// Keep the stream open after the lines.
+    follow: bool,
+}
+
+/// A log read's query: `follow` and `tail` as smolvm's query layer reads them (plain-text
+/// refusals), `source` as its handler does.
+fn log_read(query: &str) -> Result<LogRead, Box<Response>> {
+    let follow = query_flag(query, "follow")?;
+    let tail = match query_value(query, "tail") {
+        None => None,
+        Some(value) => Some(value.parse::<usize>().map_err(|e| {
+            Box::new(text(
+                StatusCode::BAD_REQUEST,
+                format!("Failed to deserialize query string: tail: {e}"),
+            ))
+        })?),
+    };
+    let workload = match query_value(query, "source") {
+        None | Some("console") => false,
+        Some("workload") => true,
+        Some(other) => {
+            return Err(Box::new(bad_request(format!(
+                "unknown log source '{other}': use console or workload"
+            ))));
+        }
+    };
+    Ok(LogRead { workload, tail, follow })
+}
+
+/// A machine's log as server-sent events, a `data:` line each.
+fn logs(machine: &Machine, read: &LogRead) -> Response {
+    if machine.console.is_empty() {
+        return error(
+            StatusCode::NOT_FOUND,
+            "NOT_FOUND",
+            format!(
+                "machine '{}' has no logs yet — it may not have been started",
+                machine.info.name
+            ),
+        );
+    }
+    let lines = if read.workload {
+        &machine.workload
+    } else {
+        &machine.console
+    };
+    let first = read.tail.map_or(0, |tail| lines.len().saturating_sub(tail));
+    let events: String = lines[first..].iter().map(|line| format!("data: {line}\n\n")).collect();
+    let body = if read.follow {
+        Body::new(Followed(Some(Bytes::from(events))))
+    } else {
+        Body::from(events)
+    };
+    let mut response = Response::new(body);
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    response
+}
+
+/// A followed log's body: the lines kept, then open with nothing more, as smolvm's was seen.
+struct Followed(Option<Bytes>);
+
+impl hyper::body::Body for Followed {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        match self.0.take() {
+            Some(lines) => std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(lines)))),
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
+/// A file's `?mode=`: permission bits in octal (`0755`, `644`).
+fn query_mode(query: &str) -> Result<Option<u32>, Box<Response>> {
+    let Some(value) = query_value(query, "mode") else {
+        return Ok(None);
+    };
+    let mode = u32::from_str_radix(value, 8).ok().filter(|mode| *mode <= 0o7777);
+    match mode {
+        Some(mode) => Ok(Some(mode)),
+        None => Err(Box::new(bad_request(format!(
+            "mode '{value}' is not permission bits in octal"
+        )))),
+    }
+}
+
+/// A file's bytes, the machine booted first if it does not run.
+fn download(machine: &mut Machine, path: &str) -> Response {
+    if machine.info.state != "running" {
+        machine.boot();
+    }
+    let Some(file) = machine.files.get(path) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "NOT_FOUND",
+            format!("file '{path}' not found in machine '{}'", machine.info.name),
+        );
+    };
+    let mut response = Response::new(Body::from(file.content.clone()));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    response
+}
+
+/// Writes a file (mode `0644` unless given), the machine booted first if it does not run.
+fn upload(machine: &mut Machine, path: &str, mode: Option<u32>, content: &Bytes) -> Response {
+    if machine.info.state != "running" {
+        machine.boot();
+    }
+    let file = File {
+        content: content.to_vec(),
+        mode: mode.unwrap_or(0o644),
+    };
+    machine.files.insert(path.to_string(), file);
+    let size = content.len() as u64;
+    json(
+        StatusCode::OK,
+        &FileUpload {
+            path: path.to_string(),
+            size,
+        },
+    )
+}
+
+/// Standard base64 with padding, as smolvm writes `stdoutB64`.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let byte = |at: usize| u32::from(chunk.get(at).copied().unwrap_or(0));
+        let group = (byte(0) << 16) | (byte(1) << 8) | byte(2);
+        for at in 0..4 {
+            if at <= chunk.len() {
+                out.push(char::from(ALPHABET[(group >> (18 - 6 * at)) as usize & 63]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 /// The lease time of a pool created without `leaseTtlSecs` (assumed).
@@ -1362,7 +1775,7 @@ fn refill(world: &mut World) {
         let Some(source) = source.filter(|m| m.info.state == "running" && m.info.branchable) else {
             continue;
         };
-        let (template, env) = (source.info.clone(), source.env.clone());
+        let (template, env, files) = (source.info.clone(), source.env.clone(), source.files.clone());
         let ready = ready_workers(world, pool.uid).len();
         for _ in ready..pool.desired_ready as usize {
             let (name, n) = loop {
@@ -1387,7 +1800,9 @@ fn refill(world: &mut World) {
                 ..template.clone()
             };
             let worker = Some(Worker { pool: pool.uid, n });
-            let env = env.clone();
+            let console = vec![format!("machine '{name}' forked from '{}'", pool.source)];
+            let workload = vec![format!("workload of '{name}' started")];
+            let (env, files) = (env.clone(), files.clone());
             world.machines.insert(
                 name,
                 Machine {
@@ -1395,6 +1810,9 @@ fn refill(world: &mut World) {
                     paused: false,
                     env,
                     worker,
+                    console,
+                    workload,
+                    files,
                 },
             );
         }
@@ -1616,10 +2034,14 @@ mod tests {
             let operation = &doc["paths"][route.path][route.method.to_ascii_lowercase()];
             assert!(operation.is_object(), "{served} is not in smolvm's OpenAPI document");
             assert_eq!(operation["operationId"], route.operation, "{served}");
-            let answer = &operation["responses"]["200"]["content"]["application/json"]["schema"];
-            assert_eq!(schema_name(answer).as_deref(), Some(route.response), "{served}: answer");
-            let body = &operation["requestBody"]["content"]["application/json"]["schema"];
-            assert_eq!(schema_name(body).as_deref(), route.request, "{served}: request body");
+            let answer = &operation["responses"]["200"];
+            assert!(answer.is_object(), "{served}: no success answer");
+            assert!(describes(answer, route.response), "{served}: answer {answer}");
+            let body = &operation["requestBody"];
+            match route.request {
+                Some(request) => assert!(describes(body, request), "{served}: request body {body}"),
+                None => assert!(body.is_null(), "{served}: a request body the double does not read"),
+            }
         }
         for (schema, fields) in SCHEMAS {
             let properties = &doc["components"]["schemas"][schema]["properties"];
@@ -1630,7 +2052,12 @@ mod tests {
         }
         // Every schema a route names has its wire type here.
         for route in ROUTES {
-            for schema in route.request.into_iter().chain([route.response, "ApiErrorResponse"]) {
+            let named = route
+                .request
+                .into_iter()
+                .chain([route.response])
+                .filter_map(Content::schema);
+            for schema in named.chain(["ApiErrorResponse"]) {
                 assert!(SCHEMAS.iter().any(|(name, _)| *name == schema), "{schema}");
             }
         }
@@ -1642,7 +2069,7 @@ mod tests {
             let served = format!("{} {}", route.method, route.path);
             for segment in route.path.split('/').filter(|s| s.starts_with('{')) {
                 assert!(
-                    ["{name}", "{lease}"].contains(&segment),
+                    ["{name}", "{id}", "{lease}", "{path}"].contains(&segment),
                     "{served}: find_route does not read {segment}"
                 );
                 assert!(
@@ -1665,6 +2092,9 @@ mod tests {
             ("ListForkPoolsResponse", fields_of::<ListForkPools>()),
             ("ForkLeaseInfo", fields_of::<ForkLeaseInfo>()),
             ("DeleteResponse", fields_of::<DeleteResponse>()),
+            ("ExecResponse", fields_of::<ExecAnswer>()),
+            ("FileUploadResponse", fields_of::<FileUpload>()),
+            ("ExecRequest", fields_of::<ExecCommand>()),
         ] {
             let required = doc["components"]["schemas"][schema]["required"]
                 .as_array()
@@ -1676,46 +2106,96 @@ mod tests {
         }
     }
 
+    /// Whether an answer or a request body of smolvm's document (`content` by media type) is
+    /// `content`: JSON of that schema, bytes, events, or left to the description (no `content`).
+    fn describes(body: &Value, content: Content) -> bool {
+        let media = &body["content"];
+        match content {
+            Content::Json(schema) => schema_name(&media["application/json"]["schema"]).as_deref() == Some(schema),
+            Content::Octets => media.get("application/octet-stream").is_some(),
+            Content::EventStream => media.get("text/event-stream").is_some(),
+            Content::Described => media.is_null() && body["description"].is_string(),
+        }
+    }
+
     #[test]
     fn fields_are_read_under_their_wire_names() {
         assert_eq!(fields_of::<PortSpec>(), ["host", "guest", "protocol"]);
         assert!(fields_of::<MachineInfo>().contains(&"memoryMb"));
         assert!(fields_of::<HealthResponse>().contains(&"nested_virt"));
         assert!(fields_of::<String>().is_empty());
+        assert!(fields_of::<ExecAnswer>().contains(&"stdoutB64"));
+        assert!(fields_of::<ExecCommand>().contains(&"autoStart"));
+    }
+
+    #[test]
+    fn base64_is_the_standard_alphabet_with_padding() {
+        for (bytes, want) in [
+            (&b""[..], ""),
+            (b"f", "Zg=="),
+            (b"fo", "Zm8="),
+            (b"foo", "Zm9v"),
+            (b"hello\n", "aGVsbG8K"),
+            (&[0xfb, 0xff, 0xfe], "+//+"),
+        ] {
+            assert_eq!(base64(bytes), want, "{bytes:?}");
+        }
     }
 
     #[test]
     fn paths_find_their_route() {
         let lease = "/api/v1/pools/p/leases/lease-1";
+        let file = "/api/v1/machines/m1/files/tmp/a%20b/c";
         let cases = [
-            ("GET", "/health", Ok(("health", None, None))),
+            ("GET", "/health", Ok(("health", None, None, None))),
             (
                 "POST",
                 "/api/v1/machines/m1/pause",
-                Ok(("pause_machine", Some("m1"), None)),
+                Ok(("pause_machine", Some("m1"), None, None)),
             ),
             (
                 "DELETE",
                 "/api/v1/machines/a%2Eb",
-                Ok(("delete_machine", Some("a.b"), None)),
+                Ok(("delete_machine", Some("a.b"), None, None)),
             ),
             ("PATCH", "/api/v1/machines/m1", Err(StatusCode::METHOD_NOT_ALLOWED)),
             ("GET", "/version", Err(StatusCode::NOT_FOUND)),
             ("POST", "/api/v1/machines//pause", Err(StatusCode::NOT_FOUND)),
-            ("PUT", "/api/v1/pools/p/size", Ok(("resize_pool", Some("p"), None))),
-            ("GET", lease, Ok(("get_lease", Some("p"), Some("lease-1")))),
+            (
+                "PUT",
+                "/api/v1/pools/p/size",
+                Ok(("resize_pool", Some("p"), None, None)),
+            ),
+            ("GET", lease, Ok(("get_lease", Some("p"), Some("lease-1"), None))),
             (
                 "POST",
                 "/api/v1/pools/p/leases/l%2D2/complete",
-                Ok(("complete_lease", Some("p"), Some("l-2"))),
+                Ok(("complete_lease", Some("p"), Some("l-2"), None)),
             ),
             ("POST", lease, Err(StatusCode::METHOD_NOT_ALLOWED)),
             ("POST", "/api/v1/pools/p/leases//heartbeat", Err(StatusCode::NOT_FOUND)),
+            (
+                "POST",
+                "/api/v1/machines/m1/exec",
+                Ok(("exec_command", Some("m1"), None, None)),
+            ),
+            (
+                "GET",
+                "/api/v1/machines/m1/logs",
+                Ok(("stream_logs", Some("m1"), None, None)),
+            ),
+            ("GET", file, Ok(("download_file", Some("m1"), None, Some("/tmp/a b/c")))),
+            ("PUT", file, Ok(("upload_file", Some("m1"), None, Some("/tmp/a b/c")))),
+            ("POST", file, Err(StatusCode::METHOD_NOT_ALLOWED)),
+            ("GET", "/api/v1/machines/m1/files", Err(StatusCode::NOT_FOUND)),
+            ("GET", "/api/v1/machines/m1/files/", Err(StatusCode::NOT_FOUND)),
+            ("GET", "/api/v1/machines/m1/files/a//b", Err(StatusCode::NOT_FOUND)),
         ];
         for (method, path, want) in cases {
             let method = Method::from_bytes(method.as_bytes()).expect("method");
-            let got = find_route(&method, path).map(|(r, name, lease)| (r.operation, name, lease));
-            let want = want.map(|(op, name, lease)| (op, name.map(str::to_string), lease.map(str::to_string)));
+            let got = find_route(&method, path).map(|(r, name, lease, file)| (r.operation, name, lease, file));
+            let owned = |text: Option<&str>| text.map(str::to_string);
+            let want = want.map(|(op, name, lease, file)| (op, owned(name), owned(lease), owned(file)));
             assert_eq!(got, want, "{method} {path}");
         }
     }
@@ -1738,6 +2218,39 @@ mod tests {
     /// One request over the double's socket: the status and the body (JSON, or else its text as
     /// a JSON string).
     async fn call(socket: &Path, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let body = body.map(|b| (Bytes::from(b.to_string()), "application/json"));
+        let response = send(socket, method, path, body).await;
+        let status = response.status().as_u16();
+        let bytes = response.into_body().collect().await.expect("body").to_bytes();
+        let body = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        (status, body)
+    }
+
+    /// One request over the double's socket with a body of any type: the status, the content
+    /// type and the body's bytes.
+    async fn call_bytes(
+        socket: &Path,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> (u16, Option<String>, Vec<u8>) {
+        let body = body.map(|b| (Bytes::from(b), "application/octet-stream"));
+        let response = send(socket, method, path, body).await;
+        let status = response.status().as_u16();
+        let content_type = response.headers().get(header::CONTENT_TYPE);
+        let content_type = content_type.and_then(|v| v.to_str().ok()).map(str::to_string);
+        let bytes = response.into_body().collect().await.expect("body").to_bytes();
+        (status, content_type, bytes.to_vec())
+    }
+
+    /// Sends one request on a connection of its own; the answer's body is still to be read.
+    async fn send(
+        socket: &Path,
+        method: &str,
+        path: &str,
+        body: Option<(Bytes, &str)>,
+    ) -> http::Response<hyper::body::Incoming> {
         let stream = tokio::net::UnixStream::connect(socket).await.expect("connect");
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
@@ -1747,17 +2260,12 @@ mod tests {
             .method(method)
             .uri(path)
             .header(header::HOST, "localhost");
-        if body.is_some() {
-            request = request.header(header::CONTENT_TYPE, "application/json");
+        if let Some((_, content_type)) = &body {
+            request = request.header(header::CONTENT_TYPE, *content_type);
         }
-        let body = body.map(|b| b.to_string()).unwrap_or_default();
-        let request = request.body(Full::new(Bytes::from(body))).expect("request");
-        let response = sender.send_request(request).await.expect("answer");
-        let status = response.status().as_u16();
-        let bytes = response.into_body().collect().await.expect("body").to_bytes();
-        let body = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-        (status, body)
+        let body = body.map(|(b, _)| b).unwrap_or_default();
+        let request = request.body(Full::new(body)).expect("request");
+        sender.send_request(request).await.expect("answer")
     }
 
     fn refusal(status: u16, code: &str, error: &str) -> (u16, Value) {
@@ -1785,6 +2293,140 @@ mod tests {
             (&started["state"], &started["branchable"]),
             (&json!("running"), &json!(true))
         );
+    }
+
+    #[tokio::test]
+    async fn exec_logs_and_files_of_a_machine() {
+        let double = SmolvmDouble::start(socket_path("access")).await.expect("double");
+        let s = double.socket();
+        let machine = json!({"name": "m1", "image": "alpine", "cpus": 1, "memoryMb": 256});
+        assert_eq!(call(s, "POST", "/api/v1/machines", Some(machine)).await.0, 200);
+        let exec = "/api/v1/machines/m1/exec";
+        let logs = "/api/v1/machines/m1/logs";
+
+        // Never booted: no log yet; exec without autoStart is refused and boots nothing.
+        let (status, refused) = call(s, "GET", logs, None).await;
+        assert_eq!((status, &refused["code"]), (404, &json!("NOT_FOUND")), "{refused}");
+        let stay = json!({"command": ["echo", "hello"], "autoStart": false});
+        let not_running = refusal(409, "CONFLICT", "machine 'm1' is not running");
+        assert_eq!(call(s, "POST", exec, Some(stay.clone())).await, not_running);
+        assert_eq!(double.state("m1").as_deref(), Some("created"));
+        for (body, status) in [
+            (json!({"command": []}), 400),
+            (json!({"command": ["true"], "timeout_secs": 1}), 422),
+            (json!({"cmd": ["true"]}), 422),
+        ] {
+            assert_eq!(call(s, "POST", exec, Some(body.clone())).await.0, status, "{body}");
+        }
+
+        // With autoStart (smolvm's default) it boots the machine, then runs.
+        let (status, ran) = call(s, "POST", exec, Some(json!({"command": ["echo", "hello"]}))).await;
+        assert_eq!(status, 200, "{ran}");
+        let stdout = "ran in m1: echo hello\n";
+        let want = json!({"exitCode": 0, "stdout": stdout, "stderr": "",
+            "stdoutB64": base64(stdout.as_bytes()), "stderrB64": ""});
+        assert_eq!(ran, want);
+        assert_eq!(double.state("m1").as_deref(), Some("running"));
+        assert_eq!(call(s, "POST", exec, Some(stay)).await, (200, want));
+
+        // The logs, as server-sent events: the console's and the workload's, the last lines.
+        let stopped = call(s, "POST", "/api/v1/machines/m1/stop", None).await;
+        assert_eq!(stopped.0, 200);
+        let events = |lines: &[&str]| lines.iter().map(|l| format!("data: {l}\n\n")).collect::<String>();
+        for (query, lines) in [
+            ("", &["machine 'm1' booted", "machine 'm1' stopped"][..]),
+            ("?source=console&follow=false&tail=1", &["machine 'm1' stopped"]),
+            ("?source=workload", &["workload of 'm1' started"]),
+            ("?tail=0", &[]),
+        ] {
+            let (status, content_type, body) = call_bytes(s, "GET", &format!("{logs}{query}"), None).await;
+            assert_eq!(status, 200, "{query}");
+            assert_eq!(content_type.as_deref(), Some("text/event-stream"), "{query}");
+            assert_eq!(String::from_utf8_lossy(&body), events(lines), "{query}");
+        }
+        let (status, refused) = call(s, "GET", &format!("{logs}?source=kernel"), None).await;
+        assert_eq!((status, &refused["code"]), (400, &json!("BAD_REQUEST")));
+        for query in ["?tail=many", "?follow=maybe"] {
+            let (status, refused) = call(s, "GET", &format!("{logs}{query}"), None).await;
+            assert!(status == 400 && refused.is_string(), "{query}: {status} {refused}");
+        }
+        // Followed: the lines, then the stream stays open with nothing more.
+        let mut body = send(s, "GET", &format!("{logs}?follow=true&tail=1"), None)
+            .await
+            .into_body();
+        let first = body.frame().await.and_then(|f| f.ok()).and_then(|f| f.into_data().ok());
+        assert_eq!(first, Some(Bytes::from(events(&["machine 'm1' stopped"]))));
+        let more = tokio::time::timeout(Duration::from_millis(200), body.frame()).await;
+        assert!(more.is_err(), "a followed log stays open");
+
+        // Files: written (booting the stopped machine), read back byte-exact, with their mode.
+        let path = "/api/v1/machines/m1/files/tmp/a%20b/c.bin";
+        let content: Vec<u8> = (0..=255u8).collect();
+        let written = call_bytes(s, "PUT", &format!("{path}?mode=0600"), Some(content.clone())).await;
+        let answer = json!({"path": "/tmp/a b/c.bin", "size": 256});
+        assert_eq!(
+            (written.0, serde_json::from_slice::<Value>(&written.2).ok()),
+            (200, Some(answer))
+        );
+        assert_eq!(
+            double.state("m1").as_deref(),
+            Some("running"),
+            "a copy boots the machine"
+        );
+        let file = File {
+            content: content.clone(),
+            mode: 0o600,
+        };
+        assert_eq!(double.file("m1", "/tmp/a b/c.bin"), Some(file));
+        let read = call_bytes(s, "GET", path, None).await;
+        let octets = Some("application/octet-stream".to_string());
+        assert_eq!(read, (200, octets, content));
+        assert_eq!(call_bytes(s, "PUT", path, Some(b"x".to_vec())).await.0, 200);
+        assert_eq!(double.file("m1", "/tmp/a b/c.bin").map(|f| f.mode), Some(0o644));
+        let (status, refused) = call(s, "PUT", &format!("{path}?mode=999"), None).await;
+        assert_eq!((status, &refused["code"]), (400, &json!("BAD_REQUEST")));
+        let missing = refusal(404, "NOT_FOUND", "file '/tmp/none' not found in machine 'm1'");
+        assert_eq!(
+            call(s, "GET", "/api/v1/machines/m1/files/tmp/none", None).await,
+            missing
+        );
+        let calls = double.calls_of("upload_file");
+        let paths: Vec<_> = calls
+            .iter()
+            .map(|c| (c.machine.as_deref(), c.path.as_deref()))
+            .collect();
+        assert_eq!(paths[0], (Some("m1"), Some("/tmp/a b/c.bin")));
+
+        // An unknown machine, on every route.
+        let unknown = refusal(404, "NOT_FOUND", "machine 'nope' not found");
+        let one = Some(json!({"command": ["true"]}));
+        assert_eq!(call(s, "POST", "/api/v1/machines/nope/exec", one).await, unknown);
+        assert_eq!(call(s, "GET", "/api/v1/machines/nope/logs", None).await, unknown);
+        for method in ["GET", "PUT"] {
+            let answer = call(s, method, "/api/v1/machines/nope/files/tmp/x", None).await;
+            assert_eq!(answer, unknown, "{method}");
+        }
+
+        // A worker forked from a source starts with its files and a log of its own.
+        branchable_source(s).await;
+        let seeded = call_bytes(s, "PUT", "/api/v1/machines/src/files/etc/seed", Some(b"seed".to_vec())).await;
+        assert_eq!(seeded.0, 200);
+        let pool = json!({"name": "p", "source": "src", "desiredReady": 1});
+        assert_eq!(call(s, "POST", "/api/v1/pools", Some(pool)).await.0, 200);
+        assert_eq!(
+            double.file("p-w1", "/etc/seed").map(|f| f.content),
+            Some(b"seed".to_vec())
+        );
+        let console = double.console("p-w1").unwrap_or_default();
+        assert_eq!(console, ["machine 'p-w1' forked from 'src'"]);
+        let (status, ran) = call(
+            s,
+            "POST",
+            "/api/v1/machines/p-w1/exec",
+            Some(json!({"command": ["id"]})),
+        )
+        .await;
+        assert_eq!((status, &ran["stdout"]), (200, &json!("ran in p-w1: id\n")));
     }
 
     #[tokio::test]
