@@ -251,7 +251,13 @@ impl Verdict {
 pub(super) fn pointer_of(path: &str) -> String {
     fn push(out: &mut String, segment: &str) {
         out.push('/');
-        out.push_str(&segment.replace('~', "~0").replace('/', "~1"));
+        for c in segment.chars() {
+            match c {
+                '~' => out.push_str("~0"),
+                '/' => out.push_str("~1"),
+                c => out.push(c),
+            }
+        }
     }
     let mut out = String::with_capacity(path.len() + 1);
     let mut rest = path;

@@ -69,10 +69,22 @@ pub(super) fn patch_json(patch: &json_patch::Patch) -> Result<Vec<u8>, RequestEr
     Ok(out)
 }
 
-/// Appends `text` as a JSON string (serde_json's escaping).
+/// Appends `text` as a JSON string (serde_json's escaping: a string with nothing to escape, as a
+/// uid or a reason has, is copied as it is).
 fn put_str(out: &mut Vec<u8>, text: &str) -> Result<(), RequestError> {
+    if !text.bytes().any(|c| c == b'"' || c == b'\\' || c < 0x20) {
+        out.reserve(text.len() + 2);
+        out.push(b'"');
+        out.extend_from_slice(text.as_bytes());
+        out.push(b'"');
+        return Ok(());
+    }
     serde_json::to_writer(&mut *out, text).map_err(|e| RequestError::Internal(format!("encoding the response: {e}")))
 }
+
+/// The start of every answer, up to the uid's value: [`ADMISSION_API_VERSION`] and
+/// [`ADMISSION_KIND`] as JSON strings (the tests compare the whole answer with kube-core's).
+const ANSWER_HEAD: &[u8] = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"#;
 
 /// Appends `n` in decimal.
 fn put_u16(out: &mut Vec<u8>, n: u16) {
@@ -139,11 +151,7 @@ pub(super) fn encode(response: Answer) -> Result<Vec<u8>, RequestError> {
         warnings,
     } = response;
     let mut out = Vec::with_capacity(160 + uid.len() + patch.as_ref().map_or(0, |p| 4 * p.len()));
-    out.extend_from_slice(br#"{"apiVersion":"#);
-    put_str(&mut out, ADMISSION_API_VERSION)?;
-    out.extend_from_slice(br#","kind":"#);
-    put_str(&mut out, ADMISSION_KIND)?;
-    out.extend_from_slice(br#","response":{"uid":"#);
+    out.extend_from_slice(ANSWER_HEAD);
     put_str(&mut out, &uid)?;
     match &denial {
         None => out.extend_from_slice(br#","allowed":true,"status":{}"#),

@@ -9,6 +9,8 @@
 
 use k8s_openapi::api::authentication::v1::UserInfo;
 use kube::core::admission::Operation as WireOperation;
+use std::borrow::Cow;
+
 use serde_json::Value;
 use smolvm_api::defaulting::{Finalizers, Shape, SpecText};
 
@@ -51,13 +53,12 @@ fn hex4(b: &[u8], at: usize) -> Option<u16> {
 /// The index of the first byte at or after `i` that a string cannot hold as it is: a quote, a
 /// backslash or a control character (below 0x20). Eight bytes at a time: for each of the three
 /// tests, `(x - 0x01..) & !x & 0x80..` marks a byte that matched, and the lowest mark is exact.
+#[inline(always)]
 fn string_stop(b: &[u8], mut i: usize) -> Option<usize> {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
-    while let Some(chunk) = b.get(i..i + 8) {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
-        let x = u64::from_le_bytes(word);
+    while let Some(chunk) = b.get(i..).and_then(<[u8]>::first_chunk::<8>) {
+        let x = u64::from_le_bytes(*chunk);
         let quote = x ^ (ONES * u64::from(b'"'));
         let backslash = x ^ (ONES * u64::from(b'\\'));
         let marks = (quote.wrapping_sub(ONES) & !quote)
@@ -80,6 +81,7 @@ fn string_stop(b: &[u8], mut i: usize) -> Option<usize> {
 /// unknown escape, an unterminated string), and for `\u` escapes not paired the way a
 /// `serde_json::Value` read requires (a trailing surrogate alone, or a leading one not followed
 /// by `\u` and a trailing one).
+#[inline(always)]
 fn scan_string(b: &[u8], start: usize) -> Option<(usize, bool)> {
     let mut i = start;
     let mut escaped = false;
@@ -113,6 +115,15 @@ fn scan_string(b: &[u8], start: usize) -> Option<(usize, bool)> {
             }
             i += 6;
         }
+    }
+}
+
+/// [`skip_ws`], with the common case (no whitespace) first.
+#[inline(always)]
+fn ws(b: &[u8], i: usize) -> usize {
+    match b.get(i) {
+        Some(&c) if c > b' ' => i,
+        _ => skip_ws(b, i),
     }
 }
 
@@ -208,23 +219,6 @@ enum Member {
     Other,
 }
 
-/// Where [`scan_value`] is in JSON's grammar, between two tokens.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Next {
-    /// A value (at the start, after `:`, after `,` in an array).
-    Value,
-    /// A value or `]` (just after `[`).
-    ValueOrEnd,
-    /// A key or `}` (just after `{`).
-    KeyOrEnd,
-    /// A key (after `,` in an object).
-    Key,
-    /// The `:` after a key.
-    Colon,
-    /// A `,` or the end of the container open here.
-    CommaOrEnd,
-}
-
 /// Reads the JSON value at `text[start..]` (whitespace before it allowed) as serde_json reads
 /// a value `base` containers deep in a document: strictly by JSON's grammar, with serde_json's
 /// nesting limit, `\u` surrogates paired and numbers within an f64's range, as a
@@ -232,76 +226,70 @@ enum Next {
 /// where the members the rules read are (later repeats of a key win, as in a Value). `None`
 /// when such a read would fail, and when a key of the object or of its `metadata` has escapes
 /// (not worth decoding here; the Value path handles it).
+///
+/// Each turn of the loop reads a value, then what may follow a value: `,` (and in an object the
+/// next key and its `:`) or the end of the containers it closes.
 fn scan_value(text: &str, start: usize, base: u32) -> Option<(usize, Scanned<'_>)> {
     let b = text.as_bytes();
     let mut i = skip_ws(b, start);
     let mut scan = Scan::new(text, kind_at(*b.get(i)?), base, i);
-    let mut next = Next::Value;
     loop {
-        i = skip_ws(b, i);
+        // A value starts at `i`. (An if-chain in order of frequency: a `match` here compiles to
+        // a jump table whose indirect branch mispredicts on almost every value.)
         let c = *b.get(i)?;
-        match next {
-            Next::Colon => {
-                if c != b':' {
-                    return None;
+        if c == b'"' {
+            let (end, _) = scan_string(b, i + 1)?;
+            i = scan.value(c, i, end + 1, false)?;
+        } else if c == b'{' || c == b'[' {
+            i = ws(b, scan.value(c, i, i + 1, true)?);
+            let first = *b.get(i)?;
+            if c == b'{' && first != b'}' {
+                i = scan.member_key(i)?;
+                continue;
+            }
+            if c == b'[' && first != b']' {
+                continue;
+            }
+            // Empty.
+            scan.depth -= 1;
+            scan.close(scan.depth, i + 1);
+            i += 1;
+        } else if c.is_ascii_digit() || c == b'-' {
+            i = scan.value(c, i, number_end(text, i)?, false)?;
+        } else {
+            let word: &[u8] = match c {
+                b't' => b"true",
+                b'f' => b"false",
+                b'n' => b"null",
+                _ => return None,
+            };
+            if b.get(i..i + word.len()) != Some(word) {
+                return None;
+            }
+            i = scan.value(c, i, i + word.len(), false)?;
+        }
+        // A value ended at `i`: the next one of its container, or the ends of containers.
+        loop {
+            if scan.depth == 0 {
+                return Some((i, scan.out));
+            }
+            i = ws(b, i);
+            let c = *b.get(i)?;
+            let object = scan.in_object();
+            if c == b',' {
+                i = ws(b, i + 1);
+                if object {
+                    i = scan.member_key(i)?;
                 }
-                next = Next::Value;
-                i += 1;
-                continue;
+                break;
             }
-            Next::Key | Next::KeyOrEnd if c == b'"' => {
-                let (end, escaped) = scan_string(b, i + 1)?;
-                scan.key(i, end, escaped)?;
-                next = Next::Colon;
-                i = end + 1;
-                continue;
+            if c != if object { b'}' } else { b']' } {
+                return None;
             }
-            Next::CommaOrEnd if c == b',' => {
-                next = if scan.in_object() { Next::Key } else { Next::Value };
-                i += 1;
-                continue;
-            }
-            Next::KeyOrEnd | Next::CommaOrEnd | Next::ValueOrEnd
-                if (c == b'}' && scan.in_object() && next != Next::ValueOrEnd)
-                    || (c == b']' && !scan.in_object() && next != Next::KeyOrEnd) =>
-            {
-                scan.depth -= 1;
-                scan.close(scan.depth, i + 1);
-                i += 1;
-            }
-            Next::Value | Next::ValueOrEnd => {
-                // (An if-chain in order of frequency: a `match` here compiles to a jump table
-                // whose indirect branch mispredicts on almost every value.)
-                i = if c == b'"' {
-                    let (end, _) = scan_string(b, i + 1)?;
-                    scan.value(c, i, end + 1, false)?
-                } else if c == b'{' || c == b'[' {
-                    let at = scan.value(c, i, i + 1, true)?;
-                    next = if c == b'{' { Next::KeyOrEnd } else { Next::ValueOrEnd };
-                    i = at;
-                    continue;
-                } else if c.is_ascii_digit() || c == b'-' {
-                    scan.value(c, i, number_end(text, i)?, false)?
-                } else {
-                    let word: &[u8] = match c {
-                        b't' => b"true",
-                        b'f' => b"false",
-                        b'n' => b"null",
-                        _ => return None,
-                    };
-                    if b.get(i..i + word.len()) != Some(word) {
-                        return None;
-                    }
-                    scan.value(c, i, i + word.len(), false)?
-                };
-            }
-            _ => return None,
+            scan.depth -= 1;
+            scan.close(scan.depth, i + 1);
+            i += 1;
         }
-        // A value ended here: the whole one, or a member or element of a container.
-        if scan.depth == 0 {
-            return Some((i, scan.out));
-        }
-        next = Next::CommaOrEnd;
     }
 }
 
@@ -421,11 +409,27 @@ impl<'a> Scan<'a> {
         self.depth == 1 || (self.depth == 2 && self.in_metadata) || (self.depth == 3 && self.in_annotations)
     }
 
-    /// The key `text[i + 1..end]` (`escaped` if it has escapes) of the object open here.
-    fn key(&mut self, i: usize, end: usize, escaped: bool) -> Option<()> {
-        if !self.keys_here() {
-            return Some(());
+    /// The key at `i` of the object open here, and its `:`; where its value starts.
+    #[inline(always)]
+    fn member_key(&mut self, i: usize) -> Option<usize> {
+        let b = self.text.as_bytes();
+        if *b.get(i)? != b'"' {
+            return None;
         }
+        let (end, escaped) = scan_string(b, i + 1)?;
+        if self.keys_here() {
+            self.key(i, end, escaped)?;
+        }
+        let i = ws(b, end + 1);
+        if *b.get(i)? != b':' {
+            return None;
+        }
+        Some(ws(b, i + 1))
+    }
+
+    /// The key `text[i + 1..end]` (`escaped` if it has escapes) of the object open here, one
+    /// whose keys the scan reads ([`Scan::keys_here`]).
+    fn key(&mut self, i: usize, end: usize, escaped: bool) -> Option<()> {
         let key = &self.text.as_bytes()[i + 1..end];
         self.expect_value = true;
         if self.depth == 3 {
@@ -568,8 +572,8 @@ pub(super) fn parse_text(body: &[u8]) -> Option<TextRequest<'_>> {
     let mut r = Envelope { text, i: 0 };
     let (mut api_version, mut kind, mut request) = (None, None, None);
     r.object(|r, key| match key {
-        b"apiVersion" => once(&mut api_version, r.string()),
-        b"kind" => once(&mut kind, r.string()),
+        b"apiVersion" => once(&mut api_version, r.text()),
+        b"kind" => once(&mut kind, r.text()),
         b"request" => once(&mut request, r.request()),
         _ => r.skip(1),
     })?;
@@ -653,8 +657,8 @@ impl<'a> Envelope<'a> {
         }
     }
 
-    /// The string next, unescaped.
-    fn string(&mut self) -> Option<String> {
+    /// The string next, unescaped (borrowed from the body when it has no escapes).
+    fn text(&mut self) -> Option<Cow<'a, str>> {
         if self.peek()? != b'"' {
             return None;
         }
@@ -662,10 +666,15 @@ impl<'a> Envelope<'a> {
         let quoted = self.text.get(self.i..=end)?;
         self.i = end + 1;
         if escaped {
-            serde_json::from_str(quoted).ok()
+            serde_json::from_str(quoted).ok().map(Cow::Owned)
         } else {
-            Some(quoted[1..quoted.len() - 1].to_owned())
+            quoted.get(1..quoted.len() - 1).map(Cow::Borrowed)
         }
+    }
+
+    /// The string next, unescaped.
+    fn string(&mut self) -> Option<String> {
+        self.text().map(Cow::into_owned)
     }
 
     /// The array of strings next.
@@ -705,7 +714,7 @@ impl<'a> Envelope<'a> {
             b"uid" => once(&mut uid, r.string()),
             b"resource" => once(&mut resource, r.resource()),
             b"subResource" => once(&mut sub_resource, r.nullable(Self::string)),
-            b"operation" => once(&mut operation, r.string().and_then(|s| wire_operation(&s))),
+            b"operation" => once(&mut operation, r.text().and_then(|s| wire_operation(&s))),
             b"userInfo" => once(&mut user_info, r.user_info()),
             b"object" => once(&mut object, r.nullable(Self::kube_object)),
             b"oldObject" => once(&mut old_object, r.nullable(Self::kube_object)),
@@ -730,7 +739,7 @@ impl<'a> Envelope<'a> {
         let (mut group, mut version, mut resource) = (None, None, None);
         self.object(|r, key| match key {
             b"group" => once(&mut group, r.string()),
-            b"version" => once(&mut version, r.string()),
+            b"version" => once(&mut version, r.text()),
             b"resource" => once(&mut resource, r.string()),
             _ => None,
         })?;
