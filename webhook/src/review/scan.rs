@@ -463,6 +463,7 @@ impl<'a> Scan<'a> {
 
     /// A value starting at `i` with byte `c`: a scalar ending at `next`, or a container that
     /// `opens` there. Where the scan goes on; `None` past the nesting limit.
+    #[inline(always)]
     fn value(&mut self, c: u8, i: usize, next: usize, opens: bool) -> Option<usize> {
         if self.expect_value {
             self.expect_value = false;
@@ -503,6 +504,7 @@ impl<'a> Scan<'a> {
     }
 
     /// A value at `depth` ended at `end`: note it if it is a member the scan keeps.
+    #[inline(always)]
     fn close(&mut self, depth: u32, end: usize) {
         if depth == 1
             && let Some(start) = self.start1.take()
