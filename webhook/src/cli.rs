@@ -89,7 +89,8 @@ pub struct Args {
     /// bounds the memory bodies take: keep their product well inside the pod's memory limit.
     #[arg(long, env = "SMOLVM_WEBHOOK_MAX_CONCURRENT_REVIEWS", default_value_t = crate::state::DEFAULT_MAX_CONCURRENT_REVIEWS)]
     pub max_concurrent_reviews: usize,
-    /// How long a request body may take to arrive, from the request's start (at least 1s).
+    /// How long a request body may take to arrive, from the request's start (at least 1s, at
+    /// most 15s).
     #[arg(long, env = "SMOLVM_WEBHOOK_BODY_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub body_timeout: Duration,
     /// How long a request body still arriving may go without a byte before the request is
