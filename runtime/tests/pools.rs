@@ -19,7 +19,6 @@ use serde_json::json;
 
 use common::{Pki, TestAgent};
 use smolvm_testkit::node as common;
-use smolvm_testkit::smolvm_double::SmolvmDouble;
 
 fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()
@@ -117,10 +116,7 @@ async fn refusals_against_real_smolvm() {
 async fn pools_and_leases_against_the_double() {
     common::init();
     let dir = tempdir();
-    let double = SmolvmDouble::start(dir.path().join("double.sock"))
-        .await
-        .expect("double");
-    let agent = TestAgent::attached(&dir.path().join("agent"), Arc::new(Pki::new()), double.socket()).await;
+    let (double, agent) = TestAgent::on_double(dir.path()).await;
     let mut c = agent.client().await;
 
     let applied = c.call("PUT", "/v1/pools/pool-a", Some(pool(2))).await;
@@ -260,10 +256,7 @@ async fn exec_logs_and_files_of_a_served_machine_reach_its_worker() {
     use base64::Engine as _;
     common::init();
     let dir = tempdir();
-    let double = SmolvmDouble::start(dir.path().join("double.sock"))
-        .await
-        .expect("double");
-    let agent = TestAgent::attached(&dir.path().join("agent"), Arc::new(Pki::new()), double.socket()).await;
+    let (double, agent) = TestAgent::on_double(dir.path()).await;
     let mut c = agent.client().await;
     let applied = c.call("PUT", "/v1/pools/pool-x", Some(pool(1))).await;
     assert_eq!(applied.status, 200, "{applied:?}");

@@ -164,10 +164,7 @@ async fn call_twice(c: &mut NodeClient, method: &str, path: &str, body: Option<s
 async fn suspend_and_resume_against_the_double() {
     common::init();
     let dir = tempdir();
-    let double = SmolvmDouble::start(dir.path().join("double.sock"))
-        .await
-        .expect("double");
-    let agent = TestAgent::attached(&dir.path().join("agent"), Arc::new(Pki::new()), double.socket()).await;
+    let (double, agent) = TestAgent::on_double(dir.path()).await;
     let mut c = agent.client().await;
     let m = "/v1/machines/vm-a";
     assert_eq!(c.call("PUT", m, Some(spec(common::free_port()))).await.status, 201);
@@ -230,11 +227,8 @@ async fn suspend_and_resume_against_the_double() {
 async fn stop_delete_and_restart_against_the_double() {
     common::init();
     let dir = tempdir();
-    let double = SmolvmDouble::start(dir.path().join("double.sock"))
-        .await
-        .expect("double");
+    let (double, agent) = TestAgent::on_double(dir.path()).await;
     let state = dir.path().join("agent");
-    let agent = TestAgent::attached(&state, Arc::new(Pki::new()), double.socket()).await;
     let mut c = agent.client().await;
     for name in ["vm-stop", "vm-delete", "vm-kept"] {
         let path = format!("/v1/machines/{name}");

@@ -381,6 +381,16 @@ impl TestAgent {
         agent
     }
 
+    /// A [`crate::smolvm_double::SmolvmDouble`] on a socket under `dir` and an agent attached to
+    /// it, its state under `dir/agent`, with a test PKI of its own.
+    pub async fn on_double(dir: &Path) -> (crate::smolvm_double::DoubleHandle, Self) {
+        let double = crate::smolvm_double::SmolvmDouble::start(dir.join("double.sock"))
+            .await
+            .expect("double");
+        let agent = Self::attached(&dir.join("agent"), Arc::new(Pki::new()), double.socket()).await;
+        (double, agent)
+    }
+
     /// Starts an agent attached to a runtime already serving on `socket` (such as
     /// [`crate::smolvm_double::SmolvmDouble`]), as `--attach-socket` does, with its state under
     /// `dir`; waits until the runtime answered.
