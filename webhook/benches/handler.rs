@@ -5,7 +5,7 @@
 //! Run: `cargo bench -p smolvm-webhook --features bench --bench handler`
 //!
 //! For instruction counts, run one case a fixed number of times outside criterion, e.g.
-//! `HANDLER_BENCH=router-validate:2000 valgrind --tool=callgrind <bench binary>` and subtract a
+//! `HANDLER_BENCH=service-validate:2000 valgrind --tool=callgrind <bench binary>` and subtract a
 //! run with `:0` (the setup) to get instructions per request.
 
 use std::{hint::black_box, sync::Arc};
@@ -108,8 +108,8 @@ const CASES: [&str; 6] = [
     "review-validate",
     "review-mutate",
     "review-mutate-class",
-    "router-validate",
-    "router-mutate",
+    "service-validate",
+    "service-mutate",
     "router-floor",
 ];
 
@@ -132,8 +132,8 @@ fn run_case(s: &Setup, case: &str) -> usize {
             );
             out.body.len()
         }
-        "router-validate" => call(s, &s.webhook, "/validate/smolvms"),
-        "router-mutate" => call(s, &s.webhook, "/mutate/smolvms"),
+        "service-validate" => call(s, &s.webhook, "/validate/smolvms"),
+        "service-mutate" => call(s, &s.webhook, "/mutate/smolvms"),
         "router-floor" => call(s, &s.floor, "/echo"),
         other => panic!("unknown case {other}; one of {CASES:?}"),
     }

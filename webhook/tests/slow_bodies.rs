@@ -255,6 +255,22 @@ async fn slow_bodies_are_shed_with_a_clear_answer() {
             assert_eq!(body["response"]["allowed"], true, "{version:?}: {body}");
         }
     }
+    // Those reviews' bodies are usually all there when read, so they may never need a slot. One
+    // whose body is surely still arriving (its head first, its body a moment later) needs one,
+    // and displaces the trickle that has held its slot longest. It is answered 200, or 408
+    // BodyDisplaced when the displaced trickles reconnect before its body is in and one of them
+    // displaces it in turn (it then holds its slot longest).
+    let mut arriving = raw_tls(&h).await;
+    ok(arriving
+        .write_all(head("/validate/smolvms", body.len()).as_bytes())
+        .await);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    ok(arriving.write_all(&body).await);
+    let text = answer(&mut arriving).await;
+    assert!(
+        text.starts_with("HTTP/1.1 200") || text.contains("\"reason\":\"BodyDisplaced\""),
+        "{text}"
+    );
     // Trickling past the deadline: 408 Timeout (the holders are answered so).
     let _ = stop_tx.send(true);
     let mut answers = Vec::new();

@@ -285,27 +285,20 @@ struct Request<'a> {
     objects: Objects<'a>,
 }
 
-impl<O> WireRequest<O> {
-    /// The request, its objects made into [`Objects`] by `objects(new, old)`.
-    fn with_objects<'a>(self, objects: impl FnOnce(Option<O>, Option<O>) -> Objects<'a>) -> Request<'a> {
-        Request {
-            uid: self.uid,
-            group: self.resource.group,
-            resource: self.resource.resource,
-            sub_resource: self.sub_resource,
-            operation: self.operation,
-            user_info: self.user_info,
-            objects: objects(self.object, self.old_object),
-        }
-    }
-}
-
 impl From<WireRequest> for Request<'_> {
     fn from(r: WireRequest) -> Self {
-        r.with_objects(|new, old| Objects::Parsed {
-            new: new.filter(|o| !o.is_null()),
-            old: old.filter(|o| !o.is_null()),
-        })
+        Request {
+            uid: r.uid,
+            group: r.resource.group,
+            resource: r.resource.resource,
+            sub_resource: r.sub_resource,
+            operation: r.operation,
+            user_info: r.user_info,
+            objects: Objects::Parsed {
+                new: r.object.filter(|o| !o.is_null()),
+                old: r.old_object.filter(|o| !o.is_null()),
+            },
+        }
     }
 }
 

@@ -130,22 +130,22 @@ impl RequestError {
 /// not use skipped. The objects are `serde_json::Value`s: the reference reading (the fast one,
 /// [`parse_text`](super::scan::parse_text), reads what it reads).
 #[derive(Deserialize)]
-pub(super) struct WireReview<O = Value> {
+pub(super) struct WireReview {
     #[serde(rename = "apiVersion")]
     pub(super) api_version: String,
     pub(super) kind: String,
     #[serde(default = "none")]
-    pub(super) request: Option<WireRequest<O>>,
+    pub(super) request: Option<WireRequest>,
 }
 
 pub(super) fn none<T>() -> Option<T> {
     None
 }
 
-/// The `request` of an AdmissionReview, its objects as `O`.
+/// The `request` of an AdmissionReview, its objects as Values.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct WireRequest<O = Value> {
+pub struct WireRequest {
     /// Echoed in the response.
     pub uid: String,
     /// The resource the request is for.
@@ -160,10 +160,10 @@ pub struct WireRequest<O = Value> {
     pub user_info: UserInfo,
     /// The new object (CREATE, UPDATE).
     #[serde(default = "none")]
-    pub object: Option<O>,
+    pub object: Option<Value>,
     /// The stored object (UPDATE, DELETE).
     #[serde(default = "none")]
-    pub old_object: Option<O>,
+    pub old_object: Option<Value>,
 }
 
 /// Only what is needed to classify a body that failed to deserialize as an AdmissionReview.
