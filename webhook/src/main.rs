@@ -15,7 +15,7 @@ use smolvm_webhook::{
     Error, Result,
     cli::{Args, RENAMED, TlsMode},
     reload,
-    server::{admission_service, serve_ops, serve_tls},
+    server::{self, admission_service, serve_ops, serve_tls},
     state::{AppState, ClassStore, PolicyHandle, PoolStore, StoreCatalog},
 };
 
@@ -200,7 +200,7 @@ async fn run(args: Args) -> Result<()> {
         .with_max_concurrent_reviews(args.max_concurrent_reviews)
         .with_max_concurrent_bodies(args.max_concurrent_bodies);
     state.body_limit = args.body_limit;
-    state.body_timeout = args.body_timeout.max(Duration::from_secs(1));
+    state.body_timeout = args.body_timeout.clamp(Duration::from_secs(1), server::REQUEST_TIMEOUT);
     state.body_idle_timeout = args.body_idle_timeout.max(Duration::from_millis(100));
     match &client {
         Some(client) => {

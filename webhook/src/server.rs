@@ -27,9 +27,10 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// kept-alive connection may stay idle between requests).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The longest a request's body may take to arrive, whatever `--body-timeout` says (the API
-/// server gives up after at most 30 s, and the shipped configuration after 5 s). Every other
-/// wait of a request is bounded by the body's own timeouts, and the review itself does not wait.
+/// The longest a request's body may take to arrive, whatever `--body-timeout` says: the flag is
+/// capped at it where it becomes the server's state (the API server gives up after at most
+/// 30 s, and the shipped configuration after 5 s). Every other wait of a request is bounded by
+/// the body's own timeouts, and the review itself does not wait.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// An admission answer: a whole JSON body, sent as one frame.
@@ -74,7 +75,7 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
 /// `max_concurrent_bodies` reader slots ([`crate::bodies`]: none free, the longest-held is
 /// displaced, answered 408; none freeing in time, this request is shed with 429), and given up
 /// with 408 when no byte comes for `body_idle_timeout` or the whole body is not in within
-/// `body_timeout` (at most [`REQUEST_TIMEOUT`]) of the request's start. A slow client so ties up
+/// `body_timeout` (which the binary caps at [`REQUEST_TIMEOUT`]) of the request's start. A slow client so ties up
 /// a reader slot for a bounded time, loses it first to a body that is arriving, and never holds
 /// a review slot.
 async fn read_body<B>(state: &AppState, request: Request<B>, start: Instant) -> std::result::Result<Bytes, RequestError>
@@ -118,8 +119,7 @@ where
             None => return Err(RequestError::BodiesBusy(state.max_concurrent_bodies)),
         },
     };
-    let body_timeout = state.body_timeout.min(REQUEST_TIMEOUT);
-    let deadline = tokio::time::Instant::from_std(start) + body_timeout;
+    let deadline = tokio::time::Instant::from_std(start) + state.body_timeout;
     let mut progress = tokio::time::Instant::now();
     // One timer, moved on only when it fires (not at every chunk): at the idle timeout after the
     // last progress, or the deadline if sooner.
@@ -141,7 +141,7 @@ where
             () = &mut timer => {
                 let now = tokio::time::Instant::now();
                 if now >= deadline {
-                    return Err(RequestError::Timeout(body_timeout));
+                    return Err(RequestError::Timeout(state.body_timeout));
                 }
                 if now >= progress + idle {
                     return Err(RequestError::Stalled(idle));
