@@ -20,11 +20,13 @@
 # throughput and fixed offered rates with p50/p99/p99.9 (open loop, latency from each request's
 # due time); plus, when installed (Debian packages wrk and nghttp2-client), wrk (HTTP/1.1) and
 # h2load (HTTP/2) maximum throughput and h2load fixed-rate latency over both protocols as a
-# second opinion. wrk and h2load do not verify the certificate (they cannot be given a CA).
+# second opinion (one target after another, at the same priority as webhook-bench-load's). wrk and h2load do not verify the certificate (they cannot be given a CA).
 # Figures are printed, never asserted. At the end, each smolvm-webhook figure is set against
 # kube-rs's example and nginx from the same run (throughput ratios, and p99 at 2000/s).
 #
 # Environment: SERVER_CPU (0), LOAD_CPU (1), SECONDS_PER_RUN (10), RATES ("2000 5000"),
+# LATENCY_SECONDS (20: measured seconds per target at each fixed rate), LATENCY_PRIORITY (20:
+# the SCHED_FIFO priority of the fixed-rate phases; empty for normal priority),
 # CONNECTIONS (16), KUBE_EXAMPLE_BIN (unset), NGINX (nginx on PATH; empty to skip),
 # CARGO_TARGET_DIR.
 set -euo pipefail
@@ -138,15 +140,42 @@ for http in 1 2; do
     load --label "$name" --addr 127.0.0.1:$port --path "$path" --http $http --rate 0
   done
 done
-for rate in $RATES; do
-  echo "== webhook-bench-load: fixed offered load $rate/s"
-  for http in 1 2; do
-    for t in "${TARGETS[@]}"; do
-      read -r name port path _ <<<"$t"
-      load --label "$name" --addr 127.0.0.1:$port --path "$path" --http $http --rate "$rate"
+# Latency at a fixed rate: every target in turn, in short turns (webhook-bench-load compare), so
+# that the machine's stalls fall on every target alike, with the servers and the load at a
+# real-time priority (SCHED_FIFO), so that the machine's other work does not preempt them.
+# Without the turns, the p99 of the same server differed by 2x between runs minutes apart
+# here; without the priority, tasks of the VM's own (its init runs at nice -10) added
+# milliseconds to the p99.9 of every target. Both apply to every target alike.
+realtime() { # on|off: the servers' scheduling policy, every thread of each and of its children
+  [[ -n "$LATENCY_PRIORITY" ]] || return 0
+  local pid
+  for t in "${TARGETS[@]}"; do
+    read -r _ _ _ pid <<<"$t"
+    for p in "$pid" $(pgrep -P "$pid" || true); do
+      if [[ $1 == on ]]; then chrt -a -f -p "$LATENCY_PRIORITY" "$p"; else chrt -a -o -p 0 "$p"; fi
     done
   done
+}
+LATENCY_PRIORITY=${LATENCY_PRIORITY-20}
+if [[ -n "$LATENCY_PRIORITY" ]] && ! chrt -f "$LATENCY_PRIORITY" true 2>/dev/null; then
+  echo "cannot run at SCHED_FIFO priority $LATENCY_PRIORITY here (needs CAP_SYS_NICE): latency is measured at normal priority"
+  LATENCY_PRIORITY=
+fi
+at_priority() { if [[ -n "$LATENCY_PRIORITY" ]]; then chrt -f "$LATENCY_PRIORITY" "$@"; else "$@"; fi; }
+LATENCY_SECS=${LATENCY_SECONDS:-20}
+realtime on
+for rate in $RATES; do
+  echo "== webhook-bench-load: fixed offered load $rate/s, ${LATENCY_SECS}s per target in turns of 0.5s${LATENCY_PRIORITY:+, SCHED_FIFO $LATENCY_PRIORITY}"
+  for http in 1 2; do
+    turns=()
+    for t in "${TARGETS[@]}"; do
+      read -r name port path _ <<<"$t"
+      turns+=(--target "$name=127.0.0.1:$port$path")
+    done
+    at_priority taskset -c "$LOAD_CPU" "$BIN/webhook-bench-load" compare --ca "$WORK/ca.crt" --body "$WORK/review.json"       --connections "$CONNS" --seconds "$LATENCY_SECS" --slices $((LATENCY_SECS * 2)) --http $http --rate "$rate"       "${turns[@]}" | tee -a "$WORK/load.txt"
+  done
 done
+realtime off
 awk '{ match($0, /offered=[^ ]+/); offered = substr($0, RSTART + 8, RLENGTH - 8)
   match($0, /reviews\/s= *[0-9]+/); rps = substr($0, RSTART, RLENGTH); gsub(/[^0-9]/, "", rps)
   match($0, / p99=[0-9.]+/); p99 = substr($0, RSTART + 5, RLENGTH - 5)
@@ -194,6 +223,7 @@ if command -v h2load >/dev/null; then
         printf "requests=%d p50=%.3fms p99=%.3fms p99.9=%.3fms\n", NR,
           v[int(0.5 * (NR - 1)) + 1] / 1000, v[int(0.99 * (NR - 1)) + 1] / 1000, v[int(0.999 * (NR - 1)) + 1] / 1000}'
   }
+  realtime on
   for rate in $RATES; do
     rps=$((rate / CONNS))
     echo "== h2load: fixed offered load $((rps * CONNS))/s ($CONNS connections x --rps $rps)"
@@ -202,7 +232,7 @@ if command -v h2load >/dev/null; then
         read -r name port path _ <<<"$t"
         printf '%-28s %-8s ' "$name" "$([[ $proto == h1 ]] && echo http/1.1 || echo http/2)"
         rm -f "$WORK/h2load.log"
-        taskset -c "$LOAD_CPU" h2load $([[ $proto == h1 ]] && echo --h1) -t1 -c"$CONNS" -m4 --rps="$rps" -D $((SECS + 2)) \
+        at_priority taskset -c "$LOAD_CPU" h2load $([[ $proto == h1 ]] && echo --h1) -t1 -c"$CONNS" -m4 --rps="$rps" -D $((SECS + 2)) \
           -H 'content-type: application/json' -d "$WORK/review.json" --log-file="$WORK/h2load.log" \
           "https://localhost:$port$path" >/dev/null 2>&1 || true
         if [[ -s "$WORK/h2load.log" ]]; then
@@ -216,6 +246,7 @@ if command -v h2load >/dev/null; then
       done
     done
   done
+  realtime off
   echo "== h2load (HTTP/2, $CONNS connections, 1 stream each, maximum throughput)"
   for t in "${TARGETS[@]}"; do
     read -r name port path _ <<<"$t"

@@ -13,6 +13,12 @@
 //!   its connection, and that wait counts. `send-late` reports how late requests went out.
 //!   Every non-200 answer counts as an error.
 //!
+//! - `compare`: the open loop of `run` against several targets in turn, cut into slices, every
+//!   target taking its turn in every slice (in rotating order), each target's figures pooled
+//!   over its slices. A stall of the machine (these are VMs, where one of milliseconds comes
+//!   every few seconds) then falls on every target alike, instead of on whichever target ran
+//!   at that moment, so the targets' tails can be compared within one run.
+//!
 //! - `trickle`: clients that send their bodies one byte at a time while reviews are sent; prints
 //!   the reviews' answers and latency (issue 30's reproduction).
 //!
@@ -40,6 +46,9 @@ enum Command {
     Gen { dir: PathBuf },
     /// Generate load.
     Run(RunArgs),
+    /// Open-loop load at `--rate` against each `--target` in turn, slice by slice; prints each
+    /// target's figures pooled over its slices, as `run` prints them.
+    Compare(CompareArgs),
     /// Flood: N clients, each on its own connection, send maximum-size reviews back to back;
     /// prints the answers by status and the server's peak resident memory (`--pid`).
     Flood(FloodArgs),
@@ -77,6 +86,63 @@ struct RunArgs {
     /// A label printed with the results.
     #[arg(long, default_value = "")]
     label: String,
+}
+
+#[derive(clap::Args)]
+struct CompareArgs {
+    /// `LABEL=ADDR/PATH`, e.g. `nginx=127.0.0.1:19445/answer`; one per target.
+    #[arg(long = "target", required = true)]
+    targets: Vec<Target>,
+    /// 1 or 2.
+    #[arg(long, default_value_t = 1)]
+    http: u8,
+    #[arg(long, default_value_t = 16)]
+    connections: usize,
+    /// Offered reviews/s across all connections, during each target's turn.
+    #[arg(long)]
+    rate: u64,
+    /// Measured seconds per target, over all its slices.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// How many turns each target gets (each turn lasts `--seconds` / `--slices`).
+    #[arg(long, default_value_t = 40)]
+    slices: u32,
+    /// Each target's connections are made and run at the rate this long before its first turn.
+    #[arg(long, default_value_t = 1000)]
+    warmup_ms: u64,
+    /// Each turn runs at the rate this long before it is measured.
+    #[arg(long, default_value_t = 100)]
+    turn_warmup_ms: u64,
+    #[arg(long)]
+    ca: PathBuf,
+    #[arg(long)]
+    body: PathBuf,
+    #[arg(long, default_value = "localhost")]
+    server_name: String,
+}
+
+/// One target of `compare`: a label, the server's address and the request path.
+#[derive(Clone)]
+struct Target {
+    label: String,
+    addr: SocketAddr,
+    path: String,
+}
+
+impl std::str::FromStr for Target {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let shape = || format!("{s:?}: expected LABEL=ADDR/PATH");
+        let (label, rest) = s.split_once('=').ok_or_else(shape)?;
+        let slash = rest.find('/').ok_or_else(shape)?;
+        let addr = rest[..slash].parse().map_err(|e| format!("{s:?}: the address: {e}"))?;
+        Ok(Target {
+            label: label.to_string(),
+            addr,
+            path: rest[slash..].to_string(),
+        })
+    }
 }
 
 #[derive(clap::Args)]
@@ -498,7 +564,7 @@ async fn open_loop(
     path: String,
     body: Bytes,
     w: Window,
-) -> Result<Vec<Sample>, String> {
+) -> Result<(Vec<Sample>, Vec<Connection>), String> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Sample>();
     let n = conns.len();
     // HTTP/1.1: one worker per connection, fed in schedule order.
@@ -520,6 +586,7 @@ async fn open_loop(
                 let done = Instant::now();
                 let _ = tx.send(Sample { due, sent, done, ok });
             }
+            conn
         }));
     }
     // The schedule runs on its own thread: tokio's timer rounds deadlines up to the next
@@ -562,8 +629,9 @@ async fn open_loop(
     clock.join().map_err(|_| "the schedule thread panicked".to_string())?;
     drop(queues);
     drop(tx);
+    let mut conns = h2;
     for worker in workers {
-        worker.await.map_err(|e| e.to_string())?;
+        conns.push(worker.await.map_err(|e| e.to_string())?);
     }
     let mut all = Vec::new();
     while let Some(sample) = rx.recv().await {
@@ -571,7 +639,7 @@ async fn open_loop(
             all.push(sample);
         }
     }
-    Ok(all)
+    Ok((all, conns))
 }
 
 async fn run(args: RunArgs) -> Result<(), String> {
@@ -589,17 +657,8 @@ async fn run(args: RunArgs) -> Result<(), String> {
         label,
     } = args;
     let version = version_of(http);
-    let ca_pem = std::fs::read_to_string(&ca).map_err(|e| e.to_string())?;
-    let body = Bytes::from(std::fs::read(&body).map_err(|e| e.to_string())?);
-    let config = client::tls_config(&ca_pem, version).map_err(|e| e.to_string())?;
-    let mut conns = Vec::new();
-    for _ in 0..connections.max(1) {
-        conns.push(
-            client::connect(addr, &server_name, config.clone(), version)
-                .await
-                .map_err(|e| e.to_string())?,
-        );
-    }
+    let (config, body) = client_setup(&ca, &body, version)?;
+    let conns = connect_all(addr, &server_name, &config, version, connections).await?;
     let start = Instant::now() + Duration::from_millis(200);
     let measure_from = start + Duration::from_secs(warmup);
     let w = Window {
@@ -610,8 +669,108 @@ async fn run(args: RunArgs) -> Result<(), String> {
     let samples = if rate == 0 {
         closed_loop(conns, path, body, w).await?
     } else {
-        open_loop(conns, version, rate, path, body, w).await?
+        open_loop(conns, version, rate, path, body, w).await?.0
     };
+    report(&label, version, connections, rate, seconds as f64, &samples);
+    Ok(())
+}
+
+async fn compare(args: CompareArgs) -> Result<(), String> {
+    let CompareArgs {
+        targets,
+        http,
+        connections,
+        rate,
+        seconds,
+        slices,
+        warmup_ms,
+        turn_warmup_ms,
+        ca,
+        body,
+        server_name,
+    } = args;
+    if rate == 0 {
+        return Err("compare needs a fixed --rate".into());
+    }
+    let version = version_of(http);
+    let (config, body) = client_setup(&ca, &body, version)?;
+    let slices = slices.max(1);
+    let turn = Duration::from_secs(seconds) / slices;
+    // Every target's connections are made and warmed up at the rate first; they stay open, so
+    // that a turn measures answers, never handshakes. A target waits less than the servers'
+    // idle timeouts between its turns (the webhook's is 5 s) when turns are short.
+    let mut conns = Vec::new();
+    for t in &targets {
+        let fresh = connect_all(t.addr, &server_name, &config, version, connections).await?;
+        let start = Instant::now() + Duration::from_millis(20);
+        let w = Window {
+            start,
+            measure_from: start + Duration::from_millis(warmup_ms),
+            end: start + Duration::from_millis(warmup_ms),
+        };
+        conns.push(
+            open_loop(fresh, version, rate, t.path.clone(), body.clone(), w)
+                .await?
+                .1,
+        );
+    }
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); targets.len()];
+    for slice in 0..slices as usize {
+        for k in 0..targets.len() {
+            let i = (slice + k) % targets.len();
+            let start = Instant::now() + Duration::from_millis(5);
+            let measure_from = start + Duration::from_millis(turn_warmup_ms);
+            let w = Window {
+                start,
+                measure_from,
+                end: measure_from + turn,
+            };
+            let held = std::mem::take(&mut conns[i]);
+            let (got, back) = open_loop(held, version, rate, targets[i].path.clone(), body.clone(), w).await?;
+            samples[i].extend(got);
+            conns[i] = back;
+        }
+    }
+    let measured = turn.as_secs_f64() * f64::from(slices);
+    for (t, samples) in targets.iter().zip(&samples) {
+        report(&t.label, version, connections, rate, measured, samples);
+    }
+    Ok(())
+}
+
+/// The client's TLS configuration (trusting only the CA in `ca`) and the review body to send.
+fn client_setup(
+    ca: &std::path::Path,
+    body: &std::path::Path,
+    version: Version,
+) -> Result<(std::sync::Arc<rustls::ClientConfig>, Bytes), String> {
+    let ca_pem = std::fs::read_to_string(ca).map_err(|e| format!("{}: {e}", ca.display()))?;
+    let body = Bytes::from(std::fs::read(body).map_err(|e| format!("{}: {e}", body.display()))?);
+    let config = client::tls_config(&ca_pem, version).map_err(|e| e.to_string())?;
+    Ok((config, body))
+}
+
+/// `n` (at least one) connections to `addr`, each through its TLS handshake.
+async fn connect_all(
+    addr: SocketAddr,
+    server_name: &str,
+    config: &std::sync::Arc<rustls::ClientConfig>,
+    version: Version,
+    n: usize,
+) -> Result<Vec<Connection>, String> {
+    let mut conns = Vec::new();
+    for _ in 0..n.max(1) {
+        conns.push(
+            client::connect(addr, server_name, config.clone(), version)
+                .await
+                .map_err(|e| format!("{addr}: {e}"))?,
+        );
+    }
+    Ok(conns)
+}
+
+/// Prints one line of figures for `samples`, measured over `seconds`.
+fn report(label: &str, version: Version, connections: usize, rate: u64, seconds: f64, samples: &[Sample]) {
     let errors = samples.iter().filter(|s| !s.ok).count();
     let micros = |d: Duration| d.as_micros() as u64;
     let mut latency: Vec<u64> = samples
@@ -620,7 +779,7 @@ async fn run(args: RunArgs) -> Result<(), String> {
         .map(|s| micros(s.done.duration_since(s.due)))
         .collect();
     latency.sort_unstable();
-    let throughput = latency.len() as f64 / seconds as f64;
+    let throughput = latency.len() as f64 / seconds;
     // How late requests went out against the schedule (open loop): the generator's own precision
     // plus any wait for a busy HTTP/1.1 connection.
     let late = if rate == 0 {
@@ -638,7 +797,6 @@ async fn run(args: RunArgs) -> Result<(), String> {
         percentile(&latency, 0.99),
         percentile(&latency, 0.999),
     );
-    Ok(())
 }
 
 /// The protocol of `--http`: 2 for HTTP/2, anything else HTTP/1.1.
@@ -663,6 +821,7 @@ fn main() -> std::process::ExitCode {
     let result = match args.command {
         Command::Gen { dir } => generate(&dir),
         Command::Run(args) => block_on(false, run(args)),
+        Command::Compare(args) => block_on(false, compare(args)),
         Command::Flood(args) => block_on(true, flood(args)),
         Command::Trickle(args) => block_on(true, trickle(args)),
     };
