@@ -192,6 +192,9 @@ enum Ended {
     Stopped,
 }
 
+/// How many events about SmolVMs may be in flight to the API server at once (one lane each).
+const EVENT_LANES: usize = 16;
+
 /// Starts what only the leader runs, then drives the SmolVM controller while this replica
 /// holds the lease.
 async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) -> anyhow::Result<Ended> {
@@ -245,7 +248,8 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         pools: Some(pool_store),
         ledger,
         node_client,
-        recorder: events,
+        // A VM's events are queued, so that its next step never waits for one to be written.
+        recorder: events.in_background(EVENT_LANES),
         timing: Timing {
             heartbeat_timeout,
             resync: flags.resync_interval,
