@@ -65,11 +65,8 @@ struct RunArgs {
     addr: SocketAddr,
     #[arg(long)]
     path: String,
-    /// 1 or 2.
-    #[arg(long, default_value_t = 1)]
-    http: u8,
-    #[arg(long, default_value_t = 16)]
-    connections: usize,
+    #[command(flatten)]
+    client: ClientArgs,
     /// Offered reviews/s across all connections; 0 means closed loop (maximum throughput).
     #[arg(long, default_value_t = 0)]
     rate: u64,
@@ -77,12 +74,6 @@ struct RunArgs {
     seconds: u64,
     #[arg(long, default_value_t = 2)]
     warmup_seconds: u64,
-    #[arg(long)]
-    ca: PathBuf,
-    #[arg(long)]
-    body: PathBuf,
-    #[arg(long, default_value = "localhost")]
-    server_name: String,
     /// A label printed with the results.
     #[arg(long, default_value = "")]
     label: String,
@@ -93,11 +84,8 @@ struct CompareArgs {
     /// `LABEL=ADDR/PATH`, e.g. `nginx=127.0.0.1:19445/answer`; one per target.
     #[arg(long = "target", required = true)]
     targets: Vec<Target>,
-    /// 1 or 2.
-    #[arg(long, default_value_t = 1)]
-    http: u8,
-    #[arg(long, default_value_t = 16)]
-    connections: usize,
+    #[command(flatten)]
+    client: ClientArgs,
     /// Offered reviews/s across all connections, during each target's turn.
     #[arg(long)]
     rate: u64,
@@ -113,8 +101,20 @@ struct CompareArgs {
     /// Each turn runs at the rate this long before it is measured.
     #[arg(long, default_value_t = 100)]
     turn_warmup_ms: u64,
+}
+
+/// How `run` and `compare` connect and what they send.
+#[derive(clap::Args)]
+struct ClientArgs {
+    /// 1 or 2.
+    #[arg(long, default_value_t = 1)]
+    http: u8,
+    #[arg(long, default_value_t = 16)]
+    connections: usize,
+    /// The CA the server's certificate is verified against.
     #[arg(long)]
     ca: PathBuf,
+    /// The review to send.
     #[arg(long)]
     body: PathBuf,
     #[arg(long, default_value = "localhost")]
@@ -646,19 +646,14 @@ async fn run(args: RunArgs) -> Result<(), String> {
     let RunArgs {
         addr,
         path,
-        http,
-        connections,
+        client,
         rate,
         seconds,
         warmup_seconds: warmup,
-        ca,
-        body,
-        server_name,
         label,
     } = args;
-    let version = version_of(http);
-    let (config, body) = client_setup(&ca, &body, version)?;
-    let conns = connect_all(addr, &server_name, &config, version, connections).await?;
+    let (version, config, body) = client.setup()?;
+    let conns = client.connect(addr, &config).await?;
     let start = Instant::now() + Duration::from_millis(200);
     let measure_from = start + Duration::from_secs(warmup);
     let w = Window {
@@ -671,29 +666,24 @@ async fn run(args: RunArgs) -> Result<(), String> {
     } else {
         open_loop(conns, version, rate, path, body, w).await?.0
     };
-    report(&label, version, connections, rate, seconds as f64, &samples);
+    report(&label, version, client.connections, rate, seconds as f64, &samples);
     Ok(())
 }
 
 async fn compare(args: CompareArgs) -> Result<(), String> {
     let CompareArgs {
         targets,
-        http,
-        connections,
+        client,
         rate,
         seconds,
         slices,
         warmup_ms,
         turn_warmup_ms,
-        ca,
-        body,
-        server_name,
     } = args;
     if rate == 0 {
         return Err("compare needs a fixed --rate".into());
     }
-    let version = version_of(http);
-    let (config, body) = client_setup(&ca, &body, version)?;
+    let (version, config, body) = client.setup()?;
     let slices = slices.max(1);
     let turn = Duration::from_secs(seconds) / slices;
     // Every target's connections are made and warmed up at the rate first; they stay open, so
@@ -701,7 +691,7 @@ async fn compare(args: CompareArgs) -> Result<(), String> {
     // idle timeouts between its turns (the webhook's is 5 s) when turns are short.
     let mut conns = Vec::new();
     for t in &targets {
-        let fresh = connect_all(t.addr, &server_name, &config, version, connections).await?;
+        let fresh = client.connect(t.addr, &config).await?;
         let start = Instant::now() + Duration::from_millis(20);
         let w = Window {
             start,
@@ -733,40 +723,37 @@ async fn compare(args: CompareArgs) -> Result<(), String> {
     }
     let measured = turn.as_secs_f64() * f64::from(slices);
     for (t, samples) in targets.iter().zip(&samples) {
-        report(&t.label, version, connections, rate, measured, samples);
+        report(&t.label, version, client.connections, rate, measured, samples);
     }
     Ok(())
 }
 
-/// The client's TLS configuration (trusting only the CA in `ca`) and the review body to send.
-fn client_setup(
-    ca: &std::path::Path,
-    body: &std::path::Path,
-    version: Version,
-) -> Result<(std::sync::Arc<rustls::ClientConfig>, Bytes), String> {
-    let ca_pem = std::fs::read_to_string(ca).map_err(|e| format!("{}: {e}", ca.display()))?;
-    let body = Bytes::from(std::fs::read(body).map_err(|e| format!("{}: {e}", body.display()))?);
-    let config = client::tls_config(&ca_pem, version).map_err(|e| e.to_string())?;
-    Ok((config, body))
-}
-
-/// `n` (at least one) connections to `addr`, each through its TLS handshake.
-async fn connect_all(
-    addr: SocketAddr,
-    server_name: &str,
-    config: &std::sync::Arc<rustls::ClientConfig>,
-    version: Version,
-    n: usize,
-) -> Result<Vec<Connection>, String> {
-    let mut conns = Vec::new();
-    for _ in 0..n.max(1) {
-        conns.push(
-            client::connect(addr, server_name, config.clone(), version)
-                .await
-                .map_err(|e| format!("{addr}: {e}"))?,
-        );
+impl ClientArgs {
+    /// The protocol, the TLS configuration (trusting only the CA in `--ca`) and the review.
+    fn setup(&self) -> Result<(Version, std::sync::Arc<rustls::ClientConfig>, Bytes), String> {
+        let version = version_of(self.http);
+        let ca_pem = std::fs::read_to_string(&self.ca).map_err(|e| format!("{}: {e}", self.ca.display()))?;
+        let body = std::fs::read(&self.body).map_err(|e| format!("{}: {e}", self.body.display()))?;
+        let config = client::tls_config(&ca_pem, version).map_err(|e| e.to_string())?;
+        Ok((version, config, Bytes::from(body)))
     }
-    Ok(conns)
+
+    /// `--connections` (at least one) connections to `addr`, each through its TLS handshake.
+    async fn connect(
+        &self,
+        addr: SocketAddr,
+        config: &std::sync::Arc<rustls::ClientConfig>,
+    ) -> Result<Vec<Connection>, String> {
+        let mut conns = Vec::new();
+        for _ in 0..self.connections.max(1) {
+            conns.push(
+                client::connect(addr, &self.server_name, config.clone(), version_of(self.http))
+                    .await
+                    .map_err(|e| format!("{addr}: {e}"))?,
+            );
+        }
+        Ok(conns)
+    }
 }
 
 /// Prints one line of figures for `samples`, measured over `seconds`.
