@@ -636,7 +636,7 @@ fn step_events_table() {
         ),
         (
             "resize_then_start",
-            vec![grow, MachineAction::EnsureRunning],
+            vec![grow.clone(), MachineAction::EnsureRunning],
             RunGoal::Run,
             vec![
                 ("Resized", "Resize", "to 2 CPUs, 30 GiB storage"),
@@ -651,7 +651,43 @@ fn step_events_table() {
         ),
     ];
     for (name, done, goal, expected) in cases {
-        let got = step_events(&done, goal, "m", "n");
+        let got = step_events(&done, None, goal, "m", "n");
+        assert_eq!(got.len(), expected.len(), "{name}: {got:?}");
+        for (e, (reason, action, note)) in got.iter().zip(expected) {
+            assert_eq!((e.reason, e.action), (reason, action), "{name}");
+            assert!(e.note.contains(note), "{name}: {}", e.note);
+        }
+    }
+    // A create served from a ready slot of a pool: one event, that it was served and runs.
+    let served: Vec<Case> = vec![
+        (
+            "served_from_pool",
+            vec![create()],
+            RunGoal::Run,
+            vec![(
+                "ServedFromPool",
+                "Create",
+                "served machine m on node n from a ready slot of pool p: it runs",
+            )],
+        ),
+        (
+            "served_then_resized",
+            vec![create(), grow],
+            RunGoal::Run,
+            vec![
+                ("ServedFromPool", "Create", "from a ready slot of pool p"),
+                ("Resized", "Resize", "to 2 CPUs"),
+            ],
+        ),
+        (
+            "no_create_no_served_event",
+            vec![MachineAction::Stop],
+            RunGoal::Stop,
+            vec![("Stopped", "Stop", "stopped machine m")],
+        ),
+    ];
+    for (name, done, goal, expected) in served {
+        let got = step_events(&done, Some("p"), goal, "m", "n");
         assert_eq!(got.len(), expected.len(), "{name}: {got:?}");
         for (e, (reason, action, note)) in got.iter().zip(expected) {
             assert_eq!((e.reason, e.action), (reason, action), "{name}");

@@ -22,7 +22,7 @@ use serde_json::json;
 use smolvm_api::{
     SmolVM,
     constants::{FINALIZER, reason},
-    nodeapi::{EnvVar, MachineStatus, Operation, RegistryAuth},
+    nodeapi::{EnvVar, MachineSpec, MachineStatus, Operation, RegistryAuth},
 };
 
 use super::decide::{self, Call, Decision, DeleteFailure, Failure, Observed, Progress, Room};
@@ -284,7 +284,10 @@ async fn converge(
             observed.room.others = ctx.ledger.used_by_others(node, uid);
             continue;
         }
-        let result = node_call(ctx, vm, node, machine, &call).await?;
+        let (result, served_from) = node_call(ctx, vm, node, machine, &call).await?;
+        if served_from.is_some() {
+            progress.served_from = served_from;
+        }
         progress.record(call, result);
     }
     tracing::error!(
@@ -360,34 +363,21 @@ where
     Ok(None)
 }
 
+/// What a node call gave: its result for decide to judge, and the SmolVMPool whose ready slot
+/// served a create, when one did.
+type Called = (Result<Option<MachineStatus>, Failure>, Option<String>);
+
 /// Makes one node call, timed. `Err` only for an API server failure while reading the
-/// workload's configuration; a call's own failure is the `Ok(Err(…))` decide judges.
-async fn node_call(
-    ctx: &Context,
-    vm: &SmolVM,
-    node: &str,
-    machine: &str,
-    call: &Call,
-) -> Result<Result<Option<MachineStatus>, Failure>, Error> {
+/// workload's configuration; a call's own failure is the `Ok((Err(…), _))` decide judges.
+async fn node_call(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, call: &Call) -> Result<Called, Error> {
     let client = &ctx.node_client;
     let op = call.operation();
     let done = |r: Result<MachineStatus, crate::nodeclient::CallError>| r.map(Some).map_err(Failure::Call);
-    Ok(match call {
+    let result = match call {
         Call::Get => timed(ctx, op, client.get_machine(node, machine))
             .await
             .map_err(Failure::Call),
-        Call::Create(spec) => match workload_env(ctx, vm).await? {
-            Ok(env) => match super::pooled::serve(ctx, vm, node, machine, &env).await? {
-                super::pooled::Served::Warm(status) => Ok(Some(status)),
-                super::pooled::Served::Not(failure) => Err(failure),
-                super::pooled::Served::Cold => {
-                    let mut spec = spec.as_ref().clone();
-                    spec.workload.env = env;
-                    done(timed(ctx, op, client.create_machine(node, machine, &spec)).await)
-                }
-            },
-            Err(failure) => Err(failure),
-        },
+        Call::Create(spec) => return create(ctx, vm, node, machine, spec).await,
         Call::EnsureRunning => match registry_auth(ctx, vm).await? {
             Ok(auth) => done(timed(ctx, op, client.ensure_running(node, machine, auth.as_ref())).await),
             Err(failure) => Err(failure),
@@ -397,6 +387,31 @@ async fn node_call(
         Call::Suspend => done(timed(ctx, op, client.suspend_machine(node, machine)).await),
         Call::Resume => done(timed(ctx, op, client.resume_machine(node, machine)).await),
         Call::Discard => done(timed(ctx, op, client.stop_machine(node, machine)).await),
+    };
+    Ok((result, None))
+}
+
+/// Creates `machine` with the workload's environment: served from a ready slot of the VM's
+/// pool when it names one ([`super::pooled::serve`]), else cold from `spec`.
+async fn create(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, spec: &MachineSpec) -> Result<Called, Error> {
+    let env = match workload_env(ctx, vm).await? {
+        Ok(env) => env,
+        Err(failure) => return Ok((Err(failure), None)),
+    };
+    Ok(match super::pooled::serve(ctx, vm, node, machine, &env).await? {
+        super::pooled::Served::Warm(status, pool) => (Ok(Some(status)), Some(pool)),
+        super::pooled::Served::Not(failure) => (Err(failure), None),
+        super::pooled::Served::Cold => {
+            let mut spec = spec.clone();
+            spec.workload.env = env;
+            let created = timed(
+                ctx,
+                Operation::CreateMachine,
+                ctx.node_client.create_machine(node, machine, &spec),
+            )
+            .await;
+            (created.map(Some).map_err(Failure::Call), None)
+        }
     })
 }
 

@@ -143,6 +143,8 @@ pub struct Progress {
     pub machine: Option<MachineStatus>,
     /// The machine actions carried out, in order.
     pub done: Vec<MachineAction>,
+    /// The SmolVMPool whose ready slot served the pass's create, when one did.
+    pub served_from: Option<String>,
     /// The call that failed, which ends the pass.
     pub failed: Option<(Call, Failure)>,
     /// The Service and EndpointSlice writes made before the first machine call (a start may
@@ -872,7 +874,7 @@ impl Outcome {
 
 /// The Normal events of the machine actions a pass took.
 fn step_notes(o: &Observed, p: &Progress, goal: RunGoal) -> Vec<Note> {
-    rules::step_events(&p.done, goal, o.machine, o.node)
+    rules::step_events(&p.done, p.served_from.as_deref(), goal, o.machine, o.node)
         .into_iter()
         .map(|e| Note::normal(e.reason, e.action, e.note))
         .collect()

@@ -20,8 +20,9 @@ use super::{Context, Error};
 /// How a pooled SmolVM's create goes.
 #[derive(Debug)]
 pub enum Served {
-    /// From a ready slot: the machine runs.
-    Warm(MachineStatus),
+    /// From a ready slot of the named SmolVMPool: the machine runs. The pass's event says so
+    /// (`ServedFromPool`, [`super::rules::step_events`]).
+    Warm(MachineStatus, String),
     /// Created cold from its spec, as any SmolVM (it names no pool, its pool is gone or
     /// drained with `whenEmpty: Cold`).
     Cold,
@@ -77,11 +78,7 @@ pub async fn serve(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, env: &
     ctx.metrics
         .runtime_call(Operation::LeaseMachine.name(), start.elapsed());
     match leased {
-        Ok(status) => {
-            let note = format!("served from a ready slot of pool {pool_name} on node {node}");
-            super::report::publish(ctx, vm, &Note::normal(reason::SERVED_FROM_POOL, "Create", note)).await;
-            Ok(Served::Warm(status))
-        }
+        Ok(status) => Ok(Served::Warm(status, pool_name)),
         Err(error) if matches!(error.code(), Some(ErrorCode::NoReadySlot | ErrorCode::PoolNotFound)) => {
             let empty = format!("pool {pool_name} has no ready slot on node {node}");
             if pool.when_empty() == WhenEmpty::Wait {

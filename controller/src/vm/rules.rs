@@ -503,12 +503,28 @@ pub struct StepEvent {
 /// One event per transition the actions `done` of a pass made: a create immediately followed by
 /// a start is one transition, "Started", that says both; a start after the workload exited under
 /// restartPolicy Always is "Restarted".
-pub fn step_events(done: &[MachineAction], goal: RunGoal, machine: &str, node: &str) -> Vec<StepEvent> {
+pub fn step_events(
+    done: &[MachineAction],
+    served_from: Option<&str>,
+    goal: RunGoal,
+    machine: &str,
+    node: &str,
+) -> Vec<StepEvent> {
     let event = |reason, action, note| StepEvent { reason, action, note };
     let mut events = Vec::new();
     let mut i = 0;
     while i < done.len() {
         let e = match (&done[i], done.get(i + 1)) {
+            // A create served from a ready slot: the machine runs already, and this one event
+            // says both where it came from and that it runs.
+            (MachineAction::Create(_), _) if served_from.is_some() => event(
+                reason::SERVED_FROM_POOL,
+                "Create",
+                format!(
+                    "served machine {machine} on node {node} from a ready slot of pool {}: it runs",
+                    served_from.unwrap_or_default()
+                ),
+            ),
             (MachineAction::Create(_), Some(MachineAction::EnsureRunning)) => {
                 i += 1;
                 event(
