@@ -259,6 +259,7 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         metrics,
         unsettled: Default::default(),
         start_failures: Default::default(),
+        superseded: Default::default(),
     });
     let vm_events = vm_events(vms_api, vm_writer, ctx.clone());
     tokio::spawn(tasks::ledger::prune(

@@ -623,6 +623,48 @@ fn failed_starts_back_off_from_10_seconds_to_5_minutes_and_a_new_generation_goes
     assert_eq!(failures.hold("a", Some(2), at), None, "it ran");
 }
 
+#[test]
+fn a_version_the_controller_wrote_over_is_stale_until_the_watch_brings_a_newer_one() {
+    use smolvm_controller::vm::Superseded;
+    let superseded = Superseded::default();
+    assert!(!superseded.is_stale("a", Some("10")), "nothing written");
+    // A pass over version 10 binds (11) and then writes the status (12).
+    superseded.replaced("a", Some("10"));
+    superseded.replaced("a", Some("11"));
+    let table = [
+        ("b", Some("11"), false, "another VM"),
+        ("a", Some("10"), true, "the version the pass started from"),
+        (
+            "a",
+            Some("11"),
+            true,
+            "the binding, brought by the watch after the pass",
+        ),
+        ("a", None, false, "no version: acted on"),
+    ];
+    for (uid, version, stale, why) in table {
+        assert_eq!(superseded.is_stale(uid, version), stale, "{why}");
+    }
+    // `None` was not stale, so it cleared the record: put it back and see the watch catch up.
+    superseded.replaced("a", Some("10"));
+    assert!(!superseded.is_stale("a", Some("12")), "the status write itself");
+    assert!(
+        !superseded.is_stale("a", Some("10")),
+        "forgotten once a newer version was seen (the watch delivers in order)"
+    );
+    superseded.replaced("a", Some("12"));
+    superseded.forget("a");
+    assert!(!superseded.is_stale("a", Some("12")), "the VM is gone");
+    for v in 0..20 {
+        superseded.replaced("a", Some(&v.to_string()));
+    }
+    assert!(superseded.is_stale("a", Some("19")), "the newest are kept");
+    assert!(
+        !superseded.is_stale("a", Some("0")),
+        "a bounded record: the oldest go first"
+    );
+}
+
 /// The Suspended condition's (status, reason, message), if the outcome has one.
 fn suspended(outcome: &Outcome) -> Option<(String, String, String)> {
     outcome

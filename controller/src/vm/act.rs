@@ -36,6 +36,10 @@ pub async fn pass(vm: Arc<SmolVM>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = vm.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<SmolVM> = Api::namespaced(ctx.client.clone(), &ns);
     let uid = vm.uid().ok_or(Error::MissingField("metadata.uid"))?;
+    if ctx.superseded.is_stale(&uid, vm.resource_version().as_deref()) {
+        // A version this controller already wrote over: the watch brings the newer one.
+        return Ok(Action::await_change());
+    }
     match rules::next_step(&vm) {
         Step::Forget => {
             ctx.forget(&uid);
@@ -175,11 +179,15 @@ async fn place(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, uid: &str) -> Resu
     let mut bound = vm.clone();
     bound.status = Some(decide::bound(vm, &node, node_uid, now));
     match api.replace_status(&vm.name_any(), &PostParams::default(), &bound).await {
-        Ok(_) => {
+        Ok(bound) => {
+            ctx.superseded.replaced(uid, vm.resource_version().as_deref());
             let note = format!("bound to node {node}");
             report::publish(ctx, vm, &decide::Note::bound(note)).await;
-            // Our own write comes back through the watch and triggers the next step.
-            Ok(Action::await_change())
+            // The same pass goes on against the node it bound to, from the object the API server
+            // answered with, rather than waiting for its own write to come back through the watch.
+            let machine = rules::machine_name(&bound).unwrap_or_default();
+            ctx.ledger.observe_vm(uid, &node, &bound);
+            converge(api, &bound, ctx, uid, &node, &machine).await
         }
         Err(kube::Error::Api(s)) if s.code == 409 => {
             // Someone else changed the object first: forget the reservation and look again.

@@ -8,8 +8,12 @@
 //! 3. **Act** ([`act`]): makes the node call, records its result, and decides again, a bounded
 //!    number of times.
 //! 4. **Report** ([`report`]): the exposure writes, one status write, the events, the dropped
-//!    annotations. A pass writes the SmolVM at most twice (a restart's record before its stop,
-//!    then the status).
+//!    annotations. A pass writes the SmolVM's status at most three times: the binding (a pass
+//!    that places the VM goes on against its node from the object the API server answered), a
+//!    restart's record before its stop, then the status.
+//!
+//! A pass never acts on a version of the SmolVM that the controller's own writes replaced
+//! ([`Superseded`]): the watch brings the newer one, and that one is acted on.
 //!
 //! A newcomer adding a state (suspend, say) adds its rule to [`rules`], its branch to
 //! [`decide::converge`] with table rows in `controller/tests/decide.rs`, and, if it needs a new
@@ -173,6 +177,8 @@ pub struct Context {
     pub unsettled: Unsettled,
     /// Failed starts per VM, for their backoff.
     pub start_failures: StartFailures,
+    /// The versions of each VM that the controller's own writes replaced.
+    pub superseded: Superseded,
 }
 
 /// Counts, per VM UID, the consecutive passes that did not settle.
@@ -194,12 +200,55 @@ impl Unsettled {
     }
 }
 
+/// The resourceVersions of each VM (by UID) that the controller's own writes replaced, until
+/// the watch brings a version it has not replaced. A pass woken by one of them (the watch
+/// delivering the binding after the same pass went on to start the machine and write its status,
+/// say) would act on what the controller itself already changed: it waits for the newer version,
+/// which the watch is bound to bring, since the write it comes from succeeded.
+#[derive(Debug, Default)]
+pub struct Superseded(std::sync::Mutex<std::collections::HashMap<String, Vec<String>>>);
+
+impl Superseded {
+    /// The most versions kept per VM: a pass writes a VM at most three times.
+    const KEPT: usize = 8;
+
+    /// A write by the controller replaced version `replaced` of `uid`.
+    pub fn replaced(&self, uid: &str, replaced: Option<&str>) {
+        let Some(replaced) = replaced else { return };
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let versions = map.entry(uid.to_string()).or_default();
+        if versions.len() >= Self::KEPT {
+            versions.remove(0);
+        }
+        versions.push(replaced.to_string());
+    }
+
+    /// Whether a pass over version `version` of `uid` would act on a replaced version. A version
+    /// not replaced is the newest the watch brought (it delivers in order): the older ones are
+    /// forgotten then.
+    pub fn is_stale(&self, uid: &str, version: Option<&str>) -> bool {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(versions) = map.get(uid) else { return false };
+        if version.is_some_and(|v| versions.iter().any(|r| r == v)) {
+            return true;
+        }
+        map.remove(uid);
+        false
+    }
+
+    /// `uid` is gone: nothing of it is kept.
+    pub fn forget(&self, uid: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+    }
+}
+
 impl Context {
     /// Forgets a VM that is gone or no longer holds a node: its reservation and its counters.
     pub fn forget(&self, uid: &str) {
         self.ledger.release(uid);
         self.unsettled.reset(uid);
         self.start_failures.reset(uid);
+        self.superseded.forget(uid);
     }
 }
 

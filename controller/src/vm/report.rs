@@ -36,7 +36,7 @@ pub async fn report(
     if let Err(e) = write_exposure(ctx, vm, &outcome.exposure.writes).await {
         outcome.exposure_failed(vm, &describe_kube_error(&e), Timestamp::now());
     }
-    write_status(api, vm, &outcome.status).await?;
+    write_status(ctx, api, vm, uid, &outcome.status).await?;
     for note in &outcome.events {
         publish(ctx, vm, note).await;
     }
@@ -58,13 +58,20 @@ pub async fn report(
 }
 
 /// The status write: a merge patch of the whole status, skipped when it did not change.
-async fn write_status(api: &Api<SmolVM>, vm: &SmolVM, status: &smolvm_api::SmolVMStatus) -> Result<(), Error> {
+async fn write_status(
+    ctx: &Context,
+    api: &Api<SmolVM>,
+    vm: &SmolVM,
+    uid: &str,
+    status: &smolvm_api::SmolVMStatus,
+) -> Result<(), Error> {
     if vm.status.as_ref() == Some(status) {
         return Ok(());
     }
     let patch = json!({ "status": status });
     api.patch_status(&vm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
+    ctx.superseded.replaced(uid, vm.resource_version().as_deref());
     Ok(())
 }
 

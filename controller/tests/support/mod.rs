@@ -66,6 +66,7 @@ pub fn context(client: Client, nodes: Vec<SmolVMNode>, node_client: Option<NodeC
         metrics: Arc::new(smolvm_controller::metrics::Metrics::default()),
         unsettled: Default::default(),
         start_failures: Default::default(),
+        superseded: Default::default(),
     })
 }
 
