@@ -71,45 +71,9 @@ pub const MAX_SELECTOR_ENTRIES: usize = 32;
     validation = Rule::new("!has(self.status) || !has(self.status.nodeName) || !has(self.spec.nodeName) || self.spec.nodeName == self.status.nodeName")
         .message("spec.nodeName must equal status.nodeName once bound: SmolVMs never move; delete and recreate (V5)")
         .field_path(".spec.nodeName"),
-    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || self.spec.image == oldSelf.spec.image")
-        .message("spec.image is immutable once the SmolVM is bound to a node (V6)")
-        .field_path(".spec.image"),
-    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || ((has(self.spec.network) && has(self.spec.network.enabled) && self.spec.network.enabled) == (has(oldSelf.spec.network) && has(oldSelf.spec.network.enabled) && oldSelf.spec.network.enabled))")
-        .message("spec.network.enabled is immutable once the SmolVM is bound to a node (V6)")
-        .field_path(".spec.network"),
-    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || ((has(self.spec.network) && has(self.spec.network.ports) && size(self.spec.network.ports) > 0) ? (has(oldSelf.spec.network) && has(oldSelf.spec.network.ports) && self.spec.network.ports == oldSelf.spec.network.ports) : !(has(oldSelf.spec.network) && has(oldSelf.spec.network.ports) && size(oldSelf.spec.network.ports) > 0))")
-        .message("spec.network.ports are immutable once the SmolVM is bound to a node (V6)")
-        .field_path(".spec.network"),
-    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || ((has(self.spec.network) && has(self.spec.network.allowedCIDRs) && size(self.spec.network.allowedCIDRs) > 0) ? (has(oldSelf.spec.network) && has(oldSelf.spec.network.allowedCIDRs) && self.spec.network.allowedCIDRs == oldSelf.spec.network.allowedCIDRs) : !(has(oldSelf.spec.network) && has(oldSelf.spec.network.allowedCIDRs) && size(oldSelf.spec.network.allowedCIDRs) > 0))")
-        .message("spec.network.allowedCIDRs are immutable once the SmolVM is bound to a node (V6)")
-        .field_path(".spec.network"),
-    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || ((has(self.spec.command) ? self.spec.command : []) == (has(oldSelf.spec.command) ? oldSelf.spec.command : []) && (has(self.spec.args) ? self.spec.args : []) == (has(oldSelf.spec.args) ? oldSelf.spec.args : []) && (has(self.spec.workingDir) ? self.spec.workingDir : '') == (has(oldSelf.spec.workingDir) ? oldSelf.spec.workingDir : ''))")
-        .message("spec.command, spec.args and spec.workingDir are immutable once the SmolVM is bound to a node: delete and recreate (V6)")
-        .field_path(".spec"),
-    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || ((has(self.spec.env) ? self.spec.env : []) == (has(oldSelf.spec.env) ? oldSelf.spec.env : []) && (has(self.spec.imagePullSecrets) ? self.spec.imagePullSecrets : []) == (has(oldSelf.spec.imagePullSecrets) ? oldSelf.spec.imagePullSecrets : []))")
-        .message("spec.env and spec.imagePullSecrets are immutable once the SmolVM is bound to a node: delete and recreate (V6)")
-        .field_path(".spec"),
-    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || ((has(self.spec.restartPolicy) ? self.spec.restartPolicy : 'Always') == (has(oldSelf.spec.restartPolicy) ? oldSelf.spec.restartPolicy : 'Always') && (has(self.spec.terminationGracePeriodSeconds) ? self.spec.terminationGracePeriodSeconds : 10) == (has(oldSelf.spec.terminationGracePeriodSeconds) ? oldSelf.spec.terminationGracePeriodSeconds : 10))")
-        .message("spec.restartPolicy and spec.terminationGracePeriodSeconds are immutable once the SmolVM is bound to a node: delete and recreate (V6)")
-        .field_path(".spec"),
-    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || (has(self.spec.network) && has(self.spec.network.allowedHosts) ? self.spec.network.allowedHosts : []) == (has(oldSelf.spec.network) && has(oldSelf.spec.network.allowedHosts) ? oldSelf.spec.network.allowedHosts : [])")
-        .message("spec.network.allowedHosts are immutable once the SmolVM is bound to a node: delete and recreate (V6)")
-        .field_path(".spec.network"),
     validation = Rule::new("has(self.spec.image)")
         .message("spec.image is required: name the image to boot, or a pool in spec.poolRef whose template gives it (V1)")
         .field_path(".spec.image"),
-    validation = Rule::new("(has(self.spec.poolRef) ? self.spec.poolRef.name : '') == (has(oldSelf.spec.poolRef) ? oldSelf.spec.poolRef.name : '')")
-        .message("spec.poolRef never changes after CREATE: the pool's template was applied then; delete and recreate (V14)")
-        .field_path(".spec.poolRef"),
-    validation = Rule::new("(has(self.spec.className) ? self.spec.className : '') == (has(oldSelf.spec.className) ? oldSelf.spec.className : '')")
-        .message("spec.className never changes after CREATE: the class's defaults were applied then; delete and recreate (V12)")
-        .field_path(".spec.className"),
-    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || !has(oldSelf.spec.storage) || !has(oldSelf.spec.storage.storageGiB) || (has(self.spec.storage) && has(self.spec.storage.storageGiB) && self.spec.storage.storageGiB >= oldSelf.spec.storage.storageGiB)")
-        .message("spec.storage.storageGiB may only grow once the SmolVM is bound to a node (V6)")
-        .field_path(".spec.storage.storageGiB"),
-    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.nodeName) || !has(oldSelf.spec.storage) || !has(oldSelf.spec.storage.overlayGiB) || (has(self.spec.storage) && has(self.spec.storage.overlayGiB) && self.spec.storage.overlayGiB >= oldSelf.spec.storage.overlayGiB)")
-        .message("spec.storage.overlayGiB may only grow once the SmolVM is bound to a node (V6)")
-        .field_path(".spec.storage.overlayGiB"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct SmolVMSpec {

@@ -328,91 +328,6 @@ fn cel_transition_rules_table() {
     let unbound = stored();
     let cases: Vec<(&str, Value, Value, Option<&str>)> = vec![
         (
-            "v6_cel_unbound_image_change_ok",
-            unbound.clone(),
-            set(unbound.clone(), "/spec/image", json!("alpine:3")),
-            None,
-        ),
-        (
-            "v6_cel_bound_image_change",
-            bound.clone(),
-            set(bound.clone(), "/spec/image", json!("alpine:3")),
-            Some("spec.image is immutable"),
-        ),
-        (
-            "v6_cel_bound_ports_change",
-            bound.clone(),
-            set(bound.clone(), "/spec/network/ports/0/hostPort", json!(9090)),
-            Some("ports are immutable"),
-        ),
-        (
-            "v6_cel_bound_network_disable",
-            bound.clone(),
-            set(bound.clone(), "/spec/network", json!({"enabled": false})),
-            Some("network.enabled is immutable"),
-        ),
-        (
-            "v6_cel_bound_cidrs_added",
-            bound.clone(),
-            set(bound.clone(), "/spec/network/allowedCIDRs", json!(["10.0.0.0/8"])),
-            Some("allowedCIDRs are immutable"),
-        ),
-        (
-            "v6_cel_bound_command_change",
-            bound.clone(),
-            set(bound.clone(), "/spec/command", json!(["/bin/other"])),
-            Some("delete and recreate (V6)"),
-        ),
-        (
-            "v6_cel_bound_env_added",
-            bound.clone(),
-            set(bound.clone(), "/spec/env", json!([{"name": "A", "value": "1"}])),
-            Some("spec.env and spec.imagePullSecrets are immutable"),
-        ),
-        (
-            "v6_cel_bound_restart_policy_change",
-            bound.clone(),
-            set(bound.clone(), "/spec/restartPolicy", json!("Never")),
-            Some("spec.restartPolicy and spec.terminationGracePeriodSeconds are immutable"),
-        ),
-        (
-            "v6_cel_bound_restart_policy_default_spelled_out_ok",
-            bound.clone(),
-            set(bound.clone(), "/spec/restartPolicy", json!("Always")),
-            None,
-        ),
-        (
-            "v6_cel_unbound_command_change_ok",
-            unbound.clone(),
-            set(unbound.clone(), "/spec/command", json!(["/bin/other"])),
-            None,
-        ),
-        (
-            "v6_cel_bound_storage_grow_ok",
-            bound.clone(),
-            set(bound.clone(), "/spec/storage/storageGiB", json!(40)),
-            None,
-        ),
-        (
-            "v6_cel_bound_storage_shrink",
-            bound.clone(),
-            set(bound.clone(), "/spec/storage/storageGiB", json!(10)),
-            Some("storageGiB may only grow"),
-        ),
-        (
-            "v6_cel_bound_overlay_shrink",
-            bound.clone(),
-            set(bound.clone(), "/spec/storage/overlayGiB", json!(1)),
-            Some("overlayGiB may only grow"),
-        ),
-        (
-            "v6_cel_bound_cpu_change_ok",
-            bound.clone(),
-            set(bound.clone(), "/spec/resources/cpus", json!(4)),
-            None,
-        ),
-        ("v9_cel_binding_first_write_ok", unbound.clone(), bound.clone(), None),
-        (
             "v9_cel_node_name_change",
             bound.clone(),
             set(bound.clone(), "/status/nodeName", json!("node-b")),
@@ -447,28 +362,6 @@ fn cel_transition_rules_table() {
             Some("machineName never changes or clears once set (V9)"),
         ),
         (
-            "v14_cel_pool_ref_set_after_create",
-            unbound.clone(),
-            set(unbound.clone(), "/spec/poolRef", json!({"name": "sandboxes"})),
-            Some("spec.poolRef never changes after CREATE"),
-        ),
-        (
-            "v14_cel_pool_ref_changed",
-            set(unbound.clone(), "/spec/poolRef", json!({"name": "sandboxes"})),
-            set(unbound.clone(), "/spec/poolRef", json!({"name": "other"})),
-            Some("(V14)"),
-        ),
-        (
-            "v14_cel_pool_ref_kept_ok",
-            set(unbound.clone(), "/spec/poolRef", json!({"name": "sandboxes"})),
-            set(
-                set(unbound.clone(), "/spec/poolRef", json!({"name": "sandboxes"})),
-                "/spec/running",
-                json!(false),
-            ),
-            None,
-        ),
-        (
             "v9_cel_machine_name_cleared",
             bound.clone(),
             {
@@ -497,6 +390,15 @@ fn cel_transition_rules_table() {
                 v
             },
             Some("(V9)"),
+        ),
+        // Spec transitions (V6, V12, V14) are the ValidatingAdmissionPolicy
+        // smolvm-spec-transitions (webhook/tests/manifests.rs judges it), off the CRD so that the
+        // API server does not evaluate them on every status write: the CRD lets them through.
+        (
+            "v6_is_the_policys_not_the_crds",
+            bound.clone(),
+            set(bound.clone(), "/spec/image", json!("alpine:3")),
+            None,
         ),
     ];
     let mut failures = Vec::new();

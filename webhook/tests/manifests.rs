@@ -259,16 +259,21 @@ mod policies {
     const CONTROLLER: &str = "system:serviceaccount:smolvm-system:smolvm-controller";
     const RUNTIME: &str = "system:serviceaccount:smolvm-system:smolvm-runtime";
 
-    fn policy(name: &str) -> Value {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../deploy/base/admission-policies/identity.yaml"
+    /// The policy `name` from the file `file` of deploy/base/admission-policies.
+    fn policy_in(file: &str, name: &str) -> Value {
+        let path = format!(
+            "{}/../deploy/base/admission-policies/{file}",
+            env!("CARGO_MANIFEST_DIR")
         );
-        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
         serde_norway::Deserializer::from_str(&text)
             .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap_or_else(|e| panic!("{path}: {e}")))
             .find(|d| d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"] == name)
             .unwrap_or_else(|| panic!("{path}: no policy {name}"))
+    }
+
+    fn policy(name: &str) -> Value {
+        policy_in("identity.yaml", name)
     }
 
     fn eval(expression: &str, ctx: &Context<'_>) -> Cel {
@@ -321,6 +326,187 @@ mod policies {
 
     fn request(username: &str, op: &str, sub: &str, extra: Value) -> Value {
         json!({"operation": op, "subResource": sub, "userInfo": {"username": username, "extra": extra}})
+    }
+
+    /// A SmolVM as stored: the fixture, defaulted as at CREATE.
+    fn stored() -> Value {
+        let object = fixtures::alpine();
+        let mut doc = object.clone();
+        let patch = smolvm_api::defaulting::default_smolvm(smolvm_api::validate::Operation::Create, &object);
+        json_patch::patch(&mut doc, &patch).unwrap_or_else(|e| panic!("{e}"));
+        doc
+    }
+
+    fn set(mut v: Value, pointer: &str, value: Value) -> Value {
+        let (parent, key) = pointer.rsplit_once('/').unwrap_or_else(|| panic!("{pointer}"));
+        match v.pointer_mut(parent) {
+            Some(Value::Array(items)) => items[key.parse::<usize>().unwrap_or_else(|e| panic!("{e}"))] = value,
+            Some(other) => other[key] = value,
+            None => panic!("{pointer}"),
+        }
+        v
+    }
+
+    /// V6, V12 and V14: how a spec may change, judged on spec writes only (the policy does not
+    /// match `smolvms/status`), for every user.
+    #[test]
+    fn v6_v12_v14_spec_transitions() {
+        let p = policy_in("spec-transitions.yaml", "smolvm-spec-transitions");
+        let rules = &p["spec"]["matchConstraints"]["resourceRules"];
+        assert_eq!(rules[0]["resources"], json!(["smolvms"]), "spec writes only");
+        assert_eq!(rules[0]["operations"], json!(["UPDATE"]));
+        let bound = fixtures::bound(stored(), "node-a");
+        let unbound = stored();
+        let cases: Vec<(&str, Value, Value, Option<&str>)> = vec![
+            (
+                "v6_cel_unbound_image_change_ok",
+                unbound.clone(),
+                set(unbound.clone(), "/spec/image", json!("alpine:3")),
+                None,
+            ),
+            (
+                "v6_cel_bound_image_change",
+                bound.clone(),
+                set(bound.clone(), "/spec/image", json!("alpine:3")),
+                Some("spec.image is immutable"),
+            ),
+            (
+                "v6_cel_bound_ports_change",
+                bound.clone(),
+                set(bound.clone(), "/spec/network/ports/0/hostPort", json!(9090)),
+                Some("ports are immutable"),
+            ),
+            (
+                "v6_cel_bound_network_disable",
+                bound.clone(),
+                set(bound.clone(), "/spec/network", json!({"enabled": false})),
+                Some("network.enabled is immutable"),
+            ),
+            (
+                "v6_cel_bound_cidrs_added",
+                bound.clone(),
+                set(bound.clone(), "/spec/network/allowedCIDRs", json!(["10.0.0.0/8"])),
+                Some("allowedCIDRs are immutable"),
+            ),
+            (
+                "v6_cel_bound_command_change",
+                bound.clone(),
+                set(bound.clone(), "/spec/command", json!(["/bin/other"])),
+                Some("delete and recreate (V6)"),
+            ),
+            (
+                "v6_cel_bound_env_added",
+                bound.clone(),
+                set(bound.clone(), "/spec/env", json!([{"name": "A", "value": "1"}])),
+                Some("spec.env and spec.imagePullSecrets are immutable"),
+            ),
+            (
+                "v6_cel_bound_restart_policy_change",
+                bound.clone(),
+                set(bound.clone(), "/spec/restartPolicy", json!("Never")),
+                Some("spec.restartPolicy and spec.terminationGracePeriodSeconds are immutable"),
+            ),
+            (
+                "v6_cel_bound_restart_policy_default_spelled_out_ok",
+                bound.clone(),
+                set(bound.clone(), "/spec/restartPolicy", json!("Always")),
+                None,
+            ),
+            (
+                "v6_cel_unbound_command_change_ok",
+                unbound.clone(),
+                set(unbound.clone(), "/spec/command", json!(["/bin/other"])),
+                None,
+            ),
+            (
+                "v6_cel_bound_storage_grow_ok",
+                bound.clone(),
+                set(bound.clone(), "/spec/storage/storageGiB", json!(40)),
+                None,
+            ),
+            (
+                "v6_cel_bound_storage_shrink",
+                bound.clone(),
+                set(bound.clone(), "/spec/storage/storageGiB", json!(10)),
+                Some("storageGiB may only grow"),
+            ),
+            (
+                "v6_cel_bound_overlay_shrink",
+                bound.clone(),
+                set(bound.clone(), "/spec/storage/overlayGiB", json!(1)),
+                Some("overlayGiB may only grow"),
+            ),
+            (
+                "v6_cel_bound_cpu_change_ok",
+                bound.clone(),
+                set(bound.clone(), "/spec/resources/cpus", json!(4)),
+                None,
+            ),
+            ("v9_cel_binding_first_write_ok", unbound.clone(), bound.clone(), None),
+            (
+                "v14_cel_pool_ref_set_after_create",
+                unbound.clone(),
+                set(unbound.clone(), "/spec/poolRef", json!({"name": "sandboxes"})),
+                Some("spec.poolRef never changes after CREATE"),
+            ),
+            (
+                "v14_cel_pool_ref_changed",
+                set(unbound.clone(), "/spec/poolRef", json!({"name": "sandboxes"})),
+                set(unbound.clone(), "/spec/poolRef", json!({"name": "other"})),
+                Some("(V14)"),
+            ),
+            (
+                "v14_cel_pool_ref_kept_ok",
+                set(unbound.clone(), "/spec/poolRef", json!({"name": "sandboxes"})),
+                set(
+                    set(unbound.clone(), "/spec/poolRef", json!({"name": "sandboxes"})),
+                    "/spec/running",
+                    json!(false),
+                ),
+                None,
+            ),
+            (
+                "v6_bound_ports_removed",
+                bound.clone(),
+                set(bound.clone(), "/spec/network/ports", json!([])),
+                Some("ports are immutable"),
+            ),
+            (
+                "v6_bound_ports_absent_and_empty_are_the_same",
+                set(bound.clone(), "/spec/network/ports", json!([])),
+                {
+                    let mut v = bound.clone();
+                    if let Some(n) = v["spec"]["network"].as_object_mut() {
+                        n.remove("ports");
+                    }
+                    v
+                },
+                None,
+            ),
+            (
+                "v6_bound_allowed_hosts_added",
+                bound.clone(),
+                set(bound.clone(), "/spec/network/allowedHosts", json!(["example.com"])),
+                Some("allowedHosts are immutable"),
+            ),
+            (
+                "v12_class_changed",
+                set(bound.clone(), "/spec/className", json!("small")),
+                set(bound.clone(), "/spec/className", json!("large")),
+                Some("spec.className never changes after CREATE"),
+            ),
+        ];
+        let request = request("alice@example.com", "UPDATE", "", json!({}));
+        for (name, old, new, expected) in cases {
+            let failed = judge(&p, &request, &new, Some(&old)).unwrap_or_else(|| panic!("{name}: not matched"));
+            match expected {
+                None => assert!(failed.is_empty(), "{name}: {failed:?}"),
+                Some(text) => assert!(
+                    failed.iter().any(|m| m.contains(text)),
+                    "{name}: expected {text:?}, got {failed:?}"
+                ),
+            }
+        }
     }
 
     #[test]
