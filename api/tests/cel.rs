@@ -8,7 +8,7 @@ use kube::{
     core::cel::{Validator, WarningKind, compile_schema, estimate_rule_cost},
 };
 use serde_json::{Value, json};
-use smolvm_api::{SmolVM, SmolVMNode, defaulting::default_smolvm, fixtures, validate::Operation};
+use smolvm_api::{SmolVM, SmolVMNode, fixtures};
 
 fn schema_of<K: CustomResourceExt>() -> Value {
     let crd = K::crd();
@@ -79,20 +79,11 @@ fn cel_rules_compile_and_stay_within_the_cost_budget() {
 }
 
 fn stored() -> Value {
-    let object = fixtures::alpine();
-    let mut doc = object.clone();
-    json_patch::patch(&mut doc, &default_smolvm(Operation::Create, &object)).unwrap();
-    doc
+    fixtures::stored_alpine().expect("the fixture defaults")
 }
 
-fn set(mut v: Value, pointer: &str, value: Value) -> Value {
-    let (parent, key) = pointer.rsplit_once('/').unwrap();
-    let target = v.pointer_mut(parent).unwrap();
-    match target {
-        Value::Array(items) => items[key.parse::<usize>().unwrap()] = value,
-        other => other[key] = value,
-    }
-    v
+fn set(v: Value, pointer: &str, value: Value) -> Value {
+    fixtures::with(v, pointer, value).unwrap_or_else(|| panic!("no {pointer}"))
 }
 
 fn check(schema: &Value, object: &Value, old: Option<&Value>) -> Result<(), Vec<String>> {

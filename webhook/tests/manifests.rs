@@ -328,23 +328,12 @@ mod policies {
         json!({"operation": op, "subResource": sub, "userInfo": {"username": username, "extra": extra}})
     }
 
-    /// A SmolVM as stored: the fixture, defaulted as at CREATE.
     fn stored() -> Value {
-        let object = fixtures::alpine();
-        let mut doc = object.clone();
-        let patch = smolvm_api::defaulting::default_smolvm(smolvm_api::validate::Operation::Create, &object);
-        json_patch::patch(&mut doc, &patch).unwrap_or_else(|e| panic!("{e}"));
-        doc
+        fixtures::stored_alpine().unwrap_or_else(|| panic!("the fixture defaults"))
     }
 
-    fn set(mut v: Value, pointer: &str, value: Value) -> Value {
-        let (parent, key) = pointer.rsplit_once('/').unwrap_or_else(|| panic!("{pointer}"));
-        match v.pointer_mut(parent) {
-            Some(Value::Array(items)) => items[key.parse::<usize>().unwrap_or_else(|e| panic!("{e}"))] = value,
-            Some(other) => other[key] = value,
-            None => panic!("{pointer}"),
-        }
-        v
+    fn set(v: Value, pointer: &str, value: Value) -> Value {
+        fixtures::with(v, pointer, value).unwrap_or_else(|| panic!("no {pointer}"))
     }
 
     /// V6, V12 and V14: how a spec may change, judged on spec writes only (the policy does not
