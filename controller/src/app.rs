@@ -195,6 +195,9 @@ enum Ended {
 /// How many events about SmolVMs may be in flight to the API server at once (one lane each).
 const EVENT_LANES: usize = 16;
 
+/// How long the leader's work waits, when it ends, for the events still queued to be delivered.
+const EVENT_FLUSH: Duration = Duration::from_secs(5);
+
 /// Starts what only the leader runs, then drives the SmolVM controller while this replica
 /// holds the lease.
 async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) -> anyhow::Result<Ended> {
@@ -241,6 +244,8 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     let (owned, services, slices) = vm::owned_watches(&client);
     let (pool_store, pool_events) = vm::pool_watch(&client);
     tokio::spawn(pool_events.for_each(|_| std::future::ready(())));
+    // A VM's events are queued, so that its next step never waits for one to be written.
+    let recorder = events.in_background(EVENT_LANES);
     let ctx = Arc::new(Context {
         client,
         nodes: node_store,
@@ -248,8 +253,7 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         pools: Some(pool_store),
         ledger,
         node_client,
-        // A VM's events are queued, so that its next step never waits for one to be written.
-        recorder: events.in_background(EVENT_LANES),
+        recorder: recorder.clone(),
         timing: Timing {
             heartbeat_timeout,
             resync: flags.resync_interval,
@@ -279,6 +283,13 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     let running = vms(ctx, vm_events, vm_store, wake, owned, shutdown.clone());
     // Lost the lease: cancel every in-flight reconcile and node call now.
     let stopped = lease::while_leading(running, leader).await;
+    // What the VMs' passes published is still true: deliver what is queued before going.
+    if !recorder.flush(EVENT_FLUSH).await {
+        tracing::warn!(
+            within = ?EVENT_FLUSH,
+            "some queued events were not delivered before stopping (the API server did not answer in time)"
+        );
+    }
     Ok(if stopped.is_none() && !*shutdown.borrow() {
         Ended::LostLease
     } else {

@@ -10,7 +10,8 @@
 //! transition's next step never waits for its event's round trip to the API server (on a busy
 //! API server, tens of milliseconds each): a claim from a warm pool publishes two events on its
 //! way to Running. The events of one object keep their order (one lane per object, by a hash of
-//! its reference); a full lane holds the publisher back instead of dropping the event.
+//! its reference); a full lane holds the publisher back instead of dropping the event. On stop,
+//! [`EventSink::flush`] delivers what is still queued, within a deadline.
 
 use k8s_openapi::{
     api::{core::v1::ObjectReference, events::v1::Event as K8sEvent},
@@ -46,7 +47,14 @@ pub struct EventSink {
     client: Client,
     reporter: Reporter,
     /// Background delivery: one queue per lane, each drained in order by its own task.
-    lanes: Option<std::sync::Arc<[tokio::sync::mpsc::Sender<K8sEvent>]>>,
+    lanes: Option<std::sync::Arc<[tokio::sync::mpsc::Sender<Queued>]>>,
+}
+
+/// What a lane holds: an event to create, or a flush's mark, answered once every event queued
+/// before it has been created (or has failed).
+enum Queued {
+    Event(Box<K8sEvent>),
+    Flushed(tokio::sync::oneshot::Sender<()>),
 }
 
 impl EventSink {
@@ -61,17 +69,24 @@ impl EventSink {
 
     /// This sink, delivering in the background from now on over `lanes` lanes (at least one),
     /// each a task that creates its events one after another. `publish` then returns once the
-    /// event is queued; a failed create is logged by the lane. Events still queued when the
-    /// process stops are not delivered.
+    /// event is queued; a failed create is logged by the lane. Before the process stops,
+    /// [`EventSink::flush`] delivers what is still queued.
     pub fn in_background(self, lanes: usize) -> Self {
         let senders: Vec<_> = (0..lanes.max(1))
             .map(|_| {
-                let (tx, mut rx) = tokio::sync::mpsc::channel::<K8sEvent>(LANE_DEPTH);
+                let (tx, mut rx) = tokio::sync::mpsc::channel::<Queued>(LANE_DEPTH);
                 let client = self.client.clone();
                 tokio::spawn(async move {
-                    while let Some(record) = rx.recv().await {
-                        if let Err(e) = create(&client, &record).await {
-                            tracing::warn!(error = %e, reason = record.reason.as_deref().unwrap_or_default(), "could not record event");
+                    while let Some(queued) = rx.recv().await {
+                        match queued {
+                            Queued::Event(record) => {
+                                if let Err(e) = create(&client, &record).await {
+                                    tracing::warn!(error = %e, reason = record.reason.as_deref().unwrap_or_default(), "could not record event");
+                                }
+                            }
+                            Queued::Flushed(done) => {
+                                let _ = done.send(());
+                            }
                         }
                     }
                 });
@@ -92,11 +107,33 @@ impl EventSink {
             return create(&self.client, &record).await;
         };
         let lane = &lanes[lane_of(regarding, lanes.len())];
-        if let Err(tokio::sync::mpsc::error::SendError(record)) = lane.send(record).await {
+        if let Err(tokio::sync::mpsc::error::SendError(Queued::Event(record))) =
+            lane.send(Queued::Event(Box::new(record))).await
+        {
             // The lane's task is gone (the runtime is shutting down): deliver it here.
             return create(&self.client, &record).await;
         }
         Ok(())
+    }
+
+    /// Waits until every event queued before this call has been delivered (created, or its
+    /// failure logged), for at most `within`. `true` when all were; `false` when the deadline
+    /// came first (the API server slow or gone), leaving the rest queued. A sink that does not
+    /// deliver in the background has nothing queued.
+    pub async fn flush(&self, within: std::time::Duration) -> bool {
+        let Some(lanes) = &self.lanes else { return true };
+        let marks = async {
+            let mut pending = Vec::with_capacity(lanes.len());
+            for lane in lanes.iter() {
+                let (done, delivered) = tokio::sync::oneshot::channel();
+                if lane.send(Queued::Flushed(done)).await.is_ok() {
+                    pending.push(delivered);
+                }
+            }
+            // A lane whose task is gone answers no mark; it holds nothing either.
+            futures::future::join_all(pending).await;
+        };
+        tokio::time::timeout(within, marks).await.is_ok()
     }
 
     /// The event, stamped now.
@@ -185,6 +222,101 @@ fn truncate(note: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::{
+        sync::{Arc, Mutex},
+        time::Duration,
+    };
+
+    fn sink(client: Client) -> EventSink {
+        EventSink::new(
+            client,
+            Reporter {
+                controller: "test".into(),
+                instance: None,
+            },
+        )
+        .in_background(4)
+    }
+
+    fn numbered(i: usize) -> Event {
+        Event {
+            type_: EventType::Normal,
+            reason: "Numbered".into(),
+            note: Some(i.to_string()),
+            action: "Test".into(),
+            secondary: None,
+        }
+    }
+
+    fn vm_ref(name: &str) -> ObjectReference {
+        ObjectReference {
+            kind: Some("SmolVM".into()),
+            namespace: Some("default".into()),
+            name: Some(name.into()),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn flush_returns_once_every_queued_event_is_created_in_order_per_object() {
+        let (client, handle) = smolvm_testkit::apiserver::client("default");
+        let created: Arc<Mutex<Vec<(String, usize)>>> = Arc::default();
+        let seen = created.clone();
+        smolvm_testkit::apiserver::serve_with(handle, move |_, _, body| {
+            let seen = seen.clone();
+            async move {
+                // A slow API server: every create takes a while.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let event: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                let name = event["regarding"]["name"].as_str().unwrap_or_default().to_string();
+                let number = event["note"]
+                    .as_str()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(usize::MAX);
+                seen.lock().unwrap_or_else(|e| e.into_inner()).push((name, number));
+                (201, event)
+            }
+        });
+        let events = sink(client);
+        for i in 0..12 {
+            let regarding = vm_ref(["a", "b", "c"][i % 3]);
+            events.publish(&numbered(i), &regarding).await.expect("queued");
+        }
+        assert!(
+            events.flush(Duration::from_secs(10)).await,
+            "every event delivered in time"
+        );
+        let created = created.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        assert_eq!(created.len(), 12, "{created:?}");
+        for name in ["a", "b", "c"] {
+            let order: Vec<usize> = created.iter().filter(|(n, _)| n == name).map(|(_, i)| *i).collect();
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(order, sorted, "{name}'s events in the order published");
+        }
+    }
+
+    #[tokio::test]
+    async fn flush_gives_up_at_its_deadline_when_the_api_server_does_not_answer() {
+        // The double takes no call: every create hangs.
+        let (client, _handle) = smolvm_testkit::apiserver::client("default");
+        let events = sink(client);
+        events.publish(&numbered(0), &vm_ref("a")).await.expect("queued");
+        let flushed = tokio::time::timeout(Duration::from_secs(30), events.flush(Duration::from_millis(200)))
+            .await
+            .expect("flush returns at its deadline, not when the API server answers");
+        assert!(!flushed, "not delivered");
+        // A sink that delivers as it publishes has nothing queued.
+        let (client, _handle) = smolvm_testkit::apiserver::client("default");
+        let direct = EventSink::new(
+            client,
+            Reporter {
+                controller: "test".into(),
+                instance: None,
+            },
+        );
+        assert!(direct.flush(Duration::from_millis(1)).await);
+    }
 
     #[test]
     fn event_names_are_unique_valid_subdomains() {
