@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use anyhow::{anyhow, ensure};
+use anyhow::{anyhow, bail, ensure};
 use kube::{
     Api,
     api::{DeleteParams, Patch, PatchParams, PostParams},
@@ -222,12 +222,22 @@ async fn placements(env: &mut Env, nodes: &Api<SmolVMNode>, real_bootable: bool)
             waiting.status.as_ref().and_then(|s| s.node_name.as_deref()).is_none(),
             "not bound while it waits"
         );
-        let events = events_for(env, "truthful-c").await?;
-        ensure!(
-            events.iter().any(|e| e.reason.as_deref() == Some("FailedScheduling")),
-            "a FailedScheduling event: {:?}",
-            events.iter().map(|e| e.reason.clone()).collect::<Vec<_>>()
-        );
+        // Events are written in the background, just after the status: look a little while.
+        let seen = eventually("a FailedScheduling event", Duration::from_secs(15), || async {
+            let events = events_for(env, "truthful-c").await?;
+            Ok(events
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("FailedScheduling"))
+                .then_some(()))
+        })
+        .await;
+        if let Err(e) = seen {
+            let events = events_for(env, "truthful-c").await?;
+            bail!(
+                "{e:#}: {:?}",
+                events.iter().map(|e| e.reason.clone()).collect::<Vec<_>>()
+            );
+        }
     }
     // Uncordoned: the decision is taken again and the VM is placed.
     set_cordon(nodes, false).await?;
