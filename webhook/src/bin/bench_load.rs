@@ -13,11 +13,15 @@
 //!   its connection, and that wait counts. `send-late` reports how late requests went out.
 //!   Every non-200 answer counts as an error.
 //!
-//! - `compare`: the open loop of `run` against several targets in turn, cut into slices, every
-//!   target taking its turn in every slice (in rotating order), each target's figures pooled
-//!   over its slices. A stall of the machine (these are VMs, where one of milliseconds comes
-//!   every few seconds) then falls on every target alike, instead of on whichever target ran
-//!   at that moment, so the targets' tails can be compared within one run.
+//! - `compare`: the load of `run` (open loop at `--rate`, or closed loop with `--rate 0`)
+//!   against several targets in turn, cut into slices, every target taking its turn in every
+//!   slice (in rotating order), each target's figures pooled over its slices. A stall of the
+//!   machine (these are VMs, where one of milliseconds comes every few seconds) then falls on
+//!   every target alike, instead of on whichever target ran at that moment, so the targets'
+//!   tails can be compared within one run; and so does a slow spell of the host (here the same
+//!   server's maximum throughput differed by up to 2x between runs seconds apart), so their
+//!   throughputs can be too. In the closed loop each target's line also gives its turns'
+//!   lowest, median and highest reviews/s.
 //!
 //! - `trickle`: clients that send their bodies one byte at a time while reviews are sent; prints
 //!   the reviews' answers and latency (issue 30's reproduction).
@@ -46,8 +50,8 @@ enum Command {
     Gen { dir: PathBuf },
     /// Generate load.
     Run(RunArgs),
-    /// Open-loop load at `--rate` against each `--target` in turn, slice by slice; prints each
-    /// target's figures pooled over its slices, as `run` prints them.
+    /// Load at `--rate` (0: closed loop) against each `--target` in turn, slice by slice;
+    /// prints each target's figures pooled over its slices, as `run` prints them.
     Compare(CompareArgs),
     /// Flood: N clients, each on its own connection, send maximum-size reviews back to back;
     /// prints the answers by status and the server's peak resident memory (`--pid`).
@@ -86,7 +90,8 @@ struct CompareArgs {
     targets: Vec<Target>,
     #[command(flatten)]
     client: ClientArgs,
-    /// Offered reviews/s across all connections, during each target's turn.
+    /// Offered reviews/s across all connections, during each target's turn; 0 means closed
+    /// loop (maximum throughput).
     #[arg(long)]
     rate: u64,
     /// Measured seconds per target, over all its slices.
@@ -95,10 +100,10 @@ struct CompareArgs {
     /// How many turns each target gets (each turn lasts `--seconds` / `--slices`).
     #[arg(long, default_value_t = 40)]
     slices: u32,
-    /// Each target's connections are made and run at the rate this long before its first turn.
+    /// Each target's connections are made and run at the load this long before its first turn.
     #[arg(long, default_value_t = 1000)]
     warmup_ms: u64,
-    /// Each turn runs at the rate this long before it is measured.
+    /// Each turn runs at the load this long before it is measured.
     #[arg(long, default_value_t = 100)]
     turn_warmup_ms: u64,
 }
@@ -519,12 +524,18 @@ struct Window {
 }
 
 /// Closed loop: each connection sends its next request as soon as the previous answer is in.
-async fn closed_loop(conns: Vec<Connection>, path: String, body: Bytes, w: Window) -> Result<Vec<Sample>, String> {
+/// Gives the connections back, for the next turn of `compare`.
+async fn closed_loop(
+    conns: Vec<Connection>,
+    path: String,
+    body: Bytes,
+    w: Window,
+) -> Result<(Vec<Sample>, Vec<Connection>), String> {
     let mut tasks = Vec::new();
     for mut conn in conns {
         let (path, body) = (path.clone(), body.clone());
         tasks.push(tokio::spawn(async move {
-            let mut samples = Vec::with_capacity(1 << 16);
+            let mut samples = Vec::with_capacity(1 << 12);
             tokio::time::sleep_until(w.start.into()).await;
             loop {
                 let sent = Instant::now();
@@ -542,14 +553,16 @@ async fn closed_loop(conns: Vec<Connection>, path: String, body: Bytes, w: Windo
                     });
                 }
             }
-            samples
+            (samples, conn)
         }));
     }
-    let mut all = Vec::new();
+    let (mut all, mut back) = (Vec::new(), Vec::new());
     for t in tasks {
-        all.extend(t.await.map_err(|e| e.to_string())?);
+        let (samples, conn) = t.await.map_err(|e| e.to_string())?;
+        all.extend(samples);
+        back.push(conn);
     }
-    Ok(all)
+    Ok((all, back))
 }
 
 /// Open loop at `rate` requests/s across all connections, on one global schedule (request k is
@@ -662,12 +675,36 @@ async fn run(args: RunArgs) -> Result<(), String> {
         end: measure_from + Duration::from_secs(seconds),
     };
     let samples = if rate == 0 {
-        closed_loop(conns, path, body, w).await?
+        closed_loop(conns, path, body, w).await?.0
     } else {
         open_loop(conns, version, rate, path, body, w).await?.0
     };
-    report(&label, version, client.connections, rate, seconds as f64, &samples);
+    report(
+        &label,
+        version,
+        client.connections,
+        rate,
+        seconds as f64,
+        &samples,
+        None,
+    );
     Ok(())
+}
+
+/// One turn of one target: `rate` 0 is the closed loop, any other the open loop at that rate.
+async fn turn(
+    conns: Vec<Connection>,
+    version: Version,
+    rate: u64,
+    path: String,
+    body: Bytes,
+    w: Window,
+) -> Result<(Vec<Sample>, Vec<Connection>), String> {
+    if rate == 0 {
+        closed_loop(conns, path, body, w).await
+    } else {
+        open_loop(conns, version, rate, path, body, w).await
+    }
 }
 
 async fn compare(args: CompareArgs) -> Result<(), String> {
@@ -680,15 +717,12 @@ async fn compare(args: CompareArgs) -> Result<(), String> {
         warmup_ms,
         turn_warmup_ms,
     } = args;
-    if rate == 0 {
-        return Err("compare needs a fixed --rate".into());
-    }
     let (version, config, body) = client.setup()?;
     let slices = slices.max(1);
-    let turn = Duration::from_secs(seconds) / slices;
-    // Every target's connections are made and warmed up at the rate first; they stay open, so
-    // that a turn measures answers, never handshakes. A target waits less than the servers'
-    // idle timeouts between its turns (the webhook's is 5 s) when turns are short.
+    let turn_length = Duration::from_secs(seconds) / slices;
+    // Every target's connections are made and warmed up first; they stay open, so that a turn
+    // measures answers, never handshakes. A target waits less than the servers' idle timeouts
+    // between its turns (the webhook's is 5 s) when turns are short.
     let mut conns = Vec::new();
     for t in &targets {
         let fresh = client.connect(t.addr, &config).await?;
@@ -698,13 +732,11 @@ async fn compare(args: CompareArgs) -> Result<(), String> {
             measure_from: start + Duration::from_millis(warmup_ms),
             end: start + Duration::from_millis(warmup_ms),
         };
-        conns.push(
-            open_loop(fresh, version, rate, t.path.clone(), body.clone(), w)
-                .await?
-                .1,
-        );
+        conns.push(turn(fresh, version, rate, t.path.clone(), body.clone(), w).await?.1);
     }
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); targets.len()];
+    // Each target's answered reviews/s in each of its turns.
+    let mut per_turn: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
     for slice in 0..slices as usize {
         for k in 0..targets.len() {
             let i = (slice + k) % targets.len();
@@ -713,17 +745,20 @@ async fn compare(args: CompareArgs) -> Result<(), String> {
             let w = Window {
                 start,
                 measure_from,
-                end: measure_from + turn,
+                end: measure_from + turn_length,
             };
             let held = std::mem::take(&mut conns[i]);
-            let (got, back) = open_loop(held, version, rate, targets[i].path.clone(), body.clone(), w).await?;
+            let (got, back) = turn(held, version, rate, targets[i].path.clone(), body.clone(), w).await?;
+            per_turn[i].push(got.iter().filter(|s| s.ok).count() as f64 / turn_length.as_secs_f64());
             samples[i].extend(got);
             conns[i] = back;
         }
     }
-    let measured = turn.as_secs_f64() * f64::from(slices);
-    for (t, samples) in targets.iter().zip(&samples) {
-        report(&t.label, version, client.connections, rate, measured, samples);
+    let measured = turn_length.as_secs_f64() * f64::from(slices);
+    for ((t, samples), turns) in targets.iter().zip(&samples).zip(&mut per_turn) {
+        turns.sort_by(f64::total_cmp);
+        let spread = (rate == 0).then_some(&turns[..]);
+        report(&t.label, version, client.connections, rate, measured, samples, spread);
     }
     Ok(())
 }
@@ -756,8 +791,17 @@ impl ClientArgs {
     }
 }
 
-/// Prints one line of figures for `samples`, measured over `seconds`.
-fn report(label: &str, version: Version, connections: usize, rate: u64, seconds: f64, samples: &[Sample]) {
+/// Prints one line of figures for `samples`, measured over `seconds`; with `turns` (the
+/// reviews/s of each of `compare`'s turns, sorted), their lowest, median and highest as well.
+fn report(
+    label: &str,
+    version: Version,
+    connections: usize,
+    rate: u64,
+    seconds: f64,
+    samples: &[Sample],
+    turns: Option<&[f64]>,
+) {
     let errors = samples.iter().filter(|s| !s.ok).count();
     let micros = |d: Duration| d.as_micros() as u64;
     let mut latency: Vec<u64> = samples
@@ -776,8 +820,16 @@ fn report(label: &str, version: Version, connections: usize, rate: u64, seconds:
         late.sort_unstable();
         format!(" send-late p99={:.3}ms", percentile(&late, 0.99))
     };
+    let spread = match turns {
+        Some(t @ [first, .., last]) => format!(
+            " turns={} turn-reviews/s={first:.0}/{:.0}/{last:.0}",
+            t.len(),
+            t[t.len() / 2]
+        ),
+        _ => String::new(),
+    };
     println!(
-        "{label:<28} http/{} conns={connections:<3} offered={:<6} reviews/s={throughput:>9.0} p50={:.3}ms p99={:.3}ms p99.9={:.3}ms errors={errors}{late}",
+        "{label:<28} http/{} conns={connections:<3} offered={:<6} reviews/s={throughput:>9.0} p50={:.3}ms p99={:.3}ms p99.9={:.3}ms errors={errors}{late}{spread}",
         if version == Version::Http2 { "2  " } else { "1.1" },
         if rate == 0 { "max".to_string() } else { rate.to_string() },
         percentile(&latency, 0.50),
