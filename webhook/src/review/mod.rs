@@ -144,6 +144,10 @@ pub fn denial_code(verdict: &Verdict) -> (u16, &'static str) {
 }
 
 /// A request's objects: parsed (by [`parse`]) or as JSON text (by [`parse_text`]).
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per review, on the stack: boxing the scans would allocate on every review"
+)]
 enum Objects<'a> {
     Parsed {
         new: Option<Value>,
@@ -151,7 +155,7 @@ enum Objects<'a> {
     },
     Text {
         new: Option<(&'a str, Scanned<'a>)>,
-        old: Option<&'a str>,
+        old: Option<(&'a str, Scanned<'a>)>,
         /// The new object's text without what the rules never read ([`Scanned::slimmed`]), which
         /// they are given instead, when it differs.
         slim: Option<String>,
@@ -173,28 +177,22 @@ impl<'a> Objects<'a> {
         match self {
             Objects::Text { new, old, .. } => Objects::Parsed {
                 new: new.and_then(|(text, _)| serde_json::from_str(text).ok()),
-                old: old.and_then(|text| serde_json::from_str(text).ok()),
+                old: old.and_then(|(text, _)| serde_json::from_str(text).ok()),
             },
             parsed => parsed,
         }
     }
 
     /// A class's DELETE: the rules read the class being deleted (the request's oldObject) as
-    /// the object.
+    /// the object, as it was read with the review (its text and scan, not read again).
     fn into_deleted(self) -> Self {
         match self {
             Objects::Parsed { old, .. } => Objects::Parsed { new: old, old: None },
-            Objects::Text { old, .. } => match old.and_then(|text| scan_object(text).map(|scan| (text, scan))) {
-                Some((text, scan)) => Objects::Text {
-                    new: Some((text, scan)),
-                    old: None,
-                    slim: scan.slimmed(text),
-                    slim_old: None,
-                },
-                None => Objects::Parsed {
-                    new: old.and_then(|text| serde_json::from_str(text).ok()),
-                    old: None,
-                },
+            Objects::Text { old, slim_old, .. } => Objects::Text {
+                new: old,
+                old: None,
+                slim: slim_old,
+                slim_old: None,
             },
         }
     }
@@ -209,7 +207,10 @@ impl<'a> Objects<'a> {
                 slim,
                 slim_old,
             } => Some((
-                slim_old.as_deref().or(*old).map(Raw::Text),
+                slim_old
+                    .as_deref()
+                    .or(old.as_ref().map(|(text, _)| *text))
+                    .map(Raw::Text),
                 Raw::Text(slim.as_deref().unwrap_or(new)),
             )),
             _ => None,
@@ -314,7 +315,7 @@ impl<'a> From<TextRequest<'a>> for Request<'a> {
             user_info: r.user_info,
             objects: Objects::Text {
                 new: object,
-                old: old_object.map(|(text, _)| text),
+                old: old_object,
                 slim: object.and_then(|(text, scan)| scan.slimmed(text)),
                 slim_old: old_object.and_then(|(text, scan)| scan.slimmed(text)),
             },

@@ -139,7 +139,7 @@ fn skip_ws(b: &[u8], mut i: usize) -> usize {
     i
 }
 
-/// What [`scan_object`] learns about an object.
+/// What [`scan_value`] learns about an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Scanned<'a> {
     /// The kind of the whole value.
@@ -293,7 +293,9 @@ fn scan_value(text: &str, start: usize, base: u32) -> Option<(usize, Scanned<'_>
     }
 }
 
-/// [`scan_value`] of a request's object, given alone as `text`: the whole text is one value.
+/// [`scan_value`] of a request's object, given alone as `text`: the whole text is one value
+/// (the tests' reading of an object on its own).
+#[cfg(test)]
 pub(super) fn scan_object(text: &str) -> Option<Scanned<'_>> {
     let (end, scanned) = scan_value(text, 0, OBJECT_DEPTH)?;
     (skip_ws(text.as_bytes(), end) == text.len()).then_some(scanned)

@@ -228,6 +228,20 @@ fn text_objects_answer_like_values() {
         body("smolvms", None, "DELETE", Value::Null, fixtures::alpine()),
     ));
     bodies.push((
+        "class delete",
+        body(
+            "smolvmclasses",
+            None,
+            "DELETE",
+            Value::Null,
+            json!({
+                "apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVMClass",
+                "metadata": {"name": "large", "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
+                "spec": {"resources": {"cpus": 2, "memoryMiB": 4096}, "default": false}
+            }),
+        ),
+    ));
+    bodies.push((
         "create without object",
         body("smolvms", None, "CREATE", Value::Null, Value::Null),
     ));
