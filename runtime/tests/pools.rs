@@ -348,9 +348,11 @@ async fn exec_logs_and_files_of_a_served_machine_reach_its_worker() {
     for operation in ["upload_file", "download_file"] {
         assert_eq!(reached(operation), std::slice::from_ref(&at_worker), "{operation}");
     }
-    // A file that is not there: the node API's answer names the machine, not its worker.
+    // A file that is not there: 404 FileNotFound naming the path (the machine is there), and
+    // the answer names the machine, not its worker.
     let missing = c.call("GET", &format!("{machine}/files/srv/none"), None).await;
-    assert_eq!(missing.status, 404, "{missing:?}");
+    assert_error(&missing, 404, "FileNotFound");
+    assert_eq!(missing.body["details"]["path"], "/srv/none", "{missing:?}");
     let message = missing.body["message"].as_str().unwrap_or_default();
     assert!(message.contains(name) && !message.contains(&worker), "{missing:?}");
 

@@ -171,6 +171,12 @@ async fn suspend_and_resume_against_the_double() {
     let running = call_twice(&mut c, "POST", &format!("{m}/ensure-running"), None).await;
     assert_eq!((running.status, running.body["state"].clone()), (200, json!("Running")));
 
+    // A running machine without the file asked for: 404 FileNotFound naming the path, not
+    // MachineNotFound (smolvm answers both with 404 NOT_FOUND).
+    let missing = c.call("GET", &format!("{m}/files/etc/none"), None).await;
+    assert_error(&missing, 404, "FileNotFound");
+    assert_eq!(missing.body["details"]["path"], "/etc/none", "{missing:?}");
+
     let suspended = call_twice(&mut c, "POST", &format!("{m}/suspend"), None).await;
     assert_eq!(suspended.status, 200, "{suspended:?}");
     assert_eq!(suspended.body["state"], "Suspended");

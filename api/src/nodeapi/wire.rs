@@ -28,6 +28,9 @@ pub enum ErrorCode {
     Forbidden,
     /// 404: no machine of that name on this node.
     MachineNotFound,
+    /// 404: the machine exists and runs, and has no file or directory at the path a files call
+    /// reads; `details.path` names it.
+    FileNotFound,
     /// 404: no pool of that name on this node.
     PoolNotFound,
     /// 404: no such route.
@@ -93,11 +96,12 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code this build knows.
-    pub const KNOWN: [ErrorCode; 26] = [
+    pub const KNOWN: [ErrorCode; 27] = [
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
         ErrorCode::MachineNotFound,
+        ErrorCode::FileNotFound,
         ErrorCode::PoolNotFound,
         ErrorCode::RouteNotFound,
         ErrorCode::MethodNotAllowed,
@@ -129,6 +133,7 @@ impl ErrorCode {
             ErrorCode::Unauthenticated => "Unauthenticated",
             ErrorCode::Forbidden => "Forbidden",
             ErrorCode::MachineNotFound => "MachineNotFound",
+            ErrorCode::FileNotFound => "FileNotFound",
             ErrorCode::PoolNotFound => "PoolNotFound",
             ErrorCode::RouteNotFound => "RouteNotFound",
             ErrorCode::MethodNotAllowed => "MethodNotAllowed",
@@ -175,7 +180,10 @@ impl ErrorCode {
             ErrorCode::InvalidRequest => 400,
             ErrorCode::Unauthenticated => 401,
             ErrorCode::Forbidden | ErrorCode::HostPortExcluded | ErrorCode::ImagePullCredentialsRequired => 403,
-            ErrorCode::MachineNotFound | ErrorCode::PoolNotFound | ErrorCode::RouteNotFound => 404,
+            ErrorCode::MachineNotFound
+            | ErrorCode::FileNotFound
+            | ErrorCode::PoolNotFound
+            | ErrorCode::RouteNotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::MachineSpecConflict
             | ErrorCode::ResizeRequiresRunning

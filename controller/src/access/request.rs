@@ -291,13 +291,19 @@ pub fn from_call(error: CallError, target: &Target) -> AccessError {
         CallError::Protocol { message, .. } => AccessError::BadGateway(format!(
             "the runtime agent of node {node} answered unreadably: {message}"
         )),
-        CallError::Api { code, message, .. } => match code {
+        CallError::Api {
+            code, message, details, ..
+        } => match code {
             ErrorCode::MachineNotRunning => {
                 AccessError::Conflict(format!("SmolVM {vm} is not running (phase {phase}): {message}"))
             }
             ErrorCode::MachineNotFound => AccessError::NotFound(format!(
                 "the machine of SmolVM {vm} is not on node {node} (phase {phase})"
             )),
+            ErrorCode::FileNotFound => match details.as_ref().and_then(|d| d.get("path")).and_then(|p| p.as_str()) {
+                Some(path) => AccessError::NotFound(format!("SmolVM {vm} has no file or directory {path}")),
+                None => AccessError::NotFound(format!("SmolVM {vm}: {message}")),
+            },
             ErrorCode::InvalidRequest => AccessError::BadRequest(message),
             ErrorCode::PayloadTooLarge => AccessError::TooLarge(message),
             ErrorCode::TooManyStreams | ErrorCode::TooManyBytes => {
@@ -599,6 +605,19 @@ mod tests {
             ),
             ("not running", api(ErrorCode::MachineNotRunning), 409, "phase Failed"),
             ("machine gone", api(ErrorCode::MachineNotFound), 404, "node-1"),
+            (
+                "file missing",
+                CallError::Api {
+                    node: "node-1".into(),
+                    status: 404,
+                    code: ErrorCode::FileNotFound,
+                    message: "said so".into(),
+                    details: Some(serde_json::json!({"path": "/etc/none"})),
+                },
+                404,
+                "has no file or directory /etc/none",
+            ),
+            ("file missing, no details", api(ErrorCode::FileNotFound), 404, "said so"),
             ("bad request", api(ErrorCode::InvalidRequest), 400, "said so"),
             ("too large", api(ErrorCode::PayloadTooLarge), 413, "said so"),
             ("too many streams", api(ErrorCode::TooManyStreams), 429, "said so"),

@@ -446,6 +446,16 @@ pub fn not_running(name: &str, status: &MachineStatus, what: &str) -> ApiFailure
     .with_details(serde_json::json!({ "state": state }))
 }
 
+/// 404 `FileNotFound`: machine `name` runs and has nothing at `path`, which a files read asked
+/// for; `details.path` names it.
+pub fn file_not_found(name: &str, path: &str) -> ApiFailure {
+    ApiFailure::new(
+        ErrorCode::FileNotFound,
+        format!("machine '{name}' has no file or directory '{path}'"),
+    )
+    .with_details(serde_json::json!({ "path": path }))
+}
+
 /// The wire word of a machine state (`Running`, `Suspended`, …).
 fn state_value(state: MachineState) -> serde_json::Value {
     serde_json::to_value(state).unwrap_or_default()

@@ -902,7 +902,11 @@ fn stopped_meanwhile(error: VmmError, name: &str, status: &super::types::Machine
 /// [`MAX_FILE_BYTES`]), or a directory's listing as JSON.
 async fn read_file(State(state): State<NodeApiState>, path: Path<(String, String)>) -> ApiResult {
     let (name, path) = running_machine_and_path(&state, path, "copying files").await?;
-    let file = state.vmm.read_file(&name, &path, MAX_FILE_BYTES as u64).await?;
+    let file = match state.vmm.read_file(&name, &path, MAX_FILE_BYTES as u64).await {
+        Ok(file) => file,
+        Err(VmmError::NotFound { .. }) => return Err(missing_file(&state, &name, &path).await),
+        Err(error) => return Err(error.into()),
+    };
     let mut response = Response::new(Body::from_stream(file.stream));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -914,6 +918,16 @@ async fn read_file(State(state): State<NodeApiState>, path: Path<(String, String
     );
     response.extensions_mut().insert(ResponseCode("OK"));
     Ok(response)
+}
+
+/// smolvm answered a file read with 404: the file is missing when the machine is still there
+/// (404 `FileNotFound`, naming the path), else the machine went since [`running`] saw it.
+async fn missing_file(state: &NodeApiState, name: &str, path: &str) -> ApiError {
+    match state.vmm.get(name).await {
+        Ok(Some(_)) => ApiError(logic::file_not_found(name, path)),
+        Ok(None) => not_found(name),
+        Err(error) => error.into(),
+    }
 }
 
 /// `PUT /v1/machines/{name}/files/{path}?mode=0644`: writes the body (at most
