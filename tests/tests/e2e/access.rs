@@ -18,7 +18,7 @@ use serde_json::json;
 use smolvm_tests::env::{Env, eventually};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{NS, Scenario, condition, events_for, small, vm, vms, wait_gone, wait_started_or_failed, wait_vm};
+use super::{NS, Scenario, condition, expect_event, small, vm, vms, wait_gone, wait_started_or_failed, wait_vm};
 use smolvm_api::constants;
 
 pub(crate) fn scenarios() -> Vec<(&'static str, Scenario)> {
@@ -367,13 +367,7 @@ async fn kubectl_smolvm_stop_and_start_move_the_vm(env: &mut Env) -> anyhow::Res
         },
     )
     .await?;
-    eventually("a Restarted event", Duration::from_secs(30), || async {
-        Ok(events_for(env, VM)
-            .await?
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("Restarted")))
-    })
-    .await?;
+    expect_event(env, VM, "Restarted").await?;
     let out = plugin(env, MALLORY, &["stop", VM])?;
     ensure!(
         text(&out.stderr).contains("Forbidden"),

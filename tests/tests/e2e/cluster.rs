@@ -14,7 +14,7 @@ use smolvm_api::{SmolVMNode, constants};
 use smolvm_tests::env::{self, Env, NODE};
 
 use crate::{
-    Scenario, annotate_vm, condition, create_bound, delete_and_wait, events_for, expect_rejected, patch_vm,
+    Scenario, annotate_vm, condition, create_bound, delete_and_wait, expect_event, expect_rejected, patch_vm,
     patch_vm_status, small, vm, vms, wait_vm,
 };
 
@@ -208,13 +208,7 @@ pub(crate) async fn webhook_outage_stalls_no_heartbeat_or_status_write_and_a_los
         crate::smolvm_machine(env, &machine).await?.is_none(),
         "the lost machine was re-created empty behind the user's back"
     );
-    let events = events_for(env, name).await?;
-    ensure!(
-        events
-            .iter()
-            .any(|e| e.reason.as_deref() == Some(constants::reason::MACHINE_LOST)),
-        "no MachineLost event"
-    );
+    expect_event(env, name, constants::reason::MACHINE_LOST).await?;
 
     // After the outage: the annotation asks for a fresh machine; it is admitted with a warning,
     // acted on and removed.
@@ -245,13 +239,7 @@ pub(crate) async fn webhook_outage_stalls_no_heartbeat_or_status_write_and_a_los
         crate::smolvm_machine(env, &machine).await?.is_some(),
         "no machine after the recreate request"
     );
-    ensure!(
-        events_for(env, name)
-            .await?
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("Recreated")),
-        "no Recreated event"
-    );
+    expect_event(env, name, "Recreated").await?;
     // On a VM whose machine is not lost, the annotation is refused.
     let out = annotate_vm(env, name, &annotation)?;
     ensure!(!out.status.success(), "recreate-lost-machine admitted on a healthy VM");

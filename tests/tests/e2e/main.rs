@@ -436,6 +436,34 @@ pub(crate) async fn events_for(env: &Env, name: &str) -> anyhow::Result<Vec<Even
         .collect())
 }
 
+/// How long a scenario looks for an event the controller tells of: events are written in the
+/// background, just after the status that reports the same transition, so a scenario that has
+/// just seen the status may not see the event yet.
+pub(crate) const EVENT_WAIT: Duration = Duration::from_secs(15);
+
+/// The first event with `reason` about `name`, looked for up to [`EVENT_WAIT`]; the error lists
+/// the reasons seen.
+pub(crate) async fn expect_event(env: &Env, name: &str, reason: &str) -> anyhow::Result<Event> {
+    let seen = eventually(&format!("a {reason} event about {name}"), EVENT_WAIT, || async {
+        Ok(events_for(env, name)
+            .await?
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some(reason)))
+    })
+    .await;
+    match seen {
+        Ok(event) => Ok(event),
+        Err(e) => {
+            let reasons: Vec<String> = events_for(env, name)
+                .await?
+                .into_iter()
+                .filter_map(|e| e.reason)
+                .collect();
+            bail!("{e:#}; events about {name}: {reasons:?}")
+        }
+    }
+}
+
 // ---- scenarios --------------------------------------------------------------------------------
 
 pub(crate) async fn crds_install_and_explain_teaches_the_api(env: &mut Env) -> anyhow::Result<()> {
@@ -984,24 +1012,13 @@ pub(crate) async fn runtime_stopped_blocks_delete_until_the_force_annotation(env
         String::from_utf8_lossy(&out.stderr)
     );
     wait_gone(env, name, Duration::from_secs(60)).await?;
-    // The event is recorded just after the finalizer goes: look for it a little while.
-    let seen = eventually("a Warning ForceDeleted event", Duration::from_secs(15), || async {
-        let events = events_for(env, name).await?;
-        Ok(events
-            .iter()
-            .any(|e| {
-                e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some(constants::reason::FORCE_DELETED)
-            })
-            .then_some(()))
-    })
-    .await;
-    if let Err(e) = seen {
-        let events = events_for(env, name).await?;
-        bail!(
-            "{e:#}: {:?}",
-            events.iter().map(|e| (&e.type_, &e.reason)).collect::<Vec<_>>()
-        );
-    }
+    // The event is recorded just after the finalizer goes.
+    let forced = expect_event(env, name, constants::reason::FORCE_DELETED).await?;
+    ensure!(
+        forced.type_.as_deref() == Some("Warning"),
+        "ForceDeleted is a {:?} event",
+        forced.type_
+    );
     // Bring the runtime back: it still holds the orphaned machine, which the note warned of. The
     // agent reports it, the controller books it and, after the grace period (10 s here), deletes
     // it and says so on the node's SmolVMNode.

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, ensure};
+use anyhow::{anyhow, ensure};
 use kube::{
     Api,
     api::{DeleteParams, Patch, PatchParams, PostParams},
@@ -15,7 +15,7 @@ use serde_json::json;
 use smolvm_api::{SmolVMNode, constants};
 use smolvm_tests::env::{Env, NODE, eventually};
 
-use crate::{Scenario, condition, events_for, kubectl_apply, small, vm, vms, wait_vm};
+use crate::{Scenario, condition, expect_event, kubectl_apply, small, vm, vms, wait_vm};
 
 pub(crate) fn scenarios() -> Vec<(&'static str, Scenario)> {
     scenarios![a_node_that_cannot_boot_guests_takes_no_vm_and_an_unplaced_vm_says_why]
@@ -222,22 +222,7 @@ async fn placements(env: &mut Env, nodes: &Api<SmolVMNode>, real_bootable: bool)
             waiting.status.as_ref().and_then(|s| s.node_name.as_deref()).is_none(),
             "not bound while it waits"
         );
-        // Events are written in the background, just after the status: look a little while.
-        let seen = eventually("a FailedScheduling event", Duration::from_secs(15), || async {
-            let events = events_for(env, "truthful-c").await?;
-            Ok(events
-                .iter()
-                .any(|e| e.reason.as_deref() == Some("FailedScheduling"))
-                .then_some(()))
-        })
-        .await;
-        if let Err(e) = seen {
-            let events = events_for(env, "truthful-c").await?;
-            bail!(
-                "{e:#}: {:?}",
-                events.iter().map(|e| e.reason.clone()).collect::<Vec<_>>()
-            );
-        }
+        expect_event(env, "truthful-c", "FailedScheduling").await?;
     }
     // Uncordoned: the decision is taken again and the VM is placed.
     set_cordon(nodes, false).await?;

@@ -20,7 +20,7 @@ use smolvm_tests::{
 };
 
 use crate::{
-    NS, Scenario, condition, delete_and_wait, events_for, kubectl_apply, vm, vms, wait_started_or_failed, wait_vm,
+    NS, Scenario, condition, delete_and_wait, expect_event, kubectl_apply, vm, vms, wait_started_or_failed, wait_vm,
 };
 
 pub(crate) fn scenarios() -> Vec<(&'static str, Scenario)> {
@@ -221,13 +221,7 @@ pub(crate) async fn expose_service_routes_to_the_node_and_goes_with_the_vm(env: 
         after.metadata.resource_version == before.metadata.resource_version,
         "the foreign Service was written"
     );
-    ensure!(
-        events_for(env, foreign)
-            .await?
-            .iter()
-            .any(|e| e.reason.as_deref() == Some(constants::reason::SERVICE_NOT_OWNED)),
-        "a ServiceNotOwned event"
-    );
+    expect_event(env, foreign, constants::reason::SERVICE_NOT_OWNED).await?;
     delete_and_wait(env, foreign).await?;
     ensure!(
         services.get_opt(foreign).await?.is_some(),

@@ -17,7 +17,7 @@ use smolvm_api::{Phase, SmolVM, SmolVMNode, constants};
 use smolvm_testkit::smolvm_double::SmolvmDouble;
 use smolvm_tests::env::{Env, eventually};
 
-use crate::{Scenario, condition, delete_and_wait, events_for, kubectl_apply, patch_vm, vm, vms, wait_vm};
+use crate::{Scenario, condition, delete_and_wait, expect_event, kubectl_apply, patch_vm, vm, vms, wait_vm};
 
 pub(crate) fn scenarios() -> Vec<(&'static str, Scenario)> {
     scenarios![a_suspended_vm_gives_its_room_to_another_and_resumes_when_room_frees]
@@ -160,13 +160,7 @@ async fn walk(env: &mut Env, double: &smolvm_testkit::smolvm_double::DoubleHandl
         double.is_paused(&machine),
         "the machine stays paused while the resume waits"
     );
-    ensure!(
-        events_for(env, "sleeper")
-            .await?
-            .iter()
-            .any(|e| e.reason.as_deref() == Some(constants::reason::RESUME_PENDING)),
-        "a ResumePending event"
-    );
+    expect_event(env, "sleeper", constants::reason::RESUME_PENDING).await?;
 
     // Room freed: it resumes where it was bound.
     delete_and_wait(env, "tenant").await?;
@@ -180,13 +174,8 @@ async fn walk(env: &mut Env, double: &smolvm_testkit::smolvm_double::DoubleHandl
     );
     ensure!(!double.is_paused(&machine), "smolvm resumed machine {machine}");
     ensure!(!double.calls_of("resume_machine").is_empty(), "a resume reached smolvm");
-    let reasons: Vec<String> = events_for(env, "sleeper")
-        .await?
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect();
     for want in [constants::reason::SUSPENDED, constants::reason::RESUMED] {
-        ensure!(reasons.iter().any(|r| r == want), "a {want} event: {reasons:?}");
+        expect_event(env, "sleeper", want).await?;
     }
 
     // Suspended, then running false: stopped, and the saved memory discarded, with an event.
@@ -205,13 +194,7 @@ async fn walk(env: &mut Env, double: &smolvm_testkit::smolvm_double::DoubleHandl
     })
     .await?;
     ensure!(!double.is_paused(&machine), "the saved state is gone");
-    ensure!(
-        events_for(env, "sleeper")
-            .await?
-            .iter()
-            .any(|e| e.reason.as_deref() == Some(constants::reason::SAVED_STATE_DISCARDED)),
-        "a SavedStateDiscarded event"
-    );
+    expect_event(env, "sleeper", constants::reason::SAVED_STATE_DISCARDED).await?;
     let api = vms(env).await?;
     ensure!(
         api.get("sleeper").await?.spec.suspended == Some(true),

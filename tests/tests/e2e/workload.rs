@@ -14,7 +14,10 @@ use serde_json::{Value, json};
 use smolvm_api::constants;
 use smolvm_tests::env::{self, Env, eventually};
 
-use crate::{NS, Scenario, condition, delete_and_wait, events_for, expect_rejected, kubectl_apply, vm, vms, wait_vm};
+use crate::{
+    NS, Scenario, condition, delete_and_wait, events_for, expect_event, expect_rejected, kubectl_apply, vm, vms,
+    wait_vm,
+};
 
 pub(crate) fn scenarios() -> Vec<(&'static str, Scenario)> {
     scenarios![workload_from_secrets_and_config_maps_reaches_smolvm_and_no_secret_leaks]
@@ -26,13 +29,6 @@ const COMPONENT_RBAC: &str = "deploy/components/workload-secrets/rbac.yaml";
 
 fn ready_reason(v: &smolvm_api::SmolVM) -> Option<(String, String, String)> {
     condition(v, constants::condition::READY).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-}
-
-async fn has_event(env: &Env, name: &str, reason: &str) -> anyhow::Result<bool> {
-    Ok(events_for(env, name)
-        .await?
-        .iter()
-        .any(|e| e.reason.as_deref() == Some(reason)))
 }
 
 /// Every file under `dir` whose bytes contain `needle` (none are skipped).
@@ -149,10 +145,7 @@ pub(crate) async fn workload_from_secrets_and_config_maps_reaches_smolvm_and_no_
     for part in ["may not get secrets", NS, "workload-secrets"] {
         ensure!(message.contains(part), "SecretAccessDenied lacks {part:?}: {message}");
     }
-    ensure!(
-        has_event(env, name, constants::reason::SECRET_ACCESS_DENIED).await?,
-        "no SecretAccessDenied event"
-    );
+    expect_event(env, name, constants::reason::SECRET_ACCESS_DENIED).await?;
 
     // With the component, the reads work; the missing ConfigMap key is told, by name.
     let rbac = std::fs::read_to_string(env::repo_root().join(COMPONENT_RBAC))?;
@@ -174,10 +167,7 @@ pub(crate) async fn workload_from_secrets_and_config_maps_reaches_smolvm_and_no_
         !message.contains("wl-absent"),
         "an optional reference was reported: {message}"
     );
-    ensure!(
-        has_event(env, name, constants::reason::CREATE_CONFIG_ERROR).await?,
-        "no CreateConfigError event"
-    );
+    expect_event(env, name, constants::reason::CREATE_CONFIG_ERROR).await?;
 
     // The key appears: the machine is created with every value resolved.
     config_maps
