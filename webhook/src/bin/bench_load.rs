@@ -523,17 +523,32 @@ struct Window {
     end: Instant,
 }
 
-/// Closed loop: each connection sends its next request as soon as the previous answer is in.
-/// Gives the connections back, for the next turn of `compare`.
-async fn closed_loop(
-    conns: Vec<Connection>,
+/// What is sent to one target: the review to a path, over a protocol, at an offered rate (0:
+/// closed loop).
+struct Load {
+    version: Version,
+    rate: u64,
     path: String,
     body: Bytes,
-    w: Window,
-) -> Result<(Vec<Sample>, Vec<Connection>), String> {
+}
+
+impl Load {
+    /// Runs the load over `conns` for the window `w`; gives the samples measured, and the
+    /// connections back for another turn.
+    async fn run(&self, conns: Vec<Connection>, w: Window) -> Result<(Vec<Sample>, Vec<Connection>), String> {
+        if self.rate == 0 {
+            closed_loop(conns, self, w).await
+        } else {
+            open_loop(conns, self, w).await
+        }
+    }
+}
+
+/// Closed loop: each connection sends its next request as soon as the previous answer is in.
+async fn closed_loop(conns: Vec<Connection>, load: &Load, w: Window) -> Result<(Vec<Sample>, Vec<Connection>), String> {
     let mut tasks = Vec::new();
     for mut conn in conns {
-        let (path, body) = (path.clone(), body.clone());
+        let (path, body) = (load.path.clone(), load.body.clone());
         tasks.push(tokio::spawn(async move {
             let mut samples = Vec::with_capacity(1 << 12);
             tokio::time::sleep_until(w.start.into()).await;
@@ -570,14 +585,13 @@ async fn closed_loop(
 /// earlier answer: over HTTP/2 each goes out on its own stream at once; over HTTP/1.1 it waits
 /// for its connection to be free, and that wait counts. Latency is measured from when the
 /// request was due, so stalls are not hidden (no coordinated omission).
-async fn open_loop(
-    conns: Vec<Connection>,
-    version: Version,
-    rate: u64,
-    path: String,
-    body: Bytes,
-    w: Window,
-) -> Result<(Vec<Sample>, Vec<Connection>), String> {
+async fn open_loop(conns: Vec<Connection>, load: &Load, w: Window) -> Result<(Vec<Sample>, Vec<Connection>), String> {
+    let Load {
+        version,
+        rate,
+        ref path,
+        ref body,
+    } = *load;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Sample>();
     let n = conns.len();
     // HTTP/1.1: one worker per connection, fed in schedule order.
@@ -674,11 +688,13 @@ async fn run(args: RunArgs) -> Result<(), String> {
         measure_from,
         end: measure_from + Duration::from_secs(seconds),
     };
-    let samples = if rate == 0 {
-        closed_loop(conns, path, body, w).await?.0
-    } else {
-        open_loop(conns, version, rate, path, body, w).await?.0
+    let load = Load {
+        version,
+        rate,
+        path,
+        body,
     };
+    let samples = load.run(conns, w).await?.0;
     report(
         &label,
         version,
@@ -689,22 +705,6 @@ async fn run(args: RunArgs) -> Result<(), String> {
         None,
     );
     Ok(())
-}
-
-/// One turn of one target: `rate` 0 is the closed loop, any other the open loop at that rate.
-async fn turn(
-    conns: Vec<Connection>,
-    version: Version,
-    rate: u64,
-    path: String,
-    body: Bytes,
-    w: Window,
-) -> Result<(Vec<Sample>, Vec<Connection>), String> {
-    if rate == 0 {
-        closed_loop(conns, path, body, w).await
-    } else {
-        open_loop(conns, version, rate, path, body, w).await
-    }
 }
 
 async fn compare(args: CompareArgs) -> Result<(), String> {
@@ -723,8 +723,17 @@ async fn compare(args: CompareArgs) -> Result<(), String> {
     // Every target's connections are made and warmed up first; they stay open, so that a turn
     // measures answers, never handshakes. A target waits less than the servers' idle timeouts
     // between its turns (the webhook's is 5 s) when turns are short.
+    let loads: Vec<Load> = targets
+        .iter()
+        .map(|t| Load {
+            version,
+            rate,
+            path: t.path.clone(),
+            body: body.clone(),
+        })
+        .collect();
     let mut conns = Vec::new();
-    for t in &targets {
+    for (t, load) in targets.iter().zip(&loads) {
         let fresh = client.connect(t.addr, &config).await?;
         let start = Instant::now() + Duration::from_millis(20);
         let w = Window {
@@ -732,7 +741,7 @@ async fn compare(args: CompareArgs) -> Result<(), String> {
             measure_from: start + Duration::from_millis(warmup_ms),
             end: start + Duration::from_millis(warmup_ms),
         };
-        conns.push(turn(fresh, version, rate, t.path.clone(), body.clone(), w).await?.1);
+        conns.push(load.run(fresh, w).await?.1);
     }
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); targets.len()];
     // Each target's answered reviews/s in each of its turns.
@@ -748,7 +757,7 @@ async fn compare(args: CompareArgs) -> Result<(), String> {
                 end: measure_from + turn_length,
             };
             let held = std::mem::take(&mut conns[i]);
-            let (got, back) = turn(held, version, rate, targets[i].path.clone(), body.clone(), w).await?;
+            let (got, back) = loads[i].run(held, w).await?;
             per_turn[i].push(got.iter().filter(|s| s.ok).count() as f64 / turn_length.as_secs_f64());
             samples[i].extend(got);
             conns[i] = back;
