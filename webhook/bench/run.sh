@@ -77,7 +77,6 @@ else
   echo "KUBE_EXAMPLE_BIN not set: the kube-rs example comparison is skipped"
 fi
 NGINX=${NGINX-$(command -v nginx || true)}
-PORTS="19443 19444 $([[ -n "${KUBE_EXAMPLE_BIN:-}" ]] && echo 8443)"
 if [[ -n "$NGINX" ]]; then
   # The answer smolvm-webhook gives the review on /validate, as a fixed body.
   ANSWER='{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"0c9a8d74-9cb7-44dd-b98e-09fd62def2f4","allowed":true,"status":{}}}'
@@ -113,12 +112,16 @@ CONF
   taskset -c "$SERVER_CPU" "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" >"$WORK/nginx/out.log" 2>&1 &
   PIDS+=($!)
   TARGETS+=("nginx(fixed) 19445 /answer $!")
-  PORTS="$PORTS 19445"
 else
   echo "nginx not installed: the fixed-answer comparison is skipped"
 fi
 
-for port in $PORTS; do
+# Every target's port answers before the load starts; and every target as webhook-bench-load
+# compare takes it.
+COMPARED=()
+for t in "${TARGETS[@]}"; do
+  read -r name port path _ <<<"$t"
+  COMPARED+=(--target "$name=127.0.0.1:$port$path")
   for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
 done
 
@@ -142,13 +145,8 @@ record() { echo "$*" >>"$WORK/results"; }
 TURNS=$((SECS * 2))
 echo "== webhook-bench-load: maximum throughput, ${SECS}s per target in $TURNS turns of 0.5s"
 for http in 1 2; do
-  turns=()
-  for t in "${TARGETS[@]}"; do
-    read -r name port path _ <<<"$t"
-    turns+=(--target "$name=127.0.0.1:$port$path")
-  done
   taskset -c "$LOAD_CPU" "$BIN/webhook-bench-load" compare --ca "$WORK/ca.crt" --body "$WORK/review.json" \
-    --connections "$CONNS" --seconds "$SECS" --slices "$TURNS" --http $http --rate 0 "${turns[@]}" | tee -a "$WORK/load.txt"
+    --connections "$CONNS" --seconds "$SECS" --slices "$TURNS" --http $http --rate 0 "${COMPARED[@]}" | tee -a "$WORK/load.txt"
 done
 # Latency at a fixed rate: every target in turn, in short turns (webhook-bench-load compare), so
 # that the machine's stalls fall on every target alike, with the servers and the load at a
@@ -198,12 +196,9 @@ spinners on
 for rate in $RATES; do
   echo "== webhook-bench-load: fixed offered load $rate/s, ${LATENCY_SECS}s per target in turns of 0.5s${LATENCY_PRIORITY:+, SCHED_FIFO $LATENCY_PRIORITY}"
   for http in 1 2; do
-    turns=()
-    for t in "${TARGETS[@]}"; do
-      read -r name port path _ <<<"$t"
-      turns+=(--target "$name=127.0.0.1:$port$path")
-    done
-    at_priority taskset -c "$LOAD_CPU" "$BIN/webhook-bench-load" compare --ca "$WORK/ca.crt" --body "$WORK/review.json"       --connections "$CONNS" --seconds "$LATENCY_SECS" --slices $((LATENCY_SECS * 2)) --http $http --rate "$rate"       "${turns[@]}" | tee -a "$WORK/load.txt"
+    at_priority taskset -c "$LOAD_CPU" "$BIN/webhook-bench-load" compare --ca "$WORK/ca.crt" --body "$WORK/review.json" \
+      --connections "$CONNS" --seconds "$LATENCY_SECS" --slices $((LATENCY_SECS * 2)) --http $http --rate "$rate" \
+      "${COMPARED[@]}" | tee -a "$WORK/load.txt"
   done
 done
 spinners off
