@@ -227,7 +227,8 @@ mod tests {
         time::Duration,
     };
 
-    fn sink(client: Client) -> EventSink {
+    /// A sink that delivers as it publishes.
+    fn direct(client: Client) -> EventSink {
         EventSink::new(
             client,
             Reporter {
@@ -235,7 +236,10 @@ mod tests {
                 instance: None,
             },
         )
-        .in_background(4)
+    }
+
+    fn sink(client: Client) -> EventSink {
+        direct(client).in_background(4)
     }
 
     fn numbered(i: usize) -> Event {
@@ -308,14 +312,7 @@ mod tests {
         assert!(!flushed, "not delivered");
         // A sink that delivers as it publishes has nothing queued.
         let (client, _handle) = smolvm_testkit::apiserver::client("default");
-        let direct = EventSink::new(
-            client,
-            Reporter {
-                controller: "test".into(),
-                instance: None,
-            },
-        );
-        assert!(direct.flush(Duration::from_millis(1)).await);
+        assert!(direct(client).flush(Duration::from_millis(1)).await);
     }
 
     #[test]

@@ -439,7 +439,7 @@ pub(crate) async fn events_for(env: &Env, name: &str) -> anyhow::Result<Vec<Even
 /// How long a scenario looks for an event the controller tells of: events are written in the
 /// background, just after the status that reports the same transition, so a scenario that has
 /// just seen the status may not see the event yet.
-pub(crate) const EVENT_WAIT: Duration = Duration::from_secs(15);
+const EVENT_WAIT: Duration = Duration::from_secs(15);
 
 /// The first event with `reason` about `name`, looked for up to [`EVENT_WAIT`]; the error lists
 /// the reasons seen.
