@@ -145,14 +145,16 @@ async fn place(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, uid: &str) -> Resu
         Some((_, node_pool)) => crate::placement::with_ready_slot(&nodes, &node_pool),
         None => Vec::new(),
     };
-    let chosen = match ctx
+    let (chosen, warm) = match ctx
         .ledger
         .place_and_reserve(uid, &request, warm.iter().copied(), now, &ctx.placement)
     {
-        Ok(node) => Ok(node),
-        Err(_) => ctx
-            .ledger
-            .place_and_reserve(uid, &request, nodes.iter().map(|n| n.as_ref()), now, &ctx.placement),
+        Ok(node) => (Ok(node), true),
+        Err(_) => (
+            ctx.ledger
+                .place_and_reserve(uid, &request, nodes.iter().map(|n| n.as_ref()), now, &ctx.placement),
+            false,
+        ),
     };
     let node = match chosen {
         Ok(name) => name,
@@ -178,25 +180,51 @@ async fn place(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, uid: &str) -> Resu
     // The binding is written once, with the object's resourceVersion as precondition.
     let mut bound = vm.clone();
     bound.status = Some(decide::bound(vm, &node, node_uid, now));
+    let note = decide::Note::bound(format!("bound to node {node}"));
+    if warm {
+        return claim(api, vm, ctx, uid, &node, bound, note).await;
+    }
     match api.replace_status(&vm.name_any(), &PostParams::default(), &bound).await {
         Ok(bound) => {
             ctx.superseded.replaced(uid, vm.resource_version().as_deref());
-            let note = format!("bound to node {node}");
-            report::publish(ctx, vm, &decide::Note::bound(note)).await;
+            report::publish(ctx, vm, &note).await;
             // The same pass goes on against the node it bound to, from the object the API server
             // answered with, rather than waiting for its own write to come back through the watch.
             let machine = rules::machine_name(&bound).unwrap_or_default();
             ctx.ledger.observe_vm(uid, &node, &bound);
             converge(api, &bound, ctx, uid, &node, &machine).await
         }
-        Err(kube::Error::Api(s)) if s.code == 409 => {
-            // Someone else changed the object first: forget the reservation and look again.
+        Err(e) => report::binding_failed(ctx, uid, e),
+    }
+}
+
+/// The first pass of a warm claim, placed on `node` where its pool has a ready slot. Its node
+/// call is one lease, keyed by the SmolVM's UID (or, should the slot have gone meanwhile, the
+/// cold create `whenEmpty: Cold` asks for, keyed by its machine name), so the binding rides on
+/// the pass's one status write ([`report::report_binding`]): a claim costs one status write, not
+/// two. Should that write fail, the next pass binds again: on the same node the call answers
+/// with the same machine; on another, the one made here is an orphan (booked at once, collected
+/// after the grace period).
+async fn claim(
+    api: &Api<SmolVM>,
+    vm: &SmolVM,
+    ctx: &Context,
+    uid: &str,
+    node: &str,
+    bound: SmolVM,
+    note: decide::Note,
+) -> Result<Action, Error> {
+    let machine = rules::machine_name(&bound).unwrap_or_default();
+    match act(api, &bound, ctx, uid, node, &machine).await {
+        Ok(Some(outcome)) => report::report_binding(ctx, api, vm, uid, (node, note), outcome).await,
+        // Nothing was bound: the reservation goes with the pass.
+        Ok(None) => {
             ctx.ledger.release(uid);
-            Ok(Action::requeue(Duration::from_millis(200)))
+            Ok(Action::requeue(ctx.timing.retry))
         }
         Err(e) => {
             ctx.ledger.release(uid);
-            Err(e.into())
+            Err(e)
         }
     }
 }
@@ -216,8 +244,7 @@ pub fn sync_endpoint(ctx: &Context, node: &str) {
     }
 }
 
-/// A pass over a bound SmolVM: observe, then decide and act until decide has nothing more to
-/// call (at most [`decide::MAX_STEPS_PER_PASS`] machine steps and a read), then report.
+/// A pass over a bound SmolVM: observe, act until decided, then report.
 async fn converge(
     api: &Api<SmolVM>,
     vm: &SmolVM,
@@ -226,6 +253,23 @@ async fn converge(
     node: &str,
     machine: &str,
 ) -> Result<Action, Error> {
+    match act(api, vm, ctx, uid, node, machine).await? {
+        Some(outcome) => report::report(ctx, api, vm, uid, outcome).await,
+        None => Ok(Action::requeue(ctx.timing.retry)),
+    }
+}
+
+/// Observes a SmolVM on its node, then decides and acts until decide has nothing more to call
+/// (at most [`decide::MAX_STEPS_PER_PASS`] machine steps and a read); `None` when decide asked
+/// for more calls than that.
+async fn act(
+    api: &Api<SmolVM>,
+    vm: &SmolVM,
+    ctx: &Context,
+    uid: &str,
+    node: &str,
+    machine: &str,
+) -> Result<Option<decide::Outcome>, Error> {
     let node_object = ctx.nodes.get(&ObjectRef::new(node));
     let now = Timestamp::now();
     let (service, slice) = owned_objects(ctx, vm, vm.spec.expose_service()).await?;
@@ -256,7 +300,7 @@ async fn converge(
         let (call, record_first, expose_first) = match decide::converge(&observed, &progress) {
             Decision::Report(outcome) => {
                 remember_start(ctx, vm, uid, &progress);
-                return report::report(ctx, api, vm, uid, *outcome).await;
+                return Ok(Some(*outcome));
             }
             Decision::Act {
                 call,
@@ -303,7 +347,7 @@ async fn converge(
         machine,
         "a pass asked for more node calls than it may make; looking again later"
     );
-    Ok(Action::requeue(ctx.timing.retry))
+    Ok(None)
 }
 
 /// Records a start that failed on the node (for the start backoff), or forgets the failures of

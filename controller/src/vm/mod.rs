@@ -1,7 +1,7 @@
 //! The lifecycle of a SmolVM, in four steps per pass:
 //!
-//! 1. **Observe** ([`act::observe`]): the SmolVM, its node, its Service and EndpointSlice, from
-//!    the caches.
+//! 1. **Observe** ([`act`], before its first call): the SmolVM, its node, its Service and
+//!    EndpointSlice, from the caches.
 //! 2. **Decide** ([`decide`], pure): the next node call, or the whole outcome of the pass: the
 //!    status, the exposure, the events, the annotations to drop and when to look again. Every
 //!    phase and condition is chosen there, from [`rules`].
@@ -10,7 +10,9 @@
 //! 4. **Report** ([`report`]): the exposure writes, one status write, the events, the dropped
 //!    annotations. A pass writes the SmolVM's status at most three times: the binding (a pass
 //!    that places the VM goes on against its node from the object the API server answered), a
-//!    restart's record before its stop, then the status.
+//!    restart's record before its stop, then the status. A warm claim (a SmolVM placed where its
+//!    pool has a ready slot) is the exception: its one node call is an idempotent lease, so its
+//!    binding goes in its status write ([`report::report_binding`]), one write per claim.
 //!
 //! A pass never acts on a version of the SmolVM that the controller's own writes replaced
 //! ([`Superseded`]): the watch brings the newer one, and that one is acted on.
@@ -101,8 +103,6 @@ pub struct Owned {
     pub slices: Option<Store<EndpointSlice>>,
 }
 
-/// The watches of the Services and EndpointSlices the controller makes for SmolVMs: their caches
-/// and the streams that wake their SmolVM's pass when one changes or goes (`Controller::owns_stream`),
 /// The SmolVMPools' cache, and its watch to drive (a SmolVM naming a pool reads its pool at
 /// placement and at create; the pools' pass reads them all every few seconds).
 pub fn pool_watch(
@@ -123,6 +123,8 @@ pub fn pool_watch(
     (store, events)
 }
 
+/// The watches of the Services and EndpointSlices the controller makes for SmolVMs: their caches
+/// and the streams that wake their SmolVM's pass when one changes or goes (`Controller::owns_stream`),
 /// so a deleted or edited Service is put back within seconds rather than at the next resync.
 pub fn owned_watches(
     client: &Client,

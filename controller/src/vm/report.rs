@@ -3,13 +3,15 @@
 //! status write (none when nothing changed), the events, and the annotations the pass is done
 //! with.
 
+use std::time::Duration;
+
 use k8s_openapi::{
     api::{core::v1::Service, discovery::v1::EndpointSlice},
     jiff::Timestamp,
 };
 use kube::{
     Api, Resource, ResourceExt,
-    api::{Patch, PatchParams},
+    api::{Patch, PatchParams, PostParams},
     runtime::{
         controller::Action,
         events::{Event, EventType},
@@ -33,10 +35,61 @@ pub async fn report(
     if let Some(hold) = outcome.hold {
         ctx.ledger.set_hold(uid, hold);
     }
+    expose(ctx, vm, &mut outcome).await;
+    write_status(ctx, api, vm, uid, &outcome.status).await?;
+    finish(ctx, api, vm, uid, outcome).await
+}
+
+/// Reports the first pass of a warm claim (`act::claim`), whose binding to `node` is not written
+/// yet: the binding and the outcome go in one status write, with `unbound`'s resourceVersion as
+/// precondition, as a binding always is; its event (`note`) comes first.
+pub async fn report_binding(
+    ctx: &Context,
+    api: &Api<SmolVM>,
+    unbound: &SmolVM,
+    uid: &str,
+    (node, note): (&str, Note),
+    mut outcome: Outcome,
+) -> Result<Action, Error> {
+    expose(ctx, unbound, &mut outcome).await;
+    let mut bound = unbound.clone();
+    bound.status = Some(outcome.status.clone());
+    let bound = match api
+        .replace_status(&unbound.name_any(), &PostParams::default(), &bound)
+        .await
+    {
+        Ok(bound) => bound,
+        Err(e) => return binding_failed(ctx, uid, e),
+    };
+    ctx.superseded.replaced(uid, unbound.resource_version().as_deref());
+    ctx.ledger.observe_vm(uid, node, &bound);
+    if let Some(hold) = outcome.hold {
+        ctx.ledger.set_hold(uid, hold);
+    }
+    publish(ctx, unbound, &note).await;
+    finish(ctx, api, unbound, uid, outcome).await
+}
+
+/// A binding that could not be written: its reservation goes. After a conflict (someone changed
+/// the object first), the pass looks again shortly.
+pub fn binding_failed(ctx: &Context, uid: &str, error: kube::Error) -> Result<Action, Error> {
+    ctx.ledger.release(uid);
+    match error {
+        kube::Error::Api(s) if s.code == 409 => Ok(Action::requeue(Duration::from_millis(200))),
+        e => Err(e.into()),
+    }
+}
+
+/// The Service and EndpointSlice writes; a failure becomes the ServiceExposed condition.
+async fn expose(ctx: &Context, vm: &SmolVM, outcome: &mut Outcome) {
     if let Err(e) = write_exposure(ctx, vm, &outcome.exposure.writes).await {
         outcome.exposure_failed(vm, &describe_kube_error(&e), Timestamp::now());
     }
-    write_status(ctx, api, vm, uid, &outcome.status).await?;
+}
+
+/// What follows the status write: the events, the annotations the pass is done with, and when
+/// to look again.
+async fn finish(ctx: &Context, api: &Api<SmolVM>, vm: &SmolVM, uid: &str, outcome: Outcome) -> Result<Action, Error> {
     for note in &outcome.events {
         publish(ctx, vm, note).await;
     }

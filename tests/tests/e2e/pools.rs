@@ -4,12 +4,20 @@
 //! field), an unknown pool (listing the namespace's), a template out of the rules, and any change
 //! to a stored pooled SmolVM but running and suspended.
 
-use std::time::Duration;
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use anyhow::{Context as _, anyhow, ensure};
-use kube::{Api, api::DeleteParams};
+use futures::{StreamExt, TryStreamExt};
+use kube::{
+    Api,
+    api::DeleteParams,
+    runtime::{WatchStreamExt, watcher},
+};
 use serde_json::{Value, json};
-use smolvm_api::{SmolVMNode, SmolVMPool, constants, constants::LABEL_POOL};
+use smolvm_api::{SmolVM, SmolVMNode, SmolVMPool, constants, constants::LABEL_POOL};
 use smolvm_testkit::smolvm_double::{DoubleHandle, SmolvmDouble};
 use smolvm_tests::env::{Env, eventually, repo_root};
 
@@ -332,6 +340,7 @@ async fn claims(env: &mut Env, double: &DoubleHandle) -> anyhow::Result<()> {
     })
     .await?;
     double.hold_refill(true);
+    let bound_versions = BoundVersions::watch(env).await?;
     for i in 1..=5 {
         let claim = vm(
             &format!("claim-{i}"),
@@ -381,6 +390,19 @@ async fn claims(env: &mut Env, double: &DoubleHandle) -> anyhow::Result<()> {
         );
     }
     println!("    5 claims while refill was held: 3 served warm from the slots, 2 created cold");
+    // A warm claim's binding rides on its one status write: none of its versions is bound
+    // without running, and its Scheduled event still tells the binding.
+    for (i, _) in &warm {
+        let name = format!("claim-{i}");
+        let phases = bound_versions.phases(&name);
+        ensure!(
+            phases.first() == Some(&Some(smolvm_api::Phase::Running)),
+            "{name} (served warm) was bound and Running in one write; its bound versions' phases: {phases:?}"
+        );
+        crate::expect_event(env, &name, "Scheduled").await?;
+        crate::expect_event(env, &name, constants::reason::SERVED_FROM_POOL).await?;
+    }
+    println!("    each warm claim was bound and Running in one status write, with its events");
 
     double.hold_refill(false);
     eventually("the pool back to 3 ready slots", Duration::from_secs(60), || {
@@ -400,6 +422,49 @@ async fn claims(env: &mut Env, double: &DoubleHandle) -> anyhow::Result<()> {
         double.leases()
     );
     Ok(())
+}
+
+/// A SmolVM's name and phase in one of its versions.
+type BoundVersion = (String, Option<smolvm_api::Phase>);
+
+/// The phase of every version of the namespace's SmolVMs that the API server stored bound to a
+/// node, in order, from a watch started before they were made. (A watch that restarted could
+/// miss versions; it never invents one.)
+struct BoundVersions {
+    seen: Arc<Mutex<Vec<BoundVersion>>>,
+    watch: tokio::task::JoinHandle<()>,
+}
+
+impl BoundVersions {
+    async fn watch(env: &Env) -> anyhow::Result<Self> {
+        let api: Api<SmolVM> = Api::namespaced(env.admin().await?, NS);
+        let seen: Arc<Mutex<Vec<BoundVersion>>> = Arc::default();
+        let watch = tokio::spawn({
+            let seen = seen.clone();
+            async move {
+                let mut events = watcher(api, watcher::Config::default()).applied_objects().boxed();
+                while let Ok(Some(vm)) = events.try_next().await {
+                    if let Some(status) = vm.status.as_ref().filter(|s| s.node_name.is_some()) {
+                        let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                        seen.push((vm.metadata.name.clone().unwrap_or_default(), status.phase));
+                    }
+                }
+            }
+        });
+        Ok(BoundVersions { seen, watch })
+    }
+
+    /// The phases of `name`'s bound versions, oldest first.
+    fn phases(&self, name: &str) -> Vec<Option<smolvm_api::Phase>> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.iter().filter(|(n, _)| n == name).map(|(_, p)| *p).collect()
+    }
+}
+
+impl Drop for BoundVersions {
+    fn drop(&mut self) {
+        self.watch.abort();
+    }
 }
 
 fn first_line(text: &str) -> &str {
