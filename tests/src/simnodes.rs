@@ -212,7 +212,8 @@ pub async fn api_writes(admin: &Client) -> anyhow::Result<HashMap<String, f64>> 
                 .unwrap_or_default()
                 .to_string()
         };
-        if !matches!(label("verb").as_str(), "POST" | "PUT" | "PATCH" | "DELETE") {
+        // Server-side apply counts as its own verb, APPLY (the heartbeats' SmolVMNode writes).
+        if !matches!(label("verb").as_str(), "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE") {
             continue;
         }
         let key = match label("subresource").as_str() {
