@@ -41,7 +41,9 @@ use crate::{
 
 /// Runs the controller until SIGTERM, or until this replica loses the lease.
 pub async fn run(flags: Flags) -> anyhow::Result<()> {
-    let client = Client::try_default().await.context("connecting to the API server")?;
+    let client = smolvm_kit::client::client("smolvm-controller", env!("CARGO_PKG_VERSION"))
+        .await
+        .context("connecting to the API server")?;
     let (shutdown_tx, shutdown) = watch::channel(false);
     let (leader_tx, leader) = watch::channel(false);
     let lease_task = lease(&client, &flags, leader_tx, shutdown.clone());

@@ -3,6 +3,8 @@
 //! plumbing, as kubert does for linkerd's controllers:
 //!
 //! - [`accept`]: the connection, handshake and handshake-time bounds of a TLS listener;
+//! - [`client`]: the Kubernetes client, whose `User-Agent` names the binary (and so its writes'
+//!   field manager);
 //! - [`cli`]: the flag vocabulary (`--ops-address`, `--log-format json|text`, durations such as
 //!   `10s` parsed by one function) and the retired spellings, still accepted with a warning;
 //! - [`log`]: the tracing set-up;
@@ -14,6 +16,7 @@
 
 pub mod accept;
 pub mod cli;
+pub mod client;
 pub mod error;
 pub mod log;
 pub mod ops;

@@ -51,7 +51,7 @@ async fn run(flags: Flags) -> Result<()> {
     let client = if flags.standalone {
         None
     } else {
-        Some(kube::Client::try_default().await?)
+        Some(smolvm_kit::client::client("smolvm-runtime", env!("CARGO_PKG_VERSION")).await?)
     };
     let (resolver, serving_files) = serving_identity(&flags, client.as_ref()).await?;
     let (auth, _token_watch) = TokenAuth::from_file(flags.token_file.clone(), Duration::from_secs(2))?;

@@ -183,7 +183,7 @@ async fn run(args: Args) -> Result<()> {
         );
         None
     } else {
-        Some(Client::try_default().await?)
+        Some(smolvm_kit::client::client("smolvm-webhook", env!("CARGO_PKG_VERSION")).await?)
     };
     let (nodes, nodes_writer) = reflector::store::<SmolVMNode>();
     let (classes, classes_writer) = reflector::store::<SmolVMClass>();

@@ -401,8 +401,21 @@ async fn claims(env: &mut Env, double: &DoubleHandle) -> anyhow::Result<()> {
         );
         crate::expect_event(env, &name, "Scheduled").await?;
         crate::expect_event(env, &name, constants::reason::SERVED_FROM_POOL).await?;
+        // The controller's client names itself, so its status write is attributed to it.
+        let stored = Api::<SmolVM>::namespaced(env.admin().await?, NS).get(&name).await?;
+        let managers: Vec<(Option<String>, Option<String>)> = stored
+            .metadata
+            .managed_fields
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| (m.manager, m.subresource))
+            .collect();
+        ensure!(
+            managers.contains(&(Some("smolvm-controller".into()), Some("status".into()))),
+            "{name}'s status is managed by smolvm-controller: {managers:?}"
+        );
     }
-    println!("    each warm claim was bound and Running in one status write, with its events");
+    println!("    each warm claim was bound and Running in one status write by smolvm-controller, with its events");
 
     double.hold_refill(false);
     eventually("the pool back to 3 ready slots", Duration::from_secs(60), || {
