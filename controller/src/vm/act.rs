@@ -40,6 +40,11 @@ pub async fn pass(vm: Arc<SmolVM>, ctx: Arc<Context>) -> Result<Action, Error> {
         // A version this controller already wrote over: the watch brings the newer one.
         return Ok(Action::await_change());
     }
+    let pass = Pass {
+        api: &api,
+        ctx: &ctx,
+        uid: &uid,
+    };
     match rules::next_step(&vm) {
         Step::Forget => {
             ctx.forget(&uid);
@@ -54,13 +59,21 @@ pub async fn pass(vm: Arc<SmolVM>, ctx: Arc<Context>) -> Result<Action, Error> {
             ctx.forget(&uid);
             Ok(Action::await_change())
         }
-        Step::DeleteMachine { node, machine, force } => delete(&api, &vm, &ctx, &uid, &node, &machine, force).await,
-        Step::Place => place(&api, &vm, &ctx, &uid).await,
+        Step::DeleteMachine { node, machine, force } => delete(pass, &vm, &node, &machine, force).await,
+        Step::Place => place(pass, &vm).await,
         Step::Converge { node, machine } => {
             ctx.ledger.observe_vm(&uid, &node, &vm);
-            converge(&api, &vm, &ctx, &uid, &node, &machine).await
+            converge(pass, &vm, &node, &machine).await
         }
     }
+}
+
+/// What each step of a pass works with besides the SmolVM: its API, the context and its UID.
+#[derive(Clone, Copy)]
+struct Pass<'a> {
+    api: &'a Api<SmolVM>,
+    ctx: &'a Context,
+    uid: &'a str,
 }
 
 async fn add_finalizer(api: &Api<SmolVM>, vm: &SmolVM) -> Result<(), Error> {
@@ -96,15 +109,8 @@ async fn remove_finalizer(api: &Api<SmolVM>, vm: &SmolVM) -> Result<(), Error> {
     Ok(())
 }
 
-async fn delete(
-    api: &Api<SmolVM>,
-    vm: &SmolVM,
-    ctx: &Context,
-    uid: &str,
-    node: &str,
-    machine: &str,
-    force: bool,
-) -> Result<Action, Error> {
+async fn delete(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str, force: bool) -> Result<Action, Error> {
+    let Pass { api, ctx, uid } = pass;
     sync_endpoint(ctx, node);
     let result = timed(
         ctx,
@@ -130,7 +136,8 @@ async fn delete(
     Ok(Action::await_change())
 }
 
-async fn place(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, uid: &str) -> Result<Action, Error> {
+async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
+    let Pass { api, ctx, uid } = pass;
     // This VM was bound a moment ago and the cache has not caught up: binding again would only
     // meet a 409 (and drop the reservation the real binding holds). The watch brings the bound
     // object soon; look again then.
@@ -182,7 +189,7 @@ async fn place(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, uid: &str) -> Resu
     bound.status = Some(decide::bound(vm, &node, node_uid, now));
     let note = decide::Note::bound(format!("bound to node {node}"));
     if warm {
-        return claim(api, vm, ctx, uid, &node, bound, note).await;
+        return claim(pass, vm, &node, bound, note).await;
     }
     match api.replace_status(&vm.name_any(), &PostParams::default(), &bound).await {
         Ok(bound) => {
@@ -192,7 +199,7 @@ async fn place(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, uid: &str) -> Resu
             // answered with, rather than waiting for its own write to come back through the watch.
             let machine = rules::machine_name(&bound).unwrap_or_default();
             ctx.ledger.observe_vm(uid, &node, &bound);
-            converge(api, &bound, ctx, uid, &node, &machine).await
+            converge(pass, &bound, &node, &machine).await
         }
         Err(e) => report::binding_failed(ctx, uid, e),
     }
@@ -205,17 +212,10 @@ async fn place(api: &Api<SmolVM>, vm: &SmolVM, ctx: &Context, uid: &str) -> Resu
 /// two. Should that write fail, the next pass binds again: on the same node the call answers
 /// with the same machine; on another, the one made here is an orphan (booked at once, collected
 /// after the grace period).
-async fn claim(
-    api: &Api<SmolVM>,
-    vm: &SmolVM,
-    ctx: &Context,
-    uid: &str,
-    node: &str,
-    bound: SmolVM,
-    note: decide::Note,
-) -> Result<Action, Error> {
+async fn claim(pass: Pass<'_>, vm: &SmolVM, node: &str, bound: SmolVM, note: decide::Note) -> Result<Action, Error> {
+    let Pass { api, ctx, uid } = pass;
     let machine = rules::machine_name(&bound).unwrap_or_default();
-    match act(api, &bound, ctx, uid, node, &machine).await {
+    match act(pass, &bound, node, &machine).await {
         Ok(Some(outcome)) => report::report_binding(ctx, api, vm, uid, (node, note), outcome).await,
         // Nothing was bound: the reservation goes with the pass.
         Ok(None) => {
@@ -245,15 +245,9 @@ pub fn sync_endpoint(ctx: &Context, node: &str) {
 }
 
 /// A pass over a bound SmolVM: observe, act until decided, then report.
-async fn converge(
-    api: &Api<SmolVM>,
-    vm: &SmolVM,
-    ctx: &Context,
-    uid: &str,
-    node: &str,
-    machine: &str,
-) -> Result<Action, Error> {
-    match act(api, vm, ctx, uid, node, machine).await? {
+async fn converge(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str) -> Result<Action, Error> {
+    let Pass { api, ctx, uid } = pass;
+    match act(pass, vm, node, machine).await? {
         Some(outcome) => report::report(ctx, api, vm, uid, outcome).await,
         None => Ok(Action::requeue(ctx.timing.retry)),
     }
@@ -262,14 +256,8 @@ async fn converge(
 /// Observes a SmolVM on its node, then decides and acts until decide has nothing more to call
 /// (at most [`decide::MAX_STEPS_PER_PASS`] machine steps and a read); `None` when decide asked
 /// for more calls than that.
-async fn act(
-    api: &Api<SmolVM>,
-    vm: &SmolVM,
-    ctx: &Context,
-    uid: &str,
-    node: &str,
-    machine: &str,
-) -> Result<Option<decide::Outcome>, Error> {
+async fn act(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str) -> Result<Option<decide::Outcome>, Error> {
+    let Pass { api, ctx, uid } = pass;
     let node_object = ctx.nodes.get(&ObjectRef::new(node));
     let now = Timestamp::now();
     let (service, slice) = owned_objects(ctx, vm, vm.spec.expose_service()).await?;
