@@ -68,6 +68,8 @@ pub struct Options {
     /// with it on the real agent's node takes no VM, and the scenarios that place VMs there
     /// need it to (the truthful-nodes scenario turns it on).
     pub canary: bool,
+    /// The name of the Node the runtime agent runs on ([`NODE`] unless set).
+    pub node: &'static str,
 }
 
 impl Default for Options {
@@ -77,6 +79,7 @@ impl Default for Options {
             heartbeat_timeout: Duration::from_secs(12),
             runtime: true,
             canary: false,
+            node: NODE,
         }
     }
 }
@@ -579,7 +582,10 @@ impl Env {
     }
 
     async fn create_node(&self, admin: &Client) -> anyhow::Result<()> {
-        create_node_named(admin, NODE, NODE_HOSTNAME, NODE_INTERNAL_IP).await
+        let node = self.options.node;
+        // A label value holds at most 63 characters; NODE's hostname label is its first part.
+        let hostname = if node == NODE { NODE_HOSTNAME } else { node };
+        create_node_named(admin, node, hostname, NODE_INTERNAL_IP).await
     }
 
     /// Replaces the Node object with a new one of the same name (a new UID), as a reinstalled
@@ -587,15 +593,16 @@ impl Env {
     pub async fn replace_node(&self) -> anyhow::Result<String> {
         let admin = self.admin().await?;
         let nodes: Api<Node> = Api::all(admin.clone());
-        let old = nodes.get(NODE).await?.uid().unwrap_or_default();
-        nodes.delete(NODE, &DeleteParams::default()).await?;
+        let node = self.options.node;
+        let old = nodes.get(node).await?.uid().unwrap_or_default();
+        nodes.delete(node, &DeleteParams::default()).await?;
         eventually("the old Node to go", Duration::from_secs(30), || {
             let nodes = nodes.clone();
-            async move { Ok(nodes.get_opt(NODE).await?.is_none().then_some(())) }
+            async move { Ok(nodes.get_opt(node).await?.is_none().then_some(())) }
         })
         .await?;
         self.create_node(&admin).await?;
-        let new = nodes.get(NODE).await?.uid().unwrap_or_default();
+        let new = nodes.get(node).await?.uid().unwrap_or_default();
         if new == old {
             bail!("the re-created Node kept its UID {old}");
         }
@@ -606,7 +613,7 @@ impl Env {
     /// (as the kubelet would mount them), then the agent; waits until its SmolVMNode is Ready.
     pub async fn start_runtime(&mut self) -> anyhow::Result<()> {
         let agent = Agent {
-            node: NODE.to_string(),
+            node: self.options.node.to_string(),
             dir: "rt".into(),
             port: self.runtime_port,
             attach_socket: None,

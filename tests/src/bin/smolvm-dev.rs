@@ -10,7 +10,7 @@ use std::{process::ExitCode, time::Duration};
 use smolvm_api::{SmolVMNode, constants};
 use smolvm_tests::{
     assets,
-    env::{Env, NODE, Options, kubectl, repo_root},
+    env::{Env, Options, kubectl, repo_root},
 };
 
 fn main() -> ExitCode {
@@ -44,6 +44,9 @@ fn main() -> ExitCode {
     }
 }
 
+/// The local node's name (the e2e tier's long, EKS-like name would only puzzle a newcomer).
+const DEV_NODE: &str = "dev-node";
+
 async fn run(assets: assets::Assets) -> anyhow::Result<()> {
     let bins = assets::operator_bins()?;
     let dir = tempfile::Builder::new().prefix("smolvm-dev-").tempdir()?;
@@ -52,6 +55,7 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
     // development machines), the node takes no VM and the example waits, saying why.
     let options = Options {
         canary: true,
+        node: DEV_NODE,
         ..Options::default()
     };
     let env = Env::start(&assets, bins, dir.path(), options).await?;
@@ -95,7 +99,7 @@ async fn tell_guest_bootable(env: &Env) {
     let Ok(client) = env.admin().await else { return };
     let nodes: kube::Api<SmolVMNode> = kube::Api::all(client);
     loop {
-        let guest = nodes.get_opt(NODE).await.ok().flatten().and_then(|n| {
+        let guest = nodes.get_opt(DEV_NODE).await.ok().flatten().and_then(|n| {
             n.status?
                 .conditions
                 .into_iter()
@@ -104,13 +108,13 @@ async fn tell_guest_bootable(env: &Env) {
         match guest {
             Some(c) if c.status == "False" => {
                 println!(
-                    "\nnote: node {NODE} cannot boot guests ({}), so the example waits unplaced; `kubectl describe svmn {NODE}` says why, and docs/operations.md (\"Nodes that cannot boot guests\") how to fix it.",
+                    "\nnote: node {DEV_NODE} cannot boot guests ({}), so the example waits unplaced; `kubectl describe svmn {DEV_NODE}` says why, and docs/operations.md (\"Nodes that cannot boot guests\") how to fix it.",
                     c.reason
                 );
                 return;
             }
             Some(_) => {
-                println!("\nnode {NODE}: a canary guest booted; VMs run here.");
+                println!("\nnode {DEV_NODE}: a canary guest booted; VMs run here.");
                 return;
             }
             None => tokio::time::sleep(Duration::from_secs(2)).await,
