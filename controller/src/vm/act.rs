@@ -15,7 +15,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, ResourceExt,
-    api::{Patch, PatchParams, PostParams},
+    api::{Patch, PatchParams},
     runtime::{controller::Action, reflector::ObjectRef},
 };
 use serde_json::json;
@@ -189,19 +189,16 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
     bound.status = Some(decide::bound(vm, &node, node_uid, now));
     let note = decide::Note::bound(format!("bound to node {node}"));
     if warm {
-        return claim(pass, vm, &node, bound, note).await;
+        return claim(pass, bound, &node, note).await;
     }
-    match api.replace_status(&vm.name_any(), &PostParams::default(), &bound).await {
+    match report::write_binding(ctx, api, uid, (&node, &note), bound).await? {
+        // The same pass goes on against the node it bound to, from the object the API server
+        // answered with, rather than waiting for its own write to come back through the watch.
         Ok(bound) => {
-            ctx.superseded.replaced(uid, vm.resource_version().as_deref());
-            report::publish(ctx, vm, &note).await;
-            // The same pass goes on against the node it bound to, from the object the API server
-            // answered with, rather than waiting for its own write to come back through the watch.
             let machine = rules::machine_name(&bound).unwrap_or_default();
-            ctx.ledger.observe_vm(uid, &node, &bound);
             converge(pass, &bound, &node, &machine).await
         }
-        Err(e) => report::binding_failed(ctx, uid, e),
+        Err(next) => Ok(next),
     }
 }
 
@@ -212,11 +209,11 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
 /// two. Should that write fail, the next pass binds again: on the same node the call answers
 /// with the same machine; on another, the one made here is an orphan (booked at once, collected
 /// after the grace period).
-async fn claim(pass: Pass<'_>, vm: &SmolVM, node: &str, bound: SmolVM, note: decide::Note) -> Result<Action, Error> {
+async fn claim(pass: Pass<'_>, bound: SmolVM, node: &str, note: decide::Note) -> Result<Action, Error> {
     let Pass { api, ctx, uid } = pass;
     let machine = rules::machine_name(&bound).unwrap_or_default();
     match act(pass, &bound, node, &machine).await {
-        Ok(Some(outcome)) => report::report_binding(ctx, api, vm, uid, (node, note), outcome).await,
+        Ok(Some(outcome)) => report::report_binding(ctx, api, uid, (node, &note), bound, outcome).await,
         // Nothing was bound: the reservation goes with the pass.
         Ok(None) => {
             ctx.ledger.release(uid);

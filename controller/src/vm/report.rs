@@ -40,43 +40,58 @@ pub async fn report(
     finish(ctx, api, vm, uid, outcome).await
 }
 
-/// Reports the first pass of a warm claim (`act::claim`), whose binding to `node` is not written
-/// yet: the binding and the outcome go in one status write, with `unbound`'s resourceVersion as
-/// precondition, as a binding always is; its event (`note`) comes first.
+/// Reports the first pass of a warm claim (`act::claim`), whose binding (`bound`, the SmolVM
+/// as the pass read it with its binding status) is not written yet: the binding and the outcome
+/// go in one status write ([`write_binding`]).
 pub async fn report_binding(
     ctx: &Context,
     api: &Api<SmolVM>,
-    unbound: &SmolVM,
     uid: &str,
-    (node, note): (&str, Note),
+    binding: (&str, &Note),
+    mut bound: SmolVM,
     mut outcome: Outcome,
 ) -> Result<Action, Error> {
-    expose(ctx, unbound, &mut outcome).await;
-    let mut bound = unbound.clone();
+    expose(ctx, &bound, &mut outcome).await;
     bound.status = Some(outcome.status.clone());
-    let bound = match api
-        .replace_status(&unbound.name_any(), &PostParams::default(), &bound)
-        .await
-    {
-        Ok(bound) => bound,
-        Err(e) => return binding_failed(ctx, uid, e),
+    let written = match write_binding(ctx, api, uid, binding, bound).await? {
+        Ok(written) => written,
+        Err(next) => return Ok(next),
     };
-    ctx.superseded.replaced(uid, unbound.resource_version().as_deref());
-    ctx.ledger.observe_vm(uid, node, &bound);
     if let Some(hold) = outcome.hold {
         ctx.ledger.set_hold(uid, hold);
     }
-    publish(ctx, unbound, &note).await;
-    finish(ctx, api, unbound, uid, outcome).await
+    finish(ctx, api, &written, uid, outcome).await
 }
 
-/// A binding that could not be written: its reservation goes. After a conflict (someone changed
-/// the object first), the pass looks again shortly.
-pub fn binding_failed(ctx: &Context, uid: &str, error: kube::Error) -> Result<Action, Error> {
-    ctx.ledger.release(uid);
-    match error {
-        kube::Error::Api(s) if s.code == 409 => Ok(Action::requeue(Duration::from_millis(200))),
-        e => Err(e.into()),
+/// Writes a binding to `node`: `bound` is the SmolVM as the pass read it, with its binding
+/// status, written with its resourceVersion as precondition, as a binding always is. Written,
+/// it is booked on the node and its event (`note`) published, and the object the API server
+/// answered comes back; refused, its reservation goes and what the pass does next comes back
+/// (after a conflict, someone changed the object first: it looks again shortly).
+pub async fn write_binding(
+    ctx: &Context,
+    api: &Api<SmolVM>,
+    uid: &str,
+    (node, note): (&str, &Note),
+    bound: SmolVM,
+) -> Result<Result<SmolVM, Action>, Error> {
+    match api
+        .replace_status(&bound.name_any(), &PostParams::default(), &bound)
+        .await
+    {
+        Ok(written) => {
+            ctx.superseded.replaced(uid, bound.resource_version().as_deref());
+            ctx.ledger.observe_vm(uid, node, &written);
+            publish(ctx, &bound, note).await;
+            Ok(Ok(written))
+        }
+        Err(error) => {
+            ctx.ledger.release(uid);
+            match error {
+                kube::Error::Api(s) if s.code == 409 => Ok(Err(Action::requeue(Duration::from_millis(200)))),
+                e => Err(e.into()),
+            }
+        }
     }
 }
 
