@@ -25,17 +25,18 @@ COPY tests/Cargo.toml tests/Cargo.toml
 COPY kubectl-smolvm/Cargo.toml kubectl-smolvm/Cargo.toml
 COPY deploy/image/stub-workspace.sh /usr/local/bin/stub-workspace.sh
 RUN sh /usr/local/bin/stub-workspace.sh . \
- && cargo build --release --locked --bin smolvm-controller --bin smolvm-webhook --bin smolvm-runtime
+ && cargo build --profile dist --locked --bin smolvm-controller --bin smolvm-webhook --bin smolvm-runtime
 
 # --- build: the real sources over the placeholders ----------------------------------------------
+# Cargo's dist profile: the release profile with fat LTO (Cargo.toml says what it gives).
 FROM deps AS build
 COPY . .
 # COPY keeps the sources' own timestamps, which may be older than the placeholder build: touch
 # them so Cargo rebuilds the workspace crates (the dependencies stay compiled).
 RUN find . -path ./target -prune -o -name '*.rs' -exec touch {} + \
- && cargo build --release --locked --bin smolvm-controller --bin smolvm-webhook --bin smolvm-runtime \
+ && cargo build --profile dist --locked --bin smolvm-controller --bin smolvm-webhook --bin smolvm-runtime \
  && mkdir -p /out \
- && cp target/release/smolvm-controller target/release/smolvm-webhook target/release/smolvm-runtime /out/
+ && cp target/dist/smolvm-controller target/dist/smolvm-webhook target/dist/smolvm-runtime /out/
 
 # --- smolvm: the pinned smolmachines wheel, checked against its sha256, unpacked ----------------
 FROM python:3.11-slim-${DEBIAN} AS smolvm

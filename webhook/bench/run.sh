@@ -42,8 +42,10 @@ SECS=${SECONDS_PER_RUN:-10}
 RATES=${RATES:-"2000 5000"}
 CONNS=${CONNECTIONS:-16}
 
-(cd "$ROOT" && cargo build --release -p smolvm-webhook --features bench --bins)
-BIN=$TARGET/release
+# The dist profile, as the image ships it (fat LTO; Cargo.toml says what it gives). The floor and
+# the load generator are built with it too.
+(cd "$ROOT" && cargo build --profile dist -p smolvm-webhook --features bench --bins)
+BIN=$TARGET/dist
 WORK=$(mktemp -d)
 PIDS=()
 SPINNERS=()

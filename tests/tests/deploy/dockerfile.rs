@@ -66,6 +66,34 @@ pub(super) fn dockerfile_builds_both_images_from_official_bases() {
     assert!(dockerfile.contains("ENTRYPOINT [\"/usr/local/bin/smolvm-runtime-entrypoint\"]"));
 }
 
+/// The images ship the binaries of Cargo's `dist` profile (the release profile with fat LTO),
+/// the build webhook/bench/run.sh measures.
+#[test]
+pub(super) fn images_ship_the_dist_profile() {
+    let dockerfile = read("Dockerfile");
+    let builds: Vec<&str> = dockerfile.lines().filter(|l| l.contains("cargo build")).collect();
+    assert!(!builds.is_empty(), "the Dockerfile runs no cargo build");
+    for line in builds {
+        assert!(line.contains("--profile dist"), "not the dist profile: {line}");
+    }
+    for bin in ["smolvm-controller", "smolvm-webhook", "smolvm-runtime"] {
+        assert!(
+            dockerfile.contains(&format!("target/dist/{bin}")),
+            "{bin} is not copied from target/dist"
+        );
+    }
+    let manifest = read("Cargo.toml");
+    let dist = manifest
+        .split("[profile.dist]")
+        .nth(1)
+        .and_then(|rest| rest.split("\n[").next())
+        .expect("[profile.dist] in Cargo.toml");
+    for setting in ["inherits = \"release\"", "lto = \"fat\"", "codegen-units = 1"] {
+        assert!(dist.contains(setting), "[profile.dist] lacks {setting}");
+    }
+    assert!(read("webhook/bench/run.sh").contains("cargo build --profile dist"));
+}
+
 #[test]
 pub(super) fn smolvm_pin_matches_the_ci_install() {
     let install = read(".ci/install-smolvm.sh");
