@@ -11,6 +11,8 @@ ARG DEBIAN=bookworm
 # --- dependencies: compiled from the manifests alone --------------------------------------------
 # Placeholder sources (deploy/image/stub-workspace.sh) stand in for the real ones, so this layer,
 # every dependency fetched and compiled, is reused until Cargo.toml or Cargo.lock change.
+# Both builds use Cargo's dist profile: the release profile with fat LTO (Cargo.toml says what it
+# gives).
 FROM rust:${RUST_VERSION}-slim-${DEBIAN} AS deps
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
@@ -28,7 +30,6 @@ RUN sh /usr/local/bin/stub-workspace.sh . \
  && cargo build --profile dist --locked --bin smolvm-controller --bin smolvm-webhook --bin smolvm-runtime
 
 # --- build: the real sources over the placeholders ----------------------------------------------
-# Cargo's dist profile: the release profile with fat LTO (Cargo.toml says what it gives).
 FROM deps AS build
 COPY . .
 # COPY keeps the sources' own timestamps, which may be older than the placeholder build: touch

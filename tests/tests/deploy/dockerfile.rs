@@ -11,6 +11,9 @@ pub(super) fn workspace_members() -> Vec<String> {
     line.split('"').skip(1).step_by(2).map(str::to_string).collect()
 }
 
+/// The binaries the two images ship, built by the Dockerfile.
+const IMAGE_BINS: [&str; 3] = ["smolvm-controller", "smolvm-webhook", "smolvm-runtime"];
+
 #[test]
 pub(super) fn dockerfile_builds_both_images_from_official_bases() {
     let dockerfile = read("Dockerfile");
@@ -53,7 +56,7 @@ pub(super) fn dockerfile_builds_both_images_from_official_bases() {
             "the deps stage must copy {member}/Cargo.toml"
         );
     }
-    for bin in ["smolvm-controller", "smolvm-webhook", "smolvm-runtime"] {
+    for bin in IMAGE_BINS {
         assert!(dockerfile.contains(&format!("--bin {bin}")), "{bin} is not built");
     }
     // The operator image runs as a non-root user; the runtime's root is documented.
@@ -76,7 +79,7 @@ pub(super) fn images_ship_the_dist_profile() {
     for line in builds {
         assert!(line.contains("--profile dist"), "not the dist profile: {line}");
     }
-    for bin in ["smolvm-controller", "smolvm-webhook", "smolvm-runtime"] {
+    for bin in IMAGE_BINS {
         assert!(
             dockerfile.contains(&format!("target/dist/{bin}")),
             "{bin} is not copied from target/dist"
