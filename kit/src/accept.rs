@@ -1,5 +1,5 @@
-//! Bounds on the connections of a TLS listener served by axum-server (the access API, the
-//! node API), before a byte of HTTP is read: anyone who reaches the port can open a TCP
+//! Bounds on the connections of a TLS listener (the access API and the node API, served by
+//! axum-server; the webhook, by its own accept loop), before a byte of HTTP is read: anyone who reaches the port can open a TCP
 //! connection, so [`Bounded`] wraps the listener's acceptor and
 //!
 //! - closes a connection at once when [`AcceptBounds::max_connections`] are open (the slot is

@@ -50,3 +50,35 @@ pub async fn floor_echo(body: axum::body::Bytes) -> axum::response::Response {
 pub fn floor_router() -> axum::Router {
     axum::Router::new().route("/echo", axum::routing::post(floor_echo))
 }
+
+/// Wraps a TLS acceptor: sets TCP_NODELAY on connections that negotiated HTTP/2, as
+/// smolvm-webhook does (see [`crate::listener`]).
+#[derive(Clone, Copy, Debug)]
+pub struct H2NoDelay<A>(pub A);
+
+impl<A, S> axum_server::accept::Accept<tokio::net::TcpStream, S> for H2NoDelay<A>
+where
+    A: axum_server::accept::Accept<
+            tokio::net::TcpStream,
+            S,
+            Stream = tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+        >,
+    A::Future: Send + 'static,
+    A::Service: Send + 'static,
+{
+    type Stream = A::Stream;
+    type Service = A::Service;
+    type Future = futures::future::BoxFuture<'static, std::io::Result<(Self::Stream, Self::Service)>>;
+
+    fn accept(&self, stream: tokio::net::TcpStream, service: S) -> Self::Future {
+        let accepted = self.0.accept(stream, service);
+        Box::pin(async move {
+            let (tls, service) = accepted.await?;
+            let (tcp, session) = tls.get_ref();
+            if session.alpn_protocol() == Some(b"h2") {
+                let _ = tcp.set_nodelay(true);
+            }
+            Ok((tls, service))
+        })
+    }
+}

@@ -1,8 +1,11 @@
-//! The mutating and validating admission webhook server (axum, axum-server, rustls).
+//! The mutating and validating admission webhook server (hyper, h2, rustls).
 //!
 //! - [`review`]: pure AdmissionReview v1 handling (parse, rules, encode), no I/O.
 //! - [`bodies`]: reader slots for request bodies still arriving (the longest-held displaced).
-//! - [`server`]: the HTTPS admission router and the plain ops router.
+//! - [`server`]: the admission service and the plain ops router.
+//! - [`listener`]: the admission service's TLS listener, its connections' bounds, HTTP/1.1 by
+//!   hyper, and the drain on shutdown.
+//! - [`http2`]: HTTP/2 admission connections, served on the `h2` crate.
 //! - [`state`]: policy handle, SmolVMNode catalog over a reflector store, readiness.
 //! - [`reload`]: policy and certificate file reloading.
 //! - [`metrics`]: Prometheus metrics.
@@ -16,6 +19,8 @@ pub mod bodies;
 pub mod cli;
 pub mod client;
 pub mod error;
+pub mod http2;
+pub mod listener;
 pub mod metrics;
 pub mod reload;
 pub mod review;

@@ -14,8 +14,9 @@ use smolvm_kit::selfsigned;
 use smolvm_webhook::{
     Error, Result,
     cli::{Args, RENAMED, TlsMode},
+    listener::serve_tls,
     reload,
-    server::{self, admission_service, serve_ops, serve_tls},
+    server::{self, admission_service, serve_ops},
     state::{AppState, ClassStore, PolicyHandle, PoolStore, StoreCatalog},
 };
 
@@ -238,24 +239,27 @@ async fn run(args: Args) -> Result<()> {
         .map_err(|source| Error::Serve { what: "ops", source })?;
     tracing::info!(listen = %args.listen, ops = %args.ops_address, mode = ?args.tls_mode, "serving");
 
-    let handle = axum_server::Handle::new();
+    // A signal stops both listeners; the webhook's then drains its connections.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    {
-        let handle = handle.clone();
-        tokio::spawn(async move {
-            smolvm_kit::shutdown::signal().await;
-            handle.graceful_shutdown(Some(Duration::from_secs(20)));
-            let _ = stop_tx.send(true);
-        });
-    }
-    let mut stop_rx2 = stop_rx.clone();
-    let ops = tokio::spawn(serve_ops(ops_listener, state.clone(), async move {
-        let _ = stop_rx2.wait_for(|s| *s).await;
-    }));
+    tokio::spawn(async move {
+        smolvm_kit::shutdown::signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    let ops = tokio::spawn(serve_ops(ops_listener, state.clone(), stopped(stop_rx.clone())));
     let streams = u32::try_from(state.max_concurrent_reviews).unwrap_or(u32::MAX);
     let metrics = state.metrics.clone();
-    let result = serve_tls(listener, admission_service(state), resolver, handle, streams, metrics).await;
+    let result = serve_tls(
+        listener,
+        admission_service(state),
+        resolver,
+        stopped(stop_rx),
+        streams,
+        metrics,
+    )
+    .await;
     let _ = ops.await;
-    drop(stop_rx);
     result
 }

@@ -1,6 +1,7 @@
-//! Thin I/O: the HTTPS admission router, the plain ops router, and serving them.
+//! Thin I/O: the admission service (reading a request's body within its bounds, the review, the
+//! answer) and the plain ops router. [`crate::listener`] serves the admission service over TLS.
 
-use std::{net::SocketAddr, sync::Arc, time::Duration, time::Instant};
+use std::{sync::Arc, time::Duration, time::Instant};
 
 use axum::{
     Router,
@@ -10,8 +11,6 @@ use axum::{
 use bytes::Bytes;
 use futures::FutureExt;
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioTimer;
-use smolvm_certs::ReloadableResolver;
 use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::{
@@ -20,11 +19,8 @@ use crate::{
     state::AppState,
 };
 
-/// How long a client may take over its TLS handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// How long an HTTP/1.1 connection may take to send a request's head (also how long a
-/// kept-alive connection may stay idle between requests).
+/// kept-alive connection may stay idle between requests), and an HTTP/2 connection its preface.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The longest a request's body may take to arrive, whatever `--body-timeout` says: the flag is
@@ -34,10 +30,10 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// An admission answer: a whole JSON body, sent as one frame.
-pub type Reply = Response<Full<Bytes>>;
+pub type Reply = Response<Bytes>;
 
 fn json_response(status: StatusCode, body: Vec<u8>) -> Reply {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+    let mut response = Response::new(Bytes::from(body));
     *response.status_mut() = status;
     response
         .headers_mut()
@@ -300,7 +296,7 @@ fn not_found() -> Reply {
     )
 }
 
-/// The admission endpoints, served as one service straight to hyper: `/mutate/smolvms`,
+/// The admission endpoints, over HTTP/2 ([`crate::http2`]) and HTTP/1.1 (hyper): `/mutate/smolvms`,
 /// `/validate/smolvms`, `/validate/smolvmnodes`, `/validate/smolvmclasses`,
 /// `/validate/smolvmpools` (any method reaches them, and is answered 405 unless POST); any other
 /// path is answered 404.
@@ -309,36 +305,45 @@ fn not_found() -> Reply {
 /// matched by comparing its path with five strings and goes through no router, method router,
 /// handler adapter, boxed route or middleware; the answer is a whole body in one frame. What a
 /// router's layers gave is done here: a panic while answering is caught and answered 500
-/// ([`panic_response`]), and no request waits unbounded (every wait is the body's, bounded by
+/// (`panic_response`), and no request waits unbounded (every wait is the body's, bounded by
 /// its timeouts and [`REQUEST_TIMEOUT`]; the review itself does not wait).
 #[derive(Clone)]
 pub struct Admission(Arc<AppState>);
 
+impl Admission {
+    /// The answer to one request, whichever protocol brought it.
+    pub async fn answer<B>(&self, request: Request<B>) -> Reply
+    where
+        B: HttpBody<Data = Bytes> + Unpin,
+        B::Error: std::fmt::Display,
+    {
+        match Route::ALL.into_iter().find(|r| r.path() == request.uri().path()) {
+            Some(route) => std::panic::AssertUnwindSafe(admit(&self.0, route, request))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(panic_response),
+            None => not_found(),
+        }
+    }
+}
+
+/// The service hyper's HTTP/1.1 connections call (and the in-process `handler` bench).
 impl<B> tower::Service<Request<B>> for Admission
 where
     B: HttpBody<Data = Bytes> + Send + Unpin + 'static,
     B::Error: std::fmt::Display,
 {
-    type Response = Reply;
+    type Response = Response<Full<Bytes>>;
     type Error = std::convert::Infallible;
-    type Future = futures::future::BoxFuture<'static, std::result::Result<Reply, Self::Error>>;
+    type Future = futures::future::BoxFuture<'static, std::result::Result<Self::Response, Self::Error>>;
 
     fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<std::result::Result<(), Self::Error>> {
         std::task::Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let state = self.0.clone();
-        Box::pin(async move {
-            let route = Route::ALL.into_iter().find(|r| r.path() == request.uri().path());
-            Ok(match route {
-                Some(route) => std::panic::AssertUnwindSafe(admit(&state, route, request))
-                    .catch_unwind()
-                    .await
-                    .unwrap_or_else(panic_response),
-                None => not_found(),
-            })
-        })
+        let admission = self.clone();
+        Box::pin(async move { Ok(admission.answer(request).await.map(Full::new)) })
     }
 }
 
@@ -368,115 +373,6 @@ impl smolvm_kit::ops::Probe for OpsProbe {
 /// The plain-HTTP ops router: `/healthz`, `/readyz`, `/metrics`.
 pub fn ops_router(state: AppState) -> Router {
     smolvm_kit::ops::router(Arc::new(OpsProbe(state))).layer(CatchPanicLayer::new())
-}
-
-/// Wraps a TLS acceptor: sets TCP_NODELAY on connections that negotiated HTTP/2.
-///
-/// An HTTP/2 answer often follows a small frame the connection flushed just before (a
-/// WINDOW_UPDATE for the request body), and Nagle's algorithm then holds the answer until the
-/// client's delayed ACK, up to 40 ms later. An HTTP/1.1 answer goes out in one write, and
-/// HTTP/1.1 connections keep the default (with TCP_NODELAY, a client still sending a body the
-/// server refused early, as with a 413, more often sees its write fail before it reads the
-/// answer).
-#[derive(Clone, Copy, Debug)]
-pub struct H2NoDelay<A>(pub A);
-
-impl<A, S> axum_server::accept::Accept<tokio::net::TcpStream, S> for H2NoDelay<A>
-where
-    A: axum_server::accept::Accept<
-            tokio::net::TcpStream,
-            S,
-            Stream = tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
-        >,
-    A::Future: Send + 'static,
-    A::Service: Send + 'static,
-{
-    type Stream = A::Stream;
-    type Service = A::Service;
-    type Future = futures::future::BoxFuture<'static, std::io::Result<(Self::Stream, Self::Service)>>;
-
-    fn accept(&self, stream: tokio::net::TcpStream, service: S) -> Self::Future {
-        let accepted = self.0.accept(stream, service);
-        Box::pin(async move {
-            let (tls, service) = accepted.await?;
-            let (tcp, session) = tls.get_ref();
-            if session.alpn_protocol() == Some(b"h2") {
-                // Best effort: a socket that refuses the option still serves, only slower.
-                let _ = tcp.set_nodelay(true);
-            }
-            Ok((tls, service))
-        })
-    }
-}
-
-/// Connections the webhook holds at once (the API servers keep a few, multiplexed over HTTP/2);
-/// more are closed at once, before a byte of TLS is read.
-pub const MAX_CONNECTIONS: usize = 1024;
-/// TLS handshakes in progress at once; more are closed at once.
-pub const MAX_HANDSHAKES: usize = 64;
-
-/// Serves `service` over TLS (HTTP/2 and HTTP/1.1 by ALPN) on `listener`, with the certificate
-/// from `resolver` (swapped in place on rotation), until `handle` shuts it down. Connections
-/// are bounded before they are read (`smolvm_kit::accept`): [`MAX_CONNECTIONS`] open,
-/// [`MAX_HANDSHAKES`] handshaking, each handshake within [`HANDSHAKE_TIMEOUT`]; the
-/// connections closed for it are counted in `metrics`.
-pub async fn serve_tls(
-    listener: std::net::TcpListener,
-    service: Admission,
-    resolver: Arc<ReloadableResolver>,
-    handle: axum_server::Handle<SocketAddr>,
-    max_streams: u32,
-    metrics: Arc<crate::metrics::Metrics>,
-) -> Result<()> {
-    listener.set_nonblocking(true).map_err(|source| Error::Serve {
-        what: "webhook",
-        source,
-    })?;
-    let config = smolvm_certs::server_config(resolver)?;
-    let tls = axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(config));
-    let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(tls).handshake_timeout(HANDSHAKE_TIMEOUT);
-    let mut server = axum_server::from_tcp(listener)
-        .map_err(|source| Error::Serve {
-            what: "webhook",
-            source,
-        })?
-        .acceptor(
-            smolvm_kit::accept::Bounded::new(
-                H2NoDelay(acceptor),
-                smolvm_kit::accept::AcceptBounds {
-                    max_connections: MAX_CONNECTIONS,
-                    max_handshakes: MAX_HANDSHAKES,
-                    handshake_timeout: HANDSHAKE_TIMEOUT,
-                },
-            )
-            .on_closed(Arc::new(move |why| metrics.observe_connection_closed(why.as_str()))),
-        )
-        .handle(handle);
-    {
-        let builder = server.http_builder();
-        // A connection's request head, and the next one on a kept-alive connection, within the
-        // header timeout (the API server sends a head at once); then the body's own bounds
-        // (see `read_body`).
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_READ_TIMEOUT);
-        // At most as many streams per connection as there are review slots: more could only
-        // be shed, and each open stream may buffer up to a window of body.
-        builder
-            .http2()
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(max_streams.max(1))
-            .keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_timeout(Duration::from_secs(10));
-    }
-    server
-        .serve(tower::make::Shared::new(service))
-        .await
-        .map_err(|source| Error::Serve {
-            what: "webhook",
-            source,
-        })
 }
 
 /// Serves the ops router over plain HTTP on `listener` until `shutdown` resolves.

@@ -1,8 +1,9 @@
 //! Benchmark-only: the parse-and-echo floor (SPEC section 9). An axum + axum-server + rustls
-//! server, configured exactly like smolvm-webhook's TLS (same `server_config`, ALPN h2 and
-//! http/1.1, TCP_NODELAY on HTTP/2 connections), whose handler only parses the AdmissionReview
-//! JSON and echoes the uid. Unlike smolvm-webhook it sets no header-read, request or body
-//! timeouts. Not deployed; used by `webhook/bench/run.sh`.
+//! server (hyper for both protocols, as an axum webhook would be), with smolvm-webhook's TLS
+//! (same `server_config`, ALPN h2 and http/1.1, TCP_NODELAY on HTTP/2 connections), whose
+//! handler only parses the AdmissionReview JSON and echoes the uid. Unlike smolvm-webhook it
+//! serves HTTP/2 through hyper rather than on `h2` directly, and sets no header-read, request or
+//! body timeouts. Not deployed; used by `webhook/bench/run.sh`.
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
@@ -34,7 +35,7 @@ fn main() -> std::process::ExitCode {
             args.listen,
             axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(config)),
         )
-        .map(smolvm_webhook::server::H2NoDelay)
+        .map(smolvm_webhook::bench_support::H2NoDelay)
         .serve(app.into_make_service())
         .await
         .map_err(|e| e.to_string())

@@ -10,7 +10,8 @@ use smolvm_api::{Policy, SmolVMNode, validate::Identity};
 use smolvm_certs::{CertificateAuthority, ReloadableResolver};
 use smolvm_webhook::{
     client::{self, Connection, Version},
-    server::{admission_service, serve_ops, serve_tls},
+    listener::serve_tls,
+    server::{admission_service, serve_ops},
     state::{AppState, PolicyHandle},
 };
 
@@ -34,7 +35,8 @@ pub struct Harness {
     pub ca: CertificateAuthority,
     pub resolver: Arc<ReloadableResolver>,
     pub state: AppState,
-    pub handle: axum_server::Handle<SocketAddr>,
+    /// Sending `true` shuts the webhook's listener down (its connections then drain).
+    pub shutdown: tokio::sync::watch::Sender<bool>,
 }
 
 impl Harness {
@@ -57,12 +59,14 @@ impl Harness {
         state.readiness.set_tls_loaded();
         let listener = ok(std::net::TcpListener::bind("127.0.0.1:0"));
         let addr = ok(listener.local_addr());
-        let handle = axum_server::Handle::new();
+        let (shutdown, mut stop) = tokio::sync::watch::channel(false);
         tokio::spawn(serve_tls(
             listener,
             admission_service(state.clone()),
             resolver.clone(),
-            handle.clone(),
+            async move {
+                let _ = stop.wait_for(|s| *s).await;
+            },
             streams,
             state.metrics.clone(),
         ));
@@ -75,7 +79,7 @@ impl Harness {
             ca,
             resolver,
             state,
-            handle,
+            shutdown,
         }
     }
 
