@@ -75,18 +75,19 @@ pub async fn serve_tls(
         tokio::select! {
             biased;
             () = &mut shutdown => break,
-            // Finished connections, reaped as they end.
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => match accepted {
                 Ok((tcp, _)) => {
                     backoff.succeeded();
+                    // Finished connections, reaped as new ones come.
+                    while connections.try_join_next().is_some() {}
                     let accepting = axum_server::accept::Accept::accept(&acceptor, tcp, ());
                     connections.spawn(serve_connection(accepting, service.clone(), http2, draining.clone()));
                 }
                 Err(error) => {
-                    let wait = backoff.failed();
-                    tracing::warn!(%error, retry_in = ?wait, "accepting a webhook connection failed");
-                    tokio::time::sleep(wait).await;
+                    if !backoff.failing() {
+                        tracing::warn!(%error, "accepting a webhook connection failed; backing off");
+                    }
+                    tokio::time::sleep(backoff.failed()).await;
                 }
             },
         }
@@ -107,6 +108,23 @@ pub async fn serve_tls(
     Ok(())
 }
 
+/// Whether the connection negotiated HTTP/2; if so, sets TCP_NODELAY on it.
+///
+/// An HTTP/2 answer often follows a small frame the connection flushed just before (a
+/// WINDOW_UPDATE for the request body), and Nagle's algorithm would then hold the answer until
+/// the client's delayed ACK, up to 40 ms later. An HTTP/1.1 answer goes out in one write, and
+/// those connections keep the default (with TCP_NODELAY, a client still sending a body refused
+/// early, as with a 413, more often sees its write fail before it reads the answer). Best
+/// effort: a socket that refuses it still serves, only slower.
+pub fn nodelay_if_http2(tls: &tokio_rustls::server::TlsStream<tokio::net::TcpStream>) -> bool {
+    let (tcp, session) = tls.get_ref();
+    let http2 = session.alpn_protocol() == Some(b"h2");
+    if http2 {
+        let _ = tcp.set_nodelay(true);
+    }
+    http2
+}
+
 /// A connection once its TLS handshake is done, holding its slot among [`MAX_CONNECTIONS`].
 type Connection = smolvm_kit::accept::Held<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>;
 
@@ -120,15 +138,7 @@ async fn serve_connection(
 ) {
     // A connection closed by a bound was counted and logged where it was closed.
     let Ok((stream, ())) = accepting.await else { return };
-    let (tcp, session) = stream.get_ref().get_ref();
-    if session.alpn_protocol() == Some(b"h2") {
-        // An HTTP/2 answer often follows a small frame the connection flushed just before (a
-        // WINDOW_UPDATE for the request body), and Nagle's algorithm would then hold the answer
-        // until the client's delayed ACK, up to 40 ms later. An HTTP/1.1 answer goes out in one
-        // write, and those connections keep the default (with TCP_NODELAY, a client still
-        // sending a body refused early, as with a 413, more often sees its write fail before it
-        // reads the answer). Best effort: a socket that refuses it still serves, only slower.
-        let _ = tcp.set_nodelay(true);
+    if nodelay_if_http2(stream.get_ref()) {
         return crate::http2::serve(stream, service, http2, draining).await;
     }
     let connection = hyper::server::conn::http1::Builder::new()
