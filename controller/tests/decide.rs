@@ -103,6 +103,17 @@ fn pass_in(
     room: Room,
     answers: Vec<Result<Option<MachineStatus>, Failure>>,
 ) -> (Vec<&'static str>, Outcome, Option<String>) {
+    pass_from(vm, health, room, Progress::default(), answers)
+}
+
+/// [`pass_in`] from `progress` (a warm claim's, whose create a pool's ready slot serves).
+fn pass_from(
+    vm: &SmolVM,
+    health: NodeHealth,
+    room: Room,
+    mut progress: Progress,
+    answers: Vec<Result<Option<MachineStatus>, Failure>>,
+) -> (Vec<&'static str>, Outcome, Option<String>) {
     let node = node();
     let observed = Observed {
         vm,
@@ -116,7 +127,6 @@ fn pass_in(
         now: Timestamp::now(),
         start_backoff: None,
     };
-    let mut progress = Progress::default();
     let mut answers = answers.into_iter();
     let mut calls = Vec::new();
     let mut recorded = None;
@@ -150,6 +160,35 @@ fn pass_in(
         }
     }
     panic!("the pass did not end: {calls:?}");
+}
+
+/// A warm claim's one event, ServedFromPool, names its node, machine and pool, so its binding
+/// (written in the same status write) publishes no Scheduled event of its own; a create that no
+/// pool served leaves the binding's event to tell where the VM went.
+#[test]
+fn only_a_create_a_pool_served_tells_its_binding() {
+    let vm = exposed(|_| {});
+    let running = machine(MachineState::Running);
+    for (served_from, tells) in [(Some("p"), true), (None, false)] {
+        let progress = Progress {
+            served_from: served_from.map(String::from),
+            ..Progress::default()
+        };
+        let answers = vec![Ok(None), Ok(Some(running.clone())), Ok(Some(running.clone()))];
+        let (calls, outcome, _) = pass_from(&vm, NodeHealth::Healthy, Room::default(), progress, answers);
+        assert_eq!(calls.first(), Some(&"GetMachine"), "{served_from:?}");
+        assert_eq!(
+            outcome.tells_binding(),
+            tells,
+            "{served_from:?}: {:?}",
+            reasons(&outcome)
+        );
+        if tells {
+            assert_eq!(reasons(&outcome), ["ServedFromPool"]);
+            let note = &outcome.events[0].note;
+            assert!(note.contains(NODE) && note.contains("pool p"), "{note}");
+        }
+    }
 }
 
 /// The endpoint's readiness in the last EndpointSlice the pass writes; `None` without one.

@@ -11,8 +11,13 @@
 //!
 //! Prints: creation→Running p50 and p99 (from the answer to each create to the moment a watch sees
 //! the SmolVM Running), how many were served warm, SmolVM writes and events per claim by the
-//! operator (kube-apiserver's own request counters), the refill time (from the last claim Running
+//! operator (kube-apiserver's own request counters), the mean time kube-apiserver took for each
+//! kind of request the claims made, the refill time (from the last claim Running
 //! until the pool's status counts every slot ready again), and the controller's peak RSS.
+//! Then the floor (unless POOL_FLOOR=0): the same number of creates, by the same clients, each
+//! followed at once by the one status write a warm claim costs, made by the benchmark itself as the
+//! controller's identity (the controller stopped): what the API server alone gives, which no
+//! operator goes below on this machine.
 //! Figures are printed, never asserted. Environment: POOL_NODES (20), POOL_SLOTS (50),
 //! POOL_CLAIMS (1000), POOL_CONCURRENCY (20), POOL_WAIT (1), POOL_HEARTBEAT_SECS (10, the
 //! agent's default heartbeat interval: the simulated nodes report their pools that often).
@@ -26,15 +31,16 @@ use std::{
 use anyhow::anyhow;
 use futures::{StreamExt, TryStreamExt, stream};
 use kube::{
-    Api,
+    Api, ResourceExt,
     api::PostParams,
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
-use smolvm_api::{Phase, SmolVM, SmolVMPool, constants};
+use smolvm_api::{Phase, SmolVM, SmolVMPool, SmolVMStatus, constants};
 use smolvm_tests::{
     assets,
-    simnodes::{self, api_writes, env_usize, peak_rss_mib},
+    env::SA_CONTROLLER,
+    simnodes::{self, api_request_seconds, api_requests, env_usize, peak_rss_mib},
 };
 
 fn main() -> anyhow::Result<()> {
@@ -52,13 +58,90 @@ fn percentile(values: &[Duration], q: f64) -> f64 {
     values[index.min(values.len() - 1)].as_secs_f64() * 1000.0
 }
 
+/// From each create's answer (`created`) to its SmolVM first seen Running, sorted.
+fn since_created(created: &HashMap<String, Instant>, running: &Mutex<HashMap<String, Instant>>) -> Vec<Duration> {
+    let running = running.lock().unwrap_or_else(|e| e.into_inner());
+    let mut latencies: Vec<Duration> = created
+        .iter()
+        .filter_map(|(name, at)| running.get(name).map(|r| r.saturating_duration_since(*at)))
+        .collect();
+    latencies.sort();
+    latencies
+}
+
+/// The clients waiting for their SmolVM to run, by name.
+type Waiting = Arc<Mutex<HashMap<String, tokio::sync::oneshot::Sender<()>>>>;
+
+/// The benchmark's clients: each makes SmolVMs naming the pool, one after another.
+struct Clients<'a> {
+    vms: &'a Api<SmolVM>,
+    waiting: &'a Waiting,
+    /// How many clients.
+    concurrency: usize,
+    /// Whether each waits for its SmolVM to run before it makes the next.
+    wait: bool,
+}
+
+/// The floor's status write: the status of a SmolVM the controller served, written as the
+/// controller's identity (`api`), with the new SmolVM's own machine name.
+struct Floor {
+    api: Api<SmolVM>,
+    status: SmolVMStatus,
+}
+
+impl Clients<'_> {
+    /// Makes `claims` SmolVMs named `<prefix>-NNNNN` naming the pool; returns when each create
+    /// was answered. With `floor`, each client writes its SmolVM's status itself, at once, as
+    /// the controller would after its pass.
+    async fn claim(
+        &self,
+        prefix: &str,
+        claims: usize,
+        floor: Option<&Floor>,
+    ) -> anyhow::Result<HashMap<String, Instant>> {
+        let created: Vec<anyhow::Result<(String, Instant)>> = stream::iter(0..claims)
+            .map(|i| async move {
+                let name = format!("{prefix}-{i:05}");
+                let vm: SmolVM = serde_json::from_value(json!({
+                    "apiVersion": constants::API_VERSION, "kind": "SmolVM",
+                    "metadata": {"name": name},
+                    "spec": {"poolRef": {"name": "bench"}, "env": [{"name": "JOB", "value": i.to_string()}]},
+                }))?;
+                let (tx, ran) = tokio::sync::oneshot::channel();
+                if self.wait {
+                    self.waiting
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(name.clone(), tx);
+                }
+                let mut vm = self.vms.create(&PostParams::default(), &vm).await?;
+                let at = Instant::now();
+                if let Some(floor) = floor {
+                    let mut status = floor.status.clone();
+                    status.machine_name = vm.uid().map(|uid| format!("svm-{uid}"));
+                    vm.status = Some(status);
+                    vm.metadata.managed_fields = None;
+                    floor.api.replace_status(&name, &PostParams::default(), &vm).await?;
+                }
+                if self.wait && tokio::time::timeout(Duration::from_secs(120), ran).await.is_err() {
+                    return Err(anyhow!("{name} not Running 120 s after its create"));
+                }
+                Ok((name, at))
+            })
+            .buffer_unordered(self.concurrency)
+            .collect()
+            .await;
+        created.into_iter().collect()
+    }
+}
+
 async fn run(assets: assets::Assets) -> anyhow::Result<()> {
     let nodes_n = env_usize("POOL_NODES", 20);
     let slots = env_usize("POOL_SLOTS", 50);
     let claims = env_usize("POOL_CLAIMS", 1000);
     let concurrency = env_usize("POOL_CONCURRENCY", 20);
     let wait = env_usize("POOL_WAIT", 1) != 0;
-    let plane = simnodes::control_plane(&assets, "pool").await?;
+    let mut plane = simnodes::control_plane(&assets, "pool").await?;
     let (admin, controller_pid) = (plane.admin.clone(), plane.controller_pid);
 
     // The simulated nodes report their pools with their heartbeats, at the agent's default
@@ -107,7 +190,7 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
     let running: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let bound: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     // The clients waiting for their SmolVM to run.
-    let waiting: Arc<Mutex<HashMap<String, tokio::sync::oneshot::Sender<()>>>> = Arc::default();
+    let waiting: Waiting = Arc::default();
     let watch = tokio::spawn({
         let (vms, running, bound, waiting) = (vms.clone(), running.clone(), bound.clone(), waiting.clone());
         async move {
@@ -133,7 +216,8 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
         }
     });
 
-    let before = api_writes(&admin).await?;
+    let before = api_requests(&admin).await?;
+    let seconds_before = api_request_seconds(&admin).await?;
     // POOL_APISERVER_PROFILE=FILE: kube-apiserver's CPU profile (pprof) of 5 s of the claims.
     let profile = std::env::var_os("POOL_APISERVER_PROFILE").map(|file| {
         let admin = admin.clone();
@@ -149,35 +233,13 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
         })
     });
     let started = Instant::now();
-    let created: Vec<anyhow::Result<(String, Instant)>> = stream::iter(0..claims)
-        .map(|i| {
-            let (vms, waiting) = (vms.clone(), waiting.clone());
-            async move {
-                let name = format!("claim-{i:05}");
-                let vm: SmolVM = serde_json::from_value(json!({
-                    "apiVersion": constants::API_VERSION, "kind": "SmolVM",
-                    "metadata": {"name": name},
-                    "spec": {"poolRef": {"name": "bench"}, "env": [{"name": "JOB", "value": i.to_string()}]},
-                }))?;
-                let (tx, ran) = tokio::sync::oneshot::channel();
-                if wait {
-                    waiting
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(name.clone(), tx);
-                }
-                vms.create(&PostParams::default(), &vm).await?;
-                let at = Instant::now();
-                if wait && tokio::time::timeout(Duration::from_secs(120), ran).await.is_err() {
-                    return Err(anyhow!("{name} not Running 120 s after its create"));
-                }
-                Ok((name, at))
-            }
-        })
-        .buffer_unordered(concurrency)
-        .collect()
-        .await;
-    let created: HashMap<String, Instant> = created.into_iter().collect::<anyhow::Result<_>>()?;
+    let clients = Clients {
+        vms: &vms,
+        waiting: &waiting,
+        concurrency,
+        wait,
+    };
+    let created = clients.claim("claim", claims, None).await?;
     let all_created = started.elapsed();
     loop {
         let done = running.lock().unwrap_or_else(|e| e.into_inner()).len();
@@ -194,15 +256,9 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
         profile.await??;
     }
     let peak_at_claims = peak_rss_mib(controller_pid);
-    let after = api_writes(&admin).await?;
-    let mut latencies: Vec<Duration> = {
-        let running = running.lock().unwrap_or_else(|e| e.into_inner());
-        created
-            .iter()
-            .filter_map(|(name, at)| running.get(name).map(|r| r.saturating_duration_since(*at)))
-            .collect()
-    };
-    latencies.sort();
+    let after = api_requests(&admin).await?;
+    let seconds_after = api_request_seconds(&admin).await?;
+    let latencies = since_created(&created, &running);
     // The two halves of each claim: from its create to its binding, and from its binding to Running.
     let (mut to_bound, mut to_running): (Vec<Duration>, Vec<Duration>) = {
         let (running, bound) = (
@@ -260,7 +316,7 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
         per(status_writes),
         per(delta("events"))
     );
-    // Every write the API server took during the claims, by resource, verb and code: its CPU
+    // Every request the API server took during the claims, by resource, verb and code: its CPU
     // is what a claim waits for on a machine this small.
     let mut breakdown: Vec<(&String, f64)> = after
         .keys()
@@ -271,9 +327,21 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
     breakdown.sort_by(|a, b| a.0.cmp(b.0));
     let shown: Vec<String> = breakdown.iter().map(|(k, n)| format!("{k}: {n:.0}")).collect();
     println!(
-        "pool:   API writes during the claims (everyone's): {}",
+        "pool:   API requests during the claims (everyone's, watches aside): {}",
         shown.join(", ")
     );
+    // How long each kind of request took in kube-apiserver, on average: a claim's create and its
+    // status write wait there for the same CPU as everyone's events.
+    let mut times: Vec<String> = seconds_after
+        .iter()
+        .filter_map(|(k, (sum, count))| {
+            let (sum0, count0) = seconds_before.get(k).copied().unwrap_or_default();
+            let n = count - count0;
+            (n >= claims as f64 / 2.0).then(|| format!("{k} {:.1} ms", (sum - sum0) / n * 1000.0))
+        })
+        .collect();
+    times.sort();
+    println!("pool:   mean time in kube-apiserver by request: {}", times.join(", "));
     while ready_slots().await? != Some(total) {
         if all_running.elapsed() > Duration::from_secs(300) {
             return Err(anyhow!("the pool not refilled after 5 minutes"));
@@ -286,6 +354,30 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
         heartbeat.as_secs()
     );
     println!("pool:   controller at {claims} claims: {peak_at_claims} (target <= 100 MiB)");
+
+    // The floor: what the same API server gives the same creates when each is followed at once by
+    // the one status write a warm claim costs, made by the benchmark as the controller's identity
+    // from a served claim's status; no controller pass, node call or event. What the controller
+    // adds is the difference; what no operator can go below on this machine is the floor.
+    if env_usize("POOL_FLOOR", 1) != 0 {
+        plane.env.kill_controller();
+        let served = vms.get("claim-00000").await?;
+        let status = served.status.ok_or_else(|| anyhow!("claim-00000 has no status"))?;
+        let (controller, _) = plane.env.service_account_client(SA_CONTROLLER).await?;
+        let floor = Floor {
+            api: Api::namespaced(controller, "default"),
+            status,
+        };
+        let started = Instant::now();
+        let created = clients.claim("floor", claims, Some(&floor)).await?;
+        let latencies = since_created(&created, &running);
+        println!(
+            "pool:   floor, {claims} creates each followed by its one status write by the benchmark (no controller, node call or event): all Running after {:.1}s; creation->Running p50 {:.1} ms, p99 {:.1} ms",
+            started.elapsed().as_secs_f64(),
+            percentile(&latencies, 0.5),
+            percentile(&latencies, 0.99),
+        );
+    }
     watch.abort();
     beat.abort();
     drop(sim);

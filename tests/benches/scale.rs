@@ -26,7 +26,7 @@ use serde_json::json;
 use smolvm_api::{SmolVM, constants};
 use smolvm_tests::{
     assets,
-    simnodes::{self, api_writes as writes, env_usize, peak_rss_mib},
+    simnodes::{self, api_requests as writes, env_usize, peak_rss_mib},
 };
 
 fn main() -> anyhow::Result<()> {

@@ -192,45 +192,85 @@ pub async fn heartbeat(admin: &Client, nodes: &[SimNode]) {
     }
 }
 
-/// Writes (POST, PUT, PATCH, DELETE) kube-apiserver has served, by resource (`smolvms`,
-/// `smolvms/status`, `events`, …; `<resource> <verb> <code>` for the breakdown). Only 2xx count in
-/// the totals.
-pub async fn api_writes(admin: &Client) -> anyhow::Result<HashMap<String, f64>> {
-    let text = admin
-        .request_text(http::Request::get("/metrics").body(Vec::new())?)
-        .await?;
+/// The requests kube-apiserver has served, from its `apiserver_request_total`: writes (POST, PUT,
+/// PATCH, APPLY, DELETE) that took effect (2xx) by resource (`smolvms`, `smolvms/status`, `events`,
+/// …), and every write and read (GET, LIST; not WATCH, which stays open) by `<resource> <verb>
+/// <code>`, for the breakdown.
+pub async fn api_requests(admin: &Client) -> anyhow::Result<HashMap<String, f64>> {
+    let text = metrics_text(admin).await?;
     let mut by_resource = HashMap::new();
-    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
-        let Some((labels, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let label = |k: &str| {
-            labels
-                .split(&format!("{k}=\""))
-                .nth(1)
-                .and_then(|r| r.split('"').next())
-                .unwrap_or_default()
-                .to_string()
-        };
+    for (labels, value) in samples(&text, "apiserver_request_total") {
         // Server-side apply counts as its own verb, APPLY (the heartbeats' SmolVMNode writes).
-        if !matches!(label("verb").as_str(), "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE") {
+        let verb = label(labels, "verb");
+        let write = matches!(verb, "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE");
+        if !write && !matches!(verb, "GET" | "LIST") {
             continue;
         }
-        let key = match label("subresource").as_str() {
-            "" => label("resource"),
-            sub => format!("{}/{sub}", label("resource")),
-        };
-        let value = value.parse::<f64>().unwrap_or(0.0);
+        let key = resource_key(labels);
+        let code = label(labels, "code");
         // Totals count the writes that took effect; refused ones show in the breakdown.
-        if label("code").starts_with('2') {
+        if write && code.starts_with('2') {
             *by_resource.entry(key.clone()).or_insert(0.0) += value;
         }
         // The same by verb and code, for the breakdown (409s are retried binds).
-        *by_resource
-            .entry(format!("{key} {} {}", label("verb"), label("code")))
-            .or_insert(0.0) += value;
+        *by_resource.entry(format!("{key} {verb} {code}")).or_insert(0.0) += value;
     }
     Ok(by_resource)
+}
+
+/// The time kube-apiserver spent serving requests (`apiserver_request_duration_seconds`, watches
+/// aside), by `<resource> <verb>`: the seconds in all and how many requests.
+pub async fn api_request_seconds(admin: &Client) -> anyhow::Result<HashMap<String, (f64, f64)>> {
+    let text = metrics_text(admin).await?;
+    let mut by_request: HashMap<String, (f64, f64)> = HashMap::new();
+    for (name, sum) in [
+        ("apiserver_request_duration_seconds_sum", true),
+        ("apiserver_request_duration_seconds_count", false),
+    ] {
+        for (labels, value) in samples(&text, name) {
+            let key = format!("{} {}", resource_key(labels), label(labels, "verb"));
+            let entry = by_request.entry(key).or_default();
+            if sum {
+                entry.0 += value;
+            } else {
+                entry.1 += value;
+            }
+        }
+    }
+    Ok(by_request)
+}
+
+/// kube-apiserver's metrics, as text.
+async fn metrics_text(admin: &Client) -> anyhow::Result<String> {
+    Ok(admin
+        .request_text(http::Request::get("/metrics").body(Vec::new())?)
+        .await?)
+}
+
+/// The samples of metric `name` in `text`: each one's labels (what the braces hold) and value.
+fn samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, f64)> + 'a {
+    text.lines().filter_map(move |line| {
+        let rest = line.strip_prefix(name)?.strip_prefix('{')?;
+        let (labels, value) = rest.rsplit_once(' ')?;
+        Some((labels, value.parse::<f64>().unwrap_or(0.0)))
+    })
+}
+
+/// The value of label `key` in a sample's `labels`, or "".
+fn label<'a>(labels: &'a str, key: &str) -> &'a str {
+    labels
+        .split(&format!("{key}=\""))
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap_or_default()
+}
+
+/// A request's resource, with its subresource if any (`smolvms/status`).
+fn resource_key(labels: &str) -> String {
+    match label(labels, "subresource") {
+        "" => label(labels, "resource").to_string(),
+        sub => format!("{}/{sub}", label(labels, "resource")),
+    }
 }
 
 /// A process's peak and current resident memory, as `/proc` reports them.

@@ -191,7 +191,7 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
     if warm {
         return claim(pass, bound, &node, note).await;
     }
-    match report::write_binding(ctx, api, uid, (&node, &note), bound).await? {
+    match report::write_binding(ctx, api, uid, (&node, Some(&note)), bound).await? {
         // The same pass goes on against the node it bound to, from the object the API server
         // answered with, rather than waiting for its own write to come back through the watch.
         Ok(bound) => {

@@ -213,6 +213,15 @@ pub struct Outcome {
     pub hold: Option<Hold>,
 }
 
+impl Outcome {
+    /// Whether the pass's own events tell where the VM was bound, so that a binding written with
+    /// this outcome needs no Scheduled event of its own: a warm claim's ServedFromPool names the
+    /// node, the machine and the pool (one event per warm claim, not two).
+    pub fn tells_binding(&self) -> bool {
+        self.events.iter().any(|e| e.reason == reason::SERVED_FROM_POOL)
+    }
+}
+
 /// An event to publish.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Note {

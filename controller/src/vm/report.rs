@@ -42,7 +42,8 @@ pub async fn report(
 
 /// Reports the first pass of a warm claim (`act::claim`), whose binding (`bound`, the SmolVM
 /// as the pass read it with its binding status) is not written yet: the binding and the outcome
-/// go in one status write ([`write_binding`]).
+/// go in one status write ([`write_binding`]). The binding's own event is left out when the
+/// pass's events already tell it ([`Outcome::tells_binding`]).
 pub async fn report_binding(
     ctx: &Context,
     api: &Api<SmolVM>,
@@ -53,7 +54,9 @@ pub async fn report_binding(
 ) -> Result<Action, Error> {
     expose(ctx, &bound, &mut outcome).await;
     bound.status = Some(outcome.status.clone());
-    let written = match write_binding(ctx, api, uid, binding, bound).await? {
+    let (node, note) = binding;
+    let note = (!outcome.tells_binding()).then_some(note);
+    let written = match write_binding(ctx, api, uid, (node, note), bound).await? {
         Ok(written) => written,
         Err(next) => return Ok(next),
     };
@@ -65,14 +68,14 @@ pub async fn report_binding(
 
 /// Writes a binding to `node`: `bound` is the SmolVM as the pass read it, with its binding
 /// status, written with its resourceVersion as precondition, as a binding always is. Written,
-/// it is booked on the node and its event (`note`) published, and the object the API server
+/// it is booked on the node and its event (`note`, if any) published, and the object the API server
 /// answered comes back; refused, its reservation goes and what the pass does next comes back
 /// (after a conflict, someone changed the object first: it looks again shortly).
 pub async fn write_binding(
     ctx: &Context,
     api: &Api<SmolVM>,
     uid: &str,
-    (node, note): (&str, &Note),
+    (node, note): (&str, Option<&Note>),
     bound: SmolVM,
 ) -> Result<Result<SmolVM, Action>, Error> {
     match api
@@ -82,7 +85,9 @@ pub async fn write_binding(
         Ok(written) => {
             ctx.superseded.replaced(uid, bound.resource_version().as_deref());
             ctx.ledger.observe_vm(uid, node, &written);
-            publish(ctx, &bound, note).await;
+            if let Some(note) = note {
+                publish(ctx, &bound, note).await;
+            }
             Ok(Ok(written))
         }
         Err(error) => {

@@ -391,7 +391,7 @@ async fn claims(env: &mut Env, double: &DoubleHandle) -> anyhow::Result<()> {
     }
     println!("    5 claims while refill was held: 3 served warm from the slots, 2 created cold");
     // A warm claim's binding rides on its one status write: none of its versions is bound
-    // without running, and its Scheduled event still tells the binding.
+    // without running, and its one event, ServedFromPool, tells the binding (no Scheduled).
     for (i, _) in &warm {
         let name = format!("claim-{i}");
         let phases = bound_versions.phases(&name);
@@ -399,10 +399,24 @@ async fn claims(env: &mut Env, double: &DoubleHandle) -> anyhow::Result<()> {
             phases.first() == Some(&Some(smolvm_api::Phase::Running)),
             "{name} (served warm) was bound and Running in one write; its bound versions' phases: {phases:?}"
         );
-        crate::expect_event(env, &name, "Scheduled").await?;
-        crate::expect_event(env, &name, constants::reason::SERVED_FROM_POOL).await?;
+        let served = crate::expect_event(env, &name, constants::reason::SERVED_FROM_POOL).await?;
         // The controller's client names itself, so its status write is attributed to it.
         let stored = Api::<SmolVM>::namespaced(env.admin().await?, NS).get(&name).await?;
+        let node = stored.bound_node().unwrap_or_default().to_string();
+        let note = served.note.unwrap_or_default();
+        ensure!(
+            !node.is_empty() && note.contains(&node),
+            "{name}'s ServedFromPool event names its node {node:?}: {note}"
+        );
+        let reasons: Vec<String> = crate::events_for(env, &name)
+            .await?
+            .into_iter()
+            .filter_map(|e| e.reason)
+            .collect();
+        ensure!(
+            !reasons.iter().any(|r| r == "Scheduled"),
+            "{name} (served warm) has one event for its claim, not a Scheduled one too: {reasons:?}"
+        );
         let managers: Vec<(Option<String>, Option<String>)> = stored
             .metadata
             .managed_fields
