@@ -39,7 +39,7 @@ use serde_json::json;
 use smolvm_api::{Phase, SmolVM, SmolVMPool, SmolVMStatus, constants};
 use smolvm_tests::{
     assets,
-    env::SA_CONTROLLER,
+    env::{Env, SA_CONTROLLER},
     simnodes::{self, api_request_seconds, api_requests, env_usize, peak_rss_mib},
 };
 
@@ -135,6 +135,144 @@ impl Clients<'_> {
     }
 }
 
+/// When each SmolVM was first seen bound to a node, and first seen Running, by name.
+#[derive(Default)]
+struct Seen {
+    running: Mutex<HashMap<String, Instant>>,
+    bound: Mutex<HashMap<String, Instant>>,
+}
+
+impl Seen {
+    /// Watches the namespace's SmolVMs, noting what [`Seen`] holds and telling each waiting
+    /// client when its SmolVM runs.
+    fn watch(vms: &Api<SmolVM>, waiting: &Waiting) -> (Arc<Seen>, tokio::task::JoinHandle<()>) {
+        let seen = Arc::new(Seen::default());
+        let task = tokio::spawn({
+            let (vms, seen, waiting) = (vms.clone(), seen.clone(), waiting.clone());
+            async move {
+                let mut events = watcher(vms, watcher::Config::default()).applied_objects().boxed();
+                while let Ok(Some(vm)) = events.try_next().await {
+                    let name = vm.metadata.name.clone().unwrap_or_default();
+                    let status = vm.status.as_ref();
+                    if status.and_then(|s| s.node_name.as_ref()).is_some() {
+                        let mut bound = seen.bound.lock().unwrap_or_else(|e| e.into_inner());
+                        bound.entry(name.clone()).or_insert_with(Instant::now);
+                    }
+                    if status.and_then(|s| s.phase) == Some(Phase::Running) {
+                        let mut running = seen.running.lock().unwrap_or_else(|e| e.into_inner());
+                        running.entry(name.clone()).or_insert_with(Instant::now);
+                        if let Some(client) = waiting.lock().unwrap_or_else(|e| e.into_inner()).remove(&name) {
+                            let _ = client.send(());
+                        }
+                    }
+                }
+            }
+        });
+        (seen, task)
+    }
+}
+
+/// Seconds kube-apiserver spent on each kind of request, and how many ([`api_request_seconds`]).
+type Seconds = HashMap<String, (f64, f64)>;
+
+/// Every request the API server took during the claims (`before` and `after` them), by
+/// resource, verb and code, and each kind's mean time there: its CPU is what a claim waits for
+/// on a machine this small, with everyone's events.
+fn print_requests(
+    claims: usize,
+    (before, after): (&HashMap<String, f64>, &HashMap<String, f64>),
+    (seconds_before, seconds_after): (&Seconds, &Seconds),
+) {
+    let delta = |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
+    let mut breakdown: Vec<(&String, f64)> = after
+        .keys()
+        .filter(|k| k.contains(' '))
+        .map(|k| (k, delta(k)))
+        .filter(|(_, n)| *n > 0.0)
+        .collect();
+    breakdown.sort_by(|a, b| a.0.cmp(b.0));
+    let shown: Vec<String> = breakdown.iter().map(|(k, n)| format!("{k}: {n:.0}")).collect();
+    println!(
+        "pool:   API requests during the claims (everyone's, watches aside): {}",
+        shown.join(", ")
+    );
+    let mut times: Vec<String> = seconds_after
+        .iter()
+        .filter_map(|(k, (sum, count))| {
+            let (sum0, count0) = seconds_before.get(k).copied().unwrap_or_default();
+            let n = count - count0;
+            (n >= claims as f64 / 2.0).then(|| format!("{k} {:.1} ms", (sum - sum0) / n * 1000.0))
+        })
+        .collect();
+    times.sort();
+    println!("pool:   mean time in kube-apiserver by request: {}", times.join(", "));
+}
+
+/// The floor: what the same API server gives the same creates when each is followed at once by
+/// the one status write a warm claim costs, made by the benchmark as the controller's identity
+/// from a served claim's status (the controller stopped first); no controller pass, node call or
+/// event. What the controller adds is the difference; no operator that writes once per claim
+/// goes below the floor on this machine.
+async fn floor(
+    env: &mut Env,
+    clients: &Clients<'_>,
+    seen: &Mutex<HashMap<String, Instant>>,
+    claims: usize,
+) -> anyhow::Result<()> {
+    env.kill_controller();
+    let served = clients.vms.get("claim-00000").await?;
+    let status = served.status.ok_or_else(|| anyhow!("claim-00000 has no status"))?;
+    let (controller, _) = env.service_account_client(SA_CONTROLLER).await?;
+    let floor = Floor {
+        api: Api::namespaced(controller, "default"),
+        status,
+    };
+    let started = Instant::now();
+    let created = clients.claim("floor", claims, Some(&floor)).await?;
+    let latencies = since_created(&created, seen);
+    println!(
+        "pool:   floor, {claims} creates each followed by its one status write by the benchmark (no controller, node call or event): all Running after {:.1}s; creation->Running p50 {:.1} ms, p99 {:.1} ms",
+        started.elapsed().as_secs_f64(),
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.99),
+    );
+    Ok(())
+}
+
+/// POOL_APISERVER_PROFILE=FILE: kube-apiserver's CPU profile (pprof) of 5 s of the claims,
+/// from 2 s after they start.
+fn apiserver_profile(admin: &kube::Client, file: std::ffi::OsString) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+    let admin = admin.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let request = http::Request::get("/debug/pprof/profile?seconds=5").body(Vec::new())?;
+        let mut bytes = admin.request_stream(request).await?;
+        let mut out = Vec::new();
+        futures::AsyncReadExt::read_to_end(&mut bytes, &mut out).await?;
+        std::fs::write(&file, out)?;
+        Ok(())
+    })
+}
+
+/// The two halves of each claim, sorted: from its create to its binding, and from its binding
+/// to Running.
+fn halves(created: &HashMap<String, Instant>, seen: &Seen) -> (Vec<Duration>, Vec<Duration>) {
+    let (running, bound) = (
+        seen.running.lock().unwrap_or_else(|e| e.into_inner()),
+        seen.bound.lock().unwrap_or_else(|e| e.into_inner()),
+    );
+    let (mut to_bound, mut to_running): (Vec<Duration>, Vec<Duration>) = created
+        .iter()
+        .filter_map(|(name, at)| {
+            let (b, r) = (bound.get(name)?, running.get(name)?);
+            Some((b.saturating_duration_since(*at), r.saturating_duration_since(*b)))
+        })
+        .unzip();
+    to_bound.sort();
+    to_running.sort();
+    (to_bound, to_running)
+}
+
 async fn run(assets: assets::Assets) -> anyhow::Result<()> {
     let nodes_n = env_usize("POOL_NODES", 20);
     let slots = env_usize("POOL_SLOTS", 50);
@@ -185,53 +323,15 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
         peak_rss_mib(controller_pid)
     );
 
-    // A watch notes when each SmolVM is first seen bound to a node, and first seen Running.
     let vms: Api<SmolVM> = Api::namespaced(admin.clone(), "default");
-    let running: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let bound: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     // The clients waiting for their SmolVM to run.
     let waiting: Waiting = Arc::default();
-    let watch = tokio::spawn({
-        let (vms, running, bound, waiting) = (vms.clone(), running.clone(), bound.clone(), waiting.clone());
-        async move {
-            let mut events = watcher(vms, watcher::Config::default()).applied_objects().boxed();
-            while let Ok(Some(vm)) = events.try_next().await {
-                let name = vm.metadata.name.clone().unwrap_or_default();
-                let status = vm.status.as_ref();
-                if status.and_then(|s| s.node_name.as_ref()).is_some() {
-                    let mut bound = bound.lock().unwrap_or_else(|e| e.into_inner());
-                    bound.entry(name.clone()).or_insert_with(Instant::now);
-                }
-                if status.and_then(|s| s.phase) == Some(Phase::Running) {
-                    running
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .entry(name.clone())
-                        .or_insert_with(Instant::now);
-                    if let Some(client) = waiting.lock().unwrap_or_else(|e| e.into_inner()).remove(&name) {
-                        let _ = client.send(());
-                    }
-                }
-            }
-        }
-    });
+    let (seen, watch) = Seen::watch(&vms, &waiting);
+    let running = &seen.running;
 
     let before = api_requests(&admin).await?;
     let seconds_before = api_request_seconds(&admin).await?;
-    // POOL_APISERVER_PROFILE=FILE: kube-apiserver's CPU profile (pprof) of 5 s of the claims.
-    let profile = std::env::var_os("POOL_APISERVER_PROFILE").map(|file| {
-        let admin = admin.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            let request = http::Request::get("/debug/pprof/profile?seconds=5").body(Vec::new())?;
-            let bytes = admin.request_stream(request).await?;
-            let mut bytes = bytes;
-            let mut out = Vec::new();
-            futures::AsyncReadExt::read_to_end(&mut bytes, &mut out).await?;
-            std::fs::write(&file, out)?;
-            Ok::<_, anyhow::Error>(())
-        })
-    });
+    let profile = std::env::var_os("POOL_APISERVER_PROFILE").map(|file| apiserver_profile(&admin, file));
     let started = Instant::now();
     let clients = Clients {
         vms: &vms,
@@ -258,23 +358,8 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
     let peak_at_claims = peak_rss_mib(controller_pid);
     let after = api_requests(&admin).await?;
     let seconds_after = api_request_seconds(&admin).await?;
-    let latencies = since_created(&created, &running);
-    // The two halves of each claim: from its create to its binding, and from its binding to Running.
-    let (mut to_bound, mut to_running): (Vec<Duration>, Vec<Duration>) = {
-        let (running, bound) = (
-            running.lock().unwrap_or_else(|e| e.into_inner()),
-            bound.lock().unwrap_or_else(|e| e.into_inner()),
-        );
-        created
-            .iter()
-            .filter_map(|(name, at)| {
-                let (b, r) = (bound.get(name)?, running.get(name)?);
-                Some((b.saturating_duration_since(*at), r.saturating_duration_since(*b)))
-            })
-            .unzip()
-    };
-    to_bound.sort();
-    to_running.sort();
+    let latencies = since_created(&created, running);
+    let (to_bound, to_running) = halves(&created, &seen);
     let warm: u32 = sim
         .nodes
         .iter()
@@ -316,32 +401,7 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
         per(status_writes),
         per(delta("events"))
     );
-    // Every request the API server took during the claims, by resource, verb and code: its CPU
-    // is what a claim waits for on a machine this small.
-    let mut breakdown: Vec<(&String, f64)> = after
-        .keys()
-        .filter(|k| k.contains(' '))
-        .map(|k| (k, delta(k)))
-        .filter(|(_, n)| *n > 0.0)
-        .collect();
-    breakdown.sort_by(|a, b| a.0.cmp(b.0));
-    let shown: Vec<String> = breakdown.iter().map(|(k, n)| format!("{k}: {n:.0}")).collect();
-    println!(
-        "pool:   API requests during the claims (everyone's, watches aside): {}",
-        shown.join(", ")
-    );
-    // How long each kind of request took in kube-apiserver, on average: a claim's create and its
-    // status write wait there for the same CPU as everyone's events.
-    let mut times: Vec<String> = seconds_after
-        .iter()
-        .filter_map(|(k, (sum, count))| {
-            let (sum0, count0) = seconds_before.get(k).copied().unwrap_or_default();
-            let n = count - count0;
-            (n >= claims as f64 / 2.0).then(|| format!("{k} {:.1} ms", (sum - sum0) / n * 1000.0))
-        })
-        .collect();
-    times.sort();
-    println!("pool:   mean time in kube-apiserver by request: {}", times.join(", "));
+    print_requests(claims, (&before, &after), (&seconds_before, &seconds_after));
     while ready_slots().await? != Some(total) {
         if all_running.elapsed() > Duration::from_secs(300) {
             return Err(anyhow!("the pool not refilled after 5 minutes"));
@@ -355,28 +415,8 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
     );
     println!("pool:   controller at {claims} claims: {peak_at_claims} (target <= 100 MiB)");
 
-    // The floor: what the same API server gives the same creates when each is followed at once by
-    // the one status write a warm claim costs, made by the benchmark as the controller's identity
-    // from a served claim's status; no controller pass, node call or event. What the controller
-    // adds is the difference; what no operator can go below on this machine is the floor.
     if env_usize("POOL_FLOOR", 1) != 0 {
-        plane.env.kill_controller();
-        let served = vms.get("claim-00000").await?;
-        let status = served.status.ok_or_else(|| anyhow!("claim-00000 has no status"))?;
-        let (controller, _) = plane.env.service_account_client(SA_CONTROLLER).await?;
-        let floor = Floor {
-            api: Api::namespaced(controller, "default"),
-            status,
-        };
-        let started = Instant::now();
-        let created = clients.claim("floor", claims, Some(&floor)).await?;
-        let latencies = since_created(&created, &running);
-        println!(
-            "pool:   floor, {claims} creates each followed by its one status write by the benchmark (no controller, node call or event): all Running after {:.1}s; creation->Running p50 {:.1} ms, p99 {:.1} ms",
-            started.elapsed().as_secs_f64(),
-            percentile(&latencies, 0.5),
-            percentile(&latencies, 0.99),
-        );
+        floor(&mut plane.env, &clients, running, claims).await?;
     }
     watch.abort();
     beat.abort();
