@@ -273,8 +273,11 @@ async fn idle_connections_are_closed() {
         }
     });
     let metrics = Arc::new(Metrics::default());
+    // 2 s, twenty times the busy connection's pace, so that a stall of this machine under load
+    // closes neither connection early: with 500 ms, a CI run had a first echo reset (the relay
+    // closed it idle before its byte was carried).
     let limits = smolvm_runtime::forward::ForwardLimits {
-        idle_timeout: std::time::Duration::from_millis(500),
+        idle_timeout: std::time::Duration::from_secs(2),
         ..Default::default()
     };
     let forwarder = Forwarder::with_limits(node, metrics.clone(), limits);
