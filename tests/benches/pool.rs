@@ -216,7 +216,7 @@ fn print_requests(
 async fn floor(
     env: &mut Env,
     clients: &Clients<'_>,
-    seen: &Mutex<HashMap<String, Instant>>,
+    running: &Mutex<HashMap<String, Instant>>,
     claims: usize,
 ) -> anyhow::Result<()> {
     env.kill_controller();
@@ -229,7 +229,7 @@ async fn floor(
     };
     let started = Instant::now();
     let created = clients.claim("floor", claims, Some(&floor)).await?;
-    let latencies = since_created(&created, seen);
+    let latencies = since_created(&created, running);
     println!(
         "pool:   floor, {claims} creates each followed by its one status write by the benchmark (no controller, node call or event): all Running after {:.1}s; creation->Running p50 {:.1} ms, p99 {:.1} ms",
         started.elapsed().as_secs_f64(),

@@ -68,9 +68,9 @@ pub async fn report_binding(
 
 /// Writes a binding to `node`: `bound` is the SmolVM as the pass read it, with its binding
 /// status, written with its resourceVersion as precondition, as a binding always is. Written,
-/// it is booked on the node and its event (`note`, if any) published, and the object the API server
-/// answered comes back; refused, its reservation goes and what the pass does next comes back
-/// (after a conflict, someone changed the object first: it looks again shortly).
+/// it is booked on the node and its event (`note`, if any) published, and the object the API
+/// server answered comes back; refused, its reservation goes and what the pass does next comes
+/// back (after a conflict, someone changed the object first: it looks again shortly).
 pub async fn write_binding(
     ctx: &Context,
     api: &Api<SmolVM>,
