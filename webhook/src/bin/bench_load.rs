@@ -21,7 +21,9 @@
 //!   tails can be compared within one run; and so does a slow spell of the host (here the same
 //!   server's maximum throughput differed by up to 2x between runs seconds apart), so their
 //!   throughputs can be too. In the closed loop each target's line also gives its turns'
-//!   lowest, median and highest reviews/s.
+//!   lowest, median and highest reviews/s. With `--steal-cpus`, each line gives the host steal
+//!   time of those CPUs over the target's turns (`host-steal`): what the hypervisor took from
+//!   them, which shows whose turns a stall of the host fell on.
 //!
 //! - `trickle`: clients that send their bodies one byte at a time while reviews are sent; prints
 //!   the reviews' answers and latency (issue 30's reproduction).
@@ -106,6 +108,11 @@ struct CompareArgs {
     /// Each turn runs at the load this long before it is measured.
     #[arg(long, default_value_t = 100)]
     turn_warmup_ms: u64,
+    /// CPUs whose host steal time (`/proc/stat`) is added up over each target's turns and
+    /// printed with it (`host-steal`): the time the hypervisor ran something else on the
+    /// servers' and the load's cores, which no server can answer in.
+    #[arg(long, value_delimiter = ',')]
+    steal_cpus: Vec<usize>,
 }
 
 /// How `run` and `compare` connect and what they send.
@@ -695,15 +702,7 @@ async fn run(args: RunArgs) -> Result<(), String> {
         body,
     };
     let samples = load.run(conns, w).await?.0;
-    report(
-        &label,
-        version,
-        client.connections,
-        rate,
-        seconds as f64,
-        &samples,
-        None,
-    );
+    report(&label, version, client.connections, rate, seconds as f64, &samples, "");
     Ok(())
 }
 
@@ -716,6 +715,7 @@ async fn compare(args: CompareArgs) -> Result<(), String> {
         slices,
         warmup_ms,
         turn_warmup_ms,
+        steal_cpus,
     } = args;
     let (version, config, body) = client.setup()?;
     let slices = slices.max(1);
@@ -744,8 +744,9 @@ async fn compare(args: CompareArgs) -> Result<(), String> {
         conns.push(load.run(fresh, w).await?.1);
     }
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); targets.len()];
-    // Each target's answered reviews/s in each of its turns.
+    // Each target's answered reviews/s in each of its turns, and the host steal of its turns.
     let mut per_turn: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+    let mut stolen: Vec<Option<u64>> = vec![Some(0); targets.len()];
     for slice in 0..slices as usize {
         for k in 0..targets.len() {
             let i = (slice + k) % targets.len();
@@ -757,17 +758,25 @@ async fn compare(args: CompareArgs) -> Result<(), String> {
                 end: measure_from + turn_length,
             };
             let held = std::mem::take(&mut conns[i]);
+            let steal_before = steal_ticks(&steal_cpus);
             let (got, back) = loads[i].run(held, w).await?;
+            stolen[i] = match (stolen[i], steal_before, steal_ticks(&steal_cpus)) {
+                (Some(sum), Some(before), Some(after)) => Some(sum + after.saturating_sub(before)),
+                _ => None,
+            };
             per_turn[i].push(got.iter().filter(|s| s.ok).count() as f64 / turn_length.as_secs_f64());
             samples[i].extend(got);
             conns[i] = back;
         }
     }
     let measured = turn_length.as_secs_f64() * f64::from(slices);
-    for ((t, samples), turns) in targets.iter().zip(&samples).zip(&mut per_turn) {
+    for (((t, samples), turns), stolen) in targets.iter().zip(&samples).zip(&mut per_turn).zip(&stolen) {
         turns.sort_by(f64::total_cmp);
-        let spread = (rate == 0).then_some(&turns[..]);
-        report(&t.label, version, client.connections, rate, measured, samples, spread);
+        let mut extra = if rate == 0 { spread(turns) } else { String::new() };
+        if let (false, Some(ticks)) = (steal_cpus.is_empty(), stolen) {
+            extra.push_str(&format!(" host-steal={}ms", ticks * MS_PER_TICK));
+        }
+        report(&t.label, version, client.connections, rate, measured, samples, &extra);
     }
     Ok(())
 }
@@ -800,17 +809,46 @@ impl ClientArgs {
     }
 }
 
-/// Prints one line of figures for `samples`, measured over `seconds`; with `turns` (the
-/// reviews/s of each of `compare`'s turns, sorted), their lowest, median and highest as well.
-fn report(
-    label: &str,
-    version: Version,
-    connections: usize,
-    rate: u64,
-    seconds: f64,
-    samples: &[Sample],
-    turns: Option<&[f64]>,
-) {
+/// `/proc/stat` counts in USER_HZ ticks, 100 a second on Linux.
+const MS_PER_TICK: u64 = 10;
+
+/// The host steal time of `cpus` so far, in `/proc/stat` ticks; `None` where it cannot be
+/// read (not Linux) or without CPUs.
+fn steal_ticks(cpus: &[usize]) -> Option<u64> {
+    if cpus.is_empty() {
+        return None;
+    }
+    steal_of(&std::fs::read_to_string("/proc/stat").ok()?, cpus)
+}
+
+/// The steal column (the eighth number) of the `cpuN` lines of `/proc/stat` text for `cpus`,
+/// added up; `None` when one of them is missing or malformed.
+fn steal_of(stat: &str, cpus: &[usize]) -> Option<u64> {
+    cpus.iter()
+        .map(|cpu| {
+            let name = format!("cpu{cpu}");
+            let line = stat
+                .lines()
+                .find(|l| l.split_whitespace().next() == Some(name.as_str()))?;
+            line.split_whitespace().nth(8)?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// The lowest, median and highest of `compare`'s turns' reviews/s (`turns` sorted).
+fn spread(turns: &[f64]) -> String {
+    match turns {
+        [first, .., last] => format!(
+            " turns={} turn-reviews/s={first:.0}/{:.0}/{last:.0}",
+            turns.len(),
+            turns[turns.len() / 2]
+        ),
+        _ => String::new(),
+    }
+}
+
+/// Prints one line of figures for `samples`, measured over `seconds`, then `extra`.
+fn report(label: &str, version: Version, connections: usize, rate: u64, seconds: f64, samples: &[Sample], extra: &str) {
     let errors = samples.iter().filter(|s| !s.ok).count();
     let micros = |d: Duration| d.as_micros() as u64;
     let mut latency: Vec<u64> = samples
@@ -829,16 +867,8 @@ fn report(
         late.sort_unstable();
         format!(" send-late p99={:.3}ms", percentile(&late, 0.99))
     };
-    let spread = match turns {
-        Some(t @ [first, .., last]) => format!(
-            " turns={} turn-reviews/s={first:.0}/{:.0}/{last:.0}",
-            t.len(),
-            t[t.len() / 2]
-        ),
-        _ => String::new(),
-    };
     println!(
-        "{label:<28} http/{} conns={connections:<3} offered={:<6} reviews/s={throughput:>9.0} p50={:.3}ms p99={:.3}ms p99.9={:.3}ms errors={errors}{late}{spread}",
+        "{label:<28} http/{} conns={connections:<3} offered={:<6} reviews/s={throughput:>9.0} p50={:.3}ms p99={:.3}ms p99.9={:.3}ms errors={errors}{late}{extra}",
         if version == Version::Http2 { "2  " } else { "1.1" },
         if rate == 0 { "max".to_string() } else { rate.to_string() },
         percentile(&latency, 0.50),
@@ -879,5 +909,33 @@ fn main() -> std::process::ExitCode {
             eprintln!("webhook-bench-load: {e}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two CPUs' lines of a real `/proc/stat`, the steal column last but two.
+    const STAT: &str = "cpu  403319 0 58819 95377 1216 0 19627 3183 0 0
+cpu0 202775 0 25622 51622 139 0 9552 1554 0 0
+cpu1 201544 0 33197 43755 1077 0 10075 1629 0 0
+intr 1 2 3
+";
+
+    #[test]
+    fn steal_is_the_eighth_column_of_each_cpu_added_up() {
+        let cases: [(&[usize], Option<u64>); 5] = [
+            (&[0], Some(1554)),
+            (&[1], Some(1629)),
+            (&[0, 1], Some(3183)),
+            (&[2], None),
+            (&[0, 2], None),
+        ];
+        for (cpus, want) in cases {
+            assert_eq!(steal_of(STAT, cpus), want, "cpus {cpus:?}");
+        }
+        assert_eq!(steal_of("cpu0 1 2 3\n", &[0]), None, "a line without a steal column");
+        assert_eq!(steal_ticks(&[]), None, "no CPUs, no reading");
     }
 }
