@@ -744,7 +744,8 @@ async fn compare(args: CompareArgs) -> Result<(), String> {
         conns.push(load.run(fresh, w).await?.1);
     }
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); targets.len()];
-    // Each target's answered reviews/s in each of its turns, and the host steal of its turns.
+    // Each target's answered reviews/s in each of its turns, and the host steal of its turns
+    // (`None` without `--steal-cpus` or where `/proc/stat` cannot be read).
     let mut per_turn: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
     let mut stolen: Vec<Option<u64>> = vec![Some(0); targets.len()];
     for slice in 0..slices as usize {
@@ -773,7 +774,7 @@ async fn compare(args: CompareArgs) -> Result<(), String> {
     for (((t, samples), turns), stolen) in targets.iter().zip(&samples).zip(&mut per_turn).zip(&stolen) {
         turns.sort_by(f64::total_cmp);
         let mut extra = if rate == 0 { spread(turns) } else { String::new() };
-        if let (false, Some(ticks)) = (steal_cpus.is_empty(), stolen) {
+        if let Some(ticks) = stolen {
             extra.push_str(&format!(" host-steal={}ms", ticks * MS_PER_TICK));
         }
         report(&t.label, version, client.connections, rate, measured, samples, &extra);
