@@ -23,7 +23,11 @@
 //!   throughputs can be too. In the closed loop each target's line also gives its turns'
 //!   lowest, median and highest reviews/s. With `--steal-cpus`, each line gives the host steal
 //!   time of those CPUs over the target's turns (`host-steal`): what the hypervisor took from
-//!   them, which shows whose turns a stall of the host fell on.
+//!   them, which shows whose turns a stall of the host fell on. At a fixed rate it also gives
+//!   the p99 over the quiet slices alone (`quiet-slices=N/M p99-quiet=`): the slices in which
+//!   the host took less than a `/proc/stat` tick from those CPUs in every target's turn, the
+//!   same slices for every target. The pooled p99 stays the figure of record; the quiet one
+//!   tells the server's own tail from the host's.
 //!
 //! - `trickle`: clients that send their bodies one byte at a time while reviews are sent; prints
 //!   the reviews' answers and latency (issue 30's reproduction).
@@ -743,12 +747,15 @@ async fn compare(args: CompareArgs) -> Result<(), String> {
         };
         conns.push(load.run(fresh, w).await?.1);
     }
-    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); targets.len()];
-    // Each target's answered reviews/s in each of its turns, and the host steal of its turns
-    // (`None` without `--steal-cpus` or where `/proc/stat` cannot be read).
+    // Each target's samples, turn by turn (one turn a slice).
+    let mut samples: Vec<Vec<Vec<Sample>>> = vec![Vec::new(); targets.len()];
+    // Each target's answered reviews/s in each of its turns.
     let mut per_turn: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
-    let mut stolen: Vec<Option<u64>> = vec![Some(0); targets.len()];
+    // The host steal of each slice's turns, by target (`None` without `--steal-cpus` or where
+    // `/proc/stat` cannot be read).
+    let mut stolen: Vec<Vec<Option<u64>>> = Vec::with_capacity(slices as usize);
     for slice in 0..slices as usize {
+        let mut slice_stolen = vec![None; targets.len()];
         for k in 0..targets.len() {
             let i = (slice + k) % targets.len();
             let start = Instant::now() + Duration::from_millis(5);
@@ -761,23 +768,29 @@ async fn compare(args: CompareArgs) -> Result<(), String> {
             let held = std::mem::take(&mut conns[i]);
             let steal_before = steal_ticks(&steal_cpus);
             let (got, back) = loads[i].run(held, w).await?;
-            stolen[i] = match (stolen[i], steal_before, steal_ticks(&steal_cpus)) {
-                (Some(sum), Some(before), Some(after)) => Some(sum + after.saturating_sub(before)),
-                _ => None,
-            };
+            slice_stolen[i] = steal_before
+                .zip(steal_ticks(&steal_cpus))
+                .map(|(b, a)| a.saturating_sub(b));
             per_turn[i].push(got.iter().filter(|s| s.ok).count() as f64 / turn_length.as_secs_f64());
-            samples[i].extend(got);
+            samples[i].push(got);
             conns[i] = back;
         }
+        stolen.push(slice_stolen);
     }
     let measured = turn_length.as_secs_f64() * f64::from(slices);
-    for (((t, samples), turns), stolen) in targets.iter().zip(&samples).zip(&mut per_turn).zip(&stolen) {
+    let quiet = quiet_slices(&stolen);
+    for (i, t) in targets.iter().enumerate() {
+        let turns = &mut per_turn[i];
         turns.sort_by(f64::total_cmp);
         let mut extra = if rate == 0 { spread(turns) } else { String::new() };
-        if let Some(ticks) = stolen {
+        if let Some(ticks) = stolen.iter().map(|s| s[i]).sum::<Option<u64>>() {
             extra.push_str(&format!(" host-steal={}ms", ticks * MS_PER_TICK));
+            if rate != 0 {
+                extra.push_str(&quiet_figure(&samples[i], &quiet));
+            }
         }
-        report(&t.label, version, client.connections, rate, measured, samples, &extra);
+        let pooled: Vec<Sample> = samples[i].concat();
+        report(&t.label, version, client.connections, rate, measured, &pooled, &extra);
     }
     Ok(())
 }
@@ -836,6 +849,49 @@ fn steal_of(stat: &str, cpus: &[usize]) -> Option<u64> {
         .sum()
 }
 
+/// Which slices of `compare` the host took no time from, in any target's turn: `stolen` holds
+/// each slice's steal ticks by target. A slice with a turn whose steal is unknown is not quiet.
+///
+/// `/proc/stat` counts steal in 10 ms ticks, so a quiet slice is one where less than a tick was
+/// taken from each CPU in each turn: short stalls still fall in it, and on every target alike.
+fn quiet_slices(stolen: &[Vec<Option<u64>>]) -> Vec<bool> {
+    stolen
+        .iter()
+        .map(|slice| slice.iter().all(|ticks| *ticks == Some(0)))
+        .collect()
+}
+
+/// ` quiet-slices=N/M p99-quiet=…ms`: the p99 of a target's `turns` (one a slice) in the quiet
+/// slices alone, which are the same slices for every target. It shows the server's own tail
+/// where the pooled p99 shows whichever turns a burst of the host's stalls fell on; the pooled
+/// p99 stays the figure of record.
+fn quiet_figure(turns: &[Vec<Sample>], quiet: &[bool]) -> String {
+    let count = quiet.iter().filter(|q| **q).count();
+    let mut figure = format!(" quiet-slices={count}/{}", quiet.len());
+    if count > 0 {
+        let kept: Vec<Sample> = turns
+            .iter()
+            .zip(quiet)
+            .filter(|(_, q)| **q)
+            .flat_map(|(t, _)| t.iter().copied())
+            .collect();
+        figure.push_str(&format!(" p99-quiet={:.3}ms", percentile(&latencies(&kept), 0.99)));
+    }
+    figure
+}
+
+/// The latencies (µs, from when each request was due to its answer) of the answered `samples`,
+/// sorted.
+fn latencies(samples: &[Sample]) -> Vec<u64> {
+    let mut latency: Vec<u64> = samples
+        .iter()
+        .filter(|s| s.ok)
+        .map(|s| s.done.duration_since(s.due).as_micros() as u64)
+        .collect();
+    latency.sort_unstable();
+    latency
+}
+
 /// The lowest, median and highest of `compare`'s turns' reviews/s (`turns` sorted).
 fn spread(turns: &[f64]) -> String {
     match turns {
@@ -852,12 +908,7 @@ fn spread(turns: &[f64]) -> String {
 fn report(label: &str, version: Version, connections: usize, rate: u64, seconds: f64, samples: &[Sample], extra: &str) {
     let errors = samples.iter().filter(|s| !s.ok).count();
     let micros = |d: Duration| d.as_micros() as u64;
-    let mut latency: Vec<u64> = samples
-        .iter()
-        .filter(|s| s.ok)
-        .map(|s| micros(s.done.duration_since(s.due)))
-        .collect();
-    latency.sort_unstable();
+    let latency = latencies(samples);
     let throughput = latency.len() as f64 / seconds;
     // How late requests went out against the schedule (open loop): the generator's own precision
     // plus any wait for a busy HTTP/1.1 connection.
@@ -938,5 +989,47 @@ intr 1 2 3
         }
         assert_eq!(steal_of("cpu0 1 2 3\n", &[0]), None, "a line without a steal column");
         assert_eq!(steal_ticks(&[]), None, "no CPUs, no reading");
+    }
+
+    #[test]
+    fn a_slice_is_quiet_when_no_turn_of_it_lost_a_tick() {
+        // Each slice's steal ticks by target, and which slices are quiet.
+        type Case<'a> = (&'a [&'a [Option<u64>]], &'a [bool]);
+        let cases: [Case; 5] = [
+            (&[&[Some(0), Some(0)], &[Some(0), Some(1)]], &[true, false]),
+            (&[&[Some(2), Some(0)]], &[false]),
+            (&[&[Some(0), None]], &[false]),
+            (&[&[None]], &[false]),
+            (&[], &[]),
+        ];
+        for (stolen, want) in cases {
+            let stolen: Vec<Vec<Option<u64>>> = stolen.iter().map(|s| s.to_vec()).collect();
+            assert_eq!(quiet_slices(&stolen), want, "{stolen:?}");
+        }
+    }
+
+    #[test]
+    fn the_quiet_p99_is_taken_over_the_quiet_slices_alone() {
+        let due = Instant::now();
+        let answered = |micros: u64, ok: bool| Sample {
+            due,
+            sent: due,
+            done: due + Duration::from_micros(micros),
+            ok,
+        };
+        // Slice 0 quiet and fast, slice 1 stolen and slow, slice 2 quiet, a little slower, with one
+        // failure (not a latency). The top 1% of the quiet slices' 105 answers is slice 2's.
+        let turns = vec![
+            vec![answered(300, true); 100],
+            vec![answered(9_000, true); 100],
+            [vec![answered(400, true); 5], vec![answered(50_000, false)]].concat(),
+        ];
+        let quiet = [true, false, true];
+        assert_eq!(quiet_figure(&turns, &quiet), " quiet-slices=2/3 p99-quiet=0.400ms");
+        assert_eq!(
+            quiet_figure(&turns, &[false; 3]),
+            " quiet-slices=0/3",
+            "no quiet slice, no figure"
+        );
     }
 }
