@@ -124,7 +124,7 @@ pub(super) fn byte_decimal(byte: u8) -> &'static [u8] {
 
 /// Appends `bytes` as JSON numbers separated by commas. Every entry is written as four bytes
 /// and the end moved on by its length, so that each byte costs one fixed-size copy.
-fn put_decimals(out: &mut Vec<u8>, bytes: &[u8]) {
+pub(super) fn put_decimals(out: &mut Vec<u8>, bytes: &[u8]) {
     let table = &*DECIMAL_COMMA;
     let start = out.len();
     out.resize(start + 4 * bytes.len(), 0);

@@ -570,6 +570,24 @@ fn byte_values_in_decimal() {
 }
 
 #[test]
+fn byte_arrays_as_serde_json_writes_them() {
+    let every: Vec<u8> = (0..=255u8).rev().chain(0..=255).collect();
+    let cases: [&[u8]; 5] = [&[], &[0], &[255], b"[{\"op\":\"add\"}]", &every];
+    for bytes in cases {
+        // After something already written, as in an answer.
+        let mut out = b"x[".to_vec();
+        put_decimals(&mut out, bytes);
+        out.push(b']');
+        let want = [b"x".as_slice(), &serde_json::to_vec(bytes).unwrap_or_default()].concat();
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            String::from_utf8_lossy(&want),
+            "{bytes:?}"
+        );
+    }
+}
+
+#[test]
 fn encoding_matches_kube_core() {
     let patch = serde_json::to_vec(&default_smolvm(Operation::Create, &json!({"metadata": {}, "spec": {}})))
         .unwrap_or_default();
