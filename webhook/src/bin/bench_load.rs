@@ -749,11 +749,10 @@ async fn compare(args: CompareArgs) -> Result<(), String> {
     }
     // Each target's samples, turn by turn (one turn a slice).
     let mut samples: Vec<Vec<Vec<Sample>>> = vec![Vec::new(); targets.len()];
-    // Each target's answered reviews/s in each of its turns.
-    let mut per_turn: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
     // The host steal of each slice's turns, by target (`None` without `--steal-cpus` or where
-    // `/proc/stat` cannot be read).
+    // `/proc/stat` cannot be read). One reading ends a turn and starts the next.
     let mut stolen: Vec<Vec<Option<u64>>> = Vec::with_capacity(slices as usize);
+    let mut steal_at = steal_ticks(&steal_cpus);
     for slice in 0..slices as usize {
         let mut slice_stolen = vec![None; targets.len()];
         for k in 0..targets.len() {
@@ -766,12 +765,10 @@ async fn compare(args: CompareArgs) -> Result<(), String> {
                 end: measure_from + turn_length,
             };
             let held = std::mem::take(&mut conns[i]);
-            let steal_before = steal_ticks(&steal_cpus);
             let (got, back) = loads[i].run(held, w).await?;
-            slice_stolen[i] = steal_before
-                .zip(steal_ticks(&steal_cpus))
-                .map(|(b, a)| a.saturating_sub(b));
-            per_turn[i].push(got.iter().filter(|s| s.ok).count() as f64 / turn_length.as_secs_f64());
+            let steal_now = steal_ticks(&steal_cpus);
+            slice_stolen[i] = steal_at.zip(steal_now).map(|(b, a)| a.saturating_sub(b));
+            steal_at = steal_now;
             samples[i].push(got);
             conns[i] = back;
         }
@@ -780,9 +777,17 @@ async fn compare(args: CompareArgs) -> Result<(), String> {
     let measured = turn_length.as_secs_f64() * f64::from(slices);
     let quiet = quiet_slices(&stolen);
     for (i, t) in targets.iter().enumerate() {
-        let turns = &mut per_turn[i];
-        turns.sort_by(f64::total_cmp);
-        let mut extra = if rate == 0 { spread(turns) } else { String::new() };
+        let mut extra = if rate == 0 {
+            // Each turn's answered reviews/s.
+            let mut turns: Vec<f64> = samples[i]
+                .iter()
+                .map(|turn| turn.iter().filter(|s| s.ok).count() as f64 / turn_length.as_secs_f64())
+                .collect();
+            turns.sort_by(f64::total_cmp);
+            spread(&turns)
+        } else {
+            String::new()
+        };
         if let Some(ticks) = stolen.iter().map(|s| s[i]).sum::<Option<u64>>() {
             extra.push_str(&format!(" host-steal={}ms", ticks * MS_PER_TICK));
             if rate != 0 {
