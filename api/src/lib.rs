@@ -10,6 +10,8 @@
 //! - [`crd`]: the generated CustomResourceDefinitions.
 //! - [`nodeapi`]: the node API between the controller and the runtime agents: its table of
 //!   operations, its wire types and the interactive exec channel ([`channel`], re-exported).
+//! - [`quota`]: what SmolVMs and pools count against a ResourceQuota's product keys, and the
+//!   judgement of a charge (V15), pure.
 //! - [`text`]: cleaning of other programs' messages before they reach users.
 
 pub mod class;
@@ -22,6 +24,7 @@ pub mod fixtures;
 pub mod nodeapi;
 pub mod policy;
 pub mod pool;
+pub mod quota;
 pub mod syntax;
 pub mod text;
 pub mod types;

@@ -245,7 +245,13 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     });
     let (owned, services, slices) = vm::owned_watches(&client);
     let (pool_store, pool_events) = vm::pool_watch(&client);
-    tokio::spawn(pool_events.for_each(|_| std::future::ready(())));
+    // The quota recount looks again when SmolVMs or pools change (tasks::quota).
+    let quota_wake = Arc::new(tokio::sync::Notify::new());
+    let woken = quota_wake.clone();
+    tokio::spawn(pool_events.for_each(move |_| {
+        woken.notify_one();
+        std::future::ready(())
+    }));
     // A VM's events are queued, so that its next step never waits for one to be written.
     let recorder = events.in_background(EVENT_LANES);
     let ctx = Arc::new(Context {
@@ -267,7 +273,8 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         start_failures: Default::default(),
         superseded: Default::default(),
     });
-    let vm_events = vm_events(vms_api, vm_writer, ctx.clone());
+    let vm_events = vm_events(vms_api, vm_writer, ctx.clone(), quota_wake.clone());
+    quota_recount(&ctx, flags, vm_store.clone(), quota_wake);
     tokio::spawn(tasks::ledger::prune(
         ctx.clone(),
         vm_store.clone(),
@@ -297,6 +304,42 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     } else {
         Ended::Stopped
     })
+}
+
+/// The quota recount (SPEC 6.3): the `vm.smolvm.dev/*` figures of every ResourceQuota naming
+/// them, recounted from the SmolVM and pool caches when they change.
+fn quota_recount(ctx: &Arc<Context>, flags: &Flags, vms: Store<SmolVM>, changed: Arc<tokio::sync::Notify>) {
+    let (classes, class_writer) = reflector::store::<smolvm_api::SmolVMClass>();
+    let class_events = watcher(
+        Api::<smolvm_api::SmolVMClass>::all(ctx.client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(class_writer);
+    tokio::spawn(class_events.for_each(|_| std::future::ready(())));
+    let context = ctx.clone();
+    let pools = move || {
+        let Some(pools) = &context.pools else {
+            return Default::default();
+        };
+        let classes: Vec<smolvm_api::SmolVMClass> = classes.state().iter().map(|c| (**c).clone()).collect();
+        let slot_of = |pool: &smolvm_api::SmolVMPool| {
+            crate::pools::slot_vm(pool, &classes)
+                .ok()
+                .map(|vm| placement::Request::of(&vm).resources)
+        };
+        crate::quota::pool_holdings(&pools.state(), &context.nodes.state(), &slot_of)
+    };
+    tokio::spawn(crate::quota::run(
+        ctx.client.clone(),
+        crate::quota::quota_watch(&ctx.client),
+        crate::quota::Inputs {
+            vms,
+            pools: Box::new(pools),
+            changed,
+            grace: flags.quota_charge_grace,
+        },
+    ));
 }
 
 /// The runtime CA, made once and shared by every replica. While its Secret is missing with nodes
@@ -462,6 +505,7 @@ fn vm_events(
     vms: Api<SmolVM>,
     writer: reflector::store::Writer<SmolVM>,
     ctx: Arc<Context>,
+    changed: Arc<tokio::sync::Notify>,
 ) -> impl Stream<Item = Result<SmolVM, watcher::Error>> + Send + 'static {
     watcher(vms, watcher::Config::default())
         .default_backoff()
@@ -472,6 +516,7 @@ fn vm_events(
                 if let Some(uid) = vm.uid() {
                     ctx.forget(&uid);
                 }
+                changed.notify_one();
             }
             // Placement counts every bound VM the watch has seen, at once: a binding written by
             // a previous leader (or any writer) after the seeding list is booked before this
@@ -480,6 +525,7 @@ fn vm_events(
                 if let (Some(uid), Some(node)) = (vm.uid(), vm.bound_node()) {
                     ctx.ledger.observe_vm(&uid, node, vm);
                 }
+                changed.notify_one();
             }
             _ => {}
         })

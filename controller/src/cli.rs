@@ -45,6 +45,11 @@ pub struct Flags {
     /// kept, counted as used, before it is deleted.
     #[arg(long, env = "SMOLVM_CONTROLLER_ORPHAN_GRACE", default_value = "10m", value_parser = parse_duration)]
     pub orphan_grace: Duration,
+    /// How long a ResourceQuota charge whose SmolVM (or pool slot) is not in the caches yet is
+    /// kept by the quota recount before it is given back (the write it was made for was refused
+    /// after admission, or never made). Longer than any admission chain takes.
+    #[arg(long, env = "SMOLVM_CONTROLLER_QUOTA_CHARGE_GRACE", default_value = "30s", value_parser = parse_duration)]
+    pub quota_charge_grace: Duration,
     /// Make a new runtime CA even though SmolVMNodes exist (the recovery after losing the CA
     /// Secret without a backup; each agent re-files its serving certificate when it reads the new
     /// CA). Without it, a missing Secret with nodes present holds the controller, retrying every
@@ -173,6 +178,7 @@ mod tests {
         assert_eq!(flags.heartbeat_timeout, Duration::from_secs(40));
         assert_eq!(flags.resync_interval, Duration::from_secs(300));
         assert_eq!(flags.orphan_grace, Duration::from_secs(600));
+        assert_eq!(flags.quota_charge_grace, Duration::from_secs(30));
         assert_eq!(flags.runtime_ca_check_interval, Duration::from_secs(30));
         assert_eq!(flags.log_format, LogFormat::Json);
     }

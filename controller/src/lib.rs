@@ -5,6 +5,7 @@
 //! - [`vm`]: the lifecycle of a SmolVM: observe, decide (pure), act, report.
 //! - [`nodeclient`]: the mTLS client of the runtime agents' node API.
 //! - [`pki`]: the runtime CA, the CSR signer and the node API token.
+//! - [`quota`]: the recount of the `vm.smolvm.dev/*` figures of ResourceQuotas.
 //! - [`access`]: the aggregated access API (logs, exec, files), served by every replica.
 //! - [`app`]: the process: one spawn per task, and the SmolVM controller's wiring ([`app::vms`]).
 
@@ -20,6 +21,7 @@ pub mod orphans;
 pub mod pki;
 pub mod placement;
 pub mod pools;
+pub mod quota;
 pub mod tasks;
 pub mod vm;
 

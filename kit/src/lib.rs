@@ -11,6 +11,8 @@
 //! - [`shutdown`]: the signal that stops a binary (SIGTERM or Ctrl-C);
 //! - [`ops`]: the plain-HTTP ops server (`/healthz`, `/readyz`, `/metrics`);
 //! - [`watch`]: re-reading mounted files when their contents change;
+//! - [`quota`]: charging a namespace's ResourceQuotas for what SmolVMs take (an optimistic write,
+//!   retried on conflict), for the webhook and the controller alike;
 //! - [`selfsigned`]: a CA and serving certificate in a shared Secret, injected as `caBundle`
 //!   where the API server needs it, renewed and hot-swapped (the webhook, the access API).
 
@@ -20,6 +22,7 @@ pub mod client;
 pub mod error;
 pub mod log;
 pub mod ops;
+pub mod quota;
 pub mod selfsigned;
 pub mod shutdown;
 pub mod watch;

@@ -552,6 +552,9 @@ impl Env {
                 "--resync-interval=30s".to_string(),
                 // Orphan machines are collected after 10 s here (10 minutes by default).
                 "--orphan-grace=10s".to_string(),
+                // A quota charge whose SmolVM never comes is given back after 5 s here (30 s by
+                // default).
+                "--quota-charge-grace=5s".to_string(),
                 // A runtime CA rotation's steps are looked at every 2 s here (30 s by default).
                 "--runtime-ca-check-interval=2s".to_string(),
                 format!("--access-address=127.0.0.1:{}", self.access_port),

@@ -6,6 +6,7 @@
 //! - [`listener`]: the admission service's TLS listener, its connections' bounds, HTTP/1.1 by
 //!   hyper, and the drain on shutdown.
 //! - [`http2`]: HTTP/2 admission connections, served on the `h2` crate.
+//! - [`quota`]: the charge of a SmolVM's write to its namespace's ResourceQuotas (V15).
 //! - [`state`]: policy handle, SmolVMNode catalog over a reflector store, readiness.
 //! - [`reload`]: policy and certificate file reloading.
 //! - [`metrics`]: Prometheus metrics.
@@ -22,6 +23,7 @@ pub mod error;
 pub mod http2;
 pub mod listener;
 pub mod metrics;
+pub mod quota;
 pub mod reload;
 pub mod review;
 pub mod server;

@@ -3,6 +3,7 @@
 use std::{sync::Arc, time::Duration};
 
 use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::{
     Api, Client, Resource,
     core::PartialObjectMeta,
@@ -15,6 +16,7 @@ use smolvm_webhook::{
     Error, Result,
     cli::{Args, RENAMED, TlsMode},
     listener::serve_tls,
+    quota::Quotas,
     reload,
     server::{self, admission_service, serve_ops},
     state::{AppState, ClassStore, PolicyHandle, PoolStore, StoreCatalog},
@@ -95,6 +97,7 @@ struct Writers {
     classes: reflector::store::Writer<SmolVMClass>,
     members: reflector::store::Writer<PartialObjectMeta<SmolVM>>,
     pools: reflector::store::Writer<SmolVMPool>,
+    quotas: reflector::store::Writer<ResourceQuota>,
 }
 
 /// The caches the rules read, all reflectors: SmolVMNodes (rule V5), SmolVMClasses (M3, V12)
@@ -122,6 +125,9 @@ fn start_caches(client: &Client, writers: Writers, state: &AppState) {
         writers.pools,
         move || readiness.set_pools_synced(),
     );
+    if let Some(quotas) = state.quotas.clone() {
+        reflect_quotas(client, writers.quotas, quotas, state.readiness.clone());
+    }
     reflect(
         "smolvm-class-labels",
         // An Api of PartialObjectMeta asks for metadata only.
@@ -132,6 +138,37 @@ fn start_caches(client: &Client, writers: Writers, state: &AppState) {
         writers.members,
         || {},
     );
+}
+
+/// The ResourceQuotas of every namespace (rule V15), on which /readyz waits: which namespaces
+/// limit the product's keys is worked out again at each change.
+fn reflect_quotas(
+    client: &Client,
+    writer: reflector::store::Writer<ResourceQuota>,
+    quotas: Arc<Quotas>,
+    readiness: Arc<smolvm_webhook::state::Readiness>,
+) {
+    let reader = writer.as_reader();
+    let stream = watcher(Api::<ResourceQuota>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .modify(|q| q.metadata.managed_fields = None)
+        .reflect(writer);
+    let refreshing = quotas.clone();
+    tokio::spawn(stream.for_each(move |event| {
+        match &event {
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => refreshing.refresh(),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(cache = "resourcequotas", error = %e, "watch error; retrying"),
+        }
+        std::future::ready(())
+    }));
+    tokio::spawn(async move {
+        if reader.wait_until_ready().await.is_ok() {
+            quotas.refresh();
+            readiness.set_quotas_synced();
+            tracing::info!(cache = "resourcequotas", "cache synced");
+        }
+    });
 }
 
 /// The serving certificate, as --tls-mode says: from files (re-read when they change), or
@@ -190,10 +227,15 @@ async fn run(args: Args) -> Result<()> {
     let (classes, classes_writer) = reflector::store::<SmolVMClass>();
     let (members, members_writer) = reflector::store::<PartialObjectMeta<SmolVM>>();
     let (pools, pools_writer) = reflector::store::<SmolVMPool>();
-    let state = match client {
-        Some(_) => AppState::new(policy.clone(), Arc::new(StoreCatalog(nodes)))
+    let (quota_store, quotas_writer) = reflector::store::<ResourceQuota>();
+    let state = match &client {
+        Some(client) => AppState::new(policy.clone(), Arc::new(StoreCatalog(nodes)))
             .with_classes(Arc::new(ClassStore { classes, members }))
-            .with_pools(Arc::new(PoolStore(pools))),
+            .with_pools(Arc::new(PoolStore(pools)))
+            .with_quotas(Arc::new(Quotas::new(
+                quota_store,
+                smolvm_kit::quota::Charger::new(client.clone(), smolvm_kit::quota::Bounds::default()),
+            ))),
         // Without a cluster no class or pool is known: a SmolVM naming one is refused (V12, V14).
         None => AppState::new(policy.clone(), Arc::new(Vec::<SmolVMNode>::new())),
     };
@@ -210,6 +252,7 @@ async fn run(args: Args) -> Result<()> {
                 classes: classes_writer,
                 members: members_writer,
                 pools: pools_writer,
+                quotas: quotas_writer,
             };
             start_caches(client, writers, &state);
         }
@@ -217,6 +260,7 @@ async fn run(args: Args) -> Result<()> {
             state.readiness.set_nodes_synced();
             state.readiness.set_classes_synced();
             state.readiness.set_pools_synced();
+            state.readiness.set_quotas_synced();
         }
     }
 

@@ -115,6 +115,15 @@ pub struct Metrics {
     shed: Family<RouteLabels, Counter>,
     cert_not_after: Gauge,
     connections_closed: Family<ReasonLabels, Counter>,
+    quota_charges: Family<ResultLabels, Counter>,
+    quota_conflicts: Counter,
+}
+
+/// Labels of `smolvm_webhook_quota_charges`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `charged`, `judged` (a dry run), `QuotaExceeded`, `QuotaBusy`, `QuotaUnavailable`.
+    pub result: &'static str,
 }
 
 impl Default for Metrics {
@@ -189,7 +198,21 @@ impl Metrics {
             "Expiry of the serving certificate in use, Unix seconds",
             cert_not_after.clone(),
         );
+        let quota_charges = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "quota_charges",
+            "SmolVM writes charged to their namespace's ResourceQuotas (rule V15), by result: charged, judged (a dry run, never written), QuotaExceeded (refused), QuotaBusy or QuotaUnavailable (refused: the quota could not be updated)",
+            smolvm_kit::ops::Declared(quota_charges.clone()),
+        );
+        let quota_conflicts = Counter::default();
+        registry.register(
+            "quota_conflicts",
+            "Conflicts met while charging ResourceQuotas (another writer charged the quota first; each cost a read of it)",
+            quota_conflicts.clone(),
+        );
         Metrics {
+            quota_charges,
+            quota_conflicts,
             handles: Handles {
                 requests: (0..REQUEST_SLOTS).map(|_| OnceLock::new()).collect(),
                 latency: Default::default(),
@@ -243,6 +266,12 @@ impl Metrics {
     /// was reached), `handshake_timeout`.
     pub fn observe_connection_closed(&self, reason: &'static str) {
         self.connections_closed.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// Records a quota charge's result and the conflicts it met.
+    pub fn observe_quota(&self, result: &'static str, conflicts: u32) {
+        self.quota_charges.get_or_create(&ResultLabels { result }).inc();
+        self.quota_conflicts.inc_by(u64::from(conflicts));
     }
 
     /// Records a request shed because every review slot was busy.

@@ -257,6 +257,14 @@ where
             pools: state.pools.as_ref(),
         },
     );
+    // Rule V15: an admitted SmolVM write that raises its namespace's usage is charged to its
+    // quotas before it is admitted (a namespace without one costs one atomic load here).
+    let result = match (result, state.quotas.as_deref()) {
+        (Ok(reviewed), Some(quotas)) if quotas.any() && crate::quota::charges(route, &reviewed.outcome) => {
+            Ok(crate::quota::settle(quotas, state.pools.as_ref(), &state.metrics, &body, reviewed).await)
+        }
+        (result, _) => result,
+    };
     let seconds = start.elapsed().as_secs_f64();
     match result {
         Ok(reviewed) => {

@@ -48,6 +48,7 @@ pub struct Readiness {
     nodes_synced: AtomicBool,
     classes_synced: AtomicBool,
     pools_synced: AtomicBool,
+    quotas_synced: AtomicBool,
     tls_loaded: AtomicBool,
 }
 
@@ -67,6 +68,11 @@ impl Readiness {
         self.pools_synced.store(true, Ordering::Release);
     }
 
+    /// Marks the ResourceQuota cache as synced.
+    pub fn set_quotas_synced(&self) {
+        self.quotas_synced.store(true, Ordering::Release);
+    }
+
     /// Marks the serving certificate as loaded.
     pub fn set_tls_loaded(&self) {
         self.tls_loaded.store(true, Ordering::Release);
@@ -83,6 +89,9 @@ impl Readiness {
         }
         if !self.pools_synced.load(Ordering::Acquire) {
             out.push("smolvmpool cache not synced");
+        }
+        if !self.quotas_synced.load(Ordering::Acquire) {
+            out.push("resourcequota cache not synced");
         }
         if !self.tls_loaded.load(Ordering::Acquire) {
             out.push("serving certificate not loaded");
@@ -213,6 +222,8 @@ pub struct AppState {
     pub reviews: Arc<tokio::sync::Semaphore>,
     /// The number of review slots.
     pub max_concurrent_reviews: usize,
+    /// The ResourceQuotas and their charger (rule V15); `None` without a cluster.
+    pub quotas: Option<Arc<crate::quota::Quotas>>,
 }
 
 impl AppState {
@@ -234,7 +245,14 @@ impl AppState {
             max_concurrent_bodies: DEFAULT_MAX_CONCURRENT_BODIES,
             reviews: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_CONCURRENT_REVIEWS)),
             max_concurrent_reviews: DEFAULT_MAX_CONCURRENT_REVIEWS,
+            quotas: None,
         }
+    }
+
+    /// Sets the ResourceQuotas and their charger.
+    pub fn with_quotas(mut self, quotas: Arc<crate::quota::Quotas>) -> Self {
+        self.quotas = Some(quotas);
+        self
     }
 
     /// Sets the SmolVMClass catalogue.
@@ -305,8 +323,9 @@ mod tests {
     #[test]
     fn readiness_needs_every_cache_and_the_certificate() {
         let r = Readiness::default();
-        assert_eq!(r.missing().len(), 4);
+        assert_eq!(r.missing().len(), 5);
         r.set_tls_loaded();
+        r.set_quotas_synced();
         r.set_classes_synced();
         r.set_pools_synced();
         assert_eq!(r.missing(), vec!["smolvmnode cache not synced"]);

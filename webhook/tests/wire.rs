@@ -922,11 +922,14 @@ async fn readyz_waits_for_cache_sync() {
     assert!(body.contains("smolvmnode cache not synced"), "{body}");
     assert!(body.contains("smolvmclass cache not synced"), "{body}");
     assert!(body.contains("smolvmpool cache not synced"), "{body}");
+    assert!(body.contains("resourcequota cache not synced"), "{body}");
     h.state.readiness.set_nodes_synced();
     assert_eq!(h.ops_get("/readyz").await.0, 503, "the class cache is not synced yet");
     h.state.readiness.set_classes_synced();
     assert_eq!(h.ops_get("/readyz").await.0, 503, "the pool cache is not synced yet");
     h.state.readiness.set_pools_synced();
+    assert_eq!(h.ops_get("/readyz").await.0, 503, "the quota cache is not synced yet");
+    h.state.readiness.set_quotas_synced();
     assert_eq!(h.ops_get("/readyz").await.0, 200);
     let (status, metrics) = h.ops_get("/metrics").await;
     assert_eq!(status, 200);

@@ -63,6 +63,9 @@ pub enum RuleId {
     /// V14: warm pools (a known, unchanging `spec.poolRef`; a pooled SmolVM sets only what a
     /// lease carries; a pool's template passes every SmolVM rule; `slotsPerNode` within policy).
     V14,
+    /// V15: quota (a write that raises its namespace's SmolVM usage beyond a ResourceQuota's
+    /// `vm.smolvm.dev/*` limit; judged by the webhook's charge, [`crate::quota`]).
+    V15,
 }
 
 impl RuleId {
@@ -84,6 +87,7 @@ impl RuleId {
             RuleId::V12 => "V12",
             RuleId::V13 => "V13",
             RuleId::V14 => "V14",
+            RuleId::V15 => "V15",
         }
     }
 }

@@ -13,10 +13,12 @@ smolvm-controller  cluster        certificates.k8s.io/certificatesigningrequests
 smolvm-controller  cluster        certificates.k8s.io/certificatesigningrequests/status  -  patch
 smolvm-controller  cluster        certificates.k8s.io/signers  vm.smolvm.dev/runtime-serving  approve,sign
 smolvm-controller  cluster        core/nodes  -  get
+smolvm-controller  cluster        core/resourcequotas  -  get,list,watch
+smolvm-controller  cluster        core/resourcequotas/status  -  patch
 smolvm-controller  cluster        core/services  -  create,delete,get,list,patch,watch
 smolvm-controller  cluster        discovery.k8s.io/endpointslices  -  create,delete,get,list,patch,watch
 smolvm-controller  cluster        events.k8s.io/events  -  create
-smolvm-controller  cluster        vm.smolvm.dev/smolvmclasses  -  list
+smolvm-controller  cluster        vm.smolvm.dev/smolvmclasses  -  list,watch
 smolvm-controller  cluster        vm.smolvm.dev/smolvmnodes  -  get,list,watch
 smolvm-controller  cluster        vm.smolvm.dev/smolvmpools  -  get,list,watch
 smolvm-controller  cluster        vm.smolvm.dev/smolvmpools/status  -  patch
@@ -45,6 +47,8 @@ smolvm-webhook     cluster        vm.smolvm.dev/smolvmnodes  -  list,watch
 smolvm-webhook     cluster        vm.smolvm.dev/smolvmclasses  -  list,watch
 smolvm-webhook     cluster        vm.smolvm.dev/smolvmpools  -  list,watch
 smolvm-webhook     cluster        vm.smolvm.dev/smolvms  -  list,watch
+smolvm-webhook     cluster        core/resourcequotas  -  get,list,watch
+smolvm-webhook     cluster        core/resourcequotas/status  -  patch
 smolvm-webhook     smolvm-system  core/secrets  smolvm-webhook-tls  get,update
 ";
 
@@ -62,6 +66,8 @@ smolvm-webhook     cluster        vm.smolvm.dev/smolvmnodes  -  list,watch
 smolvm-webhook     cluster        vm.smolvm.dev/smolvmclasses  -  list,watch
 smolvm-webhook     cluster        vm.smolvm.dev/smolvmpools  -  list,watch
 smolvm-webhook     cluster        vm.smolvm.dev/smolvms  -  list,watch
+smolvm-webhook     cluster        core/resourcequotas  -  get,list,watch
+smolvm-webhook     cluster        core/resourcequotas/status  -  patch
 ";
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

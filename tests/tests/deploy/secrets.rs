@@ -98,6 +98,14 @@ pub(super) fn admission_policies_name_the_deployments_service_accounts() {
                 vec![service_account(NAMESPACE, WEBHOOK)],
             ),
             ("smolvm-controller-own-services", policy.controller_usernames.clone()),
+            (
+                "smolvm-quota-keys",
+                [
+                    vec![service_account(NAMESPACE, WEBHOOK)],
+                    policy.controller_usernames.clone(),
+                ]
+                .concat(),
+            ),
         ];
         for (name, users) in expected {
             let vap = find(all, "ValidatingAdmissionPolicy", name);

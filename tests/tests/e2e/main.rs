@@ -45,6 +45,7 @@ mod hostile;
 mod monitoring;
 mod nodes;
 mod pools;
+mod quota;
 mod reach;
 mod suspend;
 mod workload;
@@ -193,6 +194,7 @@ fn extra_scenarios() -> Vec<(&'static str, Scenario)> {
     all.extend(hostile::scenarios());
     all.extend(monitoring::scenarios());
     all.extend(suspend::scenarios());
+    all.extend(quota::scenarios());
     all
 }
 

@@ -459,6 +459,12 @@ fn served(route: Route, group: &str, resource: &str, sub: Option<&str>) -> Resul
     }
 }
 
+/// The encoded answer to the review `uid`: denied with `code`, `reason` and `message` (a refusal
+/// decided after the rules, such as a quota's, V15).
+pub fn refusal(uid: &str, code: u16, reason: &'static str, message: &str) -> Result<Vec<u8>, RequestError> {
+    encode(deny(response_to(uid), code, reason, message))
+}
+
 /// The review's answer, encoded.
 fn answered(response: Answer, outcome: Outcome) -> Result<Reviewed, RequestError> {
     Ok(Reviewed {
