@@ -32,7 +32,9 @@ use smolvm_tests::{
 use crate::{DONE_MARKER, InnerSettings};
 
 mod monitoring;
+mod quota;
 use monitoring::prometheus_scrapes_the_pods_and_fires_webhook_down_when_the_webhook_stops;
+use quota::quota_counts_are_enforced_natively_and_the_products_figures_survive_the_quota_controller;
 
 const NS: &str = "smolvm-system";
 
@@ -55,6 +57,7 @@ fn all() -> Vec<(&'static str, Scenario)> {
     scenarios![
         every_pod_of_deploy_default_becomes_ready,
         the_example_is_defaulted_validated_placed_and_created,
+        quota_counts_are_enforced_natively_and_the_products_figures_survive_the_quota_controller,
         kubectl_smolvm_follows_the_built_in_roles,
         one_webhook_pod_evicted_applies_keep_working,
         the_runtime_pod_deleted_comes_back_and_loses_nothing,
