@@ -297,6 +297,31 @@ impl Limits {
     }
 }
 
+/// The room `quotas` (a namespace's) still leave, in whole units of each key (`i64::MAX` for a
+/// key none limits); `None` when none limits anything: what the controller may still start there
+/// on its own (a pool's source and slots).
+pub fn room(quotas: &[Limits]) -> Option<NodeResources> {
+    if quotas.is_empty() {
+        return None;
+    }
+    let left = |key: Key, unit: i128| -> i64 {
+        quotas
+            .iter()
+            .filter_map(|q| {
+                q.hard
+                    .get(&key)
+                    .map(|hard| (hard.milli - q.used_milli(key)).max(0) / unit)
+            })
+            .min()
+            .map_or(i64::MAX, |n| i64::try_from(n).unwrap_or(i64::MAX))
+    };
+    Some(NodeResources {
+        cpus: left(Key::Cpus, MILLI),
+        memory_mib: left(Key::Memory, MIB * MILLI),
+        storage_gib: left(Key::Storage, GIB * MILLI),
+    })
+}
+
 /// A charge refused: the quota it exceeds and kube-apiserver's own words for it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
@@ -573,6 +598,38 @@ mod tests {
         assert_eq!(
             judge(&fresh, &r(2, 0, 0)).unwrap_err().message,
             "exceeded quota: vms, requested: vm.smolvm.dev/cpus=2, used: vm.smolvm.dev/cpus=0, limited: vm.smolvm.dev/cpus=1"
+        );
+    }
+
+    #[test]
+    fn the_room_left_is_the_least_any_quota_leaves() {
+        assert_eq!(room(&[]), None);
+        let a = Limits::of(&quota(
+            &[("vm.smolvm.dev/cpus", "4"), ("vm.smolvm.dev/memory", "4Gi")],
+            &[("vm.smolvm.dev/cpus", "1")],
+        ))
+        .unwrap();
+        let b = Limits::of(&quota(
+            &[("vm.smolvm.dev/cpus", "2500m")],
+            &[("vm.smolvm.dev/cpus", "6")],
+        ))
+        .unwrap();
+        assert_eq!(
+            room(std::slice::from_ref(&a)),
+            Some(NodeResources {
+                cpus: 3,
+                memory_mib: 4096,
+                storage_gib: i64::MAX
+            })
+        );
+        // Over its limit already: no room, never negative.
+        assert_eq!(
+            room(&[a, b]),
+            Some(NodeResources {
+                cpus: 0,
+                memory_mib: 4096,
+                storage_gib: i64::MAX
+            })
         );
     }
 
