@@ -689,18 +689,38 @@ mod policies {
         let labels = "/metadata/labels";
         let annotations = "/metadata/annotations";
         let tenant = set(&labelled, &format!("{labels}/tenant"), json!("a"));
-        let bootable = set(&labelled, &format!("{labels}/vm.smolvm.dev~1guest-bootable"), json!("true"));
+        let bootable = set(
+            &labelled,
+            &format!("{labels}/vm.smolvm.dev~1guest-bootable"),
+            json!("true"),
+        );
         let no_gpu = set(&labelled, &format!("{labels}/vm.smolvm.dev~1gpu-count"), Value::Null);
-        let zone = set(&labelled, &format!("{labels}/topology.kubernetes.io~1zone"), json!("z2"));
+        let zone = set(
+            &labelled,
+            &format!("{labels}/topology.kubernetes.io~1zone"),
+            json!("z2"),
+        );
         let no_team = set(&labelled, &format!("{labels}/team"), Value::Null);
-        let recheck = set(&labelled, &format!("{annotations}/vm.smolvm.dev~1recheck-boot"), json!("true"));
-        let rewritten = set(&labelled, &format!("{annotations}/vm.smolvm.dev~1mirrored-labels"), json!(""));
+        let recheck = set(
+            &labelled,
+            &format!("{annotations}/vm.smolvm.dev~1recheck-boot"),
+            json!("true"),
+        );
+        let rewritten = set(
+            &labelled,
+            &format!("{annotations}/vm.smolvm.dev~1mirrored-labels"),
+            json!(""),
+        );
         let finalized = set(&labelled, "/metadata/finalizers", json!(["example.com/keep"]));
         let orphaned = set(&labelled, "/metadata/ownerReferences", Value::Null);
         let unannotated = set(&labelled, annotations, json!({}));
         let created_bootable = set(&created, labels, json!({"vm.smolvm.dev/guest-bootable": "false"}));
         let created_tenant = set(&created, labels, json!({"tenant": "a"}));
-        let created_annotated = set(&created, annotations, json!({"vm.smolvm.dev/mirrored-labels": "tenant"}));
+        let created_annotated = set(
+            &created,
+            annotations,
+            json!({"vm.smolvm.dev/mirrored-labels": "tenant"}),
+        );
         let created_finalized = set(&created, "/metadata/finalizers", json!(["example.com/keep"]));
         let created_elsewhere = set(
             &created,
@@ -715,7 +735,13 @@ mod policies {
         let create = request(RUNTIME, "CREATE", "", own.clone());
         let update = request(RUNTIME, "UPDATE", "", own.clone());
         let cases: Vec<NodeCase<'_>> = vec![
-            ("create with its own label", create.clone(), None, &created_bootable, vec![]),
+            (
+                "create with its own label",
+                create.clone(),
+                None,
+                &created_bootable,
+                vec![],
+            ),
             (
                 "create with a tenant label",
                 create.clone(),
@@ -742,7 +768,9 @@ mod policies {
                 create.clone(),
                 None,
                 &created_elsewhere,
-                vec!["metadata.ownerReferences: a runtime agent's SmolVMNode is owned by its own Node only (v1 Node node-a, uid uid-node-a)"],
+                vec![
+                    "metadata.ownerReferences: a runtime agent's SmolVMNode is owned by its own Node only (v1 Node node-a, uid uid-node-a)",
+                ],
             ),
             (
                 "create owned by a forged node UID",

@@ -479,8 +479,7 @@ trait RuleDecode: Sized {
     fn decode_for_rules_leniently(object: &Value) -> Result<Lenient<Self>, Vec<Finding>> {
         match RuleObjectOf::<Self>::deserialize(object) {
             Ok(o) => Ok((Self::assemble(o), Vec::new())),
-            Err(_) => decode_leniently::<RuleObjectOf<Self>>(object)
-                .map(|(o, findings)| (Self::assemble(o), findings)),
+            Err(_) => decode_leniently::<RuleObjectOf<Self>>(object).map(|(o, findings)| (Self::assemble(o), findings)),
         }
     }
 

@@ -433,7 +433,11 @@ fn v10_every_foreign_label_is_named_at_once() {
     };
     let new = annotate(
         label(
-            label(label(labelled(), "tenant", Some("a")), "topology.kubernetes.io/zone", Some("z9")),
+            label(
+                label(labelled(), "tenant", Some("a")),
+                "topology.kubernetes.io/zone",
+                Some("z9"),
+            ),
             "team",
             None,
         ),

@@ -24,13 +24,13 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{
     Api, Client, ResourceExt,
-    api::{Patch, PatchParams, PartialObjectMeta},
+    api::{PartialObjectMeta, Patch, PatchParams},
     runtime::{
-        Controller, WatchStreamExt,
+        Controller, Predicate, WatchStreamExt,
         controller::Action,
         predicates,
         reflector::{self, ObjectRef, Store},
-        watcher, Predicate,
+        watcher,
     },
 };
 use smolvm_api::SmolVMNode;
@@ -199,28 +199,28 @@ struct Mirror {
 /// metadata of Nodes and SmolVMNodes is watched and cached (no status, no managedFields).
 pub async fn run(client: Client) {
     let (nodes, node_writer) = reflector::store::<PartialObjectMeta<Node>>();
-    let node_changes = watcher(Api::<PartialObjectMeta<Node>>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .modify(|n| n.metadata.managed_fields = None)
-        .reflect(node_writer)
-        .applied_objects()
-        // A Node's status and heartbeats change nothing here.
-        .predicate_filter(predicates::labels, Default::default());
+    let node_changes = watcher(
+        Api::<PartialObjectMeta<Node>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|n| n.metadata.managed_fields = None)
+    .reflect(node_writer)
+    .applied_objects()
+    // A Node's status and heartbeats change nothing here.
+    .predicate_filter(predicates::labels, Default::default());
     let (cache, cache_writer) = reflector::store::<PartialObjectMeta<SmolVMNode>>();
     let smolvm_node_changes = watcher(
         Api::<PartialObjectMeta<SmolVMNode>>::all(client.clone()),
         watcher::Config::default(),
     )
-        .default_backoff()
-        .modify(|n| n.metadata.managed_fields = None)
-        .reflect(cache_writer)
-        .applied_objects()
-        // The agent's heartbeats (status) change nothing here; a new SmolVMNode, a label or the
-        // mirrored-labels annotation does.
-        .predicate_filter(
-            predicates::labels.combine(predicates::annotations),
-            Default::default(),
-        );
+    .default_backoff()
+    .modify(|n| n.metadata.managed_fields = None)
+    .reflect(cache_writer)
+    .applied_objects()
+    // The agent's heartbeats (status) change nothing here; a new SmolVMNode, a label or the
+    // mirrored-labels annotation does.
+    .predicate_filter(predicates::labels.combine(predicates::annotations), Default::default());
     let mirror = Arc::new(Mirror {
         smolvm_nodes: Api::all(client),
         cache,

@@ -322,8 +322,7 @@ pub(super) fn the_runtime_sets_only_its_own_labels_on_its_smolvm_node() {
             .map(|k| k.trim().trim_matches('\'').to_string())
             .collect();
         assert_eq!(
-            listed,
-            AGENT_LABELS,
+            listed, AGENT_LABELS,
             "deploy/{overlay}: {POLICY}'s ownLabels and smolvm_api::constants::AGENT_LABELS differ"
         );
         let text = serde_json::to_string(&variables).unwrap_or_default()
