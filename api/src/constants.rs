@@ -72,8 +72,8 @@ pub const RECHECK_BOOT_VALUE: &str = "true";
 /// Name of the machine the canary boots on a node (never `svm-…`: orphan collection leaves it alone).
 pub const CANARY_MACHINE_NAME: &str = "smolvm-operator-canary";
 
-/// Prefix of the label keys the runtime agent owns on its SmolVMNode; a Node label with such a
-/// key is not mirrored over them.
+/// Prefix of the operator's own label keys on a SmolVMNode (the agent's [`AGENT_LABELS`] and the
+/// controller's [`LABEL_NODE`]); a Node label with such a key is not mirrored over them.
 pub const AGENT_LABEL_PREFIX: &str = "vm.smolvm.dev/";
 /// SmolVMNode label: `"true"` or `"false"`, the last canary boot's result (absent while pending
 /// or with the check off). A `nodeSelector` can ask for it.
@@ -82,15 +82,21 @@ pub const LABEL_GUEST_BOOTABLE: &str = "vm.smolvm.dev/guest-bootable";
 pub const LABEL_NESTED_VIRT: &str = "vm.smolvm.dev/nested-virt";
 /// SmolVMNode label: how many CUDA devices smolvm sees here, when it sees any.
 pub const LABEL_GPU_COUNT: &str = "vm.smolvm.dev/gpu-count";
+/// The only labels a runtime agent may set on its SmolVMNode (rule V10, as the NodeRestriction
+/// admission plugin keeps a kubelet to its own labels): what it found on its host. Every other
+/// label is the cluster admin's or mirrored from the Node by the controller, so that a node
+/// cannot label itself into another tenant's VMs and pools.
+pub const AGENT_LABELS: [&str; 3] = [LABEL_GUEST_BOOTABLE, LABEL_NESTED_VIRT, LABEL_GPU_COUNT];
 
-/// Label set on SmolVMNodes, naming the Kubernetes Node (mirrors `kubernetes.io/hostname`).
+/// Label the controller sets on SmolVMNodes, naming the Kubernetes Node (mirrors
+/// `kubernetes.io/hostname`), when the name fits a label value.
 pub const LABEL_NODE: &str = "vm.smolvm.dev/node";
 /// Label the operator sets on objects it manages.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Value of [`LABEL_MANAGED_BY`].
 pub const MANAGED_BY: &str = "smolvm-operator";
-/// Annotation on a SmolVMNode listing the label keys mirrored from the Node, so that
-/// labels an admin set directly on the SmolVMNode are never erased.
+/// Annotation on a SmolVMNode listing the label keys the controller mirrored from the Node, so
+/// that labels an admin set directly on the SmolVMNode are never erased.
 pub const ANNOTATION_MIRRORED_LABELS: &str = "vm.smolvm.dev/mirrored-labels";
 
 /// `userInfo.extra` key carrying the node name of a pod-bound ServiceAccount token.

@@ -114,8 +114,8 @@ pub fn deleting(mut object: Value) -> Value {
     object
 }
 
-/// A Ready SmolVMNode with the given allocatable resources, labelled as a runtime agent labels
-/// it on a typical linux/amd64 Node (the Node's labels mirrored, plus `vm.smolvm.dev/node`).
+/// A Ready SmolVMNode with the given allocatable resources, labelled as it is on a typical
+/// linux/amd64 Node (the Node's labels mirrored by the controller, plus `vm.smolvm.dev/node`).
 pub fn node(name: &str, cpus: i64, memory_mib: i64, storage_gib: i64) -> SmolVMNode {
     let resources = NodeResources {
         cpus,

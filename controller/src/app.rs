@@ -1,7 +1,7 @@
 //! The controller process: which tasks run, and when. Every replica runs the lease, the ops
 //! server and the access API; the replica holding the lease also runs the runtime CA and its
-//! rotation, the CSR signer, the node watch, the ledger and orphan collectors and the SmolVM
-//! controller ([`vms`]). Each task is one spawn here; what it does lives in its own module.
+//! rotation, the CSR signer, the node watch, the Node label mirror, the ledger and orphan
+//! collectors and the SmolVM controller ([`vms`]). Each task is one spawn here; what it does lives in its own module.
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -238,6 +238,8 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     let (vm_store, vm_writer) = reflector::store::<SmolVM>();
     let (node_store, wake) = node_watch(&client, vm_store.clone(), liveness.clone(), events.clone()).await?;
     ca_rotation(&client, flags, &trust, &node_store, &liveness, &events);
+    // The Nodes' labels onto their SmolVMNodes (a node's agent sets only its own there: V10).
+    tokio::spawn(tasks::node_labels::run(client.clone()));
     *fleet_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(tasks::ops::Fleet {
         nodes: node_store.clone(),
         liveness: liveness.clone(),

@@ -1,19 +1,23 @@
-//! Keeping this node's `SmolVMNode` current: created if missing (owned by the Node), labels
-//! mirrored from the Node without erasing admin-set labels, and status applied server-side
+//! Keeping this node's `SmolVMNode` current: created if missing (owned by the Node), its own
+//! labels set (the capability labels, [`capability_labels`]), and status applied server-side
 //! (field manager [`FIELD_MANAGER_RUNTIME`], forced) with a heartbeat.
 //!
-//! The merge and status-building rules are pure functions; [`Reporter`] is the thin I/O.
+//! The agent sets nothing else there (rule V10, as the NodeRestriction admission plugin keeps a
+//! kubelet to its own labels): the Node's labels are mirrored by the controller
+//! (controller/src/tasks/node_labels.rs), so a compromised node cannot label its SmolVMNode into
+//! another tenant's VMs and pools.
+//!
+//! The label and status-building rules are pure functions; [`Reporter`] is the thin I/O.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use smolvm_api::constants::{
-    AGENT_LABEL_PREFIX, ANNOTATION_MIRRORED_LABELS, API_VERSION, FIELD_MANAGER_RUNTIME, KIND_SMOLVM_NODE,
-    LABEL_GPU_COUNT, LABEL_GUEST_BOOTABLE, LABEL_NESTED_VIRT, LABEL_NODE, PROTOCOL_VERSION, RECHECK_BOOT_ANNOTATION,
-    RECHECK_BOOT_VALUE, condition, reason,
+    API_VERSION, FIELD_MANAGER_RUNTIME, KIND_SMOLVM_NODE, LABEL_GPU_COUNT, LABEL_GUEST_BOOTABLE, LABEL_NESTED_VIRT,
+    PROTOCOL_VERSION, RECHECK_BOOT_ANNOTATION, RECHECK_BOOT_VALUE, condition, reason,
 };
 use smolvm_api::types::{
     CanaryStatus, Endpoint, NodeResources, ServingCertificate, SmolVMNode, SmolVMNodeSpec, SmolVMNodeStatus,
@@ -21,31 +25,6 @@ use smolvm_api::types::{
 
 use crate::canary::{BootCheck, CheckState, Outcome};
 use crate::error::Result;
-
-/// Parses the mirrored-labels annotation (comma-separated label keys).
-pub fn parse_mirrored(annotation: Option<&str>) -> BTreeSet<String> {
-    annotation
-        .unwrap_or("")
-        .split(',')
-        .map(str::trim)
-        .filter(|k| !k.is_empty())
-        .map(str::to_string)
-        .collect()
-}
-
-/// Renders the mirrored-labels annotation: sorted keys joined by commas.
-pub fn render_mirrored(keys: &BTreeSet<String>) -> String {
-    keys.iter().cloned().collect::<Vec<_>>().join(",")
-}
-
-/// The result of mirroring Node labels onto a SmolVMNode.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LabelMerge {
-    /// The SmolVMNode's labels afterwards.
-    pub labels: BTreeMap<String, String>,
-    /// Keys now mirrored from the Node (for [`ANNOTATION_MIRRORED_LABELS`]).
-    pub mirrored: BTreeSet<String>,
-}
 
 /// The capability labels the agent owns, each with its value, or `None` to remove it: what a
 /// `nodeSelector` can ask of a node. Guest-bootable follows the last canary boot (absent while
@@ -72,88 +51,27 @@ pub fn capability_labels(check: Option<&BootCheck>) -> BTreeMap<&'static str, Op
     ])
 }
 
-/// Mirrors `node_labels` onto `current`: every Node label is set; a key mirrored before
-/// (`previously_mirrored`) and gone from the Node is removed; every other label (set by an
-/// admin) is kept, also when the Node has the same key: the admin's value overrides the
-/// Node's, and the Node's is mirrored again once the admin removes theirs. [`LABEL_NODE`]
-/// names the node whenever its name fits a label value (63 characters). Keys under
-/// [`AGENT_LABEL_PREFIX`] belong to the agent: a Node label with such a key is not mirrored,
-/// and `agent` (from [`capability_labels`]) sets or removes the agent's own.
-pub fn merge_labels(
+/// The JSON merge patch that sets the agent's own labels (`agent`, from [`capability_labels`]:
+/// each set to its value, or removed where `None`) on a SmolVMNode whose labels are `current`,
+/// or `None` when they already hold. It names no other label: every other one is the cluster
+/// admin's or the controller's (rule V10 refuses an agent that changes one).
+pub fn agent_label_patch(
     current: &BTreeMap<String, String>,
-    previously_mirrored: &BTreeSet<String>,
-    node_labels: &BTreeMap<String, String>,
-    node_name: &str,
     agent: &BTreeMap<&'static str, Option<String>>,
-) -> LabelMerge {
-    let mut labels = current.clone();
-    for key in previously_mirrored {
-        if !node_labels.contains_key(key) || key.starts_with(AGENT_LABEL_PREFIX) {
-            labels.remove(key);
-        }
-    }
-    let mut mirrored = BTreeSet::new();
-    for (key, value) in node_labels {
-        if key.starts_with(AGENT_LABEL_PREFIX) {
-            continue;
-        }
-        let set_by_admin = current.contains_key(key) && !previously_mirrored.contains(key) && key != LABEL_NODE;
-        if !set_by_admin {
-            labels.insert(key.clone(), value.clone());
-            mirrored.insert(key.clone());
-        }
-    }
-    // A label value holds at most 63 characters and node names run to 253: a longer name is
-    // not written (an apply with it would be refused and the node would never register); the
-    // object's own name is the node's name in every case.
-    if smolvm_api::syntax::check_label_value(node_name).is_ok() {
-        labels.insert(LABEL_NODE.to_string(), node_name.to_string());
-    } else {
-        labels.remove(LABEL_NODE);
-    }
-    for (key, value) in agent {
-        match value {
-            Some(value) => labels.insert((*key).to_string(), value.clone()),
-            None => labels.remove(*key),
-        };
-    }
-    LabelMerge { labels, mirrored }
-}
-
-/// The JSON merge patch turning `current` labels and annotation into `merge`, or `None` when
-/// nothing changes.
-pub fn label_patch(
-    current: &BTreeMap<String, String>,
-    current_annotation: Option<&str>,
-    merge: &LabelMerge,
 ) -> Option<serde_json::Value> {
     let mut labels = serde_json::Map::new();
-    for key in current.keys() {
-        if !merge.labels.contains_key(key) {
-            labels.insert(key.clone(), serde_json::Value::Null);
+    for (key, value) in agent {
+        match value {
+            Some(value) if current.get(*key) != Some(value) => {
+                labels.insert((*key).to_string(), serde_json::Value::String(value.clone()));
+            }
+            None if current.contains_key(*key) => {
+                labels.insert((*key).to_string(), serde_json::Value::Null);
+            }
+            _ => {}
         }
     }
-    for (key, value) in &merge.labels {
-        if current.get(key) != Some(value) {
-            labels.insert(key.clone(), serde_json::Value::String(value.clone()));
-        }
-    }
-    let annotation = render_mirrored(&merge.mirrored);
-    let annotation_changed = current_annotation.unwrap_or("") != annotation;
-    if labels.is_empty() && !annotation_changed {
-        return None;
-    }
-    let mut metadata = serde_json::Map::new();
-    if !labels.is_empty() {
-        metadata.insert("labels".into(), serde_json::Value::Object(labels));
-    }
-    if annotation_changed {
-        metadata.insert(
-            "annotations".into(),
-            serde_json::json!({ ANNOTATION_MIRRORED_LABELS: annotation }),
-        );
-    }
-    Some(serde_json::json!({ "metadata": metadata }))
+    (!labels.is_empty()).then(|| serde_json::json!({ "metadata": { "labels": labels } }))
 }
 
 /// A condition, keeping `lastTransitionTime` from `previous` when the status did not change.
@@ -418,23 +336,13 @@ pub fn status_apply_body(node_name: &str, status: &SmolVMNodeStatus) -> serde_js
     })
 }
 
-/// The SmolVMNode to create for a Node (owned by it, labels mirrored).
+/// The SmolVMNode to create for a Node: its name and the Node as its owner, nothing else (rule
+/// V10). Its own labels follow once it exists ([`agent_label_patch`]), the Node's labels once the
+/// controller mirrors them.
 pub fn new_smolvm_node(node: &Node, node_name: &str) -> SmolVMNode {
-    let node_labels = node.metadata.labels.clone().unwrap_or_default();
-    let merge = merge_labels(
-        &BTreeMap::new(),
-        &BTreeSet::new(),
-        &node_labels,
-        node_name,
-        &capability_labels(None),
-    );
-    let mut annotations = BTreeMap::new();
-    annotations.insert(ANNOTATION_MIRRORED_LABELS.to_string(), render_mirrored(&merge.mirrored));
     SmolVMNode {
         metadata: ObjectMeta {
             name: Some(node_name.to_string()),
-            labels: Some(merge.labels),
-            annotations: Some(annotations),
             owner_references: Some(vec![OwnerReference {
                 api_version: "v1".into(),
                 kind: "Node".into(),
@@ -485,13 +393,22 @@ impl Reporter {
         self
     }
 
-    /// The Node (for its UID and labels).
+    /// The agent's merge patches of its SmolVMNode, under its field manager.
+    fn patch_params() -> PatchParams {
+        PatchParams {
+            field_manager: Some(FIELD_MANAGER_RUNTIME.into()),
+            ..PatchParams::default()
+        }
+    }
+
+    /// The Node (for its UID and InternalIP).
     pub async fn node(&self) -> Result<Node> {
         Ok(self.nodes.get(&self.node_name).await?)
     }
 
-    /// One report: ensures the SmolVMNode exists, mirrors labels, applies status. `observe`
-    /// gets the Node's UID and returns what to report; the Node's InternalIP is taken from it.
+    /// One report: ensures the SmolVMNode exists, sets the agent's own labels, applies status.
+    /// `observe` gets the Node's UID and returns what to report; the Node's InternalIP is taken
+    /// from it.
     pub async fn report_once<F>(&self, now: Time, observe: F) -> Result<SmolVMNodeStatus>
     where
         F: FnOnce(&str) -> Observation,
@@ -522,28 +439,15 @@ impl Reporter {
             recheck.notify_one();
             let patch = serde_json::json!({ "metadata": { "annotations": { RECHECK_BOOT_ANNOTATION: null } } });
             self.smolvm_nodes
-                .patch(&self.node_name, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch(&self.node_name, &Self::patch_params(), &Patch::Merge(&patch))
                 .await?;
         }
         let mut observed = observe(&node_uid);
         observed.internal_ip = internal_ip(&node);
         let current_labels = existing.metadata.labels.clone().unwrap_or_default();
-        let annotation = existing
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION_MIRRORED_LABELS))
-            .cloned();
-        let merge = merge_labels(
-            &current_labels,
-            &parse_mirrored(annotation.as_deref()),
-            &node.metadata.labels.clone().unwrap_or_default(),
-            &self.node_name,
-            &capability_labels(observed.boot_check.as_ref()),
-        );
-        if let Some(patch) = label_patch(&current_labels, annotation.as_deref(), &merge) {
+        if let Some(patch) = agent_label_patch(&current_labels, &capability_labels(observed.boot_check.as_ref())) {
             self.smolvm_nodes
-                .patch(&self.node_name, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch(&self.node_name, &Self::patch_params(), &Patch::Merge(&patch))
                 .await?;
         }
         let previous = existing.status.map(|s| s.conditions).unwrap_or_default();
@@ -583,109 +487,6 @@ mod tests {
 
     fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
-    }
-
-    fn set(keys: &[&str]) -> BTreeSet<String> {
-        keys.iter().map(|k| k.to_string()).collect()
-    }
-
-    #[test]
-    fn label_merge_keeps_admin_labels() {
-        struct Case {
-            name: &'static str,
-            current: BTreeMap<String, String>,
-            mirrored: BTreeSet<String>,
-            node: BTreeMap<String, String>,
-            labels: BTreeMap<String, String>,
-            now_mirrored: BTreeSet<String>,
-        }
-        let cases = [
-            Case {
-                name: "fresh",
-                current: map(&[]),
-                mirrored: set(&[]),
-                node: map(&[("zone", "a")]),
-                labels: map(&[("zone", "a"), (LABEL_NODE, "n1")]),
-                now_mirrored: set(&["zone"]),
-            },
-            Case {
-                name: "admin label kept, removed node label dropped",
-                current: map(&[("zone", "a"), ("gpu", "yes"), ("team", "x"), (LABEL_NODE, "n1")]),
-                mirrored: set(&["zone", "gpu"]),
-                node: map(&[("zone", "b")]),
-                labels: map(&[("zone", "b"), ("team", "x"), (LABEL_NODE, "n1")]),
-                now_mirrored: set(&["zone"]),
-            },
-            Case {
-                name: "an admin label whose key the node now has keeps the admin's value",
-                current: map(&[("team", "x")]),
-                mirrored: set(&[]),
-                node: map(&[("team", "y")]),
-                labels: map(&[("team", "x"), (LABEL_NODE, "n1")]),
-                now_mirrored: set(&[]),
-            },
-            Case {
-                name: "once the admin removes it, the node's value is mirrored",
-                current: map(&[(LABEL_NODE, "n1")]),
-                mirrored: set(&[]),
-                node: map(&[("team", "y")]),
-                labels: map(&[("team", "y"), (LABEL_NODE, "n1")]),
-                now_mirrored: set(&["team"]),
-            },
-            Case {
-                name: "node lost all labels",
-                current: map(&[("zone", "a"), ("team", "x"), (LABEL_NODE, "n1")]),
-                mirrored: set(&["zone"]),
-                node: map(&[]),
-                labels: map(&[("team", "x"), (LABEL_NODE, "n1")]),
-                now_mirrored: set(&[]),
-            },
-        ];
-        for case in cases {
-            let merged = merge_labels(&case.current, &case.mirrored, &case.node, "n1", &BTreeMap::new());
-            assert_eq!(merged.labels, case.labels, "{}", case.name);
-            assert_eq!(merged.mirrored, case.now_mirrored, "{}", case.name);
-        }
-    }
-
-    #[test]
-    fn node_label_is_written_only_when_the_name_fits_a_label_value() {
-        let short = "ip-10-0-0-1.ec2.internal";
-        let long = "ip-192-168-101-202.ap-southeast-2.compute.internal.example-long-suffix";
-        assert!(long.len() > 63);
-        let merged = merge_labels(&map(&[]), &set(&[]), &map(&[("zone", "a")]), short, &BTreeMap::new());
-        assert_eq!(merged.labels.get(LABEL_NODE).map(String::as_str), Some(short));
-        let merged = merge_labels(
-            &map(&[(LABEL_NODE, "stale")]),
-            &set(&[]),
-            &map(&[("zone", "a")]),
-            long,
-            &BTreeMap::new(),
-        );
-        assert_eq!(merged.labels.get(LABEL_NODE), None);
-        assert_eq!(merged.labels.get("zone").map(String::as_str), Some("a"));
-    }
-
-    #[test]
-    fn label_patch_sets_removes_and_is_empty_when_equal() {
-        let current = map(&[("zone", "a"), ("gpu", "yes"), (LABEL_NODE, "n1")]);
-        let merged = merge_labels(
-            &current,
-            &set(&["zone", "gpu"]),
-            &map(&[("zone", "b")]),
-            "n1",
-            &BTreeMap::new(),
-        );
-        let patch = label_patch(&current, Some("gpu,zone"), &merged).expect("patch");
-        assert_eq!(
-            patch,
-            serde_json::json!({"metadata": {"labels": {"gpu": null, "zone": "b"},
-                "annotations": {ANNOTATION_MIRRORED_LABELS: "zone"}}})
-        );
-        let after = merged.labels.clone();
-        assert_eq!(label_patch(&after, Some("zone"), &merged), None);
-        assert_eq!(parse_mirrored(Some("b, a,,")), set(&["a", "b"]));
-        assert_eq!(render_mirrored(&set(&["b", "a"])), "a,b");
     }
 
     fn time(secs: i64) -> Time {
@@ -884,32 +685,86 @@ mod tests {
         let agent = capability_labels(Some(&caps));
         assert_eq!(agent[LABEL_NESTED_VIRT].as_deref(), Some("true"));
         assert_eq!(agent[LABEL_GPU_COUNT].as_deref(), Some("2"));
-        // A Node label of an agent key is not mirrored over the agent's value; the agent's own
-        // labels are set, and removed once they no longer hold.
-        let node = map(&[(LABEL_GUEST_BOOTABLE, "true"), ("zone", "a")]);
-        let merged = merge_labels(
-            &map(&[]),
-            &set(&[]),
-            &node,
-            "n1",
-            &capability_labels(Some(&check(failed()))),
-        );
+        // The keys are exactly those rule V10 lets an agent set, whatever the check found.
+        for check in [None, Some(&caps), Some(&check(failed()))] {
+            let keys: Vec<&str> = capability_labels(check).keys().copied().collect();
+            let mut owned = smolvm_api::constants::AGENT_LABELS.to_vec();
+            owned.sort();
+            assert_eq!(keys, owned);
+        }
+    }
+
+    /// The agent's label patch names its own labels only: set where they changed, removed where
+    /// they no longer hold, and every other label (the Node's, mirrored by the controller; an
+    /// admin's; `vm.smolvm.dev/node`) left out, so rule V10 never has a reason to refuse it.
+    #[test]
+    fn agent_label_patch_table() {
+        let others = [
+            ("kubernetes.io/hostname", "n1"),
+            ("tenant", "a"),
+            (smolvm_api::constants::LABEL_NODE, "n1"),
+        ];
+        let with = |extra: &[(&str, &str)]| map(&[&others[..], extra].concat());
+        let booted = capability_labels(Some(&check(CheckState::Done(Outcome::Booted { millis: 5 }))));
+        let failed = capability_labels(Some(&check(failed())));
+        let pending = capability_labels(Some(&check(CheckState::Pending)));
+        let cases = [
+            (
+                "first result: set",
+                with(&[]),
+                &booted,
+                Some(serde_json::json!({"metadata": {"labels": {LABEL_GUEST_BOOTABLE: "true"}}})),
+            ),
+            (
+                "unchanged: no patch",
+                with(&[(LABEL_GUEST_BOOTABLE, "true")]),
+                &booted,
+                None,
+            ),
+            (
+                "changed",
+                with(&[(LABEL_GUEST_BOOTABLE, "true")]),
+                &failed,
+                Some(serde_json::json!({"metadata": {"labels": {LABEL_GUEST_BOOTABLE: "false"}}})),
+            ),
+            (
+                "no longer holds: removed, with a stale gpu count",
+                with(&[(LABEL_GUEST_BOOTABLE, "false"), (LABEL_GPU_COUNT, "4")]),
+                &pending,
+                Some(serde_json::json!({"metadata": {"labels": {LABEL_GUEST_BOOTABLE: null, LABEL_GPU_COUNT: null}}})),
+            ),
+            ("nothing to set or remove", with(&[]), &capability_labels(None), None),
+        ];
+        for (name, current, agent, want) in cases {
+            assert_eq!(agent_label_patch(&current, agent), want, "{name}");
+        }
+    }
+
+    /// What the agent creates carries its name and its Node as owner, nothing else (rule V10).
+    #[test]
+    fn a_new_smolvm_node_carries_only_its_owner() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "uid": "uid-n1", "labels": {"tenant": "a"}}}))
+        .expect("node");
+        let created = new_smolvm_node(&node, "n1");
+        assert_eq!(created.metadata.name.as_deref(), Some("n1"));
         assert_eq!(
-            merged.labels.get(LABEL_GUEST_BOOTABLE).map(String::as_str),
-            Some("false")
+            created.metadata.labels, None,
+            "the Node's labels are the controller's to mirror"
         );
-        assert!(!merged.mirrored.contains(LABEL_GUEST_BOOTABLE));
-        assert_eq!(merged.labels.get(LABEL_GPU_COUNT), None);
-        let current = merged.labels.clone();
-        let later = merge_labels(
-            &current,
-            &merged.mirrored,
-            &node,
-            "n1",
-            &capability_labels(Some(&check(CheckState::Pending))),
+        assert_eq!(created.metadata.annotations, None);
+        assert_eq!(created.metadata.finalizers, None);
+        let owners = created.metadata.owner_references.unwrap_or_default();
+        assert_eq!(owners.len(), 1);
+        assert_eq!(
+            (
+                owners[0].api_version.as_str(),
+                owners[0].kind.as_str(),
+                owners[0].name.as_str(),
+                owners[0].uid.as_str()
+            ),
+            ("v1", "Node", "n1", "uid-n1")
         );
-        assert_eq!(later.labels.get(LABEL_GUEST_BOOTABLE), None, "pending: no label");
-        assert_eq!(later.labels.get("zone").map(String::as_str), Some("a"));
     }
 
     #[test]

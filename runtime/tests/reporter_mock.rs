@@ -114,24 +114,19 @@ async fn creates_the_smolvmnode_owned_by_the_node_then_applies_status() {
     .await;
     let created = json!({"apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVMNode",
         "metadata": {"name": "node-a", "uid": "svmn-uid", "resourceVersion": "1",
-            "labels": {"kubernetes.io/hostname": "node-a", "zone": "z1", "vm.smolvm.dev/node": "node-a"},
-            "annotations": {"vm.smolvm.dev/mirrored-labels": "kubernetes.io/hostname,zone"}},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "uid-node-a"}]},
         "spec": {}});
     let (content_type, body) = expect(&mut handle, "POST", &format!("{SVMN}?"), (StatusCode::CREATED, created)).await;
     assert_eq!(content_type.as_deref(), Some("application/json"));
+    // Its name and its Node as owner, nothing else (V10): the Node's labels are the controller's
+    // to mirror.
     assert_eq!(
-        body["metadata"]["ownerReferences"],
-        json!([{"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "uid-node-a"}])
+        body["metadata"],
+        json!({"name": "node-a",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "uid-node-a"}]})
     );
-    assert_eq!(
-        body["metadata"]["labels"],
-        json!({"kubernetes.io/hostname": "node-a", "zone": "z1", "vm.smolvm.dev/node": "node-a"})
-    );
-    assert_eq!(
-        body["metadata"]["annotations"]["vm.smolvm.dev/mirrored-labels"],
-        "kubernetes.io/hostname,zone"
-    );
-    // Labels already match: no label patch; next is the server-side apply of the status.
+    // None of its own labels holds yet (no boot check): no label patch; next is the server-side
+    // apply of the status.
     let (content_type, body) = expect_status_apply(&mut handle).await;
     assert_eq!(content_type.as_deref(), Some("application/apply-patch+yaml"));
     assert_eq!(body["apiVersion"], "vm.smolvm.dev/v1alpha1");
@@ -178,8 +173,10 @@ async fn creates_the_smolvmnode_owned_by_the_node_then_applies_status() {
     task.await.expect("task").expect("report succeeded");
 }
 
+/// Issue 56: the agent never writes the Node's labels (the controller mirrors them): a SmolVMNode
+/// whose labels differ from the Node's gets no label patch from it, only its status.
 #[tokio::test]
-async fn mirrors_labels_without_erasing_admin_labels_and_keeps_transition_times() {
+async fn leaves_the_nodes_labels_to_the_controller_and_keeps_transition_times() {
     smolvm_runtime::install_crypto_provider();
     let (client, mut handle) = double();
     let reporter = Reporter::new(client, "node-a");
@@ -204,20 +201,8 @@ async fn mirrors_labels_without_erasing_admin_labels_and_keeps_transition_times(
         (StatusCode::OK, existing.clone()),
     )
     .await;
-    let (content_type, body) = expect(
-        &mut handle,
-        "PATCH",
-        &format!("{SVMN}/node-a?"),
-        (StatusCode::OK, existing),
-    )
-    .await;
-    assert_eq!(content_type.as_deref(), Some("application/merge-patch+json"));
-    // `gpu` was mirrored and left the Node: removed. `team` (admin) stays untouched.
-    assert_eq!(
-        body,
-        json!({"metadata": {"labels": {"gpu": null, "zone": "z1"},
-            "annotations": {"vm.smolvm.dev/mirrored-labels": "kubernetes.io/hostname,zone"}}})
-    );
+    // `zone` differs from the Node's and `gpu` left it: the agent sends no label patch; the
+    // next call is the status apply.
     let (_, body) = expect_status_apply(&mut handle).await;
     let conditions = body["status"]["conditions"].as_array().expect("conditions").clone();
     let find = |t: &str| conditions.iter().find(|c| c["type"] == t).cloned().expect("condition");
@@ -266,13 +251,14 @@ async fn the_recheck_annotation_wakes_the_guest_boot_check_and_is_removed() {
         (StatusCode::OK, existing.clone()),
     )
     .await;
-    let (_, body) = expect(
+    let (content_type, body) = expect(
         &mut handle,
         "PATCH",
-        &format!("{SVMN}/node-a?"),
+        &format!("{SVMN}/node-a?&fieldManager=smolvm-runtime"),
         (StatusCode::OK, existing.clone()),
     )
     .await;
+    assert_eq!(content_type.as_deref(), Some("application/merge-patch+json"));
     assert_eq!(
         body,
         json!({"metadata": {"annotations": {"vm.smolvm.dev/recheck-boot": null}}})
@@ -284,13 +270,14 @@ async fn the_recheck_annotation_wakes_the_guest_boot_check_and_is_removed() {
     let (_, body) = expect(
         &mut handle,
         "PATCH",
-        &format!("{SVMN}/node-a?"),
+        &format!("{SVMN}/node-a?&fieldManager=smolvm-runtime"),
         (StatusCode::OK, existing),
     )
     .await;
+    // Its own label, and nothing else (V10).
     assert_eq!(
-        body["metadata"]["labels"]["vm.smolvm.dev/guest-bootable"], "true",
-        "{body}"
+        body,
+        json!({"metadata": {"labels": {"vm.smolvm.dev/guest-bootable": "true"}}})
     );
     let (_, body) = expect_status_apply(&mut handle).await;
     let guest = body["status"]["conditions"]

@@ -570,6 +570,13 @@ mod policies {
         let (a, a_cordoned, b) = (node("node-a", false), node("node-a", true), node("node-b", false));
         let mut a_wrong_uid = a.clone();
         a_wrong_uid["status"]["nodeUID"] = json!("uid-other");
+        // What an agent creates: no label but its own (the controller mirrors the Node's).
+        let created = |unschedulable: bool| {
+            let mut n = node("node-a", unschedulable);
+            n["metadata"]["labels"] = json!({});
+            n
+        };
+        let (a_created, a_created_cordoned) = (created(false), created(true));
         let cases: Vec<NodeCase<'_>> = vec![
             (
                 "own heartbeat",
@@ -582,7 +589,7 @@ mod policies {
                 "own create",
                 request(RUNTIME, "CREATE", "", own.clone()),
                 None,
-                &a,
+                &a_created,
                 vec![],
             ),
             (
@@ -620,7 +627,7 @@ mod policies {
                 "runtime creates cordoned",
                 request(RUNTIME, "CREATE", "", own.clone()),
                 None,
-                &a_cordoned,
+                &a_created_cordoned,
                 vec!["cluster admin's cordon"],
             ),
             (
@@ -644,5 +651,231 @@ mod policies {
         // An admin's cordon is not this policy's business.
         let admin = request("kubernetes-admin", "UPDATE", "", json!({}));
         assert_eq!(judge(&p, &admin, &a_cordoned, Some(&a)), None);
+    }
+
+    /// Issue 56: a runtime agent sets on its SmolVMNode only its status and its own three labels,
+    /// as api/tests/rules/nodes.rs has the webhook's V10 say; each message names the key, the
+    /// value and [V10].
+    #[test]
+    fn v10_a_runtime_sets_only_its_own_labels() {
+        let p = policy("smolvm-runtime-own-node");
+        let own = json!({"authentication.kubernetes.io/node-name": ["node-a"],
+            "authentication.kubernetes.io/node-uid": ["uid-node-a"]});
+        let owner = json!([{"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "uid-node-a"}]);
+        let labelled = json!({"apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVMNode",
+            "metadata": {"name": "node-a", "uid": "0b7c5d2e-91aa-4c1e-8f00-5e4f3a2b1c0d",
+                "labels": {"kubernetes.io/hostname": "node-a", "topology.kubernetes.io/zone": "z1",
+                    "team": "admins", "vm.smolvm.dev/node": "node-a", "vm.smolvm.dev/gpu-count": "1"},
+                "annotations": {"vm.smolvm.dev/mirrored-labels": "kubernetes.io/hostname,topology.kubernetes.io/zone"},
+                "ownerReferences": owner},
+            "spec": {}, "status": {"nodeUID": "uid-node-a"}});
+        let created = json!({"apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVMNode",
+            "metadata": {"name": "node-a", "ownerReferences": owner}, "spec": {}});
+        let set = |object: &Value, pointer: &str, value: Value| {
+            let mut object = object.clone();
+            let (parent, key) = pointer.rsplit_once('/').unwrap_or_default();
+            let key = key.replace("~1", "/");
+            match object.pointer_mut(parent).and_then(Value::as_object_mut) {
+                Some(map) if value.is_null() => {
+                    map.remove(&key);
+                }
+                Some(map) => {
+                    map.insert(key, value);
+                }
+                None => panic!("{pointer}: no parent"),
+            }
+            object
+        };
+        let labels = "/metadata/labels";
+        let annotations = "/metadata/annotations";
+        let tenant = set(&labelled, &format!("{labels}/tenant"), json!("a"));
+        let bootable = set(
+            &labelled,
+            &format!("{labels}/vm.smolvm.dev~1guest-bootable"),
+            json!("true"),
+        );
+        let no_gpu = set(&labelled, &format!("{labels}/vm.smolvm.dev~1gpu-count"), Value::Null);
+        let zone = set(
+            &labelled,
+            &format!("{labels}/topology.kubernetes.io~1zone"),
+            json!("z2"),
+        );
+        let no_team = set(&labelled, &format!("{labels}/team"), Value::Null);
+        let recheck = set(
+            &labelled,
+            &format!("{annotations}/vm.smolvm.dev~1recheck-boot"),
+            json!("true"),
+        );
+        let rewritten = set(
+            &labelled,
+            &format!("{annotations}/vm.smolvm.dev~1mirrored-labels"),
+            json!(""),
+        );
+        let finalized = set(&labelled, "/metadata/finalizers", json!(["example.com/keep"]));
+        let orphaned = set(&labelled, "/metadata/ownerReferences", Value::Null);
+        let unannotated = set(&labelled, annotations, json!({}));
+        let created_bootable = set(&created, labels, json!({"vm.smolvm.dev/guest-bootable": "false"}));
+        let created_tenant = set(&created, labels, json!({"tenant": "a"}));
+        let created_annotated = set(
+            &created,
+            annotations,
+            json!({"vm.smolvm.dev/mirrored-labels": "tenant"}),
+        );
+        let created_finalized = set(&created, "/metadata/finalizers", json!(["example.com/keep"]));
+        let created_elsewhere = set(
+            &created,
+            "/metadata/ownerReferences",
+            json!([{"apiVersion": "v1", "kind": "Node", "name": "node-b", "uid": "uid-node-b"}]),
+        );
+        let created_forged = set(
+            &created,
+            "/metadata/ownerReferences",
+            json!([{"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "forged"}]),
+        );
+        let create = request(RUNTIME, "CREATE", "", own.clone());
+        let update = request(RUNTIME, "UPDATE", "", own.clone());
+        let cases: Vec<NodeCase<'_>> = vec![
+            (
+                "create with its own label",
+                create.clone(),
+                None,
+                &created_bootable,
+                vec![],
+            ),
+            (
+                "create with a tenant label",
+                create.clone(),
+                None,
+                &created_tenant,
+                vec![r#"metadata.labels["tenant"]: "a": a runtime agent sets only its own labels"#],
+            ),
+            (
+                "create with an annotation",
+                create.clone(),
+                None,
+                &created_annotated,
+                vec![r#"metadata.annotations["vm.smolvm.dev/mirrored-labels"]: "tenant": a runtime agent may not set"#],
+            ),
+            (
+                "create with a finalizer",
+                create.clone(),
+                None,
+                &created_finalized,
+                vec!["metadata.finalizers: a runtime agent may not set or change the finalizers"],
+            ),
+            (
+                "create owned by another node",
+                create.clone(),
+                None,
+                &created_elsewhere,
+                vec![
+                    "metadata.ownerReferences: a runtime agent's SmolVMNode is owned by its own Node only (v1 Node node-a, uid uid-node-a)",
+                ],
+            ),
+            (
+                "create owned by a forged node UID",
+                create.clone(),
+                None,
+                &created_forged,
+                vec!["metadata.ownerReferences: a runtime agent's SmolVMNode is owned by its own Node only"],
+            ),
+            ("set guest-bootable", update.clone(), Some(&labelled), &bootable, vec![]),
+            ("remove gpu-count", update.clone(), Some(&labelled), &no_gpu, vec![]),
+            (
+                "add a tenant label",
+                update.clone(),
+                Some(&labelled),
+                &tenant,
+                vec![r#"metadata.labels["tenant"]: "a": a runtime agent sets only its own labels"#],
+            ),
+            (
+                "change a mirrored label",
+                update.clone(),
+                Some(&labelled),
+                &zone,
+                vec![r#"metadata.labels["topology.kubernetes.io/zone"]: "z2" (was "z1"): a runtime agent"#],
+            ),
+            (
+                "remove an admin's label",
+                update.clone(),
+                Some(&labelled),
+                &no_team,
+                vec![r#"metadata.labels["team"]: removed (was "admins"): a runtime agent"#],
+            ),
+            (
+                "remove the recheck annotation",
+                update.clone(),
+                Some(&recheck),
+                &labelled,
+                vec![],
+            ),
+            (
+                "set the recheck annotation",
+                update.clone(),
+                Some(&labelled),
+                &recheck,
+                vec![r#"metadata.annotations["vm.smolvm.dev/recheck-boot"]: "true": a runtime agent may not set"#],
+            ),
+            (
+                "rewrite the mirrored-labels annotation",
+                update.clone(),
+                Some(&labelled),
+                &rewritten,
+                vec![r#"metadata.annotations["vm.smolvm.dev/mirrored-labels"]: "": a runtime agent may not set"#],
+            ),
+            (
+                "remove the mirrored-labels annotation",
+                update.clone(),
+                Some(&labelled),
+                &unannotated,
+                vec![r#"metadata.annotations["vm.smolvm.dev/mirrored-labels"]: removed: a runtime agent may not"#],
+            ),
+            (
+                "add a finalizer",
+                update.clone(),
+                Some(&labelled),
+                &finalized,
+                vec!["metadata.finalizers: a runtime agent may not set or change the finalizers"],
+            ),
+            (
+                "drop its owner",
+                update.clone(),
+                Some(&labelled),
+                &orphaned,
+                vec!["metadata.ownerReferences: a runtime agent may not change the owner references"],
+            ),
+            (
+                "a status write keeps the labels",
+                request(RUNTIME, "UPDATE", "status", own.clone()),
+                Some(&labelled),
+                &labelled,
+                vec![],
+            ),
+        ];
+        for (name, req, old, new, expected) in cases {
+            let failed = judge(&p, &req, new, old).unwrap_or_else(|| panic!("{name}: not matched"));
+            assert_eq!(failed.len(), expected.len(), "{name}: {failed:?}");
+            for (message, fragment) in failed.iter().zip(&expected) {
+                assert!(
+                    message.starts_with(fragment) && message.ends_with("[V10]"),
+                    "{name}: {message}"
+                );
+            }
+        }
+        // Two foreign labels at once: both named in one message.
+        let both = set(&tenant, &format!("{labels}/team"), json!("intruders"));
+        let failed = judge(&p, &update, &both, Some(&labelled)).unwrap_or_default();
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert!(
+            failed[0].contains(r#"metadata.labels["team"]: "intruders" (was "admins")"#)
+                && failed[0].contains(r#"metadata.labels["tenant"]: "a""#),
+            "{}",
+            failed[0]
+        );
+        // The cluster admin and the controller are not this policy's concern.
+        for who in ["kubernetes-admin", CONTROLLER] {
+            let req = request(who, "UPDATE", "", json!({}));
+            assert_eq!(judge(&p, &req, &tenant, Some(&labelled)), None, "{who}");
+        }
     }
 }

@@ -391,19 +391,60 @@ impl<'de> Deserialize<'de> for AnyString {
 
 /// An object as the rules see it.
 #[derive(serde::Deserialize)]
-struct RuleObject<S, T> {
+struct RuleObject<S, T, M> {
     #[serde(default)]
-    metadata: RuleMeta,
+    metadata: M,
     spec: S,
     #[serde(default = "none")]
     status: Option<T>,
+}
+
+/// The [`RuleObject`] a kind decodes through.
+type RuleObjectOf<K> = RuleObject<<K as RuleDecode>::Spec, <K as RuleDecode>::Status, <K as RuleDecode>::Meta>;
+
+/// The metadata of a SmolVMNode as rule V10 reads it: besides what [`RuleMeta`] reads, every
+/// annotation (not only the project's) and the owner references, since a runtime agent may
+/// change none of them ([`crate::validate::validate_smolvm_node`]). SmolVMNode writes through
+/// the webhook are few (labels, a cordon), so the whole map costs nothing that matters.
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct NodeMeta {
+    name: Option<String>,
+    uid: Option<String>,
+    generation: Option<i64>,
+    labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
+    finalizers: Option<Vec<String>>,
+    owner_references: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>,
+    deletion_timestamp: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+}
+
+/// Metadata as decoded for the rules, turned into the kind's `ObjectMeta`.
+trait IntoObjectMeta {
+    fn into_object_meta(self) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+}
+
+impl IntoObjectMeta for NodeMeta {
+    fn into_object_meta(self) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: self.name,
+            uid: self.uid,
+            generation: self.generation,
+            labels: self.labels,
+            annotations: self.annotations,
+            finalizers: self.finalizers,
+            owner_references: self.owner_references,
+            deletion_timestamp: self.deletion_timestamp,
+            ..Default::default()
+        }
+    }
 }
 
 fn none<T>() -> Option<T> {
     None
 }
 
-impl RuleMeta {
+impl IntoObjectMeta for RuleMeta {
     fn into_object_meta(self) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
         k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
             name: self.name,
@@ -424,21 +465,21 @@ impl RuleMeta {
 trait RuleDecode: Sized {
     type Spec: DeserializeOwned;
     type Status: DeserializeOwned;
+    type Meta: DeserializeOwned + Default + IntoObjectMeta;
 
-    fn assemble(object: RuleObject<Self::Spec, Self::Status>) -> Self;
+    fn assemble(object: RuleObjectOf<Self>) -> Self;
 
     fn decode_for_rules(object: &Value) -> Result<Self, Finding> {
-        decode::<RuleObject<Self::Spec, Self::Status>>(object).map(Self::assemble)
+        decode::<RuleObjectOf<Self>>(object).map(Self::assemble)
     }
 
     /// Decodes `object` for the rules whatever its fields hold: every field that does not
     /// decode is one finding, and is read as absent or neutral ([`decode_leniently`]). The
     /// strict decode first: only an object that fails it takes the lenient path.
     fn decode_for_rules_leniently(object: &Value) -> Result<Lenient<Self>, Vec<Finding>> {
-        match RuleObject::<Self::Spec, Self::Status>::deserialize(object) {
+        match RuleObjectOf::<Self>::deserialize(object) {
             Ok(o) => Ok((Self::assemble(o), Vec::new())),
-            Err(_) => decode_leniently::<RuleObject<Self::Spec, Self::Status>>(object)
-                .map(|(o, findings)| (Self::assemble(o), findings)),
+            Err(_) => decode_leniently::<RuleObjectOf<Self>>(object).map(|(o, findings)| (Self::assemble(o), findings)),
         }
     }
 
@@ -450,7 +491,7 @@ trait RuleDecode: Sized {
     /// matters where the direct decode fails (serde rejects a repeated struct field). Any
     /// failure goes through the Value, so findings (paths, messages) are those of the Value path.
     fn decode_for_rules_text(text: &str) -> Result<Self, Finding> {
-        match serde_json::from_str::<RuleObject<Self::Spec, Self::Status>>(text) {
+        match serde_json::from_str::<RuleObjectOf<Self>>(text) {
             Ok(object) => Ok(Self::assemble(object)),
             Err(_) => parse_text(text).and_then(|value| Self::decode_for_rules(&value)),
         }
@@ -458,7 +499,7 @@ trait RuleDecode: Sized {
 
     /// [`RuleDecode::decode_for_rules_leniently`] on the text, which decodes directly when it can.
     fn decode_for_rules_text_leniently(text: &str) -> Result<Lenient<Self>, Vec<Finding>> {
-        match serde_json::from_str::<RuleObject<Self::Spec, Self::Status>>(text) {
+        match serde_json::from_str::<RuleObjectOf<Self>>(text) {
             Ok(object) => Ok((Self::assemble(object), Vec::new())),
             Err(_) => match parse_text(text) {
                 Ok(value) => Self::decode_for_rules_leniently(&value),
@@ -487,8 +528,9 @@ fn parse_text(text: &str) -> Result<Value, Finding> {
 impl RuleDecode for SmolVM {
     type Spec = crate::types::SmolVMSpec;
     type Status = crate::types::SmolVMStatus;
+    type Meta = RuleMeta;
 
-    fn assemble(o: RuleObject<Self::Spec, Self::Status>) -> Self {
+    fn assemble(o: RuleObjectOf<Self>) -> Self {
         SmolVM {
             metadata: o.metadata.into_object_meta(),
             spec: o.spec,
@@ -501,8 +543,9 @@ impl RuleDecode for SmolVMClass {
     type Spec = crate::class::SmolVMClassSpec;
     // A class has no status; whatever a request carries there is not read.
     type Status = serde::de::IgnoredAny;
+    type Meta = RuleMeta;
 
-    fn assemble(o: RuleObject<Self::Spec, Self::Status>) -> Self {
+    fn assemble(o: RuleObjectOf<Self>) -> Self {
         SmolVMClass {
             metadata: o.metadata.into_object_meta(),
             spec: o.spec,
@@ -514,8 +557,9 @@ impl RuleDecode for SmolVMPool {
     type Spec = crate::pool::SmolVMPoolSpec;
     // The controller writes the status through its subresource, which no rule reads.
     type Status = serde::de::IgnoredAny;
+    type Meta = RuleMeta;
 
-    fn assemble(o: RuleObject<Self::Spec, Self::Status>) -> Self {
+    fn assemble(o: RuleObjectOf<Self>) -> Self {
         SmolVMPool {
             metadata: o.metadata.into_object_meta(),
             spec: o.spec,
@@ -527,8 +571,9 @@ impl RuleDecode for SmolVMPool {
 impl RuleDecode for SmolVMNode {
     type Spec = crate::types::SmolVMNodeSpec;
     type Status = crate::types::SmolVMNodeStatus;
+    type Meta = NodeMeta;
 
-    fn assemble(o: RuleObject<Self::Spec, Self::Status>) -> Self {
+    fn assemble(o: RuleObjectOf<Self>) -> Self {
         SmolVMNode {
             metadata: o.metadata.into_object_meta(),
             spec: o.spec,
@@ -699,8 +744,8 @@ pub fn validate_smolvm_with(
 /// otherwise, without wording why.
 fn decode_strictly<T: RuleDecode>(raw: Raw<'_>) -> Option<T> {
     let object = match raw {
-        Raw::Value(value) => RuleObject::<T::Spec, T::Status>::deserialize(value).ok()?,
-        Raw::Text(text) => serde_json::from_str::<RuleObject<T::Spec, T::Status>>(text).ok()?,
+        Raw::Value(value) => RuleObjectOf::<T>::deserialize(value).ok()?,
+        Raw::Text(text) => serde_json::from_str::<RuleObjectOf<T>>(text).ok()?,
     };
     Some(T::assemble(object))
 }
@@ -1008,7 +1053,7 @@ mod tests {
     fn unreadable_objects_and_many_bad_fields_stay_bounded() {
         // Not an object: one finding at the object.
         let bad: Vec<u32> = Vec::new();
-        let found = decode_leniently::<RuleObject<crate::types::SmolVMSpec, crate::types::SmolVMStatus>>(&json!(bad));
+        let found = decode_leniently::<RuleObjectOf<SmolVM>>(&json!(bad));
         assert!(matches!(&found, Err(f) if f.len() == 1 && f[0].path == "object"));
         // A hundred bad entries: at most MAX_REPAIRS of them, and a finding that more do not decode.
         let command: Vec<u32> = (0..100).collect();

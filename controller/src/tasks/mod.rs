@@ -2,6 +2,7 @@
 //! pure decisions that live elsewhere (placement's `NodeTracker`, the ledger, the signer's judgement).
 //!
 //! - [`nodes`]: the SmolVMNode watch that wakes the SmolVMs a node change concerns;
+//! - [`node_labels`]: the Node's labels mirrored onto its SmolVMNode;
 //! - [`ledger`]: releasing the reservations of SmolVMs that are gone;
 //! - [`policy`]: re-reading the policy file;
 //! - [`csr`]: approving and signing the runtime agents' certificate requests;
@@ -9,6 +10,7 @@
 
 pub mod csr;
 pub mod ledger;
+pub mod node_labels;
 pub mod nodes;
 pub mod ops;
 pub mod policy;

@@ -396,7 +396,53 @@ async fn every_pod_of_deploy_default_becomes_ready(ctx: &mut Ctx) -> anyhow::Res
         endpoint.port,
         status.runtime_version.as_deref().unwrap_or("?")
     );
+    node_labels_are_mirrored_by_the_controller(ctx, &kube_node).await?;
     guest_boot_check_reports_then_is_turned_off(ctx).await
+}
+
+/// The labels the kubelet gave its Node reach the SmolVMNode through the controller (its field
+/// manager owns them), with `vm.smolvm.dev/node` naming the node: the agent sets only its own
+/// labels there (V10, issue 56).
+async fn node_labels_are_mirrored_by_the_controller(ctx: &Ctx, kube_node: &KubeNode) -> anyhow::Result<()> {
+    let want: Vec<(String, String)> = kube_node
+        .labels()
+        .iter()
+        .filter(|(k, _)| !k.starts_with("vm.smolvm.dev/"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    ensure!(
+        want.iter().any(|(k, _)| k == "kubernetes.io/hostname"),
+        "the kubelet set no hostname label: {want:?}"
+    );
+    let node = eventually(
+        "the Node's labels on its SmolVMNode",
+        Duration::from_secs(60),
+        || async {
+            Ok(smolvm_node(ctx).await?.filter(|n| {
+                let labels = n.labels();
+                want.iter().all(|(k, v)| labels.get(k) == Some(v))
+                    && labels.get("vm.smolvm.dev/node").map(String::as_str) == Some(NODE_NAME)
+            }))
+        },
+    )
+    .await?;
+    let by_controller = node.managed_fields().iter().any(|entry| {
+        entry.manager.as_deref() == Some("smolvm-controller")
+            && entry
+                .fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0["f:metadata"]["f:labels"].get("f:kubernetes.io/hostname").is_some())
+    });
+    ensure!(
+        by_controller,
+        "the SmolVMNode's labels were not written by the controller: {:?}",
+        node.managed_fields()
+    );
+    println!(
+        "    {} Node labels mirrored onto the SmolVMNode by the controller",
+        want.len()
+    );
+    Ok(())
 }
 
 /// deploy/default runs the guest boot check: the node reports GuestBootable (False here, where

@@ -12,14 +12,14 @@ smolvm-controller  cluster        certificates.k8s.io/certificatesigningrequests
 smolvm-controller  cluster        certificates.k8s.io/certificatesigningrequests/approval  -  patch
 smolvm-controller  cluster        certificates.k8s.io/certificatesigningrequests/status  -  patch
 smolvm-controller  cluster        certificates.k8s.io/signers  vm.smolvm.dev/runtime-serving  approve,sign
-smolvm-controller  cluster        core/nodes  -  get
+smolvm-controller  cluster        core/nodes  -  get,list,watch
 smolvm-controller  cluster        core/resourcequotas  -  get,list,watch
 smolvm-controller  cluster        core/resourcequotas/status  -  patch
 smolvm-controller  cluster        core/services  -  create,delete,get,list,patch,watch
 smolvm-controller  cluster        discovery.k8s.io/endpointslices  -  create,delete,get,list,patch,watch
 smolvm-controller  cluster        events.k8s.io/events  -  create
 smolvm-controller  cluster        vm.smolvm.dev/smolvmclasses  -  list,watch
-smolvm-controller  cluster        vm.smolvm.dev/smolvmnodes  -  get,list,watch
+smolvm-controller  cluster        vm.smolvm.dev/smolvmnodes  -  get,list,patch,watch
 smolvm-controller  cluster        vm.smolvm.dev/smolvmpools  -  get,list,watch
 smolvm-controller  cluster        vm.smolvm.dev/smolvmpools/status  -  patch
 smolvm-controller  cluster        vm.smolvm.dev/smolvms  -  get,list,patch,watch

@@ -277,3 +277,77 @@ pub(super) fn the_controller_writes_only_services_and_endpoint_slices_of_smolvms
         }
     }
 }
+
+/// Issue 56: the runtime's own-node policy keeps an agent to its status and the labels the agent
+/// owns, the same list the code names (smolvm_api::constants::AGENT_LABELS, the keys of
+/// runtime/src/report.rs capability_labels), on every SmolVMNode write it matches; it compares
+/// labels, annotations (but the recheck annotation the agent removes), finalizers and owner
+/// references with the stored object, and checks a new SmolVMNode's owner against the token's
+/// node. (The RBAC table in rbac.rs gives the controller what mirroring the Node's labels takes.)
+#[test]
+pub(super) fn the_runtime_sets_only_its_own_labels_on_its_smolvm_node() {
+    use smolvm_api::constants::{AGENT_LABELS, RECHECK_BOOT_ANNOTATION};
+    require_kubectl!();
+    const POLICY: &str = "smolvm-runtime-own-node";
+    for overlay in OVERLAYS {
+        let all = rendered(overlay);
+        let vap: ValidatingAdmissionPolicy = typed(find(all, "ValidatingAdmissionPolicy", POLICY));
+        let spec = vap.spec.expect("spec");
+        let mut matched: Vec<(Vec<String>, Vec<String>)> = spec
+            .match_constraints
+            .as_ref()
+            .and_then(|m| m.resource_rules.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| {
+                let mut operations = r.operations.unwrap_or_default();
+                operations.sort();
+                let mut resources = r.resources.unwrap_or_default();
+                resources.sort();
+                (operations, resources)
+            })
+            .collect();
+        matched.sort();
+        assert_eq!(
+            matched,
+            [(
+                vec!["CREATE".to_string(), "UPDATE".into()],
+                vec!["smolvmnodes".to_string(), "smolvmnodes/status".into()]
+            )],
+            "deploy/{overlay}: {POLICY} matches"
+        );
+        let variables = spec.variables.unwrap_or_default();
+        let own = variables
+            .iter()
+            .find(|v| v.name == "ownLabels")
+            .unwrap_or_else(|| panic!("deploy/{overlay}: {POLICY} has no ownLabels variable"));
+        let listed: Vec<String> = own
+            .expression
+            .trim()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .split(',')
+            .map(|k| k.trim().trim_matches('\'').to_string())
+            .collect();
+        assert_eq!(
+            listed, AGENT_LABELS,
+            "deploy/{overlay}: {POLICY}'s ownLabels and smolvm_api::constants::AGENT_LABELS differ"
+        );
+        let text = serde_json::to_string(&variables).unwrap_or_default()
+            + &serde_json::to_string(&spec.validations).unwrap_or_default();
+        for needle in [
+            "oldObject.metadata.labels",
+            "oldObject.metadata.annotations",
+            "oldObject.metadata.finalizers",
+            "oldObject.metadata.ownerReferences",
+            &format!("k != '{RECHECK_BOOT_ANNOTATION}'"),
+            "r.kind == 'Node'",
+            "variables.uidClaim",
+        ] {
+            assert!(
+                text.contains(needle),
+                "deploy/{overlay}: {POLICY} does not check {needle}"
+            );
+        }
+    }
+}

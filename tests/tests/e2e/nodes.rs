@@ -3,6 +3,10 @@
 //! simulated node (a SmolVMNode written by the test, as an agent whose guests boot would report
 //! it, with a heartbeat the test keeps changing) takes the VMs. Cordoned, no node can run a new
 //! VM: it waits, saying why in the scheduler's form, and is placed once the node is uncordoned.
+//!
+//! Node identity: a node's agent may set on its SmolVMNode only its own labels (V10); the
+//! Node's labels reach the SmolVMNode through the controller, and a label an admin set there
+//! stays.
 
 use std::time::Duration;
 
@@ -13,12 +17,15 @@ use kube::{
 };
 use serde_json::json;
 use smolvm_api::{SmolVMNode, constants};
-use smolvm_tests::env::{Env, NODE, eventually};
+use smolvm_tests::env::{self, Env, NODE, NODE_HOSTNAME, eventually};
 
 use crate::{Scenario, condition, expect_event, kubectl_apply, small, vm, vms, wait_vm};
 
 pub(crate) fn scenarios() -> Vec<(&'static str, Scenario)> {
-    scenarios![a_node_that_cannot_boot_guests_takes_no_vm_and_an_unplaced_vm_says_why]
+    scenarios![
+        a_node_that_cannot_boot_guests_takes_no_vm_and_an_unplaced_vm_says_why,
+        a_node_sets_only_its_own_labels_and_the_controller_mirrors_the_nodes,
+    ]
 }
 
 const SIM: &str = "sim-bootable-node";
@@ -240,5 +247,175 @@ async fn placements(env: &mut Env, nodes: &Api<SmolVMNode>, real_bootable: bool)
         .and_then(|s| s.node_name.clone())
         .unwrap_or_default();
     ensure!(real_bootable || node == SIM, "truthful-c went to {node}");
+    Ok(())
+}
+
+/// The manager of the label `key` on `node`, from its managedFields (`None` when none owns it).
+fn label_manager(node: &SmolVMNode, key: &str) -> Option<String> {
+    node.metadata.managed_fields.iter().flatten().find_map(|entry| {
+        let fields = entry.fields_v1.as_ref()?;
+        fields.0["f:metadata"]["f:labels"]
+            .get(format!("f:{key}"))
+            .and(entry.manager.clone())
+    })
+}
+
+fn label_of(node: &SmolVMNode, key: &str) -> Option<String> {
+    node.metadata.labels.as_ref().and_then(|l| l.get(key).cloned())
+}
+
+/// Issue 56: a node's agent labels its own SmolVMNode `tenant: a` (to be handed tenant a's pools
+/// and their Secrets) and is refused, naming the label and [V10], at UPDATE and at CREATE; its own
+/// label `vm.smolvm.dev/guest-bootable` is admitted. A label put on the Node appears on the
+/// SmolVMNode, written by the controller (its field manager owns it); a label an admin set on the
+/// SmolVMNode survives, also when the Node gets the same key, and when the Node's labels go.
+pub(crate) async fn a_node_sets_only_its_own_labels_and_the_controller_mirrors_the_nodes(
+    env: &mut Env,
+) -> anyhow::Result<()> {
+    let admin = env.admin().await?;
+    let smolvm_nodes: Api<SmolVMNode> = Api::all(admin.clone());
+    let kube_nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    // The agent's identity: the runtime's ServiceAccount with a token bound to its Pod on NODE.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(admin.clone(), env::NAMESPACE);
+    let pod = pods.get(&format!("smolvm-runtime-{NODE}")).await?;
+    let token = env::token_for(&admin, env::SA_RUNTIME, Some(&pod)).await?;
+    let kubeconfig = env.plane.kubeconfig_for("runtime-own-labels", &token)?;
+
+    // The Node's labels were mirrored by the controller when the agent registered.
+    let mirrored = eventually(
+        "the Node's hostname label on its SmolVMNode",
+        Duration::from_secs(30),
+        || {
+            let smolvm_nodes = smolvm_nodes.clone();
+            async move {
+                let node = smolvm_nodes.get(NODE).await?;
+                Ok((label_of(&node, "kubernetes.io/hostname").as_deref() == Some(NODE_HOSTNAME)).then_some(node))
+            }
+        },
+    )
+    .await?;
+    ensure!(
+        label_manager(&mirrored, "kubernetes.io/hostname").as_deref() == Some(constants::FIELD_MANAGER_CONTROLLER),
+        "the Node's labels were not mirrored by the controller: {:?}",
+        mirrored.metadata.managed_fields
+    );
+
+    // A tenant label on its own SmolVMNode: refused, naming the label, its value and the rule.
+    let out = env::kubectl(&kubeconfig, &["label", "smolvmnode", NODE, "tenant=a"], None)?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    ensure!(!out.status.success(), "a node labelled its own SmolVMNode tenant=a");
+    ensure!(
+        stderr.contains(r#"metadata.labels["tenant"]: "a""#) && stderr.contains("[V10]"),
+        "{stderr}"
+    );
+    println!("    tenant=a by the node refused: {}", stderr.trim());
+    ensure!(
+        label_of(&smolvm_nodes.get(NODE).await?, "tenant").is_none(),
+        "the refused label was stored"
+    );
+    // The same at CREATE (a server-side dry run: admission runs, nothing is stored).
+    let labelled = json!({"apiVersion": constants::API_VERSION, "kind": constants::KIND_SMOLVM_NODE,
+        "metadata": {"name": NODE, "labels": {"tenant": "a"}}, "spec": {}});
+    let out = env::kubectl(
+        &kubeconfig,
+        &["create", "--dry-run=server", "-f", "-"],
+        Some(&labelled.to_string()),
+    )?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    ensure!(!out.status.success(), "a node created its SmolVMNode labelled tenant=a");
+    ensure!(
+        stderr.contains(r#"metadata.labels["tenant"]"#) && stderr.contains("[V10]"),
+        "{stderr}"
+    );
+
+    // Its own label: admitted (the agent withdraws it at its next report: its check is off here).
+    let own = format!("{}=true", constants::LABEL_GUEST_BOOTABLE);
+    let out = env::kubectl(&kubeconfig, &["label", "--overwrite", "smolvmnode", NODE, &own], None)?;
+    ensure!(
+        out.status.success(),
+        "the node's own label was refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let result = mirroring(&smolvm_nodes, &kube_nodes).await;
+    // Leave the labels as they were, whatever happened.
+    let cleared = json!({"metadata": {"labels": {TEAM: null, TENANT: null}}});
+    let _ = kube_nodes
+        .patch(NODE, &PatchParams::default(), &Patch::Merge(&cleared))
+        .await;
+    let _ = smolvm_nodes
+        .patch(NODE, &PatchParams::default(), &Patch::Merge(&cleared))
+        .await;
+    result
+}
+
+const TEAM: &str = "e2e.smolvm.dev/team";
+const TENANT: &str = "e2e.smolvm.dev/tenant";
+
+async fn mirroring(
+    smolvm_nodes: &Api<SmolVMNode>,
+    kube_nodes: &Api<k8s_openapi::api::core::v1::Node>,
+) -> anyhow::Result<()> {
+    let label_node = |labels: serde_json::Value| async move {
+        kube_nodes
+            .patch(
+                NODE,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": labels}})),
+            )
+            .await
+            .map(drop)
+    };
+    let wait_label = |key: &'static str, want: Option<&'static str>, what: &'static str| async move {
+        eventually(what, Duration::from_secs(30), || async move {
+            let node = smolvm_nodes.get(NODE).await?;
+            Ok((label_of(&node, key).as_deref() == want).then_some(node))
+        })
+        .await
+    };
+
+    // A label put on the Node appears on its SmolVMNode, written by the controller.
+    let started = std::time::Instant::now();
+    label_node(json!({TEAM: "blue"})).await?;
+    let node = wait_label(TEAM, Some("blue"), "the Node's new label on its SmolVMNode").await?;
+    println!(
+        "    the Node's label mirrored within {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    ensure!(
+        label_manager(&node, TEAM).as_deref() == Some(constants::FIELD_MANAGER_CONTROLLER),
+        "mirrored by another manager: {:?}",
+        node.metadata.managed_fields
+    );
+
+    // An admin's label on the SmolVMNode stays, and wins when the Node gets the same key.
+    smolvm_nodes
+        .patch(
+            NODE,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {TENANT: "admin-set"}}})),
+        )
+        .await?;
+    label_node(json!({TENANT: "from-node", TEAM: "green"})).await?;
+    let node = wait_label(TEAM, Some("green"), "the Node's changed label on its SmolVMNode").await?;
+    ensure!(
+        label_of(&node, TENANT).as_deref() == Some("admin-set"),
+        "the admin's label was overwritten: {:?}",
+        node.metadata.labels
+    );
+
+    // The Node's labels go: the mirrored one goes with them, the admin's stays.
+    label_node(json!({TENANT: null, TEAM: null})).await?;
+    let node = wait_label(TEAM, None, "the Node's removed label gone from its SmolVMNode").await?;
+    ensure!(
+        label_of(&node, TENANT).as_deref() == Some("admin-set"),
+        "the admin's label went with the Node's: {:?}",
+        node.metadata.labels
+    );
+    ensure!(
+        label_of(&node, "kubernetes.io/hostname").as_deref() == Some(NODE_HOSTNAME),
+        "an unrelated mirrored label went: {:?}",
+        node.metadata.labels
+    );
     Ok(())
 }
