@@ -3,6 +3,7 @@
 //! plumbing, as kubert does for linkerd's controllers:
 //!
 //! - [`accept`]: the connection, handshake and handshake-time bounds of a TLS listener;
+//! - [`shares`]: slots counted in all and per source address;
 //! - [`client`]: the Kubernetes client, whose `User-Agent` names the binary (and so its writes'
 //!   field manager);
 //! - [`cli`]: the flag vocabulary (`--ops-address`, `--log-format json|text`, durations such as
@@ -21,6 +22,7 @@ pub mod error;
 pub mod log;
 pub mod ops;
 pub mod selfsigned;
+pub mod shares;
 pub mod shutdown;
 pub mod watch;
 
