@@ -10,14 +10,14 @@
 # peak and the kernel's high-water mark) against the pod's 256 MiB limit. Figures are printed,
 # never asserted.
 #
-# Environment: CONNECTIONS (1024), SOURCES (32), STREAMS (1 per connection), BODY_BYTES (1048576),
+# Environment: CONNECTIONS (1024), SOURCES (16), STREAMS (1 per connection), BODY_BYTES (1048576),
 # SECONDS_PER_RUN (20), WEBHOOK_FLAGS (extra flags for smolvm-webhook), CARGO_TARGET_DIR.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 CONNECTIONS=${CONNECTIONS:-1024}
-SOURCES=${SOURCES:-32}
+SOURCES=${SOURCES:-16}
 STREAMS=${STREAMS:-1}
 BODY_BYTES=${BODY_BYTES:-1048576}
 SECS=${SECONDS_PER_RUN:-20}

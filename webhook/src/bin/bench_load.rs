@@ -232,8 +232,9 @@ struct HoldArgs {
     path: String,
     #[arg(long, default_value_t = 1024)]
     connections: usize,
-    /// Loopback addresses the connections come from (127.0.0.2 on), spread evenly.
-    #[arg(long, default_value_t = 32)]
+    /// Loopback addresses the connections come from (127.0.0.2 on), spread evenly; each opens
+    /// one connection at a time, so this many handshakes run at once at most.
+    #[arg(long, default_value_t = 16)]
     sources: usize,
     /// Streams each connection keeps open at once (each a body never ended).
     #[arg(long, default_value_t = 1)]
