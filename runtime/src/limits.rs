@@ -52,7 +52,10 @@ impl Limits {
             http2_buffer_budget: usize::try_from(flags.http2_buffer_budget).unwrap_or(usize::MAX),
         }
         .bounds()
-        .map_err(|e| Error::Config(e.to_string()))?;
+        .map_err(|e| match e {
+            smolvm_kit::Error::Config(message) => Error::Config(message),
+            other => Error::Config(other.to_string()),
+        })?;
         Ok(Self {
             forward: ForwardLimits {
                 connections_per_port: flags.forward_max_connections_per_port as usize,

@@ -202,7 +202,10 @@ impl Args {
             http2_buffer_budget: usize::try_from(self.http2_buffer_budget).unwrap_or(usize::MAX),
         }
         .bounds()
-        .map_err(|e| Error::Config(e.to_string()))?;
+        .map_err(|e| match e {
+            smolvm_kit::Error::Config(message) => Error::Config(message),
+            other => Error::Config(other.to_string()),
+        })?;
         Ok(crate::listener::Listening { bounds, max_streams })
     }
 
