@@ -71,6 +71,7 @@ pub struct Settings {
     /// holds; then it is dropped.
     pub close_grace: Duration,
 }
+
 /// The largest frame the webhook reads (the protocol's smallest maximum; hyper's default).
 const MAX_FRAME_SIZE: u32 = 16 * 1024;
 /// Request headers, decoded, per stream (hyper's default).
