@@ -91,6 +91,33 @@ pub struct Flags {
     /// looked at again (at least 10s).
     #[arg(long, env = "SMOLVM_CONTROLLER_ACCESS_CHECK_INTERVAL", default_value = "1m", value_parser = parse_duration)]
     pub access_check_interval: Duration,
+    /// Connections the access API holds at once, TLS handshakes and served ones; more are
+    /// closed at once, before a byte of TLS is read.
+    #[arg(long, env = "SMOLVM_CONTROLLER_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    /// Connections the access API holds at once from one source address (every caller is an API
+    /// server, and an interactive exec holds a connection of its own).
+    #[arg(long, env = "SMOLVM_CONTROLLER_MAX_CONNECTIONS_PER_SOURCE", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections_per_source: u32,
+    /// TLS handshakes the access API runs at once; more are closed at once.
+    #[arg(long, env = "SMOLVM_CONTROLLER_MAX_HANDSHAKES", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_handshakes: u32,
+    /// TLS handshakes the access API runs at once for one source address, so that sockets from
+    /// one address that never finish theirs leave others room.
+    #[arg(long, env = "SMOLVM_CONTROLLER_MAX_HANDSHAKES_PER_SOURCE", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_handshakes_per_source: u32,
+    /// Time for a TLS handshake on the access API (at least 100ms).
+    #[arg(long, env = "SMOLVM_CONTROLLER_HANDSHAKE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub handshake_timeout: Duration,
+    /// An HTTP/2 connection to the access API with no request in flight this long is closed
+    /// with a GOAWAY (at least 1s); the API server opens a new one when it next calls.
+    #[arg(long, env = "SMOLVM_CONTROLLER_HTTP2_IDLE_TIMEOUT", default_value = "2m", value_parser = parse_duration)]
+    pub http2_idle_timeout: Duration,
+    /// Bytes of request data all the access API's HTTP/2 connections together may hold unread:
+    /// each connection's flow-control window is this over --max-connections (at least 65535
+    /// bytes each, or the controller refuses to start).
+    #[arg(long, env = "SMOLVM_CONTROLLER_HTTP2_BUFFER_BUDGET", default_value_t = 64 << 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub http2_buffer_budget: u64,
 }
 
 /// Where the access API's serving certificate comes from.
@@ -131,6 +158,16 @@ impl Flags {
                 cert_lifetime: Duration::from_secs(90 * 86_400),
             }),
         };
+        let listener = smolvm_kit::limits::ListenerLimits {
+            max_connections: self.max_connections as usize,
+            max_connections_per_source: self.max_connections_per_source as usize,
+            max_handshakes: self.max_handshakes as usize,
+            max_handshakes_per_source: self.max_handshakes_per_source as usize,
+            handshake_timeout: self.handshake_timeout,
+            http2_idle_timeout: self.http2_idle_timeout,
+            http2_buffer_budget: usize::try_from(self.http2_buffer_budget).unwrap_or(usize::MAX),
+        }
+        .bounds()?;
         Ok(Some(AccessConfig {
             address: self.access_address,
             namespace: self.namespace.clone(),
@@ -138,6 +175,7 @@ impl Flags {
             check_interval: self.access_check_interval.max(Duration::from_secs(10)),
             runtime_auth_secret: self.runtime_auth_secret.clone(),
             token_file: self.token_file.clone(),
+            listener,
         }))
     }
 }
@@ -181,6 +219,38 @@ mod tests {
         assert_eq!(flags.quota_charge_grace, Duration::from_secs(30));
         assert_eq!(flags.runtime_ca_check_interval, Duration::from_secs(30));
         assert_eq!(flags.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn the_access_listener_bounds_come_from_the_flags() {
+        let flags = Flags::try_parse_from(["smolvm-controller", "--access-tls-mode", "self-signed"]).expect("flags");
+        let access = flags.access().expect("access").expect("served");
+        assert_eq!(
+            crate::access::limits::Limits::with_listener(access.listener),
+            crate::access::limits::Limits::default()
+        );
+        let flags = Flags::try_parse_from([
+            "smolvm-controller",
+            "--max-connections=10",
+            "--max-handshakes-per-source=2",
+            "--http2-idle-timeout=30s",
+        ])
+        .expect("flags");
+        let listener = flags.access().expect("access").expect("served").listener;
+        assert_eq!(listener.accept.max_connections, 10);
+        assert_eq!(
+            listener.accept.max_connections_per_source, 10,
+            "a share is at most the whole"
+        );
+        assert_eq!(listener.accept.max_handshakes_per_source, 2);
+        assert_eq!(listener.http2_window, (64 << 20) / 10);
+        assert_eq!(listener.http2_idle_timeout, Duration::from_secs(30));
+        let tight = Flags::try_parse_from(["smolvm-controller", "--http2-buffer-budget=65535"]).expect("flags");
+        let refused = tight.access().map(|_| ()).map_err(|e| e.to_string());
+        assert!(
+            refused.as_ref().is_err_and(|e| e.contains("--http2-buffer-budget")),
+            "{refused:?}"
+        );
     }
 
     #[test]

@@ -105,6 +105,8 @@ pub struct Metrics {
     pub access_calls: Family<AccessLabels, Counter>,
     /// Bytes streamed through the access API.
     pub access_bytes: Family<StreamLabels, Counter>,
+    /// Access API connections closed by a bound of its listener, by reason.
+    pub access_connections_closed: Family<ReasonLabel, Counter>,
     /// 1 while this replica holds the Lease.
     pub leader: Gauge,
     /// Heartbeat age per SmolVMNode, by the controller's clock.
@@ -150,6 +152,7 @@ impl Default for Metrics {
             unschedulable_longest: Gauge::default(),
             access_calls: Family::default(),
             access_bytes: Family::default(),
+            access_connections_closed: Family::default(),
             reconciles: Family::default(),
             reconcile_duration: Histogram::new(buckets()),
             vms: Family::default(),
@@ -208,6 +211,12 @@ impl Metrics {
             "access_bytes",
             "Bytes streamed through the access API, by subresource and direction",
             &self.access_bytes,
+        );
+        declare(
+            registry,
+            "access_connections_closed",
+            "Access API connections closed by a bound of its listener before any request: at once when the open connections or the TLS handshakes in progress are at their cap, in all (reason connections, handshakes) or from one source address (source_connections, source_handshakes), or when a handshake did not finish in time (handshake_timeout)",
+            &self.access_connections_closed,
         );
     }
 
@@ -298,6 +307,16 @@ impl Metrics {
     pub fn access_call(&self, subresource: &'static str, outcome: &'static str) {
         self.access_calls
             .get_or_create(&AccessLabels { subresource, outcome })
+            .inc();
+    }
+
+    /// Counts an access API connection closed by a bound of its listener
+    /// ([`smolvm_kit::accept::Closed::as_str`]).
+    pub fn access_connection_closed(&self, reason: &'static str) {
+        self.access_connections_closed
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_string(),
+            })
             .inc();
     }
 

@@ -303,7 +303,7 @@ async fn serve_access(listener: std::net::TcpListener, m: &Material, kube: kube:
         Arc::new(Metrics::default()),
         limits,
     ));
-    access::serve(listener, state, tls, axum_server::Handle::new())
+    access::serve(listener, state, tls, std::future::pending())
         .await
         .expect("serving");
 }
@@ -355,13 +355,29 @@ type Tls = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
 
 /// A TLS connection to the access API as `who` (HTTP/1.1).
 async fn connect(m: &Material, port: u16, who: As) -> std::io::Result<Tls> {
+    connect_from(m, port, who, loopback(1)).await
+}
+
+fn loopback(last: u8) -> std::net::IpAddr {
+    std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, last))
+}
+
+/// A TCP connection from `source` (one of this host's loopback addresses) to the access API.
+async fn tcp_from(source: std::net::IpAddr, port: u16) -> std::io::Result<tokio::net::TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(std::net::SocketAddr::new(source, 0))?;
+    socket.connect(std::net::SocketAddr::new(loopback(1), port)).await
+}
+
+/// As [`connect`], from `source`.
+async fn connect_from(m: &Material, port: u16, who: As, source: std::net::IpAddr) -> std::io::Result<Tls> {
     let identity = match who {
         As::Nobody => None,
         As::Stranger => Some((m.stranger_cert.as_str(), m.stranger_key.as_str())),
         As::Proxy => Some((m.proxy_cert.as_str(), m.proxy_key.as_str())),
     };
     let config = smolvm_certs::client_config(&m.serving_ca, identity, &[b"http/1.1"]).map_err(std::io::Error::other)?;
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let tcp = tcp_from(source, port).await?;
     let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).map_err(std::io::Error::other)?;
     tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
@@ -703,10 +719,40 @@ async fn an_exec_request_is_read_after_authorization_within_the_body_budget() {
     assert_eq!(answer.status, 413);
 }
 
+/// 64 sockets from 127.0.0.2 that never start their handshake, then the front proxy from
+/// 127.0.0.3: it gets its handshake and its answer.
+#[tokio::test]
+async fn silent_sockets_from_one_source_leave_another_source_its_handshake() {
+    let stack = stack(Limits::default()).await;
+    let mut silent = Vec::new();
+    for _ in 0..64 {
+        silent.push(tcp_from(loopback(2), stack.port).await.expect("silent"));
+    }
+    // The listener accepts in order: the silent sockets are taken before the proxy's.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let read = head("GET", &files_path("/etc/hostname"), Some(ALICE), None);
+    let answered = async {
+        let mut stream = connect_from(&stack.material, stack.port, As::Proxy, loopback(3)).await?;
+        stream.write_all(read.as_bytes()).await?;
+        stream.flush().await?;
+        read_answer(&mut stream).await
+    }
+    .await;
+    println!(
+        "64 silent sockets from 127.0.0.2; the front proxy from 127.0.0.3: {:?}",
+        answered.as_ref().map(|a| a.status)
+    );
+    assert_eq!(answered.expect("the front proxy is served").status, 200);
+    drop(silent);
+}
+
 #[tokio::test]
 async fn connections_beyond_the_handshakes_in_progress_are_closed_at_once() {
     let stack = stack(Limits {
-        max_handshakes: 2,
+        accept: smolvm_kit::accept::AcceptBounds {
+            max_handshakes: 2,
+            ..Limits::default().accept
+        },
         ..Limits::default()
     })
     .await;

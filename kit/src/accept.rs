@@ -1,17 +1,23 @@
-//! Bounds on the connections of a TLS listener (the access API and the node API, served by
-//! axum-server; the webhook, by its own accept loop), before a byte of HTTP is read: anyone who reaches the port can open a TCP
-//! connection, so [`Bounded`] wraps the listener's acceptor and
+//! Bounds on the connections of a TLS listener (the webhook's, the node API's, the access API's;
+//! served by [`crate::serve`] or, the webhook's, by its own loop), before a byte of HTTP is read:
+//! anyone who reaches the port can open a TCP connection, so [`Bounded`] wraps the listener's
+//! acceptor and
 //!
-//! - closes a connection at once when [`AcceptBounds::max_connections`] are open (the slot is
-//!   held for the connection's life, TLS and HTTP),
-//! - closes it at once when [`AcceptBounds::max_handshakes`] handshakes are in progress (the
-//!   slot is held only while the handshake runs),
+//! - closes a connection at once when [`AcceptBounds::max_connections`] are open, or its source
+//!   address holds [`AcceptBounds::max_connections_per_source`] of them (the slot is held for the
+//!   connection's life, TLS and HTTP),
+//! - closes it at once when [`AcceptBounds::max_handshakes`] handshakes are in progress, or its
+//!   source has [`AcceptBounds::max_handshakes_per_source`] in progress (the slot is held only
+//!   while the handshake runs),
 //! - closes it when its handshake has not finished within [`AcceptBounds::handshake_timeout`]
 //!   (or the inner acceptor's own timeout, an error of kind `TimedOut`, came first),
 //!
-//! and tells the listener's owner each time ([`Closed`]), for its metrics.
+//! and tells the listener's owner each time ([`Closed`]), for its metrics. So one address that
+//! opens sockets and sends nothing holds at most its share of the handshakes, for at most the
+//! handshake timeout each, and another address still gets its handshake ([`crate::shares`]).
 
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -19,7 +25,8 @@ use std::time::Duration;
 
 use axum_server::accept::Accept;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::shares::{Refused, Share, Shares};
 
 /// Waits after failed accepts (out of file descriptors, mostly): 5 ms doubling to 1 s, as Go's
 /// `net/http` server does (the ops server, the port forwarder), back to nothing after a success. Retrying at once would spin a core
@@ -54,18 +61,26 @@ impl AcceptBackoff {
 pub struct AcceptBounds {
     /// Connections open at once (handshaking or served); more are closed at once.
     pub max_connections: usize,
+    /// Connections open at once from one source address; more from it are closed at once.
+    pub max_connections_per_source: usize,
     /// TLS handshakes in progress at once; more are closed at once.
     pub max_handshakes: usize,
+    /// TLS handshakes in progress at once from one source address; more from it are closed at
+    /// once.
+    pub max_handshakes_per_source: usize,
     /// Time for a handshake to finish; then the connection is closed.
     pub handshake_timeout: Duration,
 }
 
 impl Default for AcceptBounds {
-    /// 256 connections, 64 handshakes at once, 5 s for each.
+    /// 256 connections (128 from one address), 64 handshakes at once (16 from one address), 5 s
+    /// for each.
     fn default() -> Self {
         Self {
             max_connections: 256,
+            max_connections_per_source: 128,
             max_handshakes: 64,
+            max_handshakes_per_source: 16,
             handshake_timeout: Duration::from_secs(5),
         }
     }
@@ -76,20 +91,39 @@ impl Default for AcceptBounds {
 pub enum Closed {
     /// At once: [`AcceptBounds::max_connections`] were open.
     Connections,
+    /// At once: its source had [`AcceptBounds::max_connections_per_source`] open.
+    SourceConnections,
     /// At once: [`AcceptBounds::max_handshakes`] were in progress.
     Handshakes,
+    /// At once: its source had [`AcceptBounds::max_handshakes_per_source`] in progress.
+    SourceHandshakes,
     /// Its handshake did not finish within [`AcceptBounds::handshake_timeout`].
     HandshakeTimeout,
 }
 
 impl Closed {
-    /// A stable label (`connections`, `handshakes`, `handshake_timeout`).
+    /// A stable label (`connections`, `source_connections`, `handshakes`, `source_handshakes`,
+    /// `handshake_timeout`).
     pub fn as_str(self) -> &'static str {
         match self {
             Closed::Connections => "connections",
+            Closed::SourceConnections => "source_connections",
             Closed::Handshakes => "handshakes",
+            Closed::SourceHandshakes => "source_handshakes",
             Closed::HandshakeTimeout => "handshake_timeout",
         }
+    }
+}
+
+/// A connection's source address, by which its share of a listener's slots is counted.
+pub trait PeerSource {
+    /// The peer's address; an error when the connection is already gone.
+    fn peer_source(&self) -> io::Result<IpAddr>;
+}
+
+impl PeerSource for tokio::net::TcpStream {
+    fn peer_source(&self) -> io::Result<IpAddr> {
+        self.peer_addr().map(|a| a.ip())
     }
 }
 
@@ -100,8 +134,8 @@ pub type OnClosed = Arc<dyn Fn(Closed) + Send + Sync>;
 #[derive(Clone)]
 pub struct Bounded<A> {
     inner: A,
-    connections: Arc<Semaphore>,
-    handshakes: Arc<Semaphore>,
+    connections: Arc<Shares>,
+    handshakes: Arc<Shares>,
     handshake_timeout: Duration,
     on_closed: Option<OnClosed>,
 }
@@ -111,8 +145,8 @@ impl<A> Bounded<A> {
     pub fn new(inner: A, bounds: AcceptBounds) -> Self {
         Self {
             inner,
-            connections: Arc::new(Semaphore::new(bounds.max_connections.min(Semaphore::MAX_PERMITS))),
-            handshakes: Arc::new(Semaphore::new(bounds.max_handshakes.min(Semaphore::MAX_PERMITS))),
+            connections: Shares::new(bounds.max_connections, bounds.max_connections_per_source),
+            handshakes: Shares::new(bounds.max_handshakes, bounds.max_handshakes_per_source),
             handshake_timeout: bounds.handshake_timeout,
             on_closed: None,
         }
@@ -131,7 +165,7 @@ where
     A::Future: Send + 'static,
     A::Stream: Send + 'static,
     A::Service: Send + 'static,
-    I: Send + 'static,
+    I: PeerSource + Send + 'static,
 {
     type Stream = Held<A::Stream>;
     type Service = A::Service;
@@ -147,11 +181,20 @@ where
             io::Error::other(format!("connection closed: {}", why.as_str()))
         };
         // Dropping `stream` closes the connection.
-        let Ok(connection) = self.connections.clone().try_acquire_owned() else {
-            return Box::pin(std::future::ready(Err(close(Closed::Connections))));
+        let source = match stream.peer_source() {
+            Ok(source) => source,
+            // The peer is gone already: nothing to serve, nothing to count.
+            Err(error) => return Box::pin(std::future::ready(Err(error))),
         };
-        let Ok(handshaking) = self.handshakes.clone().try_acquire_owned() else {
-            return Box::pin(std::future::ready(Err(close(Closed::Handshakes))));
+        let connection = match self.connections.take(source) {
+            Ok(share) => share,
+            Err(Refused::Full) => return Box::pin(std::future::ready(Err(close(Closed::Connections)))),
+            Err(Refused::Source) => return Box::pin(std::future::ready(Err(close(Closed::SourceConnections)))),
+        };
+        let handshaking = match self.handshakes.take(source) {
+            Ok(share) => share,
+            Err(Refused::Full) => return Box::pin(std::future::ready(Err(close(Closed::Handshakes)))),
+            Err(Refused::Source) => return Box::pin(std::future::ready(Err(close(Closed::SourceHandshakes)))),
         };
         let handshake = self.inner.accept(stream, service);
         let timeout = self.handshake_timeout;
@@ -179,7 +222,7 @@ where
 /// connection is dropped.
 pub struct Held<S> {
     inner: S,
-    _slot: OwnedSemaphorePermit,
+    _slot: Share,
 }
 
 impl<S> Held<S> {
@@ -237,6 +280,19 @@ mod tests {
         assert_eq!(backoff.failed(), Duration::from_millis(5));
     }
 
+    /// A connection's stand-in: only its source address.
+    struct From(IpAddr);
+
+    impl PeerSource for From {
+        fn peer_source(&self) -> io::Result<IpAddr> {
+            Ok(self.0)
+        }
+    }
+
+    fn from(last: u8) -> From {
+        From(IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, last)))
+    }
+
     /// An acceptor whose handshake never finishes.
     #[derive(Clone)]
     struct Stuck;
@@ -266,12 +322,30 @@ mod tests {
             ..AcceptBounds::default()
         };
         let acceptor = Bounded::new(DefaultAcceptor, bounds).on_closed(on_closed);
-        let first = acceptor.accept((), ()).await.expect("first");
-        let _second = acceptor.accept((), ()).await.expect("second");
-        assert!(acceptor.accept((), ()).await.is_err());
+        let first = acceptor.accept(from(2), ()).await.expect("first");
+        let _second = acceptor.accept(from(3), ()).await.expect("second");
+        assert!(acceptor.accept(from(4), ()).await.is_err());
         drop(first);
-        assert!(acceptor.accept((), ()).await.is_ok());
+        assert!(acceptor.accept(from(4), ()).await.is_ok());
         assert_eq!(*seen.lock().expect("seen"), vec![Closed::Connections]);
+    }
+
+    #[tokio::test]
+    async fn a_source_beyond_its_share_of_connections_is_closed_while_others_get_in() {
+        let (on_closed, seen) = recorder();
+        let bounds = AcceptBounds {
+            max_connections: 4,
+            max_connections_per_source: 2,
+            ..AcceptBounds::default()
+        };
+        let acceptor = Bounded::new(DefaultAcceptor, bounds).on_closed(on_closed);
+        let first = acceptor.accept(from(2), ()).await.expect("first");
+        let _second = acceptor.accept(from(2), ()).await.expect("second");
+        assert!(acceptor.accept(from(2), ()).await.is_err(), "beyond the source's share");
+        let _other = acceptor.accept(from(3), ()).await.expect("another source");
+        drop(first);
+        assert!(acceptor.accept(from(2), ()).await.is_ok(), "the share came back");
+        assert_eq!(*seen.lock().expect("seen"), vec![Closed::SourceConnections]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -281,17 +355,38 @@ mod tests {
             max_connections: 8,
             max_handshakes: 1,
             handshake_timeout: Duration::from_secs(5),
+            ..AcceptBounds::default()
         };
         let acceptor = Bounded::new(Stuck, bounds).on_closed(on_closed);
-        let stuck = acceptor.accept((), ());
-        assert!(acceptor.accept((), ()).await.is_err());
+        let stuck = acceptor.accept(from(2), ());
+        assert!(acceptor.accept(from(3), ()).await.is_err());
         assert!(stuck.await.is_err());
         assert_eq!(
             *seen.lock().expect("seen"),
             vec![Closed::Handshakes, Closed::HandshakeTimeout]
         );
         // The slot came back with the timeout: the next connection gets to its handshake.
-        assert!(acceptor.accept((), ()).await.is_err());
+        assert!(acceptor.accept(from(3), ()).await.is_err());
         assert_eq!(seen.lock().expect("seen").last(), Some(&Closed::HandshakeTimeout));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_source_beyond_its_share_of_handshakes_leaves_others_theirs() {
+        let (on_closed, seen) = recorder();
+        let bounds = AcceptBounds {
+            max_handshakes: 4,
+            max_handshakes_per_source: 2,
+            ..AcceptBounds::default()
+        };
+        let acceptor = Bounded::new(Stuck, bounds).on_closed(on_closed);
+        // Two of 127.0.0.2's handshakes in progress; its third is closed at once.
+        let held = [acceptor.accept(from(2), ()), acceptor.accept(from(2), ())];
+        assert!(acceptor.accept(from(2), ()).await.is_err());
+        assert_eq!(*seen.lock().expect("seen"), vec![Closed::SourceHandshakes]);
+        // 127.0.0.3 gets its handshake started (it then times out: the acceptor is stuck).
+        let other = acceptor.accept(from(3), ());
+        assert!(other.await.is_err());
+        assert_eq!(seen.lock().expect("seen").last(), Some(&Closed::HandshakeTimeout));
+        drop(held);
     }
 }

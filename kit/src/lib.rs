@@ -2,7 +2,12 @@
 //! `smolvm-runtime`) share, so that they look alike from outside and carry one copy of the
 //! plumbing, as kubert does for linkerd's controllers:
 //!
-//! - [`accept`]: the connection, handshake and handshake-time bounds of a TLS listener;
+//! - [`accept`]: the connection, handshake and handshake-time bounds of a TLS listener, in all
+//!   and per source address ([`shares`]);
+//! - [`http2`]: HTTP/2 windows from a memory budget, and the idle timeout of a connection;
+//! - [`limits`]: the listener flags every binary takes (same names), checked into bounds;
+//! - [`serve`]: the accept loop of the TLS listeners, and HTTP over it for the node API and the
+//!   access API;
 //! - [`client`]: the Kubernetes client, whose `User-Agent` names the binary (and so its writes'
 //!   field manager);
 //! - [`cli`]: the flag vocabulary (`--ops-address`, `--log-format json|text`, durations such as
@@ -20,10 +25,14 @@ pub mod accept;
 pub mod cli;
 pub mod client;
 pub mod error;
+pub mod http2;
+pub mod limits;
 pub mod log;
 pub mod ops;
 pub mod quota;
 pub mod selfsigned;
+pub mod serve;
+pub mod shares;
 pub mod shutdown;
 pub mod watch;
 

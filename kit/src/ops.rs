@@ -4,14 +4,12 @@
 //!
 //! The port is plain HTTP and reachable by whoever reaches the pod (the agent's, by whoever
 //! reaches the node), so [`serve`] bounds what one client may hold ([`Bounds`]): connections
-//! at once in all and per source address (more are closed at once), the time to send a
+//! at once in all and per source address (more are closed at once, [`crate::shares`]), the time to send a
 //! request's headers (and to start the next request on a kept-alive connection), and a
 //! connection's age. Failed accepts (out of descriptors) back off instead of spinning.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::net::IpAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -109,54 +107,8 @@ impl Default for Bounds {
     }
 }
 
-/// Whether a connection from an address with `from_source` open may open while `open` are.
-pub fn admit(open: usize, from_source: usize, bounds: &Bounds) -> bool {
-    open < bounds.max_connections && from_source < bounds.max_per_source
-}
-
 /// How long a connection's request in flight may take once it is asked to close.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
-
-#[derive(Debug, Default)]
-struct OpenConnections {
-    total: usize,
-    by_source: HashMap<IpAddr, usize>,
-}
-
-/// One admitted connection; dropping it frees the slot.
-struct Slot {
-    open: Arc<Mutex<OpenConnections>>,
-    source: IpAddr,
-}
-
-impl Slot {
-    fn take(open: &Arc<Mutex<OpenConnections>>, source: IpAddr, bounds: &Bounds) -> Option<Slot> {
-        let mut connections = open.lock().unwrap_or_else(PoisonError::into_inner);
-        let from_source = connections.by_source.get(&source).copied().unwrap_or(0);
-        if !admit(connections.total, from_source, bounds) {
-            return None;
-        }
-        connections.total += 1;
-        *connections.by_source.entry(source).or_default() += 1;
-        Some(Slot {
-            open: open.clone(),
-            source,
-        })
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut connections = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        connections.total = connections.total.saturating_sub(1);
-        if let Some(n) = connections.by_source.get_mut(&self.source) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                connections.by_source.remove(&self.source);
-            }
-        }
-    }
-}
 
 /// Serves `router` on `listener` until `shutdown` resolves, within the default [`Bounds`].
 pub async fn serve(
@@ -176,7 +128,7 @@ pub async fn serve_bounded(
     bounds: Bounds,
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
-    let open = Arc::new(Mutex::new(OpenConnections::default()));
+    let open = crate::shares::Shares::new(bounds.max_connections, bounds.max_per_source);
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let mut connections = tokio::task::JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -197,9 +149,12 @@ pub async fn serve_bounded(
         };
         backoff.succeeded();
         while connections.try_join_next().is_some() {}
-        let Some(slot) = Slot::take(&open, peer.ip(), &bounds) else {
-            tracing::debug!(%peer, "ops port: at its connection cap; closed");
-            continue;
+        let slot = match open.take(peer.ip()) {
+            Ok(slot) => slot,
+            Err(refused) => {
+                tracing::debug!(%peer, ?refused, "ops port: at its connection cap; closed");
+                continue;
+            }
         };
         let service = hyper_util::service::TowerToHyperService::new(router.clone());
         let mut stopping = stopping.clone();
@@ -270,19 +225,6 @@ mod tests {
         assert!(!text.contains("x_bare"), "{text}");
         declared.get_or_create(&vec![("k".into(), "v".into())]).inc();
         assert!(encode_metrics(&registry).contains("x_declared_total{k=\"v\"} 1"));
-    }
-
-    #[test]
-    fn admission_table() {
-        let bounds = Bounds {
-            max_connections: 3,
-            max_per_source: 2,
-            ..Bounds::default()
-        };
-        // (open in all, open from the source, admitted)
-        for (open, from_source, admitted) in [(0, 0, true), (2, 1, true), (2, 2, false), (3, 0, false)] {
-            assert_eq!(admit(open, from_source, &bounds), admitted, "{open} {from_source}");
-        }
     }
 
     /// Reads until the server closes the connection (`Ok` with what came, if anything).

@@ -64,8 +64,8 @@ pub struct AgentOptions {
     /// What the agent refuses whatever admission did ([`crate::guards`]): the policy file of
     /// excluded host ports (the built-in defaults without one) and the private-image records.
     pub guards: crate::guards::GuardOptions,
-    /// What one client may hold through the forwarder and the node API's streams
-    /// ([`crate::limits`]).
+    /// What one client may hold through the forwarder, the node API's listener and its
+    /// streams ([`crate::limits`]).
     pub limits: crate::limits::Limits,
 }
 
@@ -147,7 +147,7 @@ impl Agent {
             router(state),
             options.resolver,
             &client_ca_pem,
-            crate::nodeapi::tls::NodeApiBounds::default(),
+            options.limits.node_api,
             Some(metrics.clone()),
         )?;
         metrics.set_serving_cert_loaded(true);

@@ -86,6 +86,33 @@ pub struct Flags {
     /// held whole until smolvm has it); more are answered 429 TooManyBytes.
     #[arg(long, env = "SMOLVM_RUNTIME_MAX_UPLOAD_BYTES", default_value_t = 256 << 20, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_upload_bytes: u64,
+    /// Connections the node API holds at once, TLS handshakes and served ones; more are closed
+    /// at once, before a byte of TLS is read.
+    #[arg(long, env = "SMOLVM_RUNTIME_MAX_CONNECTIONS", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    /// Connections the node API holds at once from one source address (the controller's
+    /// replicas each hold several: calls, followed logs, interactive execs).
+    #[arg(long, env = "SMOLVM_RUNTIME_MAX_CONNECTIONS_PER_SOURCE", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections_per_source: u32,
+    /// TLS handshakes the node API runs at once; more are closed at once.
+    #[arg(long, env = "SMOLVM_RUNTIME_MAX_HANDSHAKES", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_handshakes: u32,
+    /// TLS handshakes the node API runs at once for one source address, so that sockets from
+    /// one address that never finish theirs leave others room.
+    #[arg(long, env = "SMOLVM_RUNTIME_MAX_HANDSHAKES_PER_SOURCE", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_handshakes_per_source: u32,
+    /// Time for a TLS handshake on the node API (at least 100ms).
+    #[arg(long, env = "SMOLVM_RUNTIME_HANDSHAKE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub handshake_timeout: Duration,
+    /// An HTTP/2 connection to the node API with no request in flight this long is closed with a
+    /// GOAWAY (at least 1s); the controller opens a new one when it next calls.
+    #[arg(long, env = "SMOLVM_RUNTIME_HTTP2_IDLE_TIMEOUT", default_value = "2m", value_parser = parse_duration)]
+    pub http2_idle_timeout: Duration,
+    /// Bytes of request data all the node API's HTTP/2 connections together may hold unread:
+    /// each connection's flow-control window is this over --max-connections (at least 65535
+    /// bytes each, or the agent refuses to start).
+    #[arg(long, env = "SMOLVM_RUNTIME_HTTP2_BUFFER_BUDGET", default_value_t = 64 << 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub http2_buffer_budget: u64,
     /// Bearer token file (the `smolvm-runtime-auth` Secret), re-read on change.
     #[arg(
         long,
@@ -194,8 +221,21 @@ mod tests {
         assert_eq!(flags.heartbeat_interval, Duration::from_secs(10));
         assert_eq!(flags.smolvm_env, vec![("A".to_string(), "b".to_string())]);
         assert_eq!(flags.log_format, LogFormat::Json);
-        let limits = crate::limits::Limits::from_flags(&flags, Some(1 << 20));
+        let limits = crate::limits::Limits::from_flags(&flags, Some(1 << 20)).expect("the defaults work");
         assert_eq!(limits, crate::limits::Limits::default());
+        let tight = Flags::try_parse_from([
+            "smolvm-runtime",
+            "--node-name",
+            "n1",
+            "--http2-buffer-budget",
+            "1048576",
+        ])
+        .expect("flags");
+        let refused = crate::limits::Limits::from_flags(&tight, Some(1 << 20)).map(|_| ());
+        assert!(
+            refused.is_err_and(|e| e.to_string().contains("--http2-buffer-budget")),
+            "a budget too small for 256 connections is refused"
+        );
         assert!(
             Flags::try_parse_from(["smolvm-runtime", "--node-name", "n1", "--forward-max-connections", "0"]).is_err()
         );

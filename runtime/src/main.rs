@@ -75,7 +75,7 @@ async fn run(flags: Flags) -> Result<()> {
             policy_file: flags.policy.clone(),
             image_records: Some(flags.state_dir.join("operator").join("images")),
         },
-        limits: smolvm_runtime::limits::Limits::from_flags(&flags, smolvm_runtime::limits::open_files_limit()),
+        limits: smolvm_runtime::limits::Limits::from_flags(&flags, smolvm_runtime::limits::open_files_limit())?,
     })
     .await?;
 

@@ -42,7 +42,8 @@ struct RefusedLabels {
 }
 
 /// Label: which bound of the node API's listener closed a connection (`connections`,
-/// `handshakes`, `handshake_timeout`; [`smolvm_kit::accept::Closed`]).
+/// `source_connections`, `handshakes`, `source_handshakes`, `handshake_timeout`;
+/// [`smolvm_kit::accept::Closed`]).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     reason: &'static str,
@@ -177,7 +178,7 @@ impl Default for Metrics {
         let node_api_closed = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "node_api_connections_closed",
-            "Node API connections closed by a bound of the listener before any request: at once when the open connections (reason connections) or the TLS handshakes in progress (handshakes) are at their cap, or when a handshake did not finish in time (handshake_timeout)",
+            "Node API connections closed by a bound of the listener before any request: at once when the open connections or the TLS handshakes in progress are at their cap, in all (reason connections, handshakes) or from one source address (source_connections, source_handshakes), or when a handshake did not finish in time (handshake_timeout)",
             smolvm_kit::ops::Declared(node_api_closed.clone()),
         );
         let guest_bootable = Gauge::default();

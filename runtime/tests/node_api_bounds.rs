@@ -317,6 +317,103 @@ async fn handshakes_beyond_the_cap_are_closed_at_once_and_counted() {
     .await;
 }
 
+/// A TCP connection from `source` (one of this host's loopback addresses) to `to`.
+async fn tcp_from(source: std::net::IpAddr, to: std::net::SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(std::net::SocketAddr::new(source, 0))?;
+    socket.connect(to).await
+}
+
+fn loopback(last: u8) -> std::net::IpAddr {
+    std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, last))
+}
+
+impl Served {
+    /// The controller's client from `source`: mTLS, then `GET /v1/identity` over HTTP/1.1; its
+    /// status, or why there was none.
+    async fn identity_from(&self, source: std::net::IpAddr) -> Result<u16, String> {
+        let tcp = tcp_from(source, self.server.local_addr())
+            .await
+            .map_err(|e| e.to_string())?;
+        let name = rustls::pki_types::ServerName::try_from(smolvm_certs::runtime_server_name(NODE))
+            .map_err(|e| e.to_string())?;
+        let mut tls = TlsConnector::from(self.pki.client_tls())
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("handshake: {e}"))?;
+        let head = format!(
+            "GET /v1/identity HTTP/1.1\r\nhost: node\r\nauthorization: Bearer {TOKEN}\r\nconnection: close\r\n\r\n"
+        );
+        tls.write_all(head.as_bytes()).await.map_err(|e| e.to_string())?;
+        Ok(read_answer(&mut tls).await.status)
+    }
+}
+
+/// 64 sockets from 127.0.0.2 that never start their handshake, then the controller from
+/// 127.0.0.3: it gets its handshake and its answer.
+#[tokio::test]
+async fn silent_sockets_from_one_source_leave_another_source_its_handshake() {
+    let served = serve(NodeApiBounds::default(), 1 << 20);
+    let mut silent = Vec::new();
+    for _ in 0..64 {
+        silent.push(tcp_from(loopback(2), served.server.local_addr()).await.expect("tcp"));
+    }
+    // The listener accepts in order: the silent sockets are taken before the controller's.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let answered = served.identity_from(loopback(3)).await;
+    println!(
+        "64 silent sockets from 127.0.0.2; the controller from 127.0.0.3: {answered:?}; closed: handshakes {}, source_handshakes {}",
+        served.metrics.node_api_closed("handshakes"),
+        served.metrics.node_api_closed("source_handshakes"),
+    );
+    assert_eq!(answered, Ok(200), "the controller from another source is answered");
+    drop(silent);
+}
+
+/// An HTTP/2 connection of the controller's that carries no request for the idle timeout (1 s
+/// here; it answers every PING) is told GOAWAY and closed, its call before answered, while the
+/// controller's other clients are served.
+#[tokio::test]
+async fn an_idle_http2_connection_is_closed_while_others_are_served() {
+    let served = serve(
+        NodeApiBounds {
+            http2_idle_timeout: Duration::from_secs(1),
+            ..NodeApiBounds::default()
+        },
+        1 << 20,
+    );
+    let config = smolvm_certs::client_config(
+        served.pki.ca.cert_pem(),
+        Some((&served.pki.client_cert, &served.pki.client_key)),
+        &[b"h2"],
+    )
+    .expect("client config");
+    let tcp = TcpStream::connect(served.server.local_addr()).await.expect("tcp");
+    let name = rustls::pki_types::ServerName::try_from(smolvm_certs::runtime_server_name(NODE)).expect("name");
+    let tls = TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("handshake");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut sender, connection) = h2::client::handshake(tls).await.expect("HTTP/2");
+    let opened = std::time::Instant::now();
+    let connection = tokio::spawn(connection);
+    let request = http::Request::get("https://node/v1/identity")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(())
+        .expect("request");
+    let (response, _) = sender.send_request(request, true).expect("a stream");
+    assert_eq!(response.await.expect("an answer").status(), 200);
+    // Idle from now: the server closes it (within a generous bound, not a timing assertion).
+    let closed = tokio::time::timeout(Duration::from_secs(60), connection).await;
+    println!(
+        "an HTTP/2 connection idle after one call: closed by the node API {:?} after it opened (idle timeout 1 s)",
+        opened.elapsed()
+    );
+    assert!(closed.is_ok(), "the idle connection was closed");
+    assert!(served.answers().await, "a new connection is served");
+}
+
 #[tokio::test]
 async fn uploads_beyond_the_byte_budget_are_answered_429_before_their_body_is_sent() {
     const BUDGET: usize = 1 << 20;

@@ -3,7 +3,9 @@
 //! A fixed number of slots, each stamped with when its reader took it. When every slot is
 //! taken, a newcomer displaces the reader that has held its slot longest, once that one has held
 //! it for [`MIN_HOLD`] (it is told, answers 408 and frees the slot), and waits a short while for
-//! a slot to free. A review's body comes in
+//! a slot to free; at most as many newcomers wait at once as there are slots (each displaces at
+//! most one reader, so more could only queue), and one more is refused at once, so that streams
+//! opened faster than bodies arrive are answered at once rather than held. A review's body comes in
 //! milliseconds; a body that trickles holds a slot for seconds. So however many clients
 //! trickle, a body that is actually arriving gets a slot, and a slow one loses it first.
 //!
@@ -12,7 +14,7 @@
 //! waits on the semaphore.
 
 use std::{
-    sync::atomic::{AtomicBool, AtomicU64, Ordering},
+    sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     task::{Context, Poll},
     time::{Duration, Instant},
 };
@@ -38,6 +40,18 @@ pub struct Readers {
     permits: Semaphore,
     slots: Box<[Slot]>,
     epoch: Instant,
+    /// Newcomers waiting for a slot.
+    waiting: AtomicUsize,
+}
+
+/// A newcomer's place among those waiting, given up when dropped (also when its wait is
+/// cancelled).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Readers {
@@ -48,6 +62,7 @@ impl Readers {
             permits: Semaphore::new(n),
             slots: (0..n).map(|_| Slot::default()).collect(),
             epoch: Instant::now(),
+            waiting: AtomicUsize::new(0),
         }
     }
 
@@ -63,7 +78,7 @@ impl Readers {
 
     /// A slot when every one is taken: displaces the reader that has held its slot longest (once
     /// it has held it for [`MIN_HOLD`]), then waits up to `wait` for a slot. `None` when none
-    /// frees in time.
+    /// frees in time, or at once when as many newcomers as there are slots are waiting already.
     ///
     /// A reader is displaced only after [`MIN_HOLD`]: a review whose body is a moment behind its
     /// head (over HTTP/2, the DATA frame after the HEADERS) keeps its slot, and the newcomer waits
@@ -72,6 +87,10 @@ impl Readers {
     pub async fn take_displacing(&self, wait: Duration) -> Option<Reader<'_>> {
         if let Some(reader) = self.try_take() {
             return Some(reader);
+        }
+        let _waiting = Waiting(&self.waiting);
+        if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.slots.len() {
+            return None;
         }
         let deadline = tokio::time::Instant::now() + wait;
         let mut displaced = false;
@@ -223,6 +242,31 @@ mod tests {
         drop(newcomer);
         assert!(readers.try_take().is_some(), "slots free again");
         assert_eq!(readers.capacity(), 2);
+    }
+
+    /// With every slot taken, as many newcomers wait as there are slots; one more is refused at
+    /// once, and a place comes back when a waiter goes (here, its wait cancelled).
+    #[tokio::test(start_paused = true)]
+    async fn at_most_as_many_newcomers_wait_as_there_are_slots() {
+        let readers = Readers::new(2);
+        let held = (readers.try_take(), readers.try_take());
+        let waiters = (
+            readers.take_displacing(Duration::from_secs(30)),
+            readers.take_displacing(Duration::from_secs(30)),
+        );
+        let mut waiters = (Box::pin(waiters.0), Box::pin(waiters.1));
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(waiters.0.as_mut().poll(&mut cx).is_pending());
+        assert!(waiters.1.as_mut().poll(&mut cx).is_pending());
+        assert!(
+            readers.take_displacing(Duration::from_secs(30)).await.is_none(),
+            "a third newcomer is refused at once"
+        );
+        drop(waiters.0);
+        let mut third = Box::pin(readers.take_displacing(Duration::from_secs(30)));
+        assert!(third.as_mut().poll(&mut cx).is_pending(), "a place came back");
+        drop((held, waiters.1, third));
     }
 
     #[test]

@@ -107,6 +107,36 @@ pub struct Args {
     /// local testing and benchmarks, not for clusters.
     #[arg(long, env = "SMOLVM_WEBHOOK_WITHOUT_CLUSTER", default_value_t = false)]
     pub without_cluster: bool,
+    /// Connections the webhook holds at once, TLS handshakes and served ones; more are closed
+    /// at once, before a byte of TLS is read.
+    #[arg(long, env = "SMOLVM_WEBHOOK_MAX_CONNECTIONS", default_value_t = crate::listener::MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    /// Connections the webhook holds at once from one source address (an API server holds a
+    /// few, more only when each has --max-concurrent-reviews streams open).
+    #[arg(long, env = "SMOLVM_WEBHOOK_MAX_CONNECTIONS_PER_SOURCE", default_value_t = crate::listener::MAX_CONNECTIONS_PER_SOURCE as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections_per_source: u32,
+    /// TLS handshakes the webhook runs at once; more are closed at once.
+    #[arg(long, env = "SMOLVM_WEBHOOK_MAX_HANDSHAKES", default_value_t = crate::listener::MAX_HANDSHAKES as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_handshakes: u32,
+    /// TLS handshakes the webhook runs at once for one source address, so that sockets from one
+    /// address that never finish theirs leave others room.
+    #[arg(long, env = "SMOLVM_WEBHOOK_MAX_HANDSHAKES_PER_SOURCE", default_value_t = crate::listener::MAX_HANDSHAKES_PER_SOURCE as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_handshakes_per_source: u32,
+    /// Time for a TLS handshake (at least 100ms).
+    #[arg(long, env = "SMOLVM_WEBHOOK_HANDSHAKE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub handshake_timeout: Duration,
+    /// An HTTP/2 connection with no review in flight this long is closed with a GOAWAY (at
+    /// least 1s); the API server opens a new one when it next calls, and closes its own idle
+    /// connections after 90s.
+    #[arg(long, env = "SMOLVM_WEBHOOK_HTTP2_IDLE_TIMEOUT", default_value = "2m", value_parser = parse_duration)]
+    pub http2_idle_timeout: Duration,
+    /// Bytes of request data all HTTP/2 connections together may hold unread: each
+    /// connection's flow-control window is this over --max-connections (at least 65535 bytes
+    /// each, or the webhook refuses to start). With --max-concurrent-bodies x --body-limit, it
+    /// bounds the memory clients can make the webhook hold: keep their sum well inside the pod's
+    /// memory limit.
+    #[arg(long, env = "SMOLVM_WEBHOOK_HTTP2_BUFFER_BUDGET", default_value_t = crate::listener::HTTP2_BUFFER_BUDGET as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub http2_buffer_budget: u64,
     /// Worker threads of the async runtime (0: one per core; 1: a single-threaded runtime).
     #[arg(long, env = "SMOLVM_WEBHOOK_WORKERS", default_value_t = 0)]
     pub workers: usize,
@@ -157,6 +187,26 @@ impl Args {
             self.tls_files()?;
         }
         Ok(())
+    }
+
+    /// The listener's bounds, or the flag that cannot work; `max_streams` streams per HTTP/2
+    /// connection.
+    pub fn listening(&self, max_streams: u32) -> Result<crate::listener::Listening> {
+        let bounds = smolvm_kit::limits::ListenerLimits {
+            max_connections: self.max_connections as usize,
+            max_connections_per_source: self.max_connections_per_source as usize,
+            max_handshakes: self.max_handshakes as usize,
+            max_handshakes_per_source: self.max_handshakes_per_source as usize,
+            handshake_timeout: self.handshake_timeout,
+            http2_idle_timeout: self.http2_idle_timeout,
+            http2_buffer_budget: usize::try_from(self.http2_buffer_budget).unwrap_or(usize::MAX),
+        }
+        .bounds()
+        .map_err(|e| match e {
+            smolvm_kit::Error::Config(message) => Error::Config(message),
+            other => Error::Config(other.to_string()),
+        })?;
+        Ok(crate::listener::Listening { bounds, max_streams })
     }
 
     /// The self-signed mode's settings.
@@ -211,6 +261,36 @@ mod tests {
         assert_eq!(a.cert_lifetime, 7 * DAY);
         assert_eq!(a.rotation_check_interval, Duration::from_secs(60));
         assert_eq!(a.body_timeout, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn listener_flags() {
+        let a = Args::try_parse_from(["w"]).expect("flags");
+        assert_eq!(
+            a.listening(32).expect("the defaults work"),
+            crate::listener::Listening::defaults(32)
+        );
+        let a = Args::try_parse_from([
+            "w",
+            "--max-connections=256",
+            "--max-handshakes-per-source=4",
+            "--handshake-timeout=2s",
+            "--http2-idle-timeout=30s",
+        ])
+        .expect("flags");
+        let listening = a.listening(8).expect("bounds");
+        assert_eq!(listening.bounds.accept.max_connections, 256);
+        assert_eq!(listening.bounds.accept.max_handshakes_per_source, 4);
+        assert_eq!(listening.bounds.accept.handshake_timeout, Duration::from_secs(2));
+        assert_eq!(listening.bounds.http2_window, (64 << 20) / 256);
+        assert_eq!(listening.bounds.http2_idle_timeout, Duration::from_secs(30));
+        let tight = Args::try_parse_from(["w", "--http2-buffer-budget=1048576"]).expect("flags");
+        let refused = tight.listening(8).map(|_| ()).map_err(|e| e.to_string());
+        assert!(
+            refused.as_ref().is_err_and(|e| e.contains("--http2-buffer-budget")),
+            "{refused:?}"
+        );
+        assert!(Args::try_parse_from(["w", "--max-connections=0"]).is_err());
     }
 
     #[test]

@@ -66,6 +66,42 @@ pub async fn connect(
     version: Version,
 ) -> Result<Connection> {
     let tcp = TcpStream::connect(addr).await.map_err(|e| client_err("connect", e))?;
+    over(tcp, server_name, config, version).await
+}
+
+/// Connects from `source` (one of this host's addresses, such as `127.0.0.2`) to `addr`: what the
+/// tests and the benchmarks use to stand in for many clients.
+pub async fn connect_from(
+    source: std::net::IpAddr,
+    addr: SocketAddr,
+    server_name: &str,
+    config: Arc<ClientConfig>,
+    version: Version,
+) -> Result<Connection> {
+    over(tcp_from(source, addr).await?, server_name, config, version).await
+}
+
+/// A TCP connection from `source` to `addr`.
+pub async fn tcp_from(source: std::net::IpAddr, addr: SocketAddr) -> Result<TcpStream> {
+    let socket = match source {
+        std::net::IpAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        std::net::IpAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    }
+    .map_err(|e| client_err("socket", e))?;
+    socket
+        .bind(SocketAddr::new(source, 0))
+        .map_err(|e| client_err("bind", e))?;
+    socket.connect(addr).await.map_err(|e| client_err("connect", e))
+}
+
+/// TLS, verifying the certificate for `server_name`, then HTTP as `version`, over `tcp`.
+pub async fn over(
+    tcp: TcpStream,
+    server_name: &str,
+    config: Arc<ClientConfig>,
+    version: Version,
+) -> Result<Connection> {
+    let addr = tcp.peer_addr().map_err(|e| client_err("connect", e))?;
     let _ = tcp.set_nodelay(true);
     let name = ServerName::try_from(server_name.to_string()).map_err(|e| client_err("server name", e))?;
     let tls = TlsConnector::from(config)

@@ -7,17 +7,29 @@
 //! put its p99 1.2 to 1.3 times nginx's, against 1.06 times for `h2` driven directly (issue 34).
 //! So the webhook drives `h2` itself:
 //!
-//! - one task per connection accepts streams, pings the client and drains on shutdown
-//!   ([`serve`]);
+//! - one task per connection accepts streams, pings the client, closes the connection once it
+//!   has been idle and drains on shutdown ([`serve`]);
 //! - one task per stream reads the body within [`crate::server`]'s bounds of bodies in flight,
-//!   reviews it, and answers with one HEADERS and one DATA frame.
+//!   reviews it, and answers with one HEADERS and one DATA frame; the client resetting the
+//!   stream cancels it at once.
 //!
 //! What hyper bounded, this bounds the same way: at most `max_streams` streams open per
-//! connection, 16 KiB of request headers, 1 MiB flow-control windows (a client sends no more
-//! than that ahead of the webhook reading it), 400 KiB of answers buffered per stream, and at
-//! most 1,024 streams reset for a client's protocol errors before its connection is closed. It
-//! also bounds what hyper left open: a client that completes TLS but sends no HTTP/2 preface
-//! within [`crate::server::HEADER_READ_TIMEOUT`] is closed.
+//! connection, 16 KiB of request headers, 400 KiB of answers buffered per stream, and at most
+//! 1,024 streams reset for a client's protocol errors before its connection is closed. It also
+//! bounds what hyper left open:
+//!
+//! - A client that completes TLS but sends no HTTP/2 preface within
+//!   [`crate::server::HEADER_READ_TIMEOUT`] is closed.
+//! - A connection with no stream in flight for [`Settings::idle_timeout`] is told GOAWAY
+//!   ([`smolvm_kit::http2::Idle`]); one told to close (idle, or shutdown) that has not finished
+//!   within [`Settings::close_grace`] (a client that does not read its answers) is dropped.
+//! - The flow-control windows ([`Settings::window`]) come from the listener's memory budget
+//!   ([`smolvm_kit::http2::window`]: 64 KiB for 1,024 connections and 64 MiB). What `h2` holds
+//!   for a connection is at most one window: a request's DATA is given back to the client's
+//!   window ([`Body`]) only once its stream holds a reader slot or has its whole body, never
+//!   while it waits for a slot, so streams waiting for a reader cannot make a connection hold
+//!   more than its window. All connections together then hold at most the budget, and the
+//!   bodies being read under reader slots at most `--max-concurrent-bodies` x `--body-limit`.
 
 use std::{
     pin::Pin,
@@ -35,6 +47,11 @@ use tokio::{
     time::{Instant, Sleep},
 };
 
+use smolvm_kit::{
+    http2::{Idle, InFlight, Streams},
+    serve::drained,
+};
+
 use crate::server::{Admission, HEADER_READ_TIMEOUT};
 
 /// How one HTTP/2 connection is served.
@@ -46,10 +63,15 @@ pub struct Settings {
     pub keep_alive_interval: Duration,
     /// The connection is closed when a PING's answer has not come within this.
     pub keep_alive_timeout: Duration,
+    /// The flow-control window of each stream and of the connection.
+    pub window: u32,
+    /// A connection with no stream in flight this long is told GOAWAY and closed.
+    pub idle_timeout: Duration,
+    /// How long a connection told to close (idle, or shutdown) may take to answer the streams it
+    /// holds; then it is dropped.
+    pub close_grace: Duration,
 }
 
-/// The flow-control window of each stream and of the connection (hyper's default).
-const WINDOW: u32 = 1024 * 1024;
 /// The largest frame the webhook reads (the protocol's smallest maximum; hyper's default).
 const MAX_FRAME_SIZE: u32 = 16 * 1024;
 /// Request headers, decoded, per stream (hyper's default).
@@ -61,15 +83,16 @@ const MAX_SEND_BUFFER: usize = 400 * 1024;
 const MAX_LOCAL_ERROR_RESETS: usize = 1024;
 
 /// Serves one HTTP/2 connection (TLS done, `h2` negotiated) until the client closes it, it
-/// fails, its keep-alive PING goes unanswered, or `drain` turns true: then a GOAWAY tells the
-/// client to open no more streams, and those open are answered before the connection closes.
+/// fails, its keep-alive PING goes unanswered, it has been idle for the idle timeout, or `drain`
+/// turns true: then a GOAWAY tells the client to open no more streams, and those open are
+/// answered (within the close grace) before the connection closes.
 pub async fn serve<T>(io: T, service: Admission, settings: Settings, mut drain: watch::Receiver<bool>)
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let handshake = h2::server::Builder::new()
-        .initial_window_size(WINDOW)
-        .initial_connection_window_size(WINDOW)
+        .initial_window_size(settings.window)
+        .initial_connection_window_size(settings.window)
         .max_frame_size(MAX_FRAME_SIZE)
         .max_header_list_size(MAX_HEADER_LIST_SIZE)
         .max_send_buffer_size(MAX_SEND_BUFFER)
@@ -88,17 +111,23 @@ where
         }
     };
     let mut keep_alive = KeepAlive::new(connection.ping_pong(), settings);
-    let mut draining = false;
+    let streams = Streams::new();
+    let mut idle = Idle::new(streams.clone(), settings.idle_timeout);
+    // Once the connection was told to close: when it is dropped if still open.
+    let close_by = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(close_by);
+    let mut closing = false;
     loop {
         tokio::select! {
             biased;
-            () = drained(&mut drain), if !draining => {
+            () = drained(&mut drain), if !closing => {
                 connection.graceful_shutdown();
-                draining = true;
+                closing = true;
+                close_by.as_mut().reset(Instant::now() + settings.close_grace);
             }
             next = connection.accept() => match next {
                 Some(Ok((request, respond))) => {
-                    tokio::spawn(answer(service.clone(), request, respond));
+                    tokio::spawn(answer(service.clone(), request, respond, streams.open()));
                 }
                 Some(Err(error)) => {
                     tracing::debug!(%error, "an HTTP/2 connection failed");
@@ -110,23 +139,42 @@ where
                 tracing::debug!("an HTTP/2 client did not answer a PING in time; connection closed");
                 return;
             }
+            () = idle.expired(), if !closing => {
+                tracing::debug!("an HTTP/2 connection idle for {:?}; GOAWAY", settings.idle_timeout);
+                connection.graceful_shutdown();
+                closing = true;
+                close_by.as_mut().reset(Instant::now() + settings.close_grace);
+            }
+            () = &mut close_by, if closing => {
+                tracing::debug!("an HTTP/2 connection still open {:?} after it was told to close; dropped", settings.close_grace);
+                return;
+            }
         }
     }
 }
 
-/// Resolves once `drain` is true (or its sender is gone: nothing can start a drain then, and
-/// the connection is served to its end).
-pub(crate) async fn drained(drain: &mut watch::Receiver<bool>) {
-    if drain.wait_for(|d| *d).await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
 /// Answers one stream: the body read within its bounds, the review, and the answer in one
-/// HEADERS and one DATA frame. The client resetting the stream ends the body's reading with an
-/// error, and the answer then goes nowhere.
-async fn answer(service: Admission, request: Request<RecvStream>, mut respond: SendResponse<Bytes>) {
-    let reply = service.answer(request.map(Body)).await;
+/// HEADERS and one DATA frame. The stream counts as in flight on its connection until its answer
+/// is queued (`in_flight`). The client resetting the stream cancels the answer at once (its
+/// reader slot, or its wait for one, given up): a reset stream keeps no slot from a real reader.
+async fn answer(
+    service: Admission,
+    request: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    in_flight: InFlight,
+) {
+    let answering = service.answer_with(request.map(Body::new), Body::release_as_read);
+    tokio::pin!(answering);
+    // The answer first: a review whose body is all here is answered in that first poll, and the
+    // reset is never looked at.
+    let reply = tokio::select! {
+        biased;
+        reply = &mut answering => reply,
+        reset = std::future::poll_fn(|cx| respond.poll_reset(cx)) => {
+            tracing::debug!(reset = ?reset.ok(), "an HTTP/2 stream was reset by its client; its answer cancelled");
+            return;
+        }
+    };
     let (parts, body) = reply.into_parts();
     let mut head = Response::from_parts(parts, ());
     head.headers_mut()
@@ -141,34 +189,79 @@ async fn answer(service: Admission, request: Request<RecvStream>, mut respond: S
     if let Err(error) = sent {
         tracing::debug!(%error, "an HTTP/2 answer could not be sent (the stream is gone)");
     }
+    drop(in_flight);
 }
 
-/// A request's body as [`hyper::body::Body`]: each chunk's flow-control capacity is given back
-/// as it is taken, so the client may send the next (the body is bounded where it is collected).
-struct Body(RecvStream);
+/// A request's body as [`hyper::body::Body`]. The flow-control capacity of the DATA taken is
+/// held back (the client may not send more in its place) until [`Body::release_as_read`], which
+/// the body's reader calls once it holds a reader slot, or until the body's end: a stream waiting
+/// for a reader slot thus holds at most its window, shared with its connection's other streams.
+/// From then on, each chunk's capacity is given back as it is taken, so the client may send the
+/// next (the body is bounded where it is collected). What is held when the stream goes, `h2`
+/// gives back itself.
+struct Body {
+    stream: RecvStream,
+    /// Bytes taken whose capacity is held back.
+    held: usize,
+    releasing: bool,
+}
+
+impl Body {
+    fn new(stream: RecvStream) -> Self {
+        Body {
+            stream,
+            held: 0,
+            releasing: false,
+        }
+    }
+
+    /// From now on, capacity is given back as DATA is taken; what was held back, at once.
+    fn release_as_read(&mut self) {
+        self.releasing = true;
+        self.release_held();
+    }
+
+    fn release_held(&mut self) {
+        if self.held > 0 {
+            // Fails only when the stream is already gone, which the next poll reports.
+            let _ = self
+                .stream
+                .flow_control()
+                .release_capacity(std::mem::take(&mut self.held));
+        }
+    }
+}
 
 impl hyper::body::Body for Body {
     type Data = Bytes;
     type Error = h2::Error;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
-        match ready!(self.0.poll_data(cx)) {
+        match ready!(self.stream.poll_data(cx)) {
             Some(Ok(data)) => {
-                // Fails only when the stream is already gone, which the next poll reports.
-                let _ = self.0.flow_control().release_capacity(data.len());
+                if self.releasing {
+                    // Fails only when the stream is already gone, which the next poll reports.
+                    let _ = self.stream.flow_control().release_capacity(data.len());
+                } else {
+                    self.held += data.len();
+                }
                 Poll::Ready(Some(Ok(Frame::data(data))))
             }
             Some(Err(error)) => Poll::Ready(Some(Err(error))),
-            None => Poll::Ready(match ready!(self.0.poll_trailers(cx)) {
-                Ok(Some(trailers)) => Some(Ok(Frame::trailers(trailers))),
-                Ok(None) => None,
-                Err(error) => Some(Err(error)),
-            }),
+            None => {
+                // The whole body is in: nothing more can come in the held capacity's place.
+                self.release_held();
+                Poll::Ready(match ready!(self.stream.poll_trailers(cx)) {
+                    Ok(Some(trailers)) => Some(Ok(Frame::trailers(trailers))),
+                    Ok(None) => None,
+                    Err(error) => Some(Err(error)),
+                })
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.0.is_end_stream()
+        self.stream.is_end_stream()
     }
 }
 
@@ -246,16 +339,24 @@ mod tests {
     const GOAWAY: u8 = 0x7;
     const ACK: u8 = 0x1;
 
+    /// Connections that never go idle, unless a test says otherwise.
     fn settings() -> Settings {
         Settings {
             max_streams: 8,
             keep_alive_interval: Duration::from_secs(30),
             keep_alive_timeout: Duration::from_secs(10),
+            window: smolvm_kit::http2::MIN_WINDOW,
+            idle_timeout: Duration::from_secs(24 * 3600),
+            close_grace: Duration::from_secs(20),
         }
     }
 
     /// The server side served in a task; the client's end of the pipe, and the drain switch.
     fn start() -> (DuplexStream, watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+        start_with(settings())
+    }
+
+    fn start_with(settings: Settings) -> (DuplexStream, watch::Sender<bool>, tokio::task::JoinHandle<()>) {
         let (client, server) = tokio::io::duplex(64 * 1024);
         let state = AppState::new(
             PolicyHandle::new(smolvm_api::Policy::default()),
@@ -265,7 +366,7 @@ mod tests {
         let served = tokio::spawn(serve(
             server,
             crate::server::admission_service(state),
-            settings(),
+            settings,
             draining,
         ));
         (client, drain, served)
@@ -324,6 +425,47 @@ mod tests {
         assert!(!served.is_finished(), "still served after {pongs} PINGs answered");
     }
 
+    /// A client that answers every PING but opens no stream is told GOAWAY once the idle
+    /// timeout has passed, and closed.
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_is_told_goaway_and_closed() {
+        let (mut client, _drain, served) = start_with(Settings {
+            idle_timeout: Duration::from_secs(60),
+            ..settings()
+        });
+        open(&mut client).await;
+        let (mut pongs, mut goaway) = (0, false);
+        while let Some((kind, flags, payload)) = next_frame(&mut client).await {
+            goaway |= kind == GOAWAY;
+            if kind == PING && flags & ACK == 0 {
+                let _ = client.write_all(&frame(PING, ACK, 0, &payload)).await;
+                pongs += 1;
+            }
+        }
+        assert!(goaway, "a GOAWAY before the close");
+        assert!(pongs >= 1, "the client answered PINGs all along");
+        assert!(served.await.is_ok(), "the connection's task ended");
+    }
+
+    /// A connection told to close whose client never lets it finish (it reads nothing: the
+    /// server's GOAWAY waits in the pipe) is dropped after the close grace.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_does_not_finish_closing_is_dropped_after_the_grace() {
+        let (mut client, drain, served) = start_with(Settings {
+            close_grace: Duration::from_secs(5),
+            // No keep-alive PING closes it first.
+            keep_alive_interval: Duration::from_secs(24 * 3600),
+            ..settings()
+        });
+        open(&mut client).await;
+        let first = next_frame(&mut client).await;
+        assert!(matches!(first, Some((SETTINGS, _, _))), "{first:?}");
+        assert!(drain.send(true).is_ok());
+        // The client neither reads nor answers the shutdown's PING.
+        assert!(served.await.is_ok(), "the connection's task ended");
+        drop(client);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_client_that_sends_no_preface_is_closed() {
         let (mut client, _drain, served) = start();
@@ -351,5 +493,84 @@ mod tests {
         }
         assert!(goaway, "a GOAWAY before the close");
         assert!(served.await.is_ok(), "the connection's task ended");
+    }
+
+    /// A SmolVM CREATE review, as the API server sends it.
+    fn review_body() -> Vec<u8> {
+        let gvk = serde_json::json!({"group": "vm.smolvm.dev", "version": "v1alpha1", "kind": "SmolVM"});
+        let gvr = serde_json::json!({"group": "vm.smolvm.dev", "version": "v1alpha1", "resource": "smolvms"});
+        let review = serde_json::json!({
+            "kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1",
+            "request": {
+                "uid": "0c9a8d74-9cb7-44dd-b98e-09fd62def2f4",
+                "kind": gvk, "resource": gvr, "requestKind": gvk, "requestResource": gvr,
+                "name": "alpine", "namespace": "default", "operation": "CREATE",
+                "userInfo": {"username": "alice@example.com", "groups": ["system:authenticated"]},
+                "object": smolvm_api::fixtures::alpine(), "oldObject": null, "dryRun": false,
+                "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
+            }
+        });
+        serde_json::to_vec(&review).unwrap_or_default()
+    }
+
+    /// A stream its client resets while it waits for a reader slot is cancelled: it takes no
+    /// slot and answers nothing (before, it waited on, took the slot once it freed, and counted
+    /// a bad request), while the stream that held the only slot completes.
+    #[tokio::test(start_paused = true)]
+    async fn a_reset_stream_is_cancelled_while_it_waits_for_a_reader_slot() {
+        let (client, server) = tokio::io::duplex(256 * 1024);
+        let state = AppState::new(
+            PolicyHandle::new(smolvm_api::Policy::default()),
+            Arc::new(Vec::<smolvm_api::SmolVMNode>::new()),
+        )
+        .with_max_concurrent_bodies(1);
+        let metrics = state.metrics.clone();
+        let (_drain, draining) = watch::channel(false);
+        tokio::spawn(serve(
+            server,
+            crate::server::admission_service(state),
+            settings(),
+            draining,
+        ));
+        let Ok((mut sender, connection)) = h2::client::handshake(client).await else {
+            panic!("the client's handshake")
+        };
+        tokio::spawn(connection);
+        let body = review_body();
+        let (first, rest) = body.split_at(body.len() / 2);
+        let post = || {
+            Request::post("https://smolvm-webhook/validate/smolvms")
+                .header("content-type", "application/json")
+                .body(())
+        };
+        // A holds the only reader slot: half its body now, the rest later.
+        let Ok((answer_a, mut a)) = sender.send_request(post().expect("request"), false) else {
+            panic!("A's stream")
+        };
+        assert!(a.send_data(Bytes::copy_from_slice(first), false).is_ok());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // B waits for a slot (A is too young to be displaced); then its client resets it.
+        let Ok((answer_b, mut b)) = sender.send_request(post().expect("request"), false) else {
+            panic!("B's stream")
+        };
+        assert!(b.send_data(Bytes::copy_from_slice(first), false).is_ok());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        b.send_reset(h2::Reason::CANCEL);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(a.send_data(Bytes::copy_from_slice(rest), true).is_ok());
+        let status = answer_a.await.map(|r| r.status().as_u16());
+        // Well past the longest B could have waited for a slot (the 2 s idle timeout).
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(status.ok(), Some(200), "A answered");
+        assert!(answer_b.await.is_err(), "B was reset");
+        let text = metrics.encode();
+        let counted: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("smolvm_webhook_bad_requests_total{")
+                    || l.starts_with("smolvm_webhook_shed_requests_total{")
+            })
+            .collect();
+        assert!(counted.is_empty(), "the reset stream was answered: {counted:?}");
     }
 }

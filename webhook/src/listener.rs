@@ -4,45 +4,94 @@
 use std::{sync::Arc, time::Duration};
 
 use smolvm_certs::ReloadableResolver;
+use smolvm_kit::{accept::AcceptBounds, limits::ListenerBounds, serve::drained};
 
 use crate::{
     error::{Error, Result},
     server::{Admission, HEADER_READ_TIMEOUT},
 };
 
-/// How long a client may take over its TLS handshake.
+/// How long a client may take over its TLS handshake (`--handshake-timeout`).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Connections the webhook holds at once (the API servers keep a few, multiplexed over HTTP/2);
-/// more are closed at once, before a byte of TLS is read.
+/// Connections the webhook holds at once (`--max-connections`; the API servers keep a few,
+/// multiplexed over HTTP/2); more are closed at once, before a byte of TLS is read.
 pub const MAX_CONNECTIONS: usize = 1024;
-/// TLS handshakes in progress at once; more are closed at once.
+/// Connections from one source address (`--max-connections-per-source`): an API server at its
+/// busiest holds a few (its HTTP/2 client opens another only when one has as many streams as
+/// the webhook allows, `--max-concurrent-reviews`), so 64 leave room for several behind one
+/// address while 16 addresses are needed to fill the listener.
+pub const MAX_CONNECTIONS_PER_SOURCE: usize = 64;
+/// TLS handshakes in progress at once (`--max-handshakes`); more are closed at once.
 pub const MAX_HANDSHAKES: usize = 64;
+/// TLS handshakes in progress from one source address (`--max-handshakes-per-source`): an
+/// address whose sockets never finish theirs leaves the others 48.
+pub const MAX_HANDSHAKES_PER_SOURCE: usize = 16;
+/// How long an HTTP/2 connection may hold no stream before it is told GOAWAY
+/// (`--http2-idle-timeout`): above the 90 s after which the API server's client closes an idle
+/// connection itself ([`smolvm_kit::http2`]).
+pub const HTTP2_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+/// Bytes all HTTP/2 connections may hold unread (`--http2-buffer-budget`): 64 MiB, a quarter of
+/// the pod's 256 MiB memory limit, which gives each of the 1,024 connections a 64 KiB window
+/// (HTTP/2's own initial window). With the bodies being read (at most `--max-concurrent-bodies`
+/// x `--body-limit`, 64 MiB) that leaves half the limit for the process and its connections.
+pub const HTTP2_BUFFER_BUDGET: usize = 64 << 20;
 /// How often an HTTP/2 client is sent a PING.
 pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// How long an HTTP/2 client may take to answer a PING before its connection is closed.
 pub const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long connections are given, once shutdown begins, to answer the requests they hold; then
-/// they are closed.
+/// How long connections are given, once shutdown begins (or, one by one, once idle), to answer
+/// the requests they hold; then they are closed.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// What the listener bounds, from the flags ([`crate::cli::Args::listening`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listening {
+    /// Connections and handshakes (in all and per source), HTTP/2 windows and idle timeout.
+    pub bounds: ListenerBounds,
+    /// Streams open at once on one HTTP/2 connection (the review slots).
+    pub max_streams: u32,
+}
+
+impl Listening {
+    /// The defaults, with `max_streams` streams per HTTP/2 connection.
+    pub fn defaults(max_streams: u32) -> Self {
+        Listening {
+            bounds: ListenerBounds {
+                accept: AcceptBounds {
+                    max_connections: MAX_CONNECTIONS,
+                    max_connections_per_source: MAX_CONNECTIONS_PER_SOURCE,
+                    max_handshakes: MAX_HANDSHAKES,
+                    max_handshakes_per_source: MAX_HANDSHAKES_PER_SOURCE,
+                    handshake_timeout: HANDSHAKE_TIMEOUT,
+                },
+                http2_window: (HTTP2_BUFFER_BUDGET / MAX_CONNECTIONS) as u32,
+                http2_idle_timeout: HTTP2_IDLE_TIMEOUT,
+            },
+            max_streams,
+        }
+    }
+}
 
 /// Serves `service` over TLS (HTTP/2 and HTTP/1.1 by ALPN) on `listener`, with the certificate
 /// from `resolver` (swapped in place on rotation), until `shutdown` resolves: then the listener
 /// closes, each connection answers what it holds (HTTP/2 with a GOAWAY, HTTP/1.1 closing after
 /// its request), and those still open after [`DRAIN_TIMEOUT`] are closed.
 ///
-/// Connections are bounded before they are read (`smolvm_kit::accept`): [`MAX_CONNECTIONS`]
-/// open, [`MAX_HANDSHAKES`] handshaking, each handshake within [`HANDSHAKE_TIMEOUT`]; the
-/// connections closed for it are counted in `metrics`. Then an HTTP/2 connection is served on
-/// the `h2` crate ([`crate::http2`]) with at most `max_streams` streams open, pinged every
-/// [`KEEP_ALIVE_INTERVAL`] and closed when a PING goes unanswered for [`KEEP_ALIVE_TIMEOUT`]; an
-/// HTTP/1.1 connection by hyper, each request's head within [`HEADER_READ_TIMEOUT`].
+/// Connections are bounded before they are read (`smolvm_kit::accept`, within
+/// `listening.bounds.accept`): so many open and handshaking, in all and from one source address,
+/// each handshake within its timeout; the connections closed for it are counted in `metrics`.
+/// Then an HTTP/2 connection is served on the `h2` crate ([`crate::http2`]) with at most
+/// `listening.max_streams` streams open, flow-control windows of `listening.bounds.http2_window`,
+/// pinged every [`KEEP_ALIVE_INTERVAL`] and closed when a PING goes unanswered for
+/// [`KEEP_ALIVE_TIMEOUT`] or when it has held no stream for the idle timeout; an HTTP/1.1
+/// connection by hyper, each request's head within [`HEADER_READ_TIMEOUT`].
 pub async fn serve_tls(
     listener: std::net::TcpListener,
     service: Admission,
     resolver: Arc<ReloadableResolver>,
     shutdown: impl std::future::Future<Output = ()>,
-    max_streams: u32,
+    listening: Listening,
     metrics: Arc<crate::metrics::Metrics>,
 ) -> Result<()> {
     let serve_error = |source| Error::Serve {
@@ -53,61 +102,27 @@ pub async fn serve_tls(
     let listener = tokio::net::TcpListener::from_std(listener).map_err(serve_error)?;
     let config = smolvm_certs::server_config(resolver)?;
     let tls = axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(config));
+    let bounds = listening.bounds;
     let acceptor = smolvm_kit::accept::Bounded::new(
-        axum_server::tls_rustls::RustlsAcceptor::new(tls).handshake_timeout(HANDSHAKE_TIMEOUT),
-        smolvm_kit::accept::AcceptBounds {
-            max_connections: MAX_CONNECTIONS,
-            max_handshakes: MAX_HANDSHAKES,
-            handshake_timeout: HANDSHAKE_TIMEOUT,
-        },
+        axum_server::tls_rustls::RustlsAcceptor::new(tls).handshake_timeout(bounds.accept.handshake_timeout),
+        bounds.accept,
     )
     .on_closed(Arc::new(move |why| metrics.observe_connection_closed(why.as_str())));
     let http2 = crate::http2::Settings {
-        max_streams,
+        max_streams: listening.max_streams,
         keep_alive_interval: KEEP_ALIVE_INTERVAL,
         keep_alive_timeout: KEEP_ALIVE_TIMEOUT,
+        window: bounds.http2_window,
+        idle_timeout: bounds.http2_idle_timeout,
+        close_grace: DRAIN_TIMEOUT,
     };
-    let (drain, draining) = tokio::sync::watch::channel(false);
-    let mut connections = tokio::task::JoinSet::new();
-    let mut backoff = smolvm_kit::accept::AcceptBackoff::default();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            biased;
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => {
-                    backoff.succeeded();
-                    // Finished connections, reaped as new ones come.
-                    while connections.try_join_next().is_some() {}
-                    let accepting = axum_server::accept::Accept::accept(&acceptor, tcp, ());
-                    connections.spawn(serve_connection(accepting, service.clone(), http2, draining.clone()));
-                }
-                Err(error) => {
-                    if !backoff.failing() {
-                        tracing::warn!(%error, "accepting a webhook connection failed; backing off");
-                    }
-                    tokio::time::sleep(backoff.failed()).await;
-                }
-            },
-        }
-    }
-    drop(listener);
-    let _ = drain.send(true);
-    let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
-        while connections.join_next().await.is_some() {}
+    smolvm_kit::serve::accept_loop(listener, shutdown, DRAIN_TIMEOUT, "webhook", move |tcp, draining| {
+        let accepting = axum_server::accept::Accept::accept(&acceptor, tcp, ());
+        serve_connection(accepting, service.clone(), http2, draining)
     })
     .await;
-    if drained.is_err() {
-        tracing::warn!(
-            connections = connections.len(),
-            "connections still open {DRAIN_TIMEOUT:?} after shutdown began; closing them"
-        );
-        connections.shutdown().await;
-    }
     Ok(())
 }
-
 /// Whether the connection negotiated HTTP/2; if so, sets TCP_NODELAY on it.
 ///
 /// An HTTP/2 answer often follows a small frame the connection flushed just before (a
@@ -154,7 +169,7 @@ async fn serve_connection(
     tokio::pin!(connection);
     let result = tokio::select! {
         result = connection.as_mut() => result,
-        () = crate::http2::drained(&mut draining) => {
+        () = drained(&mut draining) => {
             connection.as_mut().graceful_shutdown();
             connection.await
         }

@@ -213,6 +213,9 @@ async fn serving_certificate(
 
 async fn run(args: Args) -> Result<()> {
     args.check()?;
+    // Streams per HTTP/2 connection: as many as reviews at once.
+    let streams = u32::try_from(args.max_concurrent_reviews.max(1)).unwrap_or(u32::MAX);
+    let listening = args.listening(streams)?;
     let interval = args.reload_interval.max(Duration::from_secs(1));
     let policy = PolicyHandle::new(reload::load_policy(args.policy.as_deref())?);
     let client = if args.without_cluster {
@@ -293,14 +296,13 @@ async fn run(args: Args) -> Result<()> {
         let _ = stop.wait_for(|s| *s).await;
     };
     let ops = tokio::spawn(serve_ops(ops_listener, state.clone(), stopped(stop_rx.clone())));
-    let streams = u32::try_from(state.max_concurrent_reviews).unwrap_or(u32::MAX);
     let metrics = state.metrics.clone();
     let result = serve_tls(
         listener,
         admission_service(state),
         resolver,
         stopped(stop_rx),
-        streams,
+        listening,
         metrics,
     )
     .await;

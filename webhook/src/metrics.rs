@@ -154,7 +154,7 @@ impl Metrics {
         let connections_closed = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "connections_closed",
-            "Connections closed before they were served: a cap of open connections or handshakes in progress was reached, or a TLS handshake did not finish in time (reason: connections, handshakes, handshake_timeout)",
+            "Connections closed before they were served: a cap of open connections or handshakes in progress was reached, in all (reason connections, handshakes) or for the connection's source address (source_connections, source_handshakes), or a TLS handshake did not finish in time (handshake_timeout)",
             smolvm_kit::ops::Declared(connections_closed.clone()),
         );
         registry.register(
@@ -262,8 +262,9 @@ impl Metrics {
             .get_or_init(|| self.latency.get_or_create(&RouteLabels { path: route.path() }).clone())
     }
 
-    /// Records a connection closed before it was served: `connections` or `handshakes` (a cap
-    /// was reached), `handshake_timeout`.
+    /// Records a connection closed before it was served: `connections`, `source_connections`,
+    /// `handshakes` or `source_handshakes` (a cap was reached, in all or for its source
+    /// address), `handshake_timeout`.
     pub fn observe_connection_closed(&self, reason: &'static str) {
         self.connections_closed.get_or_create(&ReasonLabels { reason }).inc();
     }

@@ -73,8 +73,14 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
 /// with 408 when no byte comes for `body_idle_timeout` or the whole body is not in within
 /// `body_timeout` (which the binary caps at [`REQUEST_TIMEOUT`]) of the request's start. A slow client so ties up
 /// a reader slot for a bounded time, loses it first to a body that is arriving, and never holds
-/// a review slot.
-async fn read_body<B>(state: &AppState, request: Request<B>, start: Instant) -> std::result::Result<Bytes, RequestError>
+/// a review slot. `on_reader` is called with the body once it holds a reader slot (HTTP/2 gives
+/// the client its flow-control window back only from then on, [`crate::http2`]).
+async fn read_body<B>(
+    state: &AppState,
+    request: Request<B>,
+    start: Instant,
+    on_reader: impl FnOnce(&mut B),
+) -> std::result::Result<Bytes, RequestError>
 where
     B: HttpBody<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
@@ -115,6 +121,7 @@ where
             None => return Err(RequestError::BodiesBusy(state.max_concurrent_bodies)),
         },
     };
+    on_reader(&mut body);
     let deadline = tokio::time::Instant::from_std(start) + state.body_timeout;
     let mut progress = tokio::time::Instant::now();
     // One timer, moved on only when it fires (not at every chunk): at the idle timeout after the
@@ -206,7 +213,7 @@ fn shed_response(error: &RequestError) -> Reply {
     response
 }
 
-async fn admit<B>(state: &AppState, route: Route, request: Request<B>) -> Reply
+async fn admit<B>(state: &AppState, route: Route, request: Request<B>, on_reader: impl FnOnce(&mut B)) -> Reply
 where
     B: HttpBody<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
@@ -214,7 +221,7 @@ where
     let start = Instant::now();
     // The whole body first, under the bounds of bodies in flight: a slow body holds no review
     // slot.
-    let body = match read_body(state, request, start).await {
+    let body = match read_body(state, request, start, on_reader).await {
         Ok(body) => body,
         Err(error) => {
             state
@@ -325,8 +332,18 @@ impl Admission {
         B: HttpBody<Data = Bytes> + Unpin,
         B::Error: std::fmt::Display,
     {
+        self.answer_with(request, |_| {}).await
+    }
+
+    /// As [`Admission::answer`], calling `on_reader` with the body if it takes a reader slot
+    /// (its rest still arriving when first looked at).
+    pub async fn answer_with<B>(&self, request: Request<B>, on_reader: impl FnOnce(&mut B)) -> Reply
+    where
+        B: HttpBody<Data = Bytes> + Unpin,
+        B::Error: std::fmt::Display,
+    {
         match Route::ALL.into_iter().find(|r| r.path() == request.uri().path()) {
-            Some(route) => std::panic::AssertUnwindSafe(admit(&self.0, route, request))
+            Some(route) => std::panic::AssertUnwindSafe(admit(&self.0, route, request, on_reader))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(panic_response),

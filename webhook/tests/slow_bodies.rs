@@ -85,8 +85,8 @@ async fn trickling_bodies_leave_reviews_answered() {
         let trickled = review_bytes(&fixtures::alpine());
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut clients = Vec::new();
-        for _ in 0..40 {
-            let h = HarnessRef::of(&h);
+        for n in 0..40 {
+            let h = HarnessRef::of(&h, n);
             let body = trickled.clone();
             let stop = stop_rx.clone();
             clients.push(tokio::spawn(async move {
@@ -145,23 +145,28 @@ async fn trickling_bodies_leave_reviews_answered() {
     }
 }
 
-/// What a trickling client needs of the harness, to move into a task.
+/// What a trickling client needs of the harness, to move into a task, and the loopback address
+/// it connects from (each client its own, as separate clients would: the listener bounds the
+/// handshakes of one address).
 struct HarnessRef {
     addr: std::net::SocketAddr,
     ca_pem: String,
+    source: std::net::IpAddr,
 }
 
 impl HarnessRef {
-    fn of(h: &Harness) -> Self {
+    /// The `n`th client's, from 127.0.0.(10 + n).
+    fn of(h: &Harness, n: u8) -> Self {
         HarnessRef {
             addr: h.addr,
             ca_pem: h.ca.cert_pem().to_string(),
+            source: std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 10 + n)),
         }
     }
 
     async fn raw_tls(&self) -> Tls {
         let config = ok(client::tls_config(&self.ca_pem, Version::Http1));
-        let tcp = ok(tokio::net::TcpStream::connect(self.addr).await);
+        let tcp = ok(client::tcp_from(self.source, self.addr).await);
         let name = ok(rustls::pki_types::ServerName::try_from(SERVER_NAME));
         ok(tokio_rustls::TlsConnector::from(config).connect(name, tcp).await)
     }
@@ -237,8 +242,8 @@ async fn slow_bodies_are_shed_with_a_clear_answer() {
     // longest, which is answered 408 BodyDisplaced.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut holders = Vec::new();
-    for _ in 0..2 {
-        let h_ref = HarnessRef::of(&h);
+    for n in 0..2 {
+        let h_ref = HarnessRef::of(&h, n);
         let body = body.clone();
         let stop = stop_rx.clone();
         holders.push(tokio::spawn(async move {

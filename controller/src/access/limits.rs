@@ -15,8 +15,12 @@
 //!   first: 429 beyond it.
 //! - A request's headers must arrive within [`Limits::header_timeout`]; a body must keep
 //!   coming, [`Limits::body_idle_timeout`] at most between two pieces.
-//! - Before all that, a TLS handshake must finish within [`Limits::handshake_timeout`], and at
-//!   most [`Limits::max_handshakes`] run at once ([`smolvm_kit::accept::Bounded`]).
+//! - Before all that, the listener's bounds ([`Limits::accept`], [`smolvm_kit::accept::Bounded`]):
+//!   at most so many connections and TLS handshakes in progress, in all and from one source
+//!   address (a connection beyond is closed at once), each handshake within its timeout; an
+//!   HTTP/2 connection holds at most [`Limits::http2_window`] of unread request data and is
+//!   closed once no request has been in flight for [`Limits::http2_idle_timeout`]
+//!   ([`smolvm_kit::serve`]).
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
@@ -28,6 +32,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use http_body_util::BodyExt;
+use smolvm_kit::accept::AcceptBounds;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{AccessError, AccessState, frontproxy::Peer, request::Subresource};
@@ -46,32 +51,62 @@ pub struct Limits {
     pub max_streams_per_user: usize,
     /// Bytes of request bodies buffered at once (exec requests; file bodies are streamed).
     pub body_budget: usize,
-    /// TLS handshakes in progress at once (a connection beyond is closed at once).
-    pub max_handshakes: usize,
-    /// Time for a TLS handshake to finish.
-    pub handshake_timeout: Duration,
+    /// Connections and TLS handshakes in progress, in all and per source address (a connection
+    /// beyond is closed at once), and the time for a handshake.
+    pub accept: AcceptBounds,
+    /// The flow-control window of each HTTP/2 stream and connection: `--http2-buffer-budget`
+    /// over `--max-connections` ([`smolvm_kit::http2::window`]).
+    pub http2_window: u32,
+    /// An HTTP/2 connection with no request in flight this long is closed (GOAWAY).
+    pub http2_idle_timeout: Duration,
     /// Time for a request's headers to arrive.
     pub header_timeout: Duration,
     /// Longest pause in a request body.
     pub body_idle_timeout: Duration,
 }
 
+/// The bytes all the access API's HTTP/2 connections may hold unread by default (64 MiB: a
+/// 64 KiB window for each of 1,024 connections).
+pub const DEFAULT_HTTP2_BUFFER_BUDGET: usize = 64 << 20;
+
 impl Default for Limits {
     /// 64 calls (16 of one user; each holding at most a few hundred KiB of stream buffers), 256
-    /// sessions (64 of one user), 4 MiB
-    /// of buffered bodies (64 exec requests of the largest size), 64 handshakes at once of 5 s
-    /// at most, 10 s for headers, 30 s of silence in a body.
+    /// sessions (64 of one user), 4 MiB of buffered bodies (64 exec requests of the largest
+    /// size); 1,024 connections (512 from one address: every connection comes from the API
+    /// servers, an interactive exec holding one of its own), 64 handshakes at once (16 from one
+    /// address) of 5 s at most, 64 KiB HTTP/2 windows, HTTP/2 connections closed after 2 minutes
+    /// without a request; 10 s for headers, 30 s of silence in a body.
     fn default() -> Self {
+        let accept = AcceptBounds {
+            max_connections: 1024,
+            max_connections_per_source: 512,
+            max_handshakes: 64,
+            max_handshakes_per_source: 16,
+            handshake_timeout: Duration::from_secs(5),
+        };
         Limits {
             max_calls: 64,
             max_streams: 256,
             max_calls_per_user: 16,
             max_streams_per_user: 64,
             body_budget: 4 << 20,
-            max_handshakes: 64,
-            handshake_timeout: Duration::from_secs(5),
+            accept,
+            http2_window: (DEFAULT_HTTP2_BUFFER_BUDGET / accept.max_connections) as u32,
+            http2_idle_timeout: Duration::from_secs(120),
             header_timeout: Duration::from_secs(10),
             body_idle_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Limits {
+    /// The default limits with the listener's bounds from the flags.
+    pub fn with_listener(listener: smolvm_kit::limits::ListenerBounds) -> Self {
+        Limits {
+            accept: listener.accept,
+            http2_window: listener.http2_window,
+            http2_idle_timeout: listener.http2_idle_timeout,
+            ..Limits::default()
         }
     }
 }

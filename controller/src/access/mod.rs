@@ -34,7 +34,6 @@ use axum::{
     routing::{get, post},
 };
 use axum_server::tls_rustls::RustlsConfig;
-use hyper_util::rt::TokioTimer;
 use kube::{Api, Client};
 use smolvm_certs::ReloadableResolver;
 use smolvm_kit::selfsigned::{self, SelfSignedConfig};
@@ -132,42 +131,38 @@ pub fn router(state: Arc<AccessState>) -> Router {
 }
 
 /// Serves `state`'s access API on `listener` with `tls` (see [`server::tls_config`]) until
-/// `handle` shuts it down: the front proxy authenticated at the handshake, headers within the
-/// header timeout, at most as many HTTP/2 streams per connection as the replica has slots.
+/// `shutdown` resolves: the front proxy authenticated at the handshake, within the listener's
+/// bounds ([`limits::Limits::accept`]: connections and handshakes in all and per source, each
+/// connection closed for it counted in `smolvm_controller_access_connections_closed_total`),
+/// headers within the header timeout, at most as many HTTP/2 streams per connection as the
+/// replica has slots, HTTP/2 windows and idle timeout from the limits; on shutdown the
+/// connections are told to close and given 5 s.
 pub async fn serve(
     listener: std::net::TcpListener,
     state: Arc<AccessState>,
     tls: RustlsConfig,
-    handle: axum_server::Handle<SocketAddr>,
+    shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
     let limits = state.gates.limits().clone();
-    let mut server = axum_server::from_tcp(listener)?
-        .acceptor(smolvm_kit::accept::Bounded::new(
-            server::PeerAcceptor::new(tls, limits.handshake_timeout),
-            smolvm_kit::accept::AcceptBounds {
-                // Connections are not capped here: the calls and sessions they carry are.
-                max_connections: usize::MAX,
-                max_handshakes: limits.max_handshakes,
-                handshake_timeout: limits.handshake_timeout,
-            },
-        ))
-        .handle(handle);
-    let builder = server.http_builder();
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(u32::try_from(limits.max_calls + limits.max_streams).unwrap_or(u32::MAX))
-        .keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_timeout(Duration::from_secs(10));
-    server
-        .serve(router(state).into_make_service())
-        .await
-        .context("serving the access API")
+    let metrics = state.metrics.clone();
+    let acceptor = smolvm_kit::accept::Bounded::new(
+        server::PeerAcceptor::new(tls, limits.accept.handshake_timeout),
+        limits.accept,
+    )
+    .on_closed(Arc::new(move |why| metrics.access_connection_closed(why.as_str())));
+    let settings = smolvm_kit::serve::Settings {
+        header_timeout: limits.header_timeout,
+        max_streams: u32::try_from(limits.max_calls + limits.max_streams).unwrap_or(u32::MAX),
+        window: limits.http2_window,
+        idle_timeout: limits.http2_idle_timeout,
+        keep_alive_interval: Duration::from_secs(30),
+        keep_alive_timeout: Duration::from_secs(10),
+        drain_timeout: Duration::from_secs(5),
+    };
+    smolvm_kit::serve::serve(listener, acceptor, router(state), settings, shutdown, "access API").await;
+    Ok(())
 }
 
 /// Where the serving certificate comes from.
@@ -200,6 +195,8 @@ pub struct AccessConfig {
     pub runtime_auth_secret: String,
     /// The node API token from a file instead.
     pub token_file: Option<PathBuf>,
+    /// The listener's bounds (the flags shared with the other binaries).
+    pub listener: smolvm_kit::limits::ListenerBounds,
 }
 
 /// Retries `step` every 5 s until it succeeds, logging why it did not.
@@ -303,14 +300,8 @@ pub async fn run(
         nodes,
         slot,
         metrics,
-        limits::Limits::default(),
+        limits::Limits::with_listener(cfg.listener),
     ));
-    let handle = axum_server::Handle::new();
-    let stopper = handle.clone();
-    tokio::spawn(async move {
-        shutdown.await;
-        stopper.graceful_shutdown(Some(Duration::from_secs(5)));
-    });
     tracing::info!(address = %cfg.address, "access API (subresources.vm.smolvm.dev) serving");
-    serve(listener, state, rustls, handle).await
+    serve(listener, state, rustls, shutdown).await
 }

@@ -6,9 +6,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use axum::Router;
-use axum_server::Handle;
 use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
-use hyper_util::rt::TokioTimer;
 use smolvm_certs::{ReloadableResolver, mtls_server_config};
 use smolvm_kit::accept::{AcceptBounds, Bounded, OnClosed};
 use tokio::task::JoinHandle;
@@ -18,30 +16,52 @@ use crate::metrics::Metrics;
 
 /// What one client may hold on the node API's listener before and around its requests (SPEC
 /// 6): anyone who reaches the port can open TCP connections, so the connections open at once,
-/// the TLS handshakes in progress and a handshake's length are capped ([`AcceptBounds`]: a
-/// connection beyond a cap is closed at once), and a request's headers must arrive in time.
+/// the TLS handshakes in progress, both in all and per source address, and a handshake's length
+/// are capped ([`AcceptBounds`]: a connection beyond a cap is closed at once), a request's
+/// headers must arrive in time, an HTTP/2 connection holds at most a window of unread data and is
+/// closed once idle ([`smolvm_kit::serve`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NodeApiBounds {
-    /// Connections, handshakes in progress, the time for one handshake.
+    /// Connections and handshakes in progress, in all and per source; the time for one
+    /// handshake.
     pub accept: AcceptBounds,
     /// Time for a request's headers to arrive (HTTP/1.1).
     pub header_timeout: Duration,
     /// Streams at once on one HTTP/2 connection.
     pub max_h2_streams: u32,
+    /// The flow-control window of each HTTP/2 stream and connection: `--http2-buffer-budget`
+    /// over `--max-connections` ([`smolvm_kit::http2::window`]).
+    pub http2_window: u32,
+    /// An HTTP/2 connection with no request in flight this long is closed (GOAWAY).
+    pub http2_idle_timeout: Duration,
 }
 
+/// The bytes all the node API's HTTP/2 connections may hold unread by default (64 MiB: a
+/// 256 KiB window for each of 256 connections).
+pub const DEFAULT_HTTP2_BUFFER_BUDGET: usize = 64 << 20;
+
+/// How long a connection told to close (idle, or the agent stopping) may take to finish what
+/// it holds before it is dropped.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(10);
+
 impl Default for NodeApiBounds {
-    /// 256 connections, 64 handshakes at once of 5 s at most, 10 s for headers, 256 streams
-    /// on an HTTP/2 connection.
+    /// 256 connections (128 from one address), 64 handshakes at once (16 from one address) of
+    /// 5 s at most, 10 s for headers, 256 streams on an HTTP/2 connection, 256 KiB windows (64
+    /// MiB over 256 connections), HTTP/2 connections closed after 2 minutes without a request.
     fn default() -> Self {
+        let accept = AcceptBounds {
+            max_connections: 256,
+            max_connections_per_source: 128,
+            max_handshakes: 64,
+            max_handshakes_per_source: 16,
+            handshake_timeout: Duration::from_secs(5),
+        };
         Self {
-            accept: AcceptBounds {
-                max_connections: 256,
-                max_handshakes: 64,
-                handshake_timeout: Duration::from_secs(5),
-            },
+            accept,
             header_timeout: Duration::from_secs(10),
             max_h2_streams: 256,
+            http2_window: (DEFAULT_HTTP2_BUFFER_BUDGET / accept.max_connections) as u32,
+            http2_idle_timeout: Duration::from_secs(120),
         }
     }
 }
@@ -49,11 +69,11 @@ impl Default for NodeApiBounds {
 /// A running HTTPS (mTLS) server.
 pub struct MtlsServer {
     addr: SocketAddr,
-    handle: Handle<SocketAddr>,
+    stop: tokio::sync::watch::Sender<bool>,
     rustls: RustlsConfig,
     resolver: Arc<ReloadableResolver>,
     client_ca: ClientCaInForce,
-    task: JoinHandle<std::io::Result<()>>,
+    task: JoinHandle<()>,
     watchers: Vec<JoinHandle<()>>,
 }
 
@@ -126,15 +146,13 @@ impl MtlsServer {
     ) -> Result<Self> {
         let config = mtls_server_config(resolver.clone(), client_ca_pem)?;
         let rustls = RustlsConfig::from_config(Arc::new(config));
-        listener.set_nonblocking(true).map_err(|e| Error::Serve {
+        let serve_error = |e: std::io::Error| Error::Serve {
             what: "node API",
             message: e.to_string(),
-        })?;
-        let addr = listener.local_addr().map_err(|e| Error::Serve {
-            what: "node API",
-            message: e.to_string(),
-        })?;
-        let handle = Handle::new();
+        };
+        listener.set_nonblocking(true).map_err(serve_error)?;
+        let addr = listener.local_addr().map_err(serve_error)?;
+        let listener = tokio::net::TcpListener::from_std(listener).map_err(serve_error)?;
         let mut acceptor = Bounded::new(
             RustlsAcceptor::new(rustls.clone()).handshake_timeout(bounds.accept.handshake_timeout),
             bounds.accept,
@@ -143,29 +161,30 @@ impl MtlsServer {
             let count: OnClosed = Arc::new(move |why| metrics.inc_node_api_closed(why.as_str()));
             acceptor = acceptor.on_closed(count);
         }
-        let mut server = axum_server::from_tcp(listener)
-            .map_err(|e| Error::Serve {
-                what: "node API",
-                message: e.to_string(),
-            })?
-            .acceptor(acceptor)
-            .handle(handle.clone());
-        let builder = server.http_builder();
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(bounds.header_timeout);
-        builder
-            .http2()
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(bounds.max_h2_streams)
-            .keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_timeout(Duration::from_secs(10));
-        let task = tokio::spawn(server.serve(router.into_make_service()));
+        let settings = smolvm_kit::serve::Settings {
+            header_timeout: bounds.header_timeout,
+            max_streams: bounds.max_h2_streams,
+            window: bounds.http2_window,
+            idle_timeout: bounds.http2_idle_timeout,
+            keep_alive_interval: Duration::from_secs(30),
+            keep_alive_timeout: Duration::from_secs(10),
+            drain_timeout: CLOSE_GRACE,
+        };
+        let (stop, mut stopping) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(smolvm_kit::serve::serve(
+            listener,
+            acceptor,
+            router,
+            settings,
+            async move {
+                let _ = stopping.wait_for(|s| *s).await;
+            },
+            "node API",
+        ));
         let client_ca = ClientCaInForce::new(client_ca_pem);
         Ok(Self {
             addr,
-            handle,
+            stop,
             rustls,
             resolver,
             client_ca,
@@ -228,13 +247,16 @@ impl MtlsServer {
             }));
     }
 
-    /// Stops accepting and closes connections (graceful up to `grace`).
-    pub async fn shutdown(self, grace: Duration) {
+    /// Stops accepting and closes connections: each is asked to finish what it holds (HTTP/2
+    /// with a GOAWAY) and those still open after `grace` are dropped.
+    pub async fn shutdown(mut self, grace: Duration) {
         for watcher in &self.watchers {
             watcher.abort();
         }
-        self.handle.graceful_shutdown(Some(grace));
-        let _ = tokio::time::timeout(grace + Duration::from_secs(1), self.task).await;
+        let _ = self.stop.send(true);
+        if tokio::time::timeout(grace, &mut self.task).await.is_err() {
+            self.task.abort();
+        }
     }
 }
 

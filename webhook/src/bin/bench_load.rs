@@ -32,6 +32,9 @@
 //! - `trickle`: clients that send their bodies one byte at a time while reviews are sent; prints
 //!   the reviews' answers and latency (issue 30's reproduction).
 //!
+//! - `hold`: HTTP/2 connections from many loopback addresses that each send a body's DATA on a
+//!   stream they never end; prints the server's memory (issue 56's reproduction).
+//!
 //! It verifies the server certificate against the generated CA, like every client here.
 
 use std::{
@@ -67,6 +70,11 @@ enum Command {
     /// at `--rate` per second; prints the reviews' answers by status and their latency, and how
     /// the trickles were answered.
     Trickle(TrickleArgs),
+    /// Hold (issue 56): N HTTP/2 connections from many loopback addresses, each sending
+    /// `--body-bytes` of DATA on a stream it never ends (a new one when answered), for
+    /// `--seconds`; prints the connections served and refused, the streams' answers by status
+    /// and the server's resident memory (`--pid`).
+    Hold(HoldArgs),
 }
 
 #[derive(clap::Args)]
@@ -214,6 +222,149 @@ struct TrickleArgs {
     body: PathBuf,
     #[arg(long, default_value = "localhost")]
     server_name: String,
+}
+
+#[derive(clap::Args)]
+struct HoldArgs {
+    #[arg(long)]
+    addr: SocketAddr,
+    #[arg(long, default_value = "/validate/smolvms")]
+    path: String,
+    #[arg(long, default_value_t = 1024)]
+    connections: usize,
+    /// Loopback addresses the connections come from (127.0.0.2 on), spread evenly; each opens
+    /// one connection at a time, so this many handshakes run at once at most.
+    #[arg(long, default_value_t = 16)]
+    sources: usize,
+    /// Streams each connection keeps open at once (each a body never ended).
+    #[arg(long, default_value_t = 1)]
+    streams: usize,
+    /// DATA sent on each stream before it waits (never ended).
+    #[arg(long, default_value_t = 1024 * 1024)]
+    body_bytes: usize,
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// The server's process id, for its resident memory (VmRSS sampled, VmHWM).
+    #[arg(long)]
+    pid: u32,
+    #[arg(long)]
+    ca: PathBuf,
+    #[arg(long, default_value = "localhost")]
+    server_name: String,
+}
+
+/// One connection of `hold`: TLS and HTTP/2 from `source`; `None` when the server refused it.
+async fn hold_connect(
+    source: std::net::IpAddr,
+    args: &(SocketAddr, String, String, std::sync::Arc<rustls::ClientConfig>),
+) -> Option<h2::client::SendRequest<Bytes>> {
+    let (addr, _, server_name, config) = args;
+    let tcp = client::tcp_from(source, *addr).await.ok()?;
+    let name = rustls::pki_types::ServerName::try_from(server_name.clone()).ok()?;
+    let tls = tokio_rustls::TlsConnector::from(config.clone())
+        .connect(name, tcp)
+        .await
+        .ok()?;
+    let (sender, connection) = h2::client::handshake(tls).await.ok()?;
+    tokio::spawn(connection);
+    Some(sender)
+}
+
+/// Streams on one connection of `hold` that each send `body` and never end, one after another
+/// (the next when the server answers or resets the last), until `end`; their answers by status.
+async fn hold_streams(
+    mut sender: h2::client::SendRequest<Bytes>,
+    args: std::sync::Arc<(SocketAddr, String, String, std::sync::Arc<rustls::ClientConfig>)>,
+    body: Bytes,
+    end: Instant,
+) -> std::collections::BTreeMap<u16, u64> {
+    let (_, path, server_name, _) = &*args;
+    let mut answers = std::collections::BTreeMap::new();
+    while Instant::now() < end {
+        let Ok(ready) = sender.ready().await else { break };
+        sender = ready;
+        let request = http::Request::post(format!("https://{server_name}{path}"))
+            .header("content-type", "application/json")
+            .body(());
+        let Ok(request) = request else { break };
+        let Ok((response, mut stream)) = sender.send_request(request, false) else {
+            break;
+        };
+        // Queued whole; h2 sends it as the server's windows allow. Never ended.
+        if stream.send_data(body.clone(), false).is_err() {
+            break;
+        }
+        let status = match tokio::time::timeout(end.saturating_duration_since(Instant::now()), response).await {
+            Ok(Ok(response)) => response.status().as_u16(),
+            Ok(Err(_)) => 0,
+            Err(_) => break,
+        };
+        *answers.entry(status).or_default() += 1;
+        drop(stream);
+    }
+    answers
+}
+
+async fn hold(args: HoldArgs) -> Result<(), String> {
+    let ca_pem = std::fs::read_to_string(&args.ca).map_err(|e| format!("{}: {e}", args.ca.display()))?;
+    let config = client::tls_config(&ca_pem, Version::Http2).map_err(|e| e.to_string())?;
+    let shared = std::sync::Arc::new((args.addr, args.path.clone(), args.server_name.clone(), config));
+    let body = Bytes::from(vec![b' '; args.body_bytes]);
+    let rss_before = vm_kib(args.pid, "VmRSS:").unwrap_or(0);
+    let start = Instant::now();
+    let end = start + Duration::from_secs(args.seconds);
+    let sources = args.sources.clamp(1, 250);
+    let streams = args.streams.max(1);
+    // Each source opens its connections one after another (each once the last is up), the
+    // sources side by side: at most one handshake per source in progress.
+    let mut per_source = Vec::new();
+    for s in 0..sources {
+        let source = std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2 + s as u8));
+        let count = args.connections / sources + usize::from(s < args.connections % sources);
+        let (shared, body) = (shared.clone(), body.clone());
+        per_source.push(tokio::spawn(async move {
+            let mut holders = Vec::new();
+            for _ in 0..count {
+                if let Some(sender) = hold_connect(source, &shared).await {
+                    let streams = (0..streams)
+                        .map(|_| tokio::spawn(hold_streams(sender.clone(), shared.clone(), body.clone(), end)))
+                        .collect::<Vec<_>>();
+                    holders.push(streams);
+                }
+            }
+            holders
+        }));
+    }
+    let mut peak_rss = rss_before;
+    while Instant::now() < end {
+        peak_rss = peak_rss.max(vm_kib(args.pid, "VmRSS:").unwrap_or(0));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut served = 0;
+    let mut answers: std::collections::BTreeMap<u16, u64> = Default::default();
+    for source in per_source {
+        for streams in source.await.map_err(|e| e.to_string())? {
+            served += 1;
+            for held in streams {
+                for (status, n) in held.await.map_err(|e| e.to_string())? {
+                    *answers.entry(status).or_default() += n;
+                }
+            }
+        }
+    }
+    println!(
+        "hold {} HTTP/2: {} connections from {sources} sources, {served} served, {} refused; {streams} stream(s) on each, each {} KiB of DATA, never ended, for {}s; streams answered {{{}}}; server RSS before {} MiB, peak sampled {} MiB, high-water mark {} MiB",
+        args.path,
+        args.connections,
+        args.connections.saturating_sub(served),
+        args.body_bytes / 1024,
+        args.seconds,
+        by_status(&answers),
+        rss_before / 1024,
+        peak_rss / 1024,
+        vm_kib(args.pid, "VmHWM:").unwrap_or(0) / 1024,
+    );
+    Ok(())
 }
 
 /// One trickling client: a review's head, then its body a byte at a time, reconnecting when
@@ -959,6 +1110,7 @@ fn main() -> std::process::ExitCode {
         Command::Compare(args) => block_on(false, compare(args)),
         Command::Flood(args) => block_on(true, flood(args)),
         Command::Trickle(args) => block_on(true, trickle(args)),
+        Command::Hold(args) => block_on(true, hold(args)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -10,7 +10,7 @@ use smolvm_api::{Policy, SmolVMNode, validate::Identity};
 use smolvm_certs::{CertificateAuthority, ReloadableResolver};
 use smolvm_webhook::{
     client::{self, Connection, Version},
-    listener::serve_tls,
+    listener::{Listening, serve_tls},
     server::{admission_service, serve_ops},
     state::{AppState, PolicyHandle},
 };
@@ -45,6 +45,16 @@ impl Harness {
     }
 
     pub async fn start_with(nodes: Vec<SmolVMNode>, tweak: impl FnOnce(&mut AppState)) -> Harness {
+        Self::start_listening(nodes, tweak, |_| {}).await
+    }
+
+    /// As [`Harness::start_with`], the listener's bounds changed by `listening` from the
+    /// defaults.
+    pub async fn start_listening(
+        nodes: Vec<SmolVMNode>,
+        tweak: impl FnOnce(&mut AppState),
+        listening: impl FnOnce(&mut Listening),
+    ) -> Harness {
         install_provider();
         let ca = ok(CertificateAuthority::generate("smolvm-webhook-test-ca", DAY));
         let leaf = ok(ca.issue_server(
@@ -56,6 +66,8 @@ impl Harness {
         let mut state = AppState::new(PolicyHandle::new(Policy::default()), Arc::new(nodes));
         tweak(&mut state);
         let streams = u32::try_from(state.max_concurrent_reviews).unwrap_or(u32::MAX);
+        let mut bounds = Listening::defaults(streams);
+        listening(&mut bounds);
         state.readiness.set_tls_loaded();
         let listener = ok(std::net::TcpListener::bind("127.0.0.1:0"));
         let addr = ok(listener.local_addr());
@@ -67,7 +79,7 @@ impl Harness {
             async move {
                 let _ = stop.wait_for(|s| *s).await;
             },
-            streams,
+            bounds,
             state.metrics.clone(),
         ));
         let ops = ok(tokio::net::TcpListener::bind("127.0.0.1:0").await);
