@@ -132,17 +132,47 @@ fn check_runtime_metadata(
     if ctx.role() != Role::Runtime {
         return;
     }
-    let empty = BTreeMap::new();
     // At CREATE, everything the object carries is new: compared with nothing.
     let old = old.filter(|_| op == Operation::Update);
-    let labels = new.metadata.labels.as_ref().unwrap_or(&empty);
-    let old_labels = old.and_then(|o| o.metadata.labels.as_ref()).unwrap_or(&empty);
+    let old_meta = old.map(|n| &n.metadata);
+    check_runtime_labels(
+        new.metadata.labels.as_ref(),
+        old_meta.and_then(|m| m.labels.as_ref()),
+        v,
+    );
+    check_runtime_annotations(
+        new.metadata.annotations.as_ref(),
+        old_meta.and_then(|m| m.annotations.as_ref()),
+        v,
+    );
+    let finalizers = new.metadata.finalizers.as_deref().unwrap_or_default();
+    let old_finalizers = old_meta.and_then(|m| m.finalizers.as_deref()).unwrap_or_default();
+    if finalizers != old_finalizers {
+        v.violation(
+            RuleId::V10,
+            "metadata.finalizers",
+            render(finalizers),
+            format!(
+                "{} (was {}): a runtime agent may not set or change the finalizers of its SmolVMNode",
+                render(finalizers),
+                render(old_finalizers)
+            ),
+        );
+    }
+    check_runtime_owners(old, new, ctx, v);
+}
+
+/// V10 on the labels: every label but [`AGENT_LABELS`] as it was (none at CREATE).
+fn check_runtime_labels(
+    labels: Option<&BTreeMap<String, String>>,
+    old_labels: Option<&BTreeMap<String, String>>,
+    v: &mut Verdict,
+) {
+    let empty = BTreeMap::new();
+    let (labels, old_labels) = (labels.unwrap_or(&empty), old_labels.unwrap_or(&empty));
     for (key, value) in labels {
-        if AGENT_LABELS.contains(&key.as_str()) {
-            continue;
-        }
         let was = old_labels.get(key);
-        if was == Some(value) {
+        if AGENT_LABELS.contains(&key.as_str()) || was == Some(value) {
             continue;
         }
         let before = was.map(|w| format!(" (was {})", render(w))).unwrap_or_default();
@@ -164,9 +194,17 @@ fn check_runtime_metadata(
             format!("removed (was {}): {LABEL_RULE}", render(was)),
         );
     }
+}
 
-    let annotations = new.metadata.annotations.as_ref().unwrap_or(&empty);
-    let old_annotations = old.and_then(|o| o.metadata.annotations.as_ref()).unwrap_or(&empty);
+/// V10 on the annotations: as they were (none at CREATE), but for removing
+/// [`RECHECK_BOOT_ANNOTATION`].
+fn check_runtime_annotations(
+    annotations: Option<&BTreeMap<String, String>>,
+    old_annotations: Option<&BTreeMap<String, String>>,
+    v: &mut Verdict,
+) {
+    let empty = BTreeMap::new();
+    let (annotations, old_annotations) = (annotations.unwrap_or(&empty), old_annotations.unwrap_or(&empty));
     let annotation_rule = "a runtime agent may not set, change or remove annotations on its SmolVMNode \
         (it only removes vm.smolvm.dev/recheck-boot once it acted on it)";
     for (key, value) in annotations {
@@ -189,56 +227,41 @@ fn check_runtime_metadata(
             );
         }
     }
+}
 
-    let finalizers = new.metadata.finalizers.as_deref().unwrap_or_default();
-    let old_finalizers = old.and_then(|o| o.metadata.finalizers.as_deref()).unwrap_or_default();
-    if finalizers != old_finalizers {
-        v.violation(
-            RuleId::V10,
-            "metadata.finalizers",
-            render(finalizers),
-            format!(
-                "{} (was {}): a runtime agent may not set or change the finalizers of its SmolVMNode",
-                render(finalizers),
-                render(old_finalizers)
-            ),
-        );
-    }
-
+/// V10 on the owner references: as they were at UPDATE; at CREATE, only the agent's own Node.
+fn check_runtime_owners(old: Option<&SmolVMNode>, new: &SmolVMNode, ctx: &Context<'_>, v: &mut Verdict) {
     let owners = new.metadata.owner_references.as_deref().unwrap_or_default();
-    match old {
-        Some(old) => {
-            let old_owners = old.metadata.owner_references.as_deref().unwrap_or_default();
-            if owners != old_owners {
-                v.violation(
-                    RuleId::V10,
-                    "metadata.ownerReferences",
-                    render(owners),
-                    format!(
-                        "{}: a runtime agent may not change the owner references of its SmolVMNode",
-                        render(owners)
-                    ),
-                );
-            }
+    if let Some(old) = old {
+        let old_owners = old.metadata.owner_references.as_deref().unwrap_or_default();
+        if owners != old_owners {
+            v.violation(
+                RuleId::V10,
+                "metadata.ownerReferences",
+                render(owners),
+                format!(
+                    "{}: a runtime agent may not change the owner references of its SmolVMNode",
+                    render(owners)
+                ),
+            );
         }
-        None => {
-            let name = name_of(new);
-            let uid = ctx.identity.node_uid();
-            for (i, owner) in owners.iter().enumerate() {
-                if !is_own_node(owner, name, uid) {
-                    v.violation(
-                        RuleId::V10,
-                        &format!("metadata.ownerReferences[{i}]"),
-                        render(owner),
-                        format!(
-                            "{}: a runtime agent's SmolVMNode is owned by its own Node only (v1 Node {}{})",
-                            render(owner),
-                            render(name),
-                            uid.map(|u| format!(", uid {}", render(u))).unwrap_or_default()
-                        ),
-                    );
-                }
-            }
+        return;
+    }
+    let name = name_of(new);
+    let uid = ctx.identity.node_uid();
+    for (i, owner) in owners.iter().enumerate() {
+        if !is_own_node(owner, name, uid) {
+            v.violation(
+                RuleId::V10,
+                &format!("metadata.ownerReferences[{i}]"),
+                render(owner),
+                format!(
+                    "{}: a runtime agent's SmolVMNode is owned by its own Node only (v1 Node {}{})",
+                    render(owner),
+                    render(name),
+                    uid.map(|u| format!(", uid {}", render(u))).unwrap_or_default()
+                ),
+            );
         }
     }
 }
