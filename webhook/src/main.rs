@@ -211,27 +211,15 @@ async fn serving_certificate(
     })
 }
 
-async fn run(args: Args) -> Result<()> {
-    args.check()?;
-    // Streams per HTTP/2 connection: as many as reviews at once.
-    let streams = u32::try_from(args.max_concurrent_reviews.max(1)).unwrap_or(u32::MAX);
-    let listening = args.listening(streams)?;
-    let interval = args.reload_interval.max(Duration::from_secs(1));
-    let policy = PolicyHandle::new(reload::load_policy(args.policy.as_deref())?);
-    let client = if args.without_cluster {
-        tracing::warn!(
-            "running without a cluster: no SmolVMNode, SmolVMClass or SmolVMPool cache; V5 capacity checks only warn, no class or pool is known"
-        );
-        None
-    } else {
-        Some(smolvm_kit::client::client("smolvm-webhook", env!("CARGO_PKG_VERSION")).await?)
-    };
+/// The server's state under `args` and `policy`: with a cluster, the caches the rules read
+/// (started here, /readyz waiting for each) and the quotas' charger; without, none, and ready.
+fn app_state(args: &Args, policy: &PolicyHandle, client: Option<&Client>) -> AppState {
     let (nodes, nodes_writer) = reflector::store::<SmolVMNode>();
     let (classes, classes_writer) = reflector::store::<SmolVMClass>();
     let (members, members_writer) = reflector::store::<PartialObjectMeta<SmolVM>>();
     let (pools, pools_writer) = reflector::store::<SmolVMPool>();
     let (quota_store, quotas_writer) = reflector::store::<ResourceQuota>();
-    let state = match &client {
+    let state = match client {
         Some(client) => AppState::new(policy.clone(), Arc::new(StoreCatalog(nodes)))
             .with_classes(Arc::new(ClassStore { classes, members }))
             .with_pools(Arc::new(PoolStore(pools)))
@@ -248,7 +236,7 @@ async fn run(args: Args) -> Result<()> {
     state.body_limit = args.body_limit;
     state.body_timeout = args.body_timeout.clamp(Duration::from_secs(1), server::REQUEST_TIMEOUT);
     state.body_idle_timeout = args.body_idle_timeout.max(Duration::from_millis(100));
-    match &client {
+    match client {
         Some(client) => {
             let writers = Writers {
                 nodes: nodes_writer,
@@ -266,6 +254,25 @@ async fn run(args: Args) -> Result<()> {
             state.readiness.set_quotas_synced();
         }
     }
+    state
+}
+
+async fn run(args: Args) -> Result<()> {
+    args.check()?;
+    // Streams per HTTP/2 connection: as many as reviews at once.
+    let streams = u32::try_from(args.max_concurrent_reviews.max(1)).unwrap_or(u32::MAX);
+    let listening = args.listening(streams)?;
+    let interval = args.reload_interval.max(Duration::from_secs(1));
+    let policy = PolicyHandle::new(reload::load_policy(args.policy.as_deref())?);
+    let client = if args.without_cluster {
+        tracing::warn!(
+            "running without a cluster: no SmolVMNode, SmolVMClass or SmolVMPool cache; V5 capacity checks only warn, no class or pool is known"
+        );
+        None
+    } else {
+        Some(smolvm_kit::client::client("smolvm-webhook", env!("CARGO_PKG_VERSION")).await?)
+    };
+    let state = app_state(&args, &policy, client.as_ref());
 
     if let Some(path) = args.policy.clone() {
         tokio::spawn(reload::watch_policy(path, policy, state.metrics.clone(), interval));

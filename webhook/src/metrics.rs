@@ -132,6 +132,23 @@ impl Default for Metrics {
     }
 }
 
+/// The quota charges' metrics (rule V15), registered in `registry`.
+fn register_quota(registry: &mut Registry) -> (Family<ResultLabels, Counter>, Counter) {
+    let quota_charges = Family::<ResultLabels, Counter>::default();
+    registry.register(
+        "quota_charges",
+        "SmolVM writes charged to their namespace's ResourceQuotas (rule V15), by result: charged, judged (a dry run, never written), QuotaExceeded (refused), QuotaBusy or QuotaUnavailable (refused: the quota could not be updated)",
+        smolvm_kit::ops::Declared(quota_charges.clone()),
+    );
+    let quota_conflicts = Counter::default();
+    registry.register(
+        "quota_conflicts",
+        "Conflicts met while charging ResourceQuotas (another writer charged the quota first; each cost a read of it)",
+        quota_conflicts.clone(),
+    );
+    (quota_charges, quota_conflicts)
+}
+
 impl Metrics {
     /// Registers every metric.
     pub fn new() -> Self {
@@ -198,18 +215,7 @@ impl Metrics {
             "Expiry of the serving certificate in use, Unix seconds",
             cert_not_after.clone(),
         );
-        let quota_charges = Family::<ResultLabels, Counter>::default();
-        registry.register(
-            "quota_charges",
-            "SmolVM writes charged to their namespace's ResourceQuotas (rule V15), by result: charged, judged (a dry run, never written), QuotaExceeded (refused), QuotaBusy or QuotaUnavailable (refused: the quota could not be updated)",
-            smolvm_kit::ops::Declared(quota_charges.clone()),
-        );
-        let quota_conflicts = Counter::default();
-        registry.register(
-            "quota_conflicts",
-            "Conflicts met while charging ResourceQuotas (another writer charged the quota first; each cost a read of it)",
-            quota_conflicts.clone(),
-        );
+        let (quota_charges, quota_conflicts) = register_quota(&mut registry);
         Metrics {
             quota_charges,
             quota_conflicts,
