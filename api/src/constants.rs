@@ -40,6 +40,10 @@ pub const LABEL_CLASS: &str = "vm.smolvm.dev/class";
 /// On a SmolVM: the `metadata.generation` of its pool when its spec was taken from the pool's
 /// template (rule M4): slots of that generation may serve it.
 pub const ANNOTATION_POOL_GENERATION: &str = "vm.smolvm.dev/pool-generation";
+/// On a SmolVM: the `metadata.uid` of its pool when its spec was taken from the pool's template
+/// (rule M4): a pool deleted and made again under the same name is another pool, whose slots
+/// never serve it.
+pub const ANNOTATION_POOL_UID: &str = "vm.smolvm.dev/pool-uid";
 /// On a SmolVM: its pool, as a label, so that `kubectl get svm -l vm.smolvm.dev/pool=web`
 /// lists the SmolVMs served from a pool (rule M4).
 pub const LABEL_POOL: &str = "vm.smolvm.dev/pool";

@@ -464,17 +464,29 @@ pub fn orphan_ledger_key(node: &str, machine: &str) -> String {
 // Warm pools' names on their nodes, and their ready slots there: what placement and the pools'
 // pass ([`crate::pools`]) both read.
 
-/// The prefix of every node pool of `pool`: `pool-<first 8 characters of its UID>-g`.
+/// The most characters of a pool's UID a node pool name holds: a UUID's 36, so that
+/// `pool-<uid>-g<generation>` stays within a machine name's 63 for any generation.
+pub const POOL_UID_MAX_LEN: usize = 36;
+
+/// The prefix of every node pool of `pool`: `pool-<its whole UID>-g`. The whole UID, never a
+/// prefix of it, so two pools never share a node pool. `None` for a pool not stored yet, or
+/// whose UID is not of the characters and length a machine name can hold (Kubernetes gives
+/// UUIDs).
 pub(crate) fn pool_prefix(pool: &SmolVMPool) -> Option<String> {
-    let uid = pool.metadata.uid.as_deref()?;
-    let short: String = uid.chars().filter(char::is_ascii_alphanumeric).take(8).collect();
-    (short.len() == 8).then(|| format!("pool-{}-g", short.to_ascii_lowercase()))
+    let uid = pool.metadata.uid.as_deref()?.to_ascii_lowercase();
+    let valid = !uid.is_empty()
+        && uid.len() <= POOL_UID_MAX_LEN
+        && uid
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase() || b == b'-');
+    valid.then(|| format!("pool-{uid}-g"))
 }
 
 /// The pool's name on its nodes for the template of `generation` (a SmolVM filled from an
-/// older template is served only by slots of that one).
+/// older template is served only by slots of that one): `pool-<uid>-g<generation>`, at most 62
+/// characters.
 pub fn node_pool_name_at(pool: &SmolVMPool, generation: Option<i64>) -> Option<String> {
-    Some(format!("{}{}", pool_prefix(pool)?, generation.unwrap_or(0)))
+    Some(format!("{}{}", pool_prefix(pool)?, generation.unwrap_or(0).max(0)))
 }
 
 /// The pools a node reports, by name, with their ready and wanted slots.

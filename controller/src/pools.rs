@@ -6,7 +6,7 @@
 //!   of its template, or a node it no longer matches); [`orphans`]: node pools of pools that
 //!   are gone.
 //! - the node API's ApplyPool and DeletePool do it. A pool's name on its nodes is
-//!   `pool-<uid prefix>-g<generation>` ([`node_pool_name`]): a new template is a new node pool,
+//!   `pool-<uid>-g<generation>` ([`node_pool_name`], the whole UID): a new template is a new node pool,
 //!   so slots made from the old one are replaced, and machines served from them are never
 //!   touched (the agent deletes a node pool only once none of its machines remains).
 //! - [`status`]: ready and wanted slots per node, and the Ready condition, with the node's
@@ -51,7 +51,7 @@ pub const RETRY_FIRST: Duration = Duration::from_secs(10);
 /// The longest wait.
 pub const RETRY_MAX: Duration = Duration::from_secs(300);
 
-/// The pool's name on its nodes for its current template: `pool-<uid prefix>-g<generation>`
+/// The pool's name on its nodes for its current template: `pool-<uid>-g<generation>`
 /// (also its source machine's name; never `svm-…`, so orphan collection leaves it alone).
 pub fn node_pool_name(pool: &SmolVMPool) -> Option<String> {
     node_pool_name_at(pool, pool.metadata.generation)
@@ -101,23 +101,28 @@ pub fn plan(pool: &SmolVMPool, nodes: &[Arc<SmolVMNode>], eligible: &dyn Fn(&Smo
     Some(plan)
 }
 
-/// Whether `name` is a node pool's as [`node_pool_name`] makes them (`pool-<8 of [0-9a-z]>-g<digits>`):
+/// Whether `name` is a node pool's as [`node_pool_name`] makes them (`pool-<uid>-g<digits>`, the
+/// UID a UUID), or as releases before whole UIDs made them (`pool-<8 of [0-9a-z]>-g<digits>`):
 /// only those are ever deleted as orphans, never a pool made on the node by other means.
-fn is_node_pool_name(name: &str) -> bool {
+pub fn is_node_pool_name(name: &str) -> bool {
     let Some(rest) = name.strip_prefix("pool-") else {
         return false;
     };
-    let Some((short, generation)) = rest.split_once("-g") else {
+    let Some((uid, generation)) = rest.rsplit_once("-g") else {
         return false;
     };
-    short.len() == 8
-        && short.bytes().all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
-        && !generation.is_empty()
-        && generation.bytes().all(|b| b.is_ascii_digit())
+    let lower_alnum = |b: u8| b.is_ascii_digit() || b.is_ascii_lowercase();
+    let uuid = uid.len() == 36
+        && uid.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit() && !b.is_ascii_uppercase(),
+        });
+    let legacy = uid.len() == 8 && uid.bytes().all(lower_alnum);
+    (uuid || legacy) && !generation.is_empty() && generation.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// `(node, node pool)` of every node pool of a pool that no longer exists: named as a pool's
-/// (`pool-…-g…`) with a prefix no live pool has.
+/// (`pool-…-g…`) with a UID no live pool has (compared whole: the prefix ends with `-g`).
 pub fn orphans(nodes: &[Arc<SmolVMNode>], live: &[SmolVMPool]) -> Vec<(String, String)> {
     let prefixes: Vec<String> = live.iter().filter_map(prefix).collect();
     let mut out = Vec::new();

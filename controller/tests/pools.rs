@@ -50,12 +50,31 @@ fn node(name: &str, pools: &[(&str, i32, i32)]) -> Arc<SmolVMNode> {
 
 #[test]
 fn the_node_pool_is_named_from_the_uid_and_the_generation() {
-    assert_eq!(node_pool_name(&pool(3, 7)).as_deref(), Some("pool-0d7a3c9e-g7"));
+    assert_eq!(
+        node_pool_name(&pool(3, 7)).as_deref(),
+        Some("pool-0d7a3c9e-5f21-4b8e-a6c4-2e9f1b7d3a58-g7")
+    );
     // A SmolVM filled from generation 5 is served only by that template's slots.
     assert_eq!(
         node_pool_name_at(&pool(3, 7), Some(5)).as_deref(),
-        Some("pool-0d7a3c9e-g5")
+        Some("pool-0d7a3c9e-5f21-4b8e-a6c4-2e9f1b7d3a58-g5")
     );
+    // Two pools whose UIDs share their first characters never share a node pool.
+    let mut twin = pool(3, 7);
+    twin.metadata.uid = Some("0d7a3c9e-0000-4000-8000-000000000000".into());
+    assert_ne!(node_pool_name(&twin), node_pool_name(&pool(3, 7)));
+    assert_eq!(
+        node_pool_name(&twin).as_deref(),
+        Some("pool-0d7a3c9e-0000-4000-8000-000000000000-g7")
+    );
+    // Within a machine name's 63 characters for any generation.
+    let longest = node_pool_name_at(&pool(3, 7), Some(i64::MAX)).expect("a name");
+    assert!(longest.len() <= 63, "{longest}");
+    smolvm_api::nodeapi::validate_machine_name(&longest).expect("a valid machine name");
+    // A UID a machine name cannot hold makes no name.
+    let mut odd = pool(3, 1);
+    odd.metadata.uid = Some("Not A Uid/..".into());
+    assert_eq!(node_pool_name(&odd), None);
     let mut unsaved = pool(3, 1);
     unsaved.metadata.uid = None;
     assert_eq!(node_pool_name(&unsaved), None, "a pool not stored yet has none");
@@ -64,8 +83,8 @@ fn the_node_pool_is_named_from_the_uid_and_the_generation() {
 
 #[test]
 fn plan_table() {
-    let current = "pool-0d7a3c9e-g2";
-    let old = "pool-0d7a3c9e-g1";
+    let current = "pool-0d7a3c9e-5f21-4b8e-a6c4-2e9f1b7d3a58-g2";
+    let old = "pool-0d7a3c9e-5f21-4b8e-a6c4-2e9f1b7d3a58-g1";
     // (case, nodes, eligible nodes, apply, retire)
     type Case = (
         &'static str,
@@ -142,7 +161,13 @@ fn plan_table() {
 #[test]
 fn orphans_are_node_pools_of_pools_that_are_gone() {
     let nodes = vec![
-        node("a", &[("pool-0d7a3c9e-g2", 3, 3), ("pool-deadbeef-g1", 1, 1)]),
+        node(
+            "a",
+            &[
+                ("pool-0d7a3c9e-5f21-4b8e-a6c4-2e9f1b7d3a58-g2", 3, 3),
+                ("pool-deadbeef-g1", 1, 1),
+            ],
+        ),
         node(
             "b",
             &[
@@ -165,11 +190,17 @@ fn orphans_are_node_pools_of_pools_that_are_gone() {
         3,
         "with no pool left, every pool-named node pool goes"
     );
+    // A pool whose UID shares its first characters with a live one's is still an orphan.
+    let twin = "pool-0d7a3c9e-0000-4000-8000-000000000000-g1";
+    assert_eq!(
+        orphans(&[node("a", &[(twin, 1, 1)])], &[pool(3, 2)]),
+        vec![("a".to_string(), twin.to_string())]
+    );
 }
 
 #[test]
 fn status_table() {
-    let current = "pool-0d7a3c9e-g2";
+    let current = "pool-0d7a3c9e-5f21-4b8e-a6c4-2e9f1b7d3a58-g2";
     let now = Timestamp::UNIX_EPOCH;
     let p = pool(3, 2);
     // (case, nodes, eligible, failures, ready, total, condition status, reason, message part)
@@ -231,7 +262,7 @@ fn status_table() {
         ),
         (
             "an older generation's ready slots are not this one's",
-            vec![node("a", &[("pool-0d7a3c9e-g1", 3, 3)])],
+            vec![node("a", &[("pool-0d7a3c9e-5f21-4b8e-a6c4-2e9f1b7d3a58-g1", 3, 3)])],
             vec!["a"],
             vec![],
             0,
@@ -324,15 +355,91 @@ fn a_node_pool_holds_its_source_and_its_ready_slots() {
 #[test]
 fn a_pooled_smolvm_is_placed_first_where_its_slots_are_ready() {
     let nodes = vec![
-        node("drained", &[("pool-0d7a3c9e-g2", 0, 3)]),
-        node("warm", &[("pool-0d7a3c9e-g2", 2, 3)]),
-        node("older", &[("pool-0d7a3c9e-g1", 3, 3)]),
+        node("drained", &[("pool-0d7a3c9e-5f21-4b8e-a6c4-2e9f1b7d3a58-g2", 0, 3)]),
+        node("warm", &[("pool-0d7a3c9e-5f21-4b8e-a6c4-2e9f1b7d3a58-g2", 2, 3)]),
+        node("older", &[("pool-0d7a3c9e-5f21-4b8e-a6c4-2e9f1b7d3a58-g1", 3, 3)]),
         node("none", &[]),
     ];
-    let names: Vec<String> = with_ready_slot(&nodes, "pool-0d7a3c9e-g2")
+    let names: Vec<String> = with_ready_slot(&nodes, "pool-0d7a3c9e-5f21-4b8e-a6c4-2e9f1b7d3a58-g2")
         .iter()
         .filter_map(|n| n.metadata.name.clone())
         .collect();
     assert_eq!(names, vec!["warm".to_string()]);
     assert!(with_ready_slot(&nodes, "pool-ffffffff-g1").is_empty());
+}
+
+#[test]
+fn a_pooled_smolvm_is_served_only_by_the_pool_it_was_admitted_for() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use smolvm_api::constants::{ANNOTATION_POOL_GENERATION, ANNOTATION_POOL_UID};
+    use smolvm_controller::vm::pooled::{PoolOf, serving};
+    let at = |secs: i64| Time(Timestamp::from_second(secs).expect("a time"));
+    // (case, the VM's pool-uid annotation, its generation annotation, VM made at, pool made at,
+    //  the node pool that may serve it, or None when the pool was replaced)
+    type Case = (
+        &'static str,
+        Option<&'static str>,
+        Option<&'static str>,
+        i64,
+        i64,
+        Option<String>,
+    );
+    let current = |g: i64| Some(format!("pool-{UID}-g{g}"));
+    let cases: Vec<Case> = vec![
+        ("admitted for this pool", Some(UID), Some("2"), 100, 50, current(2)),
+        ("an older template of it", Some(UID), Some("1"), 100, 50, current(1)),
+        (
+            "the pool made again under the same name",
+            Some("a1b2c3d4-0000-4000-8000-000000000000"),
+            Some("2"),
+            100,
+            150,
+            None,
+        ),
+        (
+            "a UID sharing the first characters is another pool",
+            Some("0d7a3c9e-0000-4000-8000-000000000000"),
+            Some("2"),
+            100,
+            50,
+            None,
+        ),
+        (
+            "admitted before UIDs were recorded, pool older",
+            None,
+            Some("2"),
+            100,
+            50,
+            current(2),
+        ),
+        (
+            "admitted before UIDs were recorded, pool newer",
+            None,
+            Some("2"),
+            100,
+            150,
+            None,
+        ),
+    ];
+    for (name, uid, generation, vm_at, pool_at, want) in cases {
+        let mut annotations = BTreeMap::new();
+        if let Some(uid) = uid {
+            annotations.insert(ANNOTATION_POOL_UID.to_string(), uid.to_string());
+        }
+        if let Some(g) = generation {
+            annotations.insert(ANNOTATION_POOL_GENERATION.to_string(), g.to_string());
+        }
+        let mut vm: smolvm_api::SmolVM =
+            serde_json::from_value(fixtures::smolvm("claim", json!({"poolRef": {"name": "sandboxes"}})))
+                .expect("a SmolVM");
+        vm.metadata.annotations = Some(annotations);
+        vm.metadata.creation_timestamp = Some(at(vm_at));
+        let mut p = pool(3, 2);
+        p.metadata.creation_timestamp = Some(at(pool_at));
+        let got = serving(&vm, p);
+        match want {
+            Some(node_pool) => assert_eq!(got.node_pool(), Some(node_pool.as_str()), "{name}"),
+            None => assert!(matches!(got, PoolOf::Replaced(_)), "{name}: {got:?}"),
+        }
+    }
 }

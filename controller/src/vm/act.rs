@@ -148,8 +148,8 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
     let now = Timestamp::now();
     let request = Request::of(vm);
     // A SmolVM naming a pool goes where its pool has a ready slot, when one fits; else anywhere.
-    let warm = match super::pooled::pool_of(ctx, vm).await? {
-        Some((_, node_pool)) => crate::placement::with_ready_slot(&nodes, &node_pool),
+    let warm = match super::pooled::pool_of(ctx, vm).await?.node_pool() {
+        Some(node_pool) => crate::placement::with_ready_slot(&nodes, node_pool),
         None => Vec::new(),
     };
     let (chosen, warm) = match ctx

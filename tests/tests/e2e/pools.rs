@@ -232,7 +232,7 @@ async fn keep_slots(env: &mut Env, double: &DoubleHandle) -> anyhow::Result<()> 
     let name_of = |p: &SmolVMPool| {
         format!(
             "pool-{}-g{}",
-            &p.metadata.uid.clone().unwrap_or_default()[..8],
+            p.metadata.uid.clone().unwrap_or_default(),
             p.metadata.generation.unwrap_or(0)
         )
     };
