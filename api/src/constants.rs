@@ -248,6 +248,13 @@ pub mod reason {
     /// SmolVMPool Ready False: a node could not make the pool's slots (the message names the
     /// node and smolvm's cause, cleaned); retried with a backoff.
     pub const SLOTS_FAILING: &str = "SlotsFailing";
+    /// SmolVMPool Ready False: the namespace's ResourceQuota stopped the filling (the message
+    /// names what is left and what waits for room).
+    pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
+    /// Event on a SmolVMPool: ready slots of it on a node were given back to a SmolVM (or
+    /// another pool's source) that fit there only with their room (the note names the node, the
+    /// slots and the taker).
+    pub const SLOTS_GIVEN_BACK: &str = "SlotsGivenBack";
     /// SmolVMPool Ready False: no node that can take VMs matches the pool's nodeSelector.
     pub const NO_MATCHING_NODES: &str = "NoMatchingNodes";
     /// KVM is not usable on the node.

@@ -236,7 +236,16 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     // The SmolVM cache (filled once the controller runs); the node watch reads it to know which
     // VMs a node change concerns.
     let (vm_store, vm_writer) = reflector::store::<SmolVM>();
-    let (node_store, wake) = node_watch(&client, vm_store.clone(), liveness.clone(), events.clone()).await?;
+    // Wakes the pools' passes: a node reporting other pool counts, a pool changing, a claim.
+    let pools_wake = Arc::new(crate::pools::Wake::default());
+    let (node_store, wake) = node_watch(
+        &client,
+        vm_store.clone(),
+        liveness.clone(),
+        events.clone(),
+        pools_wake.clone(),
+    )
+    .await?;
     ca_rotation(&client, flags, &trust, &node_store, &liveness, &events);
     *fleet_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(tasks::ops::Fleet {
         nodes: node_store.clone(),
@@ -245,7 +254,14 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     });
     let (owned, services, slices) = vm::owned_watches(&client);
     let (pool_store, pool_events) = vm::pool_watch(&client);
-    tokio::spawn(pool_events.for_each(|_| std::future::ready(())));
+    // A pool that changes is looked at at once.
+    tokio::spawn(pool_events.for_each({
+        let wake = pools_wake.clone();
+        move |_| {
+            wake.poke();
+            std::future::ready(())
+        }
+    }));
     // A VM's events are queued, so that its next step never waits for one to be written.
     let recorder = events.in_background(EVENT_LANES);
     let ctx = Arc::new(Context {
@@ -266,6 +282,7 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         unsettled: Default::default(),
         start_failures: Default::default(),
         superseded: Default::default(),
+        pools_wake,
     });
     let vm_events = vm_events(vms_api, vm_writer, ctx.clone());
     tokio::spawn(tasks::ledger::prune(
@@ -279,7 +296,13 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         Duration::from_secs(10),
         flags.orphan_grace,
     ));
-    tokio::spawn(crate::pools::run(ctx.clone(), crate::pools::EVERY));
+    tokio::spawn(crate::pools::run(
+        ctx.clone(),
+        crate::pools::Settings {
+            every: crate::pools::EVERY,
+            call_timeout: flags.pool_call_timeout,
+        },
+    ));
     *vm_store_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(vm_store.clone());
     let owned = OwnedEvents { services, slices };
     let running = vms(ctx, vm_events, vm_store, wake, owned, shutdown.clone());
@@ -426,6 +449,7 @@ async fn node_watch(
     vm_store: Store<SmolVM>,
     liveness: placement::Config,
     events: EventSink,
+    pools_wake: Arc<crate::pools::Wake>,
 ) -> anyhow::Result<(
     Store<SmolVMNode>,
     impl Stream<Item = ObjectRef<SmolVM>> + Send + 'static + use<>,
@@ -434,7 +458,12 @@ async fn node_watch(
     let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded::<ObjectRef<SmolVM>>();
     let node_events = watcher(Api::<SmolVMNode>::all(client.clone()), watcher::Config::default())
         .default_backoff()
-        .reflect(node_writer);
+        .reflect(node_writer)
+        .inspect(move |event| {
+            if let Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) = event {
+                pools_wake.node_seen(node);
+            }
+        });
     tokio::spawn(tasks::nodes::watch(
         node_events,
         node_store.clone(),
