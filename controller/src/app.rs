@@ -299,8 +299,8 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     tokio::spawn(crate::pools::run(
         ctx.clone(),
         crate::pools::Settings {
-            every: crate::pools::EVERY,
             call_timeout: flags.pool_call_timeout,
+            ..Default::default()
         },
     ));
     *vm_store_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(vm_store.clone());

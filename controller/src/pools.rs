@@ -25,7 +25,7 @@
 //! remains). Refills are the controller's: the agent lowers a pool's wanted slots by one at each
 //! lease, and the next pass books the replacement before it asks for it. Passes run when a node
 //! reports other pool counts, a pool changes, a claim took a slot or a node's calls ended
-//! ([`Wake`]), and at least every [`EVERY`].
+//! ([`Wake`]), and at least every [`EVERY`]; never more often than every [`MIN_GAP`].
 //!
 //! A node whose ApplyPool failed is asked again after a backoff (10 s doubling to 5 minutes),
 //! as a failed start is: a source that does not boot takes smolvm tens of seconds each time.
@@ -59,6 +59,10 @@ use crate::vm::{Context, rules::set_condition};
 
 /// The longest a pool waits for a pass when nothing wakes the keeper.
 pub const EVERY: Duration = Duration::from_secs(30);
+
+/// The shortest time between two passes: a burst of wake-ups (claims, every node's report) makes
+/// one pass, and a pool's status is written at most this often.
+pub const MIN_GAP: Duration = Duration::from_secs(1);
 
 /// The default of `--pool-call-timeout`: how long one pool call to a node may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(20);
@@ -526,6 +530,8 @@ pub struct Settings {
     pub every: Duration,
     /// How long one pool call to a node may take (`--pool-call-timeout`, [`CALL_TIMEOUT`]).
     pub call_timeout: Duration,
+    /// The shortest time between two passes ([`MIN_GAP`]).
+    pub min_gap: Duration,
 }
 
 impl Default for Settings {
@@ -533,6 +539,7 @@ impl Default for Settings {
         Settings {
             every: EVERY,
             call_timeout: CALL_TIMEOUT,
+            min_gap: MIN_GAP,
         }
     }
 }
@@ -561,12 +568,14 @@ enum NodeCall {
 pub async fn run(ctx: Arc<Context>, settings: Settings) {
     let keeper = Arc::new(Keeper::default());
     loop {
+        let started = tokio::time::Instant::now();
         if let Err(error) = pass(&ctx, &keeper, settings).await {
             tracing::debug!(%error, "pools pass failed; retried next round");
         }
-        ctx.pools_wake.wait(settings.every).await;
-        // A burst of reports (every node at once) makes one pass.
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep_until(started + settings.min_gap).await;
+        ctx.pools_wake
+            .wait(settings.every.saturating_sub(settings.min_gap))
+            .await;
     }
 }
 

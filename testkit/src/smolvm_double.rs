@@ -887,8 +887,8 @@ impl DoubleHandle {
         locked(&self.inner.delays).insert(operation, delay);
     }
 
-    /// Makes the next `times` calls of `operation` on the machine (or pool) `name` fail with
-    /// 500 `INTERNAL_ERROR`, changing nothing (as smolvm answers a failure of its own, say a
+    /// Makes the next `times` calls of `operation` on the machine (or pool) `name` (`*`: any)
+    /// fail with 500 `INTERNAL_ERROR`, changing nothing (as smolvm answers a failure of its own, say a
     /// disk it cannot remove); later calls are played as usual.
     pub fn fail_next(&self, operation: &'static str, name: &str, times: u32) {
         locked(&self.inner.failures).insert((operation, name.to_string()), times);
@@ -1132,7 +1132,10 @@ async fn dispatch(State(inner): State<Arc<Inner>>, request: Request) -> Response
     }
     {
         let mut failures = locked(&inner.failures);
-        let key = (route.operation, name.clone().unwrap_or_default());
+        let mut key = (route.operation, name.clone().unwrap_or_default());
+        if !failures.get(&key).is_some_and(|left| *left > 0) {
+            key.1 = "*".into();
+        }
         if let Some(left) = failures.get_mut(&key).filter(|left| **left > 0) {
             *left -= 1;
             return error(
