@@ -1135,6 +1135,22 @@ impl Ledger {
         self.lock().by_node.get(node).map_or(0, |u| u.slots_of(pool))
     }
 
+    /// The ready slots of `pool` booked on `node`, with what each takes.
+    pub fn slot_hold(&self, node: &str, pool: &str) -> SlotHold {
+        self.lock()
+            .by_node
+            .get(node)
+            .and_then(|u| u.slots.get(pool))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Books `hold` as the ready slots of `pool` on `node` (what [`Ledger::slot_hold`] read, put
+    /// back when what they were given back for was not booked after all).
+    pub fn set_slot_hold(&self, node: &str, pool: &str, hold: SlotHold) {
+        self.lock().set_slots(node, pool, hold);
+    }
+
     /// Gives back `n` of the ready slots of `pool` booked on `node` (to a SmolVM or another
     /// pool's source that takes their room); the slots left.
     pub fn take_slots(&self, node: &str, pool: &str, n: u32) -> u32 {

@@ -717,17 +717,13 @@ async fn keep(
             (Some(Ok(spec)), true) => Some(spec),
             _ => None,
         };
-        // Other pools' ready slots first: booked as given back, then deleted on the node.
+        // Other pools' ready slots first: booked as given back (put back should the source not
+        // be booked after all), then deleted on the node.
+        let mut given: Vec<(String, placement::SlotHold, u32)> = Vec::new();
         for (other, n) in &keep.give_back {
+            let before = ctx.ledger.slot_hold(node, other);
             let left = ctx.ledger.take_slots(node, other, *n);
-            calls.entry(node.clone()).or_default().push(NodeCall::Resize {
-                pool: other.clone(),
-                slots: left,
-            });
-            let taker = format!("the source of pool {}/{}", pool.namespace(), pool.name_any());
-            if let Some(owner) = owner_of(pools, other) {
-                slots_given_back(ctx, owner, node, *n, &taker).await;
-            }
+            given.push((other.clone(), before, left));
         }
         let source = Request {
             resources: plan.slot,
@@ -744,8 +740,21 @@ async fn keep(
             .ledger
             .book_pool(node, &plan.name, &source, present, &plan.slot, want, &allocatable)
         else {
+            for (other, before, _) in given {
+                ctx.ledger.set_slot_hold(node, &other, before);
+            }
             continue;
         };
+        for (other, before, left) in given {
+            calls.entry(node.clone()).or_default().push(NodeCall::Resize {
+                pool: other.clone(),
+                slots: left,
+            });
+            let taker = format!("the source of pool {}/{}", pool.namespace(), pool.name_any());
+            if let Some(owner) = owner_of(pools, &other) {
+                slots_given_back(ctx, owner, node, before.count.saturating_sub(left), &taker).await;
+            }
+        }
         if let Some(spec) = spec {
             let mut spec = spec.clone();
             spec.slots = slots;
