@@ -899,10 +899,10 @@ impl LedgerState {
     fn take_slots(&mut self, node: &str, pool: &str, n: u32) {
         if let Some(hold) = self.by_node.get_mut(node).and_then(|u| u.slots.get_mut(pool)) {
             hold.count = hold.count.saturating_sub(n);
-            if hold.count == 0 {
-                if let Some(u) = self.by_node.get_mut(node) {
-                    u.slots.remove(pool);
-                }
+            if hold.count == 0
+                && let Some(u) = self.by_node.get_mut(node)
+            {
+                u.slots.remove(pool);
             }
         }
     }

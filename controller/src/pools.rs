@@ -182,7 +182,8 @@ pub fn plan(
     let mut sorted: Vec<&Arc<SmolVMNode>> = nodes.iter().collect();
     sorted.sort_by_key(|n| n.name_any());
     // (the node's plan, its usage, its allocatable, the pool's (ready, wanted) it reports)
-    let mut kept: Vec<(Keep, placement::Usage, NodeResources, Option<(i32, i32)>)> = Vec::new();
+    type Kept = (Keep, placement::Usage, NodeResources, Option<(i32, i32)>);
+    let mut kept: Vec<Kept> = Vec::new();
     for node in sorted {
         let node_name = node.name_any();
         let pools = reported(node);
@@ -488,13 +489,16 @@ impl Backoff {
     }
 }
 
+/// A pool a node reports: `(name, ready, wanted)`.
+type Reported = (String, i32, i32);
+
 /// What wakes the pools' passes: a node reporting other pool counts ([`Wake::node_seen`]), a
 /// pool changing, a claim taking a slot, a node's calls ending ([`Wake::poke`]).
 #[derive(Debug, Default)]
 pub struct Wake {
     notify: tokio::sync::Notify,
-    /// The pools each node last reported: `(name, ready, wanted)`.
-    seen: Mutex<HashMap<String, Vec<(String, i32, i32)>>>,
+    /// The pools each node last reported.
+    seen: Mutex<HashMap<String, Vec<Reported>>>,
 }
 
 impl Wake {
@@ -505,7 +509,7 @@ impl Wake {
 
     /// A SmolVMNode was seen: a pass is wanted if the pools it reports changed.
     pub fn node_seen(&self, node: &SmolVMNode) {
-        let pools: Vec<(String, i32, i32)> = reported(node)
+        let pools: Vec<Reported> = reported(node)
             .into_iter()
             .map(|(name, (ready, wanted))| (name.to_string(), ready, wanted))
             .collect();

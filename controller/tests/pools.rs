@@ -134,7 +134,10 @@ fn unlabelled(name: &str, cpus: i64) -> Arc<SmolVMNode> {
 
 /// A ledger where `node` holds `used` CPUs of VMs, the source of `sources`, and `slots` as
 /// `(node pool, count)` of `SLOT`.
-fn ledger(entries: &[(&str, i64, &[&str], &[(&str, u32)])]) -> LedgerView {
+/// `(node, CPUs of VMs, sources booked, (node pool, ready slots booked))`.
+type Booked<'a> = (&'a str, i64, &'a [&'a str], &'a [(&'a str, u32)]);
+
+fn ledger(entries: &[Booked<'_>]) -> LedgerView {
     let mut view = LedgerView::default();
     for (node, used, sources, slots) in entries {
         let usage = view.by_node.entry(node.to_string()).or_default();

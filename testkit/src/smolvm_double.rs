@@ -1133,7 +1133,7 @@ async fn dispatch(State(inner): State<Arc<Inner>>, request: Request) -> Response
     {
         let mut failures = locked(&inner.failures);
         let mut key = (route.operation, name.clone().unwrap_or_default());
-        if !failures.get(&key).is_some_and(|left| *left > 0) {
+        if failures.get(&key).is_none_or(|left| *left == 0) {
             key.1 = "*".into();
         }
         if let Some(left) = failures.get_mut(&key).filter(|left| **left > 0) {
