@@ -554,6 +554,8 @@ struct Keeper {
     backoff: Mutex<Backoff>,
     /// The nodes whose calls still run: a pass leaves them out.
     busy: Mutex<HashSet<String>>,
+    /// The SmolVMClasses last read, and when ([`classes`]).
+    classes: Mutex<Option<(Instant, Arc<Vec<SmolVMClass>>)>>,
 }
 
 /// One call of a pass to a node.
@@ -609,14 +611,7 @@ async fn pass(ctx: &Arc<Context>, keeper: &Arc<Keeper>, settings: Settings) -> R
     for (node, name) in orphans(&nodes, &pools) {
         calls.entry(node).or_default().push(NodeCall::Delete { pool: name });
     }
-    let classes = if pools.is_empty() {
-        Vec::new()
-    } else {
-        Api::<SmolVMClass>::all(ctx.client.clone())
-            .list(&ListParams::default())
-            .await?
-            .items
-    };
+    let classes = classes(ctx, keeper, &pools).await?;
     for pool in &pools {
         if pool.metadata.deletion_timestamp.is_some() {
             continue;
@@ -641,6 +636,36 @@ async fn pass(ctx: &Arc<Context>, keeper: &Arc<Keeper>, settings: Settings) -> R
         ));
     }
     Ok(())
+}
+
+/// How long the SmolVMClasses read for the pools' templates are used before they are read again
+/// (sooner when a pool names a class they lack).
+const CLASSES_KEPT: Duration = Duration::from_secs(10);
+
+/// The SmolVMClasses, read at most every [`CLASSES_KEPT`] (passes run up to once a second).
+async fn classes(ctx: &Context, keeper: &Keeper, pools: &[SmolVMPool]) -> Result<Arc<Vec<SmolVMClass>>, kube::Error> {
+    if pools.is_empty() {
+        return Ok(Arc::default());
+    }
+    let cached = keeper.classes.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some((at, classes)) = cached {
+        let known = |name: &String| classes.iter().any(|c| c.metadata.name.as_ref() == Some(name));
+        let all_known = pools
+            .iter()
+            .filter_map(|p| p.spec.template.class_name.as_ref())
+            .all(known);
+        if at.elapsed() < CLASSES_KEPT && all_known {
+            return Ok(classes);
+        }
+    }
+    let read = Arc::new(
+        Api::<SmolVMClass>::all(ctx.client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items,
+    );
+    *keeper.classes.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), read.clone()));
+    Ok(read)
 }
 
 /// One pool: the plan, the bookings and the node calls it needs (added to `calls`), its status
