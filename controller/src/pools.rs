@@ -554,6 +554,8 @@ struct Keeper {
     backoff: Mutex<Backoff>,
     /// The nodes whose calls still run: a pass leaves them out.
     busy: Mutex<HashSet<String>>,
+    /// The slots each node was last told to keep (ApplyPool answered), and when.
+    applied: Mutex<HashMap<(String, String), (u32, Instant)>>,
     /// The SmolVMClasses last read, and when ([`classes`]).
     classes: Mutex<Option<(Instant, Arc<Vec<SmolVMClass>>)>>,
 }
@@ -642,6 +644,10 @@ async fn pass(ctx: &Arc<Context>, keeper: &Arc<Keeper>, settings: Settings) -> R
 /// (sooner when a pool names a class they lack).
 const CLASSES_KEPT: Duration = Duration::from_secs(10);
 
+/// How long a node's report may lag behind what it was told (its agent reports every 10 s by
+/// default): a node told its slots within this is not asked again for a report that says other.
+const REPORT_LAG: Duration = Duration::from_secs(15);
+
 /// The SmolVMClasses, read at most every [`CLASSES_KEPT`] (passes run up to once a second).
 async fn classes(ctx: &Context, keeper: &Keeper, pools: &[SmolVMPool]) -> Result<Arc<Vec<SmolVMClass>>, kube::Error> {
     if pools.is_empty() {
@@ -707,7 +713,17 @@ async fn keep(
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .due(&key, Instant::now());
-            k.apply && due
+            // A node asked only because its report still says other slots, and told these slots
+            // moments ago, is not asked again before its next report.
+            let booked = ctx.ledger.slots(&k.node, &plan.name);
+            let told = keeper
+                .applied
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&key)
+                .is_some_and(|(slots, at)| *slots == k.slots && at.elapsed() < REPORT_LAG);
+            let only_the_report = k.source.is_none() && k.slots == booked;
+            k.apply && due && !(only_the_report && told)
         })
         .collect();
     let spec = match (&slot, applying.is_empty()) {
@@ -848,6 +864,14 @@ async fn call_node(ctx: Arc<Context>, keeper: Arc<Keeper>, node: String, calls: 
                         timeout.as_secs()
                     )),
                 };
+                if outcome.is_ok() {
+                    let told = (spec.slots, Instant::now());
+                    keeper
+                        .applied
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(key.clone(), told);
+                }
                 let mut backoff = keeper.backoff.lock().unwrap_or_else(|e| e.into_inner());
                 match outcome {
                     Ok(()) => backoff.succeeded(&key),
