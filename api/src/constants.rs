@@ -40,6 +40,10 @@ pub const LABEL_CLASS: &str = "vm.smolvm.dev/class";
 /// On a SmolVM: the `metadata.generation` of its pool when its spec was taken from the pool's
 /// template (rule M4): slots of that generation may serve it.
 pub const ANNOTATION_POOL_GENERATION: &str = "vm.smolvm.dev/pool-generation";
+/// On a SmolVM: the `metadata.uid` of its pool when its spec was taken from the pool's template
+/// (rule M4): a pool deleted and made again under the same name is another pool, whose slots
+/// never serve it.
+pub const ANNOTATION_POOL_UID: &str = "vm.smolvm.dev/pool-uid";
 /// On a SmolVM: its pool, as a label, so that `kubectl get svm -l vm.smolvm.dev/pool=web`
 /// lists the SmolVMs served from a pool (rule M4).
 pub const LABEL_POOL: &str = "vm.smolvm.dev/pool";
@@ -250,6 +254,13 @@ pub mod reason {
     /// SmolVMPool Ready False: a node could not make the pool's slots (the message names the
     /// node and smolvm's cause, cleaned); retried with a backoff.
     pub const SLOTS_FAILING: &str = "SlotsFailing";
+    /// SmolVMPool Ready False: the namespace's ResourceQuota stopped the filling (the message
+    /// names what is left and what waits for room).
+    pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
+    /// Event on a SmolVMPool: ready slots of it on a node were given back to a SmolVM (or
+    /// another pool's source) that fit there only with their room (the note names the node, the
+    /// slots and the taker).
+    pub const SLOTS_GIVEN_BACK: &str = "SlotsGivenBack";
     /// SmolVMPool Ready False: no node that can take VMs matches the pool's nodeSelector.
     pub const NO_MATCHING_NODES: &str = "NoMatchingNodes";
     /// KVM is not usable on the node.

@@ -25,7 +25,8 @@ pub use shape::{Finalizers, Members, Shape, SpecShape, SpecText};
 use crate::{
     class::{ClassCatalog, SmolVMClass, class_for},
     constants::{
-        ANNOTATION_CLASS, ANNOTATION_CLASS_GENERATION, ANNOTATION_POOL_GENERATION, FINALIZER, LABEL_CLASS, LABEL_POOL,
+        ANNOTATION_CLASS, ANNOTATION_CLASS_GENERATION, ANNOTATION_POOL_GENERATION, ANNOTATION_POOL_UID, FINALIZER,
+        LABEL_CLASS, LABEL_POOL,
     },
     pool::SmolVMPool,
     types::{
@@ -447,7 +448,8 @@ pub fn class_patch(object: &Value, class: &SmolVMClass) -> Vec<PatchOperation> {
 ///   sets none of them: rule V14 refuses it), and so is the pool's `nodeSelector`. The
 ///   template's `env` comes first and the SmolVM's own entries after it, one of the same name
 ///   replacing the template's. The pool's name is recorded in the label `vm.smolvm.dev/pool`,
-///   its generation in the annotation `vm.smolvm.dev/pool-generation`.
+///   its generation in the annotation `vm.smolvm.dev/pool-generation` and its UID in
+///   `vm.smolvm.dev/pool-uid` (a pool made again under the same name never serves it).
 /// - then M3 from the class the filled object names (the template's), or the default class, and
 ///   M1 and M2, as [`default_smolvm_with_class`] computes them on the object M4 left.
 ///
@@ -500,12 +502,11 @@ pub fn pool_patch(object: &Value, pool: &SmolVMPool) -> Vec<PatchOperation> {
         ops.push(add(&["spec", "env"], env));
     }
     let generation = pool.metadata.generation.unwrap_or(0).to_string();
-    record(
-        object,
-        "annotations",
-        &[(ANNOTATION_POOL_GENERATION, &generation)],
-        &mut ops,
-    );
+    let mut annotations = vec![(ANNOTATION_POOL_GENERATION, generation.as_str())];
+    if let Some(uid) = pool.metadata.uid.as_deref() {
+        annotations.push((ANNOTATION_POOL_UID, uid));
+    }
+    record(object, "annotations", &annotations, &mut ops);
     record(object, "labels", &[(LABEL_POOL, pool.name())], &mut ops);
     ops
 }

@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 use smolvm_api::{
     SmolVMClass, SmolVMPool,
-    constants::{ANNOTATION_POOL_GENERATION, LABEL_CLASS, LABEL_POOL},
+    constants::{ANNOTATION_POOL_GENERATION, ANNOTATION_POOL_UID, LABEL_CLASS, LABEL_POOL},
     defaulting::{default_pooled_smolvm, default_smolvm},
     fixtures::{self, bound, class, pool, pool_json, smolvm},
     policy::Policy,
@@ -348,6 +348,12 @@ fn m4_fills_a_pooled_smolvm_from_the_template_then_m3_and_m1() {
     assert_eq!(labels[LABEL_POOL], json!("sandboxes"));
     assert_eq!(labels[LABEL_CLASS], json!("medium"));
     assert_eq!(out["metadata"]["annotations"][ANNOTATION_POOL_GENERATION], json!("3"));
+    // The pool's whole UID, so that a pool made again under the same name never serves it.
+    assert_eq!(
+        out["metadata"]["annotations"][ANNOTATION_POOL_UID],
+        json!(sandboxes().metadata.uid),
+        "the pool's UID is recorded"
+    );
     assert!(out["metadata"]["finalizers"].is_array(), "M2 still adds the finalizer");
 
     // The filled SmolVM passes every rule, and filling it again changes nothing.

@@ -7,7 +7,7 @@ use std::{future::Future, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{ResourceQuota, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::{
     Api, Client, ResourceExt,
@@ -236,7 +236,16 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     // The SmolVM cache (filled once the controller runs); the node watch reads it to know which
     // VMs a node change concerns.
     let (vm_store, vm_writer) = reflector::store::<SmolVM>();
-    let (node_store, wake) = node_watch(&client, vm_store.clone(), liveness.clone(), events.clone()).await?;
+    // Wakes the pools' passes: a node reporting other pool counts, a pool changing, a claim.
+    let pools_wake = Arc::new(crate::pools::Wake::default());
+    let (node_store, wake) = node_watch(
+        &client,
+        vm_store.clone(),
+        liveness.clone(),
+        events.clone(),
+        pools_wake.clone(),
+    )
+    .await?;
     ca_rotation(&client, flags, &trust, &node_store, &liveness, &events);
     // The Nodes' labels onto their SmolVMNodes (a node's agent sets only its own there: V10).
     tokio::spawn(tasks::node_labels::run(client.clone()));
@@ -247,13 +256,21 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     });
     let (owned, services, slices) = vm::owned_watches(&client);
     let (pool_store, pool_events) = vm::pool_watch(&client);
-    // The quota recount looks again when SmolVMs or pools change (tasks::quota).
+    // A pool that changes is looked at at once, by the pools' pass and the quota recount.
     let quota_wake = Arc::new(tokio::sync::Notify::new());
-    let woken = quota_wake.clone();
-    tokio::spawn(pool_events.for_each(move |_| {
-        woken.notify_one();
-        std::future::ready(())
+    tokio::spawn(pool_events.for_each({
+        let wake = pools_wake.clone();
+        let woken = quota_wake.clone();
+        move |_| {
+            wake.poke();
+            woken.notify_one();
+            std::future::ready(())
+        }
     }));
+    // The ResourceQuotas: the recount reads their watch, the pools' pass their store.
+    let (quota_store, quota_writer) = reflector::store::<ResourceQuota>();
+    let quota_events = crate::quota::quota_watch(&client, quota_writer);
+    let charger = smolvm_kit::quota::Charger::new(client.clone(), smolvm_kit::quota::Bounds::default());
     // A VM's events are queued, so that its next step never waits for one to be written.
     let recorder = events.in_background(EVENT_LANES);
     let ctx = Arc::new(Context {
@@ -274,9 +291,14 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         unsettled: Default::default(),
         start_failures: Default::default(),
         superseded: Default::default(),
+        pools_wake,
+        quotas: Some(crate::quota::Charging {
+            quotas: quota_store,
+            charger,
+        }),
     });
     let vm_events = vm_events(vms_api, vm_writer, ctx.clone(), quota_wake.clone());
-    quota_recount(&ctx, flags, vm_store.clone(), quota_wake);
+    quota_recount(&ctx, flags, vm_store.clone(), quota_events, quota_wake);
     tokio::spawn(tasks::ledger::prune(
         ctx.clone(),
         vm_store.clone(),
@@ -288,7 +310,13 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         Duration::from_secs(10),
         flags.orphan_grace,
     ));
-    tokio::spawn(crate::pools::run(ctx.clone(), crate::pools::EVERY));
+    tokio::spawn(crate::pools::run(
+        ctx.clone(),
+        crate::pools::Settings {
+            call_timeout: flags.pool_call_timeout,
+            ..Default::default()
+        },
+    ));
     *vm_store_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(vm_store.clone());
     let owned = OwnedEvents { services, slices };
     let running = vms(ctx, vm_events, vm_store, wake, owned, shutdown.clone());
@@ -310,31 +338,21 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
 
 /// The quota recount (SPEC 6.3): the `vm.smolvm.dev/*` figures of every ResourceQuota naming
 /// them, recounted from the SmolVM and pool caches when they change.
-fn quota_recount(ctx: &Arc<Context>, flags: &Flags, vms: Store<SmolVM>, changed: Arc<tokio::sync::Notify>) {
-    let (classes, class_writer) = reflector::store::<smolvm_api::SmolVMClass>();
-    let class_events = watcher(
-        Api::<smolvm_api::SmolVMClass>::all(ctx.client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(class_writer);
-    tokio::spawn(class_events.for_each(|_| std::future::ready(())));
+fn quota_recount(
+    ctx: &Arc<Context>,
+    flags: &Flags,
+    vms: Store<SmolVM>,
+    quotas: impl Stream<Item = Result<watcher::Event<ResourceQuota>, watcher::Error>> + Send + 'static,
+    changed: Arc<tokio::sync::Notify>,
+) {
     let context = ctx.clone();
-    let pools = move || {
-        let Some(pools) = &context.pools else {
-            return Default::default();
-        };
-        let classes: Vec<smolvm_api::SmolVMClass> = classes.state().iter().map(|c| (**c).clone()).collect();
-        let slot_of = |pool: &smolvm_api::SmolVMPool| {
-            crate::pools::slot_vm(pool, &classes)
-                .ok()
-                .map(|vm| placement::Request::of(&vm).resources)
-        };
-        crate::quota::pool_holdings(&pools.state(), &context.nodes.state(), &slot_of)
+    let pools = move || match &context.pools {
+        Some(pools) => crate::quota::pool_usage(&pools.state(), &context.ledger.pool_holdings()),
+        None => Default::default(),
     };
     tokio::spawn(crate::quota::run(
         ctx.client.clone(),
-        crate::quota::quota_watch(&ctx.client),
+        quotas,
         crate::quota::Inputs {
             vms,
             pools: Box::new(pools),
@@ -471,6 +489,7 @@ async fn node_watch(
     vm_store: Store<SmolVM>,
     liveness: placement::Config,
     events: EventSink,
+    pools_wake: Arc<crate::pools::Wake>,
 ) -> anyhow::Result<(
     Store<SmolVMNode>,
     impl Stream<Item = ObjectRef<SmolVM>> + Send + 'static + use<>,
@@ -479,7 +498,12 @@ async fn node_watch(
     let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded::<ObjectRef<SmolVM>>();
     let node_events = watcher(Api::<SmolVMNode>::all(client.clone()), watcher::Config::default())
         .default_backoff()
-        .reflect(node_writer);
+        .reflect(node_writer)
+        .inspect(move |event| {
+            if let Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) = event {
+                pools_wake.node_seen(node);
+            }
+        });
     tokio::spawn(tasks::nodes::watch(
         node_events,
         node_store.clone(),

@@ -50,6 +50,12 @@ pub struct Flags {
     /// after admission, or never made). Longer than any admission chain takes.
     #[arg(long, env = "SMOLVM_CONTROLLER_QUOTA_CHARGE_GRACE", default_value = "30s", value_parser = parse_duration)]
     pub quota_charge_grace: Duration,
+    /// How long one warm-pool call to a node (ApplyPool, ResizePool, DeletePool) may take before
+    /// it is given up and retried with a backoff. Calls to different nodes run at once, so a
+    /// node that hangs delays only its own pools; a source that boots slower than this is
+    /// asked again (its start goes on where the node left it).
+    #[arg(long, env = "SMOLVM_CONTROLLER_POOL_CALL_TIMEOUT", default_value = "20s", value_parser = parse_duration)]
+    pub pool_call_timeout: Duration,
     /// Make a new runtime CA even though SmolVMNodes exist (the recovery after losing the CA
     /// Secret without a backup; each agent re-files its serving certificate when it reads the new
     /// CA). Without it, a missing Secret with nodes present holds the controller, retrying every
@@ -217,6 +223,7 @@ mod tests {
         assert_eq!(flags.resync_interval, Duration::from_secs(300));
         assert_eq!(flags.orphan_grace, Duration::from_secs(600));
         assert_eq!(flags.quota_charge_grace, Duration::from_secs(30));
+        assert_eq!(flags.pool_call_timeout, Duration::from_secs(20));
         assert_eq!(flags.runtime_ca_check_interval, Duration::from_secs(30));
         assert_eq!(flags.log_format, LogFormat::Json);
     }

@@ -471,6 +471,14 @@ impl NodeClient {
             .await
     }
 
+    /// [`Operation::ResizePool`]: the node pool `name` keeps `slots` ready slots from now on (those
+    /// beyond are deleted before the answer).
+    pub async fn resize_pool(&self, node: &str, name: &str, slots: u32) -> Result<PoolStatus, CallError> {
+        let body = smolvm_api::nodeapi::PoolResize { slots };
+        self.json::<calls::ResizePool>(node, name, Some(&body), self.settings.call_timeout)
+            .await
+    }
+
     /// [`Operation::DeletePool`].
     pub async fn delete_pool(&self, node: &str, name: &str) -> Result<DeleteResponse, CallError> {
         self.json::<calls::DeletePool>(node, name, None, self.settings.start_timeout)

@@ -220,7 +220,7 @@ impl Ineligible {
     }
 
     /// For a resource reason, that resource's amount in `of` (0 for the other reasons).
-    fn resource(self, of: &NodeResources) -> i64 {
+    pub fn resource(self, of: &NodeResources) -> i64 {
         match self {
             Ineligible::InsufficientCpu => of.cpus,
             Ineligible::InsufficientMemory => of.memory_mib,
@@ -230,23 +230,38 @@ impl Ineligible {
     }
 }
 
-/// The nodes rejected, by reason: how many, and for resource reasons the most any had free.
+/// The nodes rejected, by reason: how many, and for resource reasons the most any had free. The
+/// one wording of "why not here" for VMs and pools' sources alike ([`Rejections::message`]).
 #[derive(Debug, Default)]
-struct Rejections(BTreeMap<Ineligible, (usize, i64)>);
+pub struct Rejections(BTreeMap<Ineligible, (usize, i64)>);
 
 impl Rejections {
-    fn add(&mut self, why: Ineligible, free: i64) {
+    /// One node rejected for `why`, with `free` of the resource `why` names (any value for the
+    /// other reasons).
+    pub fn add(&mut self, why: Ineligible, free: i64) {
         let entry = self.0.entry(why).or_insert((0, i64::MIN));
         entry.0 += 1;
         entry.1 = entry.1.max(free);
     }
 
-    fn summary(&self, request: &Request) -> String {
+    /// Every reason with its count, as the scheduler words it: `2 have too few CPUs (needs 32,
+    /// at most 8 free), 1 does not match nodeSelector`.
+    pub fn summary(&self, request: &Request) -> String {
         self.0
             .iter()
             .map(|(why, (count, free))| why.words(*count, why.resource(&request.resources), (*free).max(0)))
             .collect::<Vec<_>>()
             .join(", ")
+    }
+
+    /// `0/<seen> nodes can <what>: <summary>`, the scheduler's form.
+    pub fn message(&self, what: &str, seen: usize, request: &Request) -> String {
+        format!("0/{seen} nodes can {what}: {}", self.summary(request))
+    }
+
+    /// Whether no node was rejected.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 }
 
@@ -270,14 +285,137 @@ pub struct Unplaceable {
     pub message: String,
 }
 
+/// The ready slots of one node pool booked on a node: soft holds, spare room that a SmolVM (or a
+/// pool's source) that fits there only without them takes ([`slots_to_give_back`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotHold {
+    /// What one slot takes (the template's machine).
+    pub each: NodeResources,
+    /// How many.
+    pub count: u32,
+}
+
+impl SlotHold {
+    /// What `count` slots take.
+    pub fn total(&self) -> NodeResources {
+        times(&self.each, self.count)
+    }
+}
+
+/// `each` taken `n` times.
+pub fn times(each: &NodeResources, n: u32) -> NodeResources {
+    let n = i64::from(n);
+    NodeResources {
+        cpus: each.cpus.saturating_mul(n),
+        memory_mib: each.memory_mib.saturating_mul(n),
+        storage_gib: each.storage_gib.saturating_mul(n),
+    }
+}
+
+/// `a` less `b`, below zero where `b` is more (unlike [`NodeResources::minus`], which stops at
+/// zero): room that is overcommitted stays so through later additions.
+pub fn less(a: &NodeResources, b: &NodeResources) -> NodeResources {
+    NodeResources {
+        cpus: a.cpus.saturating_sub(b.cpus),
+        memory_mib: a.memory_mib.saturating_sub(b.memory_mib),
+        storage_gib: a.storage_gib.saturating_sub(b.storage_gib),
+    }
+}
+
+/// Whether `want` fits in `free`.
+pub fn fits(want: &NodeResources, free: &NodeResources) -> bool {
+    want.cpus <= free.cpus && want.memory_mib <= free.memory_mib && want.storage_gib <= free.storage_gib
+}
+
+/// How many of `each` fit in `room` (`u32::MAX` for a machine that takes nothing).
+pub fn fit_count(room: &NodeResources, each: &NodeResources) -> u32 {
+    [
+        (room.cpus, each.cpus),
+        (room.memory_mib, each.memory_mib),
+        (room.storage_gib, each.storage_gib),
+    ]
+    .into_iter()
+    .filter(|(_, each)| *each > 0)
+    .map(|(room, each)| u32::try_from(room.max(0) / each).unwrap_or(u32::MAX))
+    .min()
+    .unwrap_or(u32::MAX)
+}
+
 /// What the ledger knows of one node: what is committed there.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Usage {
-    /// Sum of the requests of the VMs bound or reserved there.
+    /// Sum of the requests of the VMs bound or reserved there, and of the pools' sources (hard
+    /// holds).
     pub used: NodeResources,
     /// Host ports taken there, with how many VMs hold each (more than one only if bindings made
     /// elsewhere conflict).
     pub ports: HashMap<(i32, Protocol), u32>,
+    /// The pools' ready slots booked there, by node pool (soft holds, not in `used`).
+    pub slots: BTreeMap<String, SlotHold>,
+}
+
+impl Usage {
+    /// What every pool's ready slots take there.
+    pub fn soft(&self) -> NodeResources {
+        self.slots
+            .values()
+            .fold(NodeResources::default(), |sum, hold| sum.plus(&hold.total()))
+    }
+
+    /// What the ready slots of every node pool but `pool` take there.
+    pub fn soft_except(&self, pool: &str) -> NodeResources {
+        self.slots
+            .iter()
+            .filter(|(name, _)| name.as_str() != pool)
+            .fold(NodeResources::default(), |sum, (_, hold)| sum.plus(&hold.total()))
+    }
+
+    /// The booked ready slots of `pool` there.
+    pub fn slots_of(&self, pool: &str) -> u32 {
+        self.slots.get(pool).map_or(0, |hold| hold.count)
+    }
+}
+
+/// Whether a placement keeps the ready slots of a node where they are, or may give them back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slots {
+    /// Ready slots are room taken: free is allocatable less hard and soft holds.
+    Kept,
+    /// Ready slots are spare room: free is allocatable less hard holds.
+    GivenBack,
+}
+
+/// Which ready slots on a node make room for `want`: none where it fits beside them; else the
+/// fewest, taken one at a time from the node pool with the most booked (ties by name), never
+/// those of `spare` (a pool's own, for its source); `None` where it does not fit even without
+/// all of them. Sorted by node pool.
+pub fn slots_to_give_back(
+    allocatable: &NodeResources,
+    usage: &Usage,
+    want: &NodeResources,
+    spare: Option<&str>,
+) -> Option<Vec<(String, u32)>> {
+    let mut free = less(&less(allocatable, &usage.used), &usage.soft());
+    let mut left: BTreeMap<&str, (SlotHold, u32)> = usage
+        .slots
+        .iter()
+        .filter(|(name, hold)| Some(name.as_str()) != spare && hold.count > 0)
+        .map(|(name, hold)| (name.as_str(), (*hold, 0)))
+        .collect();
+    while !fits(want, &free) {
+        let (_, (hold, taken)) = left
+            .iter_mut()
+            .filter(|(_, (hold, taken))| *taken < hold.count)
+            .max_by(|(a, (ha, ta)), (b, (hb, tb))| (ha.count - ta).cmp(&(hb.count - tb)).then(b.cmp(a)))?;
+        *taken += 1;
+        free = free.plus(&hold.each);
+    }
+    Some(
+        left.into_iter()
+            .filter(|(_, (_, taken))| *taken > 0)
+            .map(|(name, (_, taken))| (name.to_string(), taken))
+            .collect(),
+    )
 }
 
 /// Read access to per-node usage.
@@ -292,13 +430,27 @@ impl UsageView for HashMap<String, Usage> {
     }
 }
 
-/// Why `node` cannot take `request` now, or `None` when it can.
+/// Why `node` cannot take `request` now beside the ready slots booked there, or `None` when it
+/// can.
 pub fn check_node(
     node: &SmolVMNode,
     request: &Request,
     usage: Option<&Usage>,
     now: Timestamp,
     config: &Config,
+) -> Option<Ineligible> {
+    check_node_in(node, request, usage, now, config, Slots::Kept)
+}
+
+/// Why `node` cannot take `request` now, its ready slots counted as `slots` says, or `None` when
+/// it can.
+pub fn check_node_in(
+    node: &SmolVMNode,
+    request: &Request,
+    usage: Option<&Usage>,
+    now: Timestamp,
+    config: &Config,
+    slots: Slots,
 ) -> Option<Ineligible> {
     let status = match &node.status {
         Some(s) => s,
@@ -332,13 +484,10 @@ pub fn check_node(
             return Some(Ineligible::SelectorMismatch);
         }
     }
-    let (Some(allocatable), Some(_), Some(_)) = (status.allocatable, &status.endpoint, &status.node_uid) else {
+    if status.allocatable.is_none() || status.endpoint.is_none() || status.node_uid.is_none() {
         return Some(Ineligible::NotReported);
-    };
-    let free = match usage {
-        Some(u) => allocatable.minus(&u.used),
-        None => allocatable,
-    };
+    }
+    let free = free_of(node, usage, slots);
     let want = &request.resources;
     if want.cpus > free.cpus {
         return Some(Ineligible::InsufficientCpu);
@@ -375,7 +524,8 @@ fn score(node: &SmolVMNode, request: &Request, usage: Option<&Usage>) -> i64 {
 }
 
 /// Chooses a node for `request`: an eligible node with the highest least-allocated score, ties
-/// broken by name. A pin restricts the choice to that node and never falls back.
+/// broken by name, beside the ready slots booked on each (never touching them). A pin restricts
+/// the choice to that node and never falls back.
 pub fn place<'n>(
     request: &Request,
     nodes: impl IntoIterator<Item = &'n SmolVMNode>,
@@ -383,7 +533,47 @@ pub fn place<'n>(
     now: Timestamp,
     config: &Config,
 ) -> Result<&'n SmolVMNode, Unplaceable> {
-    let mut best: Option<(&SmolVMNode, i64)> = None;
+    choose(request, nodes, usage, now, config, Slots::Kept).map(|placed| placed.node)
+}
+
+/// A node chosen for a request, and the ready slots there given back to make its room.
+#[derive(Debug, Clone)]
+pub struct Placement<'n> {
+    /// The node.
+    pub node: &'n SmolVMNode,
+    /// `(node pool, slots)` given back on it ([`slots_to_give_back`]); empty where it fits
+    /// beside them.
+    pub give_back: Vec<(String, u32)>,
+}
+
+/// [`place`] first; where no node has room beside its ready slots, the node where it fits with
+/// the fewest slots given back (then the highest score, then the name), so that no pool ever
+/// makes a SmolVM unschedulable. A VM that fits nowhere even so says why with the slots counted
+/// as free room.
+pub fn place_giving_back<'n>(
+    request: &Request,
+    nodes: impl IntoIterator<Item = &'n SmolVMNode> + Clone,
+    usage: &dyn UsageView,
+    now: Timestamp,
+    config: &Config,
+) -> Result<Placement<'n>, Unplaceable> {
+    match choose(request, nodes.clone(), usage, now, config, Slots::Kept) {
+        Ok(placed) => Ok(placed),
+        Err(_) => choose(request, nodes, usage, now, config, Slots::GivenBack),
+    }
+}
+
+fn choose<'n>(
+    request: &Request,
+    nodes: impl IntoIterator<Item = &'n SmolVMNode>,
+    usage: &dyn UsageView,
+    now: Timestamp,
+    config: &Config,
+    slots: Slots,
+) -> Result<Placement<'n>, Unplaceable> {
+    // (node, slots given back, their count, score)
+    type Best<'n> = (&'n SmolVMNode, Vec<(String, u32)>, u32, i64);
+    let mut best: Option<Best<'n>> = None;
     let mut rejected = Rejections::default();
     let mut pinned_node: Option<&SmolVMNode> = None;
     let mut seen = 0usize;
@@ -397,21 +587,32 @@ pub fn place<'n>(
             pinned_node = Some(node);
         }
         let node_usage = usage.usage(name);
-        if let Some(why) = check_node(node, request, node_usage, now, config) {
-            rejected.add(why, why.resource(&free_of(node, node_usage)));
+        if let Some(why) = check_node_in(node, request, node_usage, now, config, slots) {
+            rejected.add(why, why.resource(&free_of(node, node_usage, slots)));
             continue;
         }
+        let give_back = match (slots, node_usage) {
+            (Slots::GivenBack, Some(u)) => {
+                let allocatable = node.status.as_ref().and_then(|s| s.allocatable).unwrap_or_default();
+                slots_to_give_back(&allocatable, u, &request.resources, None).unwrap_or_default()
+            }
+            _ => Vec::new(),
+        };
+        let taken: u32 = give_back.iter().map(|(_, n)| *n).sum();
         let s = score(node, request, node_usage);
-        let better = match best {
+        let better = match &best {
             None => true,
-            Some((b, bs)) => s > bs || (s == bs && name < b.metadata.name.as_deref().unwrap_or("")),
+            Some((b, _, bt, bs)) => {
+                taken < *bt
+                    || (taken == *bt && (s > *bs || (s == *bs && name < b.metadata.name.as_deref().unwrap_or(""))))
+            }
         };
         if better {
-            best = Some((node, s));
+            best = Some((node, give_back, taken, s));
         }
     }
-    if let Some((node, _)) = best {
-        return Ok(node);
+    if let Some((node, give_back, _, _)) = best {
+        return Ok(Placement { node, give_back });
     }
     let summary = rejected.summary(request);
     Err(match (&request.pin, seen) {
@@ -438,17 +639,19 @@ pub fn place<'n>(
         },
         (None, n) => Unplaceable {
             reason: "NoEligibleNode",
-            message: format!("0/{n} nodes can run this VM: {summary}"),
+            message: rejected.message("run this VM", n, request),
         },
     })
 }
 
-/// What `node` has free: its allocatable less what the ledger holds there.
-fn free_of(node: &SmolVMNode, usage: Option<&Usage>) -> NodeResources {
+/// What `node` has free: its allocatable less what the ledger holds there (its ready slots
+/// counted as `slots` says).
+pub fn free_of(node: &SmolVMNode, usage: Option<&Usage>, slots: Slots) -> NodeResources {
     let allocatable = node.status.as_ref().and_then(|s| s.allocatable).unwrap_or_default();
-    match usage {
-        Some(u) => allocatable.minus(&u.used),
-        None => allocatable,
+    match (usage, slots) {
+        (Some(u), Slots::Kept) => allocatable.minus(&u.used).minus(&u.soft()),
+        (Some(u), Slots::GivenBack) => allocatable.minus(&u.used),
+        (None, _) => allocatable,
     }
 }
 
@@ -464,17 +667,29 @@ pub fn orphan_ledger_key(node: &str, machine: &str) -> String {
 // Warm pools' names on their nodes, and their ready slots there: what placement and the pools'
 // pass ([`crate::pools`]) both read.
 
-/// The prefix of every node pool of `pool`: `pool-<first 8 characters of its UID>-g`.
+/// The most characters of a pool's UID a node pool name holds: a UUID's 36, so that
+/// `pool-<uid>-g<generation>` stays within a machine name's 63 for any generation.
+pub const POOL_UID_MAX_LEN: usize = 36;
+
+/// The prefix of every node pool of `pool`: `pool-<its whole UID>-g`. The whole UID, never a
+/// prefix of it, so two pools never share a node pool. `None` for a pool not stored yet, or
+/// whose UID is not of the characters and length a machine name can hold (Kubernetes gives
+/// UUIDs).
 pub(crate) fn pool_prefix(pool: &SmolVMPool) -> Option<String> {
-    let uid = pool.metadata.uid.as_deref()?;
-    let short: String = uid.chars().filter(char::is_ascii_alphanumeric).take(8).collect();
-    (short.len() == 8).then(|| format!("pool-{}-g", short.to_ascii_lowercase()))
+    let uid = pool.metadata.uid.as_deref()?.to_ascii_lowercase();
+    let valid = !uid.is_empty()
+        && uid.len() <= POOL_UID_MAX_LEN
+        && uid
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase() || b == b'-');
+    valid.then(|| format!("pool-{uid}-g"))
 }
 
 /// The pool's name on its nodes for the template of `generation` (a SmolVM filled from an
-/// older template is served only by slots of that one).
+/// older template is served only by slots of that one): `pool-<uid>-g<generation>`, at most 62
+/// characters.
 pub fn node_pool_name_at(pool: &SmolVMPool, generation: Option<i64>) -> Option<String> {
-    Some(format!("{}{}", pool_prefix(pool)?, generation.unwrap_or(0)))
+    Some(format!("{}{}", pool_prefix(pool)?, generation.unwrap_or(0).max(0)))
 }
 
 /// The pools a node reports, by name, with their ready and wanted slots.
@@ -631,6 +846,41 @@ impl NodeTracker {
     }
 }
 
+/// A SmolVM's reservation ([`Ledger::reserve`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reserved {
+    /// Its node.
+    pub node: String,
+    /// `(node pool, slots)` whose ready slots there were given back to make its room: the node
+    /// deletes them before the machine is created.
+    pub give_back: Vec<(String, u32)>,
+    /// Placed where its pool's ready slot serves it (that slot's room moved to it).
+    pub warm: bool,
+}
+
+/// The ledger as the pools' pass reads it ([`Ledger::view`]): what is committed on each node,
+/// and the node pools whose source is booked where.
+#[derive(Debug, Clone, Default)]
+pub struct LedgerView {
+    /// Usage by node.
+    pub by_node: HashMap<String, Usage>,
+    /// `(node, node pool)` of every source booked.
+    pub sources: HashSet<(String, String)>,
+}
+
+impl LedgerView {
+    /// Whether the source of `pool` is booked on `node`.
+    pub fn source_booked(&self, node: &str, pool: &str) -> bool {
+        self.sources.contains(&(node.to_string(), pool.to_string()))
+    }
+}
+
+impl UsageView for LedgerView {
+    fn usage(&self, node: &str) -> Option<&Usage> {
+        self.by_node.get(node)
+    }
+}
+
 /// Everything committed on each node, by the VMs bound there and the reservations of placements
 /// whose binding the caches may not show yet.
 #[derive(Debug, Default)]
@@ -646,6 +896,31 @@ struct LedgerState {
 }
 
 impl LedgerState {
+    fn take_slots(&mut self, node: &str, pool: &str, n: u32) {
+        if let Some(hold) = self.by_node.get_mut(node).and_then(|u| u.slots.get_mut(pool)) {
+            hold.count = hold.count.saturating_sub(n);
+            if hold.count == 0
+                && let Some(u) = self.by_node.get_mut(node)
+            {
+                u.slots.remove(pool);
+            }
+        }
+    }
+
+    fn set_slots(&mut self, node: &str, pool: &str, hold: SlotHold) {
+        if hold.count == 0 {
+            if let Some(u) = self.by_node.get_mut(node) {
+                u.slots.remove(pool);
+            }
+            return;
+        }
+        self.by_node
+            .entry(node.to_string())
+            .or_default()
+            .slots
+            .insert(pool.to_string(), hold);
+    }
+
     /// Records what `uid` holds on `node`. A VM already held on that node keeps its [`Hold`]
     /// (the ledger's own, newer than `hint`, which comes from a cache).
     fn add(&mut self, uid: &str, node: &str, request: &Request, hint: Hold) {
@@ -778,6 +1053,189 @@ impl Ledger {
         let name = node.metadata.name.clone().unwrap_or_default();
         state.add(uid, &name, request, Hold::Full);
         Ok(name)
+    }
+
+    /// Places a SmolVM and reserves it, atomically, with what that does to the pools' ready
+    /// slots booked on its node. `warm` names the node pool whose ready slot may serve it and the
+    /// nodes that report one: it goes there first where it fits with its room moved from one of
+    /// those slots (soft) to it (hard), no other slot touched. Else anywhere, beside the ready
+    /// slots of each node or, where it fits only without some, with those given back
+    /// ([`place_giving_back`]; the caller has the node delete them before it creates the
+    /// machine). A VM that already holds a reservation gets that node again.
+    pub fn reserve<'n>(
+        &self,
+        uid: &str,
+        request: &Request,
+        nodes: impl IntoIterator<Item = &'n SmolVMNode> + Clone,
+        warm: Option<(&str, &[&'n SmolVMNode])>,
+        now: Timestamp,
+        config: &Config,
+    ) -> Result<Reserved, Unplaceable> {
+        let mut state = self.lock();
+        if let Some((node, _, _)) = state.by_vm.get(uid) {
+            return Ok(Reserved {
+                node: node.clone(),
+                ..Reserved::default()
+            });
+        }
+        if let Some((pool, candidates)) = warm {
+            // Each candidate as it would be with one of the pool's slots given to this VM.
+            let moved: HashMap<String, Usage> = candidates
+                .iter()
+                .filter_map(|n| n.metadata.name.clone())
+                .filter_map(|name| {
+                    let mut usage = state.by_node.get(&name)?.clone();
+                    let hold = usage.slots.get_mut(pool).filter(|h| h.count > 0)?;
+                    hold.count -= 1;
+                    Some((name, usage))
+                })
+                .collect();
+            let booked: Vec<&SmolVMNode> = candidates
+                .iter()
+                .copied()
+                .filter(|n| n.metadata.name.as_ref().is_some_and(|name| moved.contains_key(name)))
+                .collect();
+            if let Ok(node) = place(request, booked, &moved, now, config) {
+                let name = node.metadata.name.clone().unwrap_or_default();
+                state.take_slots(&name, pool, 1);
+                state.add(uid, &name, request, Hold::Full);
+                return Ok(Reserved {
+                    node: name,
+                    give_back: Vec::new(),
+                    warm: true,
+                });
+            }
+            // A ready slot the ledger has not booked (the pools' pass has not seen it yet) serves
+            // it all the same, beside every booked slot.
+            if let Ok(node) = place(request, candidates.iter().copied(), &state.by_node, now, config) {
+                let name = node.metadata.name.clone().unwrap_or_default();
+                state.add(uid, &name, request, Hold::Full);
+                return Ok(Reserved {
+                    node: name,
+                    give_back: Vec::new(),
+                    warm: true,
+                });
+            }
+        }
+        let placed = place_giving_back(request, nodes, &state.by_node, now, config)?;
+        let name = placed.node.metadata.name.clone().unwrap_or_default();
+        for (pool, n) in &placed.give_back {
+            state.take_slots(&name, pool, *n);
+        }
+        state.add(uid, &name, request, Hold::Full);
+        Ok(Reserved {
+            node: name,
+            give_back: placed.give_back,
+            warm: false,
+        })
+    }
+
+    /// The ready slots of the node pool `pool` booked on `node`.
+    pub fn slots(&self, node: &str, pool: &str) -> u32 {
+        self.lock().by_node.get(node).map_or(0, |u| u.slots_of(pool))
+    }
+
+    /// The ready slots of `pool` booked on `node`, with what each takes.
+    pub fn slot_hold(&self, node: &str, pool: &str) -> SlotHold {
+        self.lock()
+            .by_node
+            .get(node)
+            .and_then(|u| u.slots.get(pool))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Books `hold` as the ready slots of `pool` on `node` (what [`Ledger::slot_hold`] read, put
+    /// back when what they were given back for was not booked after all).
+    pub fn set_slot_hold(&self, node: &str, pool: &str, hold: SlotHold) {
+        self.lock().set_slots(node, pool, hold);
+    }
+
+    /// Gives back `n` of the ready slots of `pool` booked on `node` (to a SmolVM or another
+    /// pool's source that takes their room); the slots left.
+    pub fn take_slots(&self, node: &str, pool: &str, n: u32) -> u32 {
+        let mut state = self.lock();
+        state.take_slots(node, pool, n);
+        state.by_node.get(node).map_or(0, |u| u.slots_of(pool))
+    }
+
+    /// Books a node pool on `node`, atomically: its source (a hard hold, `source` the source's
+    /// request) where it is not booked yet and fits beside every hold but the pool's own slots
+    /// (or is there already: `present`), then as many of `want` ready slots of `each` as fit
+    /// beside every hard and soft hold (soft holds). `None` when the source does not fit (nothing
+    /// is booked then); else the slots booked.
+    #[allow(clippy::too_many_arguments)]
+    pub fn book_pool(
+        &self,
+        node: &str,
+        pool: &str,
+        source: &Request,
+        present: bool,
+        each: &NodeResources,
+        want: u32,
+        allocatable: &NodeResources,
+    ) -> Option<u32> {
+        let mut state = self.lock();
+        let key = pool_ledger_key(node, pool);
+        let booked = state.by_vm.get(&key).is_some_and(|(n, _, _)| n == node);
+        let usage = state.by_node.get(node).cloned().unwrap_or_default();
+        let room = less(&less(allocatable, &usage.used), &usage.soft_except(pool));
+        if !booked {
+            if !present && !fits(&source.resources, &room) {
+                return None;
+            }
+            state.add(&key, node, source, Hold::Full);
+        }
+        let usage = state.by_node.get(node).cloned().unwrap_or_default();
+        let room = less(&less(allocatable, &usage.used), &usage.soft_except(pool));
+        let count = want.min(fit_count(&room, each));
+        state.set_slots(node, pool, SlotHold { each: *each, count });
+        Some(count)
+    }
+
+    /// Forgets a node pool on `node`: its source and its ready slots.
+    pub fn release_pool(&self, node: &str, pool: &str) {
+        let mut state = self.lock();
+        state.remove(&pool_ledger_key(node, pool));
+        state.set_slots(node, pool, SlotHold::default());
+    }
+
+    /// What every node pool holds, summed over the nodes where it is booked: its source (a hard
+    /// hold) and its ready slots (soft holds). By node pool name; what a quota counts of pools.
+    pub fn pool_holdings(&self) -> BTreeMap<String, NodeResources> {
+        let state = self.lock();
+        let mut out: BTreeMap<String, NodeResources> = BTreeMap::new();
+        for (key, (node, request, _)) in &state.by_vm {
+            if let Some(name) = key
+                .strip_prefix(POOL_KEY_PREFIX)
+                .and_then(|rest| rest.strip_prefix(node.as_str()))
+                .and_then(|rest| rest.strip_prefix('/'))
+            {
+                let total = out.entry(name.to_string()).or_default();
+                *total = total.plus(&request.resources);
+            }
+        }
+        for usage in state.by_node.values() {
+            for (name, hold) in &usage.slots {
+                let total = out.entry(name.clone()).or_default();
+                *total = total.plus(&hold.total());
+            }
+        }
+        out
+    }
+
+    /// What the pools' pass reads of the ledger: every node's usage and the sources booked.
+    pub fn view(&self) -> LedgerView {
+        let state = self.lock();
+        LedgerView {
+            by_node: state.by_node.clone(),
+            sources: state
+                .by_vm
+                .iter()
+                .filter(|(key, _)| key.starts_with(POOL_KEY_PREFIX))
+                .map(|(key, (node, _, _))| (node.clone(), key[POOL_KEY_PREFIX.len() + node.len() + 1..].to_string()))
+                .collect(),
+        }
     }
 
     /// What every VM but `uid` holds on `node`: the node's allocatable minus this is the room

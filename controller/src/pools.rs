@@ -1,33 +1,44 @@
-//! Warm pools: every SmolVMPool's slots kept on the nodes it matches, and its status.
+//! Warm pools: every SmolVMPool's source and slots kept on the nodes it matches, where they fit,
+//! and its status.
 //!
-//! Each pass ([`EVERY`]) decides as data, acts, then reports:
-//! - [`plan`]: which eligible, matching nodes must be asked to keep the pool (their report lacks
-//!   it, or with other slots), and which of the pool's node pools must go (an older generation
-//!   of its template, or a node it no longer matches); [`orphans`]: node pools of pools that
-//!   are gone.
-//! - the node API's ApplyPool and DeletePool do it. A pool's name on its nodes is
-//!   `pool-<uid prefix>-g<generation>` ([`node_pool_name`]): a new template is a new node pool,
-//!   so slots made from the old one are replaced, and machines served from them are never
-//!   touched (the agent deletes a node pool only once none of its machines remains).
-//! - [`status`]: ready and wanted slots per node, and the Ready condition, with the node's
-//!   cause (already cleaned by the agent) when its slots fail.
+//! Each pass decides as data, acts, then reports:
+//! - [`plan`] (pure: the pool, the nodes, the ledger's view, the time and the quota's budget):
+//!   on each eligible node its nodeSelector matches, whether its source is there or can be
+//!   placed (by the same placement as a SmolVM: [`placement::check_node_in`], giving back other
+//!   pools' ready slots where it fits only without them), how many ready slots fit beside every
+//!   hard and soft hold (never more than `slotsPerNode`), what that starts (a source, new slots,
+//!   each with its resources: what a quota charges), and which of the pool's node pools go (an
+//!   older generation of its template, or a node it no longer matches); [`orphans`]: node pools
+//!   of pools that are gone (every pool a node has a record of, started or not).
+//! - act: the ledger books each source (a hard hold, never taken) and each node's ready slots
+//!   (soft holds: spare room) before the node is asked ([`Ledger::book_pool`]); then the node
+//!   API's ResizePool (slots given back), ApplyPool and DeletePool run, each node's calls in
+//!   order, different nodes at once, each call within `--pool-call-timeout`, so a node that
+//!   hangs delays only its own pools (a node whose calls still run is left out of a pass).
+//! - [`status`]: ready and wanted slots per node, and the Ready condition: why the source fits
+//!   nowhere (in the scheduler's form), the quota that stopped the filling, the node's cause
+//!   (already cleaned by the agent) when its slots fail.
 //!
-//! What a node pool holds (its source and its ready slots, each the size of the template's
-//! machine) is booked in the ledger under its own key ([`pool_ledger_key`]) on every node that
-//! keeps it, so placement never puts a VM into the room the slots take; machines served from it
-//! are SmolVMs, booked as theirs.
+//! A pool's name on its nodes is `pool-<uid>-g<generation>` ([`node_pool_name`]): a new template
+//! is a new node pool, so slots made from the old one are replaced, and machines served from
+//! them are never touched (the agent deletes a node pool only once none of its machines
+//! remains). Refills are the controller's: the agent lowers a pool's wanted slots by one at each
+//! lease, and the next pass books the replacement before it asks for it. Passes run when a node
+//! reports other pool counts, a pool changes, a claim took a slot or a node's calls ended
+//! ([`Wake`]), and at least every [`EVERY`]; never more often than every [`MIN_GAP`].
 //!
 //! A node whose ApplyPool failed is asked again after a backoff (10 s doubling to 5 minutes),
 //! as a failed start is: a source that does not boot takes smolvm tens of seconds each time.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 use kube::{
-    Api, ResourceExt,
+    Api, Resource, ResourceExt,
     api::{ListParams, Patch, PatchParams},
+    runtime::events::{Event, EventType},
 };
 use serde_json::json;
 use smolvm_api::{
@@ -39,22 +50,74 @@ use smolvm_api::{
     validate::Operation,
 };
 
-use crate::placement::{Request, check_node, pool_ledger_key, pool_prefix as prefix, reported_pools as reported};
+use crate::placement::{
+    self, LedgerView, Rejections, Request, Slots, check_node, check_node_in, fit_count, fits, free_of, less,
+    pool_prefix as prefix, reported_pools as reported, slots_to_give_back, times,
+};
 pub use crate::placement::{node_pool_name_at, with_ready_slot};
 use crate::vm::{Context, rules::set_condition};
 
-/// How often the pools are looked at.
-pub const EVERY: Duration = Duration::from_secs(5);
+/// The longest a pool waits for a pass when nothing wakes the keeper.
+pub const EVERY: Duration = Duration::from_secs(30);
+
+/// The shortest time between two passes: a burst of wake-ups (claims, every node's report) makes
+/// one pass, and a pool's status is written at most this often.
+pub const MIN_GAP: Duration = Duration::from_secs(1);
+
+/// The default of `--pool-call-timeout`: how long one pool call to a node may take.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The first wait after a failed ApplyPool on a node.
 pub const RETRY_FIRST: Duration = Duration::from_secs(10);
 /// The longest wait.
 pub const RETRY_MAX: Duration = Duration::from_secs(300);
 
-/// The pool's name on its nodes for its current template: `pool-<uid prefix>-g<generation>`
+/// The pool's name on its nodes for its current template: `pool-<uid>-g<generation>`
 /// (also its source machine's name; never `svm-…`, so orphan collection leaves it alone).
 pub fn node_pool_name(pool: &SmolVMPool) -> Option<String> {
     node_pool_name_at(pool, pool.metadata.generation)
+}
+
+/// What a pass does for a pool on one node that keeps (or is to keep) its source.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Keep {
+    /// The node.
+    pub node: String,
+    /// The source to start here (booked in full, a hard hold, before ApplyPool); `None` where
+    /// its source is booked or there already.
+    pub source: Option<NodeResources>,
+    /// `(node pool, slots)` of other pools whose ready slots are given back here to make the
+    /// source's room (ResizePool before ApplyPool).
+    pub give_back: Vec<(String, u32)>,
+    /// The ready slots wanted here after this pass: as many of `slotsPerNode` as fit beside every
+    /// hard and soft hold, and within the budget.
+    pub slots: u32,
+    /// Of `slots`, those new in this pass (beyond the ones booked): with `source`, what this
+    /// pass starts here, and what a quota is charged for.
+    pub new_slots: u32,
+    /// Whether the node is asked (ApplyPool): a source to start, other slots than booked, or a
+    /// node whose report says other slots.
+    pub apply: bool,
+}
+
+/// A machine a pass starts on a node, with what it takes (the quota's and the ledger's units).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// The pool's source machine.
+    Source(NodeResources),
+    /// `n` ready slots, each taking this.
+    Slots(u32, NodeResources),
+}
+
+impl Keep {
+    /// What this node starts in the pass, each slot the size `each`.
+    pub fn starts(&self, each: &NodeResources) -> Vec<Start> {
+        let mut out: Vec<Start> = self.source.iter().copied().map(Start::Source).collect();
+        if self.new_slots > 0 {
+            out.push(Start::Slots(self.new_slots, *each));
+        }
+        out
+    }
 }
 
 /// What one pass does for one pool.
@@ -62,62 +125,212 @@ pub fn node_pool_name(pool: &SmolVMPool) -> Option<String> {
 pub struct Plan {
     /// The pool's name on its nodes.
     pub name: String,
-    /// The nodes that keep its slots: eligible, matching its nodeSelector; sorted.
+    /// What its source and each of its slots take (the template's machine).
+    pub slot: NodeResources,
+    /// The eligible nodes matching its nodeSelector; sorted.
     pub targets: Vec<String>,
-    /// The targets to ask to keep it (their report lacks it, or with other slots).
-    pub apply: Vec<String>,
+    /// The targets that keep its source (booked, there, or placed in this pass); sorted.
+    pub keep: Vec<Keep>,
+    /// The targets whose room cannot take its source now, with why.
+    pub waiting: BTreeMap<String, String>,
+    /// Why no node keeps its source, in the scheduler's form; `None` while one does.
+    pub unplaced: Option<String>,
+    /// Slots `slotsPerNode` asks for on the nodes that keep it that have no room there.
+    pub short_of_room: u32,
+    /// What the budget (the namespace's quota) kept from starting, when it did.
+    pub quota: Option<String>,
     /// `(node, node pool)` to delete: an older generation's, or on a node it no longer matches.
     pub retire: Vec<(String, String)>,
 }
 
-/// The plan for `pool` over `nodes`, `eligible` telling the nodes that can take VMs and match
-/// its nodeSelector. `None` for a pool without a UID (not stored yet).
-pub fn plan(pool: &SmolVMPool, nodes: &[Arc<SmolVMNode>], eligible: &dyn Fn(&SmolVMNode) -> bool) -> Option<Plan> {
+/// The plan for `pool` over `nodes`, given what the ledger holds (`ledger`), what its source and
+/// each slot take (`slot`), the time and the placement's tunables, and `budget`: the room the
+/// namespace's quota still allows (`None`: unlimited). Sources are placed first (node by node,
+/// by name), then slots, each only within what is left of the budget. `None` for a pool without
+/// a UID (not stored yet).
+pub fn plan(
+    pool: &SmolVMPool,
+    nodes: &[Arc<SmolVMNode>],
+    ledger: &LedgerView,
+    slot: &NodeResources,
+    now: Timestamp,
+    config: &placement::Config,
+    budget: Option<NodeResources>,
+) -> Option<Plan> {
     let prefix = prefix(pool)?;
     let name = node_pool_name(pool)?;
-    let slots = pool.spec.slots_per_node;
+    let want = u32::try_from(pool.spec.slots_per_node.max(0)).unwrap_or(0);
+    let selector = pool.spec.node_selector.clone().unwrap_or_default();
+    let eligible = Request {
+        resources: NodeResources::default(),
+        host_ports: Vec::new(),
+        node_selector: selector.clone(),
+        pin: None,
+    };
+    let source = Request {
+        resources: *slot,
+        ..eligible.clone()
+    };
     let mut plan = Plan {
         name: name.clone(),
+        slot: *slot,
         ..Default::default()
     };
+    let mut budget = budget;
+    let (mut sources_held, mut slots_held) = (0u32, 0u32);
+    let mut rejected = Rejections::default();
     let mut sorted: Vec<&Arc<SmolVMNode>> = nodes.iter().collect();
     sorted.sort_by_key(|n| n.name_any());
+    // (the node's plan, its usage, its allocatable, the pool's (ready, wanted) it reports)
+    type Kept = (Keep, placement::Usage, NodeResources, Option<(i32, i32)>);
+    let mut kept: Vec<Kept> = Vec::new();
     for node in sorted {
         let node_name = node.name_any();
-        let target = eligible(node);
         let pools = reported(node);
-        if target {
-            plan.targets.push(node_name.clone());
-            if pools.get(name.as_str()).map(|(_, wanted)| *wanted) != Some(slots) {
-                plan.apply.push(node_name.clone());
-            }
-        }
+        let ineligible = check_node(node, &eligible, None, now, config);
         for held in pools.keys().filter(|p| p.starts_with(&prefix)) {
-            if *held != name || !target {
+            if *held != name || ineligible.is_some() {
                 plan.retire.push((node_name.clone(), (*held).to_string()));
             }
         }
+        if let Some(why) = ineligible {
+            rejected.add(why, 0);
+            continue;
+        }
+        plan.targets.push(node_name.clone());
+        let here = pools.get(name.as_str()).copied();
+        let usage = ledger.by_node.get(&node_name).cloned().unwrap_or_default();
+        let allocatable = node.status.as_ref().and_then(|s| s.allocatable).unwrap_or_default();
+        let mut keep = Keep {
+            node: node_name.clone(),
+            ..Keep::default()
+        };
+        if here.is_none() && !ledger.source_booked(&node_name, &name) {
+            // Placed as a SmolVM is: beside every hold, or with other pools' ready slots given
+            // back (never its own: they would go with it).
+            let mut others = usage.clone();
+            others.slots.remove(&name);
+            if let Some(why) = check_node_in(node, &source, Some(&others), now, config, Slots::GivenBack) {
+                let free = why.resource(&free_of(node, Some(&others), Slots::GivenBack));
+                rejected.add(why, free);
+                let mut one = Rejections::default();
+                one.add(why, free);
+                plan.waiting.insert(
+                    node_name,
+                    format!(
+                        "no room for the pool's source: {}",
+                        one.summary(&source).replacen("1 ", "the node ", 1)
+                    ),
+                );
+                continue;
+            }
+            if let Some(left) = &mut budget {
+                if !fits(slot, left) {
+                    sources_held += 1;
+                    plan.waiting.insert(
+                        node_name,
+                        "the namespace's quota has no room for the pool's source".into(),
+                    );
+                    continue;
+                }
+                *left = left.minus(slot);
+            }
+            keep.source = Some(*slot);
+            keep.give_back = slots_to_give_back(&allocatable, &others, slot, None).unwrap_or_default();
+        }
+        kept.push((keep, usage, allocatable, here));
+    }
+    for (mut keep, usage, allocatable, here) in kept {
+        let mut room = less(&less(&allocatable, &usage.used), &usage.soft_except(&name));
+        if let Some(source) = &keep.source {
+            room = less(&room, source);
+            for (other, n) in &keep.give_back {
+                if let Some(hold) = usage.slots.get(other) {
+                    room = room.plus(&times(&hold.each, *n));
+                }
+            }
+        }
+        let booked = usage.slots_of(&name);
+        let mut slots = want.min(fit_count(&room, slot));
+        plan.short_of_room = plan.short_of_room.saturating_add(want - slots);
+        if slots > booked
+            && let Some(left) = &mut budget
+        {
+            let allowed = booked.saturating_add(fit_count(left, slot));
+            if allowed < slots {
+                slots_held = slots_held.saturating_add(slots - allowed);
+                slots = allowed;
+            }
+            *left = left.minus(&times(slot, slots.saturating_sub(booked)));
+        }
+        keep.slots = slots;
+        keep.new_slots = slots.saturating_sub(booked);
+        let reported_wanted = here.map(|(_, wanted)| i64::from(wanted));
+        keep.apply = keep.source.is_some() || slots != booked || reported_wanted != Some(i64::from(slots));
+        plan.keep.push(keep);
+    }
+    if plan.keep.is_empty() && sources_held == 0 {
+        plan.unplaced = Some(match nodes.len() {
+            0 => "no SmolVMNode is registered".to_string(),
+            n => rejected.message("keep this pool's source", n, &source),
+        });
+    }
+    if sources_held > 0 || slots_held > 0 {
+        plan.quota = Some(quota_words(&budget.unwrap_or_default(), sources_held, slots_held, slot));
     }
     Some(plan)
 }
 
-/// Whether `name` is a node pool's as [`node_pool_name`] makes them (`pool-<8 of [0-9a-z]>-g<digits>`):
+/// Why the quota stops the pool: the room its ResourceQuotas leave (the keys they limit only:
+/// `i64::MAX` is a key none limits) and what waits for room, e.g. `the namespace's
+/// ResourceQuota leaves 0 CPUs: 5 slots of 1 CPUs, 128 MiB and 2 GiB each wait for room`.
+fn quota_words(left: &NodeResources, sources: u32, slots: u32, each: &NodeResources) -> String {
+    let limited: Vec<String> = [
+        (left.cpus, "CPUs"),
+        (left.memory_mib, "MiB of memory"),
+        (left.storage_gib, "GiB of disk"),
+    ]
+    .into_iter()
+    .filter(|(n, _)| *n != i64::MAX)
+    .map(|(n, unit)| format!("{} {unit}", n.max(0)))
+    .collect();
+    let waiting: Vec<String> = [(sources, "source"), (slots, "slot")]
+        .into_iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}{}", if n == 1 { "" } else { "s" }))
+        .collect();
+    format!(
+        "the namespace's ResourceQuota leaves {}: {} of {} CPUs, {} MiB and {} GiB each wait for room",
+        limited.join(", "),
+        waiting.join(" and "),
+        each.cpus,
+        each.memory_mib,
+        each.storage_gib
+    )
+}
+
+/// Whether `name` is a node pool's as [`node_pool_name`] makes them (`pool-<uid>-g<digits>`, the
+/// UID a UUID), or as releases before whole UIDs made them (`pool-<8 of [0-9a-z]>-g<digits>`):
 /// only those are ever deleted as orphans, never a pool made on the node by other means.
-fn is_node_pool_name(name: &str) -> bool {
+pub fn is_node_pool_name(name: &str) -> bool {
     let Some(rest) = name.strip_prefix("pool-") else {
         return false;
     };
-    let Some((short, generation)) = rest.split_once("-g") else {
+    let Some((uid, generation)) = rest.rsplit_once("-g") else {
         return false;
     };
-    short.len() == 8
-        && short.bytes().all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
-        && !generation.is_empty()
-        && generation.bytes().all(|b| b.is_ascii_digit())
+    let lower_alnum = |b: u8| b.is_ascii_digit() || b.is_ascii_lowercase();
+    let uuid = uid.len() == 36
+        && uid.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit() && !b.is_ascii_uppercase(),
+        });
+    let legacy = uid.len() == 8 && uid.bytes().all(lower_alnum);
+    (uuid || legacy) && !generation.is_empty() && generation.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// `(node, node pool)` of every node pool of a pool that no longer exists: named as a pool's
-/// (`pool-…-g…`) with a prefix no live pool has.
+/// (`pool-…-g…`) with a UID no live pool has (compared whole: the prefix ends with `-g`).
 pub fn orphans(nodes: &[Arc<SmolVMNode>], live: &[SmolVMPool]) -> Vec<(String, String)> {
     let prefixes: Vec<String> = live.iter().filter_map(prefix).collect();
     let mut out = Vec::new();
@@ -132,6 +345,13 @@ pub fn orphans(nodes: &[Arc<SmolVMNode>], live: &[SmolVMPool]) -> Vec<(String, S
     out
 }
 
+/// The live pool whose node pool `name` is, if any.
+pub fn owner_of<'p>(pools: impl IntoIterator<Item = &'p SmolVMPool>, name: &str) -> Option<&'p SmolVMPool> {
+    pools
+        .into_iter()
+        .find(|p| prefix(p).is_some_and(|prefix| name.starts_with(&prefix)))
+}
+
 /// The pool's status after `plan`, given the failures of ApplyPool by node (the agent's
 /// message, cleaned), keeping each condition's transition time where its status holds.
 pub fn status(
@@ -141,30 +361,51 @@ pub fn status(
     failures: &BTreeMap<String, String>,
     now: Timestamp,
 ) -> SmolVMPoolStatus {
-    let slots = pool.spec.slots_per_node;
     let by_name: HashMap<String, &Arc<SmolVMNode>> = nodes.iter().map(|n| (n.name_any(), n)).collect();
+    let count = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
     let per_node: Vec<PoolNodeStatus> = plan
         .targets
         .iter()
-        .map(|node| PoolNodeStatus {
-            node_name: node.clone(),
-            ready: by_name
-                .get(node)
-                .and_then(|n| reported(n).get(plan.name.as_str()).map(|(ready, _)| *ready))
-                .unwrap_or(0)
-                .min(slots),
-            total: slots,
-            message: failures.get(node).cloned(),
+        .map(|node| {
+            let total = plan.keep.iter().find(|k| &k.node == node).map_or(0, |k| count(k.slots));
+            PoolNodeStatus {
+                node_name: node.clone(),
+                ready: by_name
+                    .get(node)
+                    .and_then(|n| reported(n).get(plan.name.as_str()).map(|(ready, _)| *ready))
+                    .unwrap_or(0)
+                    .clamp(0, total),
+                total,
+                message: failures.get(node).or_else(|| plan.waiting.get(node)).cloned(),
+            }
         })
         .collect();
-    let ready: i32 = per_node.iter().map(|n| n.ready).sum();
-    let total = slots.saturating_mul(i32::try_from(per_node.len()).unwrap_or(i32::MAX));
+    let ready: i32 = per_node.iter().map(|n| n.ready).fold(0, i32::saturating_add);
+    let total: i32 = per_node.iter().map(|n| n.total).fold(0, i32::saturating_add);
+    let keeping = plan.keep.len();
+    let mut room = String::new();
+    if plan.short_of_room > 0 {
+        room.push_str(&format!(
+            "; {} more that slotsPerNode asks for have no room (ready slots take spare room only)",
+            plan.short_of_room
+        ));
+    }
+    if !plan.waiting.is_empty() && keeping > 0 {
+        room.push_str(&format!("; {} node(s) have no room for its source", plan.waiting.len()));
+    }
     let mut conditions = pool.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
     let (state, why, message) = if plan.targets.is_empty() {
+        let detail = plan.unplaced.as_deref().unwrap_or("no SmolVMNode");
         (
             "False",
             reason::NO_MATCHING_NODES,
-            "no SmolVMNode that can take VMs matches the pool's nodeSelector".to_string(),
+            format!("no SmolVMNode that can take VMs matches the pool's nodeSelector: {detail}"),
+        )
+    } else if keeping == 0 && plan.quota.is_none() {
+        (
+            "False",
+            reason::UNSCHEDULABLE,
+            plan.unplaced.clone().unwrap_or_default(),
         )
     } else if let Some((node, cause)) = failures.iter().next() {
         let more = match failures.len() {
@@ -172,17 +413,19 @@ pub fn status(
             n => format!(" (and {} more node(s))", n - 1),
         };
         ("False", reason::SLOTS_FAILING, format!("{node}: {cause}{more}"))
+    } else if let Some(quota) = &plan.quota {
+        ("False", reason::QUOTA_EXCEEDED, quota.clone())
     } else if ready < total {
         (
             "False",
             reason::SLOTS_FILLING,
-            format!("{ready} of {total} slots ready on {} node(s)", per_node.len()),
+            format!("{ready} of {total} slots ready on {keeping} node(s){room}"),
         )
     } else {
         (
             "True",
             reason::SLOTS_READY,
-            format!("{total} slots ready on {} node(s)", per_node.len()),
+            format!("{total} slots ready on {keeping} node(s){room}"),
         )
     };
     set_condition(
@@ -265,21 +508,147 @@ impl Backoff {
     }
 }
 
-/// Runs the pools' passes every `every` until the task is dropped.
-pub async fn run(ctx: Arc<Context>, every: Duration) {
-    let mut backoff = Backoff::default();
-    let mut tick = tokio::time::interval(every);
-    loop {
-        tick.tick().await;
-        if let Err(error) = pass(&ctx, &mut backoff).await {
-            tracing::debug!(%error, "pools pass failed; retried next round");
+/// A pool a node reports: `(name, ready, wanted)`.
+type Reported = (String, i32, i32);
+
+/// What wakes the pools' passes: a node reporting other pool counts ([`Wake::node_seen`]), a
+/// pool changing, a claim taking a slot, a node's calls ending ([`Wake::poke`]).
+#[derive(Debug, Default)]
+pub struct Wake {
+    notify: tokio::sync::Notify,
+    /// The pools each node last reported.
+    seen: Mutex<HashMap<String, Vec<Reported>>>,
+}
+
+impl Wake {
+    /// A pass is wanted soon.
+    pub fn poke(&self) {
+        self.notify.notify_one();
+    }
+
+    /// A SmolVMNode was seen: a pass is wanted if the pools it reports changed.
+    pub fn node_seen(&self, node: &SmolVMNode) {
+        let pools: Vec<Reported> = reported(node)
+            .into_iter()
+            .map(|(name, (ready, wanted))| (name.to_string(), ready, wanted))
+            .collect();
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.get(&node.name_any()) != Some(&pools) {
+            seen.insert(node.name_any(), pools);
+            drop(seen);
+            self.poke();
+        }
+    }
+
+    /// Waits for a poke, or `every`.
+    async fn wait(&self, every: Duration) {
+        let _ = tokio::time::timeout(every, self.notify.notified()).await;
+    }
+}
+
+/// The pools' passes' tunables.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// The longest wait between passes ([`EVERY`]).
+    pub every: Duration,
+    /// How long one pool call to a node may take (`--pool-call-timeout`, [`CALL_TIMEOUT`]).
+    pub call_timeout: Duration,
+    /// The shortest time between two passes ([`MIN_GAP`]).
+    pub min_gap: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            every: EVERY,
+            call_timeout: CALL_TIMEOUT,
+            min_gap: MIN_GAP,
         }
     }
 }
 
-/// One pass over every pool.
-async fn pass(ctx: &Context, backoff: &mut Backoff) -> Result<(), kube::Error> {
-    let pools: Vec<SmolVMPool> = match &ctx.pools {
+/// What the passes share with the nodes' calls they start.
+#[derive(Debug, Default)]
+struct Keeper {
+    backoff: Mutex<Backoff>,
+    /// The nodes whose calls still run: a pass leaves them out.
+    busy: Mutex<HashSet<String>>,
+    /// The slots each node was last told to keep (ApplyPool answered), and when.
+    applied: Mutex<HashMap<(String, String), (u32, Instant)>>,
+    /// The SmolVMClasses last read, and when ([`classes`]).
+    classes: Mutex<Option<(Instant, Arc<Vec<SmolVMClass>>)>>,
+}
+
+/// One call of a pass to a node.
+#[derive(Debug, Clone)]
+enum NodeCall {
+    /// Gives back ready slots of the node pool: it keeps `slots`.
+    Resize { pool: String, slots: u32 },
+    /// Keeps the node pool as `spec` says.
+    Apply { pool: String, spec: Arc<PoolSpec> },
+    /// Deletes the node pool.
+    Delete { pool: String },
+}
+
+/// Runs the pools' passes until the task is dropped: when woken, and at least every
+/// `settings.every`.
+pub async fn run(ctx: Arc<Context>, settings: Settings) {
+    let keeper = Arc::new(Keeper::default());
+    loop {
+        let started = tokio::time::Instant::now();
+        if let Err(error) = pass(&ctx, &keeper, settings).await {
+            tracing::debug!(%error, "pools pass failed; retried next round");
+        }
+        tokio::time::sleep_until(started + settings.min_gap).await;
+        ctx.pools_wake
+            .wait(settings.every.saturating_sub(settings.min_gap))
+            .await;
+    }
+}
+
+/// The budget of `pool`: the room its namespace's ResourceQuotas still leave (SPEC 6.3), in the
+/// ledger's units; `None` is unlimited (no quota names the product's keys there).
+fn quota_budget(ctx: &Context, pool: &SmolVMPool) -> Option<NodeResources> {
+    ctx.quotas.as_ref()?.room(pool.namespace())
+}
+
+/// What `keeps` start, summed (each slot `each`): what the namespace's quota is charged for.
+fn started(keeps: &[&Keep], each: &NodeResources) -> NodeResources {
+    keeps
+        .iter()
+        .flat_map(|k| k.starts(each))
+        .fold(NodeResources::default(), |sum, start| match start {
+            Start::Source(source) => sum.plus(&source),
+            Start::Slots(n, each) => sum.plus(&times(&each, n)),
+        })
+}
+
+/// Charges what `keeps` start to `pool`'s namespace's quotas before its nodes are asked: `None`
+/// when that was done (or nothing is to be charged), else why not, for the pool's condition (the
+/// pass then starts nothing new for it).
+async fn charge_starts(ctx: &Context, pool: &SmolVMPool, keeps: &[&Keep], each: &NodeResources) -> Option<String> {
+    let charging = ctx.quotas.as_ref()?;
+    let amount = started(keeps, each);
+    if amount == NodeResources::default() {
+        return None;
+    }
+    match charging.charge(pool.namespace(), &amount).await {
+        Ok(_) => None,
+        Err(error) => {
+            tracing::info!(pool = %pool.name_any(), namespace = pool.namespace(), reason = error.reason(), %error, "the pool's new machines were not charged: none is started this pass");
+            Some(match error {
+                smolvm_kit::quota::ChargeError::Exceeded(exceeded) => format!(
+                    "the namespace's ResourceQuota has no room for the machines this pool would start ({amount}): {exceeded}"
+                ),
+                other => other.to_string(),
+            })
+        }
+    }
+}
+
+/// One pass over every pool: plans, books, starts the nodes' calls, writes the statuses.
+async fn pass(ctx: &Arc<Context>, keeper: &Arc<Keeper>, settings: Settings) -> Result<(), kube::Error> {
+    let mut pools: Vec<SmolVMPool> = match &ctx.pools {
         Some(store) if crate::store_ready(store).await => store.state().iter().map(|p| (**p).clone()).collect(),
         _ => {
             Api::<SmolVMPool>::all(ctx.client.clone())
@@ -288,62 +657,232 @@ async fn pass(ctx: &Context, backoff: &mut Backoff) -> Result<(), kube::Error> {
                 .items
         }
     };
+    pools.sort_by_key(|p| (ResourceExt::namespace(p), p.name_any()));
     let nodes = ctx.nodes.state();
+    let busy: HashSet<String> = keeper.busy.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut calls: BTreeMap<String, Vec<NodeCall>> = BTreeMap::new();
     for (node, name) in orphans(&nodes, &pools) {
-        retire(ctx, &node, &name).await;
+        calls.entry(node).or_default().push(NodeCall::Delete { pool: name });
     }
-    if pools.is_empty() {
-        return Ok(());
-    }
-    let classes = Api::<SmolVMClass>::all(ctx.client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
+    let classes = classes(ctx, keeper, &pools).await?;
     for pool in &pools {
-        keep(ctx, pool, &nodes, &classes, backoff).await;
+        if pool.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        keep(ctx, keeper, pool, &pools, &nodes, &classes, &busy, &mut calls).await;
+    }
+    for (node, calls) in calls {
+        if busy.contains(&node) {
+            continue;
+        }
+        keeper
+            .busy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(node.clone());
+        tokio::spawn(call_node(
+            ctx.clone(),
+            keeper.clone(),
+            node,
+            calls,
+            settings.call_timeout,
+        ));
     }
     Ok(())
 }
 
-/// One pool: the plan carried out, then the status written when it says something new.
+/// How long the SmolVMClasses read for the pools' templates are used before they are read again
+/// (sooner when a pool names a class they lack).
+const CLASSES_KEPT: Duration = Duration::from_secs(10);
+
+/// How long a node's report may lag behind what it was told (its agent reports every 10 s by
+/// default): a node told its slots within this is not asked again for a report that says other.
+const REPORT_LAG: Duration = Duration::from_secs(15);
+
+/// The SmolVMClasses, read at most every [`CLASSES_KEPT`] (passes run up to once a second).
+async fn classes(ctx: &Context, keeper: &Keeper, pools: &[SmolVMPool]) -> Result<Arc<Vec<SmolVMClass>>, kube::Error> {
+    if pools.is_empty() {
+        return Ok(Arc::default());
+    }
+    let cached = keeper.classes.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some((at, classes)) = cached {
+        let known = |name: &String| classes.iter().any(|c| c.metadata.name.as_ref() == Some(name));
+        let all_known = pools
+            .iter()
+            .filter_map(|p| p.spec.template.class_name.as_ref())
+            .all(known);
+        if at.elapsed() < CLASSES_KEPT && all_known {
+            return Ok(classes);
+        }
+    }
+    let read = Arc::new(
+        Api::<SmolVMClass>::all(ctx.client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items,
+    );
+    *keeper.classes.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), read.clone()));
+    Ok(read)
+}
+
+/// One pool: the plan, the bookings and the node calls it needs (added to `calls`), its status
+/// written when it says something new.
+#[allow(clippy::too_many_arguments)]
 async fn keep(
     ctx: &Context,
+    keeper: &Keeper,
     pool: &SmolVMPool,
+    pools: &[SmolVMPool],
     nodes: &[Arc<SmolVMNode>],
     classes: &Vec<SmolVMClass>,
-    backoff: &mut Backoff,
+    busy: &HashSet<String>,
+    calls: &mut BTreeMap<String, Vec<NodeCall>>,
 ) {
-    if pool.metadata.deletion_timestamp.is_some() {
-        return;
-    }
     let now = Timestamp::now();
-    let request = Request {
-        resources: NodeResources::default(),
-        host_ports: Vec::new(),
-        node_selector: pool.spec.node_selector.clone().unwrap_or_default(),
-        pin: None,
-    };
-    let eligible = |node: &SmolVMNode| check_node(node, &request, None, now, &ctx.placement).is_none();
-    let Some(plan) = plan(pool, nodes, &eligible) else {
+    // The slot's machine: what ApplyPool sends and what the ledger books.
+    let slot = slot_vm(pool, classes);
+    let resources = slot.as_ref().map(|vm| Request::of(vm).resources).unwrap_or_default();
+    let Some(mut plan) = plan(
+        pool,
+        nodes,
+        &ctx.ledger.view(),
+        &resources,
+        now,
+        &ctx.placement,
+        quota_budget(ctx, pool),
+    ) else {
         return;
     };
-    // The slot's machine, made once per pass: what ApplyPool sends and what the ledger books.
-    let slot = slot_vm(pool, classes);
-    let kept = match (&slot, plan.apply.is_empty()) {
-        (_, true) => Vec::new(),
-        (Ok(slot), false) => match source_spec(ctx, pool, slot).await {
-            Ok(spec) => apply(ctx, pool, &plan, &spec, backoff).await,
-            Err(message) => fail_all(&plan, &message, backoff),
-        },
-        (Err(message), false) => fail_all(&plan, message, backoff),
+    let applying: Vec<&Keep> = plan
+        .keep
+        .iter()
+        .filter(|k| !busy.contains(&k.node))
+        .filter(|k| {
+            let key = (k.node.clone(), plan.name.clone());
+            let due = keeper
+                .backoff
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .due(&key, Instant::now());
+            // A node asked only because its report still says other slots, and told these slots
+            // moments ago, is not asked again before its next report.
+            let booked = ctx.ledger.slots(&k.node, &plan.name);
+            let told = keeper
+                .applied
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&key)
+                .is_some_and(|(slots, at)| *slots == k.slots && at.elapsed() < REPORT_LAG);
+            let only_the_report = k.source.is_none() && k.slots == booked;
+            k.apply && due && !(only_the_report && told)
+        })
+        .collect();
+    let spec = match (&slot, applying.is_empty()) {
+        (_, true) => None,
+        (Ok(vm), false) => Some(source_spec(ctx, pool, vm).await),
+        (Err(message), false) => Some(Err(message.clone())),
     };
-    if let Ok(slot) = &slot {
-        book(ctx, pool, &plan, nodes, &kept, &Request::of(slot).resources);
+    // SPEC 6.3: what the pass starts on the nodes it asks is charged to the namespace's quotas
+    // before they are asked; refused (another charge took the room since the budget was read),
+    // nothing new starts this pass and the pool's condition says why.
+    let refused = match &spec {
+        Some(Ok(_)) => charge_starts(ctx, pool, &applying, &plan.slot).await,
+        _ => None,
+    };
+    let by_name: HashMap<String, &Arc<SmolVMNode>> = nodes.iter().map(|n| (n.name_any(), n)).collect();
+    for keep in &plan.keep {
+        if busy.contains(&keep.node) {
+            continue;
+        }
+        let node = &keep.node;
+        let Some(node_object) = by_name.get(node) else { continue };
+        let allocatable = node_object
+            .status
+            .as_ref()
+            .and_then(|s| s.allocatable)
+            .unwrap_or_default();
+        let present = reported(node_object).contains_key(plan.name.as_str());
+        let asked = applying.iter().any(|k| &k.node == node);
+        if keep.source.is_some() && (!asked || refused.is_some()) {
+            // A source the node is not asked for in this pass (its backoff runs), or not charged,
+            // is not booked.
+            continue;
+        }
+        let spec = match (&spec, asked) {
+            (Some(Err(message)), true) => {
+                let key = (node.clone(), plan.name.clone());
+                keeper
+                    .backoff
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .failed(key, message.clone(), Instant::now());
+                continue;
+            }
+            (Some(Ok(spec)), true) => Some(spec),
+            _ => None,
+        };
+        // Other pools' ready slots first: booked as given back (put back should the source not
+        // be booked after all), then deleted on the node.
+        let mut given: Vec<(String, placement::SlotHold, u32)> = Vec::new();
+        for (other, n) in &keep.give_back {
+            let before = ctx.ledger.slot_hold(node, other);
+            let left = ctx.ledger.take_slots(node, other, *n);
+            given.push((other.clone(), before, left));
+        }
+        let source = Request {
+            resources: plan.slot,
+            host_ports: Vec::new(),
+            node_selector: Default::default(),
+            pin: None,
+        };
+        // Slots are booked up only where the node is asked for them in this pass.
+        let want = match (asked, &refused) {
+            (true, None) => keep.slots,
+            (true, Some(_)) => keep.slots.saturating_sub(keep.new_slots),
+            (false, _) => keep.slots.min(ctx.ledger.slots(node, &plan.name)),
+        };
+        let Some(slots) = ctx
+            .ledger
+            .book_pool(node, &plan.name, &source, present, &plan.slot, want, &allocatable)
+        else {
+            for (other, before, _) in given {
+                ctx.ledger.set_slot_hold(node, &other, before);
+            }
+            continue;
+        };
+        for (other, before, left) in given {
+            calls.entry(node.clone()).or_default().push(NodeCall::Resize {
+                pool: other.clone(),
+                slots: left,
+            });
+            let taker = format!("the source of pool {}/{}", pool.namespace(), pool.name_any());
+            if let Some(owner) = owner_of(pools, &other) {
+                slots_given_back(ctx, owner, node, before.count.saturating_sub(left), &taker).await;
+            }
+        }
+        if let Some(spec) = spec {
+            let mut spec = spec.clone();
+            spec.slots = slots;
+            calls.entry(node.clone()).or_default().push(NodeCall::Apply {
+                pool: plan.name.clone(),
+                spec: Arc::new(spec),
+            });
+        }
     }
     for (node, name) in &plan.retire {
-        retire(ctx, node, name).await;
+        calls
+            .entry(node.clone())
+            .or_default()
+            .push(NodeCall::Delete { pool: name.clone() });
     }
-    let mut failures = backoff.failures(&plan.name);
+    if refused.is_some() {
+        plan.quota = refused;
+    }
+    let mut failures = keeper
+        .backoff
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .failures(&plan.name);
     failures.retain(|node, _| plan.targets.contains(node));
     let next = status(pool, nodes, &plan, &failures, now);
     if same(pool.status.as_ref(), &next) {
@@ -359,93 +898,102 @@ async fn keep(
     }
 }
 
-/// ApplyPool on each node of `plan.apply` whose backoff is over; the nodes that took it.
-async fn apply(ctx: &Context, pool: &SmolVMPool, plan: &Plan, spec: &PoolSpec, backoff: &mut Backoff) -> Vec<String> {
-    let mut kept = Vec::new();
-    for node in &plan.apply {
-        let key = (node.clone(), plan.name.clone());
-        if !backoff.due(&key, Instant::now()) {
-            continue;
-        }
-        crate::vm::act::sync_endpoint(ctx, node);
-        match ctx.node_client.apply_pool(node, &plan.name, spec).await {
-            Ok(_) => {
-                backoff.succeeded(&key);
-                kept.push(node.clone());
+/// A node's calls of a pass, in order, each within `timeout`; the node is free for the next
+/// pass when they end, and one is asked for.
+async fn call_node(ctx: Arc<Context>, keeper: Arc<Keeper>, node: String, calls: Vec<NodeCall>, timeout: Duration) {
+    crate::vm::act::sync_endpoint(&ctx, &node);
+    for call in calls {
+        match call {
+            NodeCall::Resize { pool, slots } => {
+                match tokio::time::timeout(timeout, ctx.node_client.resize_pool(&node, &pool, slots)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(error)) => {
+                        tracing::info!(%node, %pool, code = ?error.code(), message = error.message(), "ResizePool failed")
+                    }
+                    Err(_) => tracing::info!(%node, %pool, ?timeout, "ResizePool took too long"),
+                }
             }
-            Err(error) => {
-                tracing::info!(pool = %pool.name_any(), %node, code = ?error.code(), message = error.message(), "ApplyPool failed");
-                backoff.failed(key, error.message().to_string(), Instant::now());
+            NodeCall::Apply { pool, spec } => {
+                let key = (node.clone(), pool.clone());
+                let outcome = match tokio::time::timeout(timeout, ctx.node_client.apply_pool(&node, &pool, &spec)).await
+                {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(error)) => {
+                        tracing::info!(%node, %pool, code = ?error.code(), message = error.message(), "ApplyPool failed");
+                        Err(error.message().to_string())
+                    }
+                    Err(_) => Err(format!(
+                        "the node did not answer ApplyPool within {}s (--pool-call-timeout); asked again",
+                        timeout.as_secs()
+                    )),
+                };
+                if outcome.is_ok() {
+                    let told = (spec.slots, Instant::now());
+                    keeper
+                        .applied
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(key.clone(), told);
+                }
+                let mut backoff = keeper.backoff.lock().unwrap_or_else(|e| e.into_inner());
+                match outcome {
+                    Ok(()) => backoff.succeeded(&key),
+                    Err(message) => {
+                        backoff.failed(key, message, Instant::now());
+                        drop(backoff);
+                        // Nothing of it is on the node unless the node reports it.
+                        let reported = ctx
+                            .nodes
+                            .get(&kube::runtime::reflector::ObjectRef::new(&node))
+                            .is_some_and(|n| reported(&n).contains_key(pool.as_str()));
+                        if !reported {
+                            ctx.ledger.release_pool(&node, &pool);
+                        }
+                    }
+                }
+            }
+            NodeCall::Delete { pool } => {
+                match tokio::time::timeout(timeout, ctx.node_client.delete_pool(&node, &pool)).await {
+                    Ok(Ok(_)) => {
+                        tracing::info!(%node, %pool, "node pool deleted");
+                        ctx.ledger.release_pool(&node, &pool);
+                    }
+                    Ok(Err(error)) if error.code() == Some(&ErrorCode::PoolInUse) => {
+                        // Its ready slots were given back; its source stays until its machines go.
+                        let left = ctx.ledger.slots(&node, &pool);
+                        ctx.ledger.take_slots(&node, &pool, left);
+                    }
+                    Ok(Err(error)) => {
+                        tracing::debug!(%node, %pool, %error, "deleting a node pool failed; retried next round")
+                    }
+                    Err(_) => tracing::debug!(%node, %pool, "deleting a node pool took too long; retried next round"),
+                }
             }
         }
     }
-    kept
+    keeper.busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&node);
+    ctx.pools_wake.poke();
 }
 
-/// Every node of `plan.apply` failed for `message` (the spec could not be made); none took it.
-fn fail_all(plan: &Plan, message: &str, backoff: &mut Backoff) -> Vec<String> {
-    for node in &plan.apply {
-        backoff.failed((node.clone(), plan.name.clone()), message.to_string(), Instant::now());
-    }
-    Vec::new()
-}
-
-/// The node pool `name` deleted on `node`; one still serving machines stays (asked again later).
-async fn retire(ctx: &Context, node: &str, name: &str) {
-    crate::vm::act::sync_endpoint(ctx, node);
-    match ctx.node_client.delete_pool(node, name).await {
-        Ok(_) => {
-            tracing::info!(%node, pool = %name, "node pool deleted");
-            ctx.ledger.release(&pool_ledger_key(node, name));
-        }
-        Err(error) if error.code() == Some(&ErrorCode::PoolInUse) => {}
-        Err(error) => tracing::debug!(%node, pool = %name, %error, "deleting a node pool failed; retried next round"),
-    }
-}
-
-/// What a node pool holds on its node: its source machine and its ready slots, each a slot's
-/// machine (the machines served from it are SmolVMs, booked as theirs).
-pub fn pool_holds(slot: &NodeResources, slots: i32) -> NodeResources {
-    let n = i64::from(slots.max(0)).saturating_add(1);
-    NodeResources {
-        cpus: slot.cpus.saturating_mul(n),
-        memory_mib: slot.memory_mib.saturating_mul(n),
-        storage_gib: slot.storage_gib.saturating_mul(n),
-    }
-}
-
-/// Books what the pool holds on each target node where it is kept (reported by the node, or
-/// applied in this pass), and releases it where it is not.
-fn book(
-    ctx: &Context,
-    pool: &SmolVMPool,
-    plan: &Plan,
-    nodes: &[Arc<SmolVMNode>],
-    kept: &[String],
-    slot: &NodeResources,
-) {
-    let holds = Request {
-        resources: pool_holds(slot, pool.spec.slots_per_node),
-        host_ports: Vec::new(),
-        node_selector: Default::default(),
-        pin: None,
+/// The event on `pool` that `n` of its ready slots on `node` were given back to `taker` (a
+/// SmolVM, or another pool's source, that fit there only with their room).
+pub async fn slots_given_back(ctx: &Context, pool: &SmolVMPool, node: &str, n: u32, taker: &str) {
+    let event = Event {
+        type_: EventType::Normal,
+        reason: reason::SLOTS_GIVEN_BACK.into(),
+        note: Some(format!(
+            "{n} ready slot(s) on node {node} given back to {taker}, which fits there only with their room"
+        )),
+        action: "GiveBack".into(),
+        secondary: None,
     };
-    for node in &plan.targets {
-        let key = pool_ledger_key(node, &plan.name);
-        let reported = nodes
-            .iter()
-            .find(|n| &n.name_any() == node)
-            .is_some_and(|n| reported(n).contains_key(plan.name.as_str()));
-        if reported || kept.contains(node) {
-            ctx.ledger.observe_bound(&key, node, &holds);
-        } else {
-            ctx.ledger.release(&key);
-        }
+    if let Err(error) = ctx.recorder.publish(&event, &pool.object_ref(&())).await {
+        tracing::warn!(%error, "could not record event");
     }
 }
 
 /// What ApplyPool sends for `pool`: its slot's machine `vm`, env values and registry credential
-/// resolved in its namespace.
+/// resolved in its namespace (its slots are set per node).
 async fn source_spec(ctx: &Context, pool: &SmolVMPool, vm: &SmolVM) -> Result<PoolSpec, String> {
     let mut source = crate::vm::rules::machine_spec(vm)?;
     let (env, registry_auth) = crate::vm::act::secrets_of(ctx, vm).await.map_err(|e| e.to_string())??;

@@ -901,3 +901,203 @@ fn a_heartbeat_from_the_future_is_judged_by_the_controllers_clock() {
         Some("StaleHeartbeat")
     );
 }
+
+/// What a pool's source and each of its slots take in the tables below.
+const SLOT: NodeResources = NodeResources {
+    cpus: 4,
+    memory_mib: 4096,
+    storage_gib: 10,
+};
+
+#[test]
+fn which_ready_slots_make_room() {
+    use smolvm_controller::placement::{SlotHold, slots_to_give_back};
+    let allocatable = NodeResources {
+        cpus: 16,
+        memory_mib: 1 << 20,
+        storage_gib: 1 << 14,
+    };
+    let usage = |used: i64, slots: &[(&str, u32)]| Usage {
+        used: NodeResources {
+            cpus: used,
+            ..NodeResources::default()
+        },
+        slots: slots
+            .iter()
+            .map(|(p, n)| (p.to_string(), SlotHold { each: SLOT, count: *n }))
+            .collect(),
+        ..Usage::default()
+    };
+    let cpus = |n: i64| NodeResources {
+        cpus: n,
+        ..NodeResources::default()
+    };
+    // (case, usage, want, spare, slots given back)
+    type Case = (
+        &'static str,
+        Usage,
+        NodeResources,
+        Option<&'static str>,
+        Option<Vec<(&'static str, u32)>>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "fits beside them: none",
+            usage(4, &[("p", 2)]),
+            cpus(4),
+            None,
+            Some(vec![]),
+        ),
+        (
+            "the fewest that make room",
+            usage(4, &[("p", 3)]),
+            cpus(8),
+            None,
+            Some(vec![("p", 2)]),
+        ),
+        (
+            "taken from the pool with the most first, ties by name",
+            usage(0, &[("p", 2), ("q", 2)]),
+            cpus(8),
+            None,
+            Some(vec![("p", 1), ("q", 1)]),
+        ),
+        (
+            "never the spare pool's",
+            usage(0, &[("p", 2), ("q", 2)]),
+            cpus(8),
+            Some("q"),
+            Some(vec![("p", 2)]),
+        ),
+        (
+            "not even with all but the spare pool's",
+            usage(0, &[("p", 2), ("q", 2)]),
+            cpus(12),
+            Some("q"),
+            None,
+        ),
+        (
+            "not enough even without all",
+            usage(8, &[("p", 2)]),
+            cpus(12),
+            None,
+            None,
+        ),
+        (
+            "an overcommitted node stays so",
+            usage(20, &[("p", 1)]),
+            cpus(1),
+            None,
+            None,
+        ),
+    ];
+    for (name, usage, want, spare, expected) in cases {
+        let got = slots_to_give_back(&allocatable, &usage, &want, spare);
+        let expected: Option<Vec<(String, u32)>> =
+            expected.map(|v| v.into_iter().map(|(p, n)| (p.to_string(), n)).collect());
+        assert_eq!(got, expected, "{name}");
+    }
+}
+
+/// The reproduction: a pool with a 4-CPU template and 16 slots per node on a 16-CPU node
+/// fills only the spare room (its source and 3 slots); another tenant's SmolVM that needs most of
+/// the node is placed by taking ready slots' room (which the node deletes first); a pool never
+/// makes a SmolVM unschedulable; a warm claim moves its own slot's room only.
+#[test]
+fn a_smolvm_takes_the_room_of_ready_slots_and_a_warm_claim_its_own_slot() {
+    let ledger = Ledger::new();
+    let cfg = Config::default();
+    let a = node("a", 16, 1 << 20);
+    let pool = "pool-p";
+    let allocatable = a.status.as_ref().and_then(|s| s.allocatable).unwrap_or_default();
+    let source = Request {
+        resources: SLOT,
+        host_ports: vec![],
+        node_selector: BTreeMap::new(),
+        pin: None,
+    };
+    assert_eq!(
+        ledger.book_pool("a", pool, &source, false, &SLOT, 16, &allocatable),
+        Some(3),
+        "the source and the 3 slots that fit beside it, of 16 asked"
+    );
+    let usage = ledger.usage("a");
+    assert_eq!((usage.used.cpus, usage.soft().cpus), (4, 12), "a hard and a soft hold");
+
+    // Beside the slots: nothing is free, so a VM of 12 CPUs takes 3 slots' room.
+    let big = Request {
+        resources: NodeResources {
+            cpus: 12,
+            memory_mib: 1024,
+            storage_gib: 10,
+        },
+        host_ports: vec![],
+        node_selector: BTreeMap::new(),
+        pin: None,
+    };
+    assert!(
+        place(
+            &big,
+            [&a],
+            &HashMap::from([("a".to_string(), usage.clone())]),
+            now(),
+            &cfg
+        )
+        .is_err()
+    );
+    let reserved = ledger
+        .reserve("tenant-b", &big, [&a], None, now(), &cfg)
+        .expect("placed");
+    assert_eq!(reserved.node, "a");
+    assert_eq!(
+        reserved.give_back,
+        vec![(pool.to_string(), 3)],
+        "the slots it takes, for the node to delete"
+    );
+    assert!(!reserved.warm);
+    assert_eq!(ledger.slots("a", pool), 0);
+    assert_eq!(ledger.usage("a").used.cpus, 16, "the VM and the source, both in full");
+    // The source is never taken: a VM that fits only without it is unschedulable, and says so
+    // with the room the slots would give counted as free.
+    let more = Request {
+        resources: NodeResources {
+            cpus: 1,
+            ..big.resources
+        },
+        ..big.clone()
+    };
+    let refused = ledger.reserve("tenant-c", &more, [&a], None, now(), &cfg).unwrap_err();
+    assert_eq!(
+        refused.message,
+        "0/1 nodes can run this VM: 1 has too few CPUs (needs 1, 0 free)"
+    );
+
+    // The pool books room again (the VM went): a warm claim moves one of its own slots, no
+    // other slot touched.
+    ledger.release("tenant-b");
+    assert_eq!(
+        ledger.book_pool("a", pool, &source, true, &SLOT, 16, &allocatable),
+        Some(3)
+    );
+    let claim = source.clone();
+    let warm = ledger
+        .reserve("claim", &claim, [&a], Some((pool, &[&a][..])), now(), &cfg)
+        .expect("served warm");
+    assert!(warm.warm && warm.give_back.is_empty(), "{warm:?}");
+    assert_eq!(ledger.slots("a", pool), 2, "its own slot's room moved to it");
+    assert_eq!(ledger.usage("a").used.cpus, 8, "the source and the claim");
+
+    // Where another node has room beside its slots, it goes there rather than taking any.
+    let b = node("b", 16, 1 << 20);
+    let four = Request {
+        resources: NodeResources {
+            cpus: 4,
+            ..big.resources
+        },
+        ..big.clone()
+    };
+    let reserved = ledger
+        .reserve("tenant-d", &four, [&a, &b], None, now(), &cfg)
+        .expect("placed");
+    assert_eq!((reserved.node.as_str(), reserved.give_back.len()), ("b", 0));
+}

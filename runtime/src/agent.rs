@@ -258,12 +258,12 @@ async fn keep_pools(state: crate::nodeapi::NodeApiState, interval: Duration) {
     let book = state.pools.clone();
     loop {
         tokio::time::sleep(interval).await;
-        crate::pools::keep_once(&vmm, &book, |name, record| {
+        crate::pools::keep_once(&vmm, &book, |name, _| {
             let state = state.clone();
             async move {
                 // Registry credentials are never stored: a private image's pool waits for the
                 // controller's next apply.
-                if let Err(error) = crate::nodeapi::pools::ensure_pool(&state, &name, &record, None).await {
+                if let Err(error) = crate::nodeapi::pools::remake_pool(&state, &name).await {
                     tracing::warn!(pool = %name, code = error.0.body.code.as_str(), message = %error.0.body.message, "cannot make the pool again");
                 }
             }

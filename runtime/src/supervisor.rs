@@ -354,8 +354,12 @@ fn listing(config: &SupervisorConfig, metrics: &Metrics, list: &[crate::vmm::Mac
     (names, suspended)
 }
 
-/// The pools smolvm keeps, sorted by name; `None` when it cannot list them.
-async fn pool_listing(client: &SmolvmClient) -> Option<Vec<smolvm_api::nodeapi::PoolStatus>> {
+/// The pools smolvm keeps, and those the agent has a record of ([`crate::pools::with_records`]),
+/// sorted by name; `None` when smolvm cannot list them.
+async fn pool_listing(
+    client: &SmolvmClient,
+    book: Option<&crate::pools::PoolBook>,
+) -> Option<Vec<smolvm_api::nodeapi::PoolStatus>> {
     use crate::vmm::Vmm as _;
     let mut pools: Vec<smolvm_api::nodeapi::PoolStatus> = client
         .pools()
@@ -371,7 +375,10 @@ async fn pool_listing(client: &SmolvmClient) -> Option<Vec<smolvm_api::nodeapi::
         })
         .collect();
     pools.sort_by(|a, b| a.name.cmp(&b.name));
-    Some(pools)
+    Some(match book {
+        Some(book) => crate::pools::with_records(pools, book),
+        None => pools,
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -437,7 +444,7 @@ async fn supervise_once(
                     // controller finds machines no SmolVM owns from it. A failed listing keeps
                     // the last one; so does a failed listing of the pools.
                     let (mut machines, mut suspended) = listing(config, metrics, &list);
-                    let pools = pool_listing(client).await;
+                    let pools = pool_listing(client, config.pools.as_deref()).await;
                     status.send_if_modified(|s| {
                         let mut changed = s.machines != machines || s.suspended != suspended;
                         if changed {

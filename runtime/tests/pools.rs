@@ -215,6 +215,17 @@ async fn pools_and_leases_against_the_double() {
     let conflict = c.call("PUT", "/v1/machines/svm-one", Some(other)).await;
     assert_error(&conflict, 409, "MachineSpecConflict");
 
+    // Each lease lowered the pool's wanted slots by one, recorded and in smolvm: no slot is
+    // forked that the controller did not book (it asks for the refill).
+    assert_eq!(double.pool("pool-a").map(|p| p.desired), Some(0), "two leases of 2");
+    assert_eq!(agent.agent.pools().pools.read("pool-a").map(|r| r.slots), Some(0));
+    let refill = c.call("PUT", "/v1/pools/pool-a", Some(pool(2))).await;
+    assert_eq!(
+        (refill.status, refill.body["slots"].clone()),
+        (200, json!(2)),
+        "{refill:?}"
+    );
+
     // smolvm restarts: its pools are gone; the keeper makes them again, the leases stay recorded.
     double.restart();
     double.hold_refill(false);
@@ -400,6 +411,119 @@ async fn exec_logs_and_files_of_a_served_machine_reach_its_worker() {
     let deleted = c.call("DELETE", &machine, None).await;
     assert_eq!(deleted.status, 200, "{deleted:?}");
     assert!(double.state(&worker).is_none(), "the worker is gone");
+    agent.agent.shutdown().await;
+}
+
+/// A ready slot given back (ResizePool): smolvm deletes the ready machines beyond the new count
+/// at once, and the record keeps it (the keeper makes the pool again with it); a pool the node
+/// does not keep is `PoolNotFound`.
+#[tokio::test]
+async fn resize_pool_gives_ready_slots_back_at_once() {
+    common::init();
+    let dir = tempdir();
+    let (double, agent) = TestAgent::on_double(dir.path()).await;
+    let mut c = agent.client().await;
+    let applied = c.call("PUT", "/v1/pools/pool-r", Some(pool(4))).await;
+    assert_eq!(applied.status, 200, "{applied:?}");
+    let resized = c
+        .call("POST", "/v1/pools/pool-r/resize", Some(json!({"slots": 1})))
+        .await;
+    assert_eq!(
+        (
+            resized.status,
+            resized.body["slots"].clone(),
+            resized.body["ready"].clone()
+        ),
+        (200, json!(1), json!(1)),
+        "{resized:?}"
+    );
+    assert_eq!(double.pool("pool-r").map(|p| (p.desired, p.ready)), Some((1, 1)));
+    assert_eq!(agent.agent.pools().pools.read("pool-r").map(|r| r.slots), Some(1));
+    let unknown = c
+        .call("POST", "/v1/pools/pool-none/resize", Some(json!({"slots": 1})))
+        .await;
+    assert_error(&unknown, 404, "PoolNotFound");
+    let bad = c
+        .call("POST", "/v1/pools/pool-r/resize", Some(json!({"slots": -1})))
+        .await;
+    assert_error(&bad, 400, "InvalidRequest");
+    agent.agent.shutdown().await;
+}
+
+/// A DeletePool whose source delete fails once (smolvm's pool already gone) keeps the pool's
+/// record, so the node still reports it and the keeper does not make it again; asked again, the
+/// source goes and so does the record. A pool whose source never started is reported all the
+/// same (with no slot ready), so the controller can retire it.
+#[tokio::test]
+async fn a_delete_that_fails_half_way_is_finished_when_asked_again() {
+    common::init();
+    let dir = tempdir();
+    let (double, agent) = TestAgent::on_double(dir.path()).await;
+    let mut c = agent.client().await;
+    let applied = c.call("PUT", "/v1/pools/pool-d", Some(pool(1))).await;
+    assert_eq!(applied.status, 200, "{applied:?}");
+    double.fail_next("delete_machine", "pool-d", 1);
+    let failed = c.call("DELETE", "/v1/pools/pool-d", None).await;
+    assert_eq!(failed.status, 500, "{failed:?}");
+    assert!(double.pool("pool-d").is_none(), "smolvm's pool went first");
+    assert!(double.state("pool-d").is_some(), "the source is still there");
+    let record = agent.agent.pools().pools.read("pool-d").expect("the record stays");
+    assert!(record.deleting, "{record:?}");
+    let listed = c.call("GET", "/v1/pools", None).await;
+    assert_eq!(
+        listed.body["pools"],
+        json!([{"name": "pool-d", "slots": 0, "ready": 0, "provisioning": 0, "leased": 0}]),
+        "still reported, wanting nothing: {listed:?}"
+    );
+    // The keeper leaves a pool being deleted alone (it runs every 500 ms here).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(double.pool("pool-d").is_none(), "not made again by the keeper");
+    let deleted = c.call("DELETE", "/v1/pools/pool-d", None).await;
+    assert_eq!(
+        (deleted.status, deleted.body.clone()),
+        (200, json!({"deleted": true})),
+        "{deleted:?}"
+    );
+    assert!(double.state("pool-d").is_none(), "the source is gone");
+    assert!(!agent.agent.pools().pools.exists("pool-d"), "and so is the record");
+
+    // A source that never starts: the pool is recorded and reported, and deleted on request.
+    double.fail_next("start_machine", "pool-s", 100);
+    let refused = c.call("PUT", "/v1/pools/pool-s", Some(pool(2))).await;
+    assert_eq!(refused.status, 500, "{refused:?}");
+    let listed = c.call("GET", "/v1/pools", None).await;
+    assert_eq!(
+        listed.body["pools"],
+        json!([{"name": "pool-s", "slots": 2, "ready": 0, "provisioning": 0, "leased": 0}]),
+        "{listed:?}"
+    );
+    let deleted = c.call("DELETE", "/v1/pools/pool-s", None).await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    let listed = c.call("GET", "/v1/pools", None).await;
+    assert_eq!(listed.body["pools"], json!([]), "{listed:?}");
+    assert!(double.state("pool-s").is_none());
+    agent.agent.shutdown().await;
+}
+
+/// The keeper makes a lost pool again under the pool's lock, from its record read again: a
+/// DeletePool that holds the lock (its source delete slow) and removes the record is never
+/// undone by the keeper.
+#[tokio::test]
+async fn the_keeper_never_brings_back_a_pool_being_deleted() {
+    common::init();
+    let dir = tempdir();
+    let (double, agent) = TestAgent::on_double(dir.path()).await;
+    let mut c = agent.client().await;
+    let applied = c.call("PUT", "/v1/pools/pool-k", Some(pool(1))).await;
+    assert_eq!(applied.status, 200, "{applied:?}");
+    // smolvm's pool goes at once; the source's delete takes 1.5 s, three rounds of the keeper.
+    double.set_delay("delete_machine", Duration::from_millis(1500));
+    let deleted = c.call("DELETE", "/v1/pools/pool-k", None).await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(double.pool("pool-k").is_none(), "{:?}", double.pool("pool-k"));
+    assert!(double.state("pool-k").is_none(), "the source stays deleted");
+    assert!(double.calls_of("create_pool").len() == 1, "made once, never again");
     agent.agent.shutdown().await;
 }
 

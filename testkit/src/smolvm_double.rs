@@ -791,6 +791,8 @@ struct Inner {
     world: Mutex<World>,
     calls: Mutex<Vec<Call>>,
     delays: Mutex<BTreeMap<&'static str, Duration>>,
+    /// Failures to answer, by operation and machine: how many calls are still to fail.
+    failures: Mutex<BTreeMap<(&'static str, String), u32>>,
 }
 
 fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -834,6 +836,7 @@ impl SmolvmDouble {
             }),
             calls: Mutex::default(),
             delays: Mutex::default(),
+            failures: Mutex::default(),
         });
         let app = axum::Router::new().fallback(dispatch).with_state(inner.clone());
         let task = tokio::spawn(async move {
@@ -882,6 +885,13 @@ impl DoubleHandle {
     /// machine would).
     pub fn set_delay(&self, operation: &'static str, delay: Duration) {
         locked(&self.inner.delays).insert(operation, delay);
+    }
+
+    /// Makes the next `times` calls of `operation` on the machine (or pool) `name` (`*`: any)
+    /// fail with 500 `INTERNAL_ERROR`, changing nothing (as smolvm answers a failure of its own, say a
+    /// disk it cannot remove); later calls are played as usual.
+    pub fn fail_next(&self, operation: &'static str, name: &str, times: u32) {
+        locked(&self.inner.failures).insert((operation, name.to_string()), times);
     }
 
     /// smolvm's state word of a machine (`created`, `running`, `stopped`), if it exists.
@@ -1119,6 +1129,21 @@ async fn dispatch(State(inner): State<Arc<Inner>>, request: Request) -> Response
     let delay = locked(&inner.delays).get(route.operation).copied();
     if let Some(delay) = delay {
         tokio::time::sleep(delay).await;
+    }
+    {
+        let mut failures = locked(&inner.failures);
+        let mut key = (route.operation, name.clone().unwrap_or_default());
+        if failures.get(&key).is_none_or(|left| *left == 0) {
+            key.1 = "*".into();
+        }
+        if let Some(left) = failures.get_mut(&key).filter(|left| **left > 0) {
+            *left -= 1;
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "INTERNAL_ERROR",
+                format!("injected failure of {} on '{}'", key.0, key.1),
+            );
+        }
     }
     let query = request.uri().query().unwrap_or_default().to_string();
     let json_body = request

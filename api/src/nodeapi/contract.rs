@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 
 use super::wire::{
     DeleteResponse, ExecRequest, ExecResponse, HealthResponse, IdentityResponse, LeaseRequest, MachineSpec,
-    MachineStatus, PoolList, PoolSpec, PoolStatus, ResizeSpec, StartRequest,
+    MachineStatus, PoolList, PoolResize, PoolSpec, PoolStatus, ResizeSpec, StartRequest,
 };
 
 /// The path segment of this protocol version (the paths start `/v1/`).
@@ -170,6 +170,11 @@ operations! {
     /// `DELETE /v1/pools/{name}`: 200 [`DeleteResponse`] once its ready slots and its source
     /// machine are gone; 409 `PoolInUse` while machines served from it remain.
     DeletePool,
+    /// `POST /v1/pools/{name}/resize` with a [`PoolResize`]: 200 [`PoolStatus`], the pool's
+    /// wanted slots set (its ready machines beyond them deleted at once, before the answer): the
+    /// controller gives a ready slot's room to a SmolVM so, before it creates the machine.
+    /// 404 `PoolNotFound` for a pool the node does not keep.
+    ResizePool,
 }
 
 const V: Segment = Segment::Fixed(VERSION_SEGMENT);
@@ -272,6 +277,13 @@ impl Operation {
                 Operation::ListPools => (Get, &[V, POOLS], &[], Empty, Json("PoolList")),
                 Operation::ApplyPool => (Put, &[V, POOLS, Machine], &[], Json("PoolSpec"), Json("PoolStatus")),
                 Operation::DeletePool => (Delete, &[V, POOLS, Machine], &[], Empty, Json("DeleteResponse")),
+                Operation::ResizePool => (
+                    Post,
+                    &[V, POOLS, Machine, Fixed("resize")],
+                    &[],
+                    Json("PoolResize"),
+                    Json("PoolStatus"),
+                ),
             };
         Spec {
             method,
@@ -445,6 +457,7 @@ pub mod calls {
         ListPools: () => PoolList;
         ApplyPool: PoolSpec => PoolStatus;
         DeletePool: () => DeleteResponse;
+        ResizePool: PoolResize => PoolStatus;
     }
 }
 
@@ -455,7 +468,7 @@ mod tests {
     #[test]
     fn requests_route_to_their_operation() {
         // (method, path, operation, machine segment)
-        let cases: [(&str, &str, Option<Operation>, Option<&str>); 27] = [
+        let cases: [(&str, &str, Option<Operation>, Option<&str>); 28] = [
             ("GET", "/v1/health", Some(Operation::Health), None),
             ("GET", "/v1/identity", Some(Operation::Identity), None),
             ("GET", "/v1/machines/a", Some(Operation::GetMachine), Some("a")),
@@ -510,6 +523,7 @@ mod tests {
             ("GET", "/v1/pools", Some(Operation::ListPools), None),
             ("PUT", "/v1/pools/p", Some(Operation::ApplyPool), Some("p")),
             ("DELETE", "/v1/pools/p", Some(Operation::DeletePool), Some("p")),
+            ("POST", "/v1/pools/p/resize", Some(Operation::ResizePool), Some("p")),
             ("GET", "/v1/pools/p", None, None),
             ("POST", "/v1/machines/a", None, None),
             ("GET", "/v1/machines/a/stop", None, None),
@@ -615,5 +629,6 @@ mod tests {
         payloads_match::<calls::ListPools>();
         payloads_match::<calls::ApplyPool>();
         payloads_match::<calls::DeletePool>();
+        payloads_match::<calls::ResizePool>();
     }
 }

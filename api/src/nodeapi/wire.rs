@@ -497,6 +497,15 @@ pub struct PoolSpec {
     pub registry_auth: Option<RegistryAuth>,
 }
 
+/// Body of `POST /v1/pools/{name}/resize`: the ready slots the pool keeps on this node from now
+/// on (its record too, so the keeper makes it again with these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolResize {
+    /// Ready slots to keep.
+    pub slots: u32,
+}
+
 /// A pool on this node, as `PUT /v1/pools/{name}` and `GET /v1/pools` answer it.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

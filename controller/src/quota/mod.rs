@@ -15,7 +15,7 @@
 
 pub mod recount;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,9 +27,10 @@ use kube::{
     runtime::{reflector::Store, watcher},
 };
 use smolvm_api::{
-    NodeResources, SmolVM, SmolVMNode, SmolVMPool,
+    NodeResources, SmolVM, SmolVMPool,
     quota::{Limits, status_patch, usage},
 };
+use smolvm_kit::quota::{ChargeError, Charged, Charger};
 use tokio::sync::Notify;
 
 use recount::{Book, Write};
@@ -63,31 +64,64 @@ pub fn usage_by_namespace<'a>(
     out
 }
 
-/// What each namespace's warm pools hold on their nodes: for every node that reports a node pool
-/// of a pool, its source and the slots it keeps there, each a slot's machine (`slot_of` gives
-/// its size; `None` when the template makes none).
-pub fn pool_holdings(
+/// What each namespace's warm pools hold on their nodes: `holdings` (what the ledger books for
+/// each node pool: its sources and ready slots, [`crate::placement::Ledger::pool_holdings`])
+/// summed by the namespace of the pool each node pool is of (every generation of its template).
+pub fn pool_usage(
     pools: &[Arc<SmolVMPool>],
-    nodes: &[Arc<SmolVMNode>],
-    slot_of: &dyn Fn(&SmolVMPool) -> Option<NodeResources>,
+    holdings: &BTreeMap<String, NodeResources>,
 ) -> HashMap<String, NodeResources> {
     let mut out: HashMap<String, NodeResources> = HashMap::new();
     for pool in pools {
         let (Some(ns), Some(prefix)) = (pool.metadata.namespace.clone(), crate::placement::pool_prefix(pool)) else {
             continue;
         };
-        let Some(slot) = slot_of(pool) else { continue };
-        for node in nodes {
-            for (name, (_, slots)) in crate::placement::reported_pools(node) {
-                if name.starts_with(&prefix) {
-                    let held = crate::pools::pool_holds(&slot, slots);
-                    let total = out.entry(ns.clone()).or_default();
-                    *total = total.plus(&held);
-                }
-            }
+        for (_, held) in holdings.iter().filter(|(name, _)| name.starts_with(&prefix)) {
+            let total = out.entry(ns.clone()).or_default();
+            *total = total.plus(held);
         }
     }
     out
+}
+
+/// What the controller charges its own starts with (a pool's source and slots, SPEC 6.3): the
+/// namespaces' ResourceQuotas, from the watch the recount reads, and the charger.
+pub struct Charging {
+    /// The ResourceQuotas of every namespace.
+    pub quotas: Store<ResourceQuota>,
+    /// The optimistic writer of their `status.used`.
+    pub charger: Charger,
+}
+
+impl Charging {
+    /// The quotas of `namespace` that name a product key.
+    fn in_namespace(&self, namespace: &str) -> Vec<Arc<ResourceQuota>> {
+        self.quotas
+            .state()
+            .into_iter()
+            .filter(|q| q.metadata.namespace.as_deref() == Some(namespace) && Limits::of(q).is_some())
+            .collect()
+    }
+
+    /// The room `namespace`'s quotas still leave ([`smolvm_api::quota::room`]); `None` where
+    /// none limits anything.
+    pub fn room(&self, namespace: &str) -> Option<NodeResources> {
+        let limits: Vec<Limits> = self
+            .in_namespace(namespace)
+            .iter()
+            .filter_map(|q| Limits::of(q))
+            .collect();
+        smolvm_api::quota::room(&limits)
+    }
+
+    /// Charges `amount` to `namespace`'s quotas, before what it is for starts.
+    pub async fn charge(&self, namespace: &str, amount: &NodeResources) -> Result<Charged, ChargeError> {
+        let quotas = self.in_namespace(namespace);
+        if quotas.is_empty() {
+            return Ok(Charged::default());
+        }
+        self.charger.charge(namespace, quotas, amount, false).await
+    }
 }
 
 /// What the recount reads besides the quotas.
@@ -205,12 +239,15 @@ async fn apply(client: &Client, book: &mut Book, limits: &Limits, write: &Write)
     }
 }
 
-/// The quotas' watch, as the recount reads it (managedFields dropped).
+/// The quotas' watch, as the recount reads it (managedFields dropped), reflected into `writer`
+/// (the store [`Charging`] reads).
 pub fn quota_watch(
     client: &Client,
+    writer: kube::runtime::reflector::store::Writer<ResourceQuota>,
 ) -> impl Stream<Item = Result<watcher::Event<ResourceQuota>, watcher::Error>> + Send + 'static {
     use kube::runtime::WatchStreamExt;
     watcher(Api::<ResourceQuota>::all(client.clone()), watcher::Config::default())
         .default_backoff()
         .modify(|q| q.metadata.managed_fields = None)
+        .reflect(writer)
 }

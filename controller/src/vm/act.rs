@@ -147,24 +147,31 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
     let nodes = ctx.nodes.state();
     let now = Timestamp::now();
     let request = Request::of(vm);
-    // A SmolVM naming a pool goes where its pool has a ready slot, when one fits; else anywhere.
-    let warm = match super::pooled::pool_of(ctx, vm).await? {
-        Some((_, node_pool)) => crate::placement::with_ready_slot(&nodes, &node_pool),
+    // A SmolVM naming a pool goes where its pool has a ready slot, when one fits (that slot's
+    // room moves to it); else anywhere, beside the pools' ready slots, or taking their room
+    // where it fits only without them.
+    let pool_of = super::pooled::pool_of(ctx, vm).await?;
+    let warm_nodes = match pool_of.node_pool() {
+        Some(node_pool) => crate::placement::with_ready_slot(&nodes, node_pool),
         None => Vec::new(),
     };
-    let (chosen, warm) = match ctx
-        .ledger
-        .place_and_reserve(uid, &request, warm.iter().copied(), now, &ctx.placement)
-    {
-        Ok(node) => (Ok(node), true),
-        Err(_) => (
-            ctx.ledger
-                .place_and_reserve(uid, &request, nodes.iter().map(|n| n.as_ref()), now, &ctx.placement),
-            false,
-        ),
-    };
-    let node = match chosen {
-        Ok(name) => name,
+    let warm_pool = pool_of.node_pool().map(|pool| (pool, warm_nodes.as_slice()));
+    let reserved = ctx.ledger.reserve(
+        uid,
+        &request,
+        nodes.iter().map(|n| n.as_ref()),
+        warm_pool,
+        now,
+        &ctx.placement,
+    );
+    let (node, warm) = match reserved {
+        Ok(reserved) => {
+            if !reserved.give_back.is_empty() && !give_back(ctx, vm, &reserved).await {
+                ctx.ledger.release(uid);
+                return Ok(Action::requeue(Duration::from_secs(2)));
+            }
+            (reserved.node, reserved.warm)
+        }
         Err(unplaceable) => {
             ctx.metrics
                 .placement_failures
@@ -212,7 +219,10 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
 async fn claim(pass: Pass<'_>, bound: SmolVM, node: &str, note: decide::Note) -> Result<Action, Error> {
     let Pass { api, ctx, uid } = pass;
     let machine = rules::machine_name(&bound).unwrap_or_default();
-    match act(pass, &bound, node, &machine).await {
+    let acted = act(pass, &bound, node, &machine).await;
+    // A slot was taken (or the claim went cold): the pools' pass books and asks for the refill.
+    ctx.pools_wake.poke();
+    match acted {
         Ok(Some(outcome)) => report::report_binding(ctx, api, uid, (node, &note), bound, outcome).await,
         // Nothing was bound: the reservation goes with the pass.
         Ok(None) => {
@@ -224,6 +234,43 @@ async fn claim(pass: Pass<'_>, bound: SmolVM, node: &str, note: decide::Note) ->
             Err(e)
         }
     }
+}
+
+/// The ready slots `reserved` gives back on its node, deleted there before the machine is
+/// created (ResizePool to what the ledger still books of each pool), each pool told by an event
+/// naming the node, the slots and the SmolVM that took their room. `false` when a node call
+/// failed: the pass looks again (the slots' room stays given back only while the VM is placed).
+async fn give_back(ctx: &Context, vm: &SmolVM, reserved: &crate::placement::Reserved) -> bool {
+    let node = &reserved.node;
+    sync_endpoint(ctx, node);
+    let pools: Vec<smolvm_api::SmolVMPool> = match &ctx.pools {
+        Some(store) => store.state().iter().map(|p| (**p).clone()).collect(),
+        None => Vec::new(),
+    };
+    let taker = format!("SmolVM {}/{}", vm.namespace().unwrap_or_default(), vm.name_any());
+    for (pool, n) in &reserved.give_back {
+        let left = ctx.ledger.slots(node, pool);
+        let resized = timed(
+            ctx,
+            Operation::ResizePool,
+            ctx.node_client.resize_pool(node, pool, left),
+        )
+        .await;
+        match resized {
+            Ok(_) => {
+                if let Some(owner) = crate::pools::owner_of(&pools, pool) {
+                    crate::pools::slots_given_back(ctx, owner, node, *n, &taker).await;
+                }
+            }
+            Err(error) if error.code() == Some(&smolvm_api::nodeapi::ErrorCode::PoolNotFound) => {}
+            Err(error) => {
+                tracing::info!(%node, %pool, code = ?error.code(), message = error.message(), "giving ready slots back failed; placed again later");
+                return false;
+            }
+        }
+    }
+    ctx.pools_wake.poke();
+    true
 }
 
 /// Points the node client at the endpoint the node's SmolVMNode advertises.

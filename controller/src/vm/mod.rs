@@ -181,6 +181,12 @@ pub struct Context {
     pub start_failures: StartFailures,
     /// The versions of each VM that the controller's own writes replaced.
     pub superseded: Superseded,
+    /// Wakes the pools' passes ([`crate::pools::Wake`]): a claim that took a ready slot, a node
+    /// reporting other pool counts.
+    pub pools_wake: Arc<crate::pools::Wake>,
+    /// The namespaces' ResourceQuotas and their charger, for what the controller starts on its
+    /// own (a pool's source and slots); `None`: nothing is charged.
+    pub quotas: Option<crate::quota::Charging>,
 }
 
 /// Counts, per VM UID, the consecutive passes that did not settle.

@@ -67,6 +67,8 @@ pub fn context(client: Client, nodes: Vec<SmolVMNode>, node_client: Option<NodeC
         unsettled: Default::default(),
         start_failures: Default::default(),
         superseded: Default::default(),
+        pools_wake: Default::default(),
+        quotas: None,
     })
 }
 

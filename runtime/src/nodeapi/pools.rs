@@ -8,8 +8,15 @@
 //! - LeaseMachine serves the machine `{name}` from a ready machine of the pool. The lease's
 //!   idempotency key is the name, so a retry answers the same machine; the lease is recorded
 //!   once granted and from then the worker answers to `{name}` ([`crate::pools::LeasedVmm`]).
+//! - LeaseMachine lowers the pool's wanted slots by one (recorded, and in smolvm): the refill is
+//!   the controller's, which books each slot before it asks for it.
+//! - ResizePool sets the pool's wanted slots: the controller gives ready slots' room to a SmolVM
+//!   so, before it creates the machine there.
 //! - DeletePool gives the ready machines back at once; the pool and its source go once no
-//!   served machine remains (`PoolInUse` until then). Served machines are never touched.
+//!   served machine remains (`PoolInUse` until then). Served machines are never touched. The
+//!   record goes last, once smolvm's pool and the source are both gone: until then the node
+//!   reports the pool and the keeper leaves it alone, so a delete that failed half-way is asked
+//!   again by the controller.
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -98,6 +105,7 @@ pub(super) async fn lease_machine(
         )
     })?;
     tracing::info!(machine = %name, pool = %record.pool, worker = %record.worker, "served from a ready slot");
+    lower_after_lease(&state, &record.pool).await;
     match state.vmm.get(&name).await? {
         Some(machine) => Ok(answer::<calls::LeaseMachine>(
             StatusCode::OK,
@@ -107,15 +115,75 @@ pub(super) async fn lease_machine(
     }
 }
 
-/// `GET /v1/pools`: the pools smolvm keeps on this node.
+/// A lease was granted from `pool`: its wanted slots go down by one, recorded and in smolvm, so
+/// smolvm does not fork a replacement on its own. The refill is the controller's: it books the
+/// slot's room before it asks for it (ApplyPool). The pool's lock is taken after the machine's
+/// (never the other way round), so no two calls wait on each other.
+async fn lower_after_lease(state: &NodeApiState, pool: &str) {
+    let _guard = state.lock(pool).await;
+    let Some(mut record) = state.pools.pools.read(pool) else {
+        return;
+    };
+    record.slots = record.slots.saturating_sub(1);
+    if let Err(error) = state.pools.pools.write(pool, &record) {
+        tracing::warn!(%pool, %error, "cannot record the pool's lowered slots");
+    }
+    if let Err(error) = state.vmm.resize_pool(pool, record.slots).await {
+        tracing::warn!(%pool, %error, "cannot lower the pool's slots in smolvm after a lease; its refill may start a slot the controller did not book");
+    }
+}
+
+/// `GET /v1/pools`: the pools smolvm keeps on this node, and those the agent has a record of
+/// ([`crate::pools::with_records`]).
 pub(super) async fn list_pools(State(state): State<NodeApiState>) -> ApiResult {
     let pools = state.vmm.pools().await?;
-    Ok(answer::<calls::ListPools>(
-        StatusCode::OK,
-        &PoolList {
-            pools: pools.iter().map(to_status).collect(),
+    let pools = crate::pools::with_records(pools.iter().map(to_status).collect(), &state.pools);
+    Ok(answer::<calls::ListPools>(StatusCode::OK, &PoolList { pools }))
+}
+
+/// `POST /v1/pools/{name}/resize`: the pool's wanted slots set, recorded then in smolvm (which
+/// deletes the ready machines beyond them at once). 404 `PoolNotFound` for a pool without a
+/// record, or one being deleted.
+pub(super) async fn resize_pool(
+    State(state): State<NodeApiState>,
+    MachineName(name): MachineName,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let resize = body_of::<calls::ResizePool>(body)?;
+    let _guard = state.lock(&name).await;
+    let Some(mut record) = state.pools.pools.read(&name).filter(|r| !r.deleting) else {
+        return Err(pool_not_found(&name));
+    };
+    record.slots = resize.slots;
+    state.pools.pools.write(&name, &record).map_err(|error| {
+        ApiFailure::new(
+            ErrorCode::RuntimeError,
+            format!("cannot record the pool '{name}' on this node: {error}"),
+        )
+    })?;
+    let status = match state.vmm.resize_pool(&name, resize.slots).await {
+        Ok(info) => to_status(&info),
+        // smolvm lost it (restarted, or its source never started): the keeper makes it again
+        // with these slots.
+        Err(VmmError::NotFound { .. }) => PoolStatus {
+            name: name.clone(),
+            slots: resize.slots,
+            ..PoolStatus::default()
         },
-    ))
+        Err(error) => return Err(error.into()),
+    };
+    Ok(answer::<calls::ResizePool>(StatusCode::OK, &status))
+}
+
+/// The keeper's way back for the pool `name` after smolvm lost it: under the pool's lock, from
+/// its record read again (a DeletePool that ran meanwhile removed it, or marked it deleting:
+/// then nothing is made).
+pub(crate) async fn remake_pool(state: &NodeApiState, name: &str) -> Result<(), ApiError> {
+    let _guard = state.lock(name).await;
+    match state.pools.pools.read(name) {
+        Some(record) if !record.deleting => ensure_pool(state, name, &record, None).await.map(|_| ()),
+        _ => Ok(()),
+    }
 }
 
 /// `PUT /v1/pools/{name}`: the pool's source machine created and started as a branch source
@@ -130,6 +198,7 @@ pub(super) async fn apply_pool(
     let record = PoolRecord {
         source: spec.source.clone(),
         slots: spec.slots,
+        deleting: false,
     };
     state.pools.pools.write(&name, &record).map_err(|error| {
         ApiFailure::new(
@@ -186,6 +255,18 @@ pub(super) async fn delete_pool(State(state): State<NodeApiState>, MachineName(n
         .into_iter()
         .filter(|(_, record)| record.pool == name)
         .count();
+    // Marked first: from now on the keeper leaves it alone and the node reports it with no
+    // slots wanted, until both smolvm's pool and the source are gone.
+    if let Some(mut record) = state.pools.pools.read(&name).filter(|r| !r.deleting) {
+        record.deleting = true;
+        record.slots = 0;
+        state.pools.pools.write(&name, &record).map_err(|error| {
+            ApiFailure::new(
+                ErrorCode::RuntimeError,
+                format!("cannot record the deletion of pool '{name}' on this node: {error}"),
+            )
+        })?;
+    }
     if leased > 0 {
         match state.vmm.resize_pool(&name, 0).await {
             Ok(_) | Err(VmmError::NotFound { .. }) => {}
@@ -198,9 +279,10 @@ pub(super) async fn delete_pool(State(state): State<NodeApiState>, MachineName(n
         .with_details(serde_json::json!({ "leased": leased }))
         .into());
     }
-    state.pools.pools.remove(&name);
+    // A failure of either leaves the record: the pool is still reported, and asked again.
     let pool = state.vmm.delete_pool(&name).await?;
     let source = state.vmm.delete(&name).await?;
+    state.pools.pools.remove(&name);
     let deleted = pool == DeleteOutcome::Deleted || source == DeleteOutcome::Deleted;
     Ok(answer::<calls::DeletePool>(
         StatusCode::OK,

@@ -520,6 +520,7 @@ fn handler(operation: Operation) -> MethodRouter<NodeApiState> {
         Operation::ListPools => on(method, super::pools::list_pools),
         Operation::ApplyPool => on(method, super::pools::apply_pool),
         Operation::DeletePool => on(method, super::pools::delete_pool),
+        Operation::ResizePool => on(method, super::pools::resize_pool),
     }
 }
 

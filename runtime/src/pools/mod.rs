@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use smolvm_api::nodeapi::MachineSpec;
+use smolvm_api::nodeapi::{MachineSpec, PoolStatus};
 
 use crate::state_files::Records;
 use crate::vmm::{PoolRequest, Vmm, VmmError};
@@ -58,8 +58,14 @@ pub struct LeaseRecord {
 pub struct PoolRecord {
     /// The source machine's spec.
     pub source: MachineSpec,
-    /// Ready slots wanted.
+    /// Ready slots wanted. Lowered by one at each lease it grants (the controller books each
+    /// refill before it asks for it, so smolvm never starts a machine nobody booked).
     pub slots: u32,
+    /// A DeletePool began: the keeper no longer makes it again, and the record stays (and the
+    /// node keeps reporting the pool) until smolvm's pool and the source are both gone, so the
+    /// controller asks again after a delete that failed half-way.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleting: bool,
 }
 
 /// The agent's records of its pools and of the machines served from them.
@@ -101,8 +107,30 @@ pub fn pool_request(name: &str, slots: u32) -> PoolRequest<'_> {
     }
 }
 
+/// The pools the node reports: those smolvm lists, and every pool the agent has a record of that
+/// smolvm does not list (one whose source never started, or being deleted), with its wanted
+/// slots and none ready, so the controller sees every pool it may have to retire. Sorted.
+pub fn with_records(mut listed: Vec<PoolStatus>, book: &PoolBook) -> Vec<PoolStatus> {
+    for (name, record) in book.pools.all() {
+        if let Some(pool) = listed.iter_mut().find(|p| p.name == name) {
+            if record.deleting {
+                pool.slots = 0;
+            }
+            continue;
+        }
+        listed.push(PoolStatus {
+            name,
+            slots: if record.deleting { 0 } else { record.slots },
+            ..PoolStatus::default()
+        });
+    }
+    listed.sort_by(|a, b| a.name.cmp(&b.name));
+    listed
+}
+
 /// One round of the keeper: heartbeats every recorded lease, then makes again (through
-/// `remake`) every recorded pool smolvm does not list. Returns how many leases smolvm no longer
+/// `remake`, which holds the pool's lock and reads its record again) every recorded pool smolvm
+/// does not list, but those being deleted. Returns how many leases smolvm no longer
 /// knows (their machines are lost, and reported so by their absence).
 pub async fn keep_once<F, Fut>(vmm: &Arc<dyn Vmm>, book: &PoolBook, remake: F) -> usize
 where
@@ -128,7 +156,7 @@ where
         }
     };
     for (name, record) in book.pools.all() {
-        if !listed.contains(&name) {
+        if !listed.contains(&name) && !record.deleting {
             tracing::info!(pool = %name, "smolvm does not have the pool (restarted?): making it again");
             remake(name, record).await;
         }

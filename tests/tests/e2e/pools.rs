@@ -12,7 +12,7 @@ use std::{
 use anyhow::{Context as _, anyhow, ensure};
 use futures::{StreamExt, TryStreamExt};
 use kube::{
-    Api,
+    Api, ResourceExt,
     api::DeleteParams,
     runtime::{WatchStreamExt, watcher},
 };
@@ -27,7 +27,11 @@ pub(crate) fn scenarios() -> Vec<(&'static str, Scenario)> {
     scenarios![
         pools_fill_a_smolvm_from_the_template_and_v14_guards_them,
         a_pool_keeps_its_slots_on_the_nodes_it_matches,
-        a_drained_pool_serves_three_claims_warm_and_two_cold
+        a_drained_pool_serves_three_claims_warm_and_two_cold,
+        a_pool_fills_only_spare_room_and_gives_it_back_to_another_tenant,
+        a_hung_node_delays_only_its_own_pools,
+        a_pool_whose_source_never_started_is_retired_with_it,
+        a_pool_made_again_under_its_name_never_serves_a_smolvm_admitted_for_the_old_one
     ]
 }
 
@@ -191,7 +195,10 @@ async fn a_pool_keeps_its_slots_on_the_nodes_it_matches(env: &mut Env) -> anyhow
     let double = SmolvmDouble::start(&socket)
         .await
         .context("starting the smolvm double")?;
-    let mut agent = env.start_double_node(DOUBLE_NODE, &socket, &[]).await?;
+    // Room for the source and 2 slots of a CPU each, whatever this machine has: a pool fills
+    // only the room there is.
+    let extra = ["--cpu-allocation-ratio=8", "--reserved-cpus=0"];
+    let mut agent = env.start_double_node(DOUBLE_NODE, &socket, &extra).await?;
     let outcome = keep_slots(env, &double).await;
     let _ = env.kubectl(&["delete", "svmp", "warm", "-n", NS, "--wait=false"], None);
     agent.terminate(Duration::from_secs(10));
@@ -232,7 +239,7 @@ async fn keep_slots(env: &mut Env, double: &DoubleHandle) -> anyhow::Result<()> 
     let name_of = |p: &SmolVMPool| {
         format!(
             "pool-{}-g{}",
-            &p.metadata.uid.clone().unwrap_or_default()[..8],
+            p.metadata.uid.clone().unwrap_or_default(),
             p.metadata.generation.unwrap_or(0)
         )
     };
@@ -492,6 +499,545 @@ impl Drop for BoundVersions {
     fn drop(&mut self) {
         self.watch.abort();
     }
+}
+
+/// The node of the capacity scenario, backed by its own double.
+const SPARE_NODE: &str = "spare-double-node";
+/// The namespace of the other tenant's SmolVM.
+const OTHER_NS: &str = "e2e-other-tenant";
+
+/// The reproduction on the real API server: a pool whose template takes a quarter of a
+/// node's CPUs and asks for 16 slots there keeps its source and the 3 slots that fit (the
+/// spare room), saying the rest have no room; another namespace's SmolVM that needs the rest of
+/// the node is placed there by taking the slots' room: the node deletes them before the VM's
+/// machine is created, the pool's event names the slots, the node and the SmolVM, and its status
+/// shows the slots it now has. Once the SmolVM goes, the pool fills the room again.
+async fn a_pool_fills_only_spare_room_and_gives_it_back_to_another_tenant(env: &mut Env) -> anyhow::Result<()> {
+    let socket = env.dir().join("spare-double.sock");
+    let double = SmolvmDouble::start(&socket)
+        .await
+        .context("starting the smolvm double")?;
+    let extra = ["--cpu-allocation-ratio=8", "--reserved-cpus=0"];
+    let mut agent = env.start_double_node(SPARE_NODE, &socket, &extra).await?;
+    let outcome = spare_room(env, &double).await;
+    if let Ok(admin) = env.admin().await {
+        let _ = Api::<SmolVM>::namespaced(admin.clone(), OTHER_NS)
+            .delete("tenant-b", &DeleteParams::default())
+            .await;
+    }
+    let _ = env.kubectl(&["delete", "svmp", "spare", "-n", NS, "--wait=false"], None);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    agent.terminate(Duration::from_secs(10));
+    let _ = Api::<SmolVMNode>::all(env.admin().await?)
+        .delete(SPARE_NODE, &DeleteParams::default())
+        .await;
+    outcome
+}
+
+async fn spare_room(env: &mut Env, double: &DoubleHandle) -> anyhow::Result<()> {
+    let admin = env.admin().await?;
+    let nodes: Api<SmolVMNode> = Api::all(admin.clone());
+    let node = eventually(
+        "the double's node reports its allocatable",
+        Duration::from_secs(60),
+        || {
+            let nodes = nodes.clone();
+            async move {
+                Ok(nodes
+                    .get_opt(SPARE_NODE)
+                    .await?
+                    .filter(|n| n.status.as_ref().and_then(|s| s.allocatable).is_some()))
+            }
+        },
+    )
+    .await?;
+    let cpus = node.status.as_ref().and_then(|s| s.allocatable).map_or(0, |a| a.cpus);
+    ensure!(
+        cpus >= 8,
+        "the double's node has {cpus} CPUs; the scenario needs 8 or more"
+    );
+    // A quarter of the node per machine: the source and 3 slots fill it.
+    let each = cpus / 4;
+    let fitting = (cpus - each) / each;
+    let spare = pool(
+        "spare",
+        json!({"slotsPerNode": 16, "whenEmpty": "Cold", "nodeSelector": {"kubernetes.io/hostname": SPARE_NODE},
+            "template": {"image": "alpine:3.20", "resources": {"cpus": each, "memoryMiB": 128},
+                "storage": {"storageGiB": 1, "overlayGiB": 1}}}),
+    );
+    kubectl_apply(env, &spare)?.map_err(|e| anyhow!("applying the pool: {e}"))?;
+    let pools: Api<SmolVMPool> = Api::namespaced(admin.clone(), NS);
+    let filled = eventually(
+        "the pool's source and the slots that fit ready",
+        Duration::from_secs(60),
+        || {
+            let pools = pools.clone();
+            async move {
+                let p = pools.get("spare").await?;
+                let ready = p.status.as_ref().and_then(|s| s.ready_slots);
+                Ok((ready == Some(fitting as i32)).then_some(p))
+            }
+        },
+    )
+    .await?;
+    let node_pool = format!(
+        "pool-{}-g{}",
+        filled.metadata.uid.clone().unwrap_or_default(),
+        filled.metadata.generation.unwrap_or(0)
+    );
+    let status = filled.status.clone().unwrap_or_default();
+    ensure!(
+        status.total_slots == Some(fitting as i32) && status.nodes.first().is_some_and(|n| n.total == fitting as i32),
+        "only the slots that fit are wanted: {status:?}"
+    );
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == constants::condition::READY);
+    ensure!(
+        ready.is_some_and(|c| c.reason == constants::reason::SLOTS_READY && c.message.contains("have no room")),
+        "the pool says the rest have no room: {ready:?}"
+    );
+    ensure!(
+        double.pool(&node_pool).is_some_and(|p| p.desired == fitting as u32),
+        "smolvm keeps {fitting} of {node_pool}: {:?}",
+        double.pool(&node_pool)
+    );
+    println!(
+        "    {cpus} CPUs, {each} per machine: the source and {fitting} of 16 slots, the rest said to have no room"
+    );
+
+    // Another tenant's SmolVM that needs all but the source's room.
+    let out = env.kubectl(&["create", "namespace", OTHER_NS], None)?;
+    ensure!(
+        out.status.success() || String::from_utf8_lossy(&out.stderr).contains("AlreadyExists"),
+        "creating {OTHER_NS}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    double.clear_calls();
+    let mut tenant = vm(
+        "tenant-b",
+        json!({"image": "alpine:3.20", "resources": {"cpus": cpus - each, "memoryMiB": 256},
+            "storage": {"storageGiB": 1, "overlayGiB": 1}, "nodeSelector": {"kubernetes.io/hostname": SPARE_NODE}}),
+    );
+    tenant["metadata"]["namespace"] = json!(OTHER_NS);
+    let text = serde_json::to_string(&tenant)?;
+    eventually("tenant-b stored", Duration::from_secs(30), || async {
+        let out = env.kubectl(&["apply", "-f", "-"], Some(&text))?;
+        Ok(out.status.success().then_some(()))
+    })
+    .await?;
+    let others: Api<SmolVM> = Api::namespaced(admin.clone(), OTHER_NS);
+    let running = eventually("tenant-b running on the pool's node", Duration::from_secs(60), || {
+        let others = others.clone();
+        async move {
+            Ok(others
+                .get_opt("tenant-b")
+                .await?
+                .filter(|v| v.status.as_ref().and_then(|s| s.phase) == Some(smolvm_api::Phase::Running)))
+        }
+    })
+    .await;
+    let running = match running {
+        Ok(vm) => vm,
+        Err(e) => {
+            let status = others.get_opt("tenant-b").await?.and_then(|v| v.status);
+            return Err(anyhow!("{e:#}; tenant-b's status: {}", serde_json::to_string(&status)?));
+        }
+    };
+    ensure!(
+        running.bound_node() == Some(SPARE_NODE),
+        "bound to {:?}",
+        running.bound_node()
+    );
+    let machine = running
+        .status
+        .as_ref()
+        .and_then(|s| s.machine_name.clone())
+        .unwrap_or_default();
+    let calls = double.calls();
+    let resized = calls
+        .iter()
+        .position(|c| c.operation == "resize_pool" && c.machine.as_deref() == Some(node_pool.as_str()));
+    let created = calls.iter().position(|c| c.operation == "create_machine").or_else(|| {
+        calls
+            .iter()
+            .position(|c| c.machine.as_deref() == Some(machine.as_str()))
+    });
+    ensure!(
+        matches!((resized, created), (Some(r), Some(c)) if r < c),
+        "the node gave the slots back before it created the machine: resize at {resized:?}, create at {created:?}"
+    );
+    ensure!(
+        double.pool(&node_pool).is_some_and(|p| p.desired == 0 && p.ready == 0),
+        "smolvm keeps none of the pool's slots now: {:?}",
+        double.pool(&node_pool)
+    );
+    let given = crate::expect_event(env, "spare", constants::reason::SLOTS_GIVEN_BACK).await?;
+    let note = given.note.unwrap_or_default();
+    ensure!(
+        note.contains(SPARE_NODE) && note.contains(&fitting.to_string()) && note.contains("tenant-b"),
+        "the event names the node, the slots and the SmolVM: {note}"
+    );
+    let now_has = eventually(
+        "the pool's status shows the slots it now has",
+        Duration::from_secs(60),
+        || {
+            let pools = pools.clone();
+            async move {
+                let p = pools.get("spare").await?;
+                Ok(p.status
+                    .filter(|s| s.total_slots == Some(0) && s.ready_slots == Some(0)))
+            }
+        },
+    )
+    .await?;
+    println!(
+        "    tenant-b ({} CPUs) took the room of {fitting} ready slots (deleted first); the pool now wants {:?}: {note}",
+        cpus - each,
+        now_has.total_slots
+    );
+
+    // The SmolVM goes: the pool fills the spare room again.
+    others.delete("tenant-b", &DeleteParams::default()).await?;
+    eventually(
+        "the pool refilled once the room is back",
+        Duration::from_secs(90),
+        || {
+            let pools = pools.clone();
+            async move {
+                let p = pools.get("spare").await?;
+                Ok((p.status.and_then(|s| s.ready_slots) == Some(fitting as i32)).then_some(()))
+            }
+        },
+    )
+    .await?;
+    println!("    tenant-b deleted: the pool's {fitting} slots are back");
+    Ok(())
+}
+
+/// The nodes of the hung-node scenario, each backed by its own double.
+const HUNG_NODE: &str = "hung-double-node";
+const BUSY_NODE: &str = "busy-double-node";
+
+/// One node whose smolvm never answers a start keeps only its own pool from filling: the other
+/// node's pool fills, serves a claim and refills at once (its calls run beside the hung node's,
+/// which are given up after the per-call timeout and retried with a backoff). The hung pool is
+/// named to come first in a pass.
+async fn a_hung_node_delays_only_its_own_pools(env: &mut Env) -> anyhow::Result<()> {
+    let hung_socket = env.dir().join("hung-double.sock");
+    let hung = SmolvmDouble::start(&hung_socket)
+        .await
+        .context("starting the hung double")?;
+    hung.set_delay("start_machine", Duration::from_secs(3600));
+    let busy_socket = env.dir().join("busy-double.sock");
+    let busy = SmolvmDouble::start(&busy_socket)
+        .await
+        .context("starting the busy double")?;
+    let extra = ["--cpu-allocation-ratio=8", "--reserved-cpus=0"];
+    let mut hung_agent = env.start_double_node(HUNG_NODE, &hung_socket, &extra).await?;
+    let mut busy_agent = env.start_double_node(BUSY_NODE, &busy_socket, &extra).await?;
+    let outcome = hung_node(env, &busy).await;
+    let _ = delete_and_wait(env, "hung-claim").await;
+    for name in ["a-hung", "b-busy"] {
+        let _ = env.kubectl(&["delete", "svmp", name, "-n", NS, "--wait=false"], None);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    hung_agent.terminate(Duration::from_secs(10));
+    busy_agent.terminate(Duration::from_secs(10));
+    let admin = env.admin().await?;
+    for node in [HUNG_NODE, BUSY_NODE] {
+        let _ = Api::<SmolVMNode>::all(admin.clone())
+            .delete(node, &DeleteParams::default())
+            .await;
+    }
+    outcome
+}
+
+async fn hung_node(env: &mut Env, busy: &DoubleHandle) -> anyhow::Result<()> {
+    let template =
+        json!({"image": "alpine:3.20", "resources": {"memoryMiB": 128}, "storage": {"storageGiB": 1, "overlayGiB": 1}});
+    for (name, node) in [("a-hung", HUNG_NODE), ("b-busy", BUSY_NODE)] {
+        let object = pool(
+            name,
+            json!({"slotsPerNode": 2, "whenEmpty": "Cold", "nodeSelector": {"kubernetes.io/hostname": node}, "template": template}),
+        );
+        kubectl_apply(env, &object)?.map_err(|e| anyhow!("applying {name}: {e}"))?;
+    }
+    let pools: Api<SmolVMPool> = Api::namespaced(env.admin().await?, NS);
+    let ready_slots = |name: &'static str| {
+        let pools = pools.clone();
+        async move { Ok::<_, anyhow::Error>(pools.get(name).await?.status.and_then(|s| s.ready_slots)) }
+    };
+    let started = std::time::Instant::now();
+    eventually(
+        "b-busy's 2 slots ready while a-hung's node hangs",
+        Duration::from_secs(60),
+        || async { Ok((ready_slots("b-busy").await? == Some(2)).then_some(())) },
+    )
+    .await?;
+    println!("    b-busy filled in {:?} while a-hung's node hangs", started.elapsed());
+    let claim = vm("hung-claim", json!({"poolRef": {"name": "b-busy"}}));
+    let text = serde_json::to_string(&claim)?;
+    eventually("hung-claim stored", Duration::from_secs(30), || async {
+        let out = env.kubectl(&["apply", "-f", "-"], Some(&text))?;
+        Ok(out.status.success().then_some(()))
+    })
+    .await?;
+    crate::wait_vm(env, "hung-claim", "hung-claim running", Duration::from_secs(60), |v| {
+        v.status.as_ref().and_then(|s| s.phase) == Some(smolvm_api::Phase::Running)
+    })
+    .await?;
+    ensure!(
+        busy.leases().iter().any(|l| l.state == "active"),
+        "hung-claim was served warm: {:?}",
+        busy.leases()
+    );
+    let claimed = std::time::Instant::now();
+    // The agent lowered the pool's slots at the lease; the controller's refill brings it back,
+    // however long the hung node's calls take (far beyond this wait).
+    let node_pool = {
+        let p = pools.get("b-busy").await?;
+        format!(
+            "pool-{}-g{}",
+            p.metadata.uid.clone().unwrap_or_default(),
+            p.metadata.generation.unwrap_or(0)
+        )
+    };
+    eventually(
+        "b-busy refilled while a-hung's node still hangs",
+        Duration::from_secs(30),
+        || async {
+            // The lease is the slot that went; the refill is a new ready worker beside it.
+            Ok(busy
+                .pool(&node_pool)
+                .filter(|p| p.active == 1 && p.ready == 2 && p.desired == 2)
+                .map(|_| ()))
+        },
+    )
+    .await?;
+    ensure!(
+        busy.calls_of("resize_pool")
+            .iter()
+            .any(|c| c.machine.as_deref() == Some(node_pool.as_str())),
+        "the agent lowered the pool's slots at the lease (the refill is the controller's)"
+    );
+    let hung = pools.get("a-hung").await?;
+    let ready = hung
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == constants::condition::READY));
+    ensure!(
+        ready.is_some_and(|c| c.status == "False"),
+        "a-hung is not ready: {ready:?}"
+    );
+    println!(
+        "    b-busy refilled {:?} after the claim; a-hung still not ready ({})",
+        claimed.elapsed(),
+        ready.map(|c| c.reason.as_str()).unwrap_or_default()
+    );
+    Ok(())
+}
+
+/// The node of the never-started scenario, backed by its own double.
+const NEVER_NODE: &str = "never-double-node";
+
+/// A pool whose source never starts (smolvm fails every start) is reported by its node all the
+/// same; deleting the SmolVMPool retires it there: the agent's record and the source go.
+async fn a_pool_whose_source_never_started_is_retired_with_it(env: &mut Env) -> anyhow::Result<()> {
+    let socket = env.dir().join("never-double.sock");
+    let double = SmolvmDouble::start(&socket)
+        .await
+        .context("starting the smolvm double")?;
+    double.fail_next("start_machine", "*", u32::MAX);
+    let mut agent = env.start_double_node(NEVER_NODE, &socket, &[]).await?;
+    let outcome = never_started(env, &double).await;
+    let _ = env.kubectl(&["delete", "svmp", "never", "-n", NS, "--wait=false"], None);
+    agent.terminate(Duration::from_secs(10));
+    let _ = Api::<SmolVMNode>::all(env.admin().await?)
+        .delete(NEVER_NODE, &DeleteParams::default())
+        .await;
+    outcome
+}
+
+async fn never_started(env: &mut Env, double: &DoubleHandle) -> anyhow::Result<()> {
+    let never = pool(
+        "never",
+        json!({"slotsPerNode": 1, "nodeSelector": {"kubernetes.io/hostname": NEVER_NODE},
+            "template": {"image": "alpine:3.20", "resources": {"memoryMiB": 128}, "storage": {"storageGiB": 1, "overlayGiB": 1}}}),
+    );
+    kubectl_apply(env, &never)?.map_err(|e| anyhow!("applying the pool: {e}"))?;
+    let admin = env.admin().await?;
+    let pools: Api<SmolVMPool> = Api::namespaced(admin.clone(), NS);
+    let failing = eventually("the pool's slots failing on the node", Duration::from_secs(60), || {
+        let pools = pools.clone();
+        async move {
+            let p = pools.get("never").await?;
+            let failing = p.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == constants::condition::READY && c.reason == constants::reason::SLOTS_FAILING)
+            });
+            Ok(failing.then_some(p))
+        }
+    })
+    .await?;
+    let node_pool = format!(
+        "pool-{}-g{}",
+        failing.metadata.uid.clone().unwrap_or_default(),
+        failing.metadata.generation.unwrap_or(0)
+    );
+    let nodes: Api<SmolVMNode> = Api::all(admin.clone());
+    let reports = |nodes: Api<SmolVMNode>, name: String| async move {
+        let node = nodes.get(NEVER_NODE).await?;
+        Ok::<_, anyhow::Error>(
+            node.status
+                .and_then(|s| s.pools)
+                .unwrap_or_default()
+                .iter()
+                .any(|p| p.name == name),
+        )
+    };
+    eventually(
+        "the node reports the pool it never started",
+        Duration::from_secs(60),
+        || {
+            let (nodes, name) = (nodes.clone(), node_pool.clone());
+            async move { Ok(reports(nodes, name).await?.then_some(())) }
+        },
+    )
+    .await?;
+    ensure!(
+        double.state(&node_pool).is_some(),
+        "the source was created, never started"
+    );
+    println!("    {node_pool}: its source never starts; the node reports the pool all the same");
+    let out = env.kubectl(&["delete", "svmp", "never", "-n", NS], None)?;
+    ensure!(
+        out.status.success(),
+        "deleting: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eventually("the pool retired from the node", Duration::from_secs(60), || {
+        let (nodes, name) = (nodes.clone(), node_pool.clone());
+        async move { Ok((!reports(nodes, name.clone()).await? && double.state(&name).is_none()).then_some(())) }
+    })
+    .await?;
+    println!("    the SmolVMPool deleted: the node's record and the source are gone");
+    Ok(())
+}
+
+/// The node of the replaced-pool scenario, backed by its own double.
+const AGAIN_NODE: &str = "again-double-node";
+
+/// A SmolVM admitted for a pool (stopped, so not created yet) whose pool is then deleted and made
+/// again under the same name, with another image: once it runs, it is created cold from the spec
+/// it holds, never served from a slot of the new pool's template.
+async fn a_pool_made_again_under_its_name_never_serves_a_smolvm_admitted_for_the_old_one(
+    env: &mut Env,
+) -> anyhow::Result<()> {
+    let socket = env.dir().join("again-double.sock");
+    let double = SmolvmDouble::start(&socket)
+        .await
+        .context("starting the smolvm double")?;
+    let extra = ["--cpu-allocation-ratio=8", "--reserved-cpus=0"];
+    let mut agent = env.start_double_node(AGAIN_NODE, &socket, &extra).await?;
+    let outcome = made_again(env, &double).await;
+    let _ = delete_and_wait(env, "old-claim").await;
+    let _ = env.kubectl(&["delete", "svmp", "again", "-n", NS, "--wait=false"], None);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    agent.terminate(Duration::from_secs(10));
+    let _ = Api::<SmolVMNode>::all(env.admin().await?)
+        .delete(AGAIN_NODE, &DeleteParams::default())
+        .await;
+    outcome
+}
+
+async fn made_again(env: &mut Env, double: &DoubleHandle) -> anyhow::Result<()> {
+    let with = |image: &str, slots: i32, when_empty: &str| {
+        pool(
+            "again",
+            json!({"slotsPerNode": slots, "whenEmpty": when_empty, "nodeSelector": {"kubernetes.io/hostname": AGAIN_NODE},
+                "template": {"image": image, "resources": {"memoryMiB": 128}, "storage": {"storageGiB": 1, "overlayGiB": 1}}}),
+        )
+    };
+    let pools: Api<SmolVMPool> = Api::namespaced(env.admin().await?, NS);
+    // The first pool keeps no slot and says Wait: a SmolVM admitted for it waits, bound.
+    kubectl_apply(env, &with("alpine:3.20", 0, "Wait"))?.map_err(|e| anyhow!("applying the pool: {e}"))?;
+    let first = eventually("the first pool stored", Duration::from_secs(30), || {
+        let pools = pools.clone();
+        async move { Ok(pools.get_opt("again").await?) }
+    })
+    .await?;
+    let claim = vm("old-claim", json!({"poolRef": {"name": "again"}}));
+    let text = serde_json::to_string(&claim)?;
+    eventually("old-claim stored", Duration::from_secs(30), || async {
+        let out = env.kubectl(&["apply", "-f", "-"], Some(&text))?;
+        Ok(out.status.success().then_some(()))
+    })
+    .await?;
+    let waiting = crate::wait_vm(
+        env,
+        "old-claim",
+        "old-claim waiting for a slot",
+        Duration::from_secs(60),
+        |v| {
+            crate::condition(v, constants::condition::READY)
+                .is_some_and(|c| c.reason == constants::reason::WAITING_FOR_SLOT)
+        },
+    )
+    .await?;
+    ensure!(
+        waiting.annotations().get(constants::ANNOTATION_POOL_UID) == first.metadata.uid.as_ref(),
+        "admission recorded the pool's UID: {:?}",
+        waiting.annotations()
+    );
+    // The pool deleted and made again under its name: another image, a ready slot, Cold.
+    let out = env.kubectl(&["delete", "svmp", "again", "-n", NS], None)?;
+    ensure!(
+        out.status.success(),
+        "deleting: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eventually("the first pool gone", Duration::from_secs(30), || {
+        let pools = pools.clone();
+        async move { Ok(pools.get_opt("again").await?.is_none().then_some(())) }
+    })
+    .await?;
+    kubectl_apply(env, &with("alpine:3.19", 1, "Cold"))?.map_err(|e| anyhow!("applying the pool again: {e}"))?;
+    let second = eventually("the new pool's slot ready", Duration::from_secs(60), || {
+        let pools = pools.clone();
+        async move {
+            Ok(pools
+                .get_opt("again")
+                .await?
+                .filter(|p| p.status.as_ref().and_then(|s| s.ready_slots) == Some(1)))
+        }
+    })
+    .await?;
+    ensure!(second.metadata.uid != first.metadata.uid, "another pool");
+    let running = crate::wait_vm(env, "old-claim", "old-claim running", Duration::from_secs(90), |v| {
+        v.status.as_ref().and_then(|s| s.phase) == Some(smolvm_api::Phase::Running)
+    })
+    .await?;
+    let machine = running.status.and_then(|s| s.machine_name).unwrap_or_default();
+    ensure!(
+        !double.leases().iter().any(|l| l.key == machine),
+        "old-claim was not served from the new pool's slot: {:?}",
+        double.leases()
+    );
+    ensure!(
+        double.state(&machine).as_deref() == Some("running"),
+        "old-claim runs as a machine of its own (created cold)"
+    );
+    ensure!(
+        running.spec.image == "alpine:3.20",
+        "from the spec it holds: {}",
+        running.spec.image
+    );
+    crate::expect_event(env, "old-claim", constants::reason::POOL_EMPTY).await?;
+    println!("    the pool made again under its name: old-claim created cold from the spec it holds (alpine:3.20)");
+    Ok(())
 }
 
 fn first_line(text: &str) -> &str {

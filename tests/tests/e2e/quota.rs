@@ -15,7 +15,8 @@ use kube::{
     api::{DeleteParams, ListParams, PostParams},
 };
 use serde_json::{Value, json};
-use smolvm_api::{SmolVM, constants};
+use smolvm_api::{SmolVM, SmolVMNode, SmolVMPool, constants};
+use smolvm_testkit::smolvm_double::SmolvmDouble;
 use smolvm_tests::env::{Env, eventually};
 
 use crate::Scenario;
@@ -24,6 +25,7 @@ pub(crate) fn scenarios() -> Vec<(&'static str, Scenario)> {
     scenarios![
         v15_a_quota_admits_within_its_limits_and_refuses_beyond_them,
         v15_concurrent_creates_never_pass_a_limit_together,
+        v15_a_pools_source_and_slots_are_charged_and_stop_at_the_limit,
     ]
 }
 
@@ -334,5 +336,128 @@ async fn cleanup(admin: &Client, ns: &str) -> anyhow::Result<()> {
     api.delete_collection(&DeleteParams::default(), &ListParams::default())
         .await
         .map_err(|e| anyhow!("deleting the SmolVMs of {ns}: {e}"))?;
+    Ok(())
+}
+
+const POOL_NODE: &str = "quota-double-node";
+const POOL_NS: &str = "quota-pools";
+
+async fn v15_a_pools_source_and_slots_are_charged_and_stop_at_the_limit(env: &mut Env) -> anyhow::Result<()> {
+    let socket = env.dir().join("quota-double.sock");
+    let _double = SmolvmDouble::start(&socket)
+        .await
+        .context("starting the smolvm double")?;
+    // Room for many 1-CPU machines: the quota, not the node, is what stops the pool.
+    let mut agent = env
+        .start_double_node(POOL_NODE, &socket, &["--cpu-allocation-ratio=8", "--reserved-cpus=0"])
+        .await?;
+    let outcome = pool_quota(env).await;
+    let admin = env.admin().await?;
+    let _ = cleanup(&admin, POOL_NS).await;
+    let _ = Api::<SmolVMPool>::namespaced(admin.clone(), POOL_NS)
+        .delete("warm", &DeleteParams::default())
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    agent.terminate(Duration::from_secs(10));
+    let _ = Api::<SmolVMNode>::all(admin)
+        .delete(POOL_NODE, &DeleteParams::default())
+        .await;
+    outcome
+}
+
+async fn pool_quota(env: &mut Env) -> anyhow::Result<()> {
+    let admin = env.admin().await?;
+    namespace(&admin, POOL_NS).await?;
+    quota(&admin, POOL_NS, "vms", json!({"vm.smolvm.dev/cpus": "4"})).await?;
+    eventually("the recount to see the quota", Duration::from_secs(30), || async {
+        Ok(used(&admin, POOL_NS, "vms")
+            .await?
+            .contains_key("vm.smolvm.dev/cpus")
+            .then_some(()))
+    })
+    .await?;
+    let pools: Api<SmolVMPool> = Api::namespaced(admin.clone(), POOL_NS);
+    let pool: SmolVMPool = serde_json::from_value(json!({
+        "apiVersion": constants::API_VERSION, "kind": "SmolVMPool",
+        "metadata": {"name": "warm", "namespace": POOL_NS},
+        "spec": {"slotsPerNode": 8, "whenEmpty": "Cold", "nodeSelector": {"kubernetes.io/hostname": POOL_NODE},
+                 "template": {"image": "alpine:3.20", "resources": {"cpus": 1, "memoryMiB": 128},
+                              "storage": {"storageGiB": 1, "overlayGiB": 1}}}
+    }))?;
+    pools.create(&PostParams::default(), &pool).await?;
+    // The source and 3 slots (4 CPUs) are charged before they start; the rest wait, saying why.
+    let capped = |want: i32| {
+        let pools = pools.clone();
+        async move {
+            let p = pools.get("warm").await?;
+            let status = p.status.clone().unwrap_or_default();
+            let ready = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == constants::condition::READY)
+                .cloned();
+            Ok((status.ready_slots == Some(want)
+                && ready
+                    .as_ref()
+                    .is_some_and(|c| c.reason == constants::reason::QUOTA_EXCEEDED))
+            .then_some(ready))
+        }
+    };
+    let condition = eventually(
+        "3 slots ready and the pool stopped at the quota",
+        Duration::from_secs(60),
+        || capped(3),
+    )
+    .await?
+    .context("a Ready condition")?;
+    println!("    the pool at the quota: {}: {}", condition.reason, condition.message);
+    used_cpus_become(&admin, POOL_NS, "vms", "4", "the source and 3 slots charged").await?;
+
+    // A claim: the slot's charge moves to the SmolVM (nothing more is charged), and the keeper
+    // does not refill beyond the limit.
+    let claim: SmolVM = serde_json::from_value(json!({
+        "apiVersion": constants::API_VERSION, "kind": "SmolVM",
+        "metadata": {"name": "claim", "namespace": POOL_NS},
+        "spec": {"poolRef": {"name": "warm"}}
+    }))?;
+    let vms: Api<SmolVM> = Api::namespaced(admin.clone(), POOL_NS);
+    vms.create(&PostParams::default(), &claim)
+        .await
+        .context("a pooled SmolVM while its pool holds a ready slot (charged nothing)")?;
+    eventually("the claim served warm", Duration::from_secs(60), || async {
+        let vm = vms.get("claim").await?;
+        Ok(vm
+            .status
+            .and_then(|s| s.phase)
+            .filter(|p| *p == smolvm_api::Phase::Running)
+            .map(|_| ()))
+    })
+    .await?;
+    eventually(
+        "2 slots left, the refill held at the quota",
+        Duration::from_secs(60),
+        || capped(2),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    used_cpus_become(&admin, POOL_NS, "vms", "4", "the VM, the source and 2 slots").await?;
+
+    // More room: the keeper fills it, charging each slot.
+    let quotas: Api<ResourceQuota> = Api::namespaced(admin.clone(), POOL_NS);
+    quotas
+        .patch(
+            "vms",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&json!({"spec": {"hard": {"vm.smolvm.dev/cpus": "6"}}})),
+        )
+        .await?;
+    eventually("the pool refilled into the new room", Duration::from_secs(60), || {
+        capped(4)
+    })
+    .await?;
+    used_cpus_become(&admin, POOL_NS, "vms", "6", "two more slots charged").await?;
+    println!(
+        "    source and slots charged before they start; a claim moves its slot's charge; the keeper fills only the room the quota leaves"
+    );
     Ok(())
 }
