@@ -68,21 +68,13 @@ impl Hold {
 
     /// What `request` takes of a node under this hold.
     pub fn of_request(self, request: &NodeResources) -> NodeResources {
-        match self {
-            Hold::Full => *request,
-            Hold::Suspended => NodeResources {
-                cpus: 0,
-                memory_mib: 0,
-                storage_gib: request.storage_gib.saturating_add(saved_state_gib(request.memory_mib)),
-            },
-        }
+        // The one rule, shared with what a quota counts (SPEC 6.3).
+        smolvm_api::quota::held(request, self == Hold::Suspended)
     }
 }
 
-/// The disk a suspended VM's saved memory is counted as: its memory, in whole GiB (rounded up).
-pub fn saved_state_gib(memory_mib: i64) -> i64 {
-    memory_mib.max(0).saturating_add(1023) / 1024
-}
+/// The disk a suspended VM's saved memory is counted as ([`smolvm_api::quota::saved_state_gib`]).
+pub use smolvm_api::quota::saved_state_gib;
 
 fn host_ports(ports: &[Port]) -> Vec<(i32, Protocol)> {
     ports.iter().map(|p| (p.host_port, p.protocol)).collect()
