@@ -149,9 +149,11 @@ bench-suspend: ## Suspend and resume: the operator's time from the spec write to
 	$(ENVTEST_ENV) && $(CARGO) bench -p smolvm-tests --bench suspend
 
 .PHONY: bench-pool
-bench-pool: ## Warm pools: 1,000 SmolVMs served from 20 simulated nodes x 50 slots (target p99 <= 100 ms, <= 3 writes per claim, <= 100 MiB); prints, never asserts.
+bench-pool: ## Warm pools: 1,000 SmolVMs served from 20 simulated nodes x 50 slots (target p99 <= 100 ms, <= 3 writes per claim, <= 100 MiB), without then with a ResourceQuota; prints, never asserts.
 	$(CARGO) build -q --release --bins
 	$(ENVTEST_ENV) && $(CARGO) bench -p smolvm-tests --bench pool
+	@echo "--- the same with a ResourceQuota naming vm.smolvm.dev/* in the namespace (POOL_QUOTA=1)"
+	$(ENVTEST_ENV) && POOL_QUOTA=1 $(CARGO) bench -p smolvm-tests --bench pool
 
 .PHONY: bench-e2e
 bench-e2e: ## Scale: 1,000 then 10,000 SmolVMs on 50 simulated nodes; prints time, writes per VM, controller RSS.

@@ -1143,6 +1143,29 @@ impl Ledger {
         self.lock().set_slots(node, pool, hold);
     }
 
+    /// Gives back ready slots on `node` until every hold fits its `allocatable` again (a resume
+    /// or a resize took hard room that ready slots held): the fewest, as placement takes them
+    /// ([`slots_to_give_back`]), all of them where even that is not enough. The slots taken, by
+    /// node pool, for the node to delete before the machine grows.
+    pub fn make_room(&self, node: &str, allocatable: &NodeResources) -> Vec<(String, u32)> {
+        let mut state = self.lock();
+        let Some(usage) = state.by_node.get(node).cloned() else {
+            return Vec::new();
+        };
+        let taken = slots_to_give_back(allocatable, &usage, &NodeResources::default(), None).unwrap_or_else(|| {
+            usage
+                .slots
+                .iter()
+                .filter(|(_, hold)| hold.count > 0)
+                .map(|(name, hold)| (name.clone(), hold.count))
+                .collect()
+        });
+        for (pool, n) in &taken {
+            state.take_slots(node, pool, *n);
+        }
+        taken
+    }
+
     /// Gives back `n` of the ready slots of `pool` booked on `node` (to a SmolVM or another
     /// pool's source that takes their room); the slots left.
     pub fn take_slots(&self, node: &str, pool: &str, n: u32) -> u32 {

@@ -1101,3 +1101,41 @@ fn a_smolvm_takes_the_room_of_ready_slots_and_a_warm_claim_its_own_slot() {
         .expect("placed");
     assert_eq!((reserved.node.as_str(), reserved.give_back.len()), ("b", 0));
 }
+
+/// A resume (or a resize) takes hard room that ready slots may hold: the ledger gives back the
+/// fewest slots that make every hold fit the node again, for the node to delete first, and none
+/// where they fit beside it.
+#[test]
+fn a_resume_takes_the_room_of_ready_slots_first() {
+    let ledger = Ledger::new();
+    let a = node("a", 16, 1 << 20);
+    let allocatable = a.status.as_ref().and_then(|s| s.allocatable).unwrap_or_default();
+    let pool = "pool-p";
+    let source = Request {
+        resources: SLOT,
+        host_ports: vec![],
+        node_selector: BTreeMap::new(),
+        pin: None,
+    };
+    // A suspended VM of 4 CPUs holds none of them: the source and 3 slots fill the node.
+    ledger.observe_bound("sleeper", "a", &request(4, 1024));
+    ledger.set_hold("sleeper", Hold::Suspended);
+    assert_eq!(
+        ledger.book_pool("a", pool, &source, false, &SLOT, 16, &allocatable),
+        Some(3)
+    );
+    assert!(
+        ledger.make_room("a", &allocatable).is_empty(),
+        "every hold fits: nothing given back"
+    );
+    // Its resume takes its 4 CPUs again (hard room, which the slots hold).
+    assert_eq!(ledger.claim_resume("sleeper", Some(&allocatable)), Ok(()));
+    assert_eq!(
+        ledger.make_room("a", &allocatable),
+        vec![(pool.to_string(), 1)],
+        "one slot's room makes the resume fit"
+    );
+    assert_eq!(ledger.slots("a", pool), 2);
+    let usage = ledger.usage("a");
+    assert_eq!((usage.used.cpus, usage.soft().cpus), (8, 8));
+}

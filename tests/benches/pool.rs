@@ -20,7 +20,10 @@
 //! operator goes below on this machine.
 //! Figures are printed, never asserted. Environment: POOL_NODES (20), POOL_SLOTS (50),
 //! POOL_CLAIMS (1000), POOL_CONCURRENCY (20), POOL_WAIT (1), POOL_HEARTBEAT_SECS (10, the
-//! agent's default heartbeat interval: the simulated nodes report their pools that often).
+//! agent's default heartbeat interval: the simulated nodes report their pools that often),
+//! POOL_QUOTA (0; 1 puts a ResourceQuota naming the product's keys in the namespace first, with
+//! limits far above what the run takes, so that the charges are measured and never refuse:
+//! `make bench-pool` runs without, then with).
 
 use std::{
     collections::HashMap,
@@ -279,6 +282,16 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
     let claims = env_usize("POOL_CLAIMS", 1000);
     let concurrency = env_usize("POOL_CONCURRENCY", 20);
     let wait = env_usize("POOL_WAIT", 1) != 0;
+    let quota = env_usize("POOL_QUOTA", 0) != 0;
+    println!(
+        "pool: {} (POOL_QUOTA={})",
+        if quota {
+            "with a ResourceQuota limiting vm.smolvm.dev/cpus, memory and storage in the namespace: the pool keeper charges its sources and slots"
+        } else {
+            "without a quota"
+        },
+        u8::from(quota)
+    );
     let mut plane = simnodes::control_plane(&assets, "pool").await?;
     let (admin, controller_pid) = (plane.admin.clone(), plane.controller_pid);
 
@@ -298,6 +311,17 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
     });
     tokio::time::sleep(Duration::from_secs(2)).await;
 
+    if quota {
+        // Limits far above what the run takes: the charges are measured, never a refusal.
+        let quotas: Api<k8s_openapi::api::core::v1::ResourceQuota> = Api::namespaced(admin.clone(), "default");
+        let q = serde_json::from_value(json!({
+            "metadata": {"name": "bench"},
+            "spec": {"hard": {"vm.smolvm.dev/cpus": "1000000", "vm.smolvm.dev/memory": "1000Ti",
+                              "vm.smolvm.dev/storage": "1000Pi"}},
+        }))?;
+        quotas.create(&PostParams::default(), &q).await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
     let pools: Api<SmolVMPool> = Api::namespaced(admin.clone(), "default");
     let pool: SmolVMPool = serde_json::from_value(json!({
         "apiVersion": constants::API_VERSION, "kind": "SmolVMPool",

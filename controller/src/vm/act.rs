@@ -166,7 +166,7 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
     );
     let (node, warm) = match reserved {
         Ok(reserved) => {
-            if !reserved.give_back.is_empty() && !give_back(ctx, vm, &reserved).await {
+            if !reserved.give_back.is_empty() && !give_back(ctx, vm, &reserved.node, &reserved.give_back).await {
                 ctx.ledger.release(uid);
                 return Ok(Action::requeue(Duration::from_secs(2)));
             }
@@ -236,19 +236,19 @@ async fn claim(pass: Pass<'_>, bound: SmolVM, node: &str, note: decide::Note) ->
     }
 }
 
-/// The ready slots `reserved` gives back on its node, deleted there before the machine is
-/// created (ResizePool to what the ledger still books of each pool), each pool told by an event
+/// The ready slots `slots` given back on `node`, deleted there before the machine is created
+/// or grows (ResizePool to what the ledger still books of each pool), each pool told by an event
 /// naming the node, the slots and the SmolVM that took their room. `false` when a node call
-/// failed: the pass looks again (the slots' room stays given back only while the VM is placed).
-async fn give_back(ctx: &Context, vm: &SmolVM, reserved: &crate::placement::Reserved) -> bool {
-    let node = &reserved.node;
+/// failed: the pass looks again (the slots' room stays given back in the ledger, and the pools'
+/// pass asks the node again).
+async fn give_back(ctx: &Context, vm: &SmolVM, node: &str, slots: &[(String, u32)]) -> bool {
     sync_endpoint(ctx, node);
     let pools: Vec<smolvm_api::SmolVMPool> = match &ctx.pools {
         Some(store) => store.state().iter().map(|p| (**p).clone()).collect(),
         None => Vec::new(),
     };
     let taker = format!("SmolVM {}/{}", vm.namespace().unwrap_or_default(), vm.name_any());
-    for (pool, n) in &reserved.give_back {
+    for (pool, n) in slots {
         let left = ctx.ledger.slots(node, pool);
         let resized = timed(
             ctx,
@@ -367,6 +367,17 @@ async fn act(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str) -> Result<O
             // ledger holds now (the resume then waits, saying why).
             observed.room.others = ctx.ledger.used_by_others(node, uid);
             continue;
+        }
+        // A resume or a resize takes room that ready slots may hold: they are deleted first
+        // (SPEC 6.3: nothing starts where it does not fit). Should that fail, the machine does
+        // not grow in this pass.
+        if matches!(call, Call::Resume | Call::Resize(_))
+            && let Some(allocatable) = observed.room.allocatable
+        {
+            let taken = ctx.ledger.make_room(node, &allocatable);
+            if !taken.is_empty() && !give_back(ctx, vm, node, &taken).await {
+                return Ok(None);
+            }
         }
         let (result, served_from) = node_call(ctx, vm, node, machine, &call).await?;
         if served_from.is_some() {
