@@ -44,7 +44,7 @@ pub const MAX_SLOTS_PER_NODE: i64 = 1024;
         name = "Slots/Node",
         type_ = "integer",
         json_path = ".spec.slotsPerNode",
-        description = "Ready slots kept on each matching node"
+        description = "Ready slots asked for on each matching node (as many as fit are kept)"
     ),
     printcolumn(
         name = "Ready",
@@ -56,7 +56,7 @@ pub const MAX_SLOTS_PER_NODE: i64 = 1024;
         name = "Total",
         type_ = "integer",
         json_path = ".status.totalSlots",
-        description = "Slots wanted, on all matching nodes"
+        description = "Slots kept, on all matching nodes: as many as fit in their spare room and the quota"
     ),
     printcolumn(
         name = "When Empty",
@@ -184,7 +184,8 @@ pub struct SmolVMPoolStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_slots: Option<i32>,
 
-    /// Slots wanted: `slotsPerNode` times the matching nodes.
+    /// Slots kept: on each matching node, as many of `slotsPerNode` as fit in its spare room (and
+    /// the namespace's quota), summed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_slots: Option<i32>,
 
@@ -210,7 +211,8 @@ pub struct PoolNodeStatus {
     pub node_name: String,
     /// Slots ready to serve there.
     pub ready: i32,
-    /// Slots wanted there.
+    /// Slots kept there: as many of `slotsPerNode` as fit in the node's spare room (and the
+    /// namespace's quota).
     pub total: i32,
     /// Why slots fail there, smolvm's cause cleaned, when they do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
