@@ -317,7 +317,7 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
         let q = serde_json::from_value(json!({
             "metadata": {"name": "bench"},
             "spec": {"hard": {"vm.smolvm.dev/cpus": "1000000", "vm.smolvm.dev/memory": "1000Ti",
-                              "vm.smolvm.dev/storage": "1000Pi"}},
+                              "vm.smolvm.dev/storage": "1000Ti"}},
         }))?;
         quotas.create(&PostParams::default(), &q).await?;
         tokio::time::sleep(Duration::from_secs(2)).await;
