@@ -555,7 +555,7 @@ mod tests {
     #[test]
     fn a_quota_without_the_products_keys_is_none_of_its_business() {
         assert_eq!(Limits::of(&quota(&[("requests.cpu", "4"), ("pods", "10")], &[])), None);
-        let limits = Limits::of(&quota(&[("requests.cpu", "4"), ("vm.smolvm.dev/cpus", "4")], &[])).unwrap();
+        let limits = Limits::of(&quota(&[("requests.cpu", "4"), ("vm.smolvm.dev/cpus", "4")], &[])).expect("names a product key");
         assert_eq!(limits.hard.keys().copied().collect::<Vec<_>>(), vec![Key::Cpus]);
         assert!(!limits.status_hard_current());
     }
@@ -575,7 +575,7 @@ mod tests {
             ],
             &[("vm.smolvm.dev/cpus", "2"), ("vm.smolvm.dev/memory", "1Gi")],
         ))
-        .unwrap();
+        .expect("names a product key");
         // Fits: the figures afterwards, for the keys the quota limits (storage is not limited).
         assert_eq!(
             judge(&limits, &r(2, 1024, 30)),
@@ -594,7 +594,7 @@ mod tests {
             "exceeded quota: vms, requested: vm.smolvm.dev/cpus=3,vm.smolvm.dev/memory=4Gi, used: vm.smolvm.dev/cpus=2,vm.smolvm.dev/memory=1Gi, limited: vm.smolvm.dev/cpus=4,vm.smolvm.dev/memory=4Gi"
         );
         // Nothing counted yet reads as 0.
-        let fresh = Limits::of(&quota(&[("vm.smolvm.dev/cpus", "1")], &[])).unwrap();
+        let fresh = Limits::of(&quota(&[("vm.smolvm.dev/cpus", "1")], &[])).expect("names a product key");
         assert_eq!(
             judge(&fresh, &r(2, 0, 0)).unwrap_err().message,
             "exceeded quota: vms, requested: vm.smolvm.dev/cpus=2, used: vm.smolvm.dev/cpus=0, limited: vm.smolvm.dev/cpus=1"
@@ -608,12 +608,12 @@ mod tests {
             &[("vm.smolvm.dev/cpus", "4"), ("vm.smolvm.dev/memory", "4Gi")],
             &[("vm.smolvm.dev/cpus", "1")],
         ))
-        .unwrap();
+        .expect("names a product key");
         let b = Limits::of(&quota(
             &[("vm.smolvm.dev/cpus", "2500m")],
             &[("vm.smolvm.dev/cpus", "6")],
         ))
-        .unwrap();
+        .expect("names a product key");
         assert_eq!(
             room(std::slice::from_ref(&a)),
             Some(NodeResources {
@@ -635,7 +635,7 @@ mod tests {
 
     #[test]
     fn the_status_patch_names_its_precondition_and_only_the_products_keys() {
-        let limits = Limits::of(&quota(&[("vm.smolvm.dev/cpus", "4"), ("pods", "3")], &[])).unwrap();
+        let limits = Limits::of(&quota(&[("vm.smolvm.dev/cpus", "4"), ("pods", "3")], &[])).expect("names a product key");
         let patch = status_patch(&limits, &BTreeMap::from([(Key::Cpus, 2000)]), true);
         assert_eq!(
             patch,
