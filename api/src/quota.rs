@@ -555,7 +555,8 @@ mod tests {
     #[test]
     fn a_quota_without_the_products_keys_is_none_of_its_business() {
         assert_eq!(Limits::of(&quota(&[("requests.cpu", "4"), ("pods", "10")], &[])), None);
-        let limits = Limits::of(&quota(&[("requests.cpu", "4"), ("vm.smolvm.dev/cpus", "4")], &[])).expect("names a product key");
+        let limits = Limits::of(&quota(&[("requests.cpu", "4"), ("vm.smolvm.dev/cpus", "4")], &[]))
+            .expect("names a product key");
         assert_eq!(limits.hard.keys().copied().collect::<Vec<_>>(), vec![Key::Cpus]);
         assert!(!limits.status_hard_current());
     }
@@ -635,7 +636,8 @@ mod tests {
 
     #[test]
     fn the_status_patch_names_its_precondition_and_only_the_products_keys() {
-        let limits = Limits::of(&quota(&[("vm.smolvm.dev/cpus", "4"), ("pods", "3")], &[])).expect("names a product key");
+        let limits =
+            Limits::of(&quota(&[("vm.smolvm.dev/cpus", "4"), ("pods", "3")], &[])).expect("names a product key");
         let patch = status_patch(&limits, &BTreeMap::from([(Key::Cpus, 2000)]), true);
         assert_eq!(
             patch,

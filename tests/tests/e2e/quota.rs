@@ -81,6 +81,22 @@ async fn used_cpus_become(client: &Client, ns: &str, name: &str, want: &str, wha
     .await
 }
 
+/// Waits until the webhook refuses `too_big` (a dry run): its quota cache has the namespace's
+/// quota.
+async fn webhook_knows(api: &Api<SmolVM>, too_big: &SmolVM) -> anyhow::Result<()> {
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    eventually("the webhook to know the quota", Duration::from_secs(30), || async {
+        match api.create(&dry_run, too_big).await {
+            Err(kube::Error::Api(s)) if s.code == 403 => Ok(Some(())),
+            _ => Ok(None),
+        }
+    })
+    .await
+}
+
 /// Creates `vm`: `Ok(())`, or the API server's refusal (code, message).
 async fn create(api: &Api<SmolVM>, vm: &SmolVM) -> anyhow::Result<Result<(), (u16, String)>> {
     match api.create(&PostParams::default(), vm).await {
@@ -127,28 +143,8 @@ async fn v15_a_quota_admits_within_its_limits_and_refuses_beyond_them(env: &mut 
 
     let api: Api<SmolVM> = Api::namespaced(admin.clone(), ns);
     // The webhook's quota cache follows the watch within moments: until then a create passes
-    // uncharged, so wait for the first refusal of something plainly too big (a dry run).
-    let too_big = vm(ns, "too-big", 5, 512);
-    eventually("the webhook to know the quota", Duration::from_secs(30), || {
-        let api = api.clone();
-        let too_big = &too_big;
-        async move {
-            match api
-                .create(
-                    &PostParams {
-                        dry_run: true,
-                        ..Default::default()
-                    },
-                    too_big,
-                )
-                .await
-            {
-                Err(kube::Error::Api(s)) if s.code == 403 => Ok(Some(())),
-                _ => Ok(None),
-            }
-        }
-    })
-    .await?;
+    // uncharged.
+    webhook_knows(&api, &vm(ns, "too-big", 5, 512)).await?;
 
     // 2 + 2 CPUs pass; the third is refused with the quota's name and figures.
     for (name, memory) in [("one", 512), ("two", 4096)] {
@@ -280,27 +276,7 @@ async fn v15_concurrent_creates_never_pass_a_limit_together(env: &mut Env) -> an
         namespace(&admin, &ns).await?;
         quota(&admin, &ns, "vms", json!({"vm.smolvm.dev/cpus": "10"})).await?;
         let api: Api<SmolVM> = Api::namespaced(admin.clone(), &ns);
-        let probe = vm(&ns, "probe", 11, 512);
-        eventually("the webhook to know the quota", Duration::from_secs(30), || {
-            let api = api.clone();
-            let probe = &probe;
-            async move {
-                match api
-                    .create(
-                        &PostParams {
-                            dry_run: true,
-                            ..Default::default()
-                        },
-                        probe,
-                    )
-                    .await
-                {
-                    Err(kube::Error::Api(s)) if s.code == 403 => Ok(Some(())),
-                    _ => Ok(None),
-                }
-            }
-        })
-        .await?;
+        webhook_knows(&api, &vm(&ns, "probe", 11, 512)).await?;
         let creates: Vec<SmolVM> = (0..20).map(|i| vm(&ns, &format!("vm-{i}"), 1, 128)).collect();
         let results = futures::future::join_all(creates.iter().map(|v| create(&api, v))).await;
         let mut admitted = 0;
