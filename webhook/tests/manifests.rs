@@ -261,6 +261,7 @@ mod policies {
 
     const CONTROLLER: &str = "system:serviceaccount:smolvm-system:smolvm-controller";
     const RUNTIME: &str = "system:serviceaccount:smolvm-system:smolvm-runtime";
+    const WEBHOOK: &str = "system:serviceaccount:smolvm-system:smolvm-webhook";
 
     /// The policy `name` from the file `file` of deploy/base/admission-policies.
     fn policy_in(file: &str, name: &str) -> Value {
@@ -325,6 +326,115 @@ mod policies {
             }
         }
         Some(failed)
+    }
+
+    /// One case of a policy's table: its name, the request, the old and new objects, and a
+    /// fragment of each message that must fail, in order.
+    type Case<'a> = (&'a str, Value, Option<&'a Value>, &'a Value, Vec<&'a str>);
+
+    /// Judges every case of `cases` with `policy`: as many failures as fragments, each message
+    /// matching its fragment (`matches`) and ending with `rule`.
+    fn judge_cases(policy: &Value, cases: &[Case<'_>], rule: &str, matches: impl Fn(&str, &str) -> bool) {
+        for (name, req, old, new, expected) in cases {
+            let failed = judge(policy, req, new, *old).unwrap_or_else(|| panic!("{name}: not matched"));
+            assert_eq!(failed.len(), expected.len(), "{name}: {failed:?}");
+            for (message, fragment) in failed.iter().zip(expected) {
+                assert!(
+                    matches(message, fragment) && message.ends_with(rule),
+                    "{name}: {message}"
+                );
+            }
+        }
+    }
+
+    /// V15's guard (admission-policies/quota.yaml): the webhook and the controller may write only
+    /// the product's keys of a ResourceQuota's status; others are not the policy's concern.
+    #[test]
+    fn v15_the_webhook_and_the_controller_write_only_the_products_quota_keys() {
+        let p = policy_in("quota.yaml", "smolvm-quota-keys");
+        let quota = |used: Value, hard: Value| {
+            json!({"apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": "vms", "namespace": "team-a"},
+            "spec": {"hard": {"vm.smolvm.dev/cpus": "4", "pods": "10"}},
+            "status": {"used": used, "hard": hard}})
+        };
+        let hard = json!({"vm.smolvm.dev/cpus": "4", "pods": "10"});
+        let before = quota(json!({"vm.smolvm.dev/cpus": "2", "pods": "3"}), hard.clone());
+        let charged = quota(json!({"vm.smolvm.dev/cpus": "4", "pods": "3"}), hard.clone());
+        let freed_pods = quota(json!({"vm.smolvm.dev/cpus": "2", "pods": "0"}), hard.clone());
+        let dropped_pods = quota(json!({"vm.smolvm.dev/cpus": "2"}), hard.clone());
+        let added = quota(
+            json!({"vm.smolvm.dev/cpus": "2", "pods": "3", "requests.cpu": "0"}),
+            hard.clone(),
+        );
+        let hard_written = quota(
+            json!({"vm.smolvm.dev/cpus": "2", "pods": "3"}),
+            json!({"vm.smolvm.dev/cpus": "8", "pods": "10"}),
+        );
+        let pods_raised = quota(
+            json!({"vm.smolvm.dev/cpus": "2", "pods": "3"}),
+            json!({"vm.smolvm.dev/cpus": "4", "pods": "99"}),
+        );
+        let fresh = quota(json!({"vm.smolvm.dev/cpus": "0"}), json!({"vm.smolvm.dev/cpus": "4"}));
+        let bare = json!({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "vms"}, "spec": {"hard": {"pods": "10"}}});
+        for user in [WEBHOOK, CONTROLLER] {
+            let update = request(user, "UPDATE", "status", json!({}));
+            let cases: Vec<Case<'_>> = vec![
+                (
+                    "a charge of the product's key",
+                    update.clone(),
+                    Some(&before),
+                    &charged,
+                    vec![],
+                ),
+                (
+                    "status.hard of the product's key (the recount)",
+                    update.clone(),
+                    Some(&before),
+                    &hard_written,
+                    vec![],
+                ),
+                (
+                    "the first figures of a bare quota",
+                    update.clone(),
+                    Some(&bare),
+                    &fresh,
+                    vec![],
+                ),
+                (
+                    "another key lowered",
+                    update.clone(),
+                    Some(&before),
+                    &freed_pods,
+                    vec!["status.used: "],
+                ),
+                (
+                    "another key removed",
+                    update.clone(),
+                    Some(&before),
+                    &dropped_pods,
+                    vec!["status.used: "],
+                ),
+                (
+                    "another key added",
+                    update.clone(),
+                    Some(&before),
+                    &added,
+                    vec!["status.used: "],
+                ),
+                (
+                    "another limit raised",
+                    update.clone(),
+                    Some(&before),
+                    &pods_raised,
+                    vec!["status.hard: "],
+                ),
+            ];
+            judge_cases(&p, &cases, "[V15]", |message, fragment| message.starts_with(fragment));
+        }
+        // Anyone else (the quota controller, an admin) is not this policy's concern.
+        let other = request("system:kube-controller-manager", "UPDATE", "status", json!({}));
+        assert_eq!(judge(&p, &other, &freed_pods, Some(&before)), None);
     }
 
     fn request(username: &str, op: &str, sub: &str, extra: Value) -> Value {
@@ -641,16 +751,7 @@ mod policies {
                 vec![],
             ),
         ];
-        for (name, req, old, new, expected) in cases {
-            let failed = judge(&p, &req, new, old).unwrap_or_else(|| panic!("{name}: not matched"));
-            assert_eq!(failed.len(), expected.len(), "{name}: {failed:?}");
-            for (message, fragment) in failed.iter().zip(&expected) {
-                assert!(
-                    message.contains(fragment) && message.ends_with("[V10]"),
-                    "{name}: {message}"
-                );
-            }
-        }
+        judge_cases(&p, &cases, "[V10]", |message, fragment| message.contains(fragment));
         // An admin's cordon is not this policy's business.
         let admin = request("kubernetes-admin", "UPDATE", "", json!({}));
         assert_eq!(judge(&p, &admin, &a_cordoned, Some(&a)), None);
@@ -855,16 +956,7 @@ mod policies {
                 vec![],
             ),
         ];
-        for (name, req, old, new, expected) in cases {
-            let failed = judge(&p, &req, new, old).unwrap_or_else(|| panic!("{name}: not matched"));
-            assert_eq!(failed.len(), expected.len(), "{name}: {failed:?}");
-            for (message, fragment) in failed.iter().zip(&expected) {
-                assert!(
-                    message.starts_with(fragment) && message.ends_with("[V10]"),
-                    "{name}: {message}"
-                );
-            }
-        }
+        judge_cases(&p, &cases, "[V10]", |message, fragment| message.starts_with(fragment));
         // Two foreign labels at once: both named in one message.
         let both = set(&tenant, &format!("{labels}/team"), json!("intruders"));
         let failed = judge(&p, &update, &both, Some(&labelled)).unwrap_or_default();
