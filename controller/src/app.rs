@@ -237,7 +237,7 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     // VMs a node change concerns.
     let (vm_store, vm_writer) = reflector::store::<SmolVM>();
     // Wakes the pools' passes: a node reporting other pool counts, a pool changing, a claim.
-    let pools_wake = Arc::new(crate::pools::Wake::default());
+    let pools_wake = Arc::new(crate::vm::PoolsWake::default());
     let (node_store, wake) = node_watch(
         &client,
         vm_store.clone(),
@@ -489,7 +489,7 @@ async fn node_watch(
     vm_store: Store<SmolVM>,
     liveness: placement::Config,
     events: EventSink,
-    pools_wake: Arc<crate::pools::Wake>,
+    pools_wake: Arc<crate::vm::PoolsWake>,
 ) -> anyhow::Result<(
     Store<SmolVMNode>,
     impl Stream<Item = ObjectRef<SmolVM>> + Send + 'static + use<>,

@@ -677,6 +677,13 @@ pub(crate) fn pool_prefix(pool: &SmolVMPool) -> Option<String> {
     valid.then(|| format!("pool-{uid}-g"))
 }
 
+/// The live pool whose node pool `name` is, if any.
+pub fn owner_of<'p>(pools: impl IntoIterator<Item = &'p SmolVMPool>, name: &str) -> Option<&'p SmolVMPool> {
+    pools
+        .into_iter()
+        .find(|p| pool_prefix(p).is_some_and(|prefix| name.starts_with(&prefix)))
+}
+
 /// The pool's name on its nodes for the template of `generation` (a SmolVM filled from an
 /// older template is served only by slots of that one): `pool-<uid>-g<generation>`, at most 62
 /// characters.

@@ -25,7 +25,7 @@
 //! remains). Refills are the controller's: the agent lowers a pool's wanted slots by one at each
 //! lease, and the next pass books the replacement before it asks for it. Passes run when a node
 //! reports other pool counts, a pool changes, a claim took a slot or a node's calls ended
-//! ([`Wake`]), and at least every [`EVERY`]; never more often than every [`MIN_GAP`].
+//! ([`crate::vm::PoolsWake`]), and at least every [`EVERY`]; never more often than every [`MIN_GAP`].
 //!
 //! A node whose ApplyPool failed is asked again after a backoff (10 s doubling to 5 minutes),
 //! as a failed start is: a source that does not boot takes smolvm tens of seconds each time.
@@ -36,9 +36,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 use kube::{
-    Api, Resource, ResourceExt,
+    Api, ResourceExt,
     api::{ListParams, Patch, PatchParams},
-    runtime::events::{Event, EventType},
 };
 use serde_json::json;
 use smolvm_api::{
@@ -345,13 +344,6 @@ pub fn orphans(nodes: &[Arc<SmolVMNode>], live: &[SmolVMPool]) -> Vec<(String, S
     out
 }
 
-/// The live pool whose node pool `name` is, if any.
-pub fn owner_of<'p>(pools: impl IntoIterator<Item = &'p SmolVMPool>, name: &str) -> Option<&'p SmolVMPool> {
-    pools
-        .into_iter()
-        .find(|p| prefix(p).is_some_and(|prefix| name.starts_with(&prefix)))
-}
-
 /// The pool's status after `plan`, given the failures of ApplyPool by node (the agent's
 /// message, cleaned), keeping each condition's transition time where its status holds.
 pub fn status(
@@ -505,44 +497,6 @@ impl Backoff {
             .filter(|((_, pool), _)| pool == name)
             .map(|((node, _), (_, _, message))| (node.clone(), message.clone()))
             .collect()
-    }
-}
-
-/// A pool a node reports: `(name, ready, wanted)`.
-type Reported = (String, i32, i32);
-
-/// What wakes the pools' passes: a node reporting other pool counts ([`Wake::node_seen`]), a
-/// pool changing, a claim taking a slot, a node's calls ending ([`Wake::poke`]).
-#[derive(Debug, Default)]
-pub struct Wake {
-    notify: tokio::sync::Notify,
-    /// The pools each node last reported.
-    seen: Mutex<HashMap<String, Vec<Reported>>>,
-}
-
-impl Wake {
-    /// A pass is wanted soon.
-    pub fn poke(&self) {
-        self.notify.notify_one();
-    }
-
-    /// A SmolVMNode was seen: a pass is wanted if the pools it reports changed.
-    pub fn node_seen(&self, node: &SmolVMNode) {
-        let pools: Vec<Reported> = reported(node)
-            .into_iter()
-            .map(|(name, (ready, wanted))| (name.to_string(), ready, wanted))
-            .collect();
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if seen.get(&node.name_any()) != Some(&pools) {
-            seen.insert(node.name_any(), pools);
-            drop(seen);
-            self.poke();
-        }
-    }
-
-    /// Waits for a poke, or `every`.
-    async fn wait(&self, every: Duration) {
-        let _ = tokio::time::timeout(every, self.notify.notified()).await;
     }
 }
 
@@ -856,8 +810,8 @@ async fn keep(
                 slots: left,
             });
             let taker = format!("the source of pool {}/{}", pool.namespace(), pool.name_any());
-            if let Some(owner) = owner_of(pools, &other) {
-                slots_given_back(ctx, owner, node, before.count.saturating_sub(left), &taker).await;
+            if let Some(owner) = placement::owner_of(pools, &other) {
+                crate::vm::report::slots_given_back(ctx, owner, node, before.count.saturating_sub(left), &taker).await;
             }
         }
         if let Some(spec) = spec {
@@ -973,23 +927,6 @@ async fn call_node(ctx: Arc<Context>, keeper: Arc<Keeper>, node: String, calls: 
     }
     keeper.busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&node);
     ctx.pools_wake.poke();
-}
-
-/// The event on `pool` that `n` of its ready slots on `node` were given back to `taker` (a
-/// SmolVM, or another pool's source, that fit there only with their room).
-pub async fn slots_given_back(ctx: &Context, pool: &SmolVMPool, node: &str, n: u32, taker: &str) {
-    let event = Event {
-        type_: EventType::Normal,
-        reason: reason::SLOTS_GIVEN_BACK.into(),
-        note: Some(format!(
-            "{n} ready slot(s) on node {node} given back to {taker}, which fits there only with their room"
-        )),
-        action: "GiveBack".into(),
-        secondary: None,
-    };
-    if let Err(error) = ctx.recorder.publish(&event, &pool.object_ref(&())).await {
-        tracing::warn!(%error, "could not record event");
-    }
 }
 
 /// What ApplyPool sends for `pool`: its slot's machine `vm`, env values and registry credential

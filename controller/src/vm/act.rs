@@ -258,8 +258,8 @@ async fn give_back(ctx: &Context, vm: &SmolVM, node: &str, slots: &[(String, u32
         .await;
         match resized {
             Ok(_) => {
-                if let Some(owner) = crate::pools::owner_of(&pools, pool) {
-                    crate::pools::slots_given_back(ctx, owner, node, *n, &taker).await;
+                if let Some(owner) = crate::placement::owner_of(&pools, pool) {
+                    report::slots_given_back(ctx, owner, node, *n, &taker).await;
                 }
             }
             Err(error) if error.code() == Some(&smolvm_api::nodeapi::ErrorCode::PoolNotFound) => {}

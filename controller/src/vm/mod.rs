@@ -181,12 +181,50 @@ pub struct Context {
     pub start_failures: StartFailures,
     /// The versions of each VM that the controller's own writes replaced.
     pub superseded: Superseded,
-    /// Wakes the pools' passes ([`crate::pools::Wake`]): a claim that took a ready slot, a node
+    /// Wakes the pools' passes ([`PoolsWake`]): a claim that took a ready slot, a node
     /// reporting other pool counts.
-    pub pools_wake: Arc<crate::pools::Wake>,
+    pub pools_wake: Arc<PoolsWake>,
     /// The namespaces' ResourceQuotas and their charger, for what the controller starts on its
     /// own (a pool's source and slots); `None`: nothing is charged.
     pub quotas: Option<crate::quota::Charging>,
+}
+
+/// A pool a node reports: `(name, ready, wanted)`.
+type Reported = (String, i32, i32);
+
+/// What wakes the pools' passes: a node reporting other pool counts ([`PoolsWake::node_seen`]), a
+/// pool changing, a claim taking a slot, a node's calls ending ([`Wake::poke`]).
+#[derive(Debug, Default)]
+pub struct PoolsWake {
+    notify: tokio::sync::Notify,
+    /// The pools each node last reported.
+    seen: std::sync::Mutex<std::collections::HashMap<String, Vec<Reported>>>,
+}
+
+impl PoolsWake {
+    /// A pass is wanted soon.
+    pub fn poke(&self) {
+        self.notify.notify_one();
+    }
+
+    /// A SmolVMNode was seen: a pass is wanted if the pools it reports changed.
+    pub fn node_seen(&self, node: &SmolVMNode) {
+        let pools: Vec<Reported> = crate::placement::reported_pools(node)
+            .into_iter()
+            .map(|(name, (ready, wanted))| (name.to_string(), ready, wanted))
+            .collect();
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.get(&node.name_any()) != Some(&pools) {
+            seen.insert(node.name_any(), pools);
+            drop(seen);
+            self.poke();
+        }
+    }
+
+    /// Waits for a poke, or `every`.
+    pub(crate) async fn wait(&self, every: Duration) {
+        let _ = tokio::time::timeout(every, self.notify.notified()).await;
+    }
 }
 
 /// Counts, per VM UID, the consecutive passes that did not settle.

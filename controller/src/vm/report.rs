@@ -235,3 +235,24 @@ fn describe_kube_error(e: &kube::Error) -> String {
         other => other.to_string(),
     }
 }
+
+/// The event on `pool` that `n` of its ready slots on `node` were given back to `taker` (a
+/// SmolVM, or another pool's source, that fit there only with their room).
+pub async fn slots_given_back(ctx: &Context, pool: &smolvm_api::SmolVMPool, node: &str, n: u32, taker: &str) {
+    let event = kube::runtime::events::Event {
+        type_: kube::runtime::events::EventType::Normal,
+        reason: smolvm_api::constants::reason::SLOTS_GIVEN_BACK.into(),
+        note: Some(format!(
+            "{n} ready slot(s) on node {node} given back to {taker}, which fits there only with their room"
+        )),
+        action: "GiveBack".into(),
+        secondary: None,
+    };
+    if let Err(error) = ctx
+        .recorder
+        .publish(&event, &kube::Resource::object_ref(pool, &()))
+        .await
+    {
+        tracing::warn!(%error, "could not record event");
+    }
+}
