@@ -158,89 +158,135 @@ pub fn plan(
 ) -> Option<Plan> {
     let prefix = prefix(pool)?;
     let name = node_pool_name(pool)?;
-    let want = u32::try_from(pool.spec.slots_per_node.max(0)).unwrap_or(0);
-    let selector = pool.spec.node_selector.clone().unwrap_or_default();
     let eligible = Request {
         resources: NodeResources::default(),
         host_ports: Vec::new(),
-        node_selector: selector.clone(),
+        node_selector: pool.spec.node_selector.clone().unwrap_or_default(),
         pin: None,
     };
-    let source = Request {
-        resources: *slot,
-        ..eligible.clone()
-    };
-    let mut plan = Plan {
-        name: name.clone(),
+    let mut planning = Planning {
+        source: Request {
+            resources: *slot,
+            ..eligible.clone()
+        },
+        eligible,
+        prefix,
+        want: u32::try_from(pool.spec.slots_per_node.max(0)).unwrap_or(0),
+        ledger,
         slot: *slot,
-        ..Default::default()
+        now,
+        config,
+        budget,
+        sources_held: 0,
+        slots_held: 0,
+        rejected: Rejections::default(),
+        plan: Plan {
+            name,
+            slot: *slot,
+            ..Default::default()
+        },
     };
-    let mut budget = budget;
-    let (mut sources_held, mut slots_held) = (0u32, 0u32);
-    let mut rejected = Rejections::default();
     let mut sorted: Vec<&Arc<SmolVMNode>> = nodes.iter().collect();
     sorted.sort_by_key(|n| n.name_any());
-    // (the node's plan, its usage, its allocatable, the pool's (ready, wanted) it reports)
-    type Kept = (Keep, placement::Usage, NodeResources, Option<(i32, i32)>);
-    let mut kept: Vec<Kept> = Vec::new();
-    for node in sorted {
+    // Sources first, node by node, then the slots that fit beside them.
+    let kept: Vec<Kept> = sorted.into_iter().filter_map(|node| planning.source_on(node)).collect();
+    for kept in kept {
+        planning.slots_on(kept);
+    }
+    Some(planning.finish(nodes.len()))
+}
+
+/// A node that keeps the pool's source, as the slots' phase of [`plan`] reads it: its plan so
+/// far, its usage, its allocatable, and the pool's `(ready, wanted)` it reports.
+type Kept = (Keep, placement::Usage, NodeResources, Option<(i32, i32)>);
+
+/// [`plan`] under way: what it reads, the budget left, what the budget and the nodes held back,
+/// and the plan.
+struct Planning<'a> {
+    /// What a node must be to keep the pool (eligible, matching its nodeSelector).
+    eligible: Request,
+    /// The pool's source, as placement takes it.
+    source: Request,
+    /// The prefix of every node pool of the pool (every generation).
+    prefix: String,
+    /// `slotsPerNode`.
+    want: u32,
+    ledger: &'a LedgerView,
+    slot: NodeResources,
+    now: Timestamp,
+    config: &'a placement::Config,
+    budget: Option<NodeResources>,
+    sources_held: u32,
+    slots_held: u32,
+    rejected: Rejections,
+    plan: Plan,
+}
+
+impl Planning<'_> {
+    /// `node` in the sources' phase: the node pools it must retire, and whether it keeps the
+    /// source (booked, there, or placed now as a SmolVM is, beside every hold or with other
+    /// pools' ready slots given back, and within the budget).
+    fn source_on(&mut self, node: &SmolVMNode) -> Option<Kept> {
+        let (now, config, slot) = (self.now, self.config, self.slot);
+        let name = self.plan.name.clone();
         let node_name = node.name_any();
         let pools = reported(node);
-        let ineligible = check_node(node, &eligible, None, now, config);
-        for held in pools.keys().filter(|p| p.starts_with(&prefix)) {
+        let ineligible = check_node(node, &self.eligible, None, now, config);
+        for held in pools.keys().filter(|p| p.starts_with(&self.prefix)) {
             if *held != name || ineligible.is_some() {
-                plan.retire.push((node_name.clone(), (*held).to_string()));
+                self.plan.retire.push((node_name.clone(), (*held).to_string()));
             }
         }
         if let Some(why) = ineligible {
-            rejected.add(why, 0);
-            continue;
+            self.rejected.add(why, 0);
+            return None;
         }
-        plan.targets.push(node_name.clone());
+        self.plan.targets.push(node_name.clone());
         let here = pools.get(name.as_str()).copied();
-        let usage = ledger.by_node.get(&node_name).cloned().unwrap_or_default();
+        let usage = self.ledger.by_node.get(&node_name).cloned().unwrap_or_default();
         let allocatable = node.status.as_ref().and_then(|s| s.allocatable).unwrap_or_default();
         let mut keep = Keep {
             node: node_name.clone(),
             ..Keep::default()
         };
-        if here.is_none() && !ledger.source_booked(&node_name, &name) {
+        if here.is_none() && !self.ledger.source_booked(&node_name, &name) {
             // Placed as a SmolVM is: beside every hold, or with other pools' ready slots given
             // back (never its own: they would go with it).
             let mut others = usage.clone();
             others.slots.remove(&name);
-            if let Some(why) = check_node_in(node, &source, Some(&others), now, config, Slots::GivenBack) {
+            if let Some(why) = check_node_in(node, &self.source, Some(&others), now, config, Slots::GivenBack) {
                 let free = why.resource(&free_of(node, Some(&others), Slots::GivenBack));
-                rejected.add(why, free);
+                self.rejected.add(why, free);
                 let mut one = Rejections::default();
                 one.add(why, free);
-                plan.waiting.insert(
-                    node_name,
-                    format!(
-                        "no room for the pool's source: {}",
-                        one.summary(&source).replacen("1 ", "the node ", 1)
-                    ),
-                );
-                continue;
+                let summary = one.summary(&self.source).replacen("1 ", "the node ", 1);
+                self.plan
+                    .waiting
+                    .insert(node_name, format!("no room for the pool's source: {summary}"));
+                return None;
             }
-            if let Some(left) = &mut budget {
-                if !fits(slot, left) {
-                    sources_held += 1;
-                    plan.waiting.insert(
+            if let Some(left) = &mut self.budget {
+                if !fits(&slot, left) {
+                    self.sources_held += 1;
+                    self.plan.waiting.insert(
                         node_name,
                         "the namespace's quota has no room for the pool's source".into(),
                     );
-                    continue;
+                    return None;
                 }
-                *left = left.minus(slot);
+                *left = left.minus(&slot);
             }
-            keep.source = Some(*slot);
-            keep.give_back = slots_to_give_back(&allocatable, &others, slot, None).unwrap_or_default();
+            keep.source = Some(slot);
+            keep.give_back = slots_to_give_back(&allocatable, &others, &slot, None).unwrap_or_default();
         }
-        kept.push((keep, usage, allocatable, here));
+        Some((keep, usage, allocatable, here))
     }
-    for (mut keep, usage, allocatable, here) in kept {
-        let mut room = less(&less(&allocatable, &usage.used), &usage.soft_except(&name));
+
+    /// A node that keeps the source, in the slots' phase: as many of `slotsPerNode` as fit
+    /// beside every hard and soft hold (its own slots' room counted as its), within the budget.
+    fn slots_on(&mut self, (mut keep, usage, allocatable, here): Kept) {
+        let (slot, name) = (self.slot, &self.plan.name);
+        let mut room = less(&less(&allocatable, &usage.used), &usage.soft_except(name));
         if let Some(source) = &keep.source {
             room = less(&room, source);
             for (other, n) in &keep.give_back {
@@ -249,35 +295,44 @@ pub fn plan(
                 }
             }
         }
-        let booked = usage.slots_of(&name);
-        let mut slots = want.min(fit_count(&room, slot));
-        plan.short_of_room = plan.short_of_room.saturating_add(want - slots);
+        let booked = usage.slots_of(name);
+        let mut slots = self.want.min(fit_count(&room, &slot));
+        self.plan.short_of_room = self.plan.short_of_room.saturating_add(self.want - slots);
         if slots > booked
-            && let Some(left) = &mut budget
+            && let Some(left) = &mut self.budget
         {
-            let allowed = booked.saturating_add(fit_count(left, slot));
+            let allowed = booked.saturating_add(fit_count(left, &slot));
             if allowed < slots {
-                slots_held = slots_held.saturating_add(slots - allowed);
+                self.slots_held = self.slots_held.saturating_add(slots - allowed);
                 slots = allowed;
             }
-            *left = left.minus(&times(slot, slots.saturating_sub(booked)));
+            *left = left.minus(&times(&slot, slots.saturating_sub(booked)));
         }
         keep.slots = slots;
         keep.new_slots = slots.saturating_sub(booked);
         let reported_wanted = here.map(|(_, wanted)| i64::from(wanted));
         keep.apply = keep.source.is_some() || slots != booked || reported_wanted != Some(i64::from(slots));
-        plan.keep.push(keep);
+        self.plan.keep.push(keep);
     }
-    if plan.keep.is_empty() && sources_held == 0 {
-        plan.unplaced = Some(match nodes.len() {
-            0 => "no SmolVMNode is registered".to_string(),
-            n => rejected.message("keep this pool's source", n, &source),
-        });
+
+    /// The plan, with why no node keeps the source (of `nodes` nodes) and what the quota held.
+    fn finish(mut self, nodes: usize) -> Plan {
+        if self.plan.keep.is_empty() && self.sources_held == 0 {
+            self.plan.unplaced = Some(match nodes {
+                0 => "no SmolVMNode is registered".to_string(),
+                n => self.rejected.message("keep this pool's source", n, &self.source),
+            });
+        }
+        if self.sources_held > 0 || self.slots_held > 0 {
+            self.plan.quota = Some(quota_words(
+                &self.budget.unwrap_or_default(),
+                self.sources_held,
+                self.slots_held,
+                &self.slot,
+            ));
+        }
+        self.plan
     }
-    if sources_held > 0 || slots_held > 0 {
-        plan.quota = Some(quota_words(&budget.unwrap_or_default(), sources_held, slots_held, slot));
-    }
-    Some(plan)
 }
 
 /// Why the quota stops the pool: the room its ResourceQuotas leave (the keys they limit only:
@@ -707,30 +762,7 @@ async fn keep(
     ) else {
         return;
     };
-    let applying: Vec<&Keep> = plan
-        .keep
-        .iter()
-        .filter(|k| !busy.contains(&k.node))
-        .filter(|k| {
-            let key = (k.node.clone(), plan.name.clone());
-            let due = keeper
-                .backoff
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .due(&key, Instant::now());
-            // A node asked only because its report still says other slots, and told these slots
-            // moments ago, is not asked again before its next report.
-            let booked = ctx.ledger.slots(&k.node, &plan.name);
-            let told = keeper
-                .applied
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&key)
-                .is_some_and(|(slots, at)| *slots == k.slots && at.elapsed() < REPORT_LAG);
-            let only_the_report = k.source.is_none() && k.slots == booked;
-            k.apply && due && !(only_the_report && told)
-        })
-        .collect();
+    let applying = asked_nodes(ctx, keeper, &plan, busy);
     let spec = match (&slot, applying.is_empty()) {
         (_, true) => None,
         (Ok(vm), false) => Some(source_spec(ctx, pool, vm).await),
@@ -744,84 +776,26 @@ async fn keep(
         _ => None,
     };
     let by_name: HashMap<String, &Arc<SmolVMNode>> = nodes.iter().map(|n| (n.name_any(), n)).collect();
+    let this = PoolPass {
+        ctx,
+        keeper,
+        pool,
+        pools,
+        plan: &plan,
+    };
     for keep in &plan.keep {
-        if busy.contains(&keep.node) {
-            continue;
-        }
-        let node = &keep.node;
-        let Some(node_object) = by_name.get(node) else { continue };
-        let allocatable = node_object
-            .status
-            .as_ref()
-            .and_then(|s| s.allocatable)
-            .unwrap_or_default();
-        let present = reported(node_object).contains_key(plan.name.as_str());
-        let asked = applying.iter().any(|k| &k.node == node);
-        if keep.source.is_some() && (!asked || refused.is_some()) {
-            // A source the node is not asked for in this pass (its backoff runs), or not charged,
-            // is not booked.
-            continue;
-        }
-        let spec = match (&spec, asked) {
-            (Some(Err(message)), true) => {
-                let key = (node.clone(), plan.name.clone());
-                keeper
-                    .backoff
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .failed(key, message.clone(), Instant::now());
-                continue;
-            }
-            (Some(Ok(spec)), true) => Some(spec),
-            _ => None,
-        };
-        // Other pools' ready slots first: booked as given back (put back should the source not
-        // be booked after all), then deleted on the node.
-        let mut given: Vec<(String, placement::SlotHold, u32)> = Vec::new();
-        for (other, n) in &keep.give_back {
-            let before = ctx.ledger.slot_hold(node, other);
-            let left = ctx.ledger.take_slots(node, other, *n);
-            given.push((other.clone(), before, left));
-        }
-        let source = Request {
-            resources: plan.slot,
-            host_ports: Vec::new(),
-            node_selector: Default::default(),
-            pin: None,
-        };
-        // Slots are booked up only where the node is asked for them in this pass.
-        let want = match (asked, &refused) {
-            (true, None) => keep.slots,
-            (true, Some(_)) => keep.slots.saturating_sub(keep.new_slots),
-            (false, _) => keep.slots.min(ctx.ledger.slots(node, &plan.name)),
-        };
-        let Some(slots) = ctx
-            .ledger
-            .book_pool(node, &plan.name, &source, present, &plan.slot, want, &allocatable)
-        else {
-            for (other, before, _) in given {
-                ctx.ledger.set_slot_hold(node, &other, before);
-            }
+        let Some(node) = by_name.get(&keep.node).filter(|_| !busy.contains(&keep.node)) else {
             continue;
         };
-        for (other, before, left) in given {
-            calls.entry(node.clone()).or_default().push(NodeCall::Resize {
-                pool: other.clone(),
-                slots: left,
-            });
-            let taker = format!("the source of pool {}/{}", pool.namespace(), pool.name_any());
-            if let Some(owner) = placement::owner_of(pools, &other) {
-                crate::vm::report::slots_given_back(ctx, owner, node, before.count.saturating_sub(left), &taker).await;
-            }
-        }
-        if let Some(spec) = spec {
-            let mut spec = spec.clone();
-            spec.slots = slots;
-            calls.entry(node.clone()).or_default().push(NodeCall::Apply {
-                pool: plan.name.clone(),
-                spec: Arc::new(spec),
-            });
-        }
+        let ask = match (&spec, applying.iter().any(|k| k.node == keep.node)) {
+            (Some(Ok(spec)), true) => Ask::Yes {
+                spec,
+                charged: refused.is_none(),
+            },
+            (Some(Err(message)), true) => Ask::Failed(message),
+            _ => Ask::No,
+        };
+        this.book_node(keep, node, ask, calls).await;
     }
     for (node, name) in &plan.retire {
         calls
@@ -832,13 +806,151 @@ async fn keep(
     if refused.is_some() {
         plan.quota = refused;
     }
+    write_status(ctx, keeper, pool, nodes, &plan, now).await;
+}
+
+/// The nodes of `plan` a pass asks to keep the pool: those with something to do whose backoff
+/// is over and whose calls do not run, but a node asked only because its report still says
+/// other slots when it was told these slots moments ago.
+fn asked_nodes<'p>(ctx: &Context, keeper: &Keeper, plan: &'p Plan, busy: &HashSet<String>) -> Vec<&'p Keep> {
+    plan.keep
+        .iter()
+        .filter(|k| !busy.contains(&k.node))
+        .filter(|k| {
+            let key = (k.node.clone(), plan.name.clone());
+            let due = keeper
+                .backoff
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .due(&key, Instant::now());
+            let booked = ctx.ledger.slots(&k.node, &plan.name);
+            let told = keeper
+                .applied
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&key)
+                .is_some_and(|(slots, at)| *slots == k.slots && at.elapsed() < REPORT_LAG);
+            let only_the_report = k.source.is_none() && k.slots == booked;
+            k.apply && due && !(only_the_report && told)
+        })
+        .collect()
+}
+
+/// Whether a pass asks a node to keep a pool, and with what.
+enum Ask<'a> {
+    /// Not asked in this pass (its backoff runs, or nothing changed there).
+    No,
+    /// Asked with `spec`; `charged`: what it starts was charged to the quota (or nothing is).
+    Yes { spec: &'a PoolSpec, charged: bool },
+    /// Asked, but the spec could not be made: why.
+    Failed(&'a str),
+}
+
+/// One pool's pass, as its nodes' bookings read it.
+struct PoolPass<'a> {
+    ctx: &'a Context,
+    keeper: &'a Keeper,
+    pool: &'a SmolVMPool,
+    pools: &'a [SmolVMPool],
+    plan: &'a Plan,
+}
+
+impl PoolPass<'_> {
+    /// Books what `keep` holds on `node` (other pools' slots given back first, then the source
+    /// and the slots that fit) and adds the node's calls: ResizePool for the slots given back,
+    /// ApplyPool where it is asked. A source not asked for, or not charged, is not booked.
+    async fn book_node(
+        &self,
+        keep: &Keep,
+        node: &SmolVMNode,
+        ask: Ask<'_>,
+        calls: &mut BTreeMap<String, Vec<NodeCall>>,
+    ) {
+        let (ctx, plan, name) = (self.ctx, self.plan, &keep.node);
+        let (asked, charged, spec) = match ask {
+            Ask::No => (false, true, None),
+            Ask::Yes { spec, charged } => (true, charged, Some(spec)),
+            Ask::Failed(message) => {
+                let key = (name.clone(), plan.name.clone());
+                self.keeper.backoff.lock().unwrap_or_else(|e| e.into_inner()).failed(
+                    key,
+                    message.to_string(),
+                    Instant::now(),
+                );
+                return;
+            }
+        };
+        if keep.source.is_some() && !(asked && charged) {
+            return;
+        }
+        let allocatable = node.status.as_ref().and_then(|s| s.allocatable).unwrap_or_default();
+        let present = reported(node).contains_key(plan.name.as_str());
+        // Other pools' ready slots first: booked as given back (put back should the source not
+        // be booked after all), then deleted on the node.
+        let mut given: Vec<(String, placement::SlotHold, u32)> = Vec::new();
+        for (other, n) in &keep.give_back {
+            let before = ctx.ledger.slot_hold(name, other);
+            let left = ctx.ledger.take_slots(name, other, *n);
+            given.push((other.clone(), before, left));
+        }
+        let source = Request {
+            resources: plan.slot,
+            host_ports: Vec::new(),
+            node_selector: Default::default(),
+            pin: None,
+        };
+        // Slots are booked up only where the node is asked for them in this pass, and charged.
+        let want = match (asked, charged) {
+            (true, true) => keep.slots,
+            (true, false) => keep.slots.saturating_sub(keep.new_slots),
+            (false, _) => keep.slots.min(ctx.ledger.slots(name, &plan.name)),
+        };
+        let Some(slots) = ctx
+            .ledger
+            .book_pool(name, &plan.name, &source, present, &plan.slot, want, &allocatable)
+        else {
+            for (other, before, _) in given {
+                ctx.ledger.set_slot_hold(name, &other, before);
+            }
+            return;
+        };
+        let taker = format!("the source of pool {}/{}", self.pool.namespace(), self.pool.name_any());
+        for (other, before, left) in given {
+            calls.entry(name.clone()).or_default().push(NodeCall::Resize {
+                pool: other.clone(),
+                slots: left,
+            });
+            if let Some(owner) = placement::owner_of(self.pools, &other) {
+                crate::vm::report::slots_given_back(ctx, owner, name, before.count.saturating_sub(left), &taker).await;
+            }
+        }
+        if let Some(spec) = spec {
+            let mut spec = spec.clone();
+            spec.slots = slots;
+            calls.entry(name.clone()).or_default().push(NodeCall::Apply {
+                pool: plan.name.clone(),
+                spec: Arc::new(spec),
+            });
+        }
+    }
+}
+
+/// The pool's status after `plan`, written when it says something new.
+async fn write_status(
+    ctx: &Context,
+    keeper: &Keeper,
+    pool: &SmolVMPool,
+    nodes: &[Arc<SmolVMNode>],
+    plan: &Plan,
+    now: Timestamp,
+) {
     let mut failures = keeper
         .backoff
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .failures(&plan.name);
     failures.retain(|node, _| plan.targets.contains(node));
-    let next = status(pool, nodes, &plan, &failures, now);
+    let next = status(pool, nodes, plan, &failures, now);
     if same(pool.status.as_ref(), &next) {
         return;
     }
