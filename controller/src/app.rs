@@ -256,21 +256,9 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     });
     let (owned, services, slices) = vm::owned_watches(&client);
     let (pool_store, pool_events) = vm::pool_watch(&client);
-    // A pool that changes is looked at at once, by the pools' pass and the quota recount.
     let quota_wake = Arc::new(tokio::sync::Notify::new());
-    tokio::spawn(pool_events.for_each({
-        let wake = pools_wake.clone();
-        let woken = quota_wake.clone();
-        move |_| {
-            wake.poke();
-            woken.notify_one();
-            std::future::ready(())
-        }
-    }));
-    // The ResourceQuotas: the recount reads their watch, the pools' pass their store.
-    let (quota_store, quota_writer) = reflector::store::<ResourceQuota>();
-    let quota_events = crate::quota::quota_watch(&client, quota_writer);
-    let charger = smolvm_kit::quota::Charger::new(client.clone(), smolvm_kit::quota::Bounds::default());
+    wake_on_pool_changes(pool_events, pools_wake.clone(), quota_wake.clone());
+    let (charging, quota_events) = quota_charging(&client);
     // A VM's events are queued, so that its next step never waits for one to be written.
     let recorder = events.in_background(EVENT_LANES);
     let ctx = Arc::new(Context {
@@ -292,21 +280,55 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         start_failures: Default::default(),
         superseded: Default::default(),
         pools_wake,
-        quotas: Some(crate::quota::Charging {
-            quotas: quota_store,
-            charger,
-        }),
+        quotas: Some(charging),
     });
     let vm_events = vm_events(vms_api, vm_writer, ctx.clone(), quota_wake.clone());
     quota_recount(&ctx, flags, vm_store.clone(), quota_events, quota_wake);
-    tokio::spawn(tasks::ledger::prune(
-        ctx.clone(),
-        vm_store.clone(),
-        Duration::from_secs(60),
-    ));
+    keepers(&ctx, flags, &vm_store);
+    *vm_store_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(vm_store.clone());
+    let owned = OwnedEvents { services, slices };
+    let running = vms(ctx, vm_events, vm_store, wake, owned, shutdown.clone());
+    // Lost the lease: cancel every in-flight reconcile and node call now.
+    let stopped = lease::while_leading(running, leader).await;
+    flush_events(&recorder).await;
+    Ok(if stopped.is_none() && !*shutdown.borrow() {
+        Ended::LostLease
+    } else {
+        Ended::Stopped
+    })
+}
+
+/// What the VMs' passes published is still true: the events still queued are delivered before
+/// the leader's work ends (for at most [`EVENT_FLUSH`]).
+async fn flush_events(recorder: &EventSink) {
+    if !recorder.flush(EVENT_FLUSH).await {
+        tracing::warn!(
+            within = ?EVENT_FLUSH,
+            "some queued events were not delivered before stopping (the API server did not answer in time)"
+        );
+    }
+}
+
+/// A pool that changes is looked at at once, by the pools' pass and the quota recount.
+fn wake_on_pool_changes(
+    events: impl Stream<Item = Result<smolvm_api::SmolVMPool, watcher::Error>> + Send + 'static,
+    pools: Arc<crate::vm::PoolsWake>,
+    quotas: Arc<tokio::sync::Notify>,
+) {
+    tokio::spawn(events.for_each(move |_| {
+        pools.poke();
+        quotas.notify_one();
+        std::future::ready(())
+    }));
+}
+
+/// The loops that keep what the SmolVMs' passes leave: the ledger's pruning of gone SmolVMs, the
+/// orphan collector, and the pools' passes.
+fn keepers(ctx: &Arc<Context>, flags: &Flags, vms: &Store<SmolVM>) {
+    tokio::spawn(tasks::ledger::prune(ctx.clone(), vms.clone(), Duration::from_secs(60)));
     tokio::spawn(orphans::run(
         ctx.clone(),
-        vm_store.clone(),
+        vms.clone(),
         Duration::from_secs(10),
         flags.orphan_grace,
     ));
@@ -317,23 +339,20 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
             ..Default::default()
         },
     ));
-    *vm_store_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(vm_store.clone());
-    let owned = OwnedEvents { services, slices };
-    let running = vms(ctx, vm_events, vm_store, wake, owned, shutdown.clone());
-    // Lost the lease: cancel every in-flight reconcile and node call now.
-    let stopped = lease::while_leading(running, leader).await;
-    // What the VMs' passes published is still true: deliver what is queued before going.
-    if !recorder.flush(EVENT_FLUSH).await {
-        tracing::warn!(
-            within = ?EVENT_FLUSH,
-            "some queued events were not delivered before stopping (the API server did not answer in time)"
-        );
-    }
-    Ok(if stopped.is_none() && !*shutdown.borrow() {
-        Ended::LostLease
-    } else {
-        Ended::Stopped
-    })
+}
+
+/// The ResourceQuotas' watch, reflected into the store the pools' pass charges against, and the
+/// charger of what the controller starts on its own (SPEC 6.3).
+fn quota_charging(
+    client: &Client,
+) -> (
+    crate::quota::Charging,
+    impl Stream<Item = Result<watcher::Event<ResourceQuota>, watcher::Error>> + Send + 'static + use<>,
+) {
+    let (quotas, writer) = reflector::store::<ResourceQuota>();
+    let events = crate::quota::quota_watch(client, writer);
+    let charger = smolvm_kit::quota::Charger::new(client.clone(), smolvm_kit::quota::Bounds::default());
+    (crate::quota::Charging { quotas, charger }, events)
 }
 
 /// The quota recount (SPEC 6.3): the `vm.smolvm.dev/*` figures of every ResourceQuota naming

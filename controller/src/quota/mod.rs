@@ -244,7 +244,7 @@ async fn apply(client: &Client, book: &mut Book, limits: &Limits, write: &Write)
 pub fn quota_watch(
     client: &Client,
     writer: kube::runtime::reflector::store::Writer<ResourceQuota>,
-) -> impl Stream<Item = Result<watcher::Event<ResourceQuota>, watcher::Error>> + Send + 'static {
+) -> impl Stream<Item = Result<watcher::Event<ResourceQuota>, watcher::Error>> + Send + 'static + use<> {
     use kube::runtime::WatchStreamExt;
     watcher(Api::<ResourceQuota>::all(client.clone()), watcher::Config::default())
         .default_backoff()
