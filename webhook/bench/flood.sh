@@ -10,35 +10,21 @@
 # Environment: CLIENTS (128), SECONDS_PER_RUN (10), BODY_BYTES (1048000), CARGO_TARGET_DIR.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 CLIENTS=${CLIENTS:-128}
 SECS=${SECONDS_PER_RUN:-10}
 BODY_BYTES=${BODY_BYTES:-1048000}
 
-(cd "$ROOT" && cargo build --release -p smolvm-webhook --features bench --bins)
-BIN=$TARGET/release
-WORK=$(mktemp -d)
-PID=
-cleanup() {
-  [[ -n "$PID" ]] && kill "$PID" 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+# shellcheck source=webhook/bench/lib.sh
+source "$(dirname "$0")/lib.sh"
 
-"$BIN/webhook-bench-load" gen "$WORK" >/dev/null
 for http in 1 2; do
   for shape in string objects; do
-    "$BIN/smolvm-webhook" --without-cluster --tls-mode files \
-      --tls-cert "$WORK/tls.crt" --tls-key "$WORK/tls.key" \
-      --listen 127.0.0.1:19445 --ops-address 127.0.0.1:19081 >"$WORK/webhook.log" 2>&1 &
-    PID=$!
-    for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/19445) 2>/dev/null && break; sleep 0.1; done
+    start_webhook 19445 19081
     "$BIN/webhook-bench-load" flood --addr 127.0.0.1:19445 --path /mutate/smolvms --http "$http" \
       --clients "$CLIENTS" --seconds "$SECS" --body-bytes "$BODY_BYTES" --shape "$shape" \
       --pid "$PID" --ca "$WORK/ca.crt"
     shed=$(curl -s http://127.0.0.1:19081/metrics | grep '^smolvm_webhook_shed_requests_total' || true)
     echo "   metrics: ${shed:-no request shed}"
-    kill "$PID"; wait "$PID" 2>/dev/null || true; PID=
+    stop_webhook
   done
 done

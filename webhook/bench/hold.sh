@@ -14,31 +14,17 @@
 # SECONDS_PER_RUN (20), WEBHOOK_FLAGS (extra flags for smolvm-webhook), CARGO_TARGET_DIR.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 CONNECTIONS=${CONNECTIONS:-1024}
 SOURCES=${SOURCES:-16}
 STREAMS=${STREAMS:-1}
 BODY_BYTES=${BODY_BYTES:-1048576}
 SECS=${SECONDS_PER_RUN:-20}
 
-(cd "$ROOT" && cargo build --release -p smolvm-webhook --features bench --bins)
-BIN=$TARGET/release
-WORK=$(mktemp -d)
-PID=
-cleanup() {
-  [[ -n "$PID" ]] && kill "$PID" 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+# shellcheck source=webhook/bench/lib.sh
+source "$(dirname "$0")/lib.sh"
 
-"$BIN/webhook-bench-load" gen "$WORK" >/dev/null
 # shellcheck disable=SC2086 # WEBHOOK_FLAGS is a list of flags
-"$BIN/smolvm-webhook" --without-cluster --tls-mode files \
-  --tls-cert "$WORK/tls.crt" --tls-key "$WORK/tls.key" \
-  --listen 127.0.0.1:19447 --ops-address 127.0.0.1:19083 ${WEBHOOK_FLAGS:-} >"$WORK/webhook.log" 2>&1 &
-PID=$!
-for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/19447) 2>/dev/null && break; sleep 0.1; done
+start_webhook 19447 19083 ${WEBHOOK_FLAGS:-}
 "$BIN/webhook-bench-load" hold --addr 127.0.0.1:19447 --connections "$CONNECTIONS" --sources "$SOURCES" --streams "$STREAMS" \
   --body-bytes "$BODY_BYTES" --seconds "$SECS" --pid "$PID" --ca "$WORK/ca.crt"
 closed=$(curl -s http://127.0.0.1:19083/metrics | grep '^smolvm_webhook_connections_closed_total' | tr '\n' ' ' || true)
