@@ -149,6 +149,10 @@ pub mod condition {
     /// SmolVMNode: a canary machine (smolvm's own guest, no image, no network) booted here.
     /// `/dev/kvm` answering (KVMAvailable) is not proof that a guest boots.
     pub const GUEST_BOOTABLE: &str = "GuestBootable";
+    /// SmolVM with `spec.volumes`: every volume is mounted in its holder Pod on the VM's node
+    /// (True), or why not yet (False: a claim missing or Pending, a ConfigMap or Secret missing,
+    /// the holder not yet scheduled or mounted, the holder evicted).
+    pub const VOLUMES_READY: &str = "VolumesReady";
 }
 
 /// Condition reasons (CamelCase, stable: dashboards and alerts match on them).
@@ -276,4 +280,68 @@ pub mod reason {
     pub const CANARY_PENDING: &str = "CanaryPending";
     /// Event on a SmolVMNode: its agent's clock is far from the controller's.
     pub const CLOCK_SKEW: &str = "ClockSkew";
+    /// VolumesReady True: every volume is mounted in the holder Pod on the VM's node.
+    pub const VOLUMES_MOUNTED: &str = "VolumesMounted";
+    /// VolumesReady False: a `persistentVolumeClaim` names a claim that does not exist (yet).
+    pub const CLAIM_MISSING: &str = "ClaimMissing";
+    /// VolumesReady False: a claim is not bound yet (a `WaitForFirstConsumer` claim binds once
+    /// the holder Pod is scheduled to the VM's node).
+    pub const CLAIM_PENDING: &str = "ClaimPending";
+    /// VolumesReady False: a claim named `<smolvm>-<volume>` exists and is not this SmolVM's
+    /// (it carries another SmolVM's label, or none).
+    pub const CLAIM_CONFLICT: &str = "ClaimConflict";
+    /// VolumesReady False: a ConfigMap or Secret volume that is not `optional` names an object
+    /// that does not exist.
+    pub const VOLUME_SOURCE_MISSING: &str = "VolumeSourceMissing";
+    /// VolumesReady False: the holder Pod is waiting to be scheduled or for the kubelet to mount
+    /// its volumes (the kubelet's reason, cleaned, is in the message where it gave one).
+    pub const HOLDER_PENDING: &str = "HolderPending";
+    /// VolumesReady False: the holder Pod was evicted or deleted; the VM was stopped before its
+    /// volumes were unmounted, and starts again once a new holder has mounted them. Also the
+    /// event on the SmolVM.
+    pub const HOLDER_EVICTED: &str = "HolderEvicted";
+    /// VolumesReady False: a Pod of the holder's name exists that this SmolVM does not own.
+    pub const HOLDER_CONFLICT: &str = "HolderConflict";
+    /// Placement: no eligible node can reach a volume's data (a claim bound to a PV whose node
+    /// affinity excludes the node).
+    pub const VOLUME_NODE_CONFLICT: &str = "VolumeNodeConflict";
+}
+
+/// Names of the holder Pods and claims a SmolVM with `spec.volumes` gets (SPEC 2.5).
+pub mod volumes {
+    /// On holder Pods and on claims made from a claim template: the SmolVM's name, so that
+    /// `kubectl get pods,pvc -l vm.smolvm.dev/smolvm=NAME` finds them.
+    pub const LABEL_SMOLVM: &str = "vm.smolvm.dev/smolvm";
+    /// On holder Pods: `"true"`. The holder admission policy admits the controller's Pods only
+    /// with this label.
+    pub const LABEL_HOLDER: &str = "vm.smolvm.dev/holder";
+    /// The only value of [`LABEL_HOLDER`].
+    pub const HOLDER_VALUE: &str = "true";
+    /// On holder Pods: the SmolVM's `metadata.uid`, which the kubelet writes into the holder's
+    /// identity volume for the agent to check.
+    pub const ANNOTATION_SMOLVM_UID: &str = "vm.smolvm.dev/smolvm-uid";
+    /// On claims made from a claim template: the volume of the SmolVM it was made for.
+    pub const LABEL_VOLUME: &str = "vm.smolvm.dev/volume";
+    /// The holder Pod's name is the SmolVM's name and this suffix.
+    pub const HOLDER_SUFFIX: &str = "-holder";
+    /// The holder's downward-API volume, whose files name its namespace and SmolVM UID.
+    pub const IDENTITY_VOLUME: &str = "smolvm-holder-identity";
+    /// File of [`IDENTITY_VOLUME`]: the holder's namespace.
+    pub const IDENTITY_NAMESPACE_FILE: &str = "namespace";
+    /// File of [`IDENTITY_VOLUME`]: the value of [`ANNOTATION_SMOLVM_UID`].
+    pub const IDENTITY_SMOLVM_UID_FILE: &str = "smolvm-uid";
+    /// The holder's one container.
+    pub const HOLDER_CONTAINER: &str = "hold";
+    /// The PriorityClass of holder Pods: above ordinary workloads, so that the scheduler never
+    /// preempts a holder for them.
+    pub const PRIORITY_CLASS: &str = "smolvm-holder";
+    /// The header of the holder's preStop request that carries its release token.
+    pub const RELEASE_TOKEN_HEADER: &str = "x-smolvm-release-token";
+    /// The path of the agent's release hook (the holder's preStop `httpGet`).
+    pub const RELEASE_PATH: &str = "/v1/holders/release";
+    /// Default port of the agent's release hook, on the node's loopback (the kubelet shares
+    /// the agent's host network namespace).
+    pub const DEFAULT_RELEASE_PORT: u16 = 10262;
+    /// Default of `spec.volumes[].claimTemplate.whenDeleted`.
+    pub const DEFAULT_WHEN_DELETED: &str = "Retain";
 }

@@ -12,6 +12,8 @@
 //!   operations, its wire types and the interactive exec channel ([`channel`], re-exported).
 //! - [`quota`]: what SmolVMs and pools count against a ResourceQuota's product keys, and the
 //!   judgement of a charge (V15), pure.
+//! - [`volume`]: a SmolVM's volumes (claims, claim templates, ConfigMaps, Secrets) and the
+//!   names of the holder Pod and claims they get.
 //! - [`text`]: cleaning of other programs' messages before they reach users.
 
 pub mod class;
@@ -29,6 +31,7 @@ pub mod syntax;
 pub mod text;
 pub mod types;
 pub mod validate;
+pub mod volume;
 
 pub use class::{SmolVMClass, SmolVMClassSpec};
 pub use error::Error;

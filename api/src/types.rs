@@ -164,6 +164,12 @@ pub struct SmolVMSpec {
     /// The SmolVMPool in this namespace this SmolVM is served from: at CREATE it takes every field of its spec from the pool's template (and its nodeSelector), and is then served from a ready slot, in milliseconds instead of a cold boot. It sets only `env` (carried to the slot), `running` and `suspended` itself. Never changes after CREATE.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool_ref: Option<PoolRef>,
+
+    /// Data that outlives the VM, as a Pod's volumes with the mount on the same item: an existing PersistentVolumeClaim, a claim made from a template, or a ConfigMap's or Secret's keys as read-only files. The kubelet mounts them into a holder Pod on the VM's node (`kubectl get pods -l vm.smolvm.dev/smolvm=NAME`) and the node's agent passes them to the guest; the machine is created only once every volume is mounted (the VolumesReady condition says what it waits for). Immutable once bound; the policy bounds the number (by default 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub volumes: Option<Vec<crate::volume::Volume>>,
 }
 
 /// The pool a SmolVM is served from.

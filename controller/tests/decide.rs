@@ -64,6 +64,7 @@ fn machine(state: MachineState) -> MachineStatus {
             saved_state_mib: None,
         }),
         pool: None,
+        volumes: None,
     }
 }
 

@@ -43,6 +43,7 @@ fn spec(image: &str, cpus: u32) -> MachineSpec {
             allowed_hosts: vec![],
         },
         workload: Default::default(),
+        volumes: None,
     }
 }
 

@@ -123,6 +123,7 @@ fn an_orphan_holds_its_resources_and_ports_in_placement() {
         pid: None,
         suspended: None,
         pool: None,
+        volumes: None,
     };
     let request = request_of(&machine);
     assert_eq!(

@@ -258,6 +258,7 @@ fn machine(state: MachineState, cpus: u32, memory: u64, storage: u64) -> Machine
         pid: None,
         suspended: None,
         pool: None,
+        volumes: None,
     }
 }
 

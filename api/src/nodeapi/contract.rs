@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 
 use super::wire::{
     DeleteResponse, ExecRequest, ExecResponse, HealthResponse, IdentityResponse, LeaseRequest, MachineSpec,
-    MachineStatus, PoolList, PoolResize, PoolSpec, PoolStatus, ResizeSpec, StartRequest,
+    MachineStatus, PoolList, PoolResize, PoolSpec, PoolStatus, ResizeSpec, StartRequest, VolumeMounts,
 };
 
 /// The path segment of this protocol version (the paths start `/v1/`).
@@ -147,6 +147,12 @@ operations! {
     /// machine is resumed with its processes as they were; a running one answers as it is.
     /// Refused with 409 `NoSavedState` for a machine that was not suspended.
     ResumeMachine,
+    /// `PUT /v1/machines/{name}/volumes` with [`VolumeMounts`]: 200 [`MachineStatus`], the
+    /// machine's mounts pointed at a new holder Pod's volumes (after its holder was evicted and
+    /// made again). Refused with 409 `MachineRunning` while the machine runs, 403
+    /// `HolderNotOwned` or `VolumePathOutsideHolder` when the holder or a path is not the
+    /// machine's, 409 `VolumeNotMounted` when the kubelet has not mounted a volume.
+    BindVolumes,
     /// `GET /v1/machines/{name}/logs?source=console|workload&tail=N&follow=true`: the log as
     /// text lines, streamed.
     MachineLogs,
@@ -236,6 +242,13 @@ impl Operation {
                     &[V, MACHINES, Machine, Fixed("resume")],
                     &[],
                     Empty,
+                    Json("MachineStatus"),
+                ),
+                Operation::BindVolumes => (
+                    Put,
+                    &[V, MACHINES, Machine, Fixed("volumes")],
+                    &[],
+                    Json("VolumeMounts"),
                     Json("MachineStatus"),
                 ),
                 Operation::MachineLogs => (
@@ -452,6 +465,7 @@ pub mod calls {
         ResizeMachine: ResizeSpec => MachineStatus;
         SuspendMachine: () => MachineStatus;
         ResumeMachine: () => MachineStatus;
+        BindVolumes: VolumeMounts => MachineStatus;
         ExecInMachine: ExecRequest => ExecResponse;
         LeaseMachine: LeaseRequest => MachineStatus;
         ListPools: () => PoolList;
@@ -468,7 +482,7 @@ mod tests {
     #[test]
     fn requests_route_to_their_operation() {
         // (method, path, operation, machine segment)
-        let cases: [(&str, &str, Option<Operation>, Option<&str>); 28] = [
+        let cases: [(&str, &str, Option<Operation>, Option<&str>); 29] = [
             ("GET", "/v1/health", Some(Operation::Health), None),
             ("GET", "/v1/identity", Some(Operation::Identity), None),
             ("GET", "/v1/machines/a", Some(Operation::GetMachine), Some("a")),
@@ -499,6 +513,7 @@ mod tests {
                 Some(Operation::ResumeMachine),
                 Some("a"),
             ),
+            ("PUT", "/v1/machines/a/volumes", Some(Operation::BindVolumes), Some("a")),
             ("GET", "/v1/machines/a/logs", Some(Operation::MachineLogs), Some("a")),
             ("POST", "/v1/machines/a/exec", Some(Operation::ExecInMachine), Some("a")),
             (
@@ -624,6 +639,7 @@ mod tests {
         payloads_match::<calls::ResizeMachine>();
         payloads_match::<calls::SuspendMachine>();
         payloads_match::<calls::ResumeMachine>();
+        payloads_match::<calls::BindVolumes>();
         payloads_match::<calls::ExecInMachine>();
         payloads_match::<calls::LeaseMachine>();
         payloads_match::<calls::ListPools>();

@@ -90,13 +90,26 @@ pub enum ErrorCode {
     /// bytes and `details.requested` what this upload asked for. Answered before the body is
     /// read when its length is declared. Retry when another upload ends.
     TooManyBytes,
+    /// 403: the holder Pod named for a machine's volumes is not that machine's: its identity
+    /// files (written by the kubelet from the Pod) do not name the SmolVM's namespace and UID,
+    /// or are missing. `details.holderUid` names the Pod.
+    HolderNotOwned,
+    /// 403: a volume's directory would leave the holder Pod's own volumes directory (a `..`,
+    /// a `/`, or a link that points elsewhere); `details.volume` names it.
+    VolumePathOutsideHolder,
+    /// 409: the kubelet has not mounted a volume in the holder Pod (yet); `details.volume`
+    /// names it.
+    VolumeNotMounted,
+    /// 409: the call needs a machine that is not running (pointing its mounts at a new
+    /// holder); `details.state` names its state.
+    MachineRunning,
     /// A code this build does not know, as sent.
     Other(String),
 }
 
 impl ErrorCode {
     /// Every code this build knows.
-    pub const KNOWN: [ErrorCode; 27] = [
+    pub const KNOWN: [ErrorCode; 31] = [
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
@@ -124,6 +137,10 @@ impl ErrorCode {
         ErrorCode::RuntimeTimeout,
         ErrorCode::TooManyStreams,
         ErrorCode::TooManyBytes,
+        ErrorCode::HolderNotOwned,
+        ErrorCode::VolumePathOutsideHolder,
+        ErrorCode::VolumeNotMounted,
+        ErrorCode::MachineRunning,
     ];
 
     /// The wire spelling of a code this build knows.
@@ -156,6 +173,10 @@ impl ErrorCode {
             ErrorCode::RuntimeTimeout => "RuntimeTimeout",
             ErrorCode::TooManyStreams => "TooManyStreams",
             ErrorCode::TooManyBytes => "TooManyBytes",
+            ErrorCode::HolderNotOwned => "HolderNotOwned",
+            ErrorCode::VolumePathOutsideHolder => "VolumePathOutsideHolder",
+            ErrorCode::VolumeNotMounted => "VolumeNotMounted",
+            ErrorCode::MachineRunning => "MachineRunning",
             ErrorCode::Other(_) => return None,
         })
     }
@@ -179,7 +200,11 @@ impl ErrorCode {
         match self {
             ErrorCode::InvalidRequest => 400,
             ErrorCode::Unauthenticated => 401,
-            ErrorCode::Forbidden | ErrorCode::HostPortExcluded | ErrorCode::ImagePullCredentialsRequired => 403,
+            ErrorCode::Forbidden
+            | ErrorCode::HostPortExcluded
+            | ErrorCode::ImagePullCredentialsRequired
+            | ErrorCode::HolderNotOwned
+            | ErrorCode::VolumePathOutsideHolder => 403,
             ErrorCode::MachineNotFound
             | ErrorCode::FileNotFound
             | ErrorCode::PoolNotFound
@@ -193,6 +218,8 @@ impl ErrorCode {
             | ErrorCode::AlreadySuspended
             | ErrorCode::NoReadySlot
             | ErrorCode::PoolInUse
+            | ErrorCode::VolumeNotMounted
+            | ErrorCode::MachineRunning
             | ErrorCode::Conflict => 409,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::TooManyStreams | ErrorCode::TooManyBytes => 429,
@@ -410,6 +437,73 @@ pub struct MachineSpec {
     /// What runs inside; the image's defaults when omitted.
     #[serde(default)]
     pub workload: WorkloadSpec,
+    /// The volumes the kubelet mounted for the machine in its holder Pod (SPEC 2.5); none when
+    /// omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volumes: Option<VolumeMounts>,
+}
+
+/// A machine's volumes: the holder Pod on this node whose kubelet-mounted volumes the machine
+/// gets, and where the guest sees each. It names the holder and the volumes, never a host path:
+/// the agent finds each volume under the kubelet's pods directory, in that Pod's own volumes
+/// directory only, after checking that the Pod's identity files name the SmolVM's namespace
+/// and UID. Body of `PUT /v1/machines/{name}/volumes` too, which points a stopped machine at a
+/// new holder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VolumeMounts {
+    /// `metadata.uid` of the holder Pod (the kubelet's `pods/<uid>` directory).
+    pub holder_uid: String,
+    /// The SmolVM's namespace, which the holder's identity files must name.
+    pub namespace: String,
+    /// The token the holder's preStop hook presents to the agent's release hook; the agent
+    /// keeps only its digest.
+    pub release_token: Sensitive,
+    /// Each volume, in the SmolVM's order.
+    pub mounts: Vec<VolumeMount>,
+}
+
+/// One volume of a machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VolumeMount {
+    /// The volume's name in the SmolVM and in its holder Pod (a DNS-1123 label).
+    pub name: String,
+    /// The name the kubelet gives the volume's directory under the holder's volumes: the
+    /// volume's name, or for a claim the name of its bound PersistentVolume (a DNS-1123
+    /// subdomain, one path segment).
+    pub directory: String,
+    /// Where the guest sees it (absolute).
+    pub target: String,
+    /// Read-only for the guest.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// A machine's volumes as its agent mounted them (in [`MachineStatus::volumes`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineVolumes {
+    /// The holder Pod whose volumes the machine's mounts point at now.
+    pub holder_uid: String,
+    /// Each mount: the host path smolvm was given (the agent's stable path for the volume),
+    /// where the guest sees it, read-only or not.
+    pub mounts: Vec<MountedVolume>,
+}
+
+/// One mounted volume of a machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MountedVolume {
+    /// The volume's name.
+    pub name: String,
+    /// The host path passed to smolvm.
+    pub source: String,
+    /// Where the guest sees it.
+    pub target: String,
+    /// Read-only for the guest.
+    #[serde(default)]
+    pub read_only: bool,
 }
 
 /// A machine's lifecycle state: the one state type of the node API, the agent's runtime layer
@@ -467,6 +561,9 @@ pub struct MachineStatus {
     /// For a machine served from a pool's ready slot: the pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
+    /// For a machine with volumes: its holder and mounts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volumes: Option<MachineVolumes>,
 }
 
 /// A suspended machine's saved state, as its agent records it.

@@ -248,6 +248,7 @@ pub fn machine_spec(vm: &SmolVM) -> Result<MachineSpec, String> {
                     )
                 })?,
         },
+        volumes: None,
     })
 }
 

@@ -234,6 +234,7 @@ pub fn to_status_with(machine: &Machine, record: Option<&Suspension>) -> Machine
             saved_state_mib: None,
         }),
         pool: None,
+        volumes: None,
     }
 }
 
@@ -628,6 +629,7 @@ mod tests {
                 restart_policy: RestartPolicy::OnFailure,
                 termination_grace_period_seconds: 30,
             },
+            volumes: None,
         }
     }
 

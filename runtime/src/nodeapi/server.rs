@@ -510,6 +510,7 @@ fn handler(operation: Operation) -> MethodRouter<NodeApiState> {
         Operation::ResizeMachine => on(method, resize_machine),
         Operation::SuspendMachine => on(method, super::suspend::suspend_machine),
         Operation::ResumeMachine => on(method, super::suspend::resume_machine),
+        Operation::BindVolumes => on(method, bind_volumes),
         Operation::MachineLogs => on(method, machine_logs),
         Operation::ExecInMachine => on(method, exec_in_machine),
         Operation::ExecInteractive => on(method, exec_interactive),
@@ -522,6 +523,14 @@ fn handler(operation: Operation) -> MethodRouter<NodeApiState> {
         Operation::DeletePool => on(method, super::pools::delete_pool),
         Operation::ResizePool => on(method, super::pools::resize_pool),
     }
+}
+
+/// `PUT /v1/machines/{name}/volumes`: not served by this build yet.
+async fn bind_volumes() -> ApiError {
+    ApiError(ApiFailure::new(
+        ErrorCode::RouteNotFound,
+        "this agent does not point machines at volume holders yet",
+    ))
 }
 
 async fn route_not_found(request: Request) -> ApiError {
