@@ -61,6 +61,8 @@ pub struct Policy {
     pub max_value_bytes: i64,
     /// Most ready slots a SmolVMPool may keep on each node (`spec.slotsPerNode`, V14).
     pub max_slots_per_node: i64,
+    /// Most `spec.volumes` entries per SmolVM (V16).
+    pub max_volumes: i64,
     /// Usernames of the controller (the only identity that may write binding fields).
     pub controller_usernames: Vec<String>,
     /// Usernames of the runtime agents (restricted to their own node's SmolVMNode).
@@ -88,6 +90,7 @@ impl Default for Policy {
             max_allowed_hosts: 32,
             max_value_bytes: 16_384,
             max_slots_per_node: 64,
+            max_volumes: 8,
             controller_usernames: vec![service_account(DEFAULT_NAMESPACE, "smolvm-controller")],
             runtime_usernames: vec![service_account(DEFAULT_NAMESPACE, "smolvm-runtime")],
         }
@@ -325,6 +328,12 @@ impl Policy {
                 self.max_slots_per_node,
                 0,
                 crate::pool::MAX_SLOTS_PER_NODE,
+            ),
+            (
+                "maxVolumes",
+                self.max_volumes,
+                0,
+                crate::volume::MAX_VOLUMES_SCHEMA as i64,
             ),
         ] {
             if !(low..=high).contains(&value) {

@@ -240,6 +240,22 @@ pub fn check_dns1123_subdomain(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks a DNS-1123 label (as used for a Pod's volume names): at most 63 characters, lower-case
+/// letters, digits and '-', starting and ending with a letter or digit.
+pub fn check_dns1123_label(name: &str) -> Result<(), String> {
+    let bytes = name.as_bytes();
+    let ok = !bytes.is_empty()
+        && bytes.len() <= 63
+        && is_lower_alnum(bytes[0])
+        && is_lower_alnum(bytes[bytes.len() - 1])
+        && bytes.iter().all(|&b| is_lower_alnum(b) || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err("is not a DNS-1123 label (at most 63 characters: lower-case letters, digits and '-', starting and ending with a letter or digit)".into())
+    }
+}
+
 /// Checks a DNS-1035 label (as used for Service names): at most 63 characters, lower-case
 /// letters, digits and '-', starting with a letter and ending with a letter or digit.
 pub fn check_dns1035_label(name: &str) -> Result<(), String> {

@@ -169,6 +169,7 @@ pub struct SmolVMSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    #[x_kube(validation = Rule::new("self.all(v, self.exists_one(w, w.mountPath == v.mountPath))").message("each volume has its own mountPath (V16)"))]
     pub volumes: Option<Vec<crate::volume::Volume>>,
 }
 

@@ -14,13 +14,16 @@ pub const MAX_VOLUMES_SCHEMA: usize = 16;
 /// One volume of the VM and where the guest sees it.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("[has(self.persistentVolumeClaim), has(self.claimTemplate), has(self.configMap), has(self.secret)].filter(x, x).size() == 1").message("a volume has exactly one of persistentVolumeClaim, claimTemplate, configMap and secret (V16)"))]
 pub struct Volume {
     /// Name of the volume: a DNS-1123 label, unique among the SmolVM's volumes. A claim made from `claimTemplate` is named `<smolvm>-<name>`.
     #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("a volume name must be a DNS-1123 label: lower-case letters, digits and '-' (V16)"))]
     pub name: String,
 
     /// Where the guest sees the volume: an absolute path other than `/`, unique among the SmolVM's volumes.
     #[schemars(length(min = 1, max = 4096))]
+    #[x_kube(validation = Rule::new("self.startsWith('/') && self.matches('[^/]')").message("mountPath must be an absolute path other than / (V16)"))]
     pub mount_path: String,
 
     /// Whether the guest may only read the volume. Defaults to false; ConfigMap and Secret volumes are always read-only.
@@ -56,6 +59,9 @@ pub struct ClaimSource {
 /// A claim the controller makes for the SmolVM.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.spec.volumeMode) || self.spec.volumeMode == 'Filesystem'").message("a claim template is mounted as a filesystem: smolvm mounts directories, so volumeMode Block is refused (V16)"))]
+#[x_kube(validation = Rule::new("has(self.spec.accessModes) && size(self.spec.accessModes) > 0").message("a claim template names its access modes, such as [ReadWriteOnce] (V16)"))]
+#[x_kube(validation = Rule::new("has(self.spec.resources) && has(self.spec.resources.requests) && 'storage' in self.spec.resources.requests").message("a claim template names a storage request, such as 10Gi (V16)"))]
 pub struct ClaimTemplate {
     /// The claim's spec, as a PersistentVolumeClaim's: it names its access modes and a storage request; `volumeMode: Block` is refused (smolvm mounts directories).
     pub spec: PersistentVolumeClaimSpec,

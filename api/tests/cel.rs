@@ -299,6 +299,93 @@ fn cel_create_rules_table() {
             set(fixtures::bound(stored(), "node-a"), "/spec/nodeName", json!("node-a")),
             None,
         ),
+        (
+            "v16_cel_four_sources_ok",
+            set(
+                stored(),
+                "/spec/volumes",
+                json!([
+                    {"name": "data", "mountPath": "/data", "persistentVolumeClaim": {"claimName": "db"}},
+                    {"name": "scratch", "mountPath": "/scratch", "claimTemplate": {"spec": {
+                        "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}},
+                    {"name": "config", "mountPath": "/etc/app", "configMap": {"name": "c"}},
+                    {"name": "tls", "mountPath": "/etc/tls", "secret": {"secretName": "s"}}
+                ]),
+            ),
+            None,
+        ),
+        (
+            "v16_cel_two_sources",
+            set(
+                stored(),
+                "/spec/volumes",
+                json!([{"name": "a", "mountPath": "/a", "configMap": {"name": "c"}, "secret": {"secretName": "s"}}]),
+            ),
+            Some("exactly one of persistentVolumeClaim"),
+        ),
+        (
+            "v16_cel_no_source",
+            set(stored(), "/spec/volumes", json!([{"name": "a", "mountPath": "/a"}])),
+            Some("exactly one of persistentVolumeClaim"),
+        ),
+        (
+            "v16_cel_root_mount_path",
+            set(
+                stored(),
+                "/spec/volumes",
+                json!([{"name": "a", "mountPath": "/", "configMap": {"name": "c"}}]),
+            ),
+            Some("other than / (V16)"),
+        ),
+        (
+            "v16_cel_bad_volume_name",
+            set(
+                stored(),
+                "/spec/volumes",
+                json!([{"name": "A_b", "mountPath": "/a", "configMap": {"name": "c"}}]),
+            ),
+            Some("DNS-1123 label"),
+        ),
+        (
+            "v16_cel_same_mount_path",
+            set(
+                stored(),
+                "/spec/volumes",
+                json!([
+                    {"name": "a", "mountPath": "/a", "configMap": {"name": "c"}},
+                    {"name": "b", "mountPath": "/a", "configMap": {"name": "d"}}
+                ]),
+            ),
+            Some("its own mountPath (V16)"),
+        ),
+        (
+            "v16_cel_block_template",
+            set(
+                stored(),
+                "/spec/volumes",
+                json!([{"name": "a", "mountPath": "/a", "claimTemplate": {"spec": {
+                    "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeMode": "Block"}}}]),
+            ),
+            Some("volumeMode Block is refused (V16)"),
+        ),
+        (
+            "v16_cel_template_without_access_modes_or_storage",
+            set(
+                stored(),
+                "/spec/volumes",
+                json!([{"name": "a", "mountPath": "/a", "claimTemplate": {"spec": {}}}]),
+            ),
+            Some("names its access modes"),
+        ),
+        (
+            "v16_cel_template_without_storage",
+            set(
+                stored(),
+                "/spec/volumes",
+                json!([{"name": "a", "mountPath": "/a", "claimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"]}}}]),
+            ),
+            Some("names a storage request"),
+        ),
     ];
     let mut failures = Vec::new();
     for (name, object, expected) in cases {

@@ -1,4 +1,5 @@
-//! Validation (the validating half of admission): rules V1 to V14.
+//! Validation (the validating half of admission): rules V1 to V14 and V16 (V15, the quota, is
+//! judged by [`crate::quota`]).
 //!
 //! Every function here is pure: it takes the operation, the old and new objects and a
 //! [`Context`] (policy, known SmolVMNodes, requester identity), and returns a [`Verdict`] with
@@ -9,7 +10,8 @@
 //! - `verdict`: the answer ([`Verdict`], [`Finding`], [`RuleId`]);
 //! - `context`: what the rules know besides the objects;
 //! - `decode`: from the request's JSON to the rules, per [`Target`];
-//! - `smolvm`, `bound`, `status`, `node`, `class`, `pool`: the rules of each target.
+//! - `smolvm`, `bound`, `status`, `node`, `class`, `pool`: the rules of each target;
+//! - `volume`: a SmolVM's volumes (V16).
 
 mod bound;
 mod class;
@@ -20,6 +22,7 @@ mod pool;
 mod smolvm;
 mod status;
 mod verdict;
+mod volume;
 
 pub use class::validate_smolvm_class;
 pub use context::{Context, Identity, NodeCatalog, NodeFacts};

@@ -1,4 +1,4 @@
-//! The rules of a SmolVM write (V1 to V8, V11, V13; V14's are in `pool`): the spec against the policy, the workload,
+//! The rules of a SmolVM write (V1 to V8, V11, V13; V14's are in `pool`, V16's in `volume`): the spec against the policy, the workload,
 //! the Service, suspend, placement against the known nodes, and the force-delete and recreate
 //! annotations.
 
@@ -17,7 +17,13 @@ use crate::{
     },
 };
 
-use super::{bound::*, context::*, pool::check_pool_ref, verdict::*};
+use super::{
+    bound::*,
+    context::*,
+    pool::check_pool_ref,
+    verdict::*,
+    volume::{check_volumes, check_volumes_unchanged},
+};
 
 /// Validates a SmolVM write on the main resource (rules V1 to V8, V11 to V14).
 pub fn validate_smolvm(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &Context<'_>) -> Verdict {
@@ -47,7 +53,7 @@ pub fn validate_smolvm(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &
     }
 
     let mut spec_checks = Verdict::default();
-    check_spec(&new.spec, ctx.policy, &mut spec_checks);
+    check_object(new, ctx.policy, &mut spec_checks);
     match old {
         // Ratcheting: a violation the stored object already had, under the current policy, is
         // not this update's doing (the policy may have tightened since); it is reported as a
@@ -57,7 +63,7 @@ pub fn validate_smolvm(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &
         Some(old) => {
             let mut before = Verdict::default();
             if !spec_checks.violations.is_empty() {
-                check_spec(&old.spec, ctx.policy, &mut before);
+                check_object(old, ctx.policy, &mut before);
             }
             for finding in spec_checks.violations {
                 let predates = before
@@ -87,6 +93,7 @@ pub fn validate_smolvm(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &
         Some(bound) => {
             if let Some(old) = old {
                 check_bound(bound, &old.spec, &new.spec, &mut verdict);
+                check_volumes_unchanged(old, new, &mut verdict);
                 if old.spec.request() != new.spec.request() {
                     check_bound_capacity(bound, &new.spec, ctx, &mut verdict);
                 }
@@ -196,6 +203,13 @@ fn check_suspend(old: Option<&SmolVM>, new: &SmolVM, v: &mut Verdict) {
 /// V1 to V4 and V11: the spec on its own, against the policy.
 fn check_spec(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
     check_spec_fields(spec, policy, Unset::Defaulted, v);
+}
+
+/// The rules of a SmolVM's own fields against the policy: its spec (V1 to V4, V11) and its
+/// volumes (V16), which need its name.
+fn check_object(vm: &SmolVM, policy: &Policy, v: &mut Verdict) {
+    check_spec(&vm.spec, policy, v);
+    check_volumes(vm, policy, v);
 }
 
 /// How [`check_spec_fields`] treats a size the spec leaves unset.

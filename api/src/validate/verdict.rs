@@ -66,6 +66,9 @@ pub enum RuleId {
     /// V15: quota (a write that raises its namespace's SmolVM usage beyond a ResourceQuota's
     /// `vm.smolvm.dev/*` limit; judged by the webhook's charge, [`crate::quota`]).
     V15,
+    /// V16: volumes (unique names, one source each, absolute unique mount paths, valid claim
+    /// templates in filesystem mode, within the policy's `maxVolumes`; immutable once bound).
+    V16,
 }
 
 impl RuleId {
@@ -88,6 +91,7 @@ impl RuleId {
             RuleId::V13 => "V13",
             RuleId::V14 => "V14",
             RuleId::V15 => "V15",
+            RuleId::V16 => "V16",
         }
     }
 }

@@ -203,4 +203,5 @@ mod placement;
 mod spec;
 mod status;
 mod suspend;
+mod volumes;
 mod workload;
