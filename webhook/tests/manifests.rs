@@ -290,12 +290,24 @@ mod policies {
     /// The messages of the validations that fail, or `None` when a matchCondition excludes the
     /// request.
     fn judge(policy: &Value, request: &Value, object: &Value, old: Option<&Value>) -> Option<Vec<String>> {
+        judge_with_params(policy, request, object, old, &Value::Null)
+    }
+
+    /// [`judge`] for a policy with a `paramKind`: `params` is the object its binding names.
+    fn judge_with_params(
+        policy: &Value,
+        request: &Value,
+        object: &Value,
+        old: Option<&Value>,
+        params: &Value,
+    ) -> Option<Vec<String>> {
         let mut ctx = Context::default();
         ctx.register_all();
         let to = |v: &Value| kube::core::cel::cel::to_value(v).unwrap_or_else(|e| panic!("{e}"));
         ctx.add_variable_from_value("object", to(object));
         ctx.add_variable_from_value("oldObject", old.map_or(Cel::Null, to));
         ctx.add_variable_from_value("request", to(request));
+        ctx.add_variable_from_value("params", to(params));
         let spec = &policy["spec"];
         for condition in spec["matchConditions"].as_array().into_iter().flatten() {
             let expression = condition["expression"].as_str().unwrap_or_default();
@@ -435,6 +447,115 @@ mod policies {
         // Anyone else (the quota controller, an admin) is not this policy's concern.
         let other = request("system:kube-controller-manager", "UPDATE", "status", json!({}));
         assert_eq!(judge(&p, &other, &freed_pods, Some(&before)), None);
+    }
+
+    /// A holder Pod as the controller makes it (SPEC 2.5, controller/src/vm/volumes.rs).
+    fn holder_pod() -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "db-holder", "namespace": "team-a",
+            "labels": {"vm.smolvm.dev/holder": "true", "vm.smolvm.dev/smolvm": "db",
+                "app.kubernetes.io/managed-by": "smolvm-controller"},
+            "annotations": {"vm.smolvm.dev/smolvm-uid": "1234"},
+            "ownerReferences": [{"apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVM", "name": "db",
+                "uid": "1234", "controller": true, "blockOwnerDeletion": true}]},
+        "spec": {
+            "automountServiceAccountToken": false,
+            "enableServiceLinks": false,
+            "priorityClassName": "smolvm-holder",
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532},
+            "containers": [{"name": "hold", "image": "registry.example/smolvm-runtime:1",
+                "command": ["/usr/local/bin/smolvm-runtime", "hold"],
+                "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+                    "capabilities": {"drop": ["ALL"]}},
+                "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "10m", "memory": "16Mi"}}}],
+            "volumes": [
+                {"name": "data", "persistentVolumeClaim": {"claimName": "db-data"}},
+                {"name": "config", "configMap": {"name": "app"}},
+                {"name": "smolvm-holder-identity", "downwardAPI": {"items": [
+                    {"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}
+            ]}})
+    }
+
+    /// The controller's holder Pods (admission-policies/holder-pods.yaml): only a holder's shape,
+    /// of the holder image from the policy's param, and only holders deleted.
+    #[test]
+    fn the_controller_creates_and_deletes_only_holder_pods() {
+        let p = policy_in("holder-pods.yaml", "smolvm-controller-holder-pods");
+        let params = json!({"data": {"holderImage": "registry.example/smolvm-runtime:1"}});
+        let named = |op: &str, name: &str| {
+            json!({"operation": op, "namespace": "team-a", "name": name, "subResource": "",
+                "userInfo": {"username": CONTROLLER, "extra": {}}})
+        };
+        let create = named("CREATE", "db-holder");
+        let delete = named("DELETE", "db-holder");
+        let delete_other = named("DELETE", "web");
+        let good = holder_pod();
+        let set = |pointer: &str, value: Value| fixtures::with(holder_pod(), pointer, value).expect(pointer);
+        let cases: Vec<(&str, &Value, Option<&Value>, Value, usize)> = vec![
+            ("the holder", &create, None, good.clone(), 0),
+            (
+                "another image",
+                &create,
+                None,
+                set("/spec/containers/0/image", json!("evil:1")),
+                1,
+            ),
+            (
+                "privileged",
+                &create,
+                None,
+                set("/spec/containers/0/securityContext/privileged", json!(true)),
+                1,
+            ),
+            (
+                "a capability added",
+                &create,
+                None,
+                set(
+                    "/spec/containers/0/securityContext/capabilities/add",
+                    json!(["SYS_ADMIN"]),
+                ),
+                1,
+            ),
+            ("host network", &create, None, set("/spec/hostNetwork", json!(true)), 1),
+            (
+                "a token",
+                &create,
+                None,
+                set("/spec/automountServiceAccountToken", json!(true)),
+                1,
+            ),
+            ("a node name", &create, None, set("/spec/nodeName", json!("node-a")), 1),
+            (
+                "a hostPath",
+                &create,
+                None,
+                set("/spec/volumes/0", json!({"name": "data", "hostPath": {"path": "/"}})),
+                1,
+            ),
+            ("another name", &create, None, set("/metadata/name", json!("db")), 1),
+            (
+                "no owner",
+                &create,
+                None,
+                set("/metadata/ownerReferences", json!([])),
+                1,
+            ),
+            ("deleting a holder", &delete, Some(&good), Value::Null, 0),
+        ];
+        for (name, req, old, object, failures) in &cases {
+            let failed =
+                judge_with_params(&p, req, object, *old, &params).unwrap_or_else(|| panic!("{name}: not matched"));
+            assert_eq!(failed.len(), *failures, "{name}: {failed:?}");
+        }
+        let other = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "team-a",
+            "labels": {"app": "web"}}, "spec": {"containers": [{"name": "web", "image": "nginx"}]}});
+        let failed = judge_with_params(&p, &delete_other, &Value::Null, Some(&other), &params).expect("matched");
+        assert_eq!(failed.len(), 1, "deleting another Pod is refused: {failed:?}");
+        assert!(failed[0].contains("team-a/web"), "{failed:?}");
+        // Anyone else's Pods are not this policy's concern.
+        let user = request("alice", "CREATE", "", json!({}));
+        assert_eq!(judge_with_params(&p, &user, &other, None, &params), None);
     }
 
     fn request(username: &str, op: &str, sub: &str, extra: Value) -> Value {

@@ -26,6 +26,7 @@ use k8s_openapi::{
         networking::v1::{NetworkPolicy, NetworkPolicyPort},
         policy::v1::PodDisruptionBudget,
         rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding},
+        scheduling::v1::PriorityClass,
     },
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString},

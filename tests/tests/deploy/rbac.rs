@@ -13,6 +13,9 @@ smolvm-controller  cluster        certificates.k8s.io/certificatesigningrequests
 smolvm-controller  cluster        certificates.k8s.io/certificatesigningrequests/status  -  patch
 smolvm-controller  cluster        certificates.k8s.io/signers  vm.smolvm.dev/runtime-serving  approve,sign
 smolvm-controller  cluster        core/nodes  -  get,list,watch
+smolvm-controller  cluster        core/persistentvolumeclaims  -  create,delete,get,list,patch,watch
+smolvm-controller  cluster        core/persistentvolumes  -  get,list,watch
+smolvm-controller  cluster        core/pods  -  create,delete,get,list,watch
 smolvm-controller  cluster        core/resourcequotas  -  get,list,watch
 smolvm-controller  cluster        core/resourcequotas/status  -  patch
 smolvm-controller  cluster        core/services  -  create,delete,get,list,patch,watch

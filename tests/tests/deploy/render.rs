@@ -16,6 +16,7 @@ pub(super) fn check_typed(object: &Value) -> Result<(), String> {
         ("apps/v1", "Deployment") => strict::<Deployment>(object).map(drop),
         ("apps/v1", "DaemonSet") => strict::<DaemonSet>(object).map(drop),
         ("policy/v1", "PodDisruptionBudget") => strict::<PodDisruptionBudget>(object).map(drop),
+        ("scheduling.k8s.io/v1", "PriorityClass") => strict::<PriorityClass>(object).map(drop),
         ("networking.k8s.io/v1", "NetworkPolicy") => strict::<NetworkPolicy>(object).map(drop),
         ("rbac.authorization.k8s.io/v1", "ClusterRole") => strict::<ClusterRole>(object).map(drop),
         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => strict::<ClusterRoleBinding>(object).map(drop),
