@@ -318,8 +318,8 @@ impl Env {
         let admin = plane.admin().await?;
         let rendered = render(&repo_root().join("deploy/default"))?;
 
-        // The deployment's CRDs, namespace, ServiceAccounts, RBAC, ConfigMaps, admission policies
-        // and the webhook's empty TLS Secret, as rendered.
+        // The deployment's CRDs, namespace, ServiceAccounts, RBAC, ConfigMaps, admission policies,
+        // the holders' PriorityClass and the webhook's empty TLS Secret, as rendered.
         let install: Vec<Value> = rendered
             .iter()
             .filter(|o| {
@@ -336,6 +336,7 @@ impl Env {
                         | "Secret"
                         | "ValidatingAdmissionPolicy"
                         | "ValidatingAdmissionPolicyBinding"
+                        | "PriorityClass"
                 )
             })
             .cloned()
