@@ -37,6 +37,10 @@ pub const PAUSE_IMAGE: &str = "localhost/smolvm-cluster-e2e/pause:1";
 /// A small image with a shell and network clients, for pods that probe the network.
 pub const PROBE_IMAGE: &str = "localhost/smolvm-cluster-e2e/probe:1";
 
+/// The kubelet's `--root-dir`: the default, which `deploy/base/runtime/daemonset.yaml` mounts
+/// (`/var/lib/kubelet/pods`) and passes to the agent (`--kubelet-root-dir`).
+pub const KUBELET_ROOT: &str = "/var/lib/kubelet";
+
 /// Host paths the node writes to that no flag moves: inside the sandbox each is a bind mount of a
 /// directory under the run's work directory, so nothing lands on the host. The runtime's
 /// hostPath volumes (`/var/lib/smolvm`, `/var/run/smolvm`) are among them.
@@ -48,8 +52,11 @@ pub const HOST_PATHS: &[&str] = &[
     "/var/log/containers",
     // containerd pins each pod's network namespace here; `ip netns add` mounts it on the host.
     "/run/netns",
-    // The kubelet's device manager listens here whatever its --root-dir says.
-    "/var/lib/kubelet/device-plugins",
+    // The kubelet's root directory (its device manager listens in device-plugins/ whatever the
+    // flag says), at the path deploy/ mounts into the runtime for holder Pods' volumes; a shared
+    // mount inside the sandbox, so that the kubelet's volume mounts propagate into the runtime
+    // container (HostToContainer).
+    KUBELET_ROOT,
     // containerd's shims listen here whatever its state directory is.
     "/run/containerd/s",
 ];

@@ -20,7 +20,9 @@ use kube::{Api, Client, api::PostParams};
 use serde_json::json;
 use smolvm_certs::CertificateAuthority;
 
-use super::{CNI_BIN_DIR, HOST_PATHS, NODE_IP, NODE_NAME, PAUSE_IMAGE, POD_CIDR, SERVICE_CIDR, host_tool};
+use super::{
+    CNI_BIN_DIR, HOST_PATHS, KUBELET_ROOT, NODE_IP, NODE_NAME, PAUSE_IMAGE, POD_CIDR, SERVICE_CIDR, host_tool,
+};
 use crate::{
     assets::ClusterAssets,
     controlplane::{client_from, hex_token, write_kubeconfig, write_private},
@@ -306,7 +308,7 @@ impl Node {
             [
                 format!("--config={}", dir.join("kubelet-config.yaml").display()),
                 format!("--kubeconfig={}", kubeconfig("kubelet")),
-                format!("--root-dir={}", dir.join("kubelet").display()),
+                format!("--root-dir={KUBELET_ROOT}"),
                 format!("--hostname-override={NODE_NAME}"),
                 format!("--node-ip={NODE_IP}"),
                 "--v=2".to_string(),
@@ -489,6 +491,7 @@ fn isolate_host_paths(dir: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(&source)?;
         bind_mount(&source, Path::new(path))?;
     }
+    make_shared(Path::new(KUBELET_ROOT))?;
     let tunables = dir.join("tunables");
     std::fs::create_dir_all(&tunables)?;
     for (name, wanted) in KUBELET_TUNABLES {
@@ -500,6 +503,31 @@ fn isolate_host_paths(dir: &Path) -> anyhow::Result<()> {
         let file = tunables.join(name.replace('/', "."));
         std::fs::write(&file, format!("{wanted}\n"))?;
         bind_mount(&file, &target)?;
+    }
+    Ok(())
+}
+
+/// Makes the mount at `target` (and those below it) shared, so that mounts made under it later
+/// propagate to its bind mounts with HostToContainer (CLUSTER.md). Inside the sandbox's mount
+/// namespace only, whose root is a slave of the host's: nothing reaches the host.
+fn make_shared(target: &Path) -> anyhow::Result<()> {
+    let dst = std::ffi::CString::new(target.as_os_str().as_bytes())?;
+    // SAFETY: mount(2) changing propagation only, on a NUL-terminated path we own.
+    let rc = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            dst.as_ptr(),
+            std::ptr::null(),
+            libc::MS_SHARED | libc::MS_REC,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        bail!(
+            "making {} a shared mount: {}",
+            target.display(),
+            std::io::Error::last_os_error()
+        );
     }
     Ok(())
 }

@@ -33,8 +33,10 @@ use crate::{DONE_MARKER, InnerSettings};
 
 mod monitoring;
 mod quota;
+mod volumes;
 use monitoring::prometheus_scrapes_the_pods_and_fires_webhook_down_when_the_webhook_stops;
 use quota::quota_counts_are_enforced_natively_and_the_products_figures_survive_the_quota_controller;
+use volumes::volumes_are_mounted_by_the_kubelet_and_passed_to_smolvm;
 
 const NS: &str = "smolvm-system";
 
@@ -64,6 +66,7 @@ fn all() -> Vec<(&'static str, Scenario)> {
         // The node has room for one 1-CPU VM (2 CPUs, 1 kept for the host by
         // `--reserved-cpus=auto`): the scenarios below need the example gone first.
         delete_waits_for_the_node_then_the_object_goes,
+        volumes_are_mounted_by_the_kubelet_and_passed_to_smolvm,
         a_pod_on_the_bridge_reaches_the_node_address,
         the_controller_pod_deleted_hands_the_lease_over,
         // Last: it stops the webhook (and brings it back).
