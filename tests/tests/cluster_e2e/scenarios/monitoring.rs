@@ -133,6 +133,21 @@ async fn http10_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
     Ok((code, body.to_string()))
 }
 
+/// Each rule group's last evaluation time, as Prometheus's rules API reports it.
+fn last_evaluations(rules: &Value) -> BTreeMap<String, String> {
+    rules["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|g| {
+            Some((
+                g["name"].as_str()?.to_string(),
+                g["lastEvaluation"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
 /// Healthy targets per job.
 fn healthy_by_job(targets: &Value) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
@@ -177,6 +192,23 @@ pub(super) async fn prometheus_scrapes_the_pods_and_fires_webhook_down_when_the_
         }
         tokio::time::sleep(POLL).await;
     }
+    // An alert read now would be the rules' judgement of the scrapes before the targets turned
+    // healthy (SmolVMWebhookDown is `absent(up == 1)`, true until the first scrape): wait until
+    // every rule group was evaluated again since.
+    let evaluated_before = last_evaluations(&prometheus.api("rules").await?);
+    eventually(
+        "every rule group evaluated after the targets turned healthy",
+        Duration::from_secs(90),
+        || async {
+            let now = last_evaluations(&prometheus.api("rules").await?);
+            let all_newer = !now.is_empty()
+                && now
+                    .iter()
+                    .all(|(group, at)| evaluated_before.get(group).is_none_or(|before| at != before));
+            Ok(all_newer.then_some(()))
+        },
+    )
+    .await?;
     // One of the two controller replicas leads, as the Lease says, and the gauge shows it.
     eventually(
         "sum(smolvm_controller_leader) == 1 in Prometheus",
