@@ -60,6 +60,7 @@ fn main() -> ExitCode {
         v3_host_port_below_the_policy_range_is_rejected,
         v4_bad_node_name_is_rejected,
         v5_pin_to_a_node_that_can_never_hold_the_vm_is_rejected,
+        v16_volumes_are_validated_with_every_violation_and_explained,
         cel_rules_reject_without_the_webhook,
         vm_is_placed_bound_and_created_on_the_runtime,
         v6_image_change_of_a_bound_vm_is_rejected,
@@ -592,6 +593,54 @@ pub(crate) async fn v4_bad_node_name_is_rejected(env: &mut Env) -> anyhow::Resul
         &vm("v4-bad", json!({"image": "alpine:3.20", "nodeName": "Bad_Node"})),
         &["spec.nodeName", "Bad_Node"],
     )?;
+    Ok(())
+}
+
+pub(crate) async fn v16_volumes_are_validated_with_every_violation_and_explained(env: &mut Env) -> anyhow::Result<()> {
+    // Every violation in one answer, each naming its field (the schema's CEL rules and the
+    // webhook's V16 alike).
+    expect_rejected(
+        env,
+        &vm(
+            "v16-bad",
+            json!({"image": "alpine:3.20", "volumes": [
+                {"name": "data", "mountPath": "/", "persistentVolumeClaim": {"claimName": "db"}},
+                {"name": "both", "mountPath": "/a", "configMap": {"name": "c"}, "secret": {"secretName": "s"}},
+                {"name": "blk", "mountPath": "/b", "claimTemplate": {"spec": {
+                    "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}},
+                    "volumeMode": "Block"}}}
+            ]}),
+        ),
+        &[
+            "spec.volumes[0].mountPath",
+            "spec.volumes[1]",
+            "spec.volumes[2].claimTemplate",
+            "Block",
+            "[V16]",
+        ],
+    )?;
+    for (path, words) in [
+        ("smolvm.spec.volumes", &["holder Pod", "VolumesReady"][..]),
+        (
+            "smolvm.spec.volumes.claimTemplate.whenDeleted",
+            &["Retain", "Delete"][..],
+        ),
+        (
+            "smolvm.spec.volumes.claimTemplate.spec.accessModes",
+            &["DESCRIPTION"][..],
+        ),
+    ] {
+        let out = env.kubectl(&["explain", path], None)?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        ensure!(
+            out.status.success(),
+            "kubectl explain {path}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for word in words {
+            ensure!(text.contains(word), "kubectl explain {path} lacks {word}:\n{text}");
+        }
+    }
     Ok(())
 }
 
