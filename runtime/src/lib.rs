@@ -19,6 +19,7 @@ pub mod state_files;
 pub mod supervisor;
 pub mod suspensions;
 pub mod vmm;
+pub mod volumes;
 pub mod workload_records;
 
 pub use error::{Error, Result};
