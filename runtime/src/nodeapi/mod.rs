@@ -5,7 +5,8 @@
 //! (Kubernetes' channel protocol) to the runtime; [`suspend`] suspends and resumes machines;
 //! `pools` keeps warm pools and serves machines from them;
 //! [`tls`] serves it over mTLS with a reloadable serving certificate and client CA; [`uploads`]
-//! holds the budget of file uploads.
+//! holds the budget of file uploads; `volumes` points machines at their holder Pods' volumes
+//! ([`crate::volumes`]).
 //! The operations, their paths and their names come from the contract's table
 //! ([`smolvm_api::nodeapi::Operation`]).
 
@@ -18,5 +19,6 @@ pub mod suspend;
 pub mod tls;
 pub mod types;
 pub mod uploads;
+mod volumes;
 
 pub use server::{Identity, NodeApiState, router};
