@@ -6,6 +6,7 @@ pub mod cli;
 pub mod error;
 pub mod forward;
 pub mod guards;
+pub mod hold;
 pub mod host;
 pub mod images;
 pub mod limits;
