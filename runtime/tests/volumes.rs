@@ -10,8 +10,9 @@
 //! stable paths at a new holder, the binds made again before a start after they were lost, the
 //! release hook, and delete. smolvm's start fails here (no guest boots), so what needs a running
 //! machine (the release hook's stop, BindVolumes refused while running) runs against the TEST
-//! DOUBLE of smolvm serve, whose machines "boot" at once. Tests assert codes and state, never
-//! smolvm's wording.
+//! DOUBLE of smolvm serve, whose machines "boot" at once. Over the in-memory vmm with the
+//! recording double of the mounts, the same node API as the controller's tests drive it, with no
+//! mount privileges. Tests assert codes and state, never smolvm's wording.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,7 +24,8 @@ use smolvm_runtime::volumes::MountBinder;
 use smolvm_testkit::node as common;
 use smolvm_testkit::smolvm_double::SmolvmDouble;
 use smolvm_testkit::volumes::{
-    CONFIG_MAP, CSI, FakeKubelet, LOCAL_VOLUME, TOKEN, UnmountOnDrop, can_mount, mounts_json, volume_options,
+    CONFIG_MAP, CSI, FakeKubelet, LOCAL_VOLUME, TOKEN, UnmountOnDrop, can_mount, mounts_json, recording_volumes,
+    serve_release, volume_options,
 };
 
 /// The SmolVM's UID, and so its machine's name `svm-<uid>`.
@@ -532,4 +534,105 @@ async fn the_release_hook_stops_a_running_machine_first() {
     assert!(!root.join(MACHINE).exists());
     agent.agent.shutdown().await;
     drop(guard);
+}
+
+/// The node API's volumes over the in-memory vmm with the recording double of the mounts, as
+/// the controller's tests run them (no mount privileges needed): what smolvm is given, what is
+/// bound where, binds made again after they were lost, the release hook.
+#[tokio::test]
+async fn volumes_on_the_memory_vmm_with_recorded_binds() {
+    common::init();
+    let dir = tempdir();
+    let kubelet = FakeKubelet::new(dir.path().join("kubelet"));
+    holder_with_files(&kubelet, "holder-a", "pv-data", "hello");
+    let (volumes, binder) = recording_volumes(&kubelet, dir.path());
+    let vmm = Arc::new(smolvm_testkit::memory_vmm::MemoryVmm::default());
+    let pki = Pki::new();
+    let state = Pki::node_api_state(vmm.clone()).with_volumes(volumes);
+    let server = pki.serve(state.clone());
+    let release = serve_release(state);
+    let mut c = common::NodeClient::connect(
+        server.local_addr(),
+        &smolvm_certs::runtime_server_name(common::NODE),
+        pki.client_tls(),
+        Some(common::TOKEN),
+    )
+    .await
+    .expect("connect");
+    let path = format!("/v1/machines/{MACHINE}");
+    let root = std::fs::canonicalize(dir.path().join("volumes")).expect("the stable root");
+    let holder = std::fs::canonicalize(kubelet.root().join("pods/holder-a/volumes")).expect("holder");
+
+    let created = c
+        .call("PUT", &path, Some(spec(three("holder-a", "pv-data", None))))
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let given: Vec<(PathBuf, String, bool)> = vmm
+        .mounts(MACHINE)
+        .expect("the machine")
+        .into_iter()
+        .map(|m| (m.source, m.target, m.read_only))
+        .collect();
+    assert_eq!(
+        given,
+        vec![
+            (stable(&root, "data"), "/data".into(), false),
+            (stable(&root, "config"), "/etc/app".into(), true),
+            (stable(&root, "scratch"), "/scratch".into(), false),
+        ]
+    );
+    let want = [
+        ("data", holder.join(LOCAL_VOLUME).join("pv-data"), false),
+        ("config", holder.join(CONFIG_MAP).join("config"), true),
+        ("scratch", holder.join(CSI).join("pv-csi/mount"), false),
+    ];
+    for (volume, source, read_only) in &want {
+        assert_eq!(
+            binder.bound(&stable(&root, volume)),
+            Some((source.clone(), *read_only)),
+            "{volume}"
+        );
+    }
+    let refused = c
+        .call(
+            "PUT",
+            &path,
+            Some(spec(mounts_json(
+                "holder-a",
+                NAMESPACE,
+                None,
+                &[("data", "..", "/data", false)],
+            ))),
+        )
+        .await;
+    assert_error(&refused, 403, "VolumePathOutsideHolder");
+
+    // Running: the binds lost (an agent restart) are made again first.
+    binder.forget_all();
+    let running = c.call("POST", &format!("{path}/ensure-running"), None).await;
+    assert_eq!(
+        (running.status, &running.body["state"]),
+        (200, &json!("Running")),
+        "{running:?}"
+    );
+    assert_eq!(binder.count(), 3);
+
+    let (status, released) = common::release_call(release.local_addr(), Some(TOKEN)).await;
+    assert_eq!(status, 200, "{released}");
+    assert_eq!(released["released"][0]["stopped"], true);
+    assert_eq!(binder.count(), 0);
+    let got = c.call("GET", &path, None).await;
+    assert_eq!(got.body["state"], "Stopped");
+    assert_eq!(got.body["volumes"]["holderUid"], "holder-a");
+    assert_error(
+        &c.call("POST", &format!("{path}/ensure-running"), None).await,
+        409,
+        "VolumeNotMounted",
+    );
+
+    assert_eq!(c.call("DELETE", &path, None).await.status, 200);
+    assert_eq!(vmm.mounts(MACHINE), None);
+    assert!(!root.join(MACHINE).exists());
+    release.shutdown(std::time::Duration::from_secs(1)).await;
+    server.shutdown(std::time::Duration::from_secs(1)).await;
 }

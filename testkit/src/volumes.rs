@@ -212,6 +212,18 @@ pub fn recording_volumes(kubelet: &FakeKubelet, state_dir: &Path) -> (Arc<Volume
     (Arc::new(volumes), binder)
 }
 
+/// The release hook over `state` (the node API's), on a free loopback port, as the agent
+/// serves it; [`crate::node::release_call`] calls it.
+pub fn serve_release(state: smolvm_runtime::nodeapi::NodeApiState) -> smolvm_runtime::nodeapi::tls::PlainServer {
+    smolvm_runtime::nodeapi::tls::PlainServer::start_bounded(
+        std::net::TcpListener::bind("127.0.0.1:0").expect("bind the release hook"),
+        smolvm_runtime::nodeapi::release::router(state),
+        smolvm_runtime::nodeapi::release::BOUNDS,
+        "release hook",
+    )
+    .expect("serve the release hook")
+}
+
 /// Unmounts, when dropped, every mount at or under its directory (deepest first), so that a
 /// test that really mounts leaves nothing mounted, even when it fails.
 #[derive(Debug)]
