@@ -118,7 +118,7 @@ impl Releases {
         let stops = Counter::default();
         registry.register(
             "volume_release_stops",
-            "Machines the release hook stopped before their holder's volumes were unmounted",
+            "Machines the release hook stopped (all it held but suspended ones) before their holder's volumes were unmounted",
             stops.clone(),
         );
         let duration = Histogram::new(SUSPEND_BUCKETS);

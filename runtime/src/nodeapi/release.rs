@@ -4,7 +4,8 @@
 //! Plain HTTP on `127.0.0.1:<--release-port>` (the kubelet runs on the host network, as the
 //! agent does, and calls a preStop `httpGet` there): `GET /v1/holders/release` with the header
 //! `x-smolvm-release-token`. Every machine whose volume record holds that token's digest
-//! (compared in constant time) is stopped, gracefully as a StopMachine, and its binds undone;
+//! (compared in constant time) is stopped, gracefully as a StopMachine (all but a suspended
+//! one: its process is stopped already and its saved state is kept), and its binds undone;
 //! its record then says released, and no start is allowed until a BindVolumes points it at
 //! another holder. 200 with what was done; 404 `MachineNotFound` when no machine is held by the
 //! token; 401 `Unauthenticated` without a token. The kubelet does not read the answer (a hook
@@ -55,7 +56,7 @@ pub struct ReleasedMachine {
     pub machine: String,
     /// The holder Pod it was bound to.
     pub holder_uid: String,
-    /// Whether this release stopped it (it was not running otherwise).
+    /// Whether smolvm was asked to stop it and did (every machine but a suspended one).
     pub stopped: bool,
     /// Its state afterwards (`Stopped`, `Created`, `Suspended`, or `Missing` when smolvm no
     /// longer has it).
@@ -73,13 +74,11 @@ pub fn router(state: NodeApiState) -> Router {
         .with_state(state)
 }
 
-/// Whether a machine in `state` must be stopped before its volumes go: its guest may be using
-/// them.
+/// Whether a machine in `state` is stopped before its volumes go: every one whose guest may be
+/// using them, or start using them (a stop of a stopped machine is one), but a suspended one,
+/// whose process is stopped already and whose saved state a stop would throw away.
 fn must_stop(state: MachineState) -> bool {
-    !matches!(
-        state,
-        MachineState::Created | MachineState::Stopped | MachineState::Suspended
-    )
+    state != MachineState::Suspended
 }
 
 async fn release(State(state): State<NodeApiState>, headers: HeaderMap) -> Response {
@@ -136,8 +135,8 @@ async fn release(State(state): State<NodeApiState>, headers: HeaderMap) -> Respo
     .into_response()
 }
 
-/// Stops `name` if it may be using its volumes, then undoes its binds (the record says
-/// released first).
+/// Stops `name` (unless it is suspended), then undoes its binds (the record says released
+/// first).
 async fn release_one(state: &NodeApiState, name: &str) -> Result<ReleasedMachine, ApiFailure> {
     let _guard = state.lock(name).await;
     let holder_uid = state.volumes.record(name).map(|r| r.holder_uid).unwrap_or_default();
@@ -150,10 +149,10 @@ async fn release_one(state: &NodeApiState, name: &str) -> Result<ReleasedMachine
         let outcome = state.vmm.stop(name).await;
         state.poke_forwarder();
         let machine = outcome.map_err(|e| logic::map_vmm_error(&e))?;
-        // A fresh start follows: a suspension record beside a machine that ran is stale.
+        // As StopMachine: a suspension record beside a machine that was not suspended is stale.
         state.suspensions.remove(name);
         state.metrics.inc_volume_release_stop();
-        tracing::info!(machine = %name, holder = %holder_uid, "release hook: stopped the machine before its holder's volumes go");
+        tracing::info!(machine = %name, holder = %holder_uid, was = ?current, "release hook: stopped the machine before its holder's volumes go");
         stopped = true;
         now = Some(state.status_of(&machine).state);
     }
