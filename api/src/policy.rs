@@ -105,8 +105,9 @@ pub const AGENT_OPS_PORT: u16 = 9090;
 pub const SMOLVM_GUEST_ROLLOUT_PORT: u16 = 10081;
 
 /// The default excluded host ports: kube-proxy's metrics (10249) and health (10256) ports, the
-/// kubelet's API (10250), the NodePort range, and the runtime agent's own ports.
-pub const DEFAULT_EXCLUDED_HOST_PORTS: [PortRange; 7] = [
+/// kubelet's API (10250), the NodePort range, and the runtime agent's own ports (its release
+/// hook's on the node's loopback among them).
+pub const DEFAULT_EXCLUDED_HOST_PORTS: [PortRange; 8] = [
     PortRange::one(10249),
     PortRange::one(10250),
     PortRange::one(10256),
@@ -117,6 +118,7 @@ pub const DEFAULT_EXCLUDED_HOST_PORTS: [PortRange; 7] = [
     PortRange::one(AGENT_OPS_PORT),
     PortRange::one(SMOLVM_GUEST_ROLLOUT_PORT),
     PortRange::one(AGENT_NODE_API_PORT),
+    PortRange::one(crate::constants::volumes::DEFAULT_RELEASE_PORT),
 ];
 
 /// Most entries in `excludedHostPorts`.
@@ -453,6 +455,7 @@ mod tests {
             (AGENT_NODE_API_PORT.into(), Some("10443")),
             (AGENT_OPS_PORT.into(), Some("9090")),
             (SMOLVM_GUEST_ROLLOUT_PORT.into(), Some("10081")),
+            (crate::constants::volumes::DEFAULT_RELEASE_PORT.into(), Some("10262")),
             (8080, None),
             (29999, None),
             (32768, None),

@@ -1,5 +1,6 @@
-//! The agent assembled: supervised smolvm, node API over mTLS, ops port. Used by `main` and by
-//! the integration tests (which run it in-process against a real `smolvm serve`).
+//! The agent assembled: supervised smolvm, node API over mTLS, ops port, and the holders'
+//! release hook. Used by `main` and by the integration tests (which run it in-process against a
+//! real `smolvm serve`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -73,6 +74,7 @@ pub struct AgentOptions {
 pub struct Agent {
     node_api: MtlsServer,
     ops: Option<PlainServer>,
+    release: Option<PlainServer>,
     supervisor: Supervisor,
     metrics: Arc<Metrics>,
     identity: Arc<Identity>,
@@ -86,12 +88,36 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Starts supervision and both servers.
+    /// Starts supervision and the servers, with no volumes
+    /// ([`crate::volumes::VolumeOptions::default`]: machines with volumes are refused).
     pub async fn start(options: AgentOptions) -> Result<Self> {
+        Self::start_with(options, crate::volumes::VolumeOptions::default()).await
+    }
+
+    /// Starts supervision and the servers, with machines' volumes as `volumes` says (and the
+    /// release hook on its listener). Records kept in memory by `volumes` go beside the
+    /// workload records when those are kept.
+    pub async fn start_with(options: AgentOptions, mut volumes: crate::volumes::VolumeOptions) -> Result<Self> {
         let metrics = Arc::new(Metrics::default());
         let identity = Identity::new(options.node_name.clone());
         // The agent's own ports are excluded whatever the policy says.
-        let own_ports = own_ports(&options);
+        let mut own_ports = own_ports(&options);
+        if let Some(Ok(address)) = volumes.release_listener.as_ref().map(std::net::TcpListener::local_addr) {
+            own_ports.push(address.port());
+        }
+        if volumes.records.is_none() {
+            volumes.records = options
+                .workload_records
+                .as_deref()
+                .map(|dir| dir.with_file_name("volumes"));
+        }
+        let machine_volumes = Arc::new(crate::volumes::Volumes::new(&volumes).map_err(|e| {
+            Error::io(
+                "making the volume mount points",
+                volumes.stable_root.clone().unwrap_or_default(),
+                e,
+            )
+        })?);
         let host_ports = crate::guards::HostPortGuard::load(options.guards.policy_file.as_deref(), &own_ports)?;
         let policy_watch = options
             .guards
@@ -122,7 +148,8 @@ impl Agent {
             .with_suspend_records(suspensions.clone())
             .with_pool_book(pools.clone())
             .with_stream_limits(options.limits.streams)
-            .with_upload_budget(options.limits.upload_bytes);
+            .with_upload_budget(options.limits.upload_bytes)
+            .with_volumes(machine_volumes);
         let state = state.with_host_ports(host_ports);
         let state = match &options.guards.image_records {
             Some(dir) => state.with_images(Arc::new(
@@ -136,6 +163,19 @@ impl Agent {
             None => state,
         };
         let keeper = tokio::spawn(keep_pools(state.clone(), options.pool_keep_interval));
+        let release = match volumes.release_listener {
+            Some(listener) => {
+                let server = PlainServer::start_bounded(
+                    listener,
+                    crate::nodeapi::release::router(state.clone()),
+                    crate::nodeapi::release::BOUNDS,
+                    "release hook",
+                )?;
+                tracing::info!(address = %server.local_addr(), "release hook serving");
+                Some(server)
+            }
+            None => None,
+        };
         let client_ca_pem = match &options.client_ca {
             ClientCa::Pem(pem) => pem.clone(),
             ClientCa::File(path) => {
@@ -171,6 +211,7 @@ impl Agent {
         Ok(Self {
             node_api,
             ops,
+            release,
             supervisor,
             metrics,
             identity,
@@ -196,6 +237,11 @@ impl Agent {
     /// Address of the ops port.
     pub fn ops_addr(&self) -> Option<SocketAddr> {
         self.ops.as_ref().map(PlainServer::local_addr)
+    }
+
+    /// Address of the release hook, where it serves.
+    pub fn release_addr(&self) -> Option<SocketAddr> {
+        self.release.as_ref().map(PlainServer::local_addr)
     }
 
     /// The supervisor.
@@ -246,6 +292,9 @@ impl Agent {
         self.node_api.shutdown(grace).await;
         if let Some(ops) = self.ops {
             ops.shutdown(grace).await;
+        }
+        if let Some(release) = self.release {
+            release.shutdown(grace).await;
         }
         self.supervisor.shutdown().await;
     }

@@ -12,7 +12,11 @@ use crate::host;
 /// The smolvm runtime agent: supervises `smolvm serve`, serves the node API over mTLS and
 /// reports this node's SmolVMNode.
 #[derive(Debug, Clone, clap::Parser)]
-#[command(name = "smolvm-runtime", version)]
+#[command(
+    name = "smolvm-runtime",
+    version,
+    after_help = "`smolvm-runtime hold` is the container of a SmolVM's holder Pod: it sleeps until SIGTERM or SIGINT and exits 0."
+)]
 pub struct Flags {
     /// Kubernetes Node name (downward API `spec.nodeName`).
     #[arg(long, env = "NODE_NAME")]
@@ -174,6 +178,15 @@ pub struct Flags {
     /// the built-in defaults apply. The agent's own ports are always excluded.
     #[arg(long, env = "SMOLVM_RUNTIME_POLICY")]
     pub policy: Option<PathBuf>,
+    /// The kubelet's root directory (its --root-dir) as the agent sees it: a SmolVM's volumes
+    /// are found in its holder Pod's `<dir>/pods/<uid>/volumes`. Mount it into the agent with
+    /// HostToContainer propagation, so that volumes the kubelet mounts later are seen.
+    #[arg(long, env = "SMOLVM_RUNTIME_KUBELET_ROOT_DIR", default_value = crate::volumes::DEFAULT_KUBELET_ROOT)]
+    pub kubelet_root_dir: PathBuf,
+    /// Port of the release hook on 127.0.0.1, which holder Pods' preStop hooks call (the
+    /// controller's --release-hook-port must name the same); no VM may publish it.
+    #[arg(long, env = "SMOLVM_RUNTIME_RELEASE_PORT", default_value_t = smolvm_api::constants::volumes::DEFAULT_RELEASE_PORT)]
+    pub release_port: u16,
     /// Log line format.
     #[arg(long, env = "SMOLVM_RUNTIME_LOG_FORMAT", value_enum, default_value = "json")]
     pub log_format: LogFormat,
@@ -221,6 +234,8 @@ mod tests {
         assert_eq!(flags.heartbeat_interval, Duration::from_secs(10));
         assert_eq!(flags.smolvm_env, vec![("A".to_string(), "b".to_string())]);
         assert_eq!(flags.log_format, LogFormat::Json);
+        assert_eq!(flags.kubelet_root_dir, PathBuf::from("/var/lib/kubelet"));
+        assert_eq!(flags.release_port, 10262);
         let limits = crate::limits::Limits::from_flags(&flags, Some(1 << 20)).expect("the defaults work");
         assert_eq!(limits, crate::limits::Limits::default());
         let tight = Flags::try_parse_from([

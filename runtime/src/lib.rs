@@ -6,6 +6,7 @@ pub mod cli;
 pub mod error;
 pub mod forward;
 pub mod guards;
+pub mod hold;
 pub mod host;
 pub mod images;
 pub mod limits;
@@ -19,6 +20,7 @@ pub mod state_files;
 pub mod supervisor;
 pub mod suspensions;
 pub mod vmm;
+pub mod volumes;
 pub mod workload_records;
 
 pub use error::{Error, Result};

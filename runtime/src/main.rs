@@ -1,4 +1,5 @@
-//! `smolvm-runtime`: the node agent (DaemonSet). See `--help`.
+//! `smolvm-runtime`: the node agent (DaemonSet), and `smolvm-runtime hold`, the container of a
+//! SmolVM's holder Pod ([`smolvm_runtime::hold`]). See `--help`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -55,28 +56,39 @@ async fn run(flags: Flags) -> Result<()> {
     };
     let (resolver, serving_files) = serving_identity(&flags, client.as_ref()).await?;
     let (auth, _token_watch) = TokenAuth::from_file(flags.token_file.clone(), Duration::from_secs(2))?;
-    let agent = Agent::start(AgentOptions {
-        node_name: flags.node_name.clone(),
-        supervisor: SupervisorConfig::new(socket, spawn),
-        local_image_dir: Some(local_image_dir),
-        node_api_listener: bind(SocketAddr::new(flags.listen_address, flags.port), "node API")?,
-        ops_listener: Some(bind(flags.ops_address, "ops port")?),
-        resolver: resolver.clone(),
-        serving_files,
-        client_ca: ClientCa::File(flags.client_ca.clone()),
-        auth,
-        file_poll_interval: Duration::from_secs(2),
-        pool_keep_interval: smolvm_runtime::pools::KEEP_INTERVAL,
-        workload_records: Some(flags.state_dir.join("operator").join("workloads")),
-        publish_address: flags
-            .publish_address
-            .or_else(|| std::env::var("NODE_IP").ok().and_then(|ip| ip.parse().ok())),
-        guards: smolvm_runtime::guards::GuardOptions {
-            policy_file: flags.policy.clone(),
-            image_records: Some(flags.state_dir.join("operator").join("images")),
+    let release_address = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, flags.release_port));
+    let volumes = smolvm_runtime::volumes::VolumeOptions {
+        kubelet_root: flags.kubelet_root_dir.clone(),
+        stable_root: Some(flags.state_dir.join("volumes")),
+        records: Some(flags.state_dir.join("operator").join("volumes")),
+        release_listener: Some(bind(release_address, "release hook")?),
+        binder: Arc::new(smolvm_runtime::volumes::MountBinder),
+    };
+    let agent = Agent::start_with(
+        AgentOptions {
+            node_name: flags.node_name.clone(),
+            supervisor: SupervisorConfig::new(socket, spawn),
+            local_image_dir: Some(local_image_dir),
+            node_api_listener: bind(SocketAddr::new(flags.listen_address, flags.port), "node API")?,
+            ops_listener: Some(bind(flags.ops_address, "ops port")?),
+            resolver: resolver.clone(),
+            serving_files,
+            client_ca: ClientCa::File(flags.client_ca.clone()),
+            auth,
+            file_poll_interval: Duration::from_secs(2),
+            pool_keep_interval: smolvm_runtime::pools::KEEP_INTERVAL,
+            workload_records: Some(flags.state_dir.join("operator").join("workloads")),
+            publish_address: flags
+                .publish_address
+                .or_else(|| std::env::var("NODE_IP").ok().and_then(|ip| ip.parse().ok())),
+            guards: smolvm_runtime::guards::GuardOptions {
+                policy_file: flags.policy.clone(),
+                image_records: Some(flags.state_dir.join("operator").join("images")),
+            },
+            limits: smolvm_runtime::limits::Limits::from_flags(&flags, smolvm_runtime::limits::open_files_limit())?,
         },
-        limits: smolvm_runtime::limits::Limits::from_flags(&flags, smolvm_runtime::limits::open_files_limit())?,
-    })
+        volumes,
+    )
     .await?;
 
     let mut background = Vec::new();
@@ -240,8 +252,23 @@ fn observer(
     })
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // The holder Pod's container: before anything of the agent is set up.
+    if smolvm_runtime::hold::requested(&args) {
+        return smolvm_runtime::hold::run(&args[2..]);
+    }
+    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime.block_on(agent()),
+        Err(error) => {
+            eprintln!("smolvm-runtime: cannot start the async runtime: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The agent, as its flags say.
+async fn agent() -> ExitCode {
     smolvm_runtime::install_crypto_provider();
     let (flags, deprecated) = smolvm_kit::cli::parse::<Flags>(RENAMED);
     smolvm_kit::log::init(flags.log_format);

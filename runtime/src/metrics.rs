@@ -99,6 +99,42 @@ impl Suspensions {
     }
 }
 
+/// The release hook's metrics: releases by result, machines stopped, how long releases took.
+#[derive(Debug)]
+struct Releases {
+    results: Family<ResultLabel, Counter>,
+    stops: Counter,
+    duration: Histogram,
+}
+
+impl Releases {
+    fn register(registry: &mut Registry) -> Self {
+        let results = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "volume_releases",
+            "Calls of the release hook (a holder Pod's preStop), by result: Released (every machine the token held was stopped and its volume binds undone), NoMatch (no machine held by the token), Unauthenticated (no token), Failed (a machine could not be stopped or unbound; its binds stay)",
+            smolvm_kit::ops::Declared(results.clone()),
+        );
+        let stops = Counter::default();
+        registry.register(
+            "volume_release_stops",
+            "Machines the release hook stopped (all it held but suspended ones) before their holder's volumes were unmounted",
+            stops.clone(),
+        );
+        let duration = Histogram::new(SUSPEND_BUCKETS);
+        registry.register(
+            "volume_release_duration_seconds",
+            "Time a release took (the graceful stops and the unmounts), of the releases that held a machine",
+            duration.clone(),
+        );
+        Self {
+            results,
+            stops,
+            duration,
+        }
+    }
+}
+
 fn latency_histogram() -> Histogram {
     Histogram::new(LATENCY_BUCKETS)
 }
@@ -122,6 +158,7 @@ pub struct Metrics {
     canary_boot: Histogram,
     canary_checks: Family<ResultLabel, Counter>,
     suspensions: Suspensions,
+    releases: Releases,
 }
 
 impl Default for Metrics {
@@ -208,6 +245,7 @@ impl Default for Metrics {
         );
         Metrics {
             suspensions: Suspensions::register(&mut registry),
+            releases: Releases::register(&mut registry),
             registry,
             requests,
             latency,
@@ -343,6 +381,35 @@ impl Metrics {
         self.suspensions.suspended.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
+    /// Counts one call of the release hook by its result (`Released`, `NoMatch`,
+    /// `Unauthenticated`, `Failed`).
+    pub fn inc_volume_release(&self, result: &'static str) {
+        self.releases.results.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    /// Calls of the release hook counted with `result`.
+    pub fn volume_releases(&self, result: &'static str) -> u64 {
+        self.releases
+            .results
+            .get(&ResultLabel { result })
+            .map_or(0, |c| c.get())
+    }
+
+    /// Counts one machine the release hook stopped.
+    pub fn inc_volume_release_stop(&self) {
+        self.releases.stops.inc();
+    }
+
+    /// Machines the release hook stopped so far.
+    pub fn volume_release_stops(&self) -> u64 {
+        self.releases.stops.get()
+    }
+
+    /// Records how long a release that held a machine took.
+    pub fn observe_volume_release(&self, elapsed: Duration) {
+        self.releases.duration.observe(elapsed.as_secs_f64());
+    }
+
     /// Sets the runtime-ready gauge.
     pub fn set_runtime_ready(&self, ready: bool) {
         self.runtime_ready.set(i64::from(ready));
@@ -392,6 +459,9 @@ mod tests {
         metrics.observe_suspend(Duration::from_millis(1500));
         metrics.observe_resume(Duration::from_millis(300));
         metrics.set_machines_suspended(2);
+        metrics.inc_volume_release("Released");
+        metrics.inc_volume_release_stop();
+        metrics.observe_volume_release(Duration::from_millis(800));
         let text = metrics.encode();
         for line in [
             "smolvm_runtime_node_api_requests_total{operation=\"GetMachine\",code=\"OK\"} 1",
@@ -411,6 +481,10 @@ mod tests {
             "smolvm_runtime_resume_duration_seconds_bucket{le=\"0.5\"} 1",
             "smolvm_runtime_resume_duration_seconds_count 1",
             "smolvm_runtime_machines_suspended 2",
+            "smolvm_runtime_volume_releases_total{result=\"Released\"} 1",
+            "smolvm_runtime_volume_release_stops_total 1",
+            "smolvm_runtime_volume_release_duration_seconds_bucket{le=\"1.0\"} 1",
+            "smolvm_runtime_volume_release_duration_seconds_count 1",
             "# EOF",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");

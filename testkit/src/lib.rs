@@ -13,7 +13,9 @@
 //!   can serve;
 //! - [`smolvm_double`]: a test double of `smolvm serve` itself (its HTTP API on a Unix socket),
 //!   whose machines "boot" at once, for what needs a running machine (suspend and resume);
-//!   checked against smolvm's OpenAPI document.
+//!   checked against smolvm's OpenAPI document;
+//! - [`volumes`]: a fake kubelet pods directory of holder Pods, a recording test double of the
+//!   agent's mounts, and a guard that unmounts what a test mounted.
 
 pub mod apiserver;
 pub mod flags;
@@ -21,3 +23,4 @@ pub mod memory_vmm;
 pub mod node;
 pub mod runtime_double;
 pub mod smolvm_double;
+pub mod volumes;

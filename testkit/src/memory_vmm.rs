@@ -2,14 +2,17 @@
 //! map, a start that always succeeds, and smolvm's fork pools and leases, refilled at once. It
 //! stands behind the runtime agent's real node API (mTLS, bearer token, the same router) on each
 //! simulated node, where fifty real smolvm servers cannot run on one machine and no guest boots.
+//! A create's host mounts are kept and reported as smolvm reports them (`mounts` in the
+//! machine's JSON: `tag`, `source`, `target`, `readonly`, `staged`), the source as given; no
+//! directory is checked or served.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 use smolvm_runtime::vmm::{
-    DeleteOutcome, LeaseInfo, LeaseRequest, Machine, MachineSpec, MachineState, PoolInfo, PoolRequest, ResizeRequest,
-    Vmm, VmmError, VmmHealth,
+    DeleteOutcome, HostMount, LeaseInfo, LeaseRequest, Machine, MachineSpec, MachineState, PoolInfo, PoolRequest,
+    ResizeRequest, Vmm, VmmError, VmmHealth,
 };
 
 /// A pool as the double keeps it.
@@ -24,6 +27,8 @@ struct Pool {
 #[derive(Debug, Default)]
 struct World {
     machines: HashMap<String, Machine>,
+    /// Each machine's host mounts, as its create gave them.
+    mounts: HashMap<String, Vec<HostMount>>,
     pools: BTreeMap<String, Pool>,
     /// By idempotency key.
     leases: HashMap<String, LeaseInfo>,
@@ -58,6 +63,15 @@ impl MemoryVmm {
         })
     }
 
+    /// A machine's host mounts as its create gave them, if it exists.
+    pub fn mounts(&self, name: &str) -> Option<Vec<HostMount>> {
+        self.with(|w| {
+            w.machines
+                .contains_key(name)
+                .then(|| w.mounts.get(name).cloned().unwrap_or_default())
+        })
+    }
+
     /// The pools, each as `(name, ready, desired, active)`, sorted by name.
     pub fn pool_counts(&self) -> Vec<(String, u32, u32, u32)> {
         self.with(|w| {
@@ -74,6 +88,23 @@ impl MemoryVmm {
                 .collect()
         })
     }
+}
+
+/// Host mounts as smolvm reports them (`MountInfo`).
+fn mounts_json(mounts: &[HostMount]) -> serde_json::Value {
+    mounts
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            serde_json::json!({
+                "tag": format!("smolvm{i}"),
+                "source": m.source.display().to_string(),
+                "target": m.target,
+                "readonly": m.read_only,
+                "staged": false,
+            })
+        })
+        .collect()
 }
 
 /// Forks ready workers until every pool has its `desired`.
@@ -131,8 +162,10 @@ impl Vmm for MemoryVmm {
                     message: format!("machine '{}' already exists", spec.name),
                 });
             }
-            let machine = Machine::created_from(spec);
+            let mut machine = Machine::created_from(spec);
+            machine.raw = serde_json::json!({ "mounts": mounts_json(&spec.mounts) });
             w.machines.insert(spec.name.clone(), machine.clone());
+            w.mounts.insert(spec.name.clone(), spec.mounts.clone());
             Ok(machine)
         })
     }
@@ -143,10 +176,15 @@ impl Vmm for MemoryVmm {
         self.transition(name, MachineState::Stopped)
     }
     async fn delete(&self, name: &str) -> Result<DeleteOutcome, VmmError> {
-        Ok(match self.with(|w| w.machines.remove(name)) {
-            Some(_) => DeleteOutcome::Deleted,
-            None => DeleteOutcome::Missing,
-        })
+        Ok(
+            match self.with(|w| {
+                w.mounts.remove(name);
+                w.machines.remove(name)
+            }) {
+                Some(_) => DeleteOutcome::Deleted,
+                None => DeleteOutcome::Missing,
+            },
+        )
     }
     async fn resize(&self, name: &str, request: &ResizeRequest) -> Result<Machine, VmmError> {
         self.with(|w| match w.machines.get_mut(name) {

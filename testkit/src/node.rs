@@ -362,13 +362,35 @@ impl TestAgent {
         Some(Self::with_spawn(test, dir, pki, spawn).await)
     }
 
+    /// As [`TestAgent::with_smolvm`], with machines' volumes as `volumes` says (the release
+    /// hook on its listener).
+    pub async fn with_smolvm_volumes(
+        test: &str,
+        dir: &Path,
+        pki: Arc<Pki>,
+        volumes: smolvm_runtime::volumes::VolumeOptions,
+    ) -> Option<Self> {
+        let spawn = smolvm_spawn_config(test, dir)?;
+        Some(Self::spawned(test, dir, pki, spawn, volumes).await)
+    }
+
     /// Starts an agent that supervises `smolvm serve` as `spawn` says, on `dir/run/smolvm.sock`.
     pub async fn with_spawn(test: &str, dir: &Path, pki: Arc<Pki>, spawn: SpawnConfig) -> Self {
+        Self::spawned(test, dir, pki, spawn, Default::default()).await
+    }
+
+    async fn spawned(
+        test: &str,
+        dir: &Path,
+        pki: Arc<Pki>,
+        spawn: SpawnConfig,
+        volumes: smolvm_runtime::volumes::VolumeOptions,
+    ) -> Self {
         let mut supervisor = SupervisorConfig::new(smolvm_socket(dir), Some(spawn));
         supervisor.health_interval = Duration::from_millis(300);
         supervisor.backoff_initial = Duration::from_millis(200);
         supervisor.stop_grace = Duration::from_secs(5);
-        let agent = Self::start(dir, pki, supervisor, Some(dir.join("images"))).await;
+        let agent = Self::start(dir, pki, supervisor, Some(dir.join("images")), volumes).await;
         if agent
             .agent
             .supervisor()
@@ -395,10 +417,21 @@ impl TestAgent {
     /// [`crate::smolvm_double::SmolvmDouble`]), as `--attach-socket` does, with its state under
     /// `dir`; waits until the runtime answered.
     pub async fn attached(dir: &Path, pki: Arc<Pki>, socket: &Path) -> Self {
+        Self::attached_with_volumes(dir, pki, socket, Default::default()).await
+    }
+
+    /// As [`TestAgent::attached`], with machines' volumes as `volumes` says (the release hook
+    /// on its listener).
+    pub async fn attached_with_volumes(
+        dir: &Path,
+        pki: Arc<Pki>,
+        socket: &Path,
+        volumes: smolvm_runtime::volumes::VolumeOptions,
+    ) -> Self {
         std::fs::create_dir_all(dir).expect("agent dir");
         let mut supervisor = SupervisorConfig::new(socket.to_path_buf(), None);
         supervisor.health_interval = Duration::from_millis(100);
-        let agent = Self::start(dir, pki, supervisor, None).await;
+        let agent = Self::start(dir, pki, supervisor, None, volumes).await;
         if agent
             .agent
             .supervisor()
@@ -415,36 +448,45 @@ impl TestAgent {
     pub async fn without_smolvm(dir: &Path, pki: Arc<Pki>) -> Self {
         let mut supervisor = SupervisorConfig::new(dir.join("absent.sock"), None);
         supervisor.health_interval = Duration::from_millis(200);
-        Self::start(dir, pki, supervisor, None).await
+        Self::start(dir, pki, supervisor, None, Default::default()).await
     }
 
-    async fn start(dir: &Path, pki: Arc<Pki>, supervisor: SupervisorConfig, images: Option<PathBuf>) -> Self {
+    async fn start(
+        dir: &Path,
+        pki: Arc<Pki>,
+        supervisor: SupervisorConfig,
+        images: Option<PathBuf>,
+        volumes: smolvm_runtime::volumes::VolumeOptions,
+    ) -> Self {
         let token_file = dir.join("token");
         if !token_file.exists() {
             std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token file");
         }
         let (auth, _watch) = TokenAuth::from_file(token_file.clone(), Duration::from_millis(100)).expect("token");
         let resolver = Arc::new(ReloadableResolver::from_pem(&pki.server_cert, &pki.server_key).expect("resolver"));
-        let agent = Agent::start(AgentOptions {
-            node_name: NODE.into(),
-            supervisor,
-            local_image_dir: images,
-            node_api_listener: std::net::TcpListener::bind("127.0.0.1:0").expect("bind"),
-            ops_listener: Some(std::net::TcpListener::bind("127.0.0.1:0").expect("bind")),
-            resolver,
-            serving_files: None,
-            client_ca: ClientCa::Pem(pki.ca.cert_pem().to_string()),
-            auth,
-            file_poll_interval: Duration::from_millis(100),
-            pool_keep_interval: Duration::from_millis(500),
-            workload_records: Some(dir.join("workloads")),
-            publish_address: None,
-            guards: smolvm_runtime::guards::GuardOptions {
-                image_records: Some(dir.join("image-records")),
-                ..Default::default()
+        let agent = Agent::start_with(
+            AgentOptions {
+                node_name: NODE.into(),
+                supervisor,
+                local_image_dir: images,
+                node_api_listener: std::net::TcpListener::bind("127.0.0.1:0").expect("bind"),
+                ops_listener: Some(std::net::TcpListener::bind("127.0.0.1:0").expect("bind")),
+                resolver,
+                serving_files: None,
+                client_ca: ClientCa::Pem(pki.ca.cert_pem().to_string()),
+                auth,
+                file_poll_interval: Duration::from_millis(100),
+                pool_keep_interval: Duration::from_millis(500),
+                workload_records: Some(dir.join("workloads")),
+                publish_address: None,
+                guards: smolvm_runtime::guards::GuardOptions {
+                    image_records: Some(dir.join("image-records")),
+                    ..Default::default()
+                },
+                limits: Default::default(),
             },
-            limits: Default::default(),
-        })
+            volumes,
+        )
         .await
         .expect("agent starts");
         Self {
@@ -468,6 +510,13 @@ impl TestAgent {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default()
+    }
+
+    /// `GET /v1/holders/release` on the agent's release hook with `token` in its header (none
+    /// when `None`): the status and the JSON body.
+    pub async fn release(&self, token: Option<&str>) -> (u16, serde_json::Value) {
+        let addr = self.agent.release_addr().expect("the agent serves a release hook");
+        release_call(addr, token).await
     }
 
     /// Opens an interactive exec (`GET path` upgraded to a WebSocket, offering the channel
@@ -532,6 +581,33 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let body = response.into_body().collect().await.expect("body").to_bytes();
     task.abort();
     (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// `GET /v1/holders/release` on a release hook at `addr`, with `token` in its header (none when
+/// `None`), as a holder's preStop hook calls it: the status and the JSON body.
+pub async fn release_call(addr: SocketAddr, token: Option<&str>) -> (u16, serde_json::Value) {
+    use smolvm_api::constants::volumes::{RELEASE_PATH, RELEASE_TOKEN_HEADER};
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the release hook");
+    let (mut sender, connection) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(tcp))
+        .await
+        .expect("handshake");
+    let task = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let mut request = Request::builder().uri(RELEASE_PATH).header("host", "127.0.0.1");
+    if let Some(token) = token {
+        request = request.header(RELEASE_TOKEN_HEADER, token);
+    }
+    let response = sender
+        .send_request(request.body(Full::new(Bytes::new())).expect("request"))
+        .await
+        .expect("send");
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.expect("body").to_bytes();
+    task.abort();
+    (status, serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null))
 }
 
 /// The socket the test agents' `smolvm serve` listens on.

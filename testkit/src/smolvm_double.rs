@@ -76,6 +76,14 @@
 //!   assumed). A directory's listing is not played: smolvm describes its entries in prose only,
 //!   with no schema to check the double against. A path is `/` and its segments, each decoded.
 //!
+//! A machine's host mounts (`mounts` at create, `MountSpec`) are kept and reported as smolvm
+//! 1.32.2 does (observed): each `source` must be an absolute path (400 `BAD_REQUEST` "mount
+//! operation failed: validate source: path must be absolute"), exist ("mount source not found")
+//! and be a directory ("source path on host must be a directory"), each `target` absolute
+//! ("target path on guest should be an absolute directory") and given once ("duplicate mount
+//! target"); the machine reports them (`MountInfo`) with their links resolved, tagged
+//! `smolvm0`, `smolvm1`, … in order, `staged` as asked. Nothing is served to a guest.
+//!
 //! Any agent can use it: in-process, or the `smolvm-runtime` binary with `--attach-socket
 //! <socket>`. It records the calls it received ([`Call`]) with the time each arrived, so a
 //! bench can measure from a spec write to the node's call.
@@ -308,7 +316,7 @@ pub type Fields = fn() -> &'static [&'static str];
 
 /// Every wire type of the double, by the name of smolvm's schema it plays, with its fields: the
 /// answers it writes, the request bodies it reads, and the objects inside them.
-pub const SCHEMAS: [(&str, Fields); 24] = [
+pub const SCHEMAS: [(&str, Fields); 25] = [
     ("HealthResponse", fields_of::<HealthResponse>),
     ("MachineCountsResponse", fields_of::<MachineCounts>),
     ("CapacityResponse", fields_of::<CapacityResponse>),
@@ -322,7 +330,8 @@ pub const SCHEMAS: [(&str, Fields); 24] = [
     ("ResizeMachineRequest", fields_of::<ResizeMachine>),
     ("DeleteResponse", fields_of::<DeleteResponse>),
     ("ApiErrorResponse", fields_of::<ApiError>),
-    ("MountInfo", fields_of::<NoFields>),
+    ("MountInfo", fields_of::<MountInfo>),
+    ("MountSpec", fields_of::<MountSpec>),
     ("CreateForkPoolRequest", fields_of::<CreateForkPool>),
     ("ForkPoolInfo", fields_of::<ForkPoolInfo>),
     ("ListForkPoolsResponse", fields_of::<ListForkPools>),
@@ -405,7 +414,7 @@ struct MachineInfo {
     image: Option<String>,
     cpus: u32,
     memory_mb: u64,
-    mounts: Vec<NoFields>,
+    mounts: Vec<MountInfo>,
     ports: Vec<PortSpec>,
     network: bool,
     gpu: bool,
@@ -428,9 +437,27 @@ struct MachineInfo {
     created_at: u64,
 }
 
-/// An object the double never fills (a machine's mounts).
+/// A host mount as a machine reports it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct NoFields {}
+struct MountInfo {
+    tag: String,
+    source: String,
+    target: String,
+    readonly: bool,
+    staged: bool,
+}
+
+/// A host mount as a create asks for it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MountSpec {
+    source: String,
+    target: String,
+    #[serde(default)]
+    readonly: bool,
+    #[serde(default)]
+    staged: bool,
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -469,6 +496,8 @@ struct CreateMachine {
     env: Vec<EnvVar>,
     restart: Option<RestartSpec>,
     stop_timeout_secs: Option<u64>,
+    #[serde(default)]
+    mounts: Vec<MountSpec>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -905,6 +934,18 @@ impl DoubleHandle {
     /// Whether a machine is paused (its state saved).
     pub fn is_paused(&self, name: &str) -> bool {
         locked(&self.inner.world).machines.get(name).is_some_and(|m| m.paused)
+    }
+
+    /// A machine's host mounts as it reports them, `(source, target, readonly)` each in order,
+    /// if it exists.
+    pub fn mounts(&self, name: &str) -> Option<Vec<(String, String, bool)>> {
+        locked(&self.inner.world).machines.get(name).map(|m| {
+            m.info
+                .mounts
+                .iter()
+                .map(|mount| (mount.source.clone(), mount.target.clone(), mount.readonly))
+                .collect()
+        })
     }
 
     /// A machine's environment (`KEY=VALUE`: its create's `env`, then its leases'), if it exists.
@@ -1411,6 +1452,10 @@ fn create(world: &mut World, request: CreateMachine) -> Response {
         let zero = if port.host == 0 { port.host } else { port.guest };
         return bad_request(format!("port {zero} is not valid for VM port forwarding"));
     }
+    let mounts = match host_mounts(&request.mounts) {
+        Ok(mounts) => mounts,
+        Err(message) => return bad_request(message),
+    };
     if world.machines.contains_key(&name) {
         return error(
             StatusCode::CONFLICT,
@@ -1419,7 +1464,8 @@ fn create(world: &mut World, request: CreateMachine) -> Response {
         );
     }
     let env = request.env.iter().map(|v| format!("{}={}", v.name, v.value)).collect();
-    let info = machine_info(name.clone(), request, cpus, u64::from(memory_mb));
+    let mut info = machine_info(name.clone(), request, cpus, u64::from(memory_mb));
+    info.mounts = mounts;
     world.machines.insert(
         name,
         Machine {
@@ -1433,6 +1479,48 @@ fn create(world: &mut World, request: CreateMachine) -> Response {
         },
     );
     json(StatusCode::OK, &info)
+}
+
+/// A create's host mounts as smolvm checks and reports them (see the module's doc).
+fn host_mounts(requested: &[MountSpec]) -> Result<Vec<MountInfo>, String> {
+    let mut mounts: Vec<MountInfo> = Vec::new();
+    for (i, mount) in requested.iter().enumerate() {
+        let source = Path::new(&mount.source);
+        if !source.is_absolute() {
+            return Err(format!(
+                "mount operation failed: validate source: path must be absolute: {}",
+                mount.source
+            ));
+        }
+        let resolved =
+            std::fs::canonicalize(source).map_err(|_| format!("mount source not found: {}", mount.source))?;
+        if !resolved.is_dir() {
+            return Err(format!(
+                "mount operation failed: validate host path: source path on host must be a directory (virtiofs limitation): {}",
+                mount.source
+            ));
+        }
+        if !mount.target.starts_with('/') {
+            return Err(format!(
+                "mount operation failed: validate guest path: target path on guest should be an absolute directory: {}",
+                mount.target
+            ));
+        }
+        if mounts.iter().any(|m| m.target == mount.target) {
+            return Err(format!(
+                "mount operation failed: validate mounts: duplicate mount target: {} is specified more than once",
+                mount.target
+            ));
+        }
+        mounts.push(MountInfo {
+            tag: format!("smolvm{i}"),
+            source: resolved.display().to_string(),
+            target: mount.target.clone(),
+            readonly: mount.readonly,
+            staged: mount.staged,
+        });
+    }
+    Ok(mounts)
 }
 
 fn machine_info(name: String, request: CreateMachine, cpus: u32, memory_mb: u64) -> MachineInfo {
@@ -2112,6 +2200,8 @@ mod tests {
         // What the double requires of itself are smolvm's required properties, all written.
         for (schema, fields) in [
             ("MachineInfo", fields_of::<MachineInfo>()),
+            ("MountInfo", fields_of::<MountInfo>()),
+            ("MountSpec", fields_of::<MountSpec>()),
             ("HealthResponse", fields_of::<HealthResponse>()),
             ("ForkPoolInfo", fields_of::<ForkPoolInfo>()),
             ("ListForkPoolsResponse", fields_of::<ListForkPools>()),
@@ -2318,6 +2408,75 @@ mod tests {
             (&started["state"], &started["branchable"]),
             (&json!("running"), &json!(true))
         );
+    }
+
+    #[tokio::test]
+    async fn a_create_keeps_and_reports_its_host_mounts() {
+        let double = SmolvmDouble::start(socket_path("mounts")).await.expect("double");
+        let s = double.socket();
+        let dir = std::env::temp_dir().join(format!("smolvm-double-mounts-{}", std::process::id()));
+        let real = dir.join("real");
+        std::fs::create_dir_all(&real).expect("dir");
+        let link = dir.join("link");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&real, &link).expect("link");
+        std::fs::write(dir.join("file"), b"x").expect("file");
+        let path = |p: &std::path::Path| p.display().to_string();
+        let create = |name: &str, mounts: Value| json!({"name": name, "cpus": 1, "memoryMb": 256, "mounts": mounts});
+        let (status, made) = call(
+            s,
+            "POST",
+            "/api/v1/machines",
+            Some(create(
+                "m1",
+                json!([{"source": path(&link), "target": "/data", "readonly": true}, {"source": path(&real), "target": "/b"}]),
+            )),
+        )
+        .await;
+        assert_eq!(status, 200, "{made}");
+        let resolved = path(&std::fs::canonicalize(&real).expect("canonical"));
+        let want = json!([
+            {"tag": "smolvm0", "source": resolved, "target": "/data", "readonly": true, "staged": false},
+            {"tag": "smolvm1", "source": resolved, "target": "/b", "readonly": false, "staged": false},
+        ]);
+        assert_eq!(made["mounts"], want);
+        assert_eq!(call(s, "GET", "/api/v1/machines/m1", None).await.1["mounts"], want);
+        assert_eq!(
+            double.mounts("m1"),
+            Some(vec![
+                (resolved.clone(), "/data".into(), true),
+                (resolved, "/b".into(), false)
+            ])
+        );
+        for (case, mounts, status) in [
+            ("relative source", json!([{"source": "rel", "target": "/a"}]), 400),
+            (
+                "missing source",
+                json!([{"source": path(&dir.join("nope")), "target": "/a"}]),
+                400,
+            ),
+            (
+                "a file",
+                json!([{"source": path(&dir.join("file")), "target": "/a"}]),
+                400,
+            ),
+            ("relative target", json!([{"source": path(&real), "target": "a"}]), 400),
+            (
+                "a target twice",
+                json!([{"source": path(&real), "target": "/a"}, {"source": path(&real), "target": "/a"}]),
+                400,
+            ),
+            (
+                "an unknown field",
+                json!([{"source": path(&real), "target": "/a", "ro": true}]),
+                422,
+            ),
+        ] {
+            let (got, body) = call(s, "POST", "/api/v1/machines", Some(create("m2", mounts))).await;
+            assert_eq!(got, status, "{case}: {body}");
+        }
+        assert_eq!(double.mounts("m2"), None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]

@@ -86,6 +86,16 @@ impl ApiFailure {
     }
 }
 
+impl From<NodeApiError> for ApiFailure {
+    /// A refusal with its code's HTTP status.
+    fn from(body: NodeApiError) -> Self {
+        Self {
+            status: body.code.status(),
+            body,
+        }
+    }
+}
+
 /// Maps a runtime failure to the node API's status and code; smolvm's message is kept verbatim.
 pub fn map_vmm_error(error: &VmmError) -> ApiFailure {
     let message = error.message().to_string();

@@ -5,18 +5,21 @@
 //! (Kubernetes' channel protocol) to the runtime; [`suspend`] suspends and resumes machines;
 //! `pools` keeps warm pools and serves machines from them;
 //! [`tls`] serves it over mTLS with a reloadable serving certificate and client CA; [`uploads`]
-//! holds the budget of file uploads.
+//! holds the budget of file uploads; `volumes` points machines at their holder Pods' volumes
+//! ([`crate::volumes`]), and [`release`] is the holders' release hook, on a listener of its own.
 //! The operations, their paths and their names come from the contract's table
 //! ([`smolvm_api::nodeapi::Operation`]).
 
 pub mod auth;
 pub mod logic;
 pub(crate) mod pools;
+pub mod release;
 pub mod server;
 pub mod stream;
 pub mod suspend;
 pub mod tls;
 pub mod types;
 pub mod uploads;
+mod volumes;
 
 pub use server::{Identity, NodeApiState, router};

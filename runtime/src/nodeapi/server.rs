@@ -104,6 +104,9 @@ pub struct NodeApiState {
     /// The pools this agent keeps and the machines it served from them ([`crate::pools`]); in
     /// memory unless [`NodeApiState::with_pool_book`] gives files.
     pub pools: Arc<crate::pools::PoolBook>,
+    /// The machines' volumes ([`crate::volumes`]); machines with volumes are refused unless
+    /// [`NodeApiState::with_volumes`] gives them a place.
+    pub volumes: Arc<crate::volumes::Volumes>,
     locks: MachineLocks,
 }
 
@@ -130,6 +133,7 @@ impl NodeApiState {
             uploads: super::uploads::UploadBudget::new(super::uploads::DEFAULT_UPLOAD_BYTES),
             suspensions: Arc::new(crate::suspensions::SuspendRecords::in_memory()),
             pools: Arc::new(crate::pools::PoolBook::in_memory()),
+            volumes: Arc::new(crate::volumes::Volumes::unconfigured()),
             locks: Arc::default(),
         }
     }
@@ -227,10 +231,19 @@ impl NodeApiState {
         self
     }
 
-    /// `machine` as the node API reports it: `Suspended` when this agent suspended it.
+    /// Finds, binds and records the machines' volumes with `volumes` (shared with the release
+    /// hook).
+    pub fn with_volumes(mut self, volumes: Arc<crate::volumes::Volumes>) -> Self {
+        self.volumes = volumes;
+        self
+    }
+
+    /// `machine` as the node API reports it: `Suspended` when this agent suspended it, with
+    /// its pool and its volumes.
     pub(super) fn status_of(&self, machine: &crate::vmm::Machine) -> super::types::MachineStatus {
         let mut status = logic::to_status_with(machine, self.suspensions.read(&machine.name).as_ref());
         status.pool = self.pools.leases.read(&machine.name).map(|record| record.pool);
+        status.volumes = self.volumes.status(&machine.name);
         status
     }
 
@@ -510,7 +523,7 @@ fn handler(operation: Operation) -> MethodRouter<NodeApiState> {
         Operation::ResizeMachine => on(method, resize_machine),
         Operation::SuspendMachine => on(method, super::suspend::suspend_machine),
         Operation::ResumeMachine => on(method, super::suspend::resume_machine),
-        Operation::BindVolumes => on(method, bind_volumes),
+        Operation::BindVolumes => on(method, super::volumes::bind_volumes),
         Operation::MachineLogs => on(method, machine_logs),
         Operation::ExecInMachine => on(method, exec_in_machine),
         Operation::ExecInteractive => on(method, exec_interactive),
@@ -525,22 +538,14 @@ fn handler(operation: Operation) -> MethodRouter<NodeApiState> {
     }
 }
 
-/// `PUT /v1/machines/{name}/volumes`: not served by this build yet.
-async fn bind_volumes() -> ApiError {
-    ApiError(ApiFailure::new(
-        ErrorCode::RouteNotFound,
-        "this agent does not point machines at volume holders yet",
-    ))
-}
-
-async fn route_not_found(request: Request) -> ApiError {
+pub(super) async fn route_not_found(request: Request) -> ApiError {
     ApiError(ApiFailure::new(
         ErrorCode::RouteNotFound,
         format!("no route {} {}", request.method(), request.uri().path()),
     ))
 }
 
-async fn method_not_allowed(request: Request) -> ApiError {
+pub(super) async fn method_not_allowed(request: Request) -> ApiError {
     ApiError(ApiFailure::new(
         ErrorCode::MethodNotAllowed,
         format!("method {} is not allowed on {}", request.method(), request.uri().path()),
@@ -596,11 +601,19 @@ async fn create_machine(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let spec = body_of::<calls::CreateMachine>(body)?;
+    if let Some(volumes) = &spec.volumes {
+        crate::volumes::plan::check_request(volumes).map_err(ApiFailure::from)?;
+    }
     let _guard = state.lock(&name).await;
     let records = state.workload_records.as_ref();
     let compare = |machine: &crate::vmm::Machine| -> ApiResult {
         let recorded = records.and_then(|r| r.read(&name));
-        let fields = logic::spec_differences(&spec, machine, state.local_image_dir.as_deref(), recorded.as_ref());
+        let mut fields = logic::spec_differences(&spec, machine, state.local_image_dir.as_deref(), recorded.as_ref());
+        // The same volumes from another holder match: BindVolumes points the machine at it.
+        fields.extend(crate::volumes::plan::differences(
+            spec.volumes.as_ref(),
+            state.volumes.record(&name).as_ref(),
+        ));
         if fields.is_empty() {
             Ok(answer::<calls::CreateMachine>(
                 StatusCode::OK,
@@ -623,9 +636,16 @@ async fn create_machine(
     if let Some(guard) = &state.host_ports {
         logic::check_excluded_ports(&spec.network.ports, &guard.excluded())?;
     }
-    let vmm_spec = logic::to_vmm_spec(&name, &spec);
+    let mut vmm_spec = logic::to_vmm_spec(&name, &spec);
     state.check_ports(&name, &vmm_spec.ports)?;
-    match state.vmm.create(&vmm_spec).await {
+    if let Some(volumes) = &spec.volumes {
+        vmm_spec.mounts = super::volumes::bind_for_create(&state, &name, volumes)?;
+    }
+    let created = state.vmm.create(&vmm_spec).await;
+    if created.is_err() && spec.volumes.is_some() {
+        super::volumes::undo(&state, &name);
+    }
+    match created {
         Ok(machine) => {
             if let Some(records) = records
                 && let Err(error) = records.write(&name, &logic::workload_digests(&spec.workload))
@@ -635,7 +655,7 @@ async fn create_machine(
             }
             Ok(answer::<calls::CreateMachine>(
                 StatusCode::CREATED,
-                &logic::to_status(&machine),
+                &state.status_of(&machine),
             ))
         }
         // Created between our get and create by someone else: compare with what is there.
@@ -671,7 +691,7 @@ async fn ensure_running(
         state.suspensions.remove(&name);
         return Ok(answer::<calls::EnsureMachineRunning>(
             StatusCode::OK,
-            &logic::to_status(&machine),
+            &state.status_of(&machine),
         ));
     }
     if request.registry_auth.is_some() {
@@ -691,13 +711,15 @@ async fn ensure_running(
     }
     state.check_image(&name, machine.image.as_deref(), request.registry_auth.as_ref())?;
     state.check_ports(&name, &machine.ports)?;
+    // Never over an empty directory: each volume is a bind of its holder's, or no start.
+    state.volumes.ensure_bound(&name).map_err(ApiFailure::from)?;
     let started = state.vmm.start(&name, request.registry_auth.as_ref()).await;
     state.poke_forwarder();
     let started = started?;
     state.remember_image(&name, machine.image.as_deref(), request.registry_auth.as_ref());
     Ok(answer::<calls::EnsureMachineRunning>(
         StatusCode::OK,
-        &logic::to_status(&started),
+        &state.status_of(&started),
     ))
 }
 
@@ -712,10 +734,7 @@ async fn stop_machine(State(state): State<NodeApiState>, MachineName(name): Mach
         state.suspensions.remove(&name);
         tracing::info!(machine = %name, "stopped: the saved state of its suspension is discarded");
     }
-    Ok(answer::<calls::StopMachine>(
-        StatusCode::OK,
-        &logic::to_status(&stopped),
-    ))
+    Ok(answer::<calls::StopMachine>(StatusCode::OK, &state.status_of(&stopped)))
 }
 
 async fn delete_machine(State(state): State<NodeApiState>, MachineName(name): MachineName) -> ApiResult {
@@ -727,6 +746,9 @@ async fn delete_machine(State(state): State<NodeApiState>, MachineName(name): Ma
         records.remove(&name);
     }
     state.suspensions.remove(&name);
+    // Gone from smolvm: its binds undone and its mount points removed (a failure keeps the
+    // record, and the next delete tries again).
+    state.volumes.remove(&name).map_err(ApiFailure::from)?;
     let body = match outcome {
         DeleteOutcome::Deleted => DeleteResponse {
             deleted: true,

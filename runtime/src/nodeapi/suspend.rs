@@ -109,6 +109,8 @@ pub(super) async fn resume_machine(State(state): State<NodeApiState>, MachineNam
         _ => return Err(logic::no_saved_state(&name, &status).into()),
     }
     state.check_ports(&name, &machine.ports)?;
+    // Never over an empty directory: each volume is a bind of its holder's, or no resume.
+    state.volumes.ensure_bound(&name).map_err(ApiFailure::from)?;
     let started = Instant::now();
     let resumed = state.vmm.resume(&name).await;
     state.poke_forwarder();
@@ -119,7 +121,7 @@ pub(super) async fn resume_machine(State(state): State<NodeApiState>, MachineNam
             tracing::info!(machine = %name, elapsed_ms = started.elapsed().as_millis() as u64, "resumed");
             Ok(answer::<calls::ResumeMachine>(
                 StatusCode::OK,
-                &logic::to_status(&machine),
+                &state.status_of(&machine),
             ))
         }
         Err(VmmError::NotPaused { .. }) => {

@@ -269,19 +269,34 @@ pub struct PlainServer {
 }
 
 impl PlainServer {
-    /// Serves `router` on `listener`.
+    /// Serves `router` on `listener` (the ops port, within the default bounds).
     pub fn start(listener: std::net::TcpListener, router: Router) -> Result<Self> {
+        Self::start_bounded(listener, router, smolvm_kit::ops::Bounds::default(), "ops port")
+    }
+
+    /// Serves `router` on `listener` within `bounds`; `what` names the listener in errors.
+    pub fn start_bounded(
+        listener: std::net::TcpListener,
+        router: Router,
+        bounds: smolvm_kit::ops::Bounds,
+        what: &'static str,
+    ) -> Result<Self> {
         let err = |e: std::io::Error| Error::Serve {
-            what: "ops port",
+            what,
             message: e.to_string(),
         };
         listener.set_nonblocking(true).map_err(err)?;
         let addr = listener.local_addr().map_err(err)?;
         let listener = tokio::net::TcpListener::from_std(listener).map_err(err)?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(smolvm_kit::ops::serve(listener, router, async {
-            let _ = stopped.await;
-        }));
+        let task = tokio::spawn(smolvm_kit::ops::serve_bounded(
+            listener,
+            router,
+            async {
+                let _ = stopped.await;
+            },
+            bounds,
+        ));
         Ok(Self { addr, stop, task })
     }
 

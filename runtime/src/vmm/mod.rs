@@ -386,6 +386,21 @@ pub struct MachineSpec {
     pub allowed_hosts: Option<Vec<String>>,
     /// What runs inside.
     pub workload: Workload,
+    /// Host directories served to the guest (smolvm's `mounts`, virtiofs), fixed for the
+    /// machine's life.
+    pub mounts: Vec<HostMount>,
+}
+
+/// A host directory a machine's guest sees (smolvm's `MountSpec`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostMount {
+    /// The host directory (absolute; smolvm needs it to exist and records it with its links
+    /// resolved).
+    pub source: std::path::PathBuf,
+    /// Where the guest sees it (absolute).
+    pub target: String,
+    /// Read-only for the guest.
+    pub read_only: bool,
 }
 
 /// What runs inside a machine, in smolvm's terms; empty fields keep the image's defaults.
@@ -446,6 +461,7 @@ impl MachineSpec {
             allowed_cidrs: None,
             allowed_hosts: None,
             workload: Workload::default(),
+            mounts: Vec::new(),
         }
     }
 }

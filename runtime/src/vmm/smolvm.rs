@@ -969,6 +969,16 @@ struct CreateWire<'a> {
     restart: Option<RestartWire>,
     #[serde(skip_serializing_if = "Option::is_none")]
     stop_timeout_secs: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    mounts: Vec<MountWire<'a>>,
+}
+
+/// A host mount as smolvm's create takes it (`MountSpec`).
+#[derive(Debug, Serialize)]
+struct MountWire<'a> {
+    source: &'a std::path::Path,
+    target: &'a str,
+    readonly: bool,
 }
 
 /// smolvm's create request for `spec`, with its image resolved.
@@ -1003,6 +1013,15 @@ fn create_wire(spec: &MachineSpec, image: Option<String>) -> CreateWire<'_> {
             .collect(),
         restart: spec.workload.restart.map(|policy| RestartWire { policy }),
         stop_timeout_secs: spec.workload.stop_timeout_secs,
+        mounts: spec
+            .mounts
+            .iter()
+            .map(|mount| MountWire {
+                source: &mount.source,
+                target: &mount.target,
+                readonly: mount.read_only,
+            })
+            .collect(),
     }
 }
 
@@ -1304,6 +1323,7 @@ mod tests {
             allowed_cidrs: None,
             allowed_hosts: None,
             workload: Default::default(),
+            mounts: Vec::new(),
         };
         let json: serde_json::Value =
             serde_json::from_slice(&to_json(&create_wire(&spec, None)).expect("encodes")).expect("json");
@@ -1334,6 +1354,21 @@ mod tests {
         assert_eq!(json["restart"], serde_json::json!({"policy": "on-failure"}));
         assert_eq!(json["stopTimeoutSecs"], 10);
         assert_eq!(json["allowedHosts"], serde_json::json!(["api.example.com"]));
+        assert!(json.get("mounts").is_none(), "no mounts, no field");
+        let spec = MachineSpec {
+            mounts: vec![crate::vmm::HostMount {
+                source: "/var/lib/smolvm/volumes/svm-a/data".into(),
+                target: "/data".into(),
+                read_only: true,
+            }],
+            ..spec
+        };
+        let json: serde_json::Value =
+            serde_json::from_slice(&to_json(&create_wire(&spec, None)).expect("encodes")).expect("json");
+        assert_eq!(
+            json["mounts"],
+            serde_json::json!([{"source": "/var/lib/smolvm/volumes/svm-a/data", "target": "/data", "readonly": true}])
+        );
         // The request's Debug form (what a log line could show) hides the value.
         assert!(!format!("{:?}", create_wire(&spec, None)).contains("s3cret"));
     }
