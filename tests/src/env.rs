@@ -749,6 +749,8 @@ impl Env {
             format!("--port={}", agent.port),
             "--advertise-address=127.0.0.1".to_string(),
             format!("--ops-address=127.0.0.1:{ops}"),
+            // Each agent of the run listens for holder Pods' release calls on its own port.
+            format!("--release-port={}", free_port()?),
             format!("--token-file={}", token_file.display()),
             format!("--client-ca={}", ca_file.display()),
             // The webhook's policy, as the DaemonSet mounts it: excluded host ports are

@@ -260,6 +260,8 @@ pub(super) fn check_runtime(what: &str, spec: &PodSpec, c: &Container, resources
         ("kvm", "/dev/kvm", "CharDevice"),
         ("state", "/var/lib/smolvm", "DirectoryOrCreate"),
         ("run", "/var/run/smolvm", "DirectoryOrCreate"),
+        // Holder Pods' volumes, as the kubelet mounts them (SPEC 2.5).
+        ("kubelet-pods", "/var/lib/kubelet/pods", "Directory"),
     ]
     .into_iter()
     .map(|(n, p, t)| (n.to_string(), (p.to_string(), t.to_string())))
@@ -278,6 +280,26 @@ pub(super) fn check_runtime(what: &str, spec: &PodSpec, c: &Container, resources
             "{what}: {name} mounted at the host's path"
         );
     }
+    // The kubelet's mounts made after the agent started reach it (HostToContainer), and the
+    // agent is told where the kubelet keeps them.
+    let propagation = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == "kubelet-pods")
+        .and_then(|m| m.mount_propagation.clone());
+    assert_eq!(
+        propagation.as_deref(),
+        Some("HostToContainer"),
+        "{what}: kubelet-pods propagation"
+    );
+    assert!(
+        c.args
+            .iter()
+            .flatten()
+            .any(|a| a == "--kubelet-root-dir=/var/lib/kubelet"),
+        "{what}: the agent is not told the kubelet's root directory"
+    );
     // The token and the client CA are whole-directory mounts: the kubelet updates those in place
     // (a subPath mount never changes), so a new token or a rotated CA reaches the running agent.
     for volume in ["auth", "client-ca"] {
