@@ -113,7 +113,7 @@ impl Prometheus {
 }
 
 /// `GET http://{addr}{path}` in HTTP/1.0: the status code and the body.
-async fn http10_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
+pub(super) async fn http10_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     stream
@@ -122,7 +122,7 @@ async fn http10_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
     let mut buf = Vec::new();
     tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut buf))
         .await
-        .context("Prometheus did not answer in 30 s")??;
+        .with_context(|| format!("{addr} did not answer in 30 s"))??;
     let text = String::from_utf8_lossy(&buf).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((text.as_str(), ""));
     let code = head

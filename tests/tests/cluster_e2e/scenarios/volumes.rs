@@ -324,6 +324,18 @@ pub(super) async fn volumes_are_mounted_by_the_kubelet_and_passed_to_smolvm(ctx:
     Ok(())
 }
 
+/// Releases the agent's hook answered by stopping machines and releasing their binds
+/// (`smolvm_runtime_volume_releases_total{result="Released"}` on its ops port).
+async fn releases() -> anyhow::Result<f64> {
+    let (code, body) = super::monitoring::http10_get(&format!("{NODE_IP}:9090"), "/metrics").await?;
+    ensure!(code == 200, "the agent's /metrics answered {code}");
+    Ok(body
+        .lines()
+        .filter(|l| l.starts_with("smolvm_runtime_volume_releases_total") && l.contains("result=\"Released\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
 /// The holder deleted while the VM's machine exists: its preStop hook has the agent stop the
 /// machine (and release its binds) before the kubelet unmounts, the SmolVM says why, and a new
 /// holder, once mounted, serves the same machine.
@@ -334,7 +346,17 @@ async fn holder_deleted_stops_the_vm_first_then_a_new_holder_serves_it(
     old_holder: &str,
 ) -> anyhow::Result<()> {
     let holders: Api<Pod> = Api::namespaced(ctx.client.clone(), VOL_NS);
+    let released_before = releases().await?;
     holders.delete("db-holder", &DeleteParams::default()).await?;
+    // The holder's preStop hook is the kubelet's call to the agent's release hook, made before
+    // the kubelet stops the holder's container and unmounts its volumes: the agent answered it
+    // by stopping the machine and releasing its binds.
+    eventually(
+        "the agent's release hook answered the holder's preStop",
+        Duration::from_secs(60),
+        || async { Ok((releases().await? > released_before).then_some(())) },
+    )
+    .await?;
     let evicted = eventually("VolumesReady=False HolderEvicted", Duration::from_secs(60), || async {
         Ok(volumes_ready(vms, "db")
             .await?
