@@ -281,7 +281,7 @@ fn machine_action_table() {
             "missing_is_created",
             Want::RUN,
             None,
-            MachineAction::Create(desired.clone()),
+            MachineAction::Create(Box::new(desired.clone())),
         ),
         (
             "created_is_started",
@@ -590,7 +590,7 @@ fn run_goal_table() {
 #[test]
 fn step_events_table() {
     let spec = machine_spec(&vm(true, false, true, None)).unwrap();
-    let create = || MachineAction::Create(spec.clone());
+    let create = || MachineAction::Create(Box::new(spec.clone()));
     let grow = MachineAction::Resize(ResizeSpec {
         cpus: Some(2),
         storage_gib: Some(30),

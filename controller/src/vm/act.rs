@@ -494,7 +494,7 @@ async fn create(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, spec: &Ma
         Err(failure) => return Ok((Err(failure), None)),
     };
     Ok(match super::pooled::serve(ctx, vm, node, machine, &env).await? {
-        super::pooled::Served::Warm(status, pool) => (Ok(Some(status)), Some(pool)),
+        super::pooled::Served::Warm(status, pool) => (Ok(Some(*status)), Some(pool)),
         super::pooled::Served::Not(failure) => (Err(failure), None),
         super::pooled::Served::Cold => {
             let mut spec = spec.clone();

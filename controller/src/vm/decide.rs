@@ -108,7 +108,7 @@ impl Call {
     pub fn action(&self) -> Option<MachineAction> {
         match self {
             Call::Get => None,
-            Call::Create(spec) => Some(MachineAction::Create(spec.as_ref().clone())),
+            Call::Create(spec) => Some(MachineAction::Create(spec.clone())),
             Call::EnsureRunning => Some(MachineAction::EnsureRunning),
             Call::Stop => Some(MachineAction::Stop),
             Call::Resize(spec) => Some(MachineAction::Resize(*spec)),
@@ -505,7 +505,7 @@ fn next_machine_step(
     resume_pending: &mut Option<String>,
 ) -> Option<Call> {
     match rules::machine_action(desired, want, machine) {
-        MachineAction::Create(spec) => Some(Call::Create(Box::new(spec))),
+        MachineAction::Create(spec) => Some(Call::Create(spec)),
         MachineAction::EnsureRunning => Some(Call::EnsureRunning),
         MachineAction::Stop => Some(Call::Stop),
         MachineAction::Suspend => Some(Call::Suspend),

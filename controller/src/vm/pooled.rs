@@ -23,7 +23,7 @@ use super::{Context, Error};
 pub enum Served {
     /// From a ready slot of the named SmolVMPool: the machine runs. The pass's event says so
     /// (`ServedFromPool`, [`super::rules::step_events`]).
-    Warm(MachineStatus, String),
+    Warm(Box<MachineStatus>, String),
     /// Created cold from its spec, as any SmolVM (it names no pool, its pool is gone or
     /// drained with `whenEmpty: Cold`).
     Cold,
@@ -124,7 +124,7 @@ pub async fn serve(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, env: &
     ctx.metrics
         .runtime_call(Operation::LeaseMachine.name(), start.elapsed());
     match leased {
-        Ok(status) => Ok(Served::Warm(status, pool_name)),
+        Ok(status) => Ok(Served::Warm(Box::new(status), pool_name)),
         Err(error) if matches!(error.code(), Some(ErrorCode::NoReadySlot | ErrorCode::PoolNotFound)) => {
             let empty = format!("pool {pool_name} has no ready slot on node {node}");
             if pool.when_empty() == WhenEmpty::Wait {

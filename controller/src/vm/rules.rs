@@ -371,7 +371,7 @@ pub fn exited_message(policy: RestartPolicy) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MachineAction {
     /// The machine does not exist: create it.
-    Create(MachineSpec),
+    Create(Box<MachineSpec>),
     /// It should run and does not.
     EnsureRunning,
     /// It runs and should not.
@@ -433,7 +433,7 @@ impl Want {
 /// always one that can be resumed.
 pub fn machine_action(desired: &MachineSpec, want: Want, machine: Option<&MachineStatus>) -> MachineAction {
     let Some(m) = machine else {
-        return MachineAction::Create(desired.clone());
+        return MachineAction::Create(Box::new(desired.clone()));
     };
     let running = want.running;
     let is_running = m.state == MachineState::Running;
