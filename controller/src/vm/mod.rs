@@ -28,6 +28,7 @@ pub mod fetch;
 pub mod pooled;
 pub mod report;
 pub mod rules;
+pub mod volumes;
 pub mod workload;
 
 use std::{sync::Arc, time::Duration};
