@@ -9,10 +9,11 @@
 //!   next call (wait, point its mounts at the new holder with BindVolumes, stop it);
 //! - at delete ([`on_delete`]): the holder Pod, then the claims whose policy is `Delete`.
 //!
-//! Pure.
+//! Pure; the reads and writes are [`kube`]'s.
 
 pub mod claims;
 pub mod holder;
+pub mod kube;
 
 use std::{collections::BTreeMap, sync::Arc};
 
