@@ -7,7 +7,7 @@ use std::{future::Future, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{ResourceQuota, Secret, Service};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, ResourceQuota, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::{
     Api, Client, ResourceExt,
@@ -254,7 +254,7 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         liveness: liveness.clone(),
         trust,
     });
-    let (owned, services, slices) = vm::owned_watches(&client);
+    let (owned, services, slices, volumes) = vm::owned_watches(&client);
     let (pool_store, pool_events) = vm::pool_watch(&client);
     let quota_wake = Arc::new(tokio::sync::Notify::new());
     wake_on_pool_changes(pool_events, pools_wake.clone(), quota_wake.clone());
@@ -268,6 +268,7 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         pools: Some(pool_store),
         ledger,
         node_client,
+        holders: flags.holders(),
         recorder: recorder.clone(),
         timing: Timing {
             heartbeat_timeout,
@@ -286,7 +287,7 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     quota_recount(&ctx, flags, vm_store.clone(), quota_events, quota_wake);
     keepers(&ctx, flags, &vm_store);
     *vm_store_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(vm_store.clone());
-    let owned = OwnedEvents { services, slices };
+    let owned = OwnedEvents::new(services, slices, volumes);
     let running = vms(ctx, vm_events, vm_store, wake, owned, shutdown.clone());
     // Lost the lease: cancel every in-flight reconcile and node call now.
     let stopped = lease::while_leading(running, leader).await;
@@ -577,12 +578,29 @@ fn vm_events(
         .touched_objects()
 }
 
-/// The watches of the objects SmolVMs own (their Services and EndpointSlices).
+/// The watches of the objects SmolVMs own (their Services and EndpointSlices) and of what their
+/// volumes use (holder Pods, claims, PersistentVolumes).
 pub struct OwnedEvents<S, E> {
     /// The Services' watch events.
     pub services: S,
     /// The EndpointSlices' watch events.
     pub slices: E,
+    /// The holder Pods', claims' and PersistentVolumes' watch events.
+    pub volumes: VolumeEvents,
+}
+
+/// The holder Pods', claims' and PersistentVolumes' watch events.
+pub type VolumeEvents = vm::volumes::kube::Boxed;
+
+impl<S, E> OwnedEvents<S, E> {
+    /// The watches' events, together.
+    pub fn new(services: S, slices: E, volumes: VolumeEvents) -> Self {
+        OwnedEvents {
+            services,
+            slices,
+            volumes,
+        }
+    }
 }
 
 /// The SmolVM controller: reconciles each SmolVM on its own changes, on the node changes that
@@ -600,12 +618,23 @@ where
     S: Stream<Item = Result<Service, watcher::Error>> + Send + 'static,
     E: Stream<Item = Result<EndpointSlice, watcher::Error>> + Send + 'static,
 {
+    let (claim_vms, volume_vms) = (vm_store.clone(), vm_store.clone());
     Controller::for_stream(vm_events, vm_store)
         // The VMs that node changes concern (see tasks::nodes).
         .reconcile_on(wake)
         // A Service or EndpointSlice of a SmolVM changed or went: its pass puts it back.
         .owns_stream(owned.services)
         .owns_stream(owned.slices)
+        // A holder Pod scheduled, mounted, evicted or gone; a claim that appears or binds; a PV
+        // bound to a claim: the SmolVMs they concern look again.
+        .owns_stream(owned.volumes.holders)
+        .watches_stream(owned.volumes.claims, move |claim: PersistentVolumeClaim| {
+            let (namespace, name) = (claim.namespace().unwrap_or_default(), claim.name_any());
+            vm::volumes::kube::claim_users(&claim_vms, &namespace, &name)
+        })
+        .watches_stream(owned.volumes.volumes, move |pv: PersistentVolume| {
+            vm::volumes::kube::volume_users(&volume_vms, &pv)
+        })
         // SIGTERM: let in-flight reconciles finish while the lease is still ours.
         .graceful_shutdown_on(async move {
             let _ = shutdown.changed().await;

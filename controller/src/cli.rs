@@ -66,6 +66,17 @@ pub struct Flags {
     /// progress (at least 1s).
     #[arg(long, env = "SMOLVM_CONTROLLER_RUNTIME_CA_CHECK_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub runtime_ca_check_interval: Duration,
+    /// The image of the holder Pods that keep a SmolVM's volumes mounted on its node (the runtime
+    /// image, whose `smolvm-runtime hold` sleeps until stopped); read from SMOLVM_HOLDER_IMAGE,
+    /// the name the deployment shares with the holders' admission policy. Without it a SmolVM
+    /// with volumes reports VolumesReady=False and is not created.
+    #[arg(long, env = "SMOLVM_HOLDER_IMAGE", hide_env = true)]
+    pub holder_image: Option<String>,
+    /// The port of the agents' release hook on their node's loopback, which each holder's preStop
+    /// hook calls so that the agent stops its VM before the kubelet unmounts the volumes (the
+    /// agents' --release-port).
+    #[arg(long, env = "SMOLVM_CONTROLLER_RELEASE_HOOK_PORT", default_value_t = smolvm_api::constants::volumes::DEFAULT_RELEASE_PORT, value_parser = clap::value_parser!(u16).range(1..))]
+    pub release_hook_port: u16,
     /// HTTPS address of the access API (subresources.vm.smolvm.dev: logs, exec, files), served
     /// by every replica to the API server's aggregator.
     #[arg(long, env = "SMOLVM_CONTROLLER_ACCESS_ADDRESS", default_value = "0.0.0.0:8443")]
@@ -140,6 +151,14 @@ pub enum AccessTlsMode {
 }
 
 impl Flags {
+    /// How holder Pods are made (`--holder-image`, empty meaning none, and `--release-hook-port`).
+    pub fn holders(&self) -> crate::vm::volumes::Settings {
+        crate::vm::volumes::Settings {
+            holder_image: self.holder_image.clone().filter(|i| !i.is_empty()),
+            release_port: self.release_hook_port,
+        }
+    }
+
     /// How the access API is served, or `None` when it is off.
     pub fn access(&self) -> anyhow::Result<Option<crate::access::AccessConfig>> {
         use crate::access::{AccessConfig, ServingTls};
@@ -226,6 +245,7 @@ mod tests {
         assert_eq!(flags.pool_call_timeout, Duration::from_secs(20));
         assert_eq!(flags.runtime_ca_check_interval, Duration::from_secs(30));
         assert_eq!(flags.log_format, LogFormat::Json);
+        assert_eq!(flags.release_hook_port, 10262);
     }
 
     #[test]

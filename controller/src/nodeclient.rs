@@ -30,7 +30,8 @@ use rustls::{ClientConfig, pki_types::ServerName};
 use serde::{Serialize, de::DeserializeOwned};
 use smolvm_api::nodeapi::{
     self, DeleteResponse, ErrorCode, HealthResponse, IdentityResponse, JsonCall, LeaseRequest, MachineSpec,
-    MachineStatus, NodeApiError, Operation, PoolSpec, PoolStatus, RegistryAuth, ResizeSpec, StartRequest, calls,
+    MachineStatus, NodeApiError, Operation, PoolSpec, PoolStatus, RegistryAuth, ResizeSpec, StartRequest, VolumeMounts,
+    calls,
 };
 use tokio::net::TcpStream;
 use tokio_rustls::{TlsConnector, client::TlsStream};
@@ -444,6 +445,18 @@ impl NodeClient {
     /// [`Operation::ResumeMachine`].
     pub async fn resume_machine(&self, node: &str, name: &str) -> Result<MachineStatus, CallError> {
         self.json::<calls::ResumeMachine>(node, name, None, self.settings.start_timeout)
+            .await
+    }
+
+    /// [`Operation::BindVolumes`]: the stopped machine's mounts pointed at the volumes of the
+    /// holder Pod `mounts` names (a new holder, after its holder was evicted).
+    pub async fn bind_volumes(
+        &self,
+        node: &str,
+        name: &str,
+        mounts: &VolumeMounts,
+    ) -> Result<MachineStatus, CallError> {
+        self.json::<calls::BindVolumes>(node, name, Some(mounts), self.settings.call_timeout)
             .await
     }
 

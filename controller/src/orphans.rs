@@ -167,6 +167,7 @@ pub fn request_of(machine: &MachineStatus) -> Request {
             .collect(),
         node_selector: BTreeMap::new(),
         pin: None,
+        volumes: Vec::new(),
     }
 }
 
@@ -178,6 +179,7 @@ fn unknown() -> Request {
         host_ports: Vec::new(),
         node_selector: BTreeMap::new(),
         pin: None,
+        volumes: Vec::new(),
     }
 }
 

@@ -6,11 +6,14 @@
 //! over-commit a node even while the informer caches lag behind the bindings just written.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     sync::{Arc, Mutex},
 };
 
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::{
+    api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm},
+    jiff::{SignedDuration, Timestamp},
+};
 use smolvm_api::{
     NodeResources, Port, Protocol, SmolVM, SmolVMNode, SmolVMPool,
     constants::{PROTOCOL_VERSION, condition},
@@ -19,7 +22,7 @@ use smolvm_api::{
 use crate::heartbeat::HeartbeatClock;
 
 /// What a VM asks of a node.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Request {
     /// CPUs, memory and disk (storage plus overlay).
     pub resources: NodeResources,
@@ -29,6 +32,9 @@ pub struct Request {
     pub node_selector: BTreeMap<String, String>,
     /// Hard pin, if any.
     pub pin: Option<String>,
+    /// Where its volumes' data can be reached: one entry per claim bound to a PersistentVolume
+    /// with a node affinity (a local PV), which restricts the nodes (SPEC 2.5).
+    pub volumes: Vec<VolumeReach>,
 }
 
 impl Request {
@@ -39,7 +45,89 @@ impl Request {
             host_ports: host_ports(vm.spec.ports()),
             node_selector: vm.spec.node_selector.clone().unwrap_or_default(),
             pin: vm.spec.node_name.clone(),
+            volumes: Vec::new(),
         }
+    }
+}
+
+/// A PersistentVolume a VM's claim is bound to whose node affinity restricts where its data can
+/// be reached: only the nodes its terms select may take the VM.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VolumeReach {
+    /// The PersistentVolume's name, for the message.
+    pub pv: String,
+    /// Its `nodeAffinity.required.nodeSelectorTerms`: a node is reached when any term selects it.
+    pub terms: Vec<NodeSelectorTerm>,
+}
+
+impl VolumeReach {
+    /// Whether `node` can reach the data: some term selects it by its labels
+    /// (`matchExpressions`) and its name (`matchFields` on `metadata.name`), as the scheduler
+    /// matches a PV's node affinity. No terms: every node.
+    pub fn reaches(&self, node: &SmolVMNode) -> bool {
+        self.terms.is_empty() || self.terms.iter().any(|term| term_selects(term, node))
+    }
+
+    /// Where the PV's terms pin it, in words: the node names (or hostnames) they list,
+    /// `pinned to node-b`; `limited by its node affinity` where they list none.
+    pub fn pinned(&self) -> String {
+        let mut named: Vec<&str> = self
+            .terms
+            .iter()
+            .flat_map(|t| {
+                let fields = t.match_fields.iter().flatten().filter(|r| r.key == "metadata.name");
+                let labels = t.match_expressions.iter().flatten().filter(|r| r.key == HOSTNAME_LABEL);
+                fields.chain(labels)
+            })
+            .filter(|r| r.operator == "In")
+            .flat_map(|r| r.values.iter().flatten().map(String::as_str))
+            .collect();
+        named.sort_unstable();
+        named.dedup();
+        if named.is_empty() {
+            format!("PV {} is limited by its node affinity", self.pv)
+        } else {
+            format!("PV {} is pinned to {}", self.pv, named.join(", "))
+        }
+    }
+}
+
+/// The label that names a node's host, which local PVs are pinned by.
+const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// Whether one node selector term selects `node`: every expression on its labels and every field
+/// requirement (only `metadata.name` is defined) holds. An empty term selects nothing, as the
+/// scheduler has it.
+fn term_selects(term: &NodeSelectorTerm, node: &SmolVMNode) -> bool {
+    let expressions = term.match_expressions.as_deref().unwrap_or_default();
+    let fields = term.match_fields.as_deref().unwrap_or_default();
+    if expressions.is_empty() && fields.is_empty() {
+        return false;
+    }
+    let labels = node.metadata.labels.as_ref();
+    let name = node.metadata.name.as_deref();
+    expressions
+        .iter()
+        .all(|r| requirement_holds(r, labels.and_then(|l| l.get(&r.key)).map(String::as_str)))
+        && fields
+            .iter()
+            .all(|r| r.key == "metadata.name" && requirement_holds(r, name))
+}
+
+/// One node selector requirement against the value the node has for its key (`None`: absent).
+fn requirement_holds(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
+    let values = r.values.as_deref().unwrap_or_default();
+    let listed = value.is_some_and(|v| values.iter().any(|w| w == v));
+    let number = |v: Option<&str>| v.and_then(|v| v.parse::<i64>().ok());
+    let bound = values.first().and_then(|v| v.parse::<i64>().ok());
+    match r.operator.as_str() {
+        "In" => listed,
+        "NotIn" => !listed,
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" => matches!((number(value), bound), (Some(v), Some(b)) if v > b),
+        "Lt" => matches!((number(value), bound), (Some(v), Some(b)) if v < b),
+        _ => false,
     }
 }
 
@@ -156,6 +244,8 @@ pub enum Ineligible {
     HostPortConflict,
     /// The node's labels do not match the VM's nodeSelector.
     SelectorMismatch,
+    /// A claim of the VM is bound to a PersistentVolume whose node affinity excludes the node.
+    VolumeUnreachable,
 }
 
 impl Ineligible {
@@ -174,6 +264,7 @@ impl Ineligible {
             Ineligible::InsufficientMemory => "InsufficientMemory",
             Ineligible::InsufficientStorage => "InsufficientStorage",
             Ineligible::HostPortConflict => "HostPortConflict",
+            Ineligible::VolumeUnreachable => "VolumeUnreachable",
         }
     }
 
@@ -208,6 +299,7 @@ impl Ineligible {
             }
             Ineligible::HostPortConflict => format!("{count} {has} a requested host port taken"),
             Ineligible::SelectorMismatch => format!("{count} {does} not match nodeSelector"),
+            Ineligible::VolumeUnreachable => format!("{count} cannot reach volume data"),
         }
     }
 
@@ -225,23 +317,46 @@ impl Ineligible {
 /// The nodes rejected, by reason: how many, and for resource reasons the most any had free. The
 /// one wording of "why not here" for VMs and pools' sources alike ([`Rejections::message`]).
 #[derive(Debug, Default)]
-pub struct Rejections(BTreeMap<Ineligible, (usize, i64)>);
+pub struct Rejections {
+    by_reason: BTreeMap<Ineligible, (usize, i64)>,
+    /// For [`Ineligible::VolumeUnreachable`]: where the PVs that kept a node out are pinned.
+    pinned: BTreeSet<String>,
+}
 
 impl Rejections {
     /// One node rejected for `why`, with `free` of the resource `why` names (any value for the
     /// other reasons).
     pub fn add(&mut self, why: Ineligible, free: i64) {
-        let entry = self.0.entry(why).or_insert((0, i64::MIN));
+        let entry = self.by_reason.entry(why).or_insert((0, i64::MIN));
         entry.0 += 1;
         entry.1 = entry.1.max(free);
     }
 
+    /// `node` rejected because it cannot reach the data of `request`'s volumes: counted, with the
+    /// first PV that excludes it named.
+    pub fn add_unreachable(&mut self, request: &Request, node: &SmolVMNode) {
+        self.add(Ineligible::VolumeUnreachable, 0);
+        if let Some(reach) = request.volumes.iter().find(|v| !v.reaches(node)) {
+            self.pinned.insert(reach.pinned());
+        }
+    }
+
     /// Every reason with its count, as the scheduler words it: `2 have too few CPUs (needs 32,
-    /// at most 8 free), 1 does not match nodeSelector`.
+    /// at most 8 free), 1 does not match nodeSelector, 1 cannot reach volume data (PV local-3 is
+    /// pinned to node-b)`.
     pub fn summary(&self, request: &Request) -> String {
-        self.0
+        self.by_reason
             .iter()
-            .map(|(why, (count, free))| why.words(*count, why.resource(&request.resources), (*free).max(0)))
+            .map(|(why, (count, free))| {
+                let words = why.words(*count, why.resource(&request.resources), (*free).max(0));
+                match why {
+                    Ineligible::VolumeUnreachable if !self.pinned.is_empty() => {
+                        let pinned: Vec<&str> = self.pinned.iter().map(String::as_str).collect();
+                        format!("{words} ({})", pinned.join("; "))
+                    }
+                    _ => words,
+                }
+            })
             .collect::<Vec<_>>()
             .join(", ")
     }
@@ -253,7 +368,7 @@ impl Rejections {
 
     /// Whether no node was rejected.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.by_reason.is_empty()
     }
 }
 
@@ -476,6 +591,9 @@ pub fn check_node_in(
             return Some(Ineligible::SelectorMismatch);
         }
     }
+    if !request.volumes.iter().all(|v| v.reaches(node)) {
+        return Some(Ineligible::VolumeUnreachable);
+    }
     if status.allocatable.is_none() || status.endpoint.is_none() || status.node_uid.is_none() {
         return Some(Ineligible::NotReported);
     }
@@ -580,7 +698,10 @@ fn choose<'n>(
         }
         let node_usage = usage.usage(name);
         if let Some(why) = check_node_in(node, request, node_usage, now, config, slots) {
-            rejected.add(why, why.resource(&free_of(node, node_usage, slots)));
+            match why {
+                Ineligible::VolumeUnreachable => rejected.add_unreachable(request, node),
+                _ => rejected.add(why, why.resource(&free_of(node, node_usage, slots))),
+            }
             continue;
         }
         let give_back = match (slots, node_usage) {

@@ -163,6 +163,7 @@ pub fn plan(
         host_ports: Vec::new(),
         node_selector: pool.spec.node_selector.clone().unwrap_or_default(),
         pin: None,
+        volumes: Vec::new(),
     };
     let mut planning = Planning {
         source: Request {
@@ -898,6 +899,7 @@ impl PoolPass<'_> {
             host_ports: Vec::new(),
             node_selector: Default::default(),
             pin: None,
+            volumes: Vec::new(),
         };
         // Slots are booked up only where the node is asked for them in this pass, and charged.
         let want = match (asked, charged) {

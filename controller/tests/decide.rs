@@ -24,6 +24,8 @@ use smolvm_controller::vm::decide::{
     Decision, ExposureWrite, Failure, Observed, Outcome, Progress, RESUME_RECHECK, Requeue, Room, converge,
 };
 use smolvm_controller::vm::rules::{NodeHealth, machine_spec};
+use smolvm_controller::vm::volumes::{Presence, Seen, Settings, VolumeWrite, holder::holder_pod};
+use smolvm_controller::vm::workload::Source;
 
 const UID: &str = "7a6b5c4d-3e2f-4a1b-9c8d-7e6f5a4b3c2d";
 const NODE: &str = "node-a";
@@ -112,7 +114,19 @@ fn pass_from(
     vm: &SmolVM,
     health: NodeHealth,
     room: Room,
+    progress: Progress,
+    answers: Vec<Result<Option<MachineStatus>, Failure>>,
+) -> (Vec<&'static str>, Outcome, Option<String>) {
+    pass_seen(vm, health, room, progress, None, answers)
+}
+
+/// [`pass_from`] with what the pass saw of the SmolVM's volumes.
+fn pass_seen(
+    vm: &SmolVM,
+    health: NodeHealth,
+    room: Room,
     mut progress: Progress,
+    volumes: Option<&Seen>,
     answers: Vec<Result<Option<MachineStatus>, Failure>>,
 ) -> (Vec<&'static str>, Outcome, Option<String>) {
     let node = node();
@@ -127,6 +141,7 @@ fn pass_from(
         room,
         now: Timestamp::now(),
         start_backoff: None,
+        volumes,
     };
     let mut answers = answers.into_iter();
     let mut calls = Vec::new();
@@ -522,6 +537,7 @@ fn a_service_it_does_not_own_is_never_written() {
         room: Room::default(),
         now: Timestamp::now(),
         start_backoff: None,
+        volumes: None,
     };
     let Decision::Report(outcome) = converge(&observed, &Progress::default()) else {
         panic!("a missing node is reported at once");
@@ -601,6 +617,7 @@ fn a_start_that_failed_moments_ago_is_held_and_the_service_kept() {
             room: Room::default(),
             now: Timestamp::now(),
             start_backoff: backoff,
+            volumes: None,
         };
         let mut progress = Progress::default();
         let mut calls = Vec::new();
@@ -956,4 +973,282 @@ fn a_restart_of_a_suspended_vm_is_skipped_and_says_why() {
     let drop = outcome.drops.first().expect("the annotation is dropped");
     assert_eq!(drop.then.reason, "RestartSkipped");
     assert!(drop.then.note.contains("suspended"), "{}", drop.then.note);
+}
+
+/// A SmolVM with one ConfigMap volume and a claim `db-claim` bound to the PV `local-3`, pinned
+/// to this node; `edit` changes its JSON.
+fn with_volumes(edit: impl FnOnce(&mut serde_json::Value)) -> SmolVM {
+    exposed(|o| {
+        o["spec"]["volumes"] = json!([
+            {"name": "config", "mountPath": "/etc/app", "configMap": {"name": "app-config"}},
+            {"name": "db", "mountPath": "/db", "persistentVolumeClaim": {"claimName": "db-claim"}}
+        ]);
+        edit(o);
+    })
+}
+
+const HOLDER: &str = "11111111-2222-3333-4444-555555555555";
+const OLD_HOLDER: &str = "99999999-2222-3333-4444-555555555555";
+
+/// What a pass saw of [`with_volumes`]' volumes: the ConfigMap there, the claim bound, and the
+/// holder `HOLDER` in `phase` (ready when Running), being deleted when `deleting`, or none.
+fn seen_with(vm: &SmolVM, holder: Option<(&str, bool)>) -> Seen {
+    let claim = serde_json::from_value(
+        json!({"metadata": {"name": "db-claim", "namespace": "default", "uid": "c1"},
+        "spec": {"volumeName": "local-3"}, "status": {"phase": "Bound"}}),
+    )
+    .expect("a claim");
+    let pv = serde_json::from_value(
+        json!({"metadata": {"name": "local-3"}, "spec": {"nodeAffinity": {"required":
+        {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}}}}),
+    )
+    .expect("a PV");
+    let holder = holder.map(|(phase, deleting)| {
+        let mut pod = holder_pod(vm, NODE, "smolvm-runtime", 10262, "token").expect("a holder");
+        pod.metadata.uid = Some(HOLDER.into());
+        if deleting {
+            pod.metadata.deletion_timestamp = serde_json::from_value(json!("2026-12-01T10:00:00Z")).ok();
+        }
+        pod.spec.as_mut().expect("spec").node_name = Some(NODE.into());
+        pod.status = serde_json::from_value(json!({"phase": phase, "containerStatuses": [{"name": "hold",
+            "ready": phase == "Running", "restartCount": 0, "image": "i", "imageID": ""}]}))
+        .ok();
+        std::sync::Arc::new(pod)
+    });
+    Seen {
+        settings: Settings {
+            holder_image: Some("smolvm-runtime".into()),
+            release_port: 10262,
+        },
+        claims: [("db-claim".to_string(), Some(std::sync::Arc::new(claim)))].into(),
+        bound: [("local-3".to_string(), std::sync::Arc::new(pv))].into(),
+        sources: [((Source::ConfigMap, "app-config".to_string()), Presence::Found)].into(),
+        holder,
+        holder_events: Vec::new(),
+        token: "fresh".into(),
+    }
+}
+
+/// The machine in `state`, its mounts those of the holder `holder`.
+fn on_holder(state: MachineState, holder: &str) -> MachineStatus {
+    MachineStatus {
+        volumes: Some(smolvm_api::nodeapi::MachineVolumes {
+            holder_uid: holder.into(),
+            mounts: Vec::new(),
+        }),
+        ..machine(state)
+    }
+}
+
+fn volumes_ready(outcome: &Outcome) -> Option<(String, String)> {
+    outcome
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::VOLUMES_READY)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+/// A SmolVM with volumes: its machine is created (with its mounts) and started only once its
+/// holder has mounted them; an evicted holder's machine stays stopped (stopped by the node API
+/// when its holder went without the release hook), whatever its restart policy, until a new
+/// holder has mounted them and BindVolumes pointed the machine at it.
+#[test]
+fn a_vm_with_volumes_runs_only_on_mounted_volumes() {
+    let plain = with_volumes(|_| {});
+    // It ran, and restartPolicy Never keeps a workload that exits stopped.
+    let ran = with_volumes(|o| {
+        o["spec"]["restartPolicy"] = json!("Never");
+        o["status"] = json!({"phase": "Running", "nodeName": NODE, "conditions": [{"type": "Ready", "status": "True",
+            "reason": "Running", "message": "", "lastTransitionTime": "2026-12-01T09:00:00Z"}]});
+    });
+    // (name, vm, holder (phase, deleting), answers, calls, phase, Ready (status, reason),
+    // VolumesReady reason, events, writes)
+    type Row<'a> = (
+        &'a str,
+        &'a SmolVM,
+        Option<(&'a str, bool)>,
+        Vec<Result<Option<MachineStatus>, Failure>>,
+        &'a [&'a str],
+        Phase,
+        (&'a str, &'a str),
+        &'a str,
+        &'a [&'a str],
+        usize,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "the holder mounts: no create yet",
+            &plain,
+            Some(("Pending", false)),
+            vec![Ok(None)],
+            &["GetMachine"],
+            Phase::Scheduled,
+            ("False", "HolderPending"),
+            "HolderPending",
+            &[],
+            0,
+        ),
+        (
+            "no holder: it is made, no create",
+            &plain,
+            None,
+            vec![Ok(None)],
+            &["GetMachine"],
+            Phase::Scheduled,
+            ("False", "HolderPending"),
+            "HolderPending",
+            &[],
+            1,
+        ),
+        (
+            "mounted: created with its mounts, started",
+            &plain,
+            Some(("Running", false)),
+            vec![
+                Ok(None),
+                Ok(Some(on_holder(MachineState::Created, HOLDER))),
+                Ok(Some(on_holder(MachineState::Running, HOLDER))),
+            ],
+            &["GetMachine", "CreateMachine", "EnsureMachineRunning"],
+            Phase::Running,
+            ("True", "Running"),
+            "VolumesMounted",
+            &["Started", "VolumesMounted"],
+            0,
+        ),
+        (
+            "its holder gone while it runs: stopped, a new holder made",
+            &plain,
+            None,
+            vec![
+                Ok(Some(on_holder(MachineState::Running, OLD_HOLDER))),
+                Ok(Some(on_holder(MachineState::Stopped, OLD_HOLDER))),
+            ],
+            &["GetMachine", "StopMachine"],
+            Phase::Stopped,
+            ("False", "HolderEvicted"),
+            "HolderEvicted",
+            &["Stopped", "HolderEvicted"],
+            1,
+        ),
+        (
+            "the release hook stopped it: no exit, so no restart policy keeps it stopped; it waits",
+            &ran,
+            Some(("Running", true)),
+            vec![Ok(Some(on_holder(MachineState::Stopped, HOLDER)))],
+            &["GetMachine"],
+            Phase::Stopped,
+            ("False", "HolderEvicted"),
+            "HolderEvicted",
+            &["HolderEvicted"],
+            0,
+        ),
+        (
+            "a new holder mounted: bound to it, then started",
+            &ran,
+            Some(("Running", false)),
+            vec![
+                Ok(Some(on_holder(MachineState::Stopped, OLD_HOLDER))),
+                Ok(Some(on_holder(MachineState::Stopped, HOLDER))),
+                Ok(Some(on_holder(MachineState::Running, HOLDER))),
+            ],
+            &["GetMachine", "BindVolumes", "EnsureMachineRunning"],
+            Phase::Running,
+            ("True", "Running"),
+            "VolumesMounted",
+            &["VolumesBound", "Started", "VolumesMounted"],
+            0,
+        ),
+    ];
+    for (name, vm, holder, answers, want_calls, phase, (status, why), volumes, events, writes) in rows {
+        let seen = seen_with(vm, holder);
+        let (calls, outcome, _) = pass_seen(
+            vm,
+            NodeHealth::Healthy,
+            Room::default(),
+            Progress::default(),
+            Some(&seen),
+            answers,
+        );
+        assert_eq!(calls, want_calls, "{name}: the calls");
+        assert_eq!(outcome.status.phase, Some(phase), "{name}: the phase");
+        assert_eq!(ready(&outcome), (status.to_string(), why.to_string()), "{name}: Ready");
+        assert_eq!(
+            volumes_ready(&outcome).map(|(_, r)| r).as_deref(),
+            Some(volumes),
+            "{name}: VolumesReady"
+        );
+        assert_eq!(reasons(&outcome), events, "{name}: the events");
+        assert_eq!(
+            outcome.volumes.len(),
+            writes,
+            "{name}: the writes {:?}",
+            outcome.volumes
+        );
+        assert!(
+            outcome.volumes.iter().all(|w| matches!(w, VolumeWrite::MakeHolder(_))),
+            "{name}"
+        );
+    }
+    // The create carries the mounts: the holder's UID and each directory (the claim's its PV's).
+    let seen = seen_with(&plain, Some(("Running", false)));
+    let node = node();
+    let observed = Observed {
+        vm: &plain,
+        node: NODE,
+        machine: "svm-machine",
+        node_object: Some(&node),
+        health: NodeHealth::Healthy,
+        service: None,
+        slice: None,
+        room: Room::default(),
+        now: Timestamp::now(),
+        start_backoff: None,
+        volumes: Some(&seen),
+    };
+    let mut progress = Progress::default();
+    progress.record(smolvm_controller::vm::decide::Call::Get, Ok(None));
+    let Decision::Act {
+        call: smolvm_controller::vm::decide::Call::Create(spec),
+        ..
+    } = converge(&observed, &progress)
+    else {
+        panic!("a create");
+    };
+    let mounts = spec.volumes.expect("the mounts");
+    assert_eq!(mounts.holder_uid, HOLDER);
+    let dirs: Vec<&str> = mounts.mounts.iter().map(|m| m.directory.as_str()).collect();
+    assert_eq!(dirs, ["config", "local-3"]);
+}
+
+/// A machine lost from its node whose claim is bound to a node-pinned PV: MachineLost, as
+/// without volumes, naming the volume and the PV; it is not re-created elsewhere.
+#[test]
+fn a_lost_machine_with_pinned_volume_data_names_it() {
+    let lost = with_volumes(|o| {
+        o["status"]["effective"] = json!({"cpus": 1, "memoryMiB": 512, "storageGiB": 20, "overlayGiB": 10})
+    });
+    let seen = seen_with(&lost, Some(("Running", false)));
+    let (calls, outcome, _) = pass_seen(
+        &lost,
+        NodeHealth::Healthy,
+        Room::default(),
+        Progress::default(),
+        Some(&seen),
+        vec![Ok(None)],
+    );
+    assert_eq!(calls, ["GetMachine"]);
+    assert_eq!(ready(&outcome), ("False".to_string(), "MachineLost".to_string()));
+    let message = &outcome
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::READY)
+        .expect("Ready")
+        .message;
+    assert!(
+        message.contains("volume db (claim default/db-claim, PV local-3 is pinned to node-a)"),
+        "{message}"
+    );
 }

@@ -39,6 +39,7 @@ fn request(cpus: i64, memory_mib: i64) -> Request {
         host_ports: vec![],
         node_selector: BTreeMap::new(),
         pin: None,
+        volumes: Vec::new(),
     }
 }
 
@@ -1015,6 +1016,7 @@ fn a_smolvm_takes_the_room_of_ready_slots_and_a_warm_claim_its_own_slot() {
         host_ports: vec![],
         node_selector: BTreeMap::new(),
         pin: None,
+        volumes: Vec::new(),
     };
     assert_eq!(
         ledger.book_pool("a", pool, &source, false, &SLOT, 16, &allocatable),
@@ -1034,6 +1036,7 @@ fn a_smolvm_takes_the_room_of_ready_slots_and_a_warm_claim_its_own_slot() {
         host_ports: vec![],
         node_selector: BTreeMap::new(),
         pin: None,
+        volumes: Vec::new(),
     };
     assert!(
         place(
@@ -1116,6 +1119,7 @@ fn a_resume_takes_the_room_of_ready_slots_first() {
         host_ports: vec![],
         node_selector: BTreeMap::new(),
         pin: None,
+        volumes: Vec::new(),
     };
     // A suspended VM of 4 CPUs holds none of them: the source and 3 slots fill the node.
     ledger.observe_bound("sleeper", "a", &request(4, 1024));
@@ -1138,4 +1142,108 @@ fn a_resume_takes_the_room_of_ready_slots_first() {
     assert_eq!(ledger.slots("a", pool), 2);
     let usage = ledger.usage("a");
     assert_eq!((usage.used.cpus, usage.soft().cpus), (8, 8));
+}
+
+/// A PV with a node affinity: the nodes its terms do not select cannot take the VM, said in the
+/// scheduler's form with the PV and where it is pinned; the pinned node without room says both.
+#[test]
+fn a_vm_goes_only_where_its_volume_data_can_be_reached() {
+    use smolvm_controller::placement::VolumeReach;
+    let cfg = Config::default();
+    let empty: HashMap<String, Usage> = HashMap::new();
+    let hostname = |n: SmolVMNode, host: &str| {
+        edit(n, |n| {
+            n.metadata.labels = Some([("kubernetes.io/hostname".to_string(), host.to_string())].into())
+        })
+    };
+    let terms = |value: serde_json::Value| serde_json::from_value(value).expect("terms");
+    let by_hostname = |pv: &str, host: &str| VolumeReach {
+        pv: pv.into(),
+        terms: terms(serde_json::json!([
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [host]}]}
+        ])),
+    };
+    let by_name = |pv: &str, node: &str| VolumeReach {
+        pv: pv.into(),
+        terms: terms(serde_json::json!([
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+        ])),
+    };
+    let by_zone = VolumeReach {
+        pv: "zonal".into(),
+        terms: terms(serde_json::json!([
+            {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "NotIn", "values": ["z1"]}]}
+        ])),
+    };
+    let with = |volumes: Vec<VolumeReach>, cpus: i64| Request {
+        volumes,
+        ..request(cpus, 512)
+    };
+    let nodes = vec![
+        hostname(node("node-a", 8, 8192), "node-a"),
+        hostname(node("node-b", 2, 8192), "node-b"),
+        hostname(node("node-c", 8, 8192), "node-c"),
+    ];
+    // (name, request, the node chosen or the message)
+    let rows: Vec<(&str, Request, Result<&str, &str>)> = vec![
+        ("no volume: the emptiest node", with(vec![], 1), Ok("node-a")),
+        (
+            "pinned by hostname",
+            with(vec![by_hostname("local-3", "node-b")], 1),
+            Ok("node-b"),
+        ),
+        (
+            "pinned by name",
+            with(vec![by_name("local-7", "node-c")], 1),
+            Ok("node-c"),
+        ),
+        (
+            "pinned to the one node that has no room: both said",
+            with(vec![by_hostname("local-3", "node-b")], 4),
+            Err(
+                "0/3 nodes can run this VM: 1 has too few CPUs (needs 4, 2 free), 2 cannot reach volume data (PV local-3 is pinned to node-b)",
+            ),
+        ),
+        (
+            "two PVs pinned apart",
+            with(vec![by_hostname("local-3", "node-b"), by_name("local-7", "node-c")], 1),
+            Err(
+                "0/3 nodes can run this VM: 3 cannot reach volume data (PV local-3 is pinned to node-b; PV local-7 is pinned to node-c)",
+            ),
+        ),
+        (
+            "an affinity on labels the nodes lack selects none of them",
+            with(vec![by_zone.clone()], 1),
+            Ok("node-a"),
+        ),
+    ];
+    for (name, req, want) in rows {
+        let got = place(&req, &nodes, &empty, now(), &cfg)
+            .map(|n| n.metadata.name.clone().unwrap_or_default())
+            .map_err(|e| e.message);
+        assert_eq!(got.as_deref().map_err(String::as_str), want, "{name}");
+    }
+    // NotIn on a label a node carries excludes it; the message says the PV is limited by its
+    // affinity where its terms name no node.
+    let zoned = edit(hostname(node("node-z", 8, 8192), "node-z"), |n| {
+        n.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("topology.kubernetes.io/zone".into(), "z1".into());
+    });
+    let err = place(&with(vec![by_zone], 1), &[zoned], &empty, now(), &cfg).unwrap_err();
+    assert_eq!(
+        err.message,
+        "0/1 nodes can run this VM: 1 cannot reach volume data (PV zonal is limited by its node affinity)"
+    );
+    // A pin and a PV pinned elsewhere: the pinned node says why.
+    let pinned = Request {
+        pin: Some("node-a".into()),
+        ..with(vec![by_hostname("local-3", "node-b")], 1)
+    };
+    let err = place(&pinned, &nodes, &empty, now(), &cfg).unwrap_err();
+    assert_eq!(
+        err.message,
+        "pinned node node-a cannot run this VM now: 1 cannot reach volume data (PV local-3 is pinned to node-b)"
+    );
 }

@@ -28,6 +28,7 @@ use smolvm_api::{
 use super::decide::{self, Call, Decision, DeleteFailure, Failure, Observed, Progress, Room};
 use super::report;
 use super::rules::{self, Step};
+use super::volumes::{self, kube::Look};
 use super::{Context, Error};
 use crate::placement::Request;
 
@@ -55,6 +56,8 @@ pub async fn pass(vm: Arc<SmolVM>, ctx: Arc<Context>) -> Result<Action, Error> {
             Ok(Action::await_change())
         }
         Step::RemoveFinalizer => {
+            // Never placed: its claims made before placement may go with it.
+            release_volumes(&ctx, &vm).await?;
             remove_finalizer(&api, &vm).await?;
             ctx.forget(&uid);
             Ok(Action::await_change())
@@ -130,10 +133,43 @@ async fn delete(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str, force: b
     let (service, slice) = owned_objects(ctx, vm, false).await?;
     let writes = decide::removal(vm, service.as_deref(), slice.as_deref());
     report::write_exposure(ctx, vm, &writes).await?;
+    release_volumes(ctx, vm).await?;
     remove_finalizer(api, vm).await?;
     ctx.forget(uid);
     report::publish(ctx, vm, &decide::deleted(node, machine, gone)).await;
     Ok(Action::await_change())
+}
+
+/// What a deleted SmolVM's volumes leave, once its machine is gone: its holder Pod, then its
+/// claims whose policy is `Delete` ([`volumes::on_delete`]).
+async fn release_volumes(ctx: &Context, vm: &SmolVM) -> Result<(), Error> {
+    let Some(seen) = volumes::kube::observe(ctx, vm, Look::Delete).await? else {
+        return Ok(());
+    };
+    let writes = volumes::on_delete(vm, &seen);
+    volumes::kube::write(ctx, vm, &writes).await.map_err(|(_, e)| e.into())
+}
+
+/// Before a SmolVM with volumes is placed: the claims made from its templates (or adopted),
+/// and, unless a claim keeps it waiting, the restriction of where its data can be reached on
+/// `request`. `Some(action)`: it waits, reported ([`decide::waiting_for_volumes`]).
+async fn volume_prelude(pass: Pass<'_>, vm: &SmolVM, request: &mut Request) -> Result<Option<Action>, Error> {
+    let Pass { api, ctx, uid } = pass;
+    let Some(seen) = volumes::kube::observe(ctx, vm, Look::Placement).await? else {
+        return Ok(None);
+    };
+    let prelude = volumes::before_placement(vm, &seen);
+    let failed = volumes::kube::write(ctx, vm, &prelude.writes).await.err();
+    let wait = match failed {
+        Some((write, error)) => Some(write.failed(&report::describe_kube_error(&error))),
+        None => prelude.wait,
+    };
+    if let Some((why, message)) = wait {
+        let outcome = decide::waiting_for_volumes(vm, why, message, Timestamp::now());
+        return report::report(ctx, api, vm, uid, outcome).await.map(Some);
+    }
+    request.volumes = prelude.reach;
+    Ok(None)
 }
 
 async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
@@ -144,9 +180,12 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
     if ctx.ledger.node_of(uid).is_some() {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
+    let mut request = Request::of(vm);
+    if let Some(waits) = volume_prelude(pass, vm, &mut request).await? {
+        return Ok(waits);
+    }
     let nodes = ctx.nodes.state();
     let now = Timestamp::now();
-    let request = Request::of(vm);
     // A SmolVM naming a pool goes where its pool has a ready slot, when one fits (that slot's
     // room moves to it); else anywhere, beside the pools' ready slots, or taking their room
     // where it fits only without them.
@@ -305,6 +344,7 @@ async fn act(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str) -> Result<O
     let node_object = ctx.nodes.get(&ObjectRef::new(node));
     let now = Timestamp::now();
     let (service, slice) = owned_objects(ctx, vm, vm.spec.expose_service()).await?;
+    let seen = volumes::kube::observe(ctx, vm, Look::Bound).await?;
     let mut observed = Observed {
         vm,
         node,
@@ -324,6 +364,7 @@ async fn act(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str) -> Result<O
         start_backoff: ctx
             .start_failures
             .hold(uid, vm.metadata.generation, std::time::Instant::now()),
+        volumes: seen.as_ref(),
     };
     let mut progress = Progress::default();
     // A read and the machine steps, each at most once, plus the restart's stop: the bound keeps
@@ -482,6 +523,7 @@ async fn node_call(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, call: 
         Call::Suspend => done(timed(ctx, op, client.suspend_machine(node, machine)).await),
         Call::Resume => done(timed(ctx, op, client.resume_machine(node, machine)).await),
         Call::Discard => done(timed(ctx, op, client.stop_machine(node, machine)).await),
+        Call::BindVolumes(mounts) => done(timed(ctx, op, client.bind_volumes(node, machine, mounts)).await),
     };
     Ok((result, None))
 }

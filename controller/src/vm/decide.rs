@@ -16,11 +16,12 @@ use kube::ResourceExt;
 use smolvm_api::{
     NodeResources, Phase, SmolVM, SmolVMNode, SmolVMStatus,
     constants::{FORCE_DELETE_ANNOTATION, RECREATE_LOST_MACHINE_ANNOTATION, RESTART_ANNOTATION, condition, reason},
-    nodeapi::{ErrorCode, MachineSpec, MachineState, MachineStatus, Operation, ResizeSpec},
+    nodeapi::{ErrorCode, MachineSpec, MachineState, MachineStatus, Operation, ResizeSpec, VolumeMounts},
 };
 
 use super::exposure::{self, Exposure, NotExposed};
 use super::rules::{self, MachineAction, MissingMachine, NodeHealth, Restart, RunGoal, Want};
+use super::volumes::{self, Verdict, VolumeWrite};
 use crate::nodeclient::CallError;
 use crate::placement::Hold;
 
@@ -56,6 +57,8 @@ pub struct Observed<'a> {
     /// How long the machine's next start waits: its last start failed that recently (the
     /// backoff of [`super::StartFailures`], as the kubelet's CrashLoopBackOff).
     pub start_backoff: Option<std::time::Duration>,
+    /// What was observed of its volumes; `None` for a SmolVM without volumes.
+    pub volumes: Option<&'a volumes::Seen>,
 }
 
 /// What a node has for one VM: its allocatable (when it reports one) and what every other VM
@@ -87,6 +90,8 @@ pub enum Call {
     Resume,
     /// Stop a suspended machine, discarding its saved memory (`spec.running` is false).
     Discard,
+    /// Point the stopped machine's mounts at a new holder Pod's volumes.
+    BindVolumes(Box<VolumeMounts>),
 }
 
 impl Call {
@@ -101,6 +106,7 @@ impl Call {
             Call::Suspend => Operation::SuspendMachine,
             Call::Resume => Operation::ResumeMachine,
             Call::Discard => Operation::StopMachine,
+            Call::BindVolumes(_) => Operation::BindVolumes,
         }
     }
 
@@ -115,6 +121,7 @@ impl Call {
             Call::Suspend => Some(MachineAction::Suspend),
             Call::Resume => Some(MachineAction::Resume),
             Call::Discard => Some(MachineAction::Discard),
+            Call::BindVolumes(mounts) => Some(MachineAction::BindVolumes(mounts.holder_uid.clone())),
         }
     }
 }
@@ -211,6 +218,8 @@ pub struct Outcome {
     /// What the VM holds on its node now, as the machine the pass left says (its CPU and memory
     /// given back while suspended); `None` when the pass did not learn the machine's state.
     pub hold: Option<Hold>,
+    /// The writes of the claims and the holder Pod its volumes need, before the status write.
+    pub volumes: Vec<VolumeWrite>,
 }
 
 impl Outcome {
@@ -314,8 +323,23 @@ pub enum ExposureWrite {
     DeleteService,
 }
 
-/// Decides the next step of a pass over a bound SmolVM.
+/// Decides the next step of a pass over a bound SmolVM. A SmolVM with volumes has them judged
+/// on every decision ([`volumes::judge`], from the machine as the pass left it): what they mean
+/// for the next machine call, then VolumesReady and the claim and holder writes on its outcome.
 pub fn converge(o: &Observed, p: &Progress) -> Decision {
+    let machine = p.observed.as_ref().map(|_| p.machine.as_ref());
+    let verdict = o.volumes.map(|seen| volumes::judge(o.vm, o.node, seen, machine));
+    match converge_with(o, p, verdict.as_ref()) {
+        Decision::Report(mut out) => {
+            out.volumes(o.vm, verdict.as_ref(), o.now);
+            Decision::Report(out)
+        }
+        act => act,
+    }
+}
+
+/// [`converge`], the volumes judged.
+fn converge_with(o: &Observed, p: &Progress, verdict: Option<&Verdict>) -> Decision {
     let vm = o.vm;
     let mut out = Outcome::of(vm);
     if let Some((status, why, message)) = unhealthy(o) {
@@ -336,7 +360,10 @@ pub fn converge(o: &Observed, p: &Progress) -> Decision {
         };
     };
     let desired = match rules::machine_spec(vm) {
-        Ok(desired) => desired,
+        Ok(mut desired) => {
+            desired.volumes = verdict.and_then(|v| v.mounts.clone());
+            desired
+        }
         Err(message) => {
             out.status.phase = Some(Phase::Failed);
             out.set(o, condition::READY, "False", "InvalidSpec", &message);
@@ -348,8 +375,12 @@ pub fn converge(o: &Observed, p: &Progress) -> Decision {
     let recreating = observed.is_none() && rules::missing_machine(vm) == MissingMachine::Recreate;
     if observed.is_none() && rules::missing_machine(vm) == MissingMachine::Lost {
         let message = format!(
-            "machine {} existed on node {} and is gone (its state there was removed); it is not re-created empty. To start over with a fresh, empty machine, annotate the SmolVM with {RECREATE_LOST_MACHINE_ANNOTATION}=true",
-            o.machine, o.node
+            "machine {} existed on node {} and is gone (its state there was removed); it is not re-created empty.{} To start over with a fresh, empty machine, annotate the SmolVM with {RECREATE_LOST_MACHINE_ANNOTATION}=true",
+            o.machine,
+            o.node,
+            o.volumes
+                .and_then(|seen| volumes::lost_data(vm, seen))
+                .unwrap_or_default(),
         );
         out.expose(o, p, false);
         let why = reason::MACHINE_LOST;
@@ -361,10 +392,7 @@ pub fn converge(o: &Observed, p: &Progress) -> Decision {
     // (before the stop, so a failure after it never restarts twice) and its annotation is
     // dropped by the next pass, which sees it handled.
     let restart = rules::restart(vm, observed.as_ref());
-    let goal = match restart {
-        Restart::StopThenRun | Restart::Run => RunGoal::Run,
-        Restart::None | Restart::Skip | Restart::Done => rules::run_goal(vm, observed.as_ref()),
-    };
+    let goal = goal_of(o, p, restart, verdict);
     let requested = rules::restart_request(vm);
     if matches!(restart, Restart::StopThenRun | Restart::Run) {
         out.status.restart_handled = requested.map(str::to_string);
@@ -382,17 +410,36 @@ pub fn converge(o: &Observed, p: &Progress) -> Decision {
             goal,
             recreating,
             restart,
+            volumes: verdict,
         },
     )
 }
 
+/// The run goal of the machine the node reported first in this pass, as a restart request,
+/// `spec.running` and the restart policy have it. A machine its holder's eviction stopped did
+/// not exit on its own: it runs again once a new holder has mounted its volumes (and this pass
+/// pointed it at them), whatever its restart policy.
+fn goal_of(o: &Observed, p: &Progress, restart: Restart, verdict: Option<&Verdict>) -> RunGoal {
+    let observed = p.observed.as_ref().and_then(|m| m.as_ref());
+    let goal = match restart {
+        Restart::StopThenRun | Restart::Run => RunGoal::Run,
+        Restart::None | Restart::Skip | Restart::Done => rules::run_goal(o.vm, observed),
+    };
+    let evicted = verdict.is_some_and(|v| v.evicted) || p.did(|a| matches!(a, MachineAction::BindVolumes(_)));
+    match goal {
+        RunGoal::Exited | RunGoal::Restart if evicted => RunGoal::Run,
+        goal => goal,
+    }
+}
+
 /// How a pass goes once the machine was read: the run goal, whether a lost machine is made anew,
-/// and what a restart request asks.
+/// what a restart request asks, and what its volumes decided.
 #[derive(Debug, Clone, Copy)]
-struct Course {
+struct Course<'v> {
     goal: RunGoal,
     recreating: bool,
     restart: Restart,
+    volumes: Option<&'v Verdict>,
 }
 
 /// The machine steps after the read: the next call, or the report of a pass that failed, is held
@@ -402,10 +449,12 @@ fn proceed(o: &Observed, p: &Progress, mut out: Outcome, desired: &MachineSpec, 
         goal,
         recreating,
         restart,
+        ..
     } = course;
     let mut settled = false;
     let mut warnings = Vec::new();
     let mut resume_pending = None;
+    let mut waits = None;
     match &p.failed {
         Some((_, Failure::Call(e))) if e.code() == Some(&ErrorCode::ResizeRequiresRunning) => {
             out.set(
@@ -433,25 +482,34 @@ fn proceed(o: &Observed, p: &Progress, mut out: Outcome, desired: &MachineSpec, 
         }
         None => {
             let budget = MAX_STEPS_PER_PASS + usize::from(restart == Restart::StopThenRun);
-            if p.done.len() < budget {
-                let want = Want::of(o.vm, goal);
-                let step = next_machine_step(
-                    o,
-                    desired,
-                    want,
-                    p.machine.as_ref(),
-                    &mut out,
-                    &mut warnings,
-                    &mut resume_pending,
-                );
-                match step {
-                    Some(call) => return machine_call(o, p, call, None),
-                    None => settled = true,
+            let want = Want::of(o.vm, goal);
+            let action = rules::machine_action(desired, want, p.machine.as_ref());
+            let bound = p.did(|a| matches!(a, MachineAction::BindVolumes(_)));
+            // The volumes first: a machine is created or started only once they are mounted.
+            match course.volumes.map(|v| volumes::step(v, &action, bound)) {
+                _ if p.done.len() >= budget => {}
+                Some(volumes::Step::Bind(mounts)) => return machine_call(o, p, Call::BindVolumes(mounts), None),
+                Some(volumes::Step::Stop) => return machine_call(o, p, Call::Stop, None),
+                Some(volumes::Step::Wait) => waits = course.volumes,
+                Some(volumes::Step::Proceed) | None => {
+                    let step = next_machine_step(
+                        o,
+                        desired,
+                        want,
+                        p.machine.as_ref(),
+                        &mut out,
+                        &mut warnings,
+                        &mut resume_pending,
+                    );
+                    match step {
+                        Some(call) => return machine_call(o, p, call, None),
+                        None => settled = true,
+                    }
                 }
             }
         }
     }
-    out.settle(o, p, goal, recreating, restart, warnings);
+    out.settle(o, p, course, warnings, waits);
     out.suspension(o, p, goal, resume_pending.as_deref());
     if resume_pending.is_some() {
         out.requeue = Requeue::After(RESUME_RECHECK);
@@ -559,7 +617,7 @@ fn next_machine_step(
             );
             None
         }
-        MachineAction::None => {
+        MachineAction::None | MachineAction::BindVolumes(_) => {
             rules::clear_condition(&mut out.status.conditions, condition::RESIZE_PENDING);
             None
         }
@@ -617,6 +675,12 @@ pub fn call_failure(call: &Call, code: Option<&ErrorCode>) -> (Option<Phase>, &'
         Call::Resize(_) => (None, reason::RESIZE_FAILED),
         Call::Suspend => (None, reason::SUSPEND_FAILED),
         Call::Resume => (None, reason::RESUME_FAILED),
+        // The agent refused the new holder (not the SmolVM's, or a path outside it) or found a
+        // volume not mounted yet: the machine stays stopped, as it was.
+        Call::BindVolumes(_) => match code {
+            Some(ErrorCode::HolderNotOwned | ErrorCode::VolumePathOutsideHolder) => (None, reason::HOLDER_CONFLICT),
+            _ => (None, reason::HOLDER_PENDING),
+        },
     }
 }
 
@@ -632,6 +696,7 @@ impl Outcome {
             drops: Vec::new(),
             requeue: Requeue::Retry,
             hold: None,
+            volumes: Vec::new(),
         }
     }
 
@@ -746,17 +811,15 @@ impl Outcome {
     }
 
     /// The report of a pass that went as far as it should: the steps' events, phase and Ready
-    /// from the machine, the exposure, the annotations it is done with, and an event for a
-    /// transition no step told.
-    fn settle(
-        &mut self,
-        o: &Observed,
-        p: &Progress,
-        goal: RunGoal,
-        recreating: bool,
-        restart: Restart,
-        warnings: Vec<Note>,
-    ) {
+    /// from the machine (or, where its create or start `waits` for its volumes, from them), the
+    /// exposure, the annotations it is done with, and an event for a transition no step told.
+    fn settle(&mut self, o: &Observed, p: &Progress, course: Course, warnings: Vec<Note>, waits: Option<&Verdict>) {
+        let Course {
+            goal,
+            recreating,
+            restart,
+            ..
+        } = course;
         let steps = step_notes(o, p, goal);
         let steps_reported = !steps.is_empty();
         self.events.extend(steps);
@@ -768,11 +831,22 @@ impl Outcome {
             o.vm.metadata.generation,
             o.now,
         );
+        if let Some(verdict) = waits {
+            volumes::hold_ready(
+                &mut self.status,
+                verdict,
+                p.machine.as_ref(),
+                o.vm.metadata.generation,
+                o.now,
+            );
+        }
         rules::clear_condition(&mut self.status.conditions, condition::DELETION_BLOCKED);
         let runs = p.machine.as_ref().is_some_and(|m| m.state == MachineState::Running);
         self.expose(o, p, runs);
         self.drop_annotations(o, p, recreating, restart);
-        if let Some(t) = rules::transition_event(o.vm.status.as_ref(), &self.status, steps_reported) {
+        // Waiting for its volumes is told by VolumesReady's own events.
+        let told = steps_reported || waits.is_some();
+        if let Some(t) = rules::transition_event(o.vm.status.as_ref(), &self.status, told) {
             self.events.push(Note {
                 warning: t.warning,
                 reason: t.reason,
@@ -992,6 +1066,61 @@ fn exposure_writes(o: &Observed, want: &Exposure) -> Vec<ExposureWrite> {
         _ => writes.push(ExposureWrite::ApplySlice(Box::new(want.slice.clone()))),
     }
     writes
+}
+
+impl Outcome {
+    /// The volumes' part of a pass's outcome: VolumesReady (removed from a SmolVM without
+    /// volumes), its event when its reason changed, and the claim and holder writes.
+    pub fn volumes(&mut self, vm: &SmolVM, verdict: Option<&Verdict>, now: Timestamp) {
+        let Some(v) = verdict else {
+            rules::clear_condition(&mut self.status.conditions, condition::VOLUMES_READY);
+            return;
+        };
+        self.volume_condition(vm, v.condition.clone(), now);
+        self.volumes = v.writes.clone();
+    }
+
+    /// A claim or holder write failed with `error`: VolumesReady says so.
+    pub fn volume_write_failed(&mut self, vm: &SmolVM, write: &VolumeWrite, error: &str, now: Timestamp) {
+        let (why, message) = write.failed(error);
+        self.volume_condition(vm, ("False", why, message), now);
+    }
+
+    /// Sets VolumesReady, with an event when its reason changed to one that is told
+    /// ([`volumes::notable`]).
+    fn volume_condition(&mut self, vm: &SmolVM, (status, why, message): volumes::ConditionParts, now: Timestamp) {
+        let conditions = &mut self.status.conditions;
+        let before = conditions.iter().find(|c| c.type_ == condition::VOLUMES_READY);
+        let changed = before.is_none_or(|c| c.reason != why);
+        let generation = vm.metadata.generation;
+        rules::set_condition(
+            conditions,
+            condition::VOLUMES_READY,
+            status,
+            why,
+            &message,
+            generation,
+            now,
+        );
+        if let Some(warning) = volumes::notable(why).filter(|_| changed) {
+            let action = if why == reason::HOLDER_EVICTED {
+                "Evict"
+            } else {
+                "Mount"
+            };
+            let note = if warning { Note::warning } else { Note::normal };
+            self.events.push(note(why, action, message));
+        }
+    }
+}
+
+/// A SmolVM that is not placed because of its volumes (a claim missing or another's): Pending,
+/// VolumesReady False with `why` and `message`, and its event when the reason changed.
+pub fn waiting_for_volumes(vm: &SmolVM, why: &'static str, message: String, now: Timestamp) -> Outcome {
+    let mut out = Outcome::of(vm);
+    out.status.phase = Some(Phase::Pending);
+    out.volume_condition(vm, ("False", why, message), now);
+    out
 }
 
 /// The status of a SmolVM just bound to `node` (with that node's UID): phase Scheduled,

@@ -1,16 +1,19 @@
 //! The lifecycle of a SmolVM, in four steps per pass:
 //!
 //! 1. **Observe** ([`act`], before its first call): the SmolVM, its node, its Service and
-//!    EndpointSlice, from the caches.
+//!    EndpointSlice, from the caches; for a SmolVM with volumes, its claims, their PVs and its
+//!    holder Pod, from the caches too, and its ConfigMaps' and Secrets' existence
+//!    ([`volumes::kube::observe`]).
 //! 2. **Decide** ([`decide`], pure): the next node call, or the whole outcome of the pass: the
 //!    status, the exposure, the events, the annotations to drop and when to look again. Every
 //!    phase and condition is chosen there, from [`rules`].
 //! 3. **Act** ([`act`]): makes the node call, records its result, and decides again, a bounded
 //!    number of times.
-//! 4. **Report** ([`report`]): the exposure writes, one status write, the events, the dropped
-//!    annotations. A pass writes the SmolVM's status at most three times: the binding (a pass
-//!    that places the VM goes on against its node from the object the API server answered), a
-//!    restart's record before its stop, then the status. A warm claim (a SmolVM placed where its
+//! 4. **Report** ([`report`]): the exposure writes, the volumes' claim and holder writes
+//!    ([`volumes::VolumeWrite`]), one status write, the events, the dropped annotations. A pass
+//!    writes the SmolVM's status at most three times: the binding (a pass that places the VM goes
+//!    on against its node from the object the API server answered), a restart's record before
+//!    its stop, then the status. A warm claim (a SmolVM placed where its
 //!    pool has a ready slot) is the exception: its one node call is an idempotent lease, so its
 //!    binding goes in its status write ([`report::report_binding`]), one write per claim.
 //!
@@ -28,6 +31,7 @@ pub mod fetch;
 pub mod pooled;
 pub mod report;
 pub mod rules;
+pub mod volumes;
 pub mod workload;
 
 use std::{sync::Arc, time::Duration};
@@ -92,15 +96,18 @@ impl Default for Timing {
     }
 }
 
-/// The caches of the objects the controller makes for SmolVMs (those labelled
-/// `app.kubernetes.io/managed-by=smolvm-controller`); empty ones make a pass read from the API
-/// server instead.
+/// The caches of the objects the controller makes for SmolVMs (the Services and EndpointSlices
+/// labelled `app.kubernetes.io/managed-by=smolvm-controller`) and of what their volumes use
+/// (holder Pods, claims, PersistentVolumes); empty ones make a pass read from the API server
+/// instead.
 #[derive(Clone, Default)]
 pub struct Owned {
     /// Services.
     pub services: Option<Store<Service>>,
     /// EndpointSlices.
     pub slices: Option<Store<EndpointSlice>>,
+    /// Holder Pods, claims and PersistentVolumes.
+    pub volumes: volumes::kube::Caches,
 }
 
 /// The SmolVMPools' cache, and its watch to drive (a SmolVM naming a pool reads its pool at
@@ -125,13 +132,15 @@ pub fn pool_watch(
 
 /// The watches of the Services and EndpointSlices the controller makes for SmolVMs: their caches
 /// and the streams that wake their SmolVM's pass when one changes or goes (`Controller::owns_stream`),
-/// so a deleted or edited Service is put back within seconds rather than at the next resync.
+/// so a deleted or edited Service is put back within seconds rather than at the next resync; and
+/// those of what their volumes use ([`volumes::kube::watches`]).
 pub fn owned_watches(
     client: &Client,
 ) -> (
     Owned,
     impl Stream<Item = Result<Service, watcher::Error>> + Send + 'static,
     impl Stream<Item = Result<EndpointSlice, watcher::Error>> + Send + 'static,
+    volumes::kube::Boxed,
 ) {
     let config = || watcher::Config::default().labels(exposure::OWNED_SELECTOR);
     let (services, service_writer) = reflector::store::<Service>();
@@ -146,11 +155,13 @@ pub fn owned_watches(
         .modify(|s| s.metadata.managed_fields = None)
         .reflect(slice_writer)
         .touched_objects();
+    let (volume_caches, volume_events) = volumes::kube::watches(client);
     let owned = Owned {
         services: Some(services),
         slices: Some(slices),
+        volumes: volume_caches,
     };
-    (owned, service_events, slice_events)
+    (owned, service_events, slice_events, volume_events)
 }
 
 /// What the reconciler needs.
@@ -167,6 +178,8 @@ pub struct Context {
     pub ledger: placement::Ledger,
     /// Client of the node API.
     pub node_client: NodeClient,
+    /// How holder Pods are made for SmolVMs with volumes.
+    pub holders: volumes::Settings,
     /// Event sink.
     pub recorder: crate::events::EventSink,
     /// Timings.

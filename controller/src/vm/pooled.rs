@@ -85,6 +85,10 @@ pub async fn pool_of(ctx: &Context, vm: &SmolVM) -> Result<PoolOf, Error> {
     let Some(pool_ref) = &vm.spec.pool_ref else {
         return Ok(PoolOf::None);
     };
+    // A lease takes no mounts (SPEC 2.5): a SmolVM with volumes is created cold, never warm.
+    if vm.spec.volumes.as_ref().is_some_and(|v| !v.is_empty()) {
+        return Ok(PoolOf::None);
+    }
     let namespace = vm.namespace().unwrap_or_default();
     // The cache first; the API server for a pool it does not hold (yet).
     let cached = ctx

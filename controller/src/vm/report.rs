@@ -36,6 +36,7 @@ pub async fn report(
         ctx.ledger.set_hold(uid, hold);
     }
     expose(ctx, vm, &mut outcome).await;
+    mount(ctx, vm, &mut outcome).await;
     write_status(ctx, api, vm, uid, &outcome.status).await?;
     finish(ctx, api, vm, uid, outcome).await
 }
@@ -53,6 +54,7 @@ pub async fn report_binding(
     mut outcome: Outcome,
 ) -> Result<Action, Error> {
     expose(ctx, &bound, &mut outcome).await;
+    mount(ctx, &bound, &mut outcome).await;
     bound.status = Some(outcome.status.clone());
     let (node, note) = binding;
     let note = (!outcome.tells_binding()).then_some(note);
@@ -104,6 +106,13 @@ pub async fn write_binding(
 async fn expose(ctx: &Context, vm: &SmolVM, outcome: &mut Outcome) {
     if let Err(e) = write_exposure(ctx, vm, &outcome.exposure.writes).await {
         outcome.exposure_failed(vm, &describe_kube_error(&e), Timestamp::now());
+    }
+}
+
+/// The claim and holder writes of the volumes; a failure becomes the VolumesReady condition.
+async fn mount(ctx: &Context, vm: &SmolVM, outcome: &mut Outcome) {
+    if let Err((write, error)) = super::volumes::kube::write(ctx, vm, &outcome.volumes).await {
+        outcome.volume_write_failed(vm, &write, &describe_kube_error(&error), Timestamp::now());
     }
 }
 
@@ -225,7 +234,7 @@ fn ignore_missing(result: Result<(), kube::Error>) -> Result<(), kube::Error> {
 }
 
 /// An API server error for a condition: a refusal names the permission.
-fn describe_kube_error(e: &kube::Error) -> String {
+pub(super) fn describe_kube_error(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(status) if status.code == 403 => format!(
             "the controller lacks a permission ({}); check its ClusterRole (deploy/base/controller/rbac.yaml)",

@@ -387,6 +387,9 @@ pub enum MachineAction {
     Resume,
     /// It is suspended and `spec.running` is false: stopped, its saved memory discarded.
     Discard,
+    /// Its mounts were pointed at the volumes of the holder Pod of this UID (a new holder, after
+    /// its holder was evicted); decided by [`super::volumes::step`], never by [`machine_action`].
+    BindVolumes(String),
     /// Nothing to do.
     None,
 }
@@ -571,6 +574,13 @@ pub fn step_events(
                 "Resized",
                 "Resize",
                 format!("resized machine {machine} on node {node} to {}", describe(spec)),
+            ),
+            (MachineAction::BindVolumes(holder), _) => event(
+                "VolumesBound",
+                "Bind",
+                format!(
+                    "pointed the volumes of machine {machine} on node {node} at holder Pod {holder}, which has mounted them"
+                ),
             ),
             (MachineAction::ResizePending(_) | MachineAction::None, _) => {
                 i += 1;

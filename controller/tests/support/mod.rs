@@ -54,6 +54,7 @@ pub fn context(client: Client, nodes: Vec<SmolVMNode>, node_client: Option<NodeC
         pools: None,
         ledger: Ledger::new(),
         node_client,
+        holders: Default::default(),
         recorder: smolvm_controller::events::EventSink::new(
             client,
             Reporter {

@@ -48,6 +48,7 @@ mod pools;
 mod quota;
 mod reach;
 mod suspend;
+mod volumes;
 mod workload;
 
 fn main() -> ExitCode {
@@ -196,6 +197,7 @@ fn extra_scenarios() -> Vec<(&'static str, Scenario)> {
     all.extend(monitoring::scenarios());
     all.extend(suspend::scenarios());
     all.extend(quota::scenarios());
+    all.extend(volumes::scenarios());
     all
 }
 
