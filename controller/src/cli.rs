@@ -67,10 +67,10 @@ pub struct Flags {
     #[arg(long, env = "SMOLVM_CONTROLLER_RUNTIME_CA_CHECK_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub runtime_ca_check_interval: Duration,
     /// The image of the holder Pods that keep a SmolVM's volumes mounted on its node (the runtime
-    /// image, whose `smolvm-runtime hold` sleeps until stopped); read from SMOLVM_HOLDER_IMAGE,
+    /// image, whose `smolvm-runtime hold` sleeps until stopped); read from SMOLVM_CONTROLLER_HOLDER_IMAGE,
     /// the name the deployment shares with the holders' admission policy. Without it a SmolVM
     /// with volumes reports VolumesReady=False and is not created.
-    #[arg(long, env = "SMOLVM_HOLDER_IMAGE", hide_env = true)]
+    #[arg(long, env = "SMOLVM_CONTROLLER_HOLDER_IMAGE")]
     pub holder_image: Option<String>,
     /// The port of the agents' release hook on their node's loopback, which each holder's preStop
     /// hook calls so that the agent stops its VM before the kubelet unmounts the volumes (the

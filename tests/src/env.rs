@@ -560,6 +560,9 @@ impl Env {
                 "--runtime-ca-check-interval=2s".to_string(),
                 format!("--access-address=127.0.0.1:{}", self.access_port),
                 "--access-check-interval=10s".to_string(),
+                // The holders' image: the placeholder the deployment's holder admission policy
+                // names (deploy/base/holder), as `make deploy RUNTIME_IMG=…` would substitute it.
+                "--holder-image=smolvm-runtime".to_string(),
             ],
             &[
                 ("KUBECONFIG".into(), kubeconfig.display().to_string()),

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
 
 use crate::{
+    constants::volumes::IDENTITY_VOLUME,
     policy::Policy,
     quota::parse_quantity,
     syntax,
@@ -92,6 +93,17 @@ fn check_volume(at: &str, smolvm: &str, volume: &Volume, v: &mut Verdict) {
         &volume.name,
         syntax::check_dns1123_label,
     );
+    if volume.name == IDENTITY_VOLUME {
+        v.violation(
+            RuleId::V16,
+            &format!("{at}.name"),
+            render(&volume.name),
+            format!(
+                "{} is the name of the holder Pod's own identity volume; choose another",
+                render(&volume.name)
+            ),
+        );
+    }
     check_mount_path(&format!("{at}.mountPath"), &volume.mount_path, v);
     let sources: Vec<&str> = [
         ("persistentVolumeClaim", volume.persistent_volume_claim.is_some()),

@@ -197,6 +197,13 @@ fn v16_volumes() {
             Allow,
         ),
         case(
+            "v16_the_holders_identity_volume_name_rejected",
+            Create,
+            None,
+            one(json!({"name": "smolvm-holder-identity", "mountPath": "/a", "configMap": {"name": "b"}})),
+            Reject(RuleId::V16, "spec.volumes[0].name"),
+        ),
+        case(
             "v16_long_name_with_volumes_rejected",
             Create,
             None,
@@ -248,4 +255,19 @@ fn v16_every_volume_violation_in_one_answer() {
         assert!(paths.contains(&expected), "{expected} missing from {paths:?}");
     }
     assert!(verdict.violations.iter().all(|v| v.rule == RuleId::V16), "{verdict:#?}");
+}
+
+#[test]
+fn v14_a_pooled_smolvm_sets_no_volumes() {
+    let request = json!({"apiVersion": "vm.smolvm.dev/v1alpha1", "kind": "SmolVM",
+        "metadata": {"name": "a", "namespace": "default"},
+        "spec": {"poolRef": {"name": "web"}, "volumes": [{"name": "a", "mountPath": "/a", "configMap": {"name": "b"}}]}});
+    let verdict = smolvm_api::validate::validate_pooled_request(&request);
+    assert!(
+        verdict
+            .violations
+            .iter()
+            .any(|v| v.rule == RuleId::V14 && v.path == "spec.volumes"),
+        "{verdict:#?}"
+    );
 }

@@ -12,6 +12,7 @@ smolvm-controller  cluster        certificates.k8s.io/certificatesigningrequests
 smolvm-controller  cluster        certificates.k8s.io/certificatesigningrequests/approval  -  patch
 smolvm-controller  cluster        certificates.k8s.io/certificatesigningrequests/status  -  patch
 smolvm-controller  cluster        certificates.k8s.io/signers  vm.smolvm.dev/runtime-serving  approve,sign
+smolvm-controller  cluster        core/events  -  list
 smolvm-controller  cluster        core/nodes  -  get,list,watch
 smolvm-controller  cluster        core/persistentvolumeclaims  -  create,delete,get,list,patch,watch
 smolvm-controller  cluster        core/persistentvolumes  -  get,list,watch

@@ -25,25 +25,6 @@ pub(crate) fn scenarios() -> Vec<(&'static str, Scenario)> {
     scenarios![volumes_wait_for_their_claims_and_holder_and_go_with_the_smolvm]
 }
 
-/// The holders' image here: the placeholder the deployment's holder admission policy names
-/// (`deploy/base/holder`), which `make deploy RUNTIME_IMG=…` substitutes.
-const HOLDER_IMAGE: &str = "smolvm-runtime";
-
-/// The controller makes holder Pods only with a holder image (`--holder-image`, or
-/// SMOLVM_HOLDER_IMAGE as the deployment sets it). Where the harness started it without one, it
-/// is started again with the variable, which every later start inherits.
-async fn with_holder_image(env: &mut Env) -> anyhow::Result<()> {
-    if std::env::var_os("SMOLVM_HOLDER_IMAGE").is_some() {
-        return Ok(());
-    }
-    // SAFETY: the harness runs every scenario on one thread (a current-thread runtime) and no
-    // other thread of this process reads the environment while it is set: the kube clients
-    // connect to IP addresses, so no resolver thread runs.
-    unsafe { std::env::set_var("SMOLVM_HOLDER_IMAGE", HOLDER_IMAGE) };
-    env.kill_controller();
-    env.start_controller().await
-}
-
 /// A claim of 1Gi that nothing binds (no provisioner runs here).
 fn claim(name: &str) -> anyhow::Result<PersistentVolumeClaim> {
     Ok(serde_json::from_value(json!({
@@ -92,7 +73,6 @@ async fn volumes_wait(env: &Env, name: &str, reason: &str) -> anyhow::Result<Smo
 async fn volumes_wait_for_their_claims_and_holder_and_go_with_the_smolvm(env: &mut Env) -> anyhow::Result<()> {
     let name = "vol-e2e";
     let admin = env.admin().await?;
-    with_holder_image(env).await?;
     let configs: Api<ConfigMap> = Api::namespaced(admin.clone(), NS);
     let config: ConfigMap =
         serde_json::from_value(json!({"metadata": {"name": "vol-e2e-config"}, "data": {"app.conf": "x=1"}}))?;
@@ -241,7 +221,7 @@ fn check_holder(pod: &Pod, smolvm: &str, uid: &str) -> anyhow::Result<()> {
     let container = &spec["containers"][0];
     ensure!(
         container["name"] == "hold"
-            && container["image"] == HOLDER_IMAGE
+            && container["image"] == "smolvm-runtime"
             && container["command"] == json!(["/usr/local/bin/smolvm-runtime", "hold"]),
         "holder container: {container}"
     );

@@ -310,7 +310,7 @@ fn condition_of(j: Judged) -> ConditionParts {
             return ("False", reason::HOLDER_CONFLICT, message);
         }
         HolderState::Absent if j.image.is_none() => format!(
-            "the controller has no holder image configured (--holder-image, SMOLVM_HOLDER_IMAGE): no {holder} can be made to mount the volumes"
+            "the controller has no holder image configured (--holder-image, SMOLVM_CONTROLLER_HOLDER_IMAGE): no {holder} can be made to mount the volumes"
         ),
         HolderState::Absent => format!("{holder} is being made on node {}", j.node),
         HolderState::Deleting(_) | HolderState::Ended(_) => {
