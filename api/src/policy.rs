@@ -307,6 +307,37 @@ impl Policy {
         if self.host_port_max > 65_535 {
             return Err(invalid("hostPortMax", format!("{} is above 65535", self.host_port_max)));
         }
+        self.check_maxima()?;
+        if self.excluded_host_ports.len() > MAX_EXCLUDED_HOST_PORTS {
+            return Err(invalid(
+                "excludedHostPorts",
+                format!(
+                    "{} entries exceed the maximum {MAX_EXCLUDED_HOST_PORTS}",
+                    self.excluded_host_ports.len()
+                ),
+            ));
+        }
+        for (i, range) in self.excluded_host_ports.iter().enumerate() {
+            if range.first < 1 || range.first > range.last {
+                return Err(invalid(
+                    &format!("excludedHostPorts[{i}]"),
+                    format!("{}-{} is not a port range", range.first, range.last),
+                ));
+            }
+        }
+        for (name, list) in [
+            ("controllerUsernames", &self.controller_usernames),
+            ("runtimeUsernames", &self.runtime_usernames),
+        ] {
+            if let Some(i) = list.iter().position(|u| u.trim().is_empty()) {
+                return Err(invalid(&format!("{name}[{i}]"), "is empty".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The policy's maxima lie within the schema's own limits.
+    fn check_maxima(&self) -> Result<(), Error> {
         for (name, value) in [
             ("maxPorts", self.max_ports),
             ("maxAllowedCIDRs", self.max_allowed_cidrs),
@@ -343,31 +374,6 @@ impl Policy {
                     name,
                     format!("{value} is outside {low}..={high} (the schema's limit)"),
                 ));
-            }
-        }
-        if self.excluded_host_ports.len() > MAX_EXCLUDED_HOST_PORTS {
-            return Err(invalid(
-                "excludedHostPorts",
-                format!(
-                    "{} entries exceed the maximum {MAX_EXCLUDED_HOST_PORTS}",
-                    self.excluded_host_ports.len()
-                ),
-            ));
-        }
-        for (i, range) in self.excluded_host_ports.iter().enumerate() {
-            if range.first < 1 || range.first > range.last {
-                return Err(invalid(
-                    &format!("excludedHostPorts[{i}]"),
-                    format!("{}-{} is not a port range", range.first, range.last),
-                ));
-            }
-        }
-        for (name, list) in [
-            ("controllerUsernames", &self.controller_usernames),
-            ("runtimeUsernames", &self.runtime_usernames),
-        ] {
-            if let Some(i) = list.iter().position(|u| u.trim().is_empty()) {
-                return Err(invalid(&format!("{name}[{i}]"), "is empty".into()));
             }
         }
         Ok(())

@@ -87,6 +87,51 @@ pub struct Agent {
     policy_watch: Option<tokio::task::JoinHandle<()>>,
 }
 
+/// The machines' volumes as `volumes` says, their records beside the workload records when
+/// those are kept and `volumes` names no place of its own.
+fn machine_volumes(
+    options: &AgentOptions,
+    volumes: &mut crate::volumes::VolumeOptions,
+) -> Result<Arc<crate::volumes::Volumes>> {
+    if volumes.records.is_none() {
+        volumes.records = options
+            .workload_records
+            .as_deref()
+            .map(|dir| dir.with_file_name("volumes"));
+    }
+    let made = crate::volumes::Volumes::new(volumes).map_err(|e| {
+        Error::io(
+            "making the volume mount points",
+            volumes.stable_root.clone().unwrap_or_default(),
+            e,
+        )
+    })?;
+    Ok(Arc::new(made))
+}
+
+/// The release hook of holder Pods on `listener`, where there is one.
+fn start_release(listener: Option<std::net::TcpListener>, state: &NodeApiState) -> Result<Option<PlainServer>> {
+    let Some(listener) = listener else {
+        return Ok(None);
+    };
+    let server = PlainServer::start_bounded(
+        listener,
+        crate::nodeapi::release::router(state.clone()),
+        crate::nodeapi::release::BOUNDS,
+        "release hook",
+    )?;
+    tracing::info!(address = %server.local_addr(), "release hook serving");
+    Ok(Some(server))
+}
+
+/// The runtime CA's certificates, as given or read from their file.
+fn client_ca_pem(client_ca: &ClientCa) -> Result<String> {
+    match client_ca {
+        ClientCa::Pem(pem) => Ok(pem.clone()),
+        ClientCa::File(path) => std::fs::read_to_string(path).map_err(|e| Error::io("reading the client CA", path, e)),
+    }
+}
+
 impl Agent {
     /// Starts supervision and the servers, with no volumes
     /// ([`crate::volumes::VolumeOptions::default`]: machines with volumes are refused).
@@ -105,19 +150,7 @@ impl Agent {
         if let Some(Ok(address)) = volumes.release_listener.as_ref().map(std::net::TcpListener::local_addr) {
             own_ports.push(address.port());
         }
-        if volumes.records.is_none() {
-            volumes.records = options
-                .workload_records
-                .as_deref()
-                .map(|dir| dir.with_file_name("volumes"));
-        }
-        let machine_volumes = Arc::new(crate::volumes::Volumes::new(&volumes).map_err(|e| {
-            Error::io(
-                "making the volume mount points",
-                volumes.stable_root.clone().unwrap_or_default(),
-                e,
-            )
-        })?);
+        let machine_volumes = machine_volumes(&options, &mut volumes)?;
         let host_ports = crate::guards::HostPortGuard::load(options.guards.policy_file.as_deref(), &own_ports)?;
         let policy_watch = options
             .guards
@@ -163,30 +196,12 @@ impl Agent {
             None => state,
         };
         let keeper = tokio::spawn(keep_pools(state.clone(), options.pool_keep_interval));
-        let release = match volumes.release_listener {
-            Some(listener) => {
-                let server = PlainServer::start_bounded(
-                    listener,
-                    crate::nodeapi::release::router(state.clone()),
-                    crate::nodeapi::release::BOUNDS,
-                    "release hook",
-                )?;
-                tracing::info!(address = %server.local_addr(), "release hook serving");
-                Some(server)
-            }
-            None => None,
-        };
-        let client_ca_pem = match &options.client_ca {
-            ClientCa::Pem(pem) => pem.clone(),
-            ClientCa::File(path) => {
-                std::fs::read_to_string(path).map_err(|e| Error::io("reading the client CA", path, e))?
-            }
-        };
+        let release = start_release(volumes.release_listener, &state)?;
         let mut node_api = MtlsServer::start_bounded(
             options.node_api_listener,
             router(state),
             options.resolver,
-            &client_ca_pem,
+            &client_ca_pem(&options.client_ca)?,
             options.limits.node_api,
             Some(metrics.clone()),
         )?;
@@ -197,16 +212,18 @@ impl Agent {
         if let Some((cert, key)) = options.serving_files {
             node_api.watch_serving_files(cert, key, options.file_poll_interval);
         }
-        let ops = match options.ops_listener {
-            Some(listener) => Some(PlainServer::start(
-                listener,
-                crate::ops::router(crate::ops::OpsState {
-                    metrics: metrics.clone(),
-                    runtime: supervisor.status(),
-                }),
-            )?),
-            None => None,
-        };
+        let ops = options
+            .ops_listener
+            .map(|listener| {
+                PlainServer::start(
+                    listener,
+                    crate::ops::router(crate::ops::OpsState {
+                        metrics: metrics.clone(),
+                        runtime: supervisor.status(),
+                    }),
+                )
+            })
+            .transpose()?;
         tracing::info!(node_api = %node_api.local_addr(), "node API serving");
         Ok(Self {
             node_api,
