@@ -137,6 +137,8 @@ fn container(volumes: &[Volume], image: &str, release_port: u16, token: &str) ->
     Container {
         name: names::HOLDER_CONTAINER.into(),
         image: Some(image.into()),
+        // As the runtime DaemonSet: the node has the image already where its agent runs.
+        image_pull_policy: Some("IfNotPresent".into()),
         command: Some(COMMAND.iter().map(|s| s.to_string()).collect()),
         resources: Some(ResourceRequirements {
             requests: Some(size.clone()),

@@ -118,21 +118,28 @@ async fn mounted(ctx: &Ctx, vms: &Api<SmolVM>, name: &str) -> anyhow::Result<Str
     Ok(machine)
 }
 
-/// Mounts as smolvm recorded them at create (`smolvm machine ls --json` in the runtime pod):
-/// `(source, target)` of `machine`.
-fn smolvm_mounts(ctx: &Ctx, pod: &str, machine: &str) -> anyhow::Result<Vec<(String, String)>> {
-    let out = in_runtime(
-        ctx,
-        pod,
-        "bin=$(ls /var/lib/smolvm/lib/smolvm-*/smol-vmm | head -n1); \"$bin\" machine ls --json --state-dir /var/lib/smolvm/state 2>/dev/null",
-    )?;
-    let list: Value = serde_json::from_str(&out).with_context(|| format!("smolvm machine ls: {out}"))?;
-    let entry = list
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|m| m["name"] == machine)
-        .with_context(|| format!("smolvm has no machine {machine}"))?;
+/// smolvm's API socket on the node, as the runtime DaemonSet's hostPath puts it (`/var/run`
+/// is `/run`).
+const SMOLVM_SOCKET: &str = "/run/smolvm/smolvm.sock";
+
+/// Mounts as smolvm recorded them at create, from its own API on the node
+/// (`GET /api/v1/machines/{name}`): `(source, target)` of `machine`.
+async fn smolvm_mounts(machine: &str) -> anyhow::Result<Vec<(String, String)>> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::UnixStream::connect(SMOLVM_SOCKET)
+        .await
+        .with_context(|| format!("connecting to {SMOLVM_SOCKET}"))?;
+    stream
+        .write_all(format!("GET /api/v1/machines/{machine} HTTP/1.0\r\nHost: smolvm\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut buf))
+        .await
+        .context("smolvm did not answer in 30 s")??;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    ensure!(head.contains(" 200 "), "smolvm answered GET {machine}: {head}");
+    let entry: Value = serde_json::from_str(body).with_context(|| format!("smolvm's machine: {body}"))?;
     Ok(entry["mounts"]
         .as_array()
         .into_iter()
@@ -222,7 +229,7 @@ pub(super) async fn volumes_are_mounted_by_the_kubelet_and_passed_to_smolvm(ctx:
 
     // What smolvm was given at create: the agent's three stable paths, the guest's targets.
     let pod = runtime_pod(ctx).await?;
-    let mounts = smolvm_mounts(ctx, &pod, &machine)?;
+    let mounts = smolvm_mounts(&machine).await?;
     let targets: Vec<&str> = mounts.iter().map(|(_, t)| t.as_str()).collect();
     for target in ["/data", "/scratch", "/etc/app"] {
         ensure!(targets.contains(&target), "smolvm's mounts {mounts:?} lack {target}");
@@ -281,7 +288,7 @@ pub(super) async fn volumes_are_mounted_by_the_kubelet_and_passed_to_smolvm(ctx:
     let adopted = claims.get("db-scratch").await?;
     ensure!(adopted.uid() == kept.uid(), "db-scratch was made again, not adopted");
     let pod = runtime_pod(ctx).await?;
-    let mounts = smolvm_mounts(ctx, &pod, &machine)?;
+    let mounts = smolvm_mounts(&machine).await?;
     let scratch = mounts
         .iter()
         .find(|(_, t)| t == "/scratch")
@@ -376,7 +383,7 @@ async fn holder_deleted_stops_the_vm_first_then_a_new_holder_serves_it(
     let same = mounted(ctx, vms, "db").await?;
     ensure!(same == machine, "a new machine {same} was made instead of {machine}");
     let pod = runtime_pod(ctx).await?;
-    let mounts = smolvm_mounts(ctx, &pod, machine)?;
+    let mounts = smolvm_mounts(machine).await?;
     let data = mounts
         .iter()
         .find(|(_, t)| t == "/data")
