@@ -10,11 +10,13 @@
 //! The operations, their paths and their names come from the contract's table
 //! ([`smolvm_api::nodeapi::Operation`]).
 
+mod answer;
 pub mod auth;
 pub mod logic;
 pub(crate) mod pools;
 pub mod release;
 pub mod server;
+mod state;
 pub mod stream;
 pub mod suspend;
 pub mod tls;

@@ -23,8 +23,9 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 
+use super::answer::{ApiError, ApiResult, MachineName, answer, body_of, not_found};
 use super::logic::{self, ApiFailure};
-use super::server::{ApiError, ApiResult, MachineName, NodeApiState, answer, body_of, not_found};
+use super::state::NodeApiState;
 use super::types::{DeleteResponse, ErrorCode, MachineState, PoolList, PoolStatus, calls};
 use crate::pools::{LEASE_TTL_SECS, LeaseRecord, PoolRecord, pool_request};
 use crate::vmm::{DeleteOutcome, LeaseRequest, PoolInfo, VmmError};

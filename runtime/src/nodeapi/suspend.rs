@@ -16,8 +16,9 @@ use std::time::Instant;
 use axum::extract::State;
 use axum::http::StatusCode;
 
+use super::answer::{ApiResult, MachineName, answer, not_found};
 use super::logic::{self, ApiFailure};
-use super::server::{ApiResult, MachineName, NodeApiState, answer, not_found};
+use super::state::NodeApiState;
 use super::types::{ErrorCode, MachineState, calls};
 use crate::suspensions::Suspension;
 use crate::vmm::VmmError;

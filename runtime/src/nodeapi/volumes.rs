@@ -6,8 +6,9 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 
+use super::answer::{ApiError, ApiResult, MachineName, answer, body_of, not_found};
 use super::logic::ApiFailure;
-use super::server::{ApiError, ApiResult, MachineName, NodeApiState, answer, body_of, not_found};
+use super::state::NodeApiState;
 use super::types::{ErrorCode, MachineState, VolumeMounts, calls};
 use crate::vmm::HostMount;
 use crate::volumes::plan;

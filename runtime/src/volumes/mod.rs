@@ -201,7 +201,7 @@ impl Volumes {
         self.records
             .all()
             .into_iter()
-            .filter(|(_, record)| plan::token_matches(&record.token_sha256, token))
+            .filter(|(_, record)| record::token_matches(&record.token_sha256, token))
             .map(|(name, _)| name)
             .collect()
     }

@@ -360,21 +360,9 @@ pub fn plan_bind(state: BindState, read_only: bool) -> BindStep {
     }
 }
 
-/// The SHA-256 of a release token, hex: all the agent keeps of it.
-pub fn token_digest(token: &[u8]) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, token);
-    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Whether `presented` is the token whose digest is `recorded`, compared in constant time.
-pub fn token_matches(recorded: &str, presented: &[u8]) -> bool {
-    use subtle::ConstantTimeEq as _;
-    let presented = token_digest(presented);
-    recorded.len() == presented.len() && bool::from(recorded.as_bytes().ct_eq(presented.as_bytes()))
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::record::{token_digest, token_matches};
     use super::*;
     use smolvm_api::nodeapi::Sensitive;
 

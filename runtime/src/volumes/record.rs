@@ -46,7 +46,7 @@ impl VolumeRecord {
         Self {
             holder_uid: request.holder_uid.clone(),
             namespace: request.namespace.clone(),
-            token_sha256: super::plan::token_digest(request.release_token.expose().as_bytes()),
+            token_sha256: token_digest(request.release_token.expose().as_bytes()),
             mounts: request
                 .mounts
                 .iter()
@@ -60,6 +60,19 @@ impl VolumeRecord {
             released: false,
         }
     }
+}
+
+/// The SHA-256 of a release token, hex: all the agent keeps of it.
+pub fn token_digest(token: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, token);
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `presented` is the token whose digest is `recorded`, compared in constant time.
+pub fn token_matches(recorded: &str, presented: &[u8]) -> bool {
+    use subtle::ConstantTimeEq as _;
+    let presented = token_digest(presented);
+    recorded.len() == presented.len() && bool::from(recorded.as_bytes().ct_eq(presented.as_bytes()))
 }
 
 #[cfg(test)]
