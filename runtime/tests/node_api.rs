@@ -6,28 +6,16 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use common::assert_error;
 use common::{NODE, NodeClient, Pki, TOKEN, TestAgent, http_get};
 use smolvm_testkit::node as common;
 
 fn tempdir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("smolvm-agent-")
-        .tempdir()
-        .expect("temp dir")
+    common::tempdir("smolvm-agent-")
 }
 
 fn small_spec(image: &str) -> serde_json::Value {
     json!({"image": image, "cpus": 1, "memoryMiB": 256, "storageGiB": 2, "overlayGiB": 1})
-}
-
-fn assert_error(answer: &common::Answer, status: u16, code: &str) {
-    assert_eq!(answer.status, status, "{answer:?}");
-    assert_eq!(answer.content_type.as_deref(), Some("application/json"), "{answer:?}");
-    assert_eq!(answer.body["code"], code, "{answer:?}");
-    assert!(
-        answer.body["message"].as_str().is_some_and(|m| !m.is_empty()),
-        "{answer:?}"
-    );
 }
 
 /// The mTLS and token matrix, each case over a real handshake.

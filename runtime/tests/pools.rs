@@ -17,23 +17,12 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use common::assert_error;
 use common::{Pki, TestAgent};
 use smolvm_testkit::node as common;
 
 fn tempdir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("smolvm-pools-")
-        .tempdir()
-        .expect("temp dir")
-}
-
-fn assert_error(answer: &common::Answer, status: u16, code: &str) {
-    assert_eq!(answer.status, status, "{answer:?}");
-    assert_eq!(answer.body["code"], code, "{answer:?}");
-    assert!(
-        answer.body["message"].as_str().is_some_and(|m| !m.is_empty()),
-        "{answer:?}"
-    );
+    common::tempdir("smolvm-pools-")
 }
 
 /// A pool of `slots` ready machines from a small alpine source.

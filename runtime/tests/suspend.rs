@@ -13,25 +13,14 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use common::assert_error;
 use common::{NodeClient, Pki, TestAgent};
 use smolvm_runtime::vmm::{MachineSpec, SmolvmClient, SmolvmConfig, Vmm, VmmError};
 use smolvm_testkit::node as common;
 use smolvm_testkit::smolvm_double::SmolvmDouble;
 
 fn tempdir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("smolvm-suspend-")
-        .tempdir()
-        .expect("temp dir")
-}
-
-fn assert_error(answer: &common::Answer, status: u16, code: &str) {
-    assert_eq!(answer.status, status, "{answer:?}");
-    assert_eq!(answer.body["code"], code, "{answer:?}");
-    assert!(
-        answer.body["message"].as_str().is_some_and(|m| !m.is_empty()),
-        "{answer:?}"
-    );
+    common::tempdir("smolvm-suspend-")
 }
 
 /// A refusal naming the machine's state in `details.state`.

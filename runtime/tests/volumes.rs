@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
+use common::assert_error;
 use common::{Pki, TestAgent};
 use smolvm_runtime::volumes::MountBinder;
 use smolvm_testkit::node as common;
@@ -35,19 +36,7 @@ const NAMESPACE: &str = "team-a";
 const OTHER_TOKEN: &str = "0ther0ther0ther0ther0ther0ther0ther0ther0ther0ther0ther0ther0the";
 
 fn tempdir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("smolvm-volumes-")
-        .tempdir()
-        .expect("temp dir")
-}
-
-fn assert_error(answer: &common::Answer, status: u16, code: &str) {
-    assert_eq!(answer.status, status, "{answer:?}");
-    assert_eq!(answer.body["code"], code, "{answer:?}");
-    assert!(
-        answer.body["message"].as_str().is_some_and(|m| !m.is_empty()),
-        "{answer:?}"
-    );
+    common::tempdir("smolvm-volumes-")
 }
 
 /// A machine spec with `volumes`.

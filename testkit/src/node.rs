@@ -265,6 +265,22 @@ impl Drop for NodeClient {
     }
 }
 
+/// A temporary directory for one test, its name starting with `prefix`.
+pub fn tempdir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(prefix).tempdir().expect("temp dir")
+}
+
+/// `answer` is the node API's JSON error of `status` with the stable `code` and a message.
+pub fn assert_error(answer: &Answer, status: u16, code: &str) {
+    assert_eq!(answer.status, status, "{answer:?}");
+    assert_eq!(answer.content_type.as_deref(), Some("application/json"), "{answer:?}");
+    assert_eq!(answer.body["code"], code, "{answer:?}");
+    assert!(
+        answer.body["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{answer:?}"
+    );
+}
+
 /// What a node API call answered.
 #[derive(Debug)]
 pub struct Answer {
