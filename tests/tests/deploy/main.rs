@@ -264,6 +264,7 @@ fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool 
 mod cluster_images;
 mod dockerfile;
 mod docs;
+mod helm;
 mod images;
 mod monitoring;
 mod network_policy;
@@ -277,6 +278,8 @@ mod workloads;
 use dockerfile::*;
 #[allow(unused_imports)]
 use docs::*;
+#[allow(unused_imports)]
+use helm::*;
 #[allow(unused_imports)]
 use images::*;
 #[allow(unused_imports)]
