@@ -156,10 +156,10 @@ bench-access: ## Access API latency through kube-apiserver: log first byte (SPEC
 CLUSTER_DEPS = bash tests/scripts/cluster-deps.sh
 
 .PHONY: cluster-e2e
-cluster-e2e: ## deploy/default as real pods on a local Kubernetes node (containerd, kubelet, kube-proxy) in a sandbox; root (prints why when it skips).
+cluster-e2e: ## deploy/default, then the Helm chart, as real pods on a local Kubernetes node in a sandbox; root (prints why when it skips). ARGS=helm: only scenarios matching.
 	$(CLUSTER_DEPS)
 	$(CARGO) build -q --bins
-	$(ENVTEST_ENV) && $(CARGO) test -p smolvm-tests --test cluster_e2e
+	$(HELM_ENV) && $(ENVTEST_ENV) && $(CARGO) test -p smolvm-tests --test cluster_e2e $(if $(ARGS),-- $(ARGS))
 
 .PHONY: cluster-dev
 cluster-dev: ## What `make dev CLUSTER=1` runs: the node, `make deploy`, the example SmolVM; Ctrl-C removes it all.
