@@ -4,6 +4,7 @@
 //! The manifest tests render every kustomization with `kubectl kustomize` (kustomize v5, as in
 //! kubectl 1.27 and later). Without such a kubectl they print `skipped: …` and return: they never
 //! pass by pretending. The script tests run the scripts the Dockerfile runs, outside Docker.
+//! The Helm chart's tests (helm.rs) render it with `helm template` and compare it with kustomize.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
