@@ -18,9 +18,7 @@ const CHART: &str = "deploy/helm/smolvm-operator";
 /// kustomize scenarios turn it off (no guest boots on this machine; VMs must still be placed).
 fn install_values() -> anyhow::Result<Vec<String>> {
     let split = |image: &str| -> anyhow::Result<(String, String)> {
-        let (repository, tag) = image
-            .rsplit_once(':')
-            .with_context(|| format!("{image}: no tag"))?;
+        let (repository, tag) = image.rsplit_once(':').with_context(|| format!("{image}: no tag"))?;
         Ok((repository.to_string(), tag.to_string()))
     };
     let (operator, operator_tag) = split(OPERATOR_IMAGE)?;
@@ -170,17 +168,25 @@ pub(super) async fn the_helm_chart_installs_upgrades_and_uninstalls(ctx: &mut Ct
             .and_then(|c| c.image.clone())
             .unwrap_or_default();
         let app = pod.labels().get("app.kubernetes.io/name").cloned().unwrap_or_default();
-        let want = if app == "smolvm-runtime" { RUNTIME_IMAGE } else { OPERATOR_IMAGE };
+        let want = if app == "smolvm-runtime" {
+            RUNTIME_IMAGE
+        } else {
+            OPERATOR_IMAGE
+        };
         ensure!(image == want, "{} runs {image}, not {want}", pod.name_any());
     }
-    let node = eventually("the SmolVMNode Ready under the chart", Duration::from_secs(180), || async {
-        Ok(smolvm_node(ctx).await?.filter(|n| {
-            n.status
-                .as_ref()
-                .and_then(|s| condition(&s.conditions, "Ready"))
-                .is_some_and(|c| c.status == "True")
-        }))
-    })
+    let node = eventually(
+        "the SmolVMNode Ready under the chart",
+        Duration::from_secs(180),
+        || async {
+            Ok(smolvm_node(ctx).await?.filter(|n| {
+                n.status
+                    .as_ref()
+                    .and_then(|s| condition(&s.conditions, "Ready"))
+                    .is_some_and(|c| c.status == "True")
+            }))
+        },
+    )
     .await?;
     println!(
         "    {} installed the chart: 5 pods Ready and the SmolVMNode Ready in {:.1}s (endpoint {:?})",
@@ -194,7 +200,10 @@ pub(super) async fn the_helm_chart_installs_upgrades_and_uninstalls(ctx: &mut Ct
     let vms: Api<SmolVM> = Api::namespaced(ctx.client.clone(), "default");
     let example = vms.get("alpine").await?;
     let uid = example.uid().context("no uid")?;
-    let binding = example.status.as_ref().map(|s| (s.node_name.clone(), s.node_uid.clone()));
+    let binding = example
+        .status
+        .as_ref()
+        .map(|s| (s.node_name.clone(), s.node_uid.clone()));
     let machine = format!("svm-{uid}");
     let runtime_pod = pods(ctx, "smolvm-runtime")
         .await?
@@ -254,7 +263,14 @@ pub(super) async fn the_helm_chart_installs_upgrades_and_uninstalls(ctx: &mut Ct
     ensure!(objects.len() > 40, "the release holds {} objects", objects.len());
     kubectl_ok(
         ctx,
-        &["delete", "smolvms", "--all", "--all-namespaces", "--wait", "--timeout=180s"],
+        &[
+            "delete",
+            "smolvms",
+            "--all",
+            "--all-namespaces",
+            "--wait",
+            "--timeout=180s",
+        ],
         None,
     )?;
     let started = Instant::now();
