@@ -608,12 +608,12 @@ pub(super) fn images_follow_the_values_by_tag_or_digest() {
             .and_then(|s| s.containers[0].env.clone())
             .into_iter()
             .flatten()
-            .find(|e| e.name == "SMOLVM_HOLDER_IMAGE")
+            .find(|e| e.name == "SMOLVM_CONTROLLER_HOLDER_IMAGE")
             .and_then(|e| e.value);
         assert_eq!(
             holder.as_deref(),
             Some(runtime.as_str()),
-            "--set {sets:?}: SMOLVM_HOLDER_IMAGE"
+            "--set {sets:?}: SMOLVM_CONTROLLER_HOLDER_IMAGE"
         );
         assert_eq!(
             str_at(find(&all, "ConfigMap", "smolvm-holder-policy"), "/data/holderImage"),
