@@ -151,13 +151,6 @@ fn sort_by_name(list: Option<&mut Value>) {
     }
 }
 
-/// The webhook's TLS Secret, which the webhook rewrites whole with its own managed-by label: the
-/// chart gives it only the labels no upgrade changes (_helpers.tpl, selfManagedLabels), so that
-/// Helm's server-side apply never conflicts with the webhook's writes.
-fn self_managed(object: &Value) -> bool {
-    str_at(object, "/kind") == "Secret" && str_at(object, "/metadata/name") == "smolvm-webhook-tls"
-}
-
 /// What is left of an object once what each tool adds on its own is taken out: Helm's labels and
 /// the CRDs' keep annotation (asserted, then removed), the CKV_K8S_14 skip on the workloads of
 /// deploy/ (their placeholder images name no tag; the chart's always name one), the policy and
@@ -167,12 +160,10 @@ fn normalized(object: &Value, from_helm: bool) -> Value {
     let what = describe(object);
     let mut o = object.clone();
     let kind = str_at(object, "/kind").to_string();
-    let self_managed = self_managed(object);
     if let Some(labels) = o.pointer_mut("/metadata/labels").and_then(Value::as_object_mut) {
         for label in HELM_LABELS {
             let had = labels.remove(label).is_some();
-            let want = from_helm && (!self_managed || label == "app.kubernetes.io/instance");
-            assert_eq!(had, want, "{what}: label {label}");
+            assert_eq!(had, from_helm, "{what}: label {label}");
         }
     }
     if let Some(annotations) = o.pointer_mut("/metadata/annotations").and_then(Value::as_object_mut) {
@@ -318,9 +309,7 @@ pub(super) fn every_object_the_chart_renders_is_strictly_typed_and_labelled() {
             let got = object
                 .pointer(&format!("/metadata/labels/{}", label.replace('/', "~1")))
                 .and_then(Value::as_str);
-            let stable = matches!(label, "app.kubernetes.io/part-of" | "app.kubernetes.io/instance");
-            let want = (stable || !self_managed(object)).then_some(value);
-            assert_eq!(got, want, "{what}: label {label}");
+            assert_eq!(got, Some(value), "{what}: label {label}");
         }
     }
     let bindings: Vec<&str> = objects(&all, "RoleBinding")

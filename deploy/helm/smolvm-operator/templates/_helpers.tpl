@@ -12,18 +12,6 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- end }}
 
 {{/*
-The labels of the webhook's TLS Secret (self-signed mode): kustomize's and the release's name only,
-none that changes with the chart's version. The webhook fills the Secret with a replace that
-carries every label it read and sets app.kubernetes.io/managed-by to itself, so it co-owns them;
-a label that Helm's server-side apply later changes (helm.sh/chart, app.kubernetes.io/version on
-an upgrade) or takes back (managed-by) would be a conflict that stops `helm upgrade`.
-*/}}
-{{- define "smolvm-operator.selfManagedLabels" -}}
-app.kubernetes.io/part-of: smolvm-operator
-app.kubernetes.io/instance: {{ .Release.Name }}
-{{- end }}
-
-{{/*
 An image reference from images.operator or images.runtime: repository@digest when a digest is
 given, else repository:tag (the tag defaulting to the chart's appVersion).
 Call: include "smolvm-operator.image" (list . .Values.images.operator)
