@@ -6,6 +6,16 @@
 //!
 //! Last in the tier: it replaces the kustomize install the other scenarios use. Helm is the one
 //! `make cluster-e2e` installs (.ci/install-helm.sh: `SMOLVM_HELM`), or a `helm` on PATH.
+//!
+//! Uninstalling and installing again on one kube-apiserver process meets kubernetes/kubernetes
+//! issue 130887 (seen here on 1.36.2): once no ValidatingAdmissionPolicyBinding of a policy with
+//! a ConfigMap `paramKind` is left, even for a second, the API server's ConfigMap param informer
+//! stops for good and its store freezes, so the holder policy's param (the ConfigMap
+//! smolvm-holder-policy) a new install creates is never found: `no params found for policy
+//! binding with Deny parameterNotFoundAction`, and every Pod the policy matches, anyone's, is
+//! refused until kube-apiserver restarts. The scenario keeps one such binding of its own for
+//! its whole run (keep_param_informer_alive), so the switch from kustomize to Helm never empties
+//! the set; it checks that a plain Pod is admitted after the install, which is how it was found.
 
 use std::process::Command;
 
@@ -88,6 +98,35 @@ fn undeploy_kustomize(ctx: &Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A policy with a ConfigMap `paramKind` that judges nothing (it matches only LimitRange creates
+/// and admits them) and its binding, so that the API server keeps its ConfigMap param informer
+/// while the product's own holder binding is gone between the two installs (module header).
+fn keep_param_informer_alive(ctx: &Ctx) -> anyhow::Result<()> {
+    let objects = r#"
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {name: cluster-e2e-configmap-params}
+spec:
+  failurePolicy: Ignore
+  paramKind: {apiVersion: v1, kind: ConfigMap}
+  matchConstraints:
+    resourceRules:
+      - {apiGroups: [""], apiVersions: ["v1"], operations: ["CREATE"], resources: ["limitranges"]}
+  validations:
+    - expression: "true"
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {name: cluster-e2e-configmap-params}
+spec:
+  policyName: cluster-e2e-configmap-params
+  paramRef: {name: cluster-e2e-configmap-params, namespace: default, parameterNotFoundAction: Allow}
+  validationActions: ["Deny"]
+"#;
+    kubectl_ok(ctx, &["apply", "--server-side", "-f", "-"], Some(objects))?;
+    Ok(())
+}
+
 /// The release's objects as `helm get manifest` lists them: (kind, namespace, name).
 fn release_objects(ctx: &Ctx) -> anyhow::Result<Vec<(String, String, String)>> {
     let manifest = helm(ctx, &["get", "manifest", RELEASE, "-n", NS])?;
@@ -131,6 +170,7 @@ async fn webhook_ready(ctx: &Ctx, replicas: i32) -> anyhow::Result<()> {
 
 pub(super) async fn the_helm_chart_installs_upgrades_and_uninstalls(ctx: &mut Ctx) -> anyhow::Result<()> {
     let helm_version = helm(ctx, &["version", "--short"])?;
+    keep_param_informer_alive(ctx)?;
     let started = Instant::now();
     undeploy_kustomize(ctx)?;
     println!(
@@ -194,6 +234,52 @@ pub(super) async fn the_helm_chart_installs_upgrades_and_uninstalls(ctx: &mut Ct
         started.elapsed().as_secs_f64(),
         node.status.and_then(|s| s.endpoint).map(|e| e.address)
     );
+
+    // Pods anyone else makes are still admitted: the holder policy (its param the chart's
+    // ConfigMap smolvm-holder-policy) judges only the controller's writes.
+    let param = kubectl_ok(
+        ctx,
+        &[
+            "get",
+            "configmap",
+            "smolvm-holder-policy",
+            "-n",
+            NS,
+            "-o",
+            "jsonpath={.data.holderImage}",
+        ],
+        None,
+    )?;
+    ensure!(param == RUNTIME_IMAGE, "the holder policy's param names {param:?}");
+    let pod = format!(
+        r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"after-helm","namespace":"default"}},
+        "spec":{{"containers":[{{"name":"probe","image":"{PROBE_IMAGE}","imagePullPolicy":"Never"}}]}}}}"#
+    );
+    kubectl_ok(ctx, &["create", "--dry-run=server", "-f", "-"], Some(&pod))
+        .context("a plain Pod after helm install")?;
+
+    // Pods anyone else makes are still admitted: the holder policy (its param the chart's
+    // ConfigMap smolvm-holder-policy) judges only the controller's writes.
+    let param = kubectl_ok(
+        ctx,
+        &[
+            "get",
+            "configmap",
+            "smolvm-holder-policy",
+            "-n",
+            NS,
+            "-o",
+            "jsonpath={.data.holderImage}",
+        ],
+        None,
+    )?;
+    ensure!(param == RUNTIME_IMAGE, "the holder policy's param names {param:?}");
+    let pod = format!(
+        r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"after-helm","namespace":"default"}},
+        "spec":{{"containers":[{{"name":"probe","image":"{PROBE_IMAGE}","imagePullPolicy":"Never"}}]}}}}"#
+    );
+    kubectl_ok(ctx, &["create", "--dry-run=server", "-f", "-"], Some(&pod))
+        .context("a plain Pod after helm install (kubernetes/kubernetes#130887: see the module header)")?;
 
     // The example through the webhook, as in the kustomize scenario.
     super::the_example_is_defaulted_validated_placed_and_created(ctx).await?;
