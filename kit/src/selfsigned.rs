@@ -189,14 +189,17 @@ pub fn is_placeholder(secret: &Secret) -> bool {
 
 /// `existing` holding `material`, to be written with `replace`: its `resourceVersion` (the
 /// precondition), type (immutable), labels and annotations are kept, and the managed-by label
-/// is added.
+/// is added where the Secret has none. An installer's own (Helm's `managed-by: Helm`) stays: the
+/// write then changes the data only, so the installer's next server-side apply of the Secret
+/// finds no field of its own taken over, and no conflict.
 pub fn filled(cfg: &SelfSignedConfig, existing: &Secret, material: &Material) -> Secret {
     let mut next = existing.clone();
     next.metadata.managed_fields = None;
     next.metadata
         .labels
         .get_or_insert_with(BTreeMap::new)
-        .insert(MANAGED_BY.to_string(), cfg.manager.to_string());
+        .entry(MANAGED_BY.to_string())
+        .or_insert_with(|| cfg.manager.to_string());
     next.data = Some(secret_data(material));
     next.string_data = None;
     next
@@ -596,9 +599,27 @@ mod tests {
             ..Default::default()
         };
         assert!(is_placeholder(&empty));
-        let filled = filled(&c, &empty, &m);
-        assert_eq!(material_from_secret(&filled).ok(), Some(m));
-        assert_eq!(filled.type_, None, "the existing type is kept");
+        let filled_empty = filled(&c, &empty, &m);
+        assert_eq!(material_from_secret(&filled_empty).ok(), Some(m.clone()));
+        assert_eq!(filled_empty.type_, None, "the existing type is kept");
+        assert_eq!(
+            filled_empty.metadata.labels.as_ref().and_then(|l| l.get(MANAGED_BY)),
+            Some(&c.manager.to_string()),
+            "an unlabelled placeholder is labelled as the webhook's"
+        );
+        // A placeholder an installer labelled (Helm's chart) keeps every label as it was.
+        let labels = BTreeMap::from([
+            (MANAGED_BY.to_string(), "Helm".to_string()),
+            ("helm.sh/chart".to_string(), "smolvm-operator-0.1.0".to_string()),
+        ]);
+        let labelled = Secret {
+            metadata: ObjectMeta {
+                labels: Some(labels.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert_eq!(filled(&c, &labelled, &m).metadata.labels, Some(labels));
     }
 
     #[test]

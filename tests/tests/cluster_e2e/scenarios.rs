@@ -31,9 +31,11 @@ use smolvm_tests::{
 
 use crate::{DONE_MARKER, InnerSettings};
 
+mod helm;
 mod monitoring;
 mod quota;
 mod volumes;
+use helm::the_helm_chart_installs_upgrades_and_uninstalls;
 use monitoring::prometheus_scrapes_the_pods_and_fires_webhook_down_when_the_webhook_stops;
 use quota::quota_counts_are_enforced_natively_and_the_products_figures_survive_the_quota_controller;
 use volumes::volumes_are_mounted_by_the_kubelet_and_passed_to_smolvm;
@@ -69,8 +71,10 @@ fn all() -> Vec<(&'static str, Scenario)> {
         volumes_are_mounted_by_the_kubelet_and_passed_to_smolvm,
         a_pod_on_the_bridge_reaches_the_node_address,
         the_controller_pod_deleted_hands_the_lease_over,
-        // Last: it stops the webhook (and brings it back).
+        // It stops the webhook (and brings it back).
         prometheus_scrapes_the_pods_and_fires_webhook_down_when_the_webhook_stops,
+        // Last: it replaces the kustomize install with the Helm chart's, then uninstalls it.
+        the_helm_chart_installs_upgrades_and_uninstalls,
     ]
 }
 

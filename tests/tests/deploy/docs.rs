@@ -23,6 +23,9 @@ pub(super) fn makefile_offers_the_deploy_targets() {
         "deploy",
         "undeploy",
         "run",
+        "helm-lint",
+        "helm-package",
+        "scan",
     ] {
         assert!(
             help.lines().any(|l| l.split_whitespace().next() == Some(target)),

@@ -4,6 +4,7 @@
 //! The manifest tests render every kustomization with `kubectl kustomize` (kustomize v5, as in
 //! kubectl 1.27 and later). Without such a kubectl they print `skipped: …` and return: they never
 //! pass by pretending. The script tests run the scripts the Dockerfile runs, outside Docker.
+//! The Helm chart's tests (helm.rs) render it with `helm template` and compare it with kustomize.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -264,6 +265,7 @@ fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool 
 mod cluster_images;
 mod dockerfile;
 mod docs;
+mod helm;
 mod images;
 mod monitoring;
 mod network_policy;
@@ -277,6 +279,8 @@ mod workloads;
 use dockerfile::*;
 #[allow(unused_imports)]
 use docs::*;
+#[allow(unused_imports)]
+use helm::*;
 #[allow(unused_imports)]
 use images::*;
 #[allow(unused_imports)]

@@ -25,11 +25,14 @@ pub(super) fn check_no_secret_material(object: &Value, place: &str) {
 #[test]
 pub(super) fn no_secret_material_ships_in_any_manifest() {
     // No generator either: the node API token is created at install by the controller, random;
-    // the webhook's TLS Secret ships empty and the webhook fills it.
+    // the webhook's TLS Secret ships empty and the webhook fills it. The chart's templates are
+    // YAML only once rendered: helm.rs checks its renders.
     fn walk(dir: &Path) {
         for entry in std::fs::read_dir(dir).expect("read deploy/").flatten() {
             let path = entry.path();
-            if path.is_dir() {
+            if path.is_dir() && path.ends_with("helm/smolvm-operator/templates") {
+                continue;
+            } else if path.is_dir() {
                 walk(&path);
             } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
                 let text = std::fs::read_to_string(&path).expect("read a manifest");
