@@ -10,12 +10,13 @@
 //! Uninstalling and installing again on one kube-apiserver process meets kubernetes/kubernetes
 //! issue 130887 (seen here on 1.36.2): once no ValidatingAdmissionPolicyBinding of a policy with
 //! a ConfigMap `paramKind` is left, even for a second, the API server's ConfigMap param informer
-//! stops for good and its store freezes, so the holder policy's param (the ConfigMap
+//! stops for good and its store freezes, so the holder image policy's param (the ConfigMap
 //! smolvm-holder-policy) a new install creates is never found: `no params found for policy
-//! binding with Deny parameterNotFoundAction`, and every Pod the policy matches, anyone's, is
-//! refused until kube-apiserver restarts. The scenario keeps one such binding of its own for
-//! its whole run (keep_param_informer_alive), so the switch from kustomize to Helm never empties
-//! the set; it checks that a plain Pod is admitted after the install, which is how it was found.
+//! binding with Deny parameterNotFoundAction`, and every Pod the policy matches is refused until
+//! kube-apiserver restarts (every Pod in the cluster, before that policy was matched to holder
+//! Pods only). The scenario keeps one such binding of its own for its whole run
+//! (keep_param_informer_alive), so the switch from kustomize to Helm never empties the set; it
+//! checks that a plain Pod is admitted after the install, which is how it was found.
 
 use std::process::Command;
 
