@@ -471,6 +471,23 @@ pub(crate) async fn expect_event(env: &Env, name: &str, reason: &str) -> anyhow:
 
 // ---- scenarios --------------------------------------------------------------------------------
 
+/// `kubectl explain PATH` succeeds for each path and its text holds each of the words.
+fn explains(env: &Env, cases: &[(&str, &[&str])]) -> anyhow::Result<()> {
+    for (path, words) in cases {
+        let out = env.kubectl(&["explain", path], None)?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        ensure!(
+            out.status.success(),
+            "kubectl explain {path}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for word in *words {
+            ensure!(text.contains(word), "kubectl explain {path} lacks {word}:\n{text}");
+        }
+    }
+    Ok(())
+}
+
 pub(crate) async fn crds_install_and_explain_teaches_the_api(env: &mut Env) -> anyhow::Result<()> {
     let out = env.kubectl(&["explain", "smolvm.spec.resources"], None)?;
     ensure!(
@@ -492,26 +509,18 @@ pub(crate) async fn crds_install_and_explain_teaches_the_api(env: &mut Env) -> a
         "spec.resources has no description:\n{text}"
     );
     // The workload's fields teach themselves too.
-    for (path, words) in [
-        ("smolvm.spec.env.valueFrom", &["secretKeyRef", "configMapKeyRef"][..]),
-        ("smolvm.spec.restartPolicy", &["OnFailure", "Always"][..]),
-        ("smolvm.spec.imagePullSecrets", &["registry"][..]),
-        // Classes: what a class fills, and how a SmolVM names one.
-        ("smolvm.spec.className", &["SmolVMClass", "CREATE"][..]),
-        ("smolvmclass", &["instance type", "is-default-class"][..]),
-        ("smolvmclass.spec.resources", &["cpus", "memoryMiB"][..]),
-    ] {
-        let out = env.kubectl(&["explain", path], None)?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        ensure!(
-            out.status.success(),
-            "kubectl explain {path}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        for word in words {
-            ensure!(text.contains(word), "kubectl explain {path} lacks {word}:\n{text}");
-        }
-    }
+    explains(
+        env,
+        &[
+            ("smolvm.spec.env.valueFrom", &["secretKeyRef", "configMapKeyRef"][..]),
+            ("smolvm.spec.restartPolicy", &["OnFailure", "Always"][..]),
+            ("smolvm.spec.imagePullSecrets", &["registry"][..]),
+            // Classes: what a class fills, and how a SmolVM names one.
+            ("smolvm.spec.className", &["SmolVMClass", "CREATE"][..]),
+            ("smolvmclass", &["instance type", "is-default-class"][..]),
+            ("smolvmclass.spec.resources", &["cpus", "memoryMiB"][..]),
+        ],
+    )?;
     let out = env.kubectl(
         &[
             "get",
@@ -621,28 +630,20 @@ pub(crate) async fn v16_volumes_are_validated_with_every_violation_and_explained
             "[V16]",
         ],
     )?;
-    for (path, words) in [
-        ("smolvm.spec.volumes", &["holder Pod", "VolumesReady"][..]),
-        (
-            "smolvm.spec.volumes.claimTemplate.whenDeleted",
-            &["Retain", "Delete"][..],
-        ),
-        (
-            "smolvm.spec.volumes.claimTemplate.spec.accessModes",
-            &["DESCRIPTION"][..],
-        ),
-    ] {
-        let out = env.kubectl(&["explain", path], None)?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        ensure!(
-            out.status.success(),
-            "kubectl explain {path}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        for word in words {
-            ensure!(text.contains(word), "kubectl explain {path} lacks {word}:\n{text}");
-        }
-    }
+    explains(
+        env,
+        &[
+            ("smolvm.spec.volumes", &["holder Pod", "VolumesReady"][..]),
+            (
+                "smolvm.spec.volumes.claimTemplate.whenDeleted",
+                &["Retain", "Delete"][..],
+            ),
+            (
+                "smolvm.spec.volumes.claimTemplate.spec.accessModes",
+                &["DESCRIPTION"][..],
+            ),
+        ],
+    )?;
     Ok(())
 }
 
