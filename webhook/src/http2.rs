@@ -247,6 +247,10 @@ impl hyper::body::Body for Body {
                 }
                 Poll::Ready(Some(Ok(Frame::data(data))))
             }
+            // The client reset the stream: `answer` sees the reset beside this body and cancels
+            // the answer, so the reader is left waiting rather than told of an error it would
+            // answer (and count) to nobody.
+            Some(Err(error)) if error.is_reset() && error.is_remote() => Poll::Pending,
             Some(Err(error)) => Poll::Ready(Some(Err(error))),
             None => {
                 // The whole body is in: nothing more can come in the held capacity's place.

@@ -111,15 +111,21 @@ where
             None => break,
         }
     }
-    // The rest is in flight: a reader slot (when none is free, the longest-held is displaced),
-    // the idle timeout and the deadline.
+    // The rest is in flight: a reader slot (when none is free, a short grace for a body a moment
+    // behind its head, then the longest-held slot is displaced), the idle timeout and the
+    // deadline.
     let idle = state.body_idle_timeout;
     let reader = match state.bodies.try_take() {
         Some(reader) => reader,
-        None => match state.bodies.take_displacing(idle).await {
-            Some(reader) => reader,
-            None => return Err(RequestError::BodiesBusy(state.max_concurrent_bodies)),
-        },
+        None => {
+            if read_in_grace(&mut body, &mut collected).await? {
+                return collected.finish();
+            }
+            match state.bodies.take_displacing(idle).await {
+                Some(reader) => reader,
+                None => return Err(RequestError::BodiesBusy(state.max_concurrent_bodies)),
+            }
+        }
     };
     on_reader(&mut body);
     let deadline = tokio::time::Instant::from_std(start) + state.body_timeout;
@@ -153,6 +159,38 @@ where
             }
         }
     }
+}
+
+/// How long a body a moment behind its head (over HTTP/2, the DATA frame after the HEADERS) is
+/// read without a reader slot when none is free, and how much of it: a review's body comes whole
+/// in milliseconds and so never queues behind trickling bodies for a slot, while a trickle gets
+/// no more than this before it must hold one.
+const GRACE: Duration = Duration::from_millis(200);
+
+/// At most this much of a body is read in [`GRACE`]: HTTP/2's smallest window, so a connection
+/// in grace holds no more than one held for a reader slot does.
+const GRACE_BYTES: usize = smolvm_kit::http2::MIN_WINDOW as usize;
+
+/// Reads `body` for at most [`GRACE`] and [`GRACE_BYTES`], holding no reader slot. Whether the
+/// body is now whole.
+async fn read_in_grace<B>(body: &mut B, collected: &mut Collected) -> std::result::Result<bool, RequestError>
+where
+    B: HttpBody<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    let deadline = tokio::time::Instant::now() + GRACE;
+    while collected.seen <= GRACE_BYTES {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(frame)) => {
+                if !collected.push(frame)? || body.is_end_stream() {
+                    return Ok(true);
+                }
+            }
+            Ok(None) => return Ok(true),
+            Err(_) => return Ok(false),
+        }
+    }
+    Ok(false)
 }
 
 /// A body being read: at most `limit` bytes kept; a longer one is read on (and dropped) up to

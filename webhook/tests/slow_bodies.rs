@@ -260,17 +260,20 @@ async fn slow_bodies_are_shed_with_a_clear_answer() {
             assert_eq!(body["response"]["allowed"], true, "{version:?}: {body}");
         }
     }
-    // Those reviews' bodies are usually all there when read, so they may never need a slot. One
-    // whose body is surely still arriving (its head first, its body a moment later) needs one,
-    // and displaces the trickle that has held its slot longest. It is answered 200, or 408
-    // BodyDisplaced when the displaced trickles reconnect before its body is in and one of them
-    // displaces it in turn (it then holds its slot longest).
+    // Those reviews' bodies are all there when read, or come whole within the grace a body a
+    // moment behind its head is read in without a slot (200 ms), so they never need a slot. One
+    // whose body is still arriving past that grace (its head and half its body, the rest 300 ms
+    // later) needs one, and displaces the trickle that has held its slot longest. It is answered
+    // 200, or 408 BodyDisplaced when the displaced trickles reconnect before its body is in and
+    // one of them displaces it in turn (it then holds its slot longest).
     let mut arriving = raw_tls(&h).await;
     ok(arriving
         .write_all(head("/validate/smolvms", body.len()).as_bytes())
         .await);
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    ok(arriving.write_all(&body).await);
+    let (first, rest) = body.split_at(body.len() / 2);
+    ok(arriving.write_all(first).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ok(arriving.write_all(rest).await);
     let text = answer(&mut arriving).await;
     assert!(
         text.starts_with("HTTP/1.1 200") || text.contains("\"reason\":\"BodyDisplaced\""),
