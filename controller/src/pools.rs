@@ -522,28 +522,31 @@ pub fn slot_vm(pool: &SmolVMPool, classes: &Vec<SmolVMClass>) -> Result<SmolVM, 
     serde_json::from_value(filled).map_err(|e| format!("the template does not make a SmolVM: {e}"))
 }
 
-/// The retries of ApplyPool, per `(node, node pool)`.
-#[derive(Debug, Default)]
-struct Backoff(HashMap<(String, String), (u32, Instant, String)>);
+/// The retries of ApplyPool, per `(node, node pool)`, each with its last failure's message.
+#[derive(Debug)]
+struct Backoff(smolvm_kit::backoff::Backoff<(String, String), String>);
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff(smolvm_kit::backoff::Backoff::new(smolvm_kit::backoff::Schedule::new(
+            RETRY_FIRST,
+            RETRY_MAX,
+        )))
+    }
+}
 
 impl Backoff {
     /// Whether `key` may be tried at `now`.
     fn due(&self, key: &(String, String), now: Instant) -> bool {
-        self.0.get(key).is_none_or(|(count, at, _)| {
-            let wait = RETRY_FIRST
-                .saturating_mul(1 << (*count).saturating_sub(1).min(5))
-                .min(RETRY_MAX);
-            now.duration_since(*at) >= wait
-        })
+        self.0.due(key, now)
     }
 
     fn failed(&mut self, key: (String, String), message: String, now: Instant) {
-        let count = self.0.get(&key).map_or(1, |(c, _, _)| c.saturating_add(1));
-        self.0.insert(key, (count, now, message));
+        self.0.failed(key, now, message);
     }
 
     fn succeeded(&mut self, key: &(String, String)) {
-        self.0.remove(key);
+        self.0.succeeded(key);
     }
 
     /// The last failure's message on each node, for the node pool `name`.
@@ -551,7 +554,7 @@ impl Backoff {
         self.0
             .iter()
             .filter(|((_, pool), _)| pool == name)
-            .map(|((node, _), (_, _, message))| (node.clone(), message.clone()))
+            .map(|((node, _), failures)| (node.clone(), failures.last.clone()))
             .collect()
     }
 }

@@ -6,9 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::json;
 use smolvm_api::constants::{ANNOTATION_MIRRORED_LABELS, LABEL_GPU_COUNT, LABEL_GUEST_BOOTABLE, LABEL_NODE};
-use smolvm_controller::tasks::node_labels::{
-    label_patch, merge_labels, parse_mirrored, plan, render_mirrored, retry_after,
-};
+use smolvm_controller::tasks::node_labels::{RETRY, label_patch, merge_labels, parse_mirrored, plan, render_mirrored};
 
 fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
@@ -196,7 +194,7 @@ fn plan_table() {
 fn retries_double_from_one_second_to_five_minutes() {
     let waits: Vec<u64> = [1, 2, 3, 4, 9, 10, 40, u32::MAX]
         .into_iter()
-        .map(|n| retry_after(n).as_secs())
+        .map(|n| RETRY.after(n).as_secs())
         .collect();
     assert_eq!(waits, [1, 2, 4, 8, 256, 300, 300, 300]);
 }

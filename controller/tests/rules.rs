@@ -15,7 +15,7 @@ use smolvm_api::{
 use smolvm_controller::vm::rules::{
     MachineAction, NodeHealth, Restart, RunGoal, Step, Want, exited_message, machine_action, machine_name,
     machine_resources, machine_spec, next_step, node_health, resize_shortfall, restart, restart_request, run_goal,
-    set_condition, step_events, transition_event, unsettled_delay,
+    set_condition, step_events, transition_event,
 };
 
 const UID: &str = "6f1c0a52-3b0e-4a57-9d0c-1f2e3d4c5b6a";
@@ -994,12 +994,17 @@ fn transition_event_table() {
 
 #[test]
 fn unsettled_passes_back_off() {
-    let delays: Vec<u64> = (1..=8).map(|n| unsettled_delay(n).as_secs()).collect();
+    // The schedule itself is kit's, table-tested there; this is the one the controller uses.
+    let schedule = smolvm_controller::vm::Unsettled::SCHEDULE;
+    let delays: Vec<u64> = (1..=8).map(|n| schedule.after(n).as_secs()).collect();
     assert_eq!(delays, vec![1, 2, 4, 8, 16, 30, 30, 30]);
-    assert_eq!(unsettled_delay(0).as_secs(), 1);
-    assert_eq!(unsettled_delay(u32::MAX).as_secs(), 30);
+    assert_eq!(schedule.after(u32::MAX).as_secs(), 30);
+    let unsettled = smolvm_controller::vm::Unsettled::default();
+    let waits: Vec<u64> = (0..3).map(|_| unsettled.bump("uid").as_secs()).collect();
+    assert_eq!(waits, vec![1, 2, 4]);
+    unsettled.reset("uid");
+    assert_eq!(unsettled.bump("uid").as_secs(), 1);
 }
-
 #[test]
 fn restart_request_table() {
     let with_request = |running: bool| {

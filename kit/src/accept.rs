@@ -26,33 +26,38 @@ use std::time::Duration;
 use axum_server::accept::Accept;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::backoff::{Backoff, Schedule};
 use crate::shares::{Refused, Share, Shares};
 
 /// Waits after failed accepts (out of file descriptors, mostly): 5 ms doubling to 1 s, as Go's
-/// `net/http` server does (the ops server, the port forwarder), back to nothing after a success. Retrying at once would spin a core
-/// while the descriptors stay gone.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct AcceptBackoff(Option<Duration>);
+/// `net/http` server does (the ops server, the port forwarder), back to nothing after a
+/// success. Retrying at once would spin a core while the descriptors stay gone. The accept
+/// loop's [`Backoff`], with one key.
+#[derive(Debug, Clone)]
+pub struct AcceptBackoff(Backoff<()>);
+
+impl Default for AcceptBackoff {
+    fn default() -> Self {
+        AcceptBackoff(Backoff::new(Self::SCHEDULE))
+    }
+}
 
 impl AcceptBackoff {
-    const FIRST: Duration = Duration::from_millis(5);
-    const MOST: Duration = Duration::from_secs(1);
+    const SCHEDULE: Schedule = Schedule::new(Duration::from_millis(5), Duration::from_secs(1));
 
     /// How long to wait after one more failure.
     pub fn failed(&mut self) -> Duration {
-        let wait = self.0.map_or(Self::FIRST, |d| (d * 2).min(Self::MOST));
-        self.0 = Some(wait);
-        wait
+        self.0.failed((), std::time::Instant::now(), ())
     }
 
     /// An accept succeeded.
     pub fn succeeded(&mut self) {
-        self.0 = None;
+        self.0.succeeded(&());
     }
 
     /// Whether the last accept failed.
     pub fn failing(&self) -> bool {
-        self.0.is_some()
+        !self.0.is_empty()
     }
 }
 

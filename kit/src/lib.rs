@@ -4,6 +4,7 @@
 //!
 //! - [`accept`]: the connection, handshake and handshake-time bounds of a TLS listener, in all
 //!   and per source address ([`shares`]);
+//! - [`backoff`]: the one retry backoff (failures in a row per key, a doubling schedule);
 //! - [`http2`]: HTTP/2 windows from a memory budget, and the idle timeout of a connection;
 //! - [`limits`]: the listener flags every binary takes (same names), checked into bounds;
 //! - [`serve`]: the accept loop of the TLS listeners, and HTTP over it for the node API and the
@@ -22,6 +23,7 @@
 //!   where the API server needs it, renewed and hot-swapped (the webhook, the access API).
 
 pub mod accept;
+pub mod backoff;
 pub mod cli;
 pub mod client;
 pub mod error;

@@ -8,6 +8,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use smolvm_kit::backoff::{Backoff, Schedule};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -100,11 +101,6 @@ pub struct RuntimeStatus {
     pub pid: Option<u32>,
     /// Times smolvm became ready (first start and every restart).
     pub generation: u64,
-}
-
-/// The next restart delay: doubled, capped.
-pub fn next_backoff(current: Duration, max: Duration) -> Duration {
-    current.saturating_mul(2).min(max)
 }
 
 /// A running supervisor.
@@ -225,7 +221,7 @@ async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let client = health_client(&config.socket);
-    let mut backoff = config.backoff_initial;
+    let mut restarts = Backoff::<()>::new(Schedule::new(config.backoff_initial, config.backoff_max));
     let mut first = true;
     loop {
         if *shutdown.borrow() {
@@ -257,10 +253,10 @@ async fn run(
                     let message = format!("cannot start {}: {error}", spawn.bin.display());
                     tracing::error!(%message);
                     mark_down(&status, &metrics, &message, None);
-                    if sleep_or_shutdown(backoff, &mut shutdown).await {
+                    let wait = restarts.failed((), std::time::Instant::now(), ());
+                    if sleep_or_shutdown(wait, &mut shutdown).await {
                         break;
                     }
-                    backoff = next_backoff(backoff, config.backoff_max);
                     continue;
                 }
             },
@@ -276,7 +272,7 @@ async fn run(
             &identity,
             &status,
             &mut shutdown,
-            &mut backoff,
+            &mut restarts,
         )
         .await;
         if let Some(child) = child.as_mut() {
@@ -285,12 +281,12 @@ async fn run(
         match outcome {
             Outcome::Shutdown => break,
             Outcome::Restart(message) => {
-                tracing::warn!(%message, delay_ms = backoff.as_millis() as u64, "smolvm serve down; restarting");
+                let wait = restarts.failed((), std::time::Instant::now(), ());
+                tracing::warn!(%message, delay_ms = wait.as_millis() as u64, "smolvm serve down; restarting");
                 mark_down(&status, &metrics, &message, None);
-                if sleep_or_shutdown(backoff, &mut shutdown).await {
+                if sleep_or_shutdown(wait, &mut shutdown).await {
                     break;
                 }
-                backoff = next_backoff(backoff, config.backoff_max);
             }
         }
     }
@@ -390,7 +386,7 @@ async fn supervise_once(
     identity: &Identity,
     status: &watch::Sender<RuntimeStatus>,
     shutdown: &mut watch::Receiver<bool>,
-    backoff: &mut Duration,
+    restarts: &mut Backoff<()>,
 ) -> Outcome {
     let started = tokio::time::Instant::now();
     let mut ready = false;
@@ -428,7 +424,7 @@ async fn supervise_once(
                     };
                     tracing::info!(version = %health.version, machines = machines.len(), "smolvm serve ready");
                     ready = true;
-                    *backoff = config.backoff_initial;
+                    restarts.succeeded(&());
                     delay = config.health_interval;
                     metrics.set_runtime_ready(true);
                     status.send_modify(|s| {
@@ -488,14 +484,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_doubles_to_the_cap() {
-        let max = Duration::from_secs(30);
-        let cases = [(500, 1_000), (1_000, 2_000), (16_000, 30_000), (30_000, 30_000)];
-        for (now, next) in cases {
-            assert_eq!(
-                next_backoff(Duration::from_millis(now), max),
-                Duration::from_millis(next)
-            );
-        }
+    fn restarts_wait_the_configured_schedule() {
+        let config = SupervisorConfig::new(PathBuf::from("smolvm.sock"), None);
+        let mut restarts = Backoff::<()>::new(Schedule::new(config.backoff_initial, config.backoff_max));
+        let now = std::time::Instant::now();
+        let waits: Vec<u128> = (0..8).map(|_| restarts.failed((), now, ()).as_millis()).collect();
+        assert_eq!(waits, [500, 1_000, 2_000, 4_000, 8_000, 16_000, 30_000, 30_000]);
+        restarts.succeeded(&());
+        assert_eq!(restarts.failed((), now, ()).as_millis(), 500);
     }
 }

@@ -15,7 +15,7 @@
 //! label), each writing one JSON merge patch with the controller's field manager, conditional on
 //! the SmolVMNode's resourceVersion so that a label set meanwhile is never overwritten unseen.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,6 +35,7 @@ use kube::{
 };
 use smolvm_api::SmolVMNode;
 use smolvm_api::constants::{AGENT_LABEL_PREFIX, ANNOTATION_MIRRORED_LABELS, FIELD_MANAGER_CONTROLLER, LABEL_NODE};
+use smolvm_kit::backoff::{Backoff, Schedule};
 
 use crate::vm::Error;
 
@@ -170,29 +171,20 @@ pub fn plan(
     label_patch(current, annotation, &merge, smolvm_node.resource_version.as_deref())
 }
 
-/// The first retry of a failed write; each further failure of the same node doubles it.
-const RETRY_FIRST: Duration = Duration::from_secs(1);
-/// The longest wait between two tries of the same node.
-const RETRY_MAX: Duration = Duration::from_secs(300);
+/// The retries of a failed write, per node: 1 s, doubling with each further failure of the same
+/// node, at most 5 minutes.
+pub const RETRY: Schedule = Schedule::new(Duration::from_secs(1), Duration::from_secs(300));
 /// A write that lost a race (409: the SmolVMNode changed since it was read) is tried again
 /// soon, from the newer version the watch brings.
 const RETRY_CONFLICT: Duration = Duration::from_millis(500);
-
-/// The wait before trying a node again after its `failures`-th failure in a row (1 s doubling,
-/// at most 5 minutes).
-pub fn retry_after(failures: u32) -> Duration {
-    RETRY_FIRST
-        .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(16)))
-        .min(RETRY_MAX)
-}
 
 /// What the task's reconciles share.
 struct Mirror {
     smolvm_nodes: Api<SmolVMNode>,
     /// The SmolVMNodes' metadata, as the watch last saw it.
     cache: Store<PartialObjectMeta<SmolVMNode>>,
-    /// Failures in a row, by node name (the retry schedule's key).
-    failures: Mutex<HashMap<String, u32>>,
+    /// Failures in a row, by node name, on [`RETRY`].
+    failures: Mutex<Backoff<String>>,
 }
 
 /// Keeps every SmolVMNode's labels in step with its Node's, until the task is dropped. Only the
@@ -224,7 +216,7 @@ pub async fn run(client: Client) {
     let mirror = Arc::new(Mirror {
         smolvm_nodes: Api::all(client),
         cache,
-        failures: Mutex::default(),
+        failures: Mutex::new(Backoff::new(RETRY)),
     });
     Controller::for_stream(node_changes, nodes)
         .watches_stream(smolvm_node_changes, |n| Some(ObjectRef::new(&n.name_any())))
@@ -251,22 +243,25 @@ async fn reconcile(node: Arc<PartialObjectMeta<Node>>, mirror: Arc<Mirror>) -> R
         mirror.smolvm_nodes.patch(&name, &params, &Patch::Merge(&patch)).await?;
         tracing::info!(node = %name, "the Node's labels mirrored onto its SmolVMNode");
     }
-    mirror.failures.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+    mirror
+        .failures
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .succeeded(&name);
     Ok(Action::await_change())
 }
 
 /// A failed write is tried again: soon after a lost race, else on the node's retry schedule.
 fn error_policy(node: Arc<PartialObjectMeta<Node>>, error: &Error, mirror: Arc<Mirror>) -> Action {
     let name = node.name_any();
-    let failures = {
+    let (failures, scheduled) = {
         let mut failures = mirror.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let count = failures.entry(name.clone()).or_default();
-        *count = count.saturating_add(1);
-        *count
+        let wait = failures.failed(name.clone(), std::time::Instant::now(), ());
+        (failures.get(&name).map_or(1, |f| f.count), wait)
     };
     let wait = match error.reason() {
         "Conflict" => RETRY_CONFLICT,
-        _ => retry_after(failures),
+        _ => scheduled,
     };
     tracing::warn!(node = %name, reason = error.reason(), %error, failures, retry_in = ?wait, "mirroring the Node's labels failed");
     Action::requeue(wait)

@@ -46,6 +46,7 @@ use kube::{
     runtime::{WatchStreamExt, controller::Action, reflector, reflector::Store, watcher},
 };
 use smolvm_api::{SmolVM, SmolVMNode};
+use smolvm_kit::backoff::{Backoff, Schedule};
 
 use crate::{nodeclient::NodeClient, placement};
 
@@ -240,22 +241,31 @@ impl PoolsWake {
     }
 }
 
-/// Counts, per VM UID, the consecutive passes that did not settle.
-#[derive(Debug, Default)]
-pub struct Unsettled(std::sync::Mutex<std::collections::HashMap<String, u32>>);
+/// The passes of each VM (by UID) that did not settle in a row, and the wait before the next:
+/// 1 s, doubling, at most 30 s, so a runtime that never settles (the machine still on its way,
+/// e.g. a runtime that never reports Running) is not hammered.
+#[derive(Debug)]
+pub struct Unsettled(std::sync::Mutex<Backoff<String>>);
+
+impl Default for Unsettled {
+    fn default() -> Self {
+        Unsettled(std::sync::Mutex::new(Backoff::new(Self::SCHEDULE)))
+    }
+}
 
 impl Unsettled {
-    /// Records one more unsettled pass of `uid`; returns how many in a row.
-    pub fn bump(&self, uid: &str) -> u32 {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let n = map.entry(uid.to_string()).or_default();
-        *n = n.saturating_add(1);
-        *n
+    /// 1 s doubling to 30 s.
+    pub const SCHEDULE: Schedule = Schedule::new(Duration::from_secs(1), Duration::from_secs(30));
+
+    /// One more pass of `uid` did not settle; the wait before the next.
+    pub fn bump(&self, uid: &str) -> Duration {
+        let mut backoff = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        backoff.failed(uid.to_string(), std::time::Instant::now(), ())
     }
 
     /// `uid` settled (or is gone): its count starts again.
     pub fn reset(&self, uid: &str) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).succeeded(uid);
     }
 }
 
@@ -314,14 +324,16 @@ impl Context {
 /// The starts that failed in a row, per VM UID and generation, and when the last one did: a
 /// start is held back for 10 s after the first failure, doubling to 5 minutes, as the kubelet
 /// backs off a crashing container. A new generation (the spec changed) starts again at once.
-#[derive(Debug, Default)]
-pub struct StartFailures(std::sync::Mutex<std::collections::HashMap<String, StartFailure>>);
+#[derive(Debug)]
+pub struct StartFailures(std::sync::Mutex<Backoff<String, Option<i64>>>);
 
-#[derive(Debug, Clone, Copy)]
-struct StartFailure {
-    generation: Option<i64>,
-    count: u32,
-    at: std::time::Instant,
+impl Default for StartFailures {
+    fn default() -> Self {
+        StartFailures(std::sync::Mutex::new(Backoff::new(Schedule::new(
+            Self::FIRST,
+            Self::MAX,
+        ))))
+    }
 }
 
 impl StartFailures {
@@ -332,28 +344,23 @@ impl StartFailures {
 
     /// A start of `uid` at `generation` failed at `at`.
     pub fn failed(&self, uid: &str, generation: Option<i64>, at: std::time::Instant) {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let count = match map.get(uid) {
-            Some(last) if last.generation == generation => last.count.saturating_add(1),
-            _ => 1,
-        };
-        map.insert(uid.to_string(), StartFailure { generation, count, at });
+        let mut backoff = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if backoff.get(uid).is_some_and(|last| last.last != generation) {
+            backoff.succeeded(uid);
+        }
+        backoff.failed(uid.to_string(), at, generation);
     }
 
     /// How long a start of `uid` at `generation` still waits at `now`; `None` when it may go.
     pub fn hold(&self, uid: &str, generation: Option<i64>, now: std::time::Instant) -> Option<Duration> {
-        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let last = map.get(uid).filter(|f| f.generation == generation)?;
-        let exponent = last.count.saturating_sub(1).min(8);
-        let backoff = Self::FIRST.saturating_mul(1u32 << exponent).min(Self::MAX);
-        backoff
-            .checked_sub(now.saturating_duration_since(last.at))
-            .filter(|w| !w.is_zero())
+        let backoff = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        backoff.get(uid).filter(|f| f.last == generation)?;
+        backoff.remaining(uid, now)
     }
 
     /// `uid` ran (or is gone): its failures are forgotten.
     pub fn reset(&self, uid: &str) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).succeeded(uid);
     }
 }
 

@@ -21,7 +21,6 @@ use serde_json::json;
 use smolvm_api::{SmolVM, constants::FIELD_MANAGER_CONTROLLER};
 
 use super::decide::{AnnotationDrop, ExposureWrite, Note, Outcome, Requeue};
-use super::rules;
 use super::{Context, Error};
 
 /// Writes an outcome and says when to look again.
@@ -134,7 +133,7 @@ async fn finish(ctx: &Context, api: &Api<SmolVM>, vm: &SmolVM, uid: &str, outcom
         }
         // Still on its way (e.g. a runtime that does not report Running yet): look again with a
         // backoff, so a runtime that never settles is not hammered.
-        Requeue::Unsettled => Action::requeue(rules::unsettled_delay(ctx.unsettled.bump(uid))),
+        Requeue::Unsettled => Action::requeue(ctx.unsettled.bump(uid)),
         Requeue::After(wait) => Action::requeue(wait),
     })
 }

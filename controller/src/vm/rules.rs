@@ -942,12 +942,3 @@ pub fn transition_event(
         note,
     })
 }
-
-/// How long to wait before the next pass after `passes` consecutive passes that did not settle
-/// (the machine still on its way, e.g. a runtime that never reports Running): 1 s, doubling, at
-/// most 30 s, so a runtime that never settles is not hammered.
-pub fn unsettled_delay(passes: u32) -> std::time::Duration {
-    const CAP_SECS: u64 = 30;
-    let exponent = passes.saturating_sub(1).min(5);
-    std::time::Duration::from_secs((1u64 << exponent).min(CAP_SECS))
-}
