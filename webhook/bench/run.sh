@@ -25,7 +25,7 @@
 # be given a CA).
 # Figures are printed, never asserted. At the end, each smolvm-webhook figure is set against
 # kube-rs's example and nginx from the same run (throughput ratios, and p99 at 2000/s). What it
-# printed on the development machine, and how to read it: webhook/bench/RESULTS.md.
+# printed on the development machine, and how to read it: docs/benchmarks.md, "History".
 #
 # Environment: SERVER_CPU (0), LOAD_CPU (1), SECONDS_PER_RUN (10), RATES ("2000 5000"),
 # LATENCY_SECONDS (20: measured seconds per target at each fixed rate), LATENCY_PRIORITY (20:
