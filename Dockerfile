@@ -20,6 +20,7 @@ COPY api/Cargo.toml api/Cargo.toml
 COPY certs/Cargo.toml certs/Cargo.toml
 COPY kit/Cargo.toml kit/Cargo.toml
 COPY webhook/Cargo.toml webhook/Cargo.toml
+COPY webhook-bench/Cargo.toml webhook-bench/Cargo.toml
 COPY controller/Cargo.toml controller/Cargo.toml
 COPY runtime/Cargo.toml runtime/Cargo.toml
 COPY testkit/Cargo.toml testkit/Cargo.toml

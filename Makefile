@@ -17,7 +17,7 @@ UNDEPLOY_TIMEOUT ?= 10m
 
 .PHONY: help
 help: ## List the targets.
-	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-21s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-21s %s\n", $$1, $$2}'
 
 .PHONY: generate
 generate: ## Generate the CRDs from the Rust types into deploy/crds/ and print them; then the chart's copies.
@@ -44,7 +44,7 @@ build: ## Build every binary.
 	$(CARGO) build --workspace --bins
 
 .PHONY: test
-test: ## Run every test tier (installs smolvm for the runtime's tests on first use).
+test: ## Run every test tier, and each benchmark once in test mode (installs smolvm for the runtime's tests on first use).
 	$(SMOLVM_ENV) && $(CARGO) test --workspace
 
 .PHONY: bench

@@ -32,8 +32,20 @@ async fn bare_relay(listener: TcpListener, upstream: SocketAddr) {
         });
     }
 }
-const VOLUME: usize = 256 << 20;
-const ROUND_TRIPS: usize = 2000;
+/// Bytes per stream and round trips per path under `cargo bench`; a sixteenth and a twentieth of
+/// them when `cargo test` runs the bench once to check that it still works (no `--bench`).
+fn volume() -> usize {
+    if measuring() { 256 << 20 } else { 16 << 20 }
+}
+
+fn round_trips() -> usize {
+    if measuring() { 2000 } else { 100 }
+}
+
+/// Whether `cargo bench` runs this (it passes `--bench`), not `cargo test`.
+fn measuring() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let rank = ((p / 100.0) * (sorted.len().saturating_sub(1)) as f64).round() as usize;
@@ -63,12 +75,12 @@ fn running(port: u16) -> Machine {
     }
 }
 
-/// Sends `VOLUME` bytes and reads the sink's 8-byte count back: MiB/s.
+/// Sends [`volume`] bytes and reads the sink's 8-byte count back: MiB/s.
 async fn throughput(at: SocketAddr) -> std::io::Result<f64> {
     let mut s = TcpStream::connect(at).await?;
     let chunk = vec![7u8; 1 << 20];
     let started = Instant::now();
-    for _ in 0..VOLUME / chunk.len() {
+    for _ in 0..volume() / chunk.len() {
         s.write_all(&chunk).await?;
     }
     s.shutdown().await?;
@@ -80,9 +92,9 @@ async fn throughput(at: SocketAddr) -> std::io::Result<f64> {
 
 /// One connection per round trip: connect, 64 bytes there, 64 back.
 async fn tcp_round_trips(at: SocketAddr) -> std::io::Result<Vec<Duration>> {
-    let mut out = Vec::with_capacity(ROUND_TRIPS);
+    let mut out = Vec::with_capacity(round_trips());
     let mut buf = [0u8; 64];
-    for _ in 0..ROUND_TRIPS {
+    for _ in 0..round_trips() {
         let started = Instant::now();
         let mut s = TcpStream::connect(at).await?;
         s.write_all(&[1u8; 64]).await?;
@@ -95,9 +107,9 @@ async fn tcp_round_trips(at: SocketAddr) -> std::io::Result<Vec<Duration>> {
 
 async fn udp_round_trips(at: SocketAddr) -> std::io::Result<Vec<Duration>> {
     let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).await?;
-    let mut out = Vec::with_capacity(ROUND_TRIPS);
+    let mut out = Vec::with_capacity(round_trips());
     let mut buf = [0u8; 64];
-    for _ in 0..ROUND_TRIPS {
+    for _ in 0..round_trips() {
         let started = Instant::now();
         socket.send_to(&[1u8; 64], at).await?;
         tokio::time::timeout(Duration::from_secs(2), socket.recv_from(&mut buf))
@@ -152,8 +164,9 @@ async fn run() -> std::io::Result<()> {
     let direct = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
     let forwarded = SocketAddr::new(NODE, port);
     println!(
-        "forwarder: {} MiB per stream, {ROUND_TRIPS} round trips each",
-        VOLUME >> 20
+        "forwarder: {} MiB per stream, {} round trips each",
+        volume() >> 20,
+        round_trips()
     );
     for (what, at) in [("direct   ", direct), ("forwarded", forwarded)] {
         let mib_s = throughput(at).await?;

@@ -29,9 +29,20 @@ pub struct SmolvmInstall {
 }
 
 /// Finds (or installs, once per test binary) smolvm. `Err` is the reason to skip.
+///
+/// With `SMOLVM_REQUIRE_SMOLVM` set (CI sets it), smolvm missing fails the test that asks, as
+/// promtool's tests do with `SMOLVM_REQUIRE_PROMTOOL`: a CI run whose smolvm install failed is
+/// never green with its smolvm tests skipped.
 pub fn smolvm_install() -> Result<SmolvmInstall, String> {
     static INSTALL: OnceLock<Result<SmolvmInstall, String>> = OnceLock::new();
-    INSTALL.get_or_init(locate_smolvm).clone()
+    let install = INSTALL.get_or_init(locate_smolvm).clone();
+    if let Err(reason) = &install {
+        assert!(
+            std::env::var_os("SMOLVM_REQUIRE_SMOLVM").is_none(),
+            "SMOLVM_REQUIRE_SMOLVM is set and smolvm is unavailable: {reason} (.ci/install-smolvm.sh installs it)"
+        );
+    }
+    install
 }
 
 fn locate_smolvm() -> Result<SmolvmInstall, String> {

@@ -9,7 +9,7 @@
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 
-(cd "$ROOT" && cargo build --release -p smolvm-webhook --features bench --bins)
+(cd "$ROOT" && cargo build --release -p smolvm-webhook -p smolvm-webhook-bench --bins)
 BIN=$TARGET/release
 WORK=$(mktemp -d)
 PID=

@@ -45,7 +45,7 @@ CONNS=${CONNECTIONS:-16}
 
 # The dist profile, as the image ships it (fat LTO; Cargo.toml says what it gives). The floor and
 # the load generator are built with it too.
-(cd "$ROOT" && cargo build --profile dist -p smolvm-webhook --features bench --bins)
+(cd "$ROOT" && cargo build --profile dist -p smolvm-webhook -p smolvm-webhook-bench --bins)
 BIN=$TARGET/dist
 WORK=$(mktemp -d)
 PIDS=()

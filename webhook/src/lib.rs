@@ -11,14 +11,11 @@
 //! - [`reload`]: policy and certificate file reloading.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`cli`]: the command-line flags.
-//! - [`client`]: an HTTPS client for tests and the benchmark (verifies certificates).
+//!
+//! The benchmark tools and the tests' HTTPS client are in `smolvm-webhook-bench`, never shipped.
 
-#[doc(hidden)]
-#[cfg(feature = "bench")]
-pub mod bench_support;
 pub mod bodies;
 pub mod cli;
-pub mod client;
 pub mod error;
 pub mod http2;
 pub mod listener;

@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use serde_json::json;
 use smolvm_api::fixtures;
-use smolvm_webhook::client::Version;
+use smolvm_webhook_bench::client::Version;
 use tokio::io::AsyncReadExt;
 
 #[tokio::test]
@@ -60,7 +60,7 @@ fn review_body() -> Vec<u8> {
 }
 
 async fn tls(h: &Harness, version: Version) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
-    let config = ok(smolvm_webhook::client::tls_config(h.ca.cert_pem(), version));
+    let config = ok(smolvm_webhook_bench::client::tls_config(h.ca.cert_pem(), version));
     let tcp = ok(tokio::net::TcpStream::connect(h.addr).await);
     let name = ok(rustls::pki_types::ServerName::try_from(SERVER_NAME));
     ok(tokio_rustls::TlsConnector::from(config).connect(name, tcp).await)

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::json;
 use smolvm_api::fixtures;
-use smolvm_webhook::client::{self, Version};
+use smolvm_webhook_bench::client::{self, Version};
 
 fn loopback(last: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::*;
 use serde_json::{Value, json};
 use smolvm_api::fixtures;
-use smolvm_webhook::client::{self, Version};
+use smolvm_webhook_bench::client::{self, Version};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 type Tls = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;

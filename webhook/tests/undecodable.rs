@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use serde_json::{Value, json};
 use smolvm_api::fixtures;
-use smolvm_webhook::client::Version;
+use smolvm_webhook_bench::client::Version;
 
 fn nodes() -> Vec<smolvm_api::SmolVMNode> {
     vec![fixtures::node("node-a", 8, 16_384, 500)]

@@ -14,7 +14,7 @@ use smolvm_api::{
     fixtures,
     validate::Identity,
 };
-use smolvm_webhook::client::{self, Version};
+use smolvm_webhook_bench::client::{self, Version};
 
 fn nodes() -> Vec<smolvm_api::SmolVMNode> {
     vec![
@@ -42,7 +42,7 @@ fn set(mut v: Value, pointer: &str, value: Value) -> Value {
 }
 
 /// The object as the API server stores it after the mutating webhook ran.
-async fn defaulted(conn: &mut smolvm_webhook::client::Connection, object: &Value) -> Value {
+async fn defaulted(conn: &mut smolvm_webhook_bench::client::Connection, object: &Value) -> Value {
     let (status, body) = post(
         conn,
         "/mutate/smolvms",

@@ -9,11 +9,11 @@ use serde_json::{Value, json};
 use smolvm_api::{Policy, SmolVMNode, validate::Identity};
 use smolvm_certs::{CertificateAuthority, ReloadableResolver};
 use smolvm_webhook::{
-    client::{self, Connection, Version},
     listener::{Listening, serve_tls},
     server::{admission_service, serve_ops},
     state::{AppState, PolicyHandle},
 };
+use smolvm_webhook_bench::client::{self, Connection, Version};
 
 pub const SERVER_NAME: &str = "smolvm-webhook.smolvm-system.svc";
 pub const DAY: Duration = Duration::from_secs(86_400);

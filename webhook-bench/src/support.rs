@@ -52,7 +52,7 @@ pub fn floor_router() -> axum::Router {
 }
 
 /// Wraps a TLS acceptor: sets TCP_NODELAY on connections that negotiated HTTP/2, as
-/// smolvm-webhook does ([`crate::listener::nodelay_if_http2`]).
+/// smolvm-webhook does ([`smolvm_webhook::listener::nodelay_if_http2`]).
 #[derive(Clone, Copy, Debug)]
 pub struct H2NoDelay<A>(pub A);
 
@@ -74,7 +74,7 @@ where
         let accepted = self.0.accept(stream, service);
         Box::pin(async move {
             let (tls, service) = accepted.await?;
-            crate::listener::nodelay_if_http2(&tls);
+            smolvm_webhook::listener::nodelay_if_http2(&tls);
             Ok((tls, service))
         })
     }

@@ -15,7 +15,7 @@ use rustls::{ClientConfig, pki_types::ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use crate::error::{Error, Result};
+use smolvm_webhook::{Error, Result};
 
 /// The HTTP version to speak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -29,13 +29,13 @@ fn main() -> std::process::ExitCode {
         let key = std::fs::read_to_string(&args.key).map_err(|e| e.to_string())?;
         let resolver = Arc::new(smolvm_certs::ReloadableResolver::from_pem(&cert, &key).map_err(|e| e.to_string())?);
         let config = smolvm_certs::server_config(resolver).map_err(|e| e.to_string())?;
-        let app = smolvm_webhook::bench_support::floor_router();
+        let app = smolvm_webhook_bench::support::floor_router();
         // TCP_NODELAY on HTTP/2 connections, as smolvm-webhook sets it.
         axum_server::bind_rustls(
             args.listen,
             axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(config)),
         )
-        .map(smolvm_webhook::bench_support::H2NoDelay)
+        .map(smolvm_webhook_bench::support::H2NoDelay)
         .serve(app.into_make_service())
         .await
         .map_err(|e| e.to_string())

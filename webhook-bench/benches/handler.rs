@@ -2,7 +2,7 @@
 //! (parse, rules, encode) and the whole admission service (routing, body read, review, metrics,
 //! response), next to the parse-and-echo floor's router for comparison.
 //!
-//! Run: `cargo bench -p smolvm-webhook --features bench --bench handler`
+//! Run: `cargo bench -p smolvm-webhook-bench --bench handler`
 //!
 //! For instruction counts, run one case a fixed number of times outside criterion, e.g.
 //! `HANDLER_BENCH=service-validate:2000 valgrind --tool=callgrind <bench binary>` and subtract a
@@ -31,11 +31,11 @@ use criterion::Criterion;
 use http_body_util::BodyExt;
 use smolvm_api::{Policy, SmolVMClass, SmolVMNode};
 use smolvm_webhook::{
-    bench_support::{floor_router, review_json},
     review::{Catalogs, Route, review},
     server::{Admission, admission_service},
     state::{AppState, PolicyHandle},
 };
+use smolvm_webhook_bench::support::{floor_router, review_json};
 use tower::ServiceExt;
 
 struct Setup {

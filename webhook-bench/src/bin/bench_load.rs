@@ -45,7 +45,7 @@ use std::{
 
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
-use smolvm_webhook::client::{self, Connection, Version};
+use smolvm_webhook_bench::client::{self, Connection, Version};
 
 #[derive(Parser)]
 struct Args {
@@ -528,7 +528,7 @@ fn by_status(m: &std::collections::BTreeMap<u16, u64>) -> String {
 /// A review of exactly `bytes` bytes (or the smallest one over the realistic review), padded
 /// with an annotation string or with managedFields made of small JSON objects.
 fn max_size_review(bytes: usize, shape: &str) -> Result<Vec<u8>, String> {
-    let mut review = smolvm_webhook::bench_support::review_json();
+    let mut review = smolvm_webhook_bench::support::review_json();
     let base = serde_json::to_vec(&review).map_err(|e| e.to_string())?.len();
     let room = bytes.saturating_sub(base + 64);
     match shape {
@@ -647,7 +647,7 @@ fn generate(dir: &std::path::Path) -> Result<(), String> {
     names.push("localhost".into());
     let leaf = ca.issue_server(&names, &[], year).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    let body = serde_json::to_vec(&smolvm_webhook::bench_support::review_json()).map_err(|e| e.to_string())?;
+    let body = serde_json::to_vec(&smolvm_webhook_bench::support::review_json()).map_err(|e| e.to_string())?;
     for (name, content) in [
         ("ca.crt", ca.cert_pem().as_bytes()),
         ("tls.crt", leaf.cert_pem.as_bytes()),
