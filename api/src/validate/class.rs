@@ -2,6 +2,7 @@
 //! rules V2, V3, V4 and V11 judge them (a class shares their paths), and at most one default.
 
 use crate::{
+    admission::Operation,
     class::SmolVMClass,
     constants::{ANNOTATION_IS_DEFAULT_CLASS, LABEL_CLASS},
 };

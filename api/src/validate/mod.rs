@@ -34,4 +34,6 @@ pub use node::{validate_smolvm_node, validate_smolvm_node_status};
 pub use pool::{validate_pooled_request, validate_smolvm_pool};
 pub use smolvm::validate_smolvm;
 pub use status::validate_smolvm_status;
-pub use verdict::{Finding, Operation, RuleId, Verdict};
+pub use verdict::{Finding, RuleId, Verdict};
+
+pub use crate::admission::Operation;

@@ -5,6 +5,7 @@
 use serde_json::Value;
 
 use crate::{
+    admission::Operation,
     pool::{POOLED_FIELDS, SmolVMPool},
     types::{SmolVM, SmolVMSpec},
 };

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::{
+    admission::Operation,
     constants::{
         FORCE_DELETE_ANNOTATION, FORCE_DELETE_VALUE, RECREATE_LOST_MACHINE_ANNOTATION, RECREATE_LOST_MACHINE_VALUE,
         condition, reason,
