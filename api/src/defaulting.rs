@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 pub use shape::{Finalizers, Members, Shape, SpecShape, SpecText};
 
 use crate::{
+    admission::Operation,
     class::{ClassCatalog, SmolVMClass, class_for},
     constants::{
         ANNOTATION_CLASS, ANNOTATION_CLASS_GENERATION, ANNOTATION_POOL_GENERATION, ANNOTATION_POOL_UID, FINALIZER,
@@ -34,7 +35,6 @@ use crate::{
         DEFAULT_RESTART_POLICY, DEFAULT_RUNNING, DEFAULT_STORAGE_GIB, DEFAULT_SUSPENDED,
         DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS, Network, Resources, SmolVM, Storage,
     },
-    validate::Operation,
 };
 
 /// Computes the defaulting patch for a SmolVM (rules M1 and M2).

@@ -32,7 +32,7 @@ pub fn alpine() -> Value {
 pub fn stored_alpine() -> Option<Value> {
     let object = alpine();
     let mut doc = object.clone();
-    let patch = crate::defaulting::default_smolvm(crate::validate::Operation::Create, &object);
+    let patch = crate::defaulting::default_smolvm(crate::admission::Operation::Create, &object);
     json_patch::patch(&mut doc, &patch).ok()?;
     Some(doc)
 }

@@ -5,6 +5,7 @@
 //! - [`pool`]: the `SmolVMPool` custom resource (warm pools) and the catalogue of pools.
 //! - [`constants`]: finalizer, annotations, labels, condition types and reasons.
 //! - [`policy`]: the admission policy (bounds, port range, identities) and its loader.
+//! - [`admission`]: the admission operation, which defaulting and validation both read.
 //! - [`defaulting`]: rules M1 to M3, as a minimal JSON Patch.
 //! - [`validate`]: rules V1 to V14, returning every violation and warning at once.
 //! - [`crd`]: the generated CustomResourceDefinitions.
@@ -16,6 +17,7 @@
 //!   names of the holder Pod and claims they get.
 //! - [`text`]: cleaning of other programs' messages before they reach users.
 
+pub mod admission;
 pub mod class;
 pub mod constants;
 pub mod crd;

@@ -8,9 +8,9 @@
 //!   name a request with [`Operation::name_of`] (the labels are [`Operation::name`]);
 //! - the access API builds the paths it forwards to with [`Operation::path`].
 //!
-//! A new operation is one row here (a variant, its [`Spec`], its [`JsonCall`] when it speaks
-//! JSON) and one handler in the agent, whose router matches every operation, so the compiler
-//! asks for it.
+//! A new operation is one row here (a variant, its [`Spec`] in its group of `rows` with its arm
+//! in [`Operation::spec`], its [`JsonCall`] when it speaks JSON) and one handler in the agent,
+//! whose router matches every operation, so the compiler asks for it.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -191,119 +191,31 @@ impl Operation {
     /// The label of a request that names no operation.
     pub const UNKNOWN: &'static str = "Unknown";
 
-    /// The operation's row.
+    /// The operation's row (its constant in `rows`, by group).
     pub fn spec(self) -> Spec {
-        use Method::{Delete, Get, Post, Put};
-        use Payload::{Channel, Empty, File, FileWritten, Json, OptionalJson, Text};
-        use Segment::{Fixed, Machine, Rest};
-        let (method, segments, query, request, response): (_, &'static [Segment], &'static [&'static str], _, _) =
-            match self {
-                Operation::Health => (Get, &[V, Fixed("health")], &[], Empty, Json("HealthResponse")),
-                Operation::Identity => (Get, &[V, Fixed("identity")], &[], Empty, Json("IdentityResponse")),
-                Operation::GetMachine => (Get, &[V, MACHINES, Machine], &[], Empty, Json("MachineStatus")),
-                Operation::CreateMachine => (
-                    Put,
-                    &[V, MACHINES, Machine],
-                    &[],
-                    Json("MachineSpec"),
-                    Json("MachineStatus"),
-                ),
-                Operation::DeleteMachine => (Delete, &[V, MACHINES, Machine], &[], Empty, Json("DeleteResponse")),
-                Operation::EnsureMachineRunning => (
-                    Post,
-                    &[V, MACHINES, Machine, Fixed("ensure-running")],
-                    &[],
-                    OptionalJson("StartRequest"),
-                    Json("MachineStatus"),
-                ),
-                Operation::StopMachine => (
-                    Post,
-                    &[V, MACHINES, Machine, Fixed("stop")],
-                    &[],
-                    Empty,
-                    Json("MachineStatus"),
-                ),
-                Operation::ResizeMachine => (
-                    Post,
-                    &[V, MACHINES, Machine, Fixed("resize")],
-                    &[],
-                    Json("ResizeSpec"),
-                    Json("MachineStatus"),
-                ),
-                Operation::SuspendMachine => (
-                    Post,
-                    &[V, MACHINES, Machine, Fixed("suspend")],
-                    &[],
-                    Empty,
-                    Json("MachineStatus"),
-                ),
-                Operation::ResumeMachine => (
-                    Post,
-                    &[V, MACHINES, Machine, Fixed("resume")],
-                    &[],
-                    Empty,
-                    Json("MachineStatus"),
-                ),
-                Operation::BindVolumes => (
-                    Put,
-                    &[V, MACHINES, Machine, Fixed("volumes")],
-                    &[],
-                    Json("VolumeMounts"),
-                    Json("MachineStatus"),
-                ),
-                Operation::MachineLogs => (
-                    Get,
-                    &[V, MACHINES, Machine, Fixed("logs")],
-                    &["source", "tail", "follow"],
-                    Empty,
-                    Text,
-                ),
-                Operation::ExecInMachine => (
-                    Post,
-                    &[V, MACHINES, Machine, Fixed("exec")],
-                    &[],
-                    Json("ExecRequest"),
-                    Json("ExecResponse"),
-                ),
-                Operation::ExecInteractive => (
-                    Get,
-                    &[V, MACHINES, Machine, Fixed("exec")],
-                    &["command", "stdin", "stdout", "stderr", "tty"],
-                    Channel,
-                    Channel,
-                ),
-                Operation::ReadFile => (Get, &[V, MACHINES, Machine, Fixed("files"), Rest], &[], Empty, File),
-                Operation::WriteFile => (
-                    Put,
-                    &[V, MACHINES, Machine, Fixed("files"), Rest],
-                    &["mode"],
-                    File,
-                    FileWritten,
-                ),
-                Operation::LeaseMachine => (
-                    Post,
-                    &[V, MACHINES, Machine, Fixed("lease")],
-                    &[],
-                    Json("LeaseRequest"),
-                    Json("MachineStatus"),
-                ),
-                Operation::ListPools => (Get, &[V, POOLS], &[], Empty, Json("PoolList")),
-                Operation::ApplyPool => (Put, &[V, POOLS, Machine], &[], Json("PoolSpec"), Json("PoolStatus")),
-                Operation::DeletePool => (Delete, &[V, POOLS, Machine], &[], Empty, Json("DeleteResponse")),
-                Operation::ResizePool => (
-                    Post,
-                    &[V, POOLS, Machine, Fixed("resize")],
-                    &[],
-                    Json("PoolResize"),
-                    Json("PoolStatus"),
-                ),
-            };
-        Spec {
-            method,
-            segments,
-            query,
-            request,
-            response,
+        use rows::*;
+        match self {
+            Operation::Health => HEALTH,
+            Operation::Identity => IDENTITY,
+            Operation::GetMachine => GET_MACHINE,
+            Operation::CreateMachine => CREATE_MACHINE,
+            Operation::DeleteMachine => DELETE_MACHINE,
+            Operation::EnsureMachineRunning => ENSURE_MACHINE_RUNNING,
+            Operation::StopMachine => STOP_MACHINE,
+            Operation::ResizeMachine => RESIZE_MACHINE,
+            Operation::SuspendMachine => SUSPEND_MACHINE,
+            Operation::ResumeMachine => RESUME_MACHINE,
+            Operation::BindVolumes => BIND_VOLUMES,
+            Operation::MachineLogs => MACHINE_LOGS,
+            Operation::ExecInMachine => EXEC_IN_MACHINE,
+            Operation::ExecInteractive => EXEC_INTERACTIVE,
+            Operation::ReadFile => READ_FILE,
+            Operation::WriteFile => WRITE_FILE,
+            Operation::LeaseMachine => LEASE_MACHINE,
+            Operation::ListPools => LIST_POOLS,
+            Operation::ApplyPool => APPLY_POOL,
+            Operation::DeletePool => DELETE_POOL,
+            Operation::ResizePool => RESIZE_POOL,
         }
     }
 
@@ -404,6 +316,144 @@ impl Operation {
         }
         (segments.len() == template.len()).then_some(machine)
     }
+}
+
+/// The rows of [`Operation::spec`], by group of operations: the node's own, a machine's
+/// lifecycle, what runs in a machine (logs, exec, files), and the warm pools.
+mod rows {
+    use super::{
+        MACHINES, Method,
+        Method::{Delete, Get, Post, Put},
+        POOLS, Payload,
+        Payload::{Channel, Empty, File, FileWritten, Json, OptionalJson, Text},
+        Segment,
+        Segment::{Fixed, Machine, Rest},
+        Spec, V,
+    };
+
+    /// One row.
+    const fn row(
+        method: Method,
+        segments: &'static [Segment],
+        query: &'static [&'static str],
+        request: Payload,
+        response: Payload,
+    ) -> Spec {
+        Spec {
+            method,
+            segments,
+            query,
+            request,
+            response,
+        }
+    }
+
+    // The node's own.
+    pub const HEALTH: Spec = row(Get, &[V, Fixed("health")], &[], Empty, Json("HealthResponse"));
+    pub const IDENTITY: Spec = row(Get, &[V, Fixed("identity")], &[], Empty, Json("IdentityResponse"));
+
+    // A machine's lifecycle.
+    pub const GET_MACHINE: Spec = row(Get, &[V, MACHINES, Machine], &[], Empty, Json("MachineStatus"));
+    pub const CREATE_MACHINE: Spec = row(
+        Put,
+        &[V, MACHINES, Machine],
+        &[],
+        Json("MachineSpec"),
+        Json("MachineStatus"),
+    );
+    pub const DELETE_MACHINE: Spec = row(Delete, &[V, MACHINES, Machine], &[], Empty, Json("DeleteResponse"));
+    pub const ENSURE_MACHINE_RUNNING: Spec = row(
+        Post,
+        &[V, MACHINES, Machine, Fixed("ensure-running")],
+        &[],
+        OptionalJson("StartRequest"),
+        Json("MachineStatus"),
+    );
+    pub const STOP_MACHINE: Spec = row(
+        Post,
+        &[V, MACHINES, Machine, Fixed("stop")],
+        &[],
+        Empty,
+        Json("MachineStatus"),
+    );
+    pub const RESIZE_MACHINE: Spec = row(
+        Post,
+        &[V, MACHINES, Machine, Fixed("resize")],
+        &[],
+        Json("ResizeSpec"),
+        Json("MachineStatus"),
+    );
+    pub const SUSPEND_MACHINE: Spec = row(
+        Post,
+        &[V, MACHINES, Machine, Fixed("suspend")],
+        &[],
+        Empty,
+        Json("MachineStatus"),
+    );
+    pub const RESUME_MACHINE: Spec = row(
+        Post,
+        &[V, MACHINES, Machine, Fixed("resume")],
+        &[],
+        Empty,
+        Json("MachineStatus"),
+    );
+    pub const BIND_VOLUMES: Spec = row(
+        Put,
+        &[V, MACHINES, Machine, Fixed("volumes")],
+        &[],
+        Json("VolumeMounts"),
+        Json("MachineStatus"),
+    );
+
+    // What runs in a machine: its logs, exec, its files.
+    pub const MACHINE_LOGS: Spec = row(
+        Get,
+        &[V, MACHINES, Machine, Fixed("logs")],
+        &["source", "tail", "follow"],
+        Empty,
+        Text,
+    );
+    pub const EXEC_IN_MACHINE: Spec = row(
+        Post,
+        &[V, MACHINES, Machine, Fixed("exec")],
+        &[],
+        Json("ExecRequest"),
+        Json("ExecResponse"),
+    );
+    pub const EXEC_INTERACTIVE: Spec = row(
+        Get,
+        &[V, MACHINES, Machine, Fixed("exec")],
+        &["command", "stdin", "stdout", "stderr", "tty"],
+        Channel,
+        Channel,
+    );
+    pub const READ_FILE: Spec = row(Get, &[V, MACHINES, Machine, Fixed("files"), Rest], &[], Empty, File);
+    pub const WRITE_FILE: Spec = row(
+        Put,
+        &[V, MACHINES, Machine, Fixed("files"), Rest],
+        &["mode"],
+        File,
+        FileWritten,
+    );
+
+    // The warm pools, and a machine served from one.
+    pub const LEASE_MACHINE: Spec = row(
+        Post,
+        &[V, MACHINES, Machine, Fixed("lease")],
+        &[],
+        Json("LeaseRequest"),
+        Json("MachineStatus"),
+    );
+    pub const LIST_POOLS: Spec = row(Get, &[V, POOLS], &[], Empty, Json("PoolList"));
+    pub const APPLY_POOL: Spec = row(Put, &[V, POOLS, Machine], &[], Json("PoolSpec"), Json("PoolStatus"));
+    pub const DELETE_POOL: Spec = row(Delete, &[V, POOLS, Machine], &[], Empty, Json("DeleteResponse"));
+    pub const RESIZE_POOL: Spec = row(
+        Post,
+        &[V, POOLS, Machine, Fixed("resize")],
+        &[],
+        Json("PoolResize"),
+        Json("PoolStatus"),
+    );
 }
 
 impl std::fmt::Display for Operation {

@@ -2,11 +2,16 @@
 //! rules V2, V3, V4 and V11 judge them (a class shares their paths), and at most one default.
 
 use crate::{
+    admission::Operation,
     class::SmolVMClass,
     constants::{ANNOTATION_IS_DEFAULT_CLASS, LABEL_CLASS},
 };
 
-use super::{context::*, smolvm::*, verdict::*};
+use super::{
+    context::*,
+    fields::{Unset, check_spec_fields},
+    verdict::*,
+};
 
 /// Validates a SmolVMClass write. At CREATE and UPDATE every field the class sets lies within
 /// the policy (V2, V3, V4, V11, with the SmolVM's paths and messages), and a class that becomes

@@ -9,6 +9,7 @@ use serde::{Deserialize, de::DeserializeOwned};
 use serde_json::Value;
 
 use crate::{
+    admission::Operation,
     class::SmolVMClass,
     pool::SmolVMPool,
     types::{SmolVM, SmolVMNode},

@@ -11,12 +11,17 @@
 //! - `context`: what the rules know besides the objects;
 //! - `decode`: from the request's JSON to the rules, per [`Target`];
 //! - `smolvm`, `bound`, `status`, `node`, `class`, `pool`: the rules of each target;
+//! - `fields`: the rules of a spec's own fields (V1 to V4, V11), which a SmolVM, a class and a
+//!   pool's template share;
+//! - `annotations`: a SmolVM's force-delete and recreate annotations (V7);
 //! - `volume`: a SmolVM's volumes (V16).
 
+mod annotations;
 mod bound;
 mod class;
 mod context;
 mod decode;
+mod fields;
 mod node;
 mod pool;
 mod smolvm;
@@ -34,4 +39,6 @@ pub use node::{validate_smolvm_node, validate_smolvm_node_status};
 pub use pool::{validate_pooled_request, validate_smolvm_pool};
 pub use smolvm::validate_smolvm;
 pub use status::validate_smolvm_status;
-pub use verdict::{Finding, Operation, RuleId, Verdict};
+pub use verdict::{Finding, RuleId, Verdict};
+
+pub use crate::admission::Operation;

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use crate::{
+    admission::Operation,
     constants::{AGENT_LABELS, EXTRA_NODE_NAME, RECHECK_BOOT_ANNOTATION},
     policy::Role,
     syntax,

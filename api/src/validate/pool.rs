@@ -5,11 +5,16 @@
 use serde_json::Value;
 
 use crate::{
+    admission::Operation,
     pool::{POOLED_FIELDS, SmolVMPool},
     types::{SmolVM, SmolVMSpec},
 };
 
-use super::{context::*, smolvm::*, verdict::*};
+use super::{
+    context::*,
+    fields::{Unset, check_node_fields, check_spec_fields},
+    verdict::*,
+};
 
 /// Validates a SmolVMPool write. At CREATE and UPDATE the template is judged by every SmolVM
 /// rule on its fields (V1 to V4, V11, with paths under `spec.template`), all at once; its class,

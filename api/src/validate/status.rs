@@ -1,6 +1,6 @@
 //! The rules of a SmolVM status write (V9 and the machine name).
 
-use crate::{policy::Role, syntax, types::SmolVM};
+use crate::{admission::Operation, policy::Role, syntax, types::SmolVM};
 
 use super::{context::*, verdict::*};
 

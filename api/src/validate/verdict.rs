@@ -1,32 +1,7 @@
-//! What validation answers: the operation, the rule ids, each [`Finding`] (rule, field path,
+//! What validation answers: the rule ids, each [`Finding`] (rule, field path,
 //! JSON pointer, value, message) and the [`Verdict`] that gathers them.
 
 use std::fmt;
-
-/// The admission operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Operation {
-    /// CREATE.
-    Create,
-    /// UPDATE.
-    Update,
-    /// DELETE (never routed to the webhook, but handled).
-    Delete,
-    /// CONNECT.
-    Connect,
-}
-
-impl Operation {
-    /// The wire spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Operation::Create => "CREATE",
-            Operation::Update => "UPDATE",
-            Operation::Delete => "DELETE",
-            Operation::Connect => "CONNECT",
-        }
-    }
-}
 
 /// The rule a finding comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
