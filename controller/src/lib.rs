@@ -22,6 +22,7 @@ pub mod pki;
 pub mod placement;
 pub mod pools;
 pub mod quota;
+pub mod status_apply;
 pub mod tasks;
 pub mod vm;
 
