@@ -134,7 +134,7 @@ fn start_ops(
         .map(|listener| {
             PlainServer::start(
                 listener,
-                crate::ops::router(crate::ops::OpsState {
+                crate::ops_port::router(crate::ops_port::OpsState {
                     metrics: metrics.clone(),
                     runtime: supervisor.status(),
                 }),

@@ -15,8 +15,8 @@ use smolvm_runtime::cli::{Flags, RENAMED, Switch, advertise_address};
 use smolvm_runtime::error::{Error, Result};
 use smolvm_runtime::host;
 use smolvm_runtime::nodeapi::auth::TokenAuth;
-use smolvm_runtime::report::{Observation, Reporter, spawn_reporter};
 use smolvm_runtime::serving_cert;
+use smolvm_runtime::smolvm_node::{Observation, Reporter, spawn_reporter};
 use smolvm_runtime::supervisor::{SpawnConfig, SupervisorConfig};
 
 fn bind(addr: SocketAddr, what: &'static str) -> Result<std::net::TcpListener> {
