@@ -24,7 +24,7 @@ use futures::{SinkExt as _, Stream, StreamExt as _};
 use smolvm_api::channel::{self, Ending, ExecStreamQuery, Inbound};
 use tokio::sync::mpsc;
 
-use super::logic::ApiFailure;
+use super::failure::ApiFailure;
 use super::types::ErrorCode;
 use crate::vmm::{Session, SessionInput, SessionOutput};
 
