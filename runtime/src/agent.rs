@@ -124,6 +124,75 @@ fn start_release(listener: Option<std::net::TcpListener>, state: &NodeApiState) 
     Ok(Some(server))
 }
 
+/// The ops port on `listener`, where there is one.
+fn start_ops(
+    listener: Option<std::net::TcpListener>,
+    metrics: &Arc<Metrics>,
+    supervisor: &Supervisor,
+) -> Result<Option<PlainServer>> {
+    listener
+        .map(|listener| {
+            PlainServer::start(
+                listener,
+                crate::ops_port::router(crate::ops_port::OpsState {
+                    metrics: metrics.clone(),
+                    runtime: supervisor.status(),
+                }),
+            )
+        })
+        .transpose()
+}
+
+/// The host-port guard of the policy file (the built-in defaults without one), with the agent's
+/// own ports excluded whatever the policy says, the release hook's among them; and the policy
+/// file's watcher, if any.
+fn host_port_guard(
+    options: &AgentOptions,
+    release_listener: Option<&std::net::TcpListener>,
+) -> Result<(Arc<crate::guards::HostPortGuard>, Option<tokio::task::JoinHandle<()>>)> {
+    let mut own_ports = own_ports(options);
+    if let Some(Ok(address)) = release_listener.map(std::net::TcpListener::local_addr) {
+        own_ports.push(address.port());
+    }
+    let host_ports = crate::guards::HostPortGuard::load(options.guards.policy_file.as_deref(), &own_ports)?;
+    let policy_watch = options
+        .guards
+        .policy_file
+        .clone()
+        .map(|path| host_ports.spawn_reload(path, options.file_poll_interval));
+    Ok((host_ports, policy_watch))
+}
+
+/// The node API's `state` with what the agent keeps and refuses: the workload, suspension and
+/// pool records, the stream and upload limits, the machines' volumes, the host-port guard and
+/// the private-image records.
+fn with_records_and_guards(
+    state: NodeApiState,
+    options: &AgentOptions,
+    suspensions: &Arc<SuspendRecords>,
+    pools: &Arc<PoolBook>,
+    machine_volumes: Arc<crate::volumes::Volumes>,
+    host_ports: Arc<crate::guards::HostPortGuard>,
+) -> Result<NodeApiState> {
+    let state = match &options.workload_records {
+        Some(dir) => state.with_workload_records(dir.clone()),
+        None => state,
+    };
+    let state = state
+        .with_suspend_records(suspensions.clone())
+        .with_pool_book(pools.clone())
+        .with_stream_limits(options.limits.streams)
+        .with_upload_budget(options.limits.upload_bytes)
+        .with_volumes(machine_volumes);
+    let state = state.with_host_ports(host_ports);
+    Ok(match &options.guards.image_records {
+        Some(dir) => state.with_images(Arc::new(
+            crate::images::ImageGuard::open(dir).map_err(|e| Error::io("opening the image records", dir, e))?,
+        )),
+        None => state,
+    })
+}
+
 /// The runtime CA's certificates, as given or read from their file.
 fn client_ca_pem(client_ca: &ClientCa) -> Result<String> {
     match client_ca {
@@ -145,51 +214,25 @@ impl Agent {
     pub async fn start_with(options: AgentOptions, mut volumes: crate::volumes::VolumeOptions) -> Result<Self> {
         let metrics = Arc::new(Metrics::default());
         let identity = Identity::new(options.node_name.clone());
-        // The agent's own ports are excluded whatever the policy says.
-        let mut own_ports = own_ports(&options);
-        if let Some(Ok(address)) = volumes.release_listener.as_ref().map(std::net::TcpListener::local_addr) {
-            own_ports.push(address.port());
-        }
         let machine_volumes = machine_volumes(&options, &mut volumes)?;
-        let host_ports = crate::guards::HostPortGuard::load(options.guards.policy_file.as_deref(), &own_ports)?;
-        let policy_watch = options
-            .guards
-            .policy_file
-            .clone()
-            .map(|path| host_ports.spawn_reload(path, options.file_poll_interval));
+        let (host_ports, policy_watch) = host_port_guard(&options, volumes.release_listener.as_ref())?;
         let (vmm, pools) = runtime(&options);
         let suspensions = suspend_records(options.workload_records.as_deref());
         let supervision = SupervisorConfig {
             suspensions: Some(suspensions.clone()),
             pools: Some(pools.clone()),
-            ..options.supervisor
+            ..options.supervisor.clone()
         };
         let supervisor = Supervisor::start(supervision, metrics.clone(), identity.clone());
 
         let state = NodeApiState::new(
             vmm.clone(),
-            options.auth,
+            options.auth.clone(),
             identity.clone(),
             metrics.clone(),
-            options.local_image_dir,
+            options.local_image_dir.clone(),
         );
-        let state = match options.workload_records {
-            Some(dir) => state.with_workload_records(dir),
-            None => state,
-        };
-        let state = state
-            .with_suspend_records(suspensions.clone())
-            .with_pool_book(pools.clone())
-            .with_stream_limits(options.limits.streams)
-            .with_upload_budget(options.limits.upload_bytes)
-            .with_volumes(machine_volumes);
-        let state = state.with_host_ports(host_ports);
-        let state = match &options.guards.image_records {
-            Some(dir) => state.with_images(Arc::new(
-                crate::images::ImageGuard::open(dir).map_err(|e| Error::io("opening the image records", dir, e))?,
-            )),
-            None => state,
-        };
+        let state = with_records_and_guards(state, &options, &suspensions, &pools, machine_volumes, host_ports)?;
         let forwarder = start_forwarder(options.publish_address, &metrics, &vmm, options.limits.forward);
         let state = match &forwarder {
             Some((f, _)) => state.with_forwarder(f.clone()),
@@ -212,18 +255,7 @@ impl Agent {
         if let Some((cert, key)) = options.serving_files {
             node_api.watch_serving_files(cert, key, options.file_poll_interval);
         }
-        let ops = options
-            .ops_listener
-            .map(|listener| {
-                PlainServer::start(
-                    listener,
-                    crate::ops::router(crate::ops::OpsState {
-                        metrics: metrics.clone(),
-                        runtime: supervisor.status(),
-                    }),
-                )
-            })
-            .transpose()?;
+        let ops = start_ops(options.ops_listener, &metrics, &supervisor)?;
         tracing::info!(node_api = %node_api.local_addr(), "node API serving");
         Ok(Self {
             node_api,

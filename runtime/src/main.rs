@@ -15,8 +15,8 @@ use smolvm_runtime::cli::{Flags, RENAMED, Switch, advertise_address};
 use smolvm_runtime::error::{Error, Result};
 use smolvm_runtime::host;
 use smolvm_runtime::nodeapi::auth::TokenAuth;
-use smolvm_runtime::report::{Observation, Reporter, spawn_reporter};
 use smolvm_runtime::serving_cert;
+use smolvm_runtime::smolvm_node::{Observation, Reporter, spawn_reporter};
 use smolvm_runtime::supervisor::{SpawnConfig, SupervisorConfig};
 
 fn bind(addr: SocketAddr, what: &'static str) -> Result<std::net::TcpListener> {
@@ -31,24 +31,6 @@ fn read(path: &Path, what: &'static str) -> Result<String> {
 }
 
 async fn run(flags: Flags) -> Result<()> {
-    let local_image_dir = flags
-        .local_image_dir
-        .clone()
-        .unwrap_or_else(|| flags.state_dir.join("images"));
-    let (socket, spawn) = match &flags.attach_socket {
-        Some(socket) => (socket.clone(), None),
-        None => (
-            flags.run_dir.join("smolvm.sock"),
-            Some(SpawnConfig {
-                bin: flags.smolvm_bin.clone(),
-                state_dir: flags.state_dir.join("state"),
-                local_image_dir: local_image_dir.clone(),
-                guest_rollout_port: flags.guest_rollout_port,
-                env: flags.smolvm_env.clone(),
-                log_file: None,
-            }),
-        ),
-    };
     let client = if flags.standalone {
         None
     } else {
@@ -56,70 +38,13 @@ async fn run(flags: Flags) -> Result<()> {
     };
     let (resolver, serving_files) = serving_identity(&flags, client.as_ref()).await?;
     let (auth, _token_watch) = TokenAuth::from_file(flags.token_file.clone(), Duration::from_secs(2))?;
-    let release_address = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, flags.release_port));
-    let volumes = smolvm_runtime::volumes::VolumeOptions {
-        kubelet_root: flags.kubelet_root_dir.clone(),
-        stable_root: Some(flags.state_dir.join("volumes")),
-        records: Some(flags.state_dir.join("operator").join("volumes")),
-        release_listener: Some(bind(release_address, "release hook")?),
-        binder: Arc::new(smolvm_runtime::volumes::MountBinder),
+    let volumes = volume_options(&flags)?;
+    let options = agent_options(&flags, resolver.clone(), serving_files, auth)?;
+    let agent = Agent::start_with(options, volumes).await?;
+    let (background, canary_task) = match client {
+        Some(client) => cluster_tasks(&flags, &agent, client, resolver)?,
+        None => (Vec::new(), None),
     };
-    let agent = Agent::start_with(
-        AgentOptions {
-            node_name: flags.node_name.clone(),
-            supervisor: SupervisorConfig::new(socket, spawn),
-            local_image_dir: Some(local_image_dir),
-            node_api_listener: bind(SocketAddr::new(flags.listen_address, flags.port), "node API")?,
-            ops_listener: Some(bind(flags.ops_address, "ops port")?),
-            resolver: resolver.clone(),
-            serving_files,
-            client_ca: ClientCa::File(flags.client_ca.clone()),
-            auth,
-            file_poll_interval: Duration::from_secs(2),
-            pool_keep_interval: smolvm_runtime::pools::KEEP_INTERVAL,
-            workload_records: Some(flags.state_dir.join("operator").join("workloads")),
-            publish_address: flags
-                .publish_address
-                .or_else(|| std::env::var("NODE_IP").ok().and_then(|ip| ip.parse().ok())),
-            guards: smolvm_runtime::guards::GuardOptions {
-                policy_file: flags.policy.clone(),
-                image_records: Some(flags.state_dir.join("operator").join("images")),
-            },
-            limits: smolvm_runtime::limits::Limits::from_flags(&flags, smolvm_runtime::limits::open_files_limit())?,
-        },
-        volumes,
-    )
-    .await?;
-
-    let mut background = Vec::new();
-    // The guest boot check runs while the agent reports (it needs no Kubernetes itself, but only
-    // a reported SmolVMNode makes its result matter); dropped, it stops.
-    let mut canary_task: Option<canary::Canary> = None;
-    if let Some(client) = client {
-        if flags.tls_cert.is_none() {
-            // Checked every 5 s: a CA rotation waits for this agent's new certificate.
-            background.push(serving_cert::spawn_renewal(
-                client.clone(),
-                flags.node_name.clone(),
-                resolver.clone(),
-                agent.node_api().client_ca().clone(),
-                Duration::from_secs(5),
-                Duration::from_secs(30),
-            ));
-        }
-        let canary = start_canary(&flags, &agent);
-        let reporter = Reporter::new(client, flags.node_name.clone());
-        let reporter = match &canary {
-            Some(canary) => reporter.with_recheck(canary.requester()),
-            None => reporter,
-        };
-        background.push(spawn_reporter(
-            reporter,
-            flags.heartbeat_interval,
-            observer(&flags, &agent, resolver, canary.as_ref().map(canary::Canary::subscribe))?,
-        ));
-        canary_task = canary;
-    }
 
     smolvm_kit::shutdown::signal().await;
     drop(canary_task);
@@ -128,6 +53,108 @@ async fn run(flags: Flags) -> Result<()> {
     }
     agent.shutdown().await;
     Ok(())
+}
+
+/// Where `smolvm serve` listens, and how to start it: `None` to attach to --attach-socket.
+fn smolvm_serve(flags: &Flags, local_image_dir: &Path) -> (PathBuf, Option<SpawnConfig>) {
+    match &flags.attach_socket {
+        Some(socket) => (socket.clone(), None),
+        None => (
+            flags.run_dir.join("smolvm.sock"),
+            Some(SpawnConfig {
+                bin: flags.smolvm_bin.clone(),
+                state_dir: flags.state_dir.join("state"),
+                local_image_dir: local_image_dir.to_path_buf(),
+                guest_rollout_port: flags.guest_rollout_port,
+                env: flags.smolvm_env.clone(),
+                log_file: None,
+            }),
+        ),
+    }
+}
+
+/// The volumes' directories, and the release hook's listener (bound here, on localhost).
+fn volume_options(flags: &Flags) -> Result<smolvm_runtime::volumes::VolumeOptions> {
+    let release_address = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, flags.release_port));
+    Ok(smolvm_runtime::volumes::VolumeOptions {
+        kubelet_root: flags.kubelet_root_dir.clone(),
+        stable_root: Some(flags.state_dir.join("volumes")),
+        records: Some(flags.state_dir.join("operator").join("volumes")),
+        release_listener: Some(bind(release_address, "release hook")?),
+        binder: Arc::new(smolvm_runtime::volumes::MountBinder),
+    })
+}
+
+/// The agent's options from its flags; the node API and ops listeners are bound here.
+fn agent_options(
+    flags: &Flags,
+    resolver: Arc<ReloadableResolver>,
+    serving_files: Option<(PathBuf, PathBuf)>,
+    auth: Arc<TokenAuth>,
+) -> Result<AgentOptions> {
+    let local_image_dir = flags
+        .local_image_dir
+        .clone()
+        .unwrap_or_else(|| flags.state_dir.join("images"));
+    let (socket, spawn) = smolvm_serve(flags, &local_image_dir);
+    Ok(AgentOptions {
+        node_name: flags.node_name.clone(),
+        supervisor: SupervisorConfig::new(socket, spawn),
+        local_image_dir: Some(local_image_dir),
+        node_api_listener: bind(SocketAddr::new(flags.listen_address, flags.port), "node API")?,
+        ops_listener: Some(bind(flags.ops_address, "ops port")?),
+        resolver,
+        serving_files,
+        client_ca: ClientCa::File(flags.client_ca.clone()),
+        auth,
+        file_poll_interval: Duration::from_secs(2),
+        pool_keep_interval: smolvm_runtime::pools::KEEP_INTERVAL,
+        workload_records: Some(flags.state_dir.join("operator").join("workloads")),
+        publish_address: flags
+            .publish_address
+            .or_else(|| std::env::var("NODE_IP").ok().and_then(|ip| ip.parse().ok())),
+        guards: smolvm_runtime::guards::GuardOptions {
+            policy_file: flags.policy.clone(),
+            image_records: Some(flags.state_dir.join("operator").join("images")),
+        },
+        limits: smolvm_runtime::limits::Limits::from_flags(flags, smolvm_runtime::limits::open_files_limit())?,
+    })
+}
+
+/// What runs against the cluster, to be aborted on shutdown: the serving certificate's
+/// renewal (when the agent obtained it through a CSR) and the SmolVMNode reporter. And the
+/// guest boot check, which runs while the agent reports (it needs no Kubernetes itself, but only
+/// a reported SmolVMNode makes its result matter); dropped, it stops.
+fn cluster_tasks(
+    flags: &Flags,
+    agent: &Agent,
+    client: kube::Client,
+    resolver: Arc<ReloadableResolver>,
+) -> Result<(Vec<tokio::task::JoinHandle<()>>, Option<canary::Canary>)> {
+    let mut background = Vec::new();
+    if flags.tls_cert.is_none() {
+        // Checked every 5 s: a CA rotation waits for this agent's new certificate.
+        background.push(serving_cert::spawn_renewal(
+            client.clone(),
+            flags.node_name.clone(),
+            resolver.clone(),
+            agent.node_api().client_ca().clone(),
+            Duration::from_secs(5),
+            Duration::from_secs(30),
+        ));
+    }
+    let canary = start_canary(flags, agent);
+    let reporter = Reporter::new(client, flags.node_name.clone());
+    let reporter = match &canary {
+        Some(canary) => reporter.with_recheck(canary.requester()),
+        None => reporter,
+    };
+    background.push(spawn_reporter(
+        reporter,
+        flags.heartbeat_interval,
+        observer(flags, agent, resolver, canary.as_ref().map(canary::Canary::subscribe))?,
+    ));
+    Ok((background, canary))
 }
 
 /// The serving certificate: from --tls-cert and --tls-key (with the files to watch), else

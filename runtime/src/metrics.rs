@@ -139,36 +139,20 @@ fn latency_histogram() -> Histogram {
     Histogram::new(LATENCY_BUCKETS)
 }
 
-/// All metrics of one agent.
+/// The node API's request metrics: answers by operation and code, and their latency.
 #[derive(Debug)]
-pub struct Metrics {
-    registry: Registry,
-    requests: Family<RequestLabels, Counter>,
+struct Requests {
+    answered: Family<RequestLabels, Counter>,
     latency: Family<OperationLabel, Histogram, fn() -> Histogram>,
-    smolvm_restarts: Counter,
-    runtime_ready: Gauge,
-    forwarded_connections: Family<ProtocolLabel, Counter>,
-    forwarded_bytes: Family<ProtocolLabel, Counter>,
-    open_forwards: Gauge,
-    forward_refused: Family<RefusedLabels, Counter>,
-    forward_idle_closed: Family<ProtocolLabel, Counter>,
-    node_api_closed: Family<ReasonLabel, Counter>,
-    serving_cert_loaded: AtomicBool,
-    guest_bootable: Gauge,
-    canary_boot: Histogram,
-    canary_checks: Family<ResultLabel, Counter>,
-    suspensions: Suspensions,
-    releases: Releases,
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        let mut registry = Registry::with_prefix("smolvm_runtime");
-        let requests = Family::<RequestLabels, Counter>::default();
+impl Requests {
+    fn register(registry: &mut Registry) -> Self {
+        let answered = Family::<RequestLabels, Counter>::default();
         registry.register(
             "node_api_requests",
             "Node API requests answered, by operation and stable code (OK or the error code)",
-            smolvm_kit::ops::Declared(requests.clone()),
+            smolvm_kit::ops::Declared(answered.clone()),
         );
         let latency = Family::<OperationLabel, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
         registry.register(
@@ -176,48 +160,73 @@ impl Default for Metrics {
             "Time the node API took to answer a request, by operation",
             smolvm_kit::ops::Declared(latency.clone()),
         );
-        let smolvm_restarts = Counter::default();
-        registry.register(
-            "smolvm_restarts",
-            "Restarts of the supervised smolvm serve after it exited or stopped answering (the first start is not counted)",
-            smolvm_restarts.clone(),
-        );
-        let forwarded_connections = Family::<ProtocolLabel, Counter>::default();
+        Self { answered, latency }
+    }
+}
+
+/// The port forwarder's metrics: connections and bytes carried, forwards open, refusals by a
+/// cap, idle closures.
+#[derive(Debug)]
+struct Forwards {
+    connections: Family<ProtocolLabel, Counter>,
+    bytes: Family<ProtocolLabel, Counter>,
+    open: Gauge,
+    refused: Family<RefusedLabels, Counter>,
+    idle_closed: Family<ProtocolLabel, Counter>,
+}
+
+impl Forwards {
+    fn register(registry: &mut Registry) -> Self {
+        let connections = Family::<ProtocolLabel, Counter>::default();
         registry.register(
             "forwarded_connections",
             "Connections (TCP) and client sessions (UDP) forwarded to published ports",
-            smolvm_kit::ops::Declared(forwarded_connections.clone()),
+            smolvm_kit::ops::Declared(connections.clone()),
         );
-        let forwarded_bytes = Family::<ProtocolLabel, Counter>::default();
+        let bytes = Family::<ProtocolLabel, Counter>::default();
         registry.register(
             "forwarded_bytes",
             "Bytes carried by the port forwards, both directions",
-            smolvm_kit::ops::Declared(forwarded_bytes.clone()),
+            smolvm_kit::ops::Declared(bytes.clone()),
         );
-        let open_forwards = Gauge::default();
+        let open = Gauge::default();
         registry.register(
             "open_forwards",
             "Published ports of running VMs forwarded from the node's address now",
-            open_forwards.clone(),
+            open.clone(),
         );
-        let forward_refused = Family::<RefusedLabels, Counter>::default();
+        let refused = Family::<RefusedLabels, Counter>::default();
         registry.register(
             "forward_refused",
             "TCP connections closed at once and UDP datagrams dropped because a cap of the forwarder was reached (reason: port, agent or source)",
-            smolvm_kit::ops::Declared(forward_refused.clone()),
+            smolvm_kit::ops::Declared(refused.clone()),
         );
-        let forward_idle_closed = Family::<ProtocolLabel, Counter>::default();
+        let idle_closed = Family::<ProtocolLabel, Counter>::default();
         registry.register(
             "forward_idle_closed",
             "Forwarded TCP connections closed after the idle timeout without a byte either way",
-            smolvm_kit::ops::Declared(forward_idle_closed.clone()),
+            smolvm_kit::ops::Declared(idle_closed.clone()),
         );
-        let node_api_closed = Family::<ReasonLabel, Counter>::default();
-        registry.register(
-            "node_api_connections_closed",
-            "Node API connections closed by a bound of the listener before any request: at once when the open connections or the TLS handshakes in progress are at their cap, in all (reason connections, handshakes) or from one source address (source_connections, source_handshakes), or when a handshake did not finish in time (handshake_timeout)",
-            smolvm_kit::ops::Declared(node_api_closed.clone()),
-        );
+        Self {
+            connections,
+            bytes,
+            open,
+            refused,
+            idle_closed,
+        }
+    }
+}
+
+/// The guest boot check's metrics: the last result, boot times, checks by result.
+#[derive(Debug)]
+struct BootChecks {
+    guest_bootable: Gauge,
+    boot: Histogram,
+    checks: Family<ResultLabel, Counter>,
+}
+
+impl BootChecks {
+    fn register(registry: &mut Registry) -> Self {
         let guest_bootable = Gauge::default();
         registry.register(
             "guest_bootable",
@@ -225,18 +234,60 @@ impl Default for Metrics {
             guest_bootable.clone(),
         );
         guest_bootable.set(-1);
-        let canary_boot = Histogram::new(CANARY_BUCKETS);
+        let boot = Histogram::new(CANARY_BUCKETS);
         registry.register(
             "canary_boot_duration_seconds",
             "Time a canary guest took to boot, of the guest boot checks where one booted",
-            canary_boot.clone(),
+            boot.clone(),
         );
-        let canary_checks = Family::<ResultLabel, Counter>::default();
+        let checks = Family::<ResultLabel, Counter>::default();
         registry.register(
             "canary_checks",
             "Guest boot checks run, by result (Booted, or the cause: DeviceNotAccessible, HostCannotRunGuest, Timeout, InternalError)",
-            smolvm_kit::ops::Declared(canary_checks.clone()),
+            smolvm_kit::ops::Declared(checks.clone()),
         );
+        Self {
+            guest_bootable,
+            boot,
+            checks,
+        }
+    }
+}
+
+/// All metrics of one agent.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: Requests,
+    smolvm_restarts: Counter,
+    runtime_ready: Gauge,
+    forwards: Forwards,
+    node_api_closed: Family<ReasonLabel, Counter>,
+    serving_cert_loaded: AtomicBool,
+    boot_checks: BootChecks,
+    suspensions: Suspensions,
+    releases: Releases,
+}
+
+impl Default for Metrics {
+    /// Every metric registered, in the order the exposition lists them.
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("smolvm_runtime");
+        let requests = Requests::register(&mut registry);
+        let smolvm_restarts = Counter::default();
+        registry.register(
+            "smolvm_restarts",
+            "Restarts of the supervised smolvm serve after it exited or stopped answering (the first start is not counted)",
+            smolvm_restarts.clone(),
+        );
+        let forwards = Forwards::register(&mut registry);
+        let node_api_closed = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "node_api_connections_closed",
+            "Node API connections closed by a bound of the listener before any request: at once when the open connections or the TLS handshakes in progress are at their cap, in all (reason connections, handshakes) or from one source address (source_connections, source_handshakes), or when a handshake did not finish in time (handshake_timeout)",
+            smolvm_kit::ops::Declared(node_api_closed.clone()),
+        );
+        let boot_checks = BootChecks::register(&mut registry);
         let runtime_ready = Gauge::default();
         registry.register(
             "smolvm_ready",
@@ -248,19 +299,12 @@ impl Default for Metrics {
             releases: Releases::register(&mut registry),
             registry,
             requests,
-            latency,
             smolvm_restarts,
             runtime_ready,
-            forwarded_connections,
-            forwarded_bytes,
-            open_forwards,
-            forward_refused,
-            forward_idle_closed,
+            forwards,
             node_api_closed,
             serving_cert_loaded: AtomicBool::new(false),
-            guest_bootable,
-            canary_boot,
-            canary_checks,
+            boot_checks,
         }
     }
 }
@@ -269,12 +313,14 @@ impl Metrics {
     /// Records one node API request.
     pub fn observe_request(&self, operation: &str, code: &str, elapsed: Duration) {
         self.requests
+            .answered
             .get_or_create(&RequestLabels {
                 operation: operation.to_string(),
                 code: code.to_string(),
             })
             .inc();
-        self.latency
+        self.requests
+            .latency
             .get_or_create(&OperationLabel {
                 operation: operation.to_string(),
             })
@@ -283,33 +329,37 @@ impl Metrics {
 
     /// Counts one forwarded TCP connection or UDP session (`protocol`: `tcp` or `udp`).
     pub fn inc_forwarded_connections(&self, protocol: &'static str) {
-        self.forwarded_connections
+        self.forwards
+            .connections
             .get_or_create(&ProtocolLabel { protocol })
             .inc();
     }
 
     /// Adds bytes carried by the port forwards, both directions.
     pub fn add_forwarded_bytes(&self, protocol: &'static str, bytes: u64) {
-        self.forwarded_bytes
+        self.forwards
+            .bytes
             .get_or_create(&ProtocolLabel { protocol })
             .inc_by(bytes);
     }
 
     /// Sets how many port forwards are open.
     pub fn set_open_forwards(&self, n: u64) {
-        self.open_forwards.set(i64::try_from(n).unwrap_or(i64::MAX));
+        self.forwards.open.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Counts one connection (TCP) or datagram (UDP) refused by a cap of the forwarder.
     pub fn inc_forward_refused(&self, protocol: &'static str, reason: &'static str) {
-        self.forward_refused
+        self.forwards
+            .refused
             .get_or_create(&RefusedLabels { protocol, reason })
             .inc();
     }
 
     /// Refusals counted by [`Metrics::inc_forward_refused`].
     pub fn forward_refused(&self, protocol: &'static str, reason: &'static str) -> u64 {
-        self.forward_refused
+        self.forwards
+            .refused
             .get(&RefusedLabels { protocol, reason })
             .map(|c| c.get())
             .unwrap_or(0)
@@ -317,14 +367,16 @@ impl Metrics {
 
     /// Counts one forwarded connection closed for idleness.
     pub fn inc_forward_idle_closed(&self, protocol: &'static str) {
-        self.forward_idle_closed
+        self.forwards
+            .idle_closed
             .get_or_create(&ProtocolLabel { protocol })
             .inc();
     }
 
     /// Idle closures counted by [`Metrics::inc_forward_idle_closed`].
     pub fn forward_idle_closed(&self, protocol: &'static str) -> u64 {
-        self.forward_idle_closed
+        self.forwards
+            .idle_closed
             .get(&ProtocolLabel { protocol })
             .map(|c| c.get())
             .unwrap_or(0)
@@ -354,16 +406,19 @@ impl Metrics {
     /// Records a finished guest boot check: whether a guest booted, how long it took, and the
     /// result label (`Booted` or the cause).
     pub fn observe_canary(&self, booted: bool, boot_time: Option<Duration>, result: &'static str) {
-        self.guest_bootable.set(i64::from(booted));
+        self.boot_checks.guest_bootable.set(i64::from(booted));
         if let Some(time) = boot_time {
-            self.canary_boot.observe(time.as_secs_f64());
+            self.boot_checks.boot.observe(time.as_secs_f64());
         }
-        self.canary_checks.get_or_create(&ResultLabel { result }).inc();
+        self.boot_checks.checks.get_or_create(&ResultLabel { result }).inc();
     }
 
     /// Guest boot checks counted with a result.
     pub fn canary_checks(&self, result: &'static str) -> u64 {
-        self.canary_checks.get(&ResultLabel { result }).map_or(0, |c| c.get())
+        self.boot_checks
+            .checks
+            .get(&ResultLabel { result })
+            .map_or(0, |c| c.get())
     }
 
     /// Records a suspend that succeeded: the time smolvm took to pause the machine.
@@ -428,6 +483,7 @@ impl Metrics {
     /// Requests counted for an operation and code.
     pub fn request_count(&self, operation: &str, code: &str) -> u64 {
         self.requests
+            .answered
             .get(&RequestLabels {
                 operation: operation.to_string(),
                 code: code.to_string(),

@@ -393,68 +393,21 @@ async fn supervise_once(
     let mut failures = 0u32;
     let mut delay = Duration::from_millis(100);
     loop {
-        let exited = async {
-            match child.as_mut() {
-                Some(child) => child.wait().await.ok(),
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => return Outcome::Shutdown,
-            exit = exited => {
-                let how = exit.map(|s| s.to_string()).unwrap_or_else(|| "unknown status".into());
-                return Outcome::Restart(format!("smolvm serve exited ({how})"));
-            }
-            _ = tokio::time::sleep(delay) => {}
+        if let Some(outcome) = next_check_or_end(child.as_deref_mut(), shutdown, delay).await {
+            return outcome;
         }
         match client.health().await {
             Ok(health) => {
                 failures = 0;
                 identity.set_runtime_version(Some(health.version.clone()));
-                if !ready {
-                    // (Re)started: re-list machines so nothing smolvm knows is forgotten.
-                    let (machines, suspended) = match client.list().await {
-                        Ok(list) => listing(config, metrics, &list),
-                        Err(error) => {
-                            // Not ready on an empty list: that would forget the machines.
-                            tracing::warn!(%error, "listing machines after start failed; not ready until it succeeds");
-                            delay = (delay * 2).min(config.health_interval);
-                            continue;
-                        }
-                    };
-                    tracing::info!(version = %health.version, machines = machines.len(), "smolvm serve ready");
+                if ready {
+                    refresh_listing(config, client, metrics, status).await;
+                } else if publish_ready(config, client, metrics, status, &health.version).await {
                     ready = true;
                     restarts.succeeded(&());
                     delay = config.health_interval;
-                    metrics.set_runtime_ready(true);
-                    status.send_modify(|s| {
-                        s.ready = true;
-                        s.version = Some(health.version.clone());
-                        s.machines = machines;
-                        s.suspended = suspended;
-                        s.message.clear();
-                        s.generation += 1;
-                    });
-                } else if let Ok(list) = client.list().await {
-                    // Keep the machine list current: the SmolVMNode reports it, and the
-                    // controller finds machines no SmolVM owns from it. A failed listing keeps
-                    // the last one; so does a failed listing of the pools.
-                    let (mut machines, mut suspended) = listing(config, metrics, &list);
-                    let pools = pool_listing(client, config.pools.as_deref()).await;
-                    status.send_if_modified(|s| {
-                        let mut changed = s.machines != machines || s.suspended != suspended;
-                        if changed {
-                            s.machines = std::mem::take(&mut machines);
-                            s.suspended = std::mem::take(&mut suspended);
-                        }
-                        if let Some(pools) = pools
-                            && pools != s.pools
-                        {
-                            s.pools = pools;
-                            changed = true;
-                        }
-                        changed
-                    });
+                } else {
+                    delay = (delay * 2).min(config.health_interval);
                 }
             }
             Err(error) => {
@@ -477,6 +430,89 @@ async fn supervise_once(
             }
         }
     }
+}
+
+/// Waits `delay` for the next health check; the outcome instead when shutdown is asked or the
+/// child exits meanwhile.
+async fn next_check_or_end(
+    child: Option<&mut Child>,
+    shutdown: &mut watch::Receiver<bool>,
+    delay: Duration,
+) -> Option<Outcome> {
+    let exited = async {
+        match child {
+            Some(child) => child.wait().await.ok(),
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = shutdown.wait_for(|s| *s) => Some(Outcome::Shutdown),
+        exit = exited => {
+            let how = exit.map(|s| s.to_string()).unwrap_or_else(|| "unknown status".into());
+            Some(Outcome::Restart(format!("smolvm serve exited ({how})")))
+        }
+        _ = tokio::time::sleep(delay) => None,
+    }
+}
+
+/// smolvm (re)started and answers: re-lists its machines, so nothing it knows is forgotten,
+/// and publishes ready with them. `false` (still not ready) when the listing failed.
+async fn publish_ready(
+    config: &SupervisorConfig,
+    client: &SmolvmClient,
+    metrics: &Metrics,
+    status: &watch::Sender<RuntimeStatus>,
+    version: &str,
+) -> bool {
+    let (machines, suspended) = match client.list().await {
+        Ok(list) => listing(config, metrics, &list),
+        Err(error) => {
+            // Not ready on an empty list: that would forget the machines.
+            tracing::warn!(%error, "listing machines after start failed; not ready until it succeeds");
+            return false;
+        }
+    };
+    tracing::info!(version = %version, machines = machines.len(), "smolvm serve ready");
+    metrics.set_runtime_ready(true);
+    status.send_modify(|s| {
+        s.ready = true;
+        s.version = Some(version.to_string());
+        s.machines = machines;
+        s.suspended = suspended;
+        s.message.clear();
+        s.generation += 1;
+    });
+    true
+}
+
+/// Keeps the machine and pool lists current while smolvm is ready: the SmolVMNode reports
+/// them, and the controller finds machines no SmolVM owns from them. A failed listing keeps
+/// the last one; so does a failed listing of the pools.
+async fn refresh_listing(
+    config: &SupervisorConfig,
+    client: &SmolvmClient,
+    metrics: &Metrics,
+    status: &watch::Sender<RuntimeStatus>,
+) {
+    let Ok(list) = client.list().await else {
+        return;
+    };
+    let (mut machines, mut suspended) = listing(config, metrics, &list);
+    let pools = pool_listing(client, config.pools.as_deref()).await;
+    status.send_if_modified(|s| {
+        let mut changed = s.machines != machines || s.suspended != suspended;
+        if changed {
+            s.machines = std::mem::take(&mut machines);
+            s.suspended = std::mem::take(&mut suspended);
+        }
+        if let Some(pools) = pools
+            && pools != s.pools
+        {
+            s.pools = pools;
+            changed = true;
+        }
+        changed
+    });
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::client::Body;
 use serde_json::{Value, json};
 use smolvm_api::types::{Endpoint, NodeResources};
-use smolvm_runtime::report::{Observation, Reporter};
+use smolvm_runtime::smolvm_node::{Observation, Reporter};
 
 use smolvm_testkit::apiserver::{self, Handle};
 

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::logic::{self, ApiFailure};
+use super::failure::{self, ApiFailure};
 use super::types::{ErrorCode, JsonCall, validate_machine_name};
 use crate::vmm::VmmError;
 
@@ -33,7 +33,7 @@ impl From<ApiFailure> for ApiError {
 
 impl From<VmmError> for ApiError {
     fn from(error: VmmError) -> Self {
-        Self(logic::map_vmm_error(&error))
+        Self(failure::map_vmm_error(&error))
     }
 }
 

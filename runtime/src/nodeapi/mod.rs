@@ -1,7 +1,9 @@
 //! The node API: JSON over HTTPS with mutual TLS and a bearer token.
 //!
-//! [`types`] re-exports the wire contract from `smolvm_api::nodeapi`; [`logic`] holds the
-//! pure mapping to the VMM; [`server`] is the axum router; [`stream`] bridges interactive exec
+//! [`types`] re-exports the wire contract from `smolvm_api::nodeapi`; [`mapping`] maps
+//! machines between the node API and the VMM, [`request_checks`] checks a call's input before
+//! any machine is asked, and [`failure`] holds a failure as data and the refusals (all pure);
+//! [`server`] is the axum router; [`stream`] bridges interactive exec
 //! (Kubernetes' channel protocol) to the runtime; [`suspend`] suspends and resumes machines;
 //! `pools` keeps warm pools and serves machines from them;
 //! [`tls`] serves it over mTLS with a reloadable serving certificate and client CA; [`uploads`]
@@ -12,9 +14,11 @@
 
 mod answer;
 pub mod auth;
-pub mod logic;
+pub mod failure;
+pub mod mapping;
 pub(crate) mod pools;
 pub mod release;
+pub mod request_checks;
 pub mod server;
 mod state;
 pub mod stream;

@@ -24,7 +24,9 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 
 use super::answer::{ApiError, ApiResult, MachineName, answer, body_of, not_found};
-use super::logic::{self, ApiFailure};
+use super::failure::ApiFailure;
+use super::mapping;
+use super::request_checks;
 use super::state::NodeApiState;
 use super::types::{DeleteResponse, ErrorCode, MachineState, PoolList, PoolStatus, calls};
 use crate::pools::{LEASE_TTL_SECS, LeaseRecord, PoolRecord, pool_request};
@@ -83,7 +85,7 @@ pub(super) async fn lease_machine(
         )
         .into());
     }
-    let env = logic::to_vmm_env(&request.env);
+    let env = mapping::to_vmm_env(&request.env);
     let lease = LeaseRequest {
         key: &name,
         env: &env,
@@ -223,9 +225,9 @@ pub(crate) async fn ensure_pool(
         Some(machine) => machine,
         None => {
             if let Some(guard) = &state.host_ports {
-                logic::check_excluded_ports(&record.source.network.ports, &guard.excluded())?;
+                request_checks::check_excluded_ports(&record.source.network.ports, &guard.excluded())?;
             }
-            match state.vmm.create(&logic::to_vmm_spec(name, &record.source)).await {
+            match state.vmm.create(&mapping::to_vmm_spec(name, &record.source)).await {
                 Ok(machine) => machine,
                 Err(VmmError::Conflict { .. }) => state.vmm.get(name).await?.ok_or_else(|| not_found(name))?,
                 Err(error) => return Err(error.into()),

@@ -24,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Serialize;
 
-use super::logic::{self, ApiFailure};
+use super::failure::{self, ApiFailure};
 use super::server::{ApiError, NodeApiState, method_not_allowed, route_not_found};
 use super::types::{ErrorCode, MachineState};
 use smolvm_api::constants::volumes::{RELEASE_PATH, RELEASE_TOKEN_HEADER};
@@ -140,7 +140,7 @@ async fn release(State(state): State<NodeApiState>, headers: HeaderMap) -> Respo
 async fn release_one(state: &NodeApiState, name: &str) -> Result<ReleasedMachine, ApiFailure> {
     let _guard = state.lock(name).await;
     let holder_uid = state.volumes.record(name).map(|r| r.holder_uid).unwrap_or_default();
-    let machine = state.vmm.get(name).await.map_err(|e| logic::map_vmm_error(&e))?;
+    let machine = state.vmm.get(name).await.map_err(|e| failure::map_vmm_error(&e))?;
     let mut stopped = false;
     let mut now = machine.as_ref().map(|m| state.status_of(m).state);
     if let Some(current) = now
@@ -148,7 +148,7 @@ async fn release_one(state: &NodeApiState, name: &str) -> Result<ReleasedMachine
     {
         let outcome = state.vmm.stop(name).await;
         state.poke_forwarder();
-        let machine = outcome.map_err(|e| logic::map_vmm_error(&e))?;
+        let machine = outcome.map_err(|e| failure::map_vmm_error(&e))?;
         // As StopMachine: a suspension record beside a machine that was not suspended is stale.
         state.suspensions.remove(name);
         state.metrics.inc_volume_release_stop();

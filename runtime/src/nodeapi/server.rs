@@ -12,7 +12,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
 use futures::StreamExt as _;
 
-use super::logic::{self, ApiFailure};
+use super::failure::{self, ApiFailure};
+use super::mapping;
+use super::request_checks;
 use super::types::{
     DeleteResponse, ErrorCode, HealthResponse, IdentityResponse, MachineState, Method, Operation, StartRequest, calls,
     validate_machine_name,
@@ -173,7 +175,7 @@ async fn create_machine(
     let records = state.workload_records.as_ref();
     let compare = |machine: &crate::vmm::Machine| -> ApiResult {
         let recorded = records.and_then(|r| r.read(&name));
-        let mut fields = logic::spec_differences(&spec, machine, state.local_image_dir.as_deref(), recorded.as_ref());
+        let mut fields = mapping::spec_differences(&spec, machine, state.local_image_dir.as_deref(), recorded.as_ref());
         // The same volumes from another holder match: BindVolumes points the machine at it.
         fields.extend(crate::volumes::plan::differences(
             spec.volumes.as_ref(),
@@ -199,9 +201,9 @@ async fn create_machine(
     // Only a new machine is refused an excluded host port: an existing one (answered above, and
     // started by ensure-running) keeps the ports it was bound with (V6).
     if let Some(guard) = &state.host_ports {
-        logic::check_excluded_ports(&spec.network.ports, &guard.excluded())?;
+        request_checks::check_excluded_ports(&spec.network.ports, &guard.excluded())?;
     }
-    let mut vmm_spec = logic::to_vmm_spec(&name, &spec);
+    let mut vmm_spec = mapping::to_vmm_spec(&name, &spec);
     state.check_ports(&name, &vmm_spec.ports)?;
     if let Some(volumes) = &spec.volumes {
         vmm_spec.mounts = super::volumes::bind_for_create(&state, &name, volumes)?;
@@ -213,7 +215,7 @@ async fn create_machine(
     match created {
         Ok(machine) => {
             if let Some(records) = records
-                && let Err(error) = records.write(&name, &logic::workload_digests(&spec.workload))
+                && let Err(error) = records.write(&name, &mapping::workload_digests(&spec.workload))
             {
                 // The machine exists; only a later create's comparison of the workload is lost.
                 tracing::warn!(machine = %name, %error, "could not record the workload's digests");
@@ -249,7 +251,7 @@ async fn ensure_running(
     };
     if state.status_of(&machine).state == MachineState::Suspended {
         // A fresh start would throw the saved memory away.
-        return Err(logic::already_suspended(&name, "a start").into());
+        return Err(failure::already_suspended(&name, "a start").into());
     }
     if machine.state == MachineState::Running {
         // A record beside a running machine is stale (a pause that never happened).
@@ -269,7 +271,8 @@ async fn ensure_running(
         tracing::info!(machine = %name, %registry, "starting with a registry credential (for this start only; not stored)");
     }
     if let Some(guard) = &state.host_ports
-        && let Err(excluded) = logic::check_excluded_ports(&logic::to_status(&machine).network.ports, &guard.excluded())
+        && let Err(excluded) =
+            request_checks::check_excluded_ports(&mapping::to_status(&machine).network.ports, &guard.excluded())
     {
         // Ports never change after binding (V6): the machine keeps them; operators are told.
         tracing::warn!(machine = %name, reason = %excluded.body.message, "starting a machine that publishes a host port the policy now excludes; it keeps the ports it was created with");
@@ -341,11 +344,11 @@ async fn machine_logs(
     MachineName(name): MachineName,
     axum::extract::RawQuery(query): axum::extract::RawQuery,
 ) -> ApiResult {
-    let mut query = logic::parse_log_query(query.as_deref().unwrap_or_default())?;
+    let mut query = request_checks::parse_log_query(query.as_deref().unwrap_or_default())?;
     let Some(machine) = state.vmm.get(&name).await? else {
         return Err(not_found(&name));
     };
-    let running = logic::to_status(&machine).state == MachineState::Running;
+    let running = mapping::to_status(&machine).state == MachineState::Running;
     query.follow &= running;
     let permit = if query.follow {
         Some(state.open_stream(&name)?)
@@ -360,7 +363,7 @@ async fn machine_logs(
             loop {
                 tokio::time::sleep(FOLLOW_STATE_CHECK).await;
                 match vmm.get(&watched).await {
-                    Ok(Some(m)) if logic::to_status(&m).state == MachineState::Running => {}
+                    Ok(Some(m)) if mapping::to_status(&m).state == MachineState::Running => {}
                     _ => return,
                 }
             }
@@ -392,7 +395,7 @@ async fn exec_in_machine(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let request = body_of::<calls::ExecInMachine>(body)?;
-    logic::check_exec(&request)?;
+    request_checks::check_exec(&request)?;
     let _stream = state.open_stream(&name)?;
     let status = running(&state, &name, "exec").await?;
     let output = state
@@ -402,7 +405,7 @@ async fn exec_in_machine(
         .map_err(|error| stopped_meanwhile(error, &name, &status, "exec"))?;
     Ok(answer::<calls::ExecInMachine>(
         StatusCode::OK,
-        &logic::exec_response(&output),
+        &mapping::exec_response(&output),
     ))
 }
 
@@ -467,7 +470,7 @@ async fn running_machine_and_path(
     what: &str,
 ) -> Result<(String, String), ApiError> {
     validate_machine_name(&name).map_err(|message| ApiError(ApiFailure::new(ErrorCode::InvalidRequest, message)))?;
-    let path = logic::check_file_path(&path)?;
+    let path = request_checks::check_file_path(&path)?;
     running(state, &name, what).await?;
     Ok((name, path))
 }
@@ -481,7 +484,7 @@ async fn running(state: &NodeApiState, name: &str, what: &str) -> Result<super::
     };
     let status = state.status_of(&machine);
     if status.state != MachineState::Running {
-        return Err(logic::not_running(name, &status, what).into());
+        return Err(failure::not_running(name, &status, what).into());
     }
     Ok(status)
 }
@@ -490,7 +493,7 @@ async fn running(state: &NodeApiState, name: &str, what: &str) -> Result<super::
 /// between the check and the call (smolvm refused to boot it).
 fn stopped_meanwhile(error: VmmError, name: &str, status: &super::types::MachineStatus, what: &str) -> ApiError {
     match error {
-        VmmError::Conflict { .. } => ApiError(logic::not_running(name, status, what)),
+        VmmError::Conflict { .. } => ApiError(failure::not_running(name, status, what)),
         other => ApiError::from(other),
     }
 }
@@ -521,7 +524,7 @@ async fn read_file(State(state): State<NodeApiState>, path: Path<(String, String
 /// (404 `FileNotFound`, naming the path), else the machine went since [`running`] saw it.
 async fn missing_file(state: &NodeApiState, name: &str, path: &str) -> ApiError {
     match state.vmm.get(name).await {
-        Ok(Some(_)) => ApiError(logic::file_not_found(name, path)),
+        Ok(Some(_)) => ApiError(failure::file_not_found(name, path)),
         Ok(None) => not_found(name),
         Err(error) => error.into(),
     }
@@ -541,7 +544,7 @@ async fn write_file(
     axum::extract::RawQuery(query): axum::extract::RawQuery,
     request: Request,
 ) -> ApiResult {
-    let mode = logic::parse_file_mode(query.as_deref().unwrap_or_default())?;
+    let mode = request_checks::parse_file_mode(query.as_deref().unwrap_or_default())?;
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -612,15 +615,15 @@ async fn resize_machine(
         return Err(not_found(&name));
     };
     if state.status_of(&machine).state == MachineState::Suspended {
-        return Err(logic::already_suspended(&name, "a resize").into());
+        return Err(failure::already_suspended(&name, "a resize").into());
     }
-    let plan = logic::plan_resize(&request, &machine);
+    let plan = mapping::plan_resize(&request, &machine);
     if let Some(disks) = plan.disks {
         machine = state.vmm.resize(&name, &disks).await?;
     }
     if let Some(live) = plan.live {
-        if logic::to_status(&machine).state != MachineState::Running {
-            let pending = logic::pending_live_fields(&live);
+        if mapping::to_status(&machine).state != MachineState::Running {
+            let pending = mapping::pending_live_fields(&live);
             return Err(ApiFailure::new(
                 ErrorCode::ResizeRequiresRunning,
                 format!(
@@ -633,13 +636,13 @@ async fn resize_machine(
                     }
                 ),
             )
-            .with_details(serde_json::json!({ "pending": pending, "machine": logic::to_status(&machine) }))
+            .with_details(serde_json::json!({ "pending": pending, "machine": mapping::to_status(&machine) }))
             .into());
         }
         machine = state.vmm.resize(&name, &live).await?;
     }
     Ok(answer::<calls::ResizeMachine>(
         StatusCode::OK,
-        &logic::to_status(&machine),
+        &mapping::to_status(&machine),
     ))
 }

@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use super::answer::ApiError;
 use super::auth::TokenAuth;
-use super::logic::{self, ApiFailure};
+use super::failure::ApiFailure;
+use super::mapping;
 use super::types::ErrorCode;
 use crate::metrics::Metrics;
 use crate::vmm::Vmm;
@@ -223,7 +224,7 @@ impl NodeApiState {
     /// `machine` as the node API reports it: `Suspended` when this agent suspended it, with
     /// its pool and its volumes.
     pub(super) fn status_of(&self, machine: &crate::vmm::Machine) -> super::types::MachineStatus {
-        let mut status = logic::to_status_with(machine, self.suspensions.read(&machine.name).as_ref());
+        let mut status = mapping::to_status_with(machine, self.suspensions.read(&machine.name).as_ref());
         status.pool = self.pools.leases.read(&machine.name).map(|record| record.pool);
         status.volumes = self.volumes.status(&machine.name);
         status

@@ -19,10 +19,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
+use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt as _, Stream, StreamExt as _};
 use smolvm_api::channel::{self, Ending, ExecStreamQuery, Inbound};
+use tokio::sync::mpsc;
 
-use super::logic::ApiFailure;
+use super::failure::ApiFailure;
 use super::types::ErrorCode;
 use crate::vmm::{Session, SessionInput, SessionOutput};
 
@@ -39,96 +41,115 @@ const FINAL_SEND: Duration = Duration::from_secs(5);
 pub async fn bridge(socket: WebSocket, session: Session, query: ExecStreamQuery) {
     let Session { input, mut output } = session;
     let (mut sink, mut stream) = socket.split();
-    // Caller → command. Waiting for room in the input buffer holds only this direction.
-    let inbound = async {
-        while let Some(incoming) = stream.next().await {
-            let sent = match incoming {
-                Ok(Message::Binary(bytes)) => match channel::decode(&bytes) {
-                    Ok(Inbound::Stdin(data)) if query.stdin => {
-                        let data = bytes::Bytes::copy_from_slice(data);
-                        input.send(SessionInput::Stdin(data)).await
-                    }
-                    Ok(Inbound::Resize { cols, rows }) if query.tty => {
-                        input.send(SessionInput::Resize { cols, rows }).await
-                    }
-                    // The runtime has no way to close a command's stdin alone; on a terminal the
-                    // user's end-of-file travels as a key. Anything else needs no action.
-                    Ok(_) => Ok(()),
-                    Err(why) => return Some(Ending::Failed(format!("protocol error: {why}"))),
-                },
-                Ok(Message::Text(_)) => {
-                    return Some(Ending::Failed(
-                        "protocol error: text frames are not part of v5.channel.k8s.io; send binary frames".into(),
-                    ));
-                }
-                Ok(Message::Close(_)) | Err(_) => return None,
-                Ok(_) => Ok(()),
-            };
-            if sent.is_err() {
-                // The runtime's side is gone; the output direction brings how it ended.
-                std::future::pending::<()>().await;
-            }
-        }
-        None
-    };
-    // Command → caller. Waiting for a slow caller holds only this direction.
-    let outbound = async {
-        let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
-        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            let frame = tokio::select! {
-                out = output.recv() => match out {
-                    Some(SessionOutput::Stdout(bytes)) if query.stdout => channel::frame(channel::STDOUT, &bytes),
-                    Some(SessionOutput::Stderr(bytes)) if query.stderr => channel::frame(channel::STDERR, &bytes),
-                    Some(SessionOutput::Stdout(_) | SessionOutput::Stderr(_)) => continue,
-                    Some(SessionOutput::Ended(ending)) => return Some(ending),
-                    None => {
-                        return Some(Ending::Failed(
-                            "the runtime ended the session without an exit code".into(),
-                        ));
-                    }
-                },
-                _ = ping.tick() => {
-                    if sink.send(Message::Ping(bytes::Bytes::new())).await.is_err() {
-                        return None;
-                    }
-                    continue;
-                }
-            };
-            if sink.send(Message::Binary(frame.into())).await.is_err() {
-                return None;
-            }
-        }
-    };
     let ending = tokio::select! {
-        ending = inbound => ending,
-        ending = outbound => ending,
+        ending = caller_to_command(&mut stream, &input, &query) => ending,
+        ending = command_to_caller(&mut sink, &mut output, &query) => ending,
     };
     // Ends the command if it still runs (the runtime closes smolvm's socket and smolvm kills
     // it), whichever side ended first.
     drop(input);
     drop(output);
-    if let Some(ending) = ending {
-        match &ending {
-            Ending::Exited(code) => tracing::info!(code, "interactive exec ended"),
-            Ending::Failed(why) => tracing::info!(%why, "interactive exec failed"),
-        }
-        let status = channel::status(&ending).to_string();
-        let goodbye = async {
-            sink.send(Message::Binary(
-                channel::frame(channel::STATUS, status.as_bytes()).into(),
-            ))
-            .await?;
-            sink.send(Message::Close(Some(CloseFrame {
-                code: close_code::NORMAL,
-                reason: "".into(),
-            })))
-            .await
-        };
-        let _ = tokio::time::timeout(FINAL_SEND, goodbye).await;
-    } else {
-        tracing::info!("interactive exec ended by the client");
+    match ending {
+        Some(ending) => send_status(&mut sink, &ending).await,
+        None => tracing::info!("interactive exec ended by the client"),
     }
+}
+
+/// Caller → command: stdin and resizes, as far as the query allows them. Waiting for room in
+/// the input buffer holds only this direction. `None` when the caller went; how the session
+/// failed when the caller broke the protocol.
+async fn caller_to_command(
+    stream: &mut SplitStream<WebSocket>,
+    input: &mpsc::Sender<SessionInput>,
+    query: &ExecStreamQuery,
+) -> Option<Ending> {
+    while let Some(incoming) = stream.next().await {
+        let sent = match incoming {
+            Ok(Message::Binary(bytes)) => match channel::decode(&bytes) {
+                Ok(Inbound::Stdin(data)) if query.stdin => {
+                    let data = bytes::Bytes::copy_from_slice(data);
+                    input.send(SessionInput::Stdin(data)).await
+                }
+                Ok(Inbound::Resize { cols, rows }) if query.tty => {
+                    input.send(SessionInput::Resize { cols, rows }).await
+                }
+                // The runtime has no way to close a command's stdin alone; on a terminal the
+                // user's end-of-file travels as a key. Anything else needs no action.
+                Ok(_) => Ok(()),
+                Err(why) => return Some(Ending::Failed(format!("protocol error: {why}"))),
+            },
+            Ok(Message::Text(_)) => {
+                return Some(Ending::Failed(
+                    "protocol error: text frames are not part of v5.channel.k8s.io; send binary frames".into(),
+                ));
+            }
+            Ok(Message::Close(_)) | Err(_) => return None,
+            Ok(_) => Ok(()),
+        };
+        if sent.is_err() {
+            // The runtime's side is gone; the output direction brings how it ended.
+            std::future::pending::<()>().await;
+        }
+    }
+    None
+}
+
+/// Command → caller: its output on the channels the query asked for, a ping every
+/// [`PING_INTERVAL`] meanwhile. Waiting for a slow caller holds only this direction. How the
+/// command ended, or `None` when the caller could not be written to.
+async fn command_to_caller(
+    sink: &mut SplitSink<WebSocket, Message>,
+    output: &mut mpsc::Receiver<SessionOutput>,
+    query: &ExecStreamQuery,
+) -> Option<Ending> {
+    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let frame = tokio::select! {
+            out = output.recv() => match out {
+                Some(SessionOutput::Stdout(bytes)) if query.stdout => channel::frame(channel::STDOUT, &bytes),
+                Some(SessionOutput::Stderr(bytes)) if query.stderr => channel::frame(channel::STDERR, &bytes),
+                Some(SessionOutput::Stdout(_) | SessionOutput::Stderr(_)) => continue,
+                Some(SessionOutput::Ended(ending)) => return Some(ending),
+                None => {
+                    return Some(Ending::Failed(
+                        "the runtime ended the session without an exit code".into(),
+                    ));
+                }
+            },
+            _ = ping.tick() => {
+                if sink.send(Message::Ping(bytes::Bytes::new())).await.is_err() {
+                    return None;
+                }
+                continue;
+            }
+        };
+        if sink.send(Message::Binary(frame.into())).await.is_err() {
+            return None;
+        }
+    }
+}
+
+/// How the command ended, on channel 3, then a normal close: within [`FINAL_SEND`], for a
+/// caller who does not read.
+async fn send_status(sink: &mut SplitSink<WebSocket, Message>, ending: &Ending) {
+    match ending {
+        Ending::Exited(code) => tracing::info!(code, "interactive exec ended"),
+        Ending::Failed(why) => tracing::info!(%why, "interactive exec failed"),
+    }
+    let status = channel::status(ending).to_string();
+    let goodbye = async {
+        sink.send(Message::Binary(
+            channel::frame(channel::STATUS, status.as_bytes()).into(),
+        ))
+        .await?;
+        sink.send(Message::Close(Some(CloseFrame {
+            code: close_code::NORMAL,
+            reason: "".into(),
+        })))
+        .await
+    };
+    let _ = tokio::time::timeout(FINAL_SEND, goodbye).await;
 }
 
 /// How many exec and log-follow streams may be open at once.

@@ -17,7 +17,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 
 use super::answer::{ApiResult, MachineName, answer, not_found};
-use super::logic::{self, ApiFailure};
+use super::failure::{self, ApiFailure};
+use super::mapping;
 use super::state::NodeApiState;
 use super::types::{ErrorCode, MachineState, calls};
 use crate::suspensions::Suspension;
@@ -48,7 +49,7 @@ pub(super) async fn suspend_machine(State(state): State<NodeApiState>, MachineNa
     match status.state {
         MachineState::Suspended => return Ok(answer::<calls::SuspendMachine>(StatusCode::OK, &status)),
         MachineState::Running => {}
-        _ => return Err(logic::cannot_suspend(&name, &status).into()),
+        _ => return Err(failure::cannot_suspend(&name, &status).into()),
     }
     // The intent first: from here a crash never loses track of a saved state.
     state.suspensions.write(&name, &Suspension::now()).map_err(|error| {
@@ -74,7 +75,7 @@ pub(super) async fn suspend_machine(State(state): State<NodeApiState>, MachineNa
             match (&error, state.vmm.get(&name).await) {
                 // It stopped between the look and the pause.
                 (VmmError::NotRunning { .. }, Ok(Some(now))) => {
-                    Err(logic::cannot_suspend(&name, &state.status_of(&now)).into())
+                    Err(failure::cannot_suspend(&name, &state.status_of(&now)).into())
                 }
                 _ => Err(error.into()),
             }
@@ -103,11 +104,11 @@ pub(super) async fn resume_machine(State(state): State<NodeApiState>, MachineNam
             state.suspensions.remove(&name);
             return Ok(answer::<calls::ResumeMachine>(
                 StatusCode::OK,
-                &logic::to_status(&machine),
+                &mapping::to_status(&machine),
             ));
         }
         MachineState::Suspended => {}
-        _ => return Err(logic::no_saved_state(&name, &status).into()),
+        _ => return Err(failure::no_saved_state(&name, &status).into()),
     }
     state.check_ports(&name, &machine.ports)?;
     // Never over an empty directory: each volume is a bind of its holder's, or no resume.
@@ -130,10 +131,10 @@ pub(super) async fn resume_machine(State(state): State<NodeApiState>, MachineNam
             state.suspensions.remove(&name);
             tracing::warn!(machine = %name, "resume: smolvm holds no saved state for this suspended machine; it is stopped");
             let now = match state.vmm.get(&name).await {
-                Ok(Some(now)) => logic::to_status(&now),
-                _ => logic::to_status(&machine),
+                Ok(Some(now)) => mapping::to_status(&now),
+                _ => mapping::to_status(&machine),
             };
-            Err(logic::no_saved_state(&name, &now).into())
+            Err(failure::no_saved_state(&name, &now).into())
         }
         Err(error) => Err(error.into()),
     }

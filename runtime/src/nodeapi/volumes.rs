@@ -7,7 +7,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 
 use super::answer::{ApiError, ApiResult, MachineName, answer, body_of, not_found};
-use super::logic::ApiFailure;
+use super::failure::ApiFailure;
 use super::state::NodeApiState;
 use super::types::{ErrorCode, MachineState, VolumeMounts, calls};
 use crate::vmm::HostMount;

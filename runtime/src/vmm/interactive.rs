@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::{self, Message};
 
 use super::VmmError;
+use super::smolvm::errors::{Operation, map_error};
 
 /// How many messages wait in each direction before the sender waits (back-pressure).
 const SESSION_BUFFER: usize = 16;
@@ -159,8 +160,8 @@ pub async fn open(
         tokio_tungstenite::client_async(format!("ws://localhost{path}"), stream)
             .await
             .map_err(|error| match error {
-                tungstenite::Error::Http(response) => super::smolvm::map_error(
-                    super::smolvm::Operation::Exec,
+                tungstenite::Error::Http(response) => map_error(
+                    Operation::Exec,
                     response.status(),
                     response.body().as_deref().unwrap_or_default(),
                 ),

@@ -9,7 +9,10 @@
 use hyper::Method;
 use serde::{Deserialize, Serialize};
 
-use super::{Operation, SmolvmClient, encode_segment, map_error, parse_json, to_json};
+use super::SmolvmClient;
+use super::errors::{Operation, map_error};
+use super::paths::encode_segment;
+use super::wire::{parse_json, to_json};
 use crate::vmm::{DeleteOutcome, LeaseInfo, LeaseRequest, PoolInfo, PoolRequest, VmmError};
 
 const POOLS: &str = "/api/v1/pools";

@@ -227,28 +227,26 @@ fn reported_suspended(obs: &Observation) -> Vec<String> {
     names
 }
 
-/// The status to apply, given the previous conditions.
-pub fn build_status(obs: &Observation, previous: &[Condition], now: &Time) -> SmolVMNodeStatus {
-    let kvm = if obs.kvm_available {
-        next_condition(
-            previous,
-            condition::KVM_AVAILABLE,
-            true,
-            reason::AS_EXPECTED,
-            &obs.kvm_message,
-            now,
-        )
+/// KvmAvailable: whether KVM is usable, with the check's message.
+fn kvm_condition(obs: &Observation, previous: &[Condition], now: &Time) -> Condition {
+    let why = if obs.kvm_available {
+        reason::AS_EXPECTED
     } else {
-        next_condition(
-            previous,
-            condition::KVM_AVAILABLE,
-            false,
-            reason::KVM_UNAVAILABLE,
-            &obs.kvm_message,
-            now,
-        )
+        reason::KVM_UNAVAILABLE
     };
-    let runtime = if obs.runtime_ready {
+    next_condition(
+        previous,
+        condition::KVM_AVAILABLE,
+        obs.kvm_available,
+        why,
+        &obs.kvm_message,
+        now,
+    )
+}
+
+/// RuntimeReady: whether smolvm answers its health check, with its version or why not.
+fn runtime_condition(obs: &Observation, previous: &[Condition], now: &Time) -> Condition {
+    if obs.runtime_ready {
         let message = format!(
             "smolvm {} is serving",
             obs.runtime_version.as_deref().unwrap_or("(unknown version)")
@@ -270,8 +268,12 @@ pub fn build_status(obs: &Observation, previous: &[Condition], now: &Time) -> Sm
             &obs.runtime_message,
             now,
         )
-    };
-    let ready = match (obs.kvm_available, obs.runtime_ready) {
+    }
+}
+
+/// Ready: KVM usable and smolvm serving; else the first of the two that is not, with its message.
+fn ready_condition(obs: &Observation, previous: &[Condition], now: &Time) -> Condition {
+    match (obs.kvm_available, obs.runtime_ready) {
         (true, true) => next_condition(
             previous,
             condition::READY,
@@ -296,7 +298,14 @@ pub fn build_status(obs: &Observation, previous: &[Condition], now: &Time) -> Sm
             &obs.runtime_message,
             now,
         ),
-    };
+    }
+}
+
+/// The status to apply, given the previous conditions.
+pub fn build_status(obs: &Observation, previous: &[Condition], now: &Time) -> SmolVMNodeStatus {
+    let kvm = kvm_condition(obs, previous, now);
+    let runtime = runtime_condition(obs, previous, now);
+    let ready = ready_condition(obs, previous, now);
     SmolVMNodeStatus {
         node_uid: Some(obs.node_uid.clone()),
         endpoint: Some(obs.endpoint.clone()),
