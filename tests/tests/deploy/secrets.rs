@@ -283,7 +283,7 @@ pub(super) fn the_controller_writes_only_services_and_endpoint_slices_of_smolvms
 
 /// Issue 56: the runtime's own-node policy keeps an agent to its status and the labels the agent
 /// owns, the same list the code names (smolvm_api::constants::AGENT_LABELS, the keys of
-/// runtime/src/report.rs capability_labels), on every SmolVMNode write it matches; it compares
+/// runtime/src/smolvm_node.rs capability_labels), on every SmolVMNode write it matches; it compares
 /// labels, annotations (but the recheck annotation the agent removes), finalizers and owner
 /// references with the stored object, and checks a new SmolVMNode's owner against the token's
 /// node. (The RBAC table in rbac.rs gives the controller what mirroring the Node's labels takes.)
