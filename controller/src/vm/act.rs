@@ -21,11 +21,13 @@ use kube::{
 use serde_json::json;
 use smolvm_api::{
     SmolVM,
-    constants::{FINALIZER, reason},
+    constants::reason,
     nodeapi::{EnvVar, MachineSpec, MachineStatus, Operation, RegistryAuth},
 };
 
 use super::decide::{self, Call, Decision, DeleteFailure, Failure, Observed, Progress, Room};
+use super::events;
+use super::metadata::{add_finalizer, remove_finalizer};
 use super::report;
 use super::rules::{self, Step};
 use super::volumes::{self, kube::Look};
@@ -79,39 +81,6 @@ struct Pass<'a> {
     uid: &'a str,
 }
 
-async fn add_finalizer(api: &Api<SmolVM>, vm: &SmolVM) -> Result<(), Error> {
-    let patch = match &vm.metadata.finalizers {
-        // The `test` that the list is still absent (a JSON patch `test` of a missing path
-        // against null succeeds): a finalizer another client added meanwhile makes the patch
-        // fail (and the reconcile retry) instead of being overwritten.
-        None => json!([
-            {"op": "test", "path": "/metadata/finalizers", "value": null},
-            {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}
-        ]),
-        Some(_) => json!([{"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}]),
-    };
-    json_patch(api, vm, patch).await?;
-    Ok(())
-}
-
-/// A JSON patch of the SmolVM object (its metadata: finalizers, annotations).
-pub(super) async fn json_patch(api: &Api<SmolVM>, vm: &SmolVM, patch: serde_json::Value) -> Result<SmolVM, Error> {
-    let patch = Patch::Json::<()>(serde_json::from_value(patch)?);
-    Ok(api.patch(&vm.name_any(), &PatchParams::default(), &patch).await?)
-}
-
-async fn remove_finalizer(api: &Api<SmolVM>, vm: &SmolVM) -> Result<(), Error> {
-    let Some(index) = vm.metadata.finalizers.iter().flatten().position(|f| f == FINALIZER) else {
-        return Ok(());
-    };
-    let patch = json!([
-        {"op": "test", "path": format!("/metadata/finalizers/{index}"), "value": FINALIZER},
-        {"op": "remove", "path": format!("/metadata/finalizers/{index}")}
-    ]);
-    json_patch(api, vm, patch).await?;
-    Ok(())
-}
-
 async fn delete(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str, force: bool) -> Result<Action, Error> {
     let Pass { api, ctx, uid } = pass;
     sync_endpoint(ctx, node);
@@ -136,7 +105,7 @@ async fn delete(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str, force: b
     release_volumes(ctx, vm).await?;
     remove_finalizer(api, vm).await?;
     ctx.forget(uid);
-    report::publish(ctx, vm, &decide::deleted(node, machine, gone)).await;
+    events::publish(ctx, vm, &decide::deleted(node, machine, gone)).await;
     Ok(Action::await_change())
 }
 
@@ -161,7 +130,7 @@ async fn volume_prelude(pass: Pass<'_>, vm: &SmolVM, request: &mut Request) -> R
     let prelude = volumes::before_placement(vm, &seen);
     let failed = volumes::kube::write(ctx, vm, &prelude.writes).await.err();
     let wait = match failed {
-        Some((write, error)) => Some(write.failed(&report::describe_kube_error(&error))),
+        Some((write, error)) => Some(write.failed(&super::describe_kube_error(&error))),
         None => prelude.wait,
     };
     if let Some((why, message)) = wait {
@@ -298,7 +267,7 @@ async fn give_back(ctx: &Context, vm: &SmolVM, node: &str, slots: &[(String, u32
         match resized {
             Ok(_) => {
                 if let Some(owner) = crate::placement::owner_of(&pools, pool) {
-                    report::slots_given_back(ctx, owner, node, *n, &taker).await;
+                    events::slots_given_back(ctx, owner, node, *n, &taker).await;
                 }
             }
             Err(error) if error.code() == Some(&smolvm_api::nodeapi::ErrorCode::PoolNotFound) => {}

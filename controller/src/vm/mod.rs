@@ -26,8 +26,10 @@
 
 pub mod act;
 pub mod decide;
+pub mod events;
 pub mod exposure;
 pub mod fetch;
+mod metadata;
 pub mod pooled;
 pub mod report;
 pub mod rules;
@@ -73,6 +75,18 @@ impl Error {
             Error::MissingField(_) => "MissingField",
             Error::Serialize(_) => "SerializationError",
         }
+    }
+}
+
+/// An API server error in words, for a condition: a refusal names the permission.
+fn describe_kube_error(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) if status.code == 403 => format!(
+            "the controller lacks a permission ({}); check its ClusterRole (deploy/base/controller/rbac.yaml)",
+            status.message
+        ),
+        kube::Error::Api(status) => format!("{} ({})", status.message, status.code),
+        other => other.to_string(),
     }
 }
 
