@@ -1,5 +1,5 @@
 //! Observe and act: the I/O of a pass. It gathers what [`super::decide`] needs, makes the node
-//! calls decide asks for, and hands the outcome to [`super::report`].
+//! calls decide asks for, and hands the outcome to [`super::status`], which writes it.
 //!
 //! The finalizer is added and removed here rather than through `kube::runtime::finalizer`,
 //! whose cleanup can keep the finalizer only by returning an error. A deletion held because the
@@ -28,8 +28,8 @@ use smolvm_api::{
 use super::decide::{self, Call, Decision, DeleteFailure, Failure, Observed, Progress, Room};
 use super::events;
 use super::metadata::{add_finalizer, remove_finalizer};
-use super::report;
 use super::rules::{self, Step};
+use super::status;
 use super::volumes::{self, kube::Look};
 use super::{Context, Error};
 use crate::placement::Request;
@@ -96,12 +96,12 @@ async fn delete(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str, force: b
         Err(e) => {
             let failure = decide::delete_failure(force, e);
             let outcome = decide::deletion_blocked(vm, node, machine, failure, e, Timestamp::now());
-            return report::report(ctx, api, vm, uid, outcome).await;
+            return status::report(ctx, api, vm, uid, outcome).await;
         }
     };
     let (service, slice) = owned_objects(ctx, vm, false).await?;
     let writes = decide::removal(vm, service.as_deref(), slice.as_deref());
-    report::write_exposure(ctx, vm, &writes).await?;
+    status::write_exposure(ctx, vm, &writes).await?;
     release_volumes(ctx, vm).await?;
     remove_finalizer(api, vm).await?;
     ctx.forget(uid);
@@ -135,7 +135,7 @@ async fn volume_prelude(pass: Pass<'_>, vm: &SmolVM, request: &mut Request) -> R
     };
     if let Some((why, message)) = wait {
         let outcome = decide::waiting_for_volumes(vm, why, message, Timestamp::now());
-        return report::report(ctx, api, vm, uid, outcome).await.map(Some);
+        return status::report(ctx, api, vm, uid, outcome).await.map(Some);
     }
     request.volumes = prelude.reach;
     Ok(None)
@@ -188,7 +188,7 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
                 })
                 .inc();
             let outcome = decide::unschedulable(vm, unplaceable.message, now);
-            return report::report(ctx, api, vm, uid, outcome).await;
+            return status::report(ctx, api, vm, uid, outcome).await;
         }
     };
     let node_uid = ctx
@@ -206,7 +206,7 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
     if warm {
         return claim(pass, bound, &node, note).await;
     }
-    match report::write_binding(ctx, api, uid, (&node, Some(&note)), bound).await? {
+    match status::write_binding(ctx, api, uid, (&node, Some(&note)), bound).await? {
         // The same pass goes on against the node it bound to, from the object the API server
         // answered with, rather than waiting for its own write to come back through the watch.
         Ok(bound) => {
@@ -220,7 +220,7 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
 /// The first pass of a warm claim, placed on `node` where its pool has a ready slot. Its node
 /// call is one lease, keyed by the SmolVM's UID (or, should the slot have gone meanwhile, the
 /// cold create `whenEmpty: Cold` asks for, keyed by its machine name), so the binding rides on
-/// the pass's one status write ([`report::report_binding`]): a claim costs one status write, not
+/// the pass's one status write ([`status::report_binding`]): a claim costs one status write, not
 /// two. Should that write fail, the next pass binds again: on the same node the call answers
 /// with the same machine; on another, the one made here is an orphan (booked at once, collected
 /// after the grace period).
@@ -231,7 +231,7 @@ async fn claim(pass: Pass<'_>, bound: SmolVM, node: &str, note: decide::Note) ->
     // A slot was taken (or the claim went cold): the pools' pass books and asks for the refill.
     ctx.pools_wake.poke();
     match acted {
-        Ok(Some(outcome)) => report::report_binding(ctx, api, uid, (node, &note), bound, outcome).await,
+        Ok(Some(outcome)) => status::report_binding(ctx, api, uid, (node, &note), bound, outcome).await,
         // Nothing was bound: the reservation goes with the pass.
         Ok(None) => {
             ctx.ledger.release(uid);
@@ -300,7 +300,7 @@ pub fn sync_endpoint(ctx: &Context, node: &str) {
 async fn converge(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str) -> Result<Action, Error> {
     let Pass { api, ctx, uid } = pass;
     match act(pass, vm, node, machine).await? {
-        Some(outcome) => report::report(ctx, api, vm, uid, outcome).await,
+        Some(outcome) => status::report(ctx, api, vm, uid, outcome).await,
         None => Ok(Action::requeue(ctx.timing.retry)),
     }
 }
@@ -352,7 +352,7 @@ async fn act(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str) -> Result<O
         };
         if call != Call::Get && progress.exposed.is_none() {
             // A failure here is decided again, and reported, at the end of the pass.
-            match report::write_exposure(ctx, vm, &expose_first).await {
+            match status::write_exposure(ctx, vm, &expose_first).await {
                 Ok(()) => progress.exposed = Some(expose_first),
                 Err(error) => tracing::debug!(%error, "Service or EndpointSlice write before the machine calls failed"),
             }

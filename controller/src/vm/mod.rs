@@ -9,13 +9,14 @@
 //!    phase and condition is chosen there, from [`rules`].
 //! 3. **Act** ([`act`]): makes the node call, records its result, and decides again, a bounded
 //!    number of times.
-//! 4. **Report** ([`report`]): the exposure writes, the volumes' claim and holder writes
-//!    ([`volumes::VolumeWrite`]), one status write, the events, the dropped annotations. A pass
+//! 4. **Report** ([`status`]): the exposure writes, the volumes' claim and holder writes
+//!    ([`volumes::VolumeWrite`]), one status write, the events ([`events`]), the dropped
+//!    annotations ([`metadata`], which adds and removes the finalizer too). A pass
 //!    writes the SmolVM's status at most three times: the binding (a pass that places the VM goes
 //!    on against its node from the object the API server answered), a restart's record before
 //!    its stop, then the status. A warm claim (a SmolVM placed where its
 //!    pool has a ready slot) is the exception: its one node call is an idempotent lease, so its
-//!    binding goes in its status write ([`report::report_binding`]), one write per claim.
+//!    binding goes in its status write ([`status::report_binding`]), one write per claim.
 //!
 //! A pass never acts on a version of the SmolVM that the controller's own writes replaced
 //! ([`Superseded`]): the watch brings the newer one, and that one is acted on.
@@ -31,10 +32,17 @@ pub mod exposure;
 pub mod fetch;
 mod metadata;
 pub mod pooled;
-pub mod report;
 pub mod rules;
+pub mod status;
 pub mod volumes;
 pub mod workload;
+
+/// The old path of [`events::slots_given_back`], for callers outside `vm/` that still name it
+/// (`crate::vm::report::slots_given_back`); the status writer is [`status`].
+#[doc(hidden)]
+pub mod report {
+    pub use super::events::slots_given_back;
+}
 
 use std::{sync::Arc, time::Duration};
 

@@ -1,7 +1,10 @@
-//! Report: what a pass decided, written. The Service and EndpointSlice first (a failure there
-//! becomes the ServiceExposed condition, so the machine's own status is still written), then one
-//! status write (none when nothing changed), the events, and the annotations the pass is done
-//! with.
+//! The SmolVM's status writer, the report step of a pass: what a pass decided, written. The
+//! Service and EndpointSlice first (a failure there becomes the ServiceExposed condition, so the
+//! machine's own status is still written), then the volumes' claim and holder writes (a failure
+//! there becomes VolumesReady), one status write (none when nothing changed), the events
+//! ([`super::events`]), and the annotations the pass is done with ([`super::metadata`]). A
+//! binding is written here too ([`write_binding`]), with the object's resourceVersion as
+//! precondition.
 
 use std::time::Duration;
 
@@ -19,9 +22,6 @@ use smolvm_api::{SmolVM, constants::FIELD_MANAGER_CONTROLLER};
 
 use super::decide::{ExposureWrite, Note, Outcome, Requeue};
 use super::{Context, Error};
-
-/// Where callers outside `vm/` found it before: the event on a pool whose slots were given back.
-pub use super::events::slots_given_back;
 
 /// Writes an outcome and says when to look again.
 pub async fn report(
