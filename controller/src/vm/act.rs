@@ -1,5 +1,5 @@
-//! Observe and act: the I/O of a pass. It gathers what [`super::decide`] needs, makes the node
-//! calls decide asks for, and hands the outcome to [`super::status`], which writes it.
+//! Act: the I/O of a pass. It gathers what [`super::decide`] needs ([`super::observe`]), makes
+//! the node calls decide asks for, and hands the outcome to [`super::status`], which writes it.
 //!
 //! The finalizer is added and removed here rather than through `kube::runtime::finalizer`,
 //! whose cleanup can keep the finalizer only by returning an error. A deletion held because the
@@ -9,10 +9,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use k8s_openapi::{
-    api::{core::v1::Service, discovery::v1::EndpointSlice},
-    jiff::Timestamp,
-};
+use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, ResourceExt,
     api::{Patch, PatchParams},
@@ -25,9 +22,10 @@ use smolvm_api::{
     nodeapi::{EnvVar, MachineSpec, MachineStatus, Operation, RegistryAuth},
 };
 
-use super::decide::{self, Call, Decision, DeleteFailure, Failure, Observed, Progress, Room};
+use super::decide::{self, Call, Decision, DeleteFailure, Failure, Progress};
 use super::events;
 use super::metadata::{add_finalizer, remove_finalizer};
+use super::observe::{self, Around};
 use super::rules::{self, Step};
 use super::status;
 use super::volumes::{self, kube::Look};
@@ -99,7 +97,7 @@ async fn delete(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str, force: b
             return status::report(ctx, api, vm, uid, outcome).await;
         }
     };
-    let (service, slice) = owned_objects(ctx, vm, false).await?;
+    let (service, slice) = observe::owned_objects(ctx, vm, false).await?;
     let writes = decide::removal(vm, service.as_deref(), slice.as_deref());
     status::write_exposure(ctx, vm, &writes).await?;
     release_volumes(ctx, vm).await?;
@@ -310,31 +308,9 @@ async fn converge(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str) -> Res
 /// for more calls than that.
 async fn act(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str) -> Result<Option<decide::Outcome>, Error> {
     let Pass { api, ctx, uid } = pass;
-    let node_object = ctx.nodes.get(&ObjectRef::new(node));
     let now = Timestamp::now();
-    let (service, slice) = owned_objects(ctx, vm, vm.spec.expose_service()).await?;
-    let seen = volumes::kube::observe(ctx, vm, Look::Bound).await?;
-    let mut observed = Observed {
-        vm,
-        node,
-        machine,
-        node_object: node_object.as_deref(),
-        health: rules::node_health(vm, node_object.as_deref(), now, &ctx.placement),
-        service: service.as_deref(),
-        slice: slice.as_deref(),
-        room: Room {
-            allocatable: node_object
-                .as_ref()
-                .and_then(|n| n.status.as_ref())
-                .and_then(|s| s.allocatable),
-            others: ctx.ledger.used_by_others(node, uid),
-        },
-        now,
-        start_backoff: ctx
-            .start_failures
-            .hold(uid, vm.metadata.generation, std::time::Instant::now()),
-        volumes: seen.as_ref(),
-    };
+    let around = Around::read(ctx, vm, node).await?;
+    let mut observed = around.observed(ctx, vm, (node, machine), uid, now);
     let mut progress = Progress::default();
     // A read and the machine steps, each at most once, plus the restart's stop: the bound keeps
     // a decision that would loop from calling the node forever.
@@ -420,52 +396,6 @@ fn remember_start(ctx: &Context, vm: &SmolVM, uid: &str, progress: &Progress) {
         }
         _ => {}
     }
-}
-
-/// The Service and EndpointSlice of the SmolVM's name: from the caches, or read from the API
-/// server when a cache does not hold one and `wanted` (a foreign object of that name is not in
-/// the caches, which hold only the controller's own). Without caches, a SmolVM that had its
-/// Service (its status has the ServiceExposed condition) has them read too, to remove them.
-async fn owned_objects(
-    ctx: &Context,
-    vm: &SmolVM,
-    wanted: bool,
-) -> Result<(Option<Arc<Service>>, Option<Arc<EndpointSlice>>), Error> {
-    let had = vm.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == smolvm_api::constants::condition::SERVICE_EXPOSED)
-    });
-    let service = cached_or_read(ctx, ctx.owned.services.as_ref(), vm, wanted, had).await?;
-    let slice = cached_or_read(ctx, ctx.owned.slices.as_ref(), vm, wanted, had).await?;
-    Ok((service, slice))
-}
-
-/// One object of the SmolVM's name and namespace: from `cache`, else read when it is `wanted`,
-/// or when there is no cache and the SmolVM `had` one.
-async fn cached_or_read<K>(
-    ctx: &Context,
-    cache: Option<&kube::runtime::reflector::Store<K>>,
-    vm: &SmolVM,
-    wanted: bool,
-    had: bool,
-) -> Result<Option<Arc<K>>, Error>
-where
-    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + 'static,
-{
-    let (name, namespace) = (vm.name_any(), vm.namespace().unwrap_or_default());
-    if let Some(cached) = cache.and_then(|c| c.get(&ObjectRef::new(&name).within(&namespace))) {
-        return Ok(Some(cached));
-    }
-    if wanted || (had && cache.is_none()) {
-        let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
-        return Ok(api.get_opt(&name).await?.map(Arc::new));
-    }
-    Ok(None)
 }
 
 /// What a node call gave: its result for decide to judge, and the SmolVMPool whose ready slot

@@ -1,8 +1,8 @@
 //! The lifecycle of a SmolVM, in four steps per pass:
 //!
-//! 1. **Observe** ([`act`], before its first call): the SmolVM, its node, its Service and
-//!    EndpointSlice, from the caches; for a SmolVM with volumes, its claims, their PVs and its
-//!    holder Pod, from the caches too, and its ConfigMaps' and Secrets' existence
+//! 1. **Observe** ([`observe`], before the first call of [`act`]): the SmolVM, its node, its
+//!    Service and EndpointSlice, from the caches; for a SmolVM with volumes, its claims, their PVs
+//!    and its holder Pod, from the caches too, and its ConfigMaps' and Secrets' existence
 //!    ([`volumes::kube::observe`]).
 //! 2. **Decide** ([`decide`], pure): the next node call, or the whole outcome of the pass: the
 //!    status, the exposure, the events, the annotations to drop and when to look again. Every
@@ -31,6 +31,7 @@ pub mod events;
 pub mod exposure;
 pub mod fetch;
 mod metadata;
+mod observe;
 pub mod pooled;
 pub mod rules;
 pub mod status;
