@@ -230,7 +230,7 @@ pub struct Context {
 type Reported = (String, i32, i32);
 
 /// What wakes the pools' passes: a node reporting other pool counts ([`PoolsWake::node_seen`]), a
-/// pool changing, a claim taking a slot, a node's calls ending ([`Wake::poke`]).
+/// pool changing, a claim taking a slot, a node's calls ending ([`PoolsWake::poke`]).
 #[derive(Debug, Default)]
 pub struct PoolsWake {
     notify: tokio::sync::Notify,
