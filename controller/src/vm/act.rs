@@ -1,5 +1,5 @@
-//! Observe and act: the I/O of a pass. It gathers what [`super::decide`] needs, makes the node
-//! calls decide asks for, and hands the outcome to [`super::report`].
+//! Act: the I/O of a pass. It gathers what [`super::decide`] needs ([`super::observe`]), makes
+//! the node calls decide asks for, and hands the outcome to [`super::status`], which writes it.
 //!
 //! The finalizer is added and removed here rather than through `kube::runtime::finalizer`,
 //! whose cleanup can keep the finalizer only by returning an error. A deletion held because the
@@ -9,10 +9,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use k8s_openapi::{
-    api::{core::v1::Service, discovery::v1::EndpointSlice},
-    jiff::Timestamp,
-};
+use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, ResourceExt,
     api::{Patch, PatchParams},
@@ -21,13 +18,16 @@ use kube::{
 use serde_json::json;
 use smolvm_api::{
     SmolVM,
-    constants::{FINALIZER, reason},
+    constants::reason,
     nodeapi::{EnvVar, MachineSpec, MachineStatus, Operation, RegistryAuth},
 };
 
-use super::decide::{self, Call, Decision, DeleteFailure, Failure, Observed, Progress, Room};
-use super::report;
+use super::decide::{self, Call, Decision, DeleteFailure, Failure, Progress};
+use super::events;
+use super::metadata::{add_finalizer, remove_finalizer};
+use super::observe::{self, Around};
 use super::rules::{self, Step};
+use super::status;
 use super::volumes::{self, kube::Look};
 use super::{Context, Error};
 use crate::placement::Request;
@@ -79,39 +79,6 @@ struct Pass<'a> {
     uid: &'a str,
 }
 
-async fn add_finalizer(api: &Api<SmolVM>, vm: &SmolVM) -> Result<(), Error> {
-    let patch = match &vm.metadata.finalizers {
-        // The `test` that the list is still absent (a JSON patch `test` of a missing path
-        // against null succeeds): a finalizer another client added meanwhile makes the patch
-        // fail (and the reconcile retry) instead of being overwritten.
-        None => json!([
-            {"op": "test", "path": "/metadata/finalizers", "value": null},
-            {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}
-        ]),
-        Some(_) => json!([{"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}]),
-    };
-    json_patch(api, vm, patch).await?;
-    Ok(())
-}
-
-/// A JSON patch of the SmolVM object (its metadata: finalizers, annotations).
-pub(super) async fn json_patch(api: &Api<SmolVM>, vm: &SmolVM, patch: serde_json::Value) -> Result<SmolVM, Error> {
-    let patch = Patch::Json::<()>(serde_json::from_value(patch)?);
-    Ok(api.patch(&vm.name_any(), &PatchParams::default(), &patch).await?)
-}
-
-async fn remove_finalizer(api: &Api<SmolVM>, vm: &SmolVM) -> Result<(), Error> {
-    let Some(index) = vm.metadata.finalizers.iter().flatten().position(|f| f == FINALIZER) else {
-        return Ok(());
-    };
-    let patch = json!([
-        {"op": "test", "path": format!("/metadata/finalizers/{index}"), "value": FINALIZER},
-        {"op": "remove", "path": format!("/metadata/finalizers/{index}")}
-    ]);
-    json_patch(api, vm, patch).await?;
-    Ok(())
-}
-
 async fn delete(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str, force: bool) -> Result<Action, Error> {
     let Pass { api, ctx, uid } = pass;
     sync_endpoint(ctx, node);
@@ -127,16 +94,16 @@ async fn delete(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str, force: b
         Err(e) => {
             let failure = decide::delete_failure(force, e);
             let outcome = decide::deletion_blocked(vm, node, machine, failure, e, Timestamp::now());
-            return report::report(ctx, api, vm, uid, outcome).await;
+            return status::report(ctx, api, vm, uid, outcome).await;
         }
     };
-    let (service, slice) = owned_objects(ctx, vm, false).await?;
+    let (service, slice) = observe::owned_objects(ctx, vm, false).await?;
     let writes = decide::removal(vm, service.as_deref(), slice.as_deref());
-    report::write_exposure(ctx, vm, &writes).await?;
+    status::write_exposure(ctx, vm, &writes).await?;
     release_volumes(ctx, vm).await?;
     remove_finalizer(api, vm).await?;
     ctx.forget(uid);
-    report::publish(ctx, vm, &decide::deleted(node, machine, gone)).await;
+    events::publish(ctx, vm, &decide::deleted(node, machine, gone)).await;
     Ok(Action::await_change())
 }
 
@@ -161,12 +128,12 @@ async fn volume_prelude(pass: Pass<'_>, vm: &SmolVM, request: &mut Request) -> R
     let prelude = volumes::before_placement(vm, &seen);
     let failed = volumes::kube::write(ctx, vm, &prelude.writes).await.err();
     let wait = match failed {
-        Some((write, error)) => Some(write.failed(&report::describe_kube_error(&error))),
+        Some((write, error)) => Some(write.failed(&super::describe_kube_error(&error))),
         None => prelude.wait,
     };
     if let Some((why, message)) = wait {
         let outcome = decide::waiting_for_volumes(vm, why, message, Timestamp::now());
-        return report::report(ctx, api, vm, uid, outcome).await.map(Some);
+        return status::report(ctx, api, vm, uid, outcome).await.map(Some);
     }
     request.volumes = prelude.reach;
     Ok(None)
@@ -219,7 +186,7 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
                 })
                 .inc();
             let outcome = decide::unschedulable(vm, unplaceable.message, now);
-            return report::report(ctx, api, vm, uid, outcome).await;
+            return status::report(ctx, api, vm, uid, outcome).await;
         }
     };
     let node_uid = ctx
@@ -237,7 +204,7 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
     if warm {
         return claim(pass, bound, &node, note).await;
     }
-    match report::write_binding(ctx, api, uid, (&node, Some(&note)), bound).await? {
+    match status::write_binding(ctx, api, uid, (&node, Some(&note)), bound).await? {
         // The same pass goes on against the node it bound to, from the object the API server
         // answered with, rather than waiting for its own write to come back through the watch.
         Ok(bound) => {
@@ -251,7 +218,7 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
 /// The first pass of a warm claim, placed on `node` where its pool has a ready slot. Its node
 /// call is one lease, keyed by the SmolVM's UID (or, should the slot have gone meanwhile, the
 /// cold create `whenEmpty: Cold` asks for, keyed by its machine name), so the binding rides on
-/// the pass's one status write ([`report::report_binding`]): a claim costs one status write, not
+/// the pass's one status write ([`status::report_binding`]): a claim costs one status write, not
 /// two. Should that write fail, the next pass binds again: on the same node the call answers
 /// with the same machine; on another, the one made here is an orphan (booked at once, collected
 /// after the grace period).
@@ -262,7 +229,7 @@ async fn claim(pass: Pass<'_>, bound: SmolVM, node: &str, note: decide::Note) ->
     // A slot was taken (or the claim went cold): the pools' pass books and asks for the refill.
     ctx.pools_wake.poke();
     match acted {
-        Ok(Some(outcome)) => report::report_binding(ctx, api, uid, (node, &note), bound, outcome).await,
+        Ok(Some(outcome)) => status::report_binding(ctx, api, uid, (node, &note), bound, outcome).await,
         // Nothing was bound: the reservation goes with the pass.
         Ok(None) => {
             ctx.ledger.release(uid);
@@ -298,7 +265,7 @@ async fn give_back(ctx: &Context, vm: &SmolVM, node: &str, slots: &[(String, u32
         match resized {
             Ok(_) => {
                 if let Some(owner) = crate::placement::owner_of(&pools, pool) {
-                    report::slots_given_back(ctx, owner, node, *n, &taker).await;
+                    events::slots_given_back(ctx, owner, node, *n, &taker).await;
                 }
             }
             Err(error) if error.code() == Some(&smolvm_api::nodeapi::ErrorCode::PoolNotFound) => {}
@@ -331,7 +298,7 @@ pub fn sync_endpoint(ctx: &Context, node: &str) {
 async fn converge(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str) -> Result<Action, Error> {
     let Pass { api, ctx, uid } = pass;
     match act(pass, vm, node, machine).await? {
-        Some(outcome) => report::report(ctx, api, vm, uid, outcome).await,
+        Some(outcome) => status::report(ctx, api, vm, uid, outcome).await,
         None => Ok(Action::requeue(ctx.timing.retry)),
     }
 }
@@ -341,31 +308,9 @@ async fn converge(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str) -> Res
 /// for more calls than that.
 async fn act(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str) -> Result<Option<decide::Outcome>, Error> {
     let Pass { api, ctx, uid } = pass;
-    let node_object = ctx.nodes.get(&ObjectRef::new(node));
     let now = Timestamp::now();
-    let (service, slice) = owned_objects(ctx, vm, vm.spec.expose_service()).await?;
-    let seen = volumes::kube::observe(ctx, vm, Look::Bound).await?;
-    let mut observed = Observed {
-        vm,
-        node,
-        machine,
-        node_object: node_object.as_deref(),
-        health: rules::node_health(vm, node_object.as_deref(), now, &ctx.placement),
-        service: service.as_deref(),
-        slice: slice.as_deref(),
-        room: Room {
-            allocatable: node_object
-                .as_ref()
-                .and_then(|n| n.status.as_ref())
-                .and_then(|s| s.allocatable),
-            others: ctx.ledger.used_by_others(node, uid),
-        },
-        now,
-        start_backoff: ctx
-            .start_failures
-            .hold(uid, vm.metadata.generation, std::time::Instant::now()),
-        volumes: seen.as_ref(),
-    };
+    let around = Around::read(ctx, vm, node).await?;
+    let mut observed = around.observed(ctx, vm, (node, machine), uid, now);
     let mut progress = Progress::default();
     // A read and the machine steps, each at most once, plus the restart's stop: the bound keeps
     // a decision that would loop from calling the node forever.
@@ -383,7 +328,7 @@ async fn act(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str) -> Result<O
         };
         if call != Call::Get && progress.exposed.is_none() {
             // A failure here is decided again, and reported, at the end of the pass.
-            match report::write_exposure(ctx, vm, &expose_first).await {
+            match status::write_exposure(ctx, vm, &expose_first).await {
                 Ok(()) => progress.exposed = Some(expose_first),
                 Err(error) => tracing::debug!(%error, "Service or EndpointSlice write before the machine calls failed"),
             }
@@ -451,52 +396,6 @@ fn remember_start(ctx: &Context, vm: &SmolVM, uid: &str, progress: &Progress) {
         }
         _ => {}
     }
-}
-
-/// The Service and EndpointSlice of the SmolVM's name: from the caches, or read from the API
-/// server when a cache does not hold one and `wanted` (a foreign object of that name is not in
-/// the caches, which hold only the controller's own). Without caches, a SmolVM that had its
-/// Service (its status has the ServiceExposed condition) has them read too, to remove them.
-async fn owned_objects(
-    ctx: &Context,
-    vm: &SmolVM,
-    wanted: bool,
-) -> Result<(Option<Arc<Service>>, Option<Arc<EndpointSlice>>), Error> {
-    let had = vm.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == smolvm_api::constants::condition::SERVICE_EXPOSED)
-    });
-    let service = cached_or_read(ctx, ctx.owned.services.as_ref(), vm, wanted, had).await?;
-    let slice = cached_or_read(ctx, ctx.owned.slices.as_ref(), vm, wanted, had).await?;
-    Ok((service, slice))
-}
-
-/// One object of the SmolVM's name and namespace: from `cache`, else read when it is `wanted`,
-/// or when there is no cache and the SmolVM `had` one.
-async fn cached_or_read<K>(
-    ctx: &Context,
-    cache: Option<&kube::runtime::reflector::Store<K>>,
-    vm: &SmolVM,
-    wanted: bool,
-    had: bool,
-) -> Result<Option<Arc<K>>, Error>
-where
-    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + 'static,
-{
-    let (name, namespace) = (vm.name_any(), vm.namespace().unwrap_or_default());
-    if let Some(cached) = cache.and_then(|c| c.get(&ObjectRef::new(&name).within(&namespace))) {
-        return Ok(Some(cached));
-    }
-    if wanted || (had && cache.is_none()) {
-        let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
-        return Ok(api.get_opt(&name).await?.map(Arc::new));
-    }
-    Ok(None)
 }
 
 /// What a node call gave: its result for decide to judge, and the SmolVMPool whose ready slot

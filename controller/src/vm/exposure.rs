@@ -1,6 +1,6 @@
 //! Reach by name: the Service and EndpointSlice a SmolVM with `network.exposeService` gets, as
 //! pure functions of the SmolVM, its node's address and whether the machine runs.
-//! [`super::decide`] decides the writes from them; [`super::report`] makes them.
+//! [`super::decide`] decides the writes from them; [`super::status`] makes them.
 //!
 //! The Service is selector-less and named like the SmolVM (ClusterIP, one port per published
 //! port, named `<protocol>-<guestPort>`, port = guestPort, targetPort = hostPort); its one

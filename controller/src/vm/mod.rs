@@ -1,21 +1,22 @@
 //! The lifecycle of a SmolVM, in four steps per pass:
 //!
-//! 1. **Observe** ([`act`], before its first call): the SmolVM, its node, its Service and
-//!    EndpointSlice, from the caches; for a SmolVM with volumes, its claims, their PVs and its
-//!    holder Pod, from the caches too, and its ConfigMaps' and Secrets' existence
+//! 1. **Observe** ([`observe`], before the first call of [`act`]): the SmolVM, its node, its
+//!    Service and EndpointSlice, from the caches; for a SmolVM with volumes, its claims, their PVs
+//!    and its holder Pod, from the caches too, and its ConfigMaps' and Secrets' existence
 //!    ([`volumes::kube::observe`]).
 //! 2. **Decide** ([`decide`], pure): the next node call, or the whole outcome of the pass: the
 //!    status, the exposure, the events, the annotations to drop and when to look again. Every
 //!    phase and condition is chosen there, from [`rules`].
 //! 3. **Act** ([`act`]): makes the node call, records its result, and decides again, a bounded
 //!    number of times.
-//! 4. **Report** ([`report`]): the exposure writes, the volumes' claim and holder writes
-//!    ([`volumes::VolumeWrite`]), one status write, the events, the dropped annotations. A pass
+//! 4. **Report** ([`status`]): the exposure writes, the volumes' claim and holder writes
+//!    ([`volumes::VolumeWrite`]), one status write, the events ([`events`]), the dropped
+//!    annotations ([`metadata`], which adds and removes the finalizer too). A pass
 //!    writes the SmolVM's status at most three times: the binding (a pass that places the VM goes
 //!    on against its node from the object the API server answered), a restart's record before
 //!    its stop, then the status. A warm claim (a SmolVM placed where its
 //!    pool has a ready slot) is the exception: its one node call is an idempotent lease, so its
-//!    binding goes in its status write ([`report::report_binding`]), one write per claim.
+//!    binding goes in its status write ([`status::report_binding`]), one write per claim.
 //!
 //! A pass never acts on a version of the SmolVM that the controller's own writes replaced
 //! ([`Superseded`]): the watch brings the newer one, and that one is acted on.
@@ -26,13 +27,23 @@
 
 pub mod act;
 pub mod decide;
+pub mod events;
 pub mod exposure;
 pub mod fetch;
+pub mod metadata;
+pub mod observe;
 pub mod pooled;
-pub mod report;
 pub mod rules;
+pub mod status;
 pub mod volumes;
 pub mod workload;
+
+/// The old path of [`events::slots_given_back`], for callers outside `vm/` that still name it
+/// (`crate::vm::report::slots_given_back`); the status writer is [`status`].
+#[doc(hidden)]
+pub mod report {
+    pub use super::events::slots_given_back;
+}
 
 use std::{sync::Arc, time::Duration};
 
@@ -73,6 +84,18 @@ impl Error {
             Error::MissingField(_) => "MissingField",
             Error::Serialize(_) => "SerializationError",
         }
+    }
+}
+
+/// An API server error in words, for a condition: a refusal names the permission.
+fn describe_kube_error(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) if status.code == 403 => format!(
+            "the controller lacks a permission ({}); check its ClusterRole (deploy/base/controller/rbac.yaml)",
+            status.message
+        ),
+        kube::Error::Api(status) => format!("{} ({})", status.message, status.code),
+        other => other.to_string(),
     }
 }
 
@@ -207,7 +230,7 @@ pub struct Context {
 type Reported = (String, i32, i32);
 
 /// What wakes the pools' passes: a node reporting other pool counts ([`PoolsWake::node_seen`]), a
-/// pool changing, a claim taking a slot, a node's calls ending ([`Wake::poke`]).
+/// pool changing, a claim taking a slot, a node's calls ending ([`PoolsWake::poke`]).
 #[derive(Debug, Default)]
 pub struct PoolsWake {
     notify: tokio::sync::Notify,

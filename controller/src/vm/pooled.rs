@@ -138,7 +138,7 @@ pub async fn serve(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, env: &
                 }));
             }
             let note = format!("{empty}: created cold from its template (whenEmpty: Cold)");
-            super::report::publish(ctx, vm, &Note::normal(reason::POOL_EMPTY, "Create", note)).await;
+            super::events::publish(ctx, vm, &Note::normal(reason::POOL_EMPTY, "Create", note)).await;
             Ok(Served::Cold)
         }
         Err(error) => Ok(Served::Not(Failure::Call(error))),
@@ -161,6 +161,6 @@ async fn replaced(ctx: &Context, vm: &SmolVM, pool: &SmolVMPool) -> Served {
         });
     }
     let note = format!("{why}: created cold from the spec it holds");
-    super::report::publish(ctx, vm, &Note::normal(reason::POOL_EMPTY, "Create", note)).await;
+    super::events::publish(ctx, vm, &Note::normal(reason::POOL_EMPTY, "Create", note)).await;
     Served::Cold
 }

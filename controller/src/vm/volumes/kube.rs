@@ -1,7 +1,7 @@
 //! The thin I/O of volumes: what [`super::judge`] needs, observed from the caches where the
 //! controller watches (holder Pods, claims, PersistentVolumes: [`watches`]) and read where it
 //! does not (a ConfigMap's or Secret's existence, the kubelet's events about a holder); the
-//! [`VolumeWrite`]s carried out ([`write`]); and which SmolVMs a claim or a PV concerns, so that
+//! [`VolumeWrite`]s carried out ([`write()`]); and which SmolVMs a claim or a PV concerns, so that
 //! its change wakes them ([`claim_users`], [`volume_users`]).
 //!
 //! Nothing here reads a ConfigMap's or Secret's contents: existence only (a metadata GET).

@@ -1,7 +1,10 @@
-//! Report: what a pass decided, written. The Service and EndpointSlice first (a failure there
-//! becomes the ServiceExposed condition, so the machine's own status is still written), then one
-//! status write (none when nothing changed), the events, and the annotations the pass is done
-//! with.
+//! The SmolVM's status writer, the report step of a pass: what a pass decided, written. The
+//! Service and EndpointSlice first (a failure there becomes the ServiceExposed condition, so the
+//! machine's own status is still written), then the volumes' claim and holder writes (a failure
+//! there becomes VolumesReady), one status write (none when nothing changed), the events
+//! ([`super::events`]), and the annotations the pass is done with ([`super::metadata`]). A
+//! binding is written here too ([`write_binding`]), with the object's resourceVersion as
+//! precondition.
 
 use std::time::Duration;
 
@@ -10,17 +13,14 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use kube::{
-    Api, Resource, ResourceExt,
+    Api, ResourceExt,
     api::{Patch, PatchParams, PostParams},
-    runtime::{
-        controller::Action,
-        events::{Event, EventType},
-    },
+    runtime::controller::Action,
 };
 use serde_json::json;
 use smolvm_api::{SmolVM, constants::FIELD_MANAGER_CONTROLLER};
 
-use super::decide::{AnnotationDrop, ExposureWrite, Note, Outcome, Requeue};
+use super::decide::{ExposureWrite, Note, Outcome, Requeue};
 use super::{Context, Error};
 
 /// Writes an outcome and says when to look again.
@@ -87,7 +87,7 @@ pub async fn write_binding(
             ctx.superseded.replaced(uid, bound.resource_version().as_deref());
             ctx.ledger.observe_vm(uid, node, &written);
             if let Some(note) = note {
-                publish(ctx, &bound, note).await;
+                super::events::publish(ctx, &bound, note).await;
             }
             Ok(Ok(written))
         }
@@ -104,14 +104,14 @@ pub async fn write_binding(
 /// The Service and EndpointSlice writes; a failure becomes the ServiceExposed condition.
 async fn expose(ctx: &Context, vm: &SmolVM, outcome: &mut Outcome) {
     if let Err(e) = write_exposure(ctx, vm, &outcome.exposure.writes).await {
-        outcome.exposure_failed(vm, &describe_kube_error(&e), Timestamp::now());
+        outcome.exposure_failed(vm, &super::describe_kube_error(&e), Timestamp::now());
     }
 }
 
 /// The claim and holder writes of the volumes; a failure becomes the VolumesReady condition.
 async fn mount(ctx: &Context, vm: &SmolVM, outcome: &mut Outcome) {
     if let Err((write, error)) = super::volumes::kube::write(ctx, vm, &outcome.volumes).await {
-        outcome.volume_write_failed(vm, &write, &describe_kube_error(&error), Timestamp::now());
+        outcome.volume_write_failed(vm, &write, &super::describe_kube_error(&error), Timestamp::now());
     }
 }
 
@@ -119,10 +119,10 @@ async fn mount(ctx: &Context, vm: &SmolVM, outcome: &mut Outcome) {
 /// to look again.
 async fn finish(ctx: &Context, api: &Api<SmolVM>, vm: &SmolVM, uid: &str, outcome: Outcome) -> Result<Action, Error> {
     for note in &outcome.events {
-        publish(ctx, vm, note).await;
+        super::events::publish(ctx, vm, note).await;
     }
     for drop in &outcome.drops {
-        drop_annotation(ctx, api, vm, drop).await?;
+        super::metadata::drop_annotation(ctx, api, vm, drop).await?;
     }
     Ok(match outcome.requeue {
         Requeue::AwaitChange => Action::await_change(),
@@ -182,85 +182,10 @@ pub async fn write_exposure(ctx: &Context, vm: &SmolVM, writes: &[ExposureWrite]
     Ok(())
 }
 
-/// Drops an annotation the pass is done with, only while it still holds the value acted on, and
-/// tells it.
-async fn drop_annotation(ctx: &Context, api: &Api<SmolVM>, vm: &SmolVM, drop: &AnnotationDrop) -> Result<(), Error> {
-    let pointer = format!(
-        "/metadata/annotations/{}",
-        drop.key.replace('~', "~0").replace('/', "~1")
-    );
-    let patch = json!([
-        {"op": "test", "path": pointer, "value": drop.value},
-        {"op": "remove", "path": pointer}
-    ]);
-    let result = super::act::json_patch(api, vm, patch).await;
-    match result {
-        Ok(_) => {}
-        // The test failed: a newer value replaced it; the next pass acts on that one.
-        Err(Error::Kube(kube::Error::Api(s))) if drop.newer_may_replace && (s.code == 422 || s.code == 409) => {
-            return Ok(());
-        }
-        Err(e) => return Err(e),
-    }
-    publish(ctx, vm, &drop.then).await;
-    Ok(())
-}
-
-/// Publishes an event about `vm`; a failure is logged, never fails the pass.
-pub async fn publish(ctx: &Context, vm: &SmolVM, note: &Note) {
-    let event = Event {
-        type_: if note.warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        },
-        reason: note.reason.clone(),
-        note: Some(note.note.clone()),
-        action: note.action.into(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&event, &vm.object_ref(&())).await {
-        tracing::warn!(error = %e, "could not record event");
-    }
-}
-
 /// A delete whose object is already gone succeeded.
 fn ignore_missing(result: Result<(), kube::Error>) -> Result<(), kube::Error> {
     match result {
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
         other => other,
-    }
-}
-
-/// An API server error for a condition: a refusal names the permission.
-pub(super) fn describe_kube_error(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(status) if status.code == 403 => format!(
-            "the controller lacks a permission ({}); check its ClusterRole (deploy/base/controller/rbac.yaml)",
-            status.message
-        ),
-        kube::Error::Api(status) => format!("{} ({})", status.message, status.code),
-        other => other.to_string(),
-    }
-}
-
-/// The event on `pool` that `n` of its ready slots on `node` were given back to `taker` (a
-/// SmolVM, or another pool's source, that fit there only with their room).
-pub async fn slots_given_back(ctx: &Context, pool: &smolvm_api::SmolVMPool, node: &str, n: u32, taker: &str) {
-    let event = kube::runtime::events::Event {
-        type_: kube::runtime::events::EventType::Normal,
-        reason: smolvm_api::constants::reason::SLOTS_GIVEN_BACK.into(),
-        note: Some(format!(
-            "{n} ready slot(s) on node {node} given back to {taker}, which fits there only with their room"
-        )),
-        action: "GiveBack".into(),
-        secondary: None,
-    };
-    if let Err(error) = ctx
-        .recorder
-        .publish(&event, &kube::Resource::object_ref(pool, &()))
-        .await
-    {
-        tracing::warn!(%error, "could not record event");
     }
 }

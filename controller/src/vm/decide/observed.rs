@@ -1,0 +1,49 @@
+//! What a pass over a bound SmolVM observed before acting ([`Observed`], read by
+//! [`crate::vm::observe`]), and the room its node has for it ([`Room`]).
+
+use k8s_openapi::{
+    api::{core::v1::Service, discovery::v1::EndpointSlice},
+    jiff::Timestamp,
+};
+use smolvm_api::{NodeResources, SmolVM, SmolVMNode};
+
+use crate::vm::rules::NodeHealth;
+use crate::vm::volumes;
+
+/// What a pass over a bound SmolVM observed before acting, from the caches.
+#[derive(Debug, Clone)]
+pub struct Observed<'a> {
+    /// The SmolVM as the cache holds it.
+    pub vm: &'a SmolVM,
+    /// The node it is bound to.
+    pub node: &'a str,
+    /// Its machine's name on that node.
+    pub machine: &'a str,
+    /// The node's SmolVMNode, if there is one.
+    pub node_object: Option<&'a SmolVMNode>,
+    /// The node's health as the controller judges it ([`crate::vm::rules::node_health`]).
+    pub health: NodeHealth,
+    /// The Service of the SmolVM's name, if one exists (whoever owns it).
+    pub service: Option<&'a Service>,
+    /// The EndpointSlice of the SmolVM's name, if one exists (whoever owns it).
+    pub slice: Option<&'a EndpointSlice>,
+    /// What the node has for this VM, for a resize.
+    pub room: Room,
+    /// The controller's clock.
+    pub now: Timestamp,
+    /// How long the machine's next start waits: its last start failed that recently (the
+    /// backoff of [`crate::vm::StartFailures`], as the kubelet's CrashLoopBackOff).
+    pub start_backoff: Option<std::time::Duration>,
+    /// What was observed of its volumes; `None` for a SmolVM without volumes.
+    pub volumes: Option<&'a volumes::Seen>,
+}
+
+/// What a node has for one VM: its allocatable (when it reports one) and what every other VM
+/// bound there holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Room {
+    /// The node's allocatable.
+    pub allocatable: Option<NodeResources>,
+    /// What the other VMs bound there hold.
+    pub others: NodeResources,
+}

@@ -1,0 +1,154 @@
+//! The course of one pass: the node calls it makes ([`Call`]), why one did not happen
+//! ([`Failure`]), what the pass has done so far ([`Progress`]), the next thing it does
+//! ([`Decision`]), and how it goes once the machine was read ([`Course`]).
+
+use smolvm_api::nodeapi::{MachineSpec, MachineStatus, Operation, ResizeSpec, VolumeMounts};
+
+use super::outcome::{ExposureWrite, Outcome};
+use crate::nodeclient::CallError;
+use crate::vm::rules::{MachineAction, Restart, RunGoal};
+use crate::vm::volumes::Verdict;
+
+/// A node call a pass makes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    /// Read the machine.
+    Get,
+    /// Create it (the environment is resolved from Secrets and ConfigMaps as it is made).
+    Create(Box<MachineSpec>),
+    /// Start it unless it runs (with the registry credential of its pull secrets).
+    EnsureRunning,
+    /// Stop it.
+    Stop,
+    /// Change its sizes.
+    Resize(ResizeSpec),
+    /// Suspend it (it runs).
+    Suspend,
+    /// Resume it (it is suspended, and the node has room for it).
+    Resume,
+    /// Stop a suspended machine, discarding its saved memory (`spec.running` is false).
+    Discard,
+    /// Point the stopped machine's mounts at a new holder Pod's volumes.
+    BindVolumes(Box<VolumeMounts>),
+}
+
+impl Call {
+    /// The node API operation this call is (its name labels the latency metric and the logs).
+    pub fn operation(&self) -> Operation {
+        match self {
+            Call::Get => Operation::GetMachine,
+            Call::Create(_) => Operation::CreateMachine,
+            Call::EnsureRunning => Operation::EnsureMachineRunning,
+            Call::Stop => Operation::StopMachine,
+            Call::Resize(_) => Operation::ResizeMachine,
+            Call::Suspend => Operation::SuspendMachine,
+            Call::Resume => Operation::ResumeMachine,
+            Call::Discard => Operation::StopMachine,
+            Call::BindVolumes(_) => Operation::BindVolumes,
+        }
+    }
+
+    /// The machine action this call carries out (`None` for a read).
+    pub fn action(&self) -> Option<MachineAction> {
+        match self {
+            Call::Get => None,
+            Call::Create(spec) => Some(MachineAction::Create(spec.clone())),
+            Call::EnsureRunning => Some(MachineAction::EnsureRunning),
+            Call::Stop => Some(MachineAction::Stop),
+            Call::Resize(spec) => Some(MachineAction::Resize(*spec)),
+            Call::Suspend => Some(MachineAction::Suspend),
+            Call::Resume => Some(MachineAction::Resume),
+            Call::Discard => Some(MachineAction::Discard),
+            Call::BindVolumes(mounts) => Some(MachineAction::BindVolumes(mounts.holder_uid.clone())),
+        }
+    }
+}
+
+/// Why a call of the pass did not happen.
+#[derive(Debug)]
+pub enum Failure {
+    /// The node API call failed.
+    Call(CallError),
+    /// The workload's configuration could not be read: a condition reason and its message.
+    Config {
+        /// Ready reason.
+        reason: &'static str,
+        /// Ready message.
+        message: String,
+    },
+}
+
+/// What the pass has done so far.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// The machine as the node first reported it in this pass: `None` until asked, then
+    /// `Some(None)` when the node has none.
+    pub observed: Option<Option<MachineStatus>>,
+    /// The machine as the last call left it.
+    pub machine: Option<MachineStatus>,
+    /// The machine actions carried out, in order.
+    pub done: Vec<MachineAction>,
+    /// The SmolVMPool whose ready slot served the pass's create, when one did.
+    pub served_from: Option<String>,
+    /// The call that failed, which ends the pass.
+    pub failed: Option<(Call, Failure)>,
+    /// The Service and EndpointSlice writes made before the first machine call (a start may
+    /// take half a minute where a guest cannot boot); the report does not repeat them.
+    pub exposed: Option<Vec<ExposureWrite>>,
+}
+
+impl Progress {
+    /// Records a call's result.
+    pub fn record(&mut self, call: Call, result: Result<Option<MachineStatus>, Failure>) {
+        match result {
+            Ok(machine) if call == Call::Get => {
+                self.observed = Some(machine.clone());
+                self.machine = machine;
+            }
+            Ok(machine) => {
+                if let Some(action) = call.action() {
+                    self.done.push(action);
+                }
+                self.machine = machine;
+            }
+            Err(failure) => self.failed = Some((call, failure)),
+        }
+    }
+
+    pub(super) fn did(&self, action: fn(&MachineAction) -> bool) -> bool {
+        self.done.iter().any(action)
+    }
+}
+
+/// The next thing a pass does.
+#[derive(Debug)]
+pub enum Decision {
+    /// Make this node call, then decide again. `record_first` is a restart request to record in
+    /// `status.restartHandled` before the call (the stop of a restart), so that a pass after a
+    /// failure never restarts the machine twice.
+    Act {
+        /// The call.
+        call: Call,
+        /// The restart request to record first.
+        record_first: Option<String>,
+        /// Service and EndpointSlice writes to make before the call (on the pass's first machine
+        /// call), so that the Service never waits for a slow start.
+        expose_first: Vec<ExposureWrite>,
+    },
+    /// Nothing more to call: report.
+    Report(Box<Outcome>),
+}
+
+/// How a pass goes once the machine was read: the run goal, whether a lost machine is made anew,
+/// what a restart request asks, and what its volumes decided.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Course<'v> {
+    /// The run goal.
+    pub(super) goal: RunGoal,
+    /// Whether a lost machine is made anew.
+    pub(super) recreating: bool,
+    /// What a restart request asks.
+    pub(super) restart: Restart,
+    /// What its volumes decided.
+    pub(super) volumes: Option<&'v Verdict>,
+}
