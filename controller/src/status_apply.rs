@@ -98,10 +98,17 @@ fn union(into: &mut Value, from: &Value) {
     }
 }
 
+/// What a take-over read and wrote: the version it read, and the version it wrote in its place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakenOver {
+    pub read: Option<String>,
+    pub written: Option<String>,
+}
+
 /// Takes the previous release's status fields of `name` over (one read, one JSON patch that
-/// holds only while the object is the version read). The version written, or `None` when there
-/// was nothing to take over.
-pub async fn take_over_status<K>(api: &Api<K>, name: &str) -> Result<Option<String>, kube::Error>
+/// holds only while the object is the version read); `None` when there was nothing to take
+/// over.
+pub async fn take_over_status<K>(api: &Api<K>, name: &str) -> Result<Option<TakenOver>, kube::Error>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
 {
@@ -118,7 +125,11 @@ where
     ]))
     .map_err(kube::Error::SerdeError)?;
     let written = api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch)).await?;
-    Ok(written.meta().resource_version.clone())
+    tracing::info!(name, "took over the status fields the previous release wrote (its Update entry now the controller's Apply entry)");
+    Ok(Some(TakenOver {
+        read: meta.resource_version.clone(),
+        written: written.meta().resource_version.clone(),
+    }))
 }
 
 /// The body of a status apply: the object's identity, `status`, and, for a write that must meet
@@ -176,7 +187,8 @@ mod tests {
             e.time = Some(now());
             e
         };
-        let table: Vec<(&str, Vec<ManagedFieldsEntry>, Option<Vec<ManagedFieldsEntry>>)> = vec![
+        type Entries = Vec<ManagedFieldsEntry>;
+        let table: Vec<(&str, Entries, Option<Entries>)> = vec![
             ("nothing of the previous release", vec![kubectl.clone(), applied.clone()], None),
             ("another manager's status update is not ours to take", vec![other_status.clone()], None),
             ("the main resource's update (finalizers) is not status", vec![finalizer.clone()], None),

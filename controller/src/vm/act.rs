@@ -12,10 +12,8 @@ use std::{sync::Arc, time::Duration};
 use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, ResourceExt,
-    api::{Patch, PatchParams},
     runtime::{controller::Action, reflector::ObjectRef},
 };
-use serde_json::json;
 use smolvm_api::{
     SmolVM,
     constants::reason,
@@ -336,9 +334,11 @@ async fn act(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str) -> Result<O
         if let Some(requested) = record_first {
             // Recorded before acting: if dropping the annotation fails later, the next pass sees
             // the request handled and does not restart the machine a second time.
-            let patch = json!({ "status": { "restartHandled": requested } });
-            api.patch_status(&vm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
+            // Applied with the rest of the status as the cache holds it: an apply owns the
+            // whole status, so this one must carry it all.
+            let mut status = vm.status.clone().unwrap_or_default();
+            status.restart_handled = Some(requested);
+            status::apply_status(ctx, api, vm, uid, &status).await?;
         }
         if call == Call::Get {
             sync_endpoint(ctx, node);

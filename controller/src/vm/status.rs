@@ -13,12 +13,13 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use kube::{
-    Api, ResourceExt,
-    api::{Patch, PatchParams, PostParams},
+    Api, Resource, ResourceExt,
+    api::{Patch, PatchParams},
     runtime::controller::Action,
 };
-use serde_json::json;
 use smolvm_api::{SmolVM, constants::FIELD_MANAGER_CONTROLLER};
+
+use crate::status_apply;
 
 use super::decide::{ExposureWrite, Note, Outcome, Requeue};
 use super::{Context, Error};
@@ -79,12 +80,27 @@ pub async fn write_binding(
     (node, note): (&str, Option<&Note>),
     bound: SmolVM,
 ) -> Result<Result<SmolVM, Action>, Error> {
+    let conflict = || Ok(Err(Action::requeue(Duration::from_millis(200))));
+    let version = match take_over_once(ctx, api, &bound, uid).await {
+        Ok(version) => version,
+        Err(error) => {
+            ctx.ledger.release(uid);
+            return Err(error);
+        }
+    };
+    // The fields were taken over from a newer version than the pass read: someone changed the
+    // object first, and the binding must meet the version it was decided on.
+    let Some(version) = version else {
+        ctx.ledger.release(uid);
+        return conflict();
+    };
+    let body = status_apply::apply_body::<SmolVM>(&bound.name_any(), Some(&version), &bound.status);
     match api
-        .replace_status(&bound.name_any(), &PostParams::default(), &bound)
+        .patch_status(&bound.name_any(), &status_apply::apply_params(), &Patch::Apply(&body))
         .await
     {
         Ok(written) => {
-            ctx.superseded.replaced(uid, bound.resource_version().as_deref());
+            ctx.superseded.replaced(uid, Some(&version));
             ctx.ledger.observe_vm(uid, node, &written);
             if let Some(note) = note {
                 super::events::publish(ctx, &bound, note).await;
@@ -94,9 +110,27 @@ pub async fn write_binding(
         Err(error) => {
             ctx.ledger.release(uid);
             match error {
-                kube::Error::Api(s) if s.code == 409 => Ok(Err(Action::requeue(Duration::from_millis(200)))),
+                kube::Error::Api(s) if s.code == 409 => conflict(),
                 e => Err(e.into()),
             }
+        }
+    }
+}
+
+/// Before the first apply to a SmolVM whose status the previous release wrote, takes its fields
+/// over ([`status_apply`]). The version the apply then replaces: the pass's own when there was
+/// nothing to take over, the take-over's when it took over the version the pass read, `None`
+/// when the object had changed since.
+async fn take_over_once(ctx: &Context, api: &Api<SmolVM>, vm: &SmolVM, uid: &str) -> Result<Option<String>, Error> {
+    let read = vm.resource_version();
+    if !status_apply::has_legacy_status(vm.meta()) {
+        return Ok(read);
+    }
+    match status_apply::take_over_status(api, &vm.name_any()).await? {
+        None => Ok(read),
+        Some(taken) => {
+            ctx.superseded.replaced(uid, taken.read.as_deref());
+            Ok(taken.written.filter(|_| taken.read == read))
         }
     }
 }
@@ -138,7 +172,8 @@ async fn finish(ctx: &Context, api: &Api<SmolVM>, vm: &SmolVM, uid: &str, outcom
     })
 }
 
-/// The status write: a merge patch of the whole status, skipped when it did not change.
+/// The status write: the whole status by server-side apply (a field no longer set leaves the
+/// stored status), skipped when it did not change.
 async fn write_status(
     ctx: &Context,
     api: &Api<SmolVM>,
@@ -149,10 +184,25 @@ async fn write_status(
     if vm.status.as_ref() == Some(status) {
         return Ok(());
     }
-    let patch = json!({ "status": status });
-    api.patch_status(&vm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+    apply_status(ctx, api, vm, uid, status).await
+}
+
+/// Applies `status` as the whole of the SmolVM's status the controller owns.
+pub async fn apply_status(
+    ctx: &Context,
+    api: &Api<SmolVM>,
+    vm: &SmolVM,
+    uid: &str,
+    status: &smolvm_api::SmolVMStatus,
+) -> Result<(), Error> {
+    let replaced = match take_over_once(ctx, api, vm, uid).await? {
+        Some(version) => Some(version),
+        None => vm.resource_version(),
+    };
+    let body = status_apply::apply_body::<SmolVM>(&vm.name_any(), None, status);
+    api.patch_status(&vm.name_any(), &status_apply::apply_params(), &Patch::Apply(&body))
         .await?;
-    ctx.superseded.replaced(uid, vm.resource_version().as_deref());
+    ctx.superseded.replaced(uid, replaced.as_deref());
     Ok(())
 }
 
