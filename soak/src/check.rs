@@ -1,0 +1,1 @@
+//! The invariant checker over a history (next commit).

@@ -1,0 +1,1 @@
+//! What the runner records (next commit).

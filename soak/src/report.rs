@@ -1,0 +1,1 @@
+//! The lines a run ends with (next commit).
