@@ -1,1 +1,0 @@
-//! The invariant checker over a history (next commit).
