@@ -26,6 +26,7 @@ COPY runtime/Cargo.toml runtime/Cargo.toml
 COPY testkit/Cargo.toml testkit/Cargo.toml
 COPY tests/Cargo.toml tests/Cargo.toml
 COPY kubectl-smolvm/Cargo.toml kubectl-smolvm/Cargo.toml
+COPY soak/Cargo.toml soak/Cargo.toml
 COPY deploy/image/stub-workspace.sh /usr/local/bin/stub-workspace.sh
 RUN sh /usr/local/bin/stub-workspace.sh . \
  && cargo build --profile dist --locked --bin smolvm-controller --bin smolvm-webhook --bin smolvm-runtime

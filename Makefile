@@ -146,6 +146,14 @@ e2e: ## End-to-end scenarios on a real kube-apiserver + etcd (prints why when it
 	$(CARGO) build -q --bins
 	$(SMOLVM_ENV) && $(ENVTEST_ENV) && $(CARGO) test -p smolvm-tests --test e2e
 
+# The fault tier (SPEC section 7, issue 62): SOAK_MINUTES (default 3) and SOAK_SEED (default 62)
+# name a run. Its pure core (the schedule, the workload generator, the invariant checker, the
+# report) is smolvm-soak, tested here and by make test; the live runner is not built yet.
+.PHONY: soak
+soak: ## The fault tier: the soak's schedule, generator and checker tests, then the live soak on kube-apiserver (not built yet: says so).
+	$(CARGO) test -p smolvm-soak
+	@echo "skipped: no kube-apiserver (the live soak is not built yet; its checker, schedule and generator tests ran)"
+
 .PHONY: bench-access
 bench-access: ## Access API latency through kube-apiserver: log first byte (SPEC p99 <= 100 ms), the API server's floor, exec; prints, never asserts.
 	$(CARGO) build -q --release --bins
