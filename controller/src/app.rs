@@ -333,9 +333,9 @@ fn keepers(ctx: &Arc<Context>, flags: &Flags, vms: &Store<SmolVM>) {
         Duration::from_secs(10),
         flags.orphan_grace,
     ));
-    tokio::spawn(crate::pools::run(
+    tokio::spawn(tasks::pool_keeper::run(
         ctx.clone(),
-        crate::pools::Settings {
+        tasks::pool_keeper::Settings {
             call_timeout: flags.pool_call_timeout,
             ..Default::default()
         },

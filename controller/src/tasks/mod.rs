@@ -1,9 +1,11 @@
 //! The long-running tasks [`crate::app`] wires together, one per file. Each is a thin loop around
-//! pure decisions that live elsewhere (placement's `NodeTracker`, the ledger, the signer's judgement).
+//! pure decisions that live elsewhere (placement's `NodeTracker`, the ledger, the pools' plan, the
+//! signer's judgement).
 //!
 //! - [`nodes`]: the SmolVMNode watch that wakes the SmolVMs a node change concerns;
 //! - [`node_labels`]: the Node's labels mirrored onto its SmolVMNode;
 //! - [`ledger`]: releasing the reservations of SmolVMs that are gone;
+//! - [`pool_keeper`]: the warm pools' passes (their plan is [`crate::pools`]);
 //! - [`policy`]: re-reading the policy file;
 //! - [`csr`]: approving and signing the runtime agents' certificate requests;
 //! - [`ops`]: what the ops server reports (readiness as leader or standby, metrics).
@@ -14,3 +16,4 @@ pub mod node_labels;
 pub mod nodes;
 pub mod ops;
 pub mod policy;
+pub mod pool_keeper;
