@@ -26,16 +26,17 @@ use crate::{
     cli::Flags,
     events::EventSink,
     heartbeat::HeartbeatClock,
-    lease::{self, LeaseConfig},
     metrics::Metrics,
     nodeclient::{BearerToken, ClientSettings, Endpoints, NodeClient},
-    orphans,
     pki::{
         SignerError, runtime_auth,
         runtime_ca::{self, CaSet, RuntimeTrust},
     },
     placement::{self, Ledger},
-    tasks,
+    tasks::{
+        self,
+        lease::{self, LeaseConfig},
+    },
     vm::{self, Context, Timing},
 };
 
@@ -327,7 +328,7 @@ fn wake_on_pool_changes(
 /// orphan collector, and the pools' passes.
 fn keepers(ctx: &Arc<Context>, flags: &Flags, vms: &Store<SmolVM>) {
     tokio::spawn(tasks::ledger::prune(ctx.clone(), vms.clone(), Duration::from_secs(60)));
-    tokio::spawn(orphans::run(
+    tokio::spawn(tasks::orphans::run(
         ctx.clone(),
         vms.clone(),
         Duration::from_secs(10),

@@ -18,7 +18,7 @@ use super::{
     usage::{Hold, SlotHold, Usage, UsageView, fit_count, fits, less, slots_to_give_back},
 };
 
-/// Ledger keys of orphan machines ([`crate::orphans`]) start with this (never a UID), so the
+/// Ledger keys of orphan machines ([`crate::tasks::orphans`]) start with this (never a UID), so the
 /// pruning of gone SmolVMs leaves them alone.
 pub const ORPHAN_KEY_PREFIX: &str = "orphan/";
 
