@@ -49,11 +49,11 @@ pub async fn run(flags: Flags) -> anyhow::Result<()> {
     let (leader_tx, leader) = watch::channel(false);
     let lease_task = lease(&client, &flags, leader_tx, shutdown.clone());
     let metrics = Arc::new(Metrics::default());
-    let vm_store_slot: tasks::ops::VmStoreSlot = Arc::default();
-    let fleet_slot: tasks::ops::FleetSlot = Arc::default();
+    let vm_store_slot: tasks::probe::VmStoreSlot = Arc::default();
+    let fleet_slot: tasks::probe::FleetSlot = Arc::default();
     ops_server(
         &flags,
-        tasks::ops::Probe {
+        tasks::probe::Probe {
             leader: leader.clone(),
             metrics: metrics.clone(),
             vms: vm_store_slot.clone(),
@@ -115,7 +115,7 @@ fn lease(
 }
 
 /// The ops server (`/healthz`, `/readyz`, `/metrics`), on every replica.
-async fn ops_server(flags: &Flags, probe: tasks::ops::Probe) -> anyhow::Result<()> {
+async fn ops_server(flags: &Flags, probe: tasks::probe::Probe) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(flags.ops_address)
         .await
         .with_context(|| format!("binding the ops address {}", flags.ops_address))?;
@@ -180,8 +180,8 @@ async fn until_leading(mut leader: watch::Receiver<bool>, shutdown: watch::Recei
 struct Leading {
     client: Client,
     metrics: Arc<Metrics>,
-    vm_store_slot: tasks::ops::VmStoreSlot,
-    fleet_slot: tasks::ops::FleetSlot,
+    vm_store_slot: tasks::probe::VmStoreSlot,
+    fleet_slot: tasks::probe::FleetSlot,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -250,7 +250,7 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     ca_rotation(&client, flags, &trust, &node_store, &liveness, &events);
     // The Nodes' labels onto their SmolVMNodes (a node's agent sets only its own there: V10).
     tokio::spawn(tasks::node_labels::run(client.clone()));
-    *fleet_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(tasks::ops::Fleet {
+    *fleet_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(tasks::probe::Fleet {
         nodes: node_store.clone(),
         liveness: liveness.clone(),
         trust,

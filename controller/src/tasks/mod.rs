@@ -11,14 +11,14 @@
 //! - [`pool_keeper`]: the warm pools' passes (their plan is [`crate::pools`]);
 //! - [`policy`]: re-reading the policy file;
 //! - [`csr`]: approving and signing the runtime agents' certificate requests;
-//! - [`ops`]: what the ops server reports (readiness as leader or standby, metrics).
+//! - [`probe`]: what the ops server reports (readiness as leader or standby, metrics).
 
 pub mod csr;
 pub mod lease;
 pub mod ledger;
 pub mod node_labels;
 pub mod nodes;
-pub mod ops;
 pub mod orphans;
 pub mod policy;
 pub mod pool_keeper;
+pub mod probe;
