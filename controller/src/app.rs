@@ -211,23 +211,10 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         fleet_slot,
         shutdown,
     } = leading;
-    let events = EventSink::new(
-        client.clone(),
-        Reporter {
-            controller: FIELD_MANAGER_CONTROLLER.into(),
-            instance: Some(flags.identity.clone()),
-        },
-    );
-    // The runtime CA (created once, shared by every replica; rotated with an overlap, see
-    // runtime_ca), the controller's client certificate for the node API (re-issued at 2/3 of its
-    // life), and the CSR signer.
-    let Some(cas) = runtime_ca(&client, flags, &events, shutdown.clone()).await? else {
+    let events = leader_events(&client, flags);
+    let Some((trust, node_client)) = runtime_trust(&client, flags, &events, shutdown.clone()).await? else {
         return Ok(Ended::BeforeRunning);
     };
-    let trust = RuntimeTrust::new(cas)?;
-    tokio::spawn(trust.clone().keep_client_cert_fresh());
-    csr_signer(&client, flags, trust.clone())?;
-    let node_client = node_client(&client, flags, &trust).await?;
     let vms_api: Api<SmolVM> = Api::all(client.clone());
     let ledger = seeded_ledger(&vms_api).await?;
     let heartbeat_timeout = k8s_openapi::jiff::SignedDuration::try_from(flags.heartbeat_timeout)
@@ -290,14 +277,56 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     *vm_store_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(vm_store.clone());
     let owned = OwnedEvents::new(services, slices, volumes);
     let running = vms(ctx, vm_events, vm_store, wake, owned, shutdown.clone());
+    Ok(run_while_leading(running, leader, &shutdown, &recorder).await)
+}
+
+/// The events the leader publishes, as this replica.
+fn leader_events(client: &Client, flags: &Flags) -> EventSink {
+    EventSink::new(
+        client.clone(),
+        Reporter {
+            controller: FIELD_MANAGER_CONTROLLER.into(),
+            instance: Some(flags.identity.clone()),
+        },
+    )
+}
+
+/// The leader's trust in the runtime agents: the runtime CA (created once, shared by every
+/// replica; rotated with an overlap, see runtime_ca), the controller's client certificate for the
+/// node API (re-issued at 2/3 of its life), the CSR signer, and the node API client. `None` when
+/// asked to stop while waiting for the runtime CA.
+async fn runtime_trust(
+    client: &Client,
+    flags: &Flags,
+    events: &EventSink,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<Option<(Arc<RuntimeTrust>, NodeClient)>> {
+    let Some(cas) = runtime_ca(client, flags, events, shutdown).await? else {
+        return Ok(None);
+    };
+    let trust = RuntimeTrust::new(cas)?;
+    tokio::spawn(trust.clone().keep_client_cert_fresh());
+    csr_signer(client, flags, trust.clone())?;
+    let node_client = node_client(client, flags, &trust).await?;
+    Ok(Some((trust, node_client)))
+}
+
+/// Drives the SmolVM controller (`running`) while this replica holds the lease, then delivers the
+/// events still queued: how the leader's work ended.
+async fn run_while_leading(
+    running: impl Future<Output = ()>,
+    leader: watch::Receiver<bool>,
+    shutdown: &watch::Receiver<bool>,
+    recorder: &EventSink,
+) -> Ended {
     // Lost the lease: cancel every in-flight reconcile and node call now.
     let stopped = lease::while_leading(running, leader).await;
-    flush_events(&recorder).await;
-    Ok(if stopped.is_none() && !*shutdown.borrow() {
+    flush_events(recorder).await;
+    if stopped.is_none() && !*shutdown.borrow() {
         Ended::LostLease
     } else {
         Ended::Stopped
-    })
+    }
 }
 
 /// What the VMs' passes published is still true: the events still queued are delivered before
