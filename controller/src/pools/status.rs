@@ -26,10 +26,35 @@ pub fn status(
     failures: &BTreeMap<String, String>,
     now: Timestamp,
 ) -> SmolVMPoolStatus {
+    let per_node = per_node(nodes, plan, failures);
+    let ready: i32 = per_node.iter().map(|n| n.ready).fold(0, i32::saturating_add);
+    let total: i32 = per_node.iter().map(|n| n.total).fold(0, i32::saturating_add);
+    let (state, why, message) = ready_condition(plan, failures, ready, total);
+    let mut conditions = pool.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+    set_condition(
+        &mut conditions,
+        condition::READY,
+        state,
+        why,
+        &message,
+        pool.metadata.generation,
+        now,
+    );
+    SmolVMPoolStatus {
+        observed_generation: pool.metadata.generation,
+        ready_slots: Some(ready),
+        total_slots: Some(total),
+        nodes: per_node,
+        conditions,
+    }
+}
+
+/// Each target's ready and wanted slots, with why it has none where it says (its ApplyPool's
+/// failure, or no room for the source).
+fn per_node(nodes: &[Arc<SmolVMNode>], plan: &Plan, failures: &BTreeMap<String, String>) -> Vec<PoolNodeStatus> {
     let by_name: HashMap<String, &Arc<SmolVMNode>> = nodes.iter().map(|n| (n.name_any(), n)).collect();
     let count = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
-    let per_node: Vec<PoolNodeStatus> = plan
-        .targets
+    plan.targets
         .iter()
         .map(|node| {
             let total = plan.keep.iter().find(|k| &k.node == node).map_or(0, |k| count(k.slots));
@@ -44,9 +69,17 @@ pub fn status(
                 message: failures.get(node).or_else(|| plan.waiting.get(node)).cloned(),
             }
         })
-        .collect();
-    let ready: i32 = per_node.iter().map(|n| n.ready).fold(0, i32::saturating_add);
-    let total: i32 = per_node.iter().map(|n| n.total).fold(0, i32::saturating_add);
+        .collect()
+}
+
+/// The Ready condition's status, reason and message, with `ready` of `total` slots ready on the
+/// nodes that keep the pool.
+fn ready_condition(
+    plan: &Plan,
+    failures: &BTreeMap<String, String>,
+    ready: i32,
+    total: i32,
+) -> (&'static str, &'static str, String) {
     let keeping = plan.keep.len();
     let mut room = String::new();
     if plan.short_of_room > 0 {
@@ -58,8 +91,7 @@ pub fn status(
     if !plan.waiting.is_empty() && keeping > 0 {
         room.push_str(&format!("; {} node(s) have no room for its source", plan.waiting.len()));
     }
-    let mut conditions = pool.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
-    let (state, why, message) = if plan.targets.is_empty() {
+    if plan.targets.is_empty() {
         let detail = plan.unplaced.as_deref().unwrap_or("no SmolVMNode");
         (
             "False",
@@ -92,21 +124,5 @@ pub fn status(
             reason::SLOTS_READY,
             format!("{total} slots ready on {keeping} node(s){room}"),
         )
-    };
-    set_condition(
-        &mut conditions,
-        condition::READY,
-        state,
-        why,
-        &message,
-        pool.metadata.generation,
-        now,
-    );
-    SmolVMPoolStatus {
-        observed_generation: pool.metadata.generation,
-        ready_slots: Some(ready),
-        total_slots: Some(total),
-        nodes: per_node,
-        conditions,
     }
 }
