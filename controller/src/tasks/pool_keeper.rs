@@ -49,19 +49,6 @@ pub const RETRY_FIRST: Duration = Duration::from_secs(10);
 /// The longest wait.
 pub const RETRY_MAX: Duration = Duration::from_secs(300);
 
-/// Whether two statuses say the same, transition times aside.
-fn same(a: Option<&SmolVMPoolStatus>, b: &SmolVMPoolStatus) -> bool {
-    let Some(a) = a else { return false };
-    let strip = |s: &SmolVMPoolStatus| {
-        let mut s = s.clone();
-        for c in &mut s.conditions {
-            c.last_transition_time = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH);
-        }
-        s
-    };
-    strip(a) == strip(b)
-}
-
 /// The retries of ApplyPool, per `(node, node pool)`, each with its last failure's message.
 #[derive(Debug)]
 struct Backoff(smolvm_kit::backoff::Backoff<(String, String), String>);
@@ -507,6 +494,19 @@ async fn write_status(
     {
         tracing::debug!(pool = %pool.name_any(), %error, "writing the pool's status failed; retried next round");
     }
+}
+
+/// Whether two statuses say the same, transition times aside.
+fn same(a: Option<&SmolVMPoolStatus>, b: &SmolVMPoolStatus) -> bool {
+    let Some(a) = a else { return false };
+    let strip = |s: &SmolVMPoolStatus| {
+        let mut s = s.clone();
+        for c in &mut s.conditions {
+            c.last_transition_time = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH);
+        }
+        s
+    };
+    strip(a) == strip(b)
 }
 
 /// A node's calls of a pass, in order, each within `timeout`; the node is free for the next
