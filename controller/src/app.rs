@@ -26,16 +26,17 @@ use crate::{
     cli::Flags,
     events::EventSink,
     heartbeat::HeartbeatClock,
-    lease::{self, LeaseConfig},
     metrics::Metrics,
     nodeclient::{BearerToken, ClientSettings, Endpoints, NodeClient},
-    orphans,
     pki::{
         SignerError, runtime_auth,
         runtime_ca::{self, CaSet, RuntimeTrust},
     },
     placement::{self, Ledger},
-    tasks,
+    tasks::{
+        self,
+        lease::{self, LeaseConfig},
+    },
     vm::{self, Context, Timing},
 };
 
@@ -48,11 +49,11 @@ pub async fn run(flags: Flags) -> anyhow::Result<()> {
     let (leader_tx, leader) = watch::channel(false);
     let lease_task = lease(&client, &flags, leader_tx, shutdown.clone());
     let metrics = Arc::new(Metrics::default());
-    let vm_store_slot: tasks::ops::VmStoreSlot = Arc::default();
-    let fleet_slot: tasks::ops::FleetSlot = Arc::default();
+    let vm_store_slot: tasks::probe::VmStoreSlot = Arc::default();
+    let fleet_slot: tasks::probe::FleetSlot = Arc::default();
     ops_server(
         &flags,
-        tasks::ops::Probe {
+        tasks::probe::Probe {
             leader: leader.clone(),
             metrics: metrics.clone(),
             vms: vm_store_slot.clone(),
@@ -114,7 +115,7 @@ fn lease(
 }
 
 /// The ops server (`/healthz`, `/readyz`, `/metrics`), on every replica.
-async fn ops_server(flags: &Flags, probe: tasks::ops::Probe) -> anyhow::Result<()> {
+async fn ops_server(flags: &Flags, probe: tasks::probe::Probe) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(flags.ops_address)
         .await
         .with_context(|| format!("binding the ops address {}", flags.ops_address))?;
@@ -179,8 +180,8 @@ async fn until_leading(mut leader: watch::Receiver<bool>, shutdown: watch::Recei
 struct Leading {
     client: Client,
     metrics: Arc<Metrics>,
-    vm_store_slot: tasks::ops::VmStoreSlot,
-    fleet_slot: tasks::ops::FleetSlot,
+    vm_store_slot: tasks::probe::VmStoreSlot,
+    fleet_slot: tasks::probe::FleetSlot,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -210,23 +211,10 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         fleet_slot,
         shutdown,
     } = leading;
-    let events = EventSink::new(
-        client.clone(),
-        Reporter {
-            controller: FIELD_MANAGER_CONTROLLER.into(),
-            instance: Some(flags.identity.clone()),
-        },
-    );
-    // The runtime CA (created once, shared by every replica; rotated with an overlap, see
-    // runtime_ca), the controller's client certificate for the node API (re-issued at 2/3 of its
-    // life), and the CSR signer.
-    let Some(cas) = runtime_ca(&client, flags, &events, shutdown.clone()).await? else {
+    let events = leader_events(&client, flags);
+    let Some((trust, node_client)) = runtime_trust(&client, flags, &events, shutdown.clone()).await? else {
         return Ok(Ended::BeforeRunning);
     };
-    let trust = RuntimeTrust::new(cas)?;
-    tokio::spawn(trust.clone().keep_client_cert_fresh());
-    csr_signer(&client, flags, trust.clone())?;
-    let node_client = node_client(&client, flags, &trust).await?;
     let vms_api: Api<SmolVM> = Api::all(client.clone());
     let ledger = seeded_ledger(&vms_api).await?;
     let heartbeat_timeout = k8s_openapi::jiff::SignedDuration::try_from(flags.heartbeat_timeout)
@@ -249,7 +237,7 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     ca_rotation(&client, flags, &trust, &node_store, &liveness, &events);
     // The Nodes' labels onto their SmolVMNodes (a node's agent sets only its own there: V10).
     tokio::spawn(tasks::node_labels::run(client.clone()));
-    *fleet_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(tasks::ops::Fleet {
+    *fleet_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(tasks::probe::Fleet {
         nodes: node_store.clone(),
         liveness: liveness.clone(),
         trust,
@@ -289,14 +277,56 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     *vm_store_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(vm_store.clone());
     let owned = OwnedEvents::new(services, slices, volumes);
     let running = vms(ctx, vm_events, vm_store, wake, owned, shutdown.clone());
+    Ok(run_while_leading(running, leader, &shutdown, &recorder).await)
+}
+
+/// The events the leader publishes, as this replica.
+fn leader_events(client: &Client, flags: &Flags) -> EventSink {
+    EventSink::new(
+        client.clone(),
+        Reporter {
+            controller: FIELD_MANAGER_CONTROLLER.into(),
+            instance: Some(flags.identity.clone()),
+        },
+    )
+}
+
+/// The leader's trust in the runtime agents: the runtime CA (created once, shared by every
+/// replica; rotated with an overlap, see runtime_ca), the controller's client certificate for the
+/// node API (re-issued at 2/3 of its life), the CSR signer, and the node API client. `None` when
+/// asked to stop while waiting for the runtime CA.
+async fn runtime_trust(
+    client: &Client,
+    flags: &Flags,
+    events: &EventSink,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<Option<(Arc<RuntimeTrust>, NodeClient)>> {
+    let Some(cas) = runtime_ca(client, flags, events, shutdown).await? else {
+        return Ok(None);
+    };
+    let trust = RuntimeTrust::new(cas)?;
+    tokio::spawn(trust.clone().keep_client_cert_fresh());
+    csr_signer(client, flags, trust.clone())?;
+    let node_client = node_client(client, flags, &trust).await?;
+    Ok(Some((trust, node_client)))
+}
+
+/// Drives the SmolVM controller (`running`) while this replica holds the lease, then delivers the
+/// events still queued: how the leader's work ended.
+async fn run_while_leading(
+    running: impl Future<Output = ()>,
+    leader: watch::Receiver<bool>,
+    shutdown: &watch::Receiver<bool>,
+    recorder: &EventSink,
+) -> Ended {
     // Lost the lease: cancel every in-flight reconcile and node call now.
     let stopped = lease::while_leading(running, leader).await;
-    flush_events(&recorder).await;
-    Ok(if stopped.is_none() && !*shutdown.borrow() {
+    flush_events(recorder).await;
+    if stopped.is_none() && !*shutdown.borrow() {
         Ended::LostLease
     } else {
         Ended::Stopped
-    })
+    }
 }
 
 /// What the VMs' passes published is still true: the events still queued are delivered before
@@ -327,15 +357,15 @@ fn wake_on_pool_changes(
 /// orphan collector, and the pools' passes.
 fn keepers(ctx: &Arc<Context>, flags: &Flags, vms: &Store<SmolVM>) {
     tokio::spawn(tasks::ledger::prune(ctx.clone(), vms.clone(), Duration::from_secs(60)));
-    tokio::spawn(orphans::run(
+    tokio::spawn(tasks::orphans::run(
         ctx.clone(),
         vms.clone(),
         Duration::from_secs(10),
         flags.orphan_grace,
     ));
-    tokio::spawn(crate::pools::run(
+    tokio::spawn(tasks::pool_keeper::run(
         ctx.clone(),
-        crate::pools::Settings {
+        tasks::pool_keeper::Settings {
             call_timeout: flags.pool_call_timeout,
             ..Default::default()
         },

@@ -7,6 +7,9 @@
 //! - [`pki`]: the runtime CA, the CSR signer and the node API token.
 //! - [`quota`]: the recount of the `vm.smolvm.dev/*` figures of ResourceQuotas.
 //! - [`access`]: the aggregated access API (logs, exec, files), served by every replica.
+//! - [`pools`]: the warm pools' plan and status, as data.
+//! - [`tasks`]: the long-running tasks (the lease, the node watch, the pool keeper, the orphan
+//!   collector, …), one per file.
 //! - [`app`]: the process: one spawn per task, and the SmolVM controller's wiring ([`app::vms`]).
 
 pub mod access;
@@ -14,10 +17,8 @@ pub mod app;
 pub mod cli;
 pub mod events;
 pub mod heartbeat;
-pub mod lease;
 pub mod metrics;
 pub mod nodeclient;
-pub mod orphans;
 pub mod pki;
 pub mod placement;
 pub mod pools;

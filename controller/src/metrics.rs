@@ -55,7 +55,7 @@ pub struct NodeConditionLabels {
     pub status: &'static str,
 }
 
-/// What the leader sees of one SmolVMNode when it is scraped (see `tasks::ops`).
+/// What the leader sees of one SmolVMNode when it is scraped (see `tasks::probe`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeObservation {
     /// The SmolVMNode's name.

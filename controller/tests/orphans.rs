@@ -8,8 +8,8 @@ use smolvm_api::{
     types::Protocol,
 };
 use smolvm_controller::{
-    orphans::{Change, Tracker, find, request_of},
     placement::{Ledger, gone_reservations, orphan_ledger_key},
+    tasks::orphans::{Change, Tracker, find, request_of},
 };
 
 fn owned(pairs: &[(&str, &str)]) -> HashSet<(String, String)> {

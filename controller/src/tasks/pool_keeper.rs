@@ -1,31 +1,15 @@
-//! Warm pools: every SmolVMPool's source and slots kept on the nodes it matches, where they fit,
-//! and its status.
+//! The pool keeper: the warm pools' passes. Each pass plans every pool as data
+//! ([`crate::pools`]), acts, then reports:
+//! - the ledger books each source (a hard hold, never taken) and each node's ready slots (soft
+//!   holds: spare room) before the node is asked ([`crate::placement::Ledger::book_pool`]); then
+//!   the node API's ResizePool (slots given back), ApplyPool and DeletePool run, each node's calls
+//!   in order, different nodes at once, each call within `--pool-call-timeout`, so a node that
+//!   hangs delays only its own pools (a node whose calls still run is left out of a pass);
+//! - the pool's status ([`status`]) is written when it says something new.
 //!
-//! Each pass decides as data, acts, then reports:
-//! - [`plan`] (pure: the pool, the nodes, the ledger's view, the time and the quota's budget):
-//!   on each eligible node its nodeSelector matches, whether its source is there or can be
-//!   placed (by the same placement as a SmolVM: [`placement::check_node_in`], giving back other
-//!   pools' ready slots where it fits only without them), how many ready slots fit beside every
-//!   hard and soft hold (never more than `slotsPerNode`), what that starts (a source, new slots,
-//!   each with its resources: what a quota charges), and which of the pool's node pools go (an
-//!   older generation of its template, or a node it no longer matches); [`orphans`]: node pools
-//!   of pools that are gone (every pool a node has a record of, started or not).
-//! - act: the ledger books each source (a hard hold, never taken) and each node's ready slots
-//!   (soft holds: spare room) before the node is asked ([`Ledger::book_pool`]); then the node
-//!   API's ResizePool (slots given back), ApplyPool and DeletePool run, each node's calls in
-//!   order, different nodes at once, each call within `--pool-call-timeout`, so a node that
-//!   hangs delays only its own pools (a node whose calls still run is left out of a pass).
-//! - [`status`]: ready and wanted slots per node, and the Ready condition: why the source fits
-//!   nowhere (in the scheduler's form), the quota that stopped the filling, the node's cause
-//!   (already cleaned by the agent) when its slots fail.
-//!
-//! A pool's name on its nodes is `pool-<uid>-g<generation>` ([`node_pool_name`]): a new template
-//! is a new node pool, so slots made from the old one are replaced, and machines served from
-//! them are never touched (the agent deletes a node pool only once none of its machines
-//! remains). Refills are the controller's: the agent lowers a pool's wanted slots by one at each
-//! lease, and the next pass books the replacement before it asks for it. Passes run when a node
-//! reports other pool counts, a pool changes, a claim took a slot or a node's calls ended
-//! ([`crate::vm::PoolsWake`]), and at least every [`EVERY`]; never more often than every [`MIN_GAP`].
+//! Passes run when a node reports other pool counts, a pool changes, a claim took a slot or a
+//! node's calls ended ([`crate::vm::PoolsWake`]), and at least every [`EVERY`]; never more often
+//! than every [`MIN_GAP`].
 //!
 //! A node whose ApplyPool failed is asked again after a backoff (10 s doubling to 5 minutes),
 //! as a failed start is: a source that does not boot takes smolvm tens of seconds each time.
@@ -42,19 +26,13 @@ use kube::{
 use serde_json::json;
 use smolvm_api::{
     NodeResources, SmolVM, SmolVMClass, SmolVMNode, SmolVMPool,
-    constants::{condition, reason},
-    defaulting::default_pooled_smolvm,
     nodeapi::{ErrorCode, PoolSpec},
-    pool::{PoolNodeStatus, SmolVMPoolStatus},
-    validate::Operation,
+    pool::SmolVMPoolStatus,
 };
 
-use crate::placement::{
-    self, LedgerView, Rejections, Request, Slots, check_node, check_node_in, fit_count, fits, free_of, less,
-    pool_prefix as prefix, reported_pools as reported, slots_to_give_back, times,
-};
-pub use crate::placement::{node_pool_name_at, with_ready_slot};
-use crate::vm::{Context, rules::set_condition};
+use crate::placement::{self, Request, reported_pools as reported, times};
+use crate::pools::{Keep, Plan, Start, orphans, plan, slot_vm, status};
+use crate::vm::Context;
 
 /// The longest a pool waits for a pass when nothing wakes the keeper.
 pub const EVERY: Duration = Duration::from_secs(30);
@@ -70,457 +48,6 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 pub const RETRY_FIRST: Duration = Duration::from_secs(10);
 /// The longest wait.
 pub const RETRY_MAX: Duration = Duration::from_secs(300);
-
-/// The pool's name on its nodes for its current template: `pool-<uid>-g<generation>`
-/// (also its source machine's name; never `svm-…`, so orphan collection leaves it alone).
-pub fn node_pool_name(pool: &SmolVMPool) -> Option<String> {
-    node_pool_name_at(pool, pool.metadata.generation)
-}
-
-/// What a pass does for a pool on one node that keeps (or is to keep) its source.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Keep {
-    /// The node.
-    pub node: String,
-    /// The source to start here (booked in full, a hard hold, before ApplyPool); `None` where
-    /// its source is booked or there already.
-    pub source: Option<NodeResources>,
-    /// `(node pool, slots)` of other pools whose ready slots are given back here to make the
-    /// source's room (ResizePool before ApplyPool).
-    pub give_back: Vec<(String, u32)>,
-    /// The ready slots wanted here after this pass: as many of `slotsPerNode` as fit beside every
-    /// hard and soft hold, and within the budget.
-    pub slots: u32,
-    /// Of `slots`, those new in this pass (beyond the ones booked): with `source`, what this
-    /// pass starts here, and what a quota is charged for.
-    pub new_slots: u32,
-    /// Whether the node is asked (ApplyPool): a source to start, other slots than booked, or a
-    /// node whose report says other slots.
-    pub apply: bool,
-}
-
-/// A machine a pass starts on a node, with what it takes (the quota's and the ledger's units).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Start {
-    /// The pool's source machine.
-    Source(NodeResources),
-    /// `n` ready slots, each taking this.
-    Slots(u32, NodeResources),
-}
-
-impl Keep {
-    /// What this node starts in the pass, each slot the size `each`.
-    pub fn starts(&self, each: &NodeResources) -> Vec<Start> {
-        let mut out: Vec<Start> = self.source.iter().copied().map(Start::Source).collect();
-        if self.new_slots > 0 {
-            out.push(Start::Slots(self.new_slots, *each));
-        }
-        out
-    }
-}
-
-/// What one pass does for one pool.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Plan {
-    /// The pool's name on its nodes.
-    pub name: String,
-    /// What its source and each of its slots take (the template's machine).
-    pub slot: NodeResources,
-    /// The eligible nodes matching its nodeSelector; sorted.
-    pub targets: Vec<String>,
-    /// The targets that keep its source (booked, there, or placed in this pass); sorted.
-    pub keep: Vec<Keep>,
-    /// The targets whose room cannot take its source now, with why.
-    pub waiting: BTreeMap<String, String>,
-    /// Why no node keeps its source, in the scheduler's form; `None` while one does.
-    pub unplaced: Option<String>,
-    /// Slots `slotsPerNode` asks for on the nodes that keep it that have no room there.
-    pub short_of_room: u32,
-    /// What the budget (the namespace's quota) kept from starting, when it did.
-    pub quota: Option<String>,
-    /// `(node, node pool)` to delete: an older generation's, or on a node it no longer matches.
-    pub retire: Vec<(String, String)>,
-}
-
-/// The plan for `pool` over `nodes`, given what the ledger holds (`ledger`), what its source and
-/// each slot take (`slot`), the time and the placement's tunables, and `budget`: the room the
-/// namespace's quota still allows (`None`: unlimited). Sources are placed first (node by node,
-/// by name), then slots, each only within what is left of the budget. `None` for a pool without
-/// a UID (not stored yet).
-pub fn plan(
-    pool: &SmolVMPool,
-    nodes: &[Arc<SmolVMNode>],
-    ledger: &LedgerView,
-    slot: &NodeResources,
-    now: Timestamp,
-    config: &placement::Config,
-    budget: Option<NodeResources>,
-) -> Option<Plan> {
-    let prefix = prefix(pool)?;
-    let name = node_pool_name(pool)?;
-    let eligible = Request {
-        resources: NodeResources::default(),
-        host_ports: Vec::new(),
-        node_selector: pool.spec.node_selector.clone().unwrap_or_default(),
-        pin: None,
-        volumes: Vec::new(),
-    };
-    let mut planning = Planning {
-        source: Request {
-            resources: *slot,
-            ..eligible.clone()
-        },
-        eligible,
-        prefix,
-        want: u32::try_from(pool.spec.slots_per_node.max(0)).unwrap_or(0),
-        ledger,
-        slot: *slot,
-        now,
-        config,
-        budget,
-        sources_held: 0,
-        slots_held: 0,
-        rejected: Rejections::default(),
-        plan: Plan {
-            name,
-            slot: *slot,
-            ..Default::default()
-        },
-    };
-    let mut sorted: Vec<&Arc<SmolVMNode>> = nodes.iter().collect();
-    sorted.sort_by_key(|n| n.name_any());
-    // Sources first, node by node, then the slots that fit beside them.
-    let kept: Vec<Kept> = sorted.into_iter().filter_map(|node| planning.source_on(node)).collect();
-    for kept in kept {
-        planning.slots_on(kept);
-    }
-    Some(planning.finish(nodes.len()))
-}
-
-/// A node that keeps the pool's source, as the slots' phase of [`plan`] reads it: its plan so
-/// far, its usage, its allocatable, and the pool's `(ready, wanted)` it reports.
-type Kept = (Keep, placement::Usage, NodeResources, Option<(i32, i32)>);
-
-/// [`plan`] under way: what it reads, the budget left, what the budget and the nodes held back,
-/// and the plan.
-struct Planning<'a> {
-    /// What a node must be to keep the pool (eligible, matching its nodeSelector).
-    eligible: Request,
-    /// The pool's source, as placement takes it.
-    source: Request,
-    /// The prefix of every node pool of the pool (every generation).
-    prefix: String,
-    /// `slotsPerNode`.
-    want: u32,
-    ledger: &'a LedgerView,
-    slot: NodeResources,
-    now: Timestamp,
-    config: &'a placement::Config,
-    budget: Option<NodeResources>,
-    sources_held: u32,
-    slots_held: u32,
-    rejected: Rejections,
-    plan: Plan,
-}
-
-impl Planning<'_> {
-    /// `node` in the sources' phase: the node pools it must retire, and whether it keeps the
-    /// source (booked, there, or placed now as a SmolVM is, beside every hold or with other
-    /// pools' ready slots given back, and within the budget).
-    fn source_on(&mut self, node: &SmolVMNode) -> Option<Kept> {
-        let (now, config, slot) = (self.now, self.config, self.slot);
-        let name = self.plan.name.clone();
-        let node_name = node.name_any();
-        let pools = reported(node);
-        let ineligible = check_node(node, &self.eligible, None, now, config);
-        for held in pools.keys().filter(|p| p.starts_with(&self.prefix)) {
-            if *held != name || ineligible.is_some() {
-                self.plan.retire.push((node_name.clone(), (*held).to_string()));
-            }
-        }
-        if let Some(why) = ineligible {
-            self.rejected.add(why, 0);
-            return None;
-        }
-        self.plan.targets.push(node_name.clone());
-        let here = pools.get(name.as_str()).copied();
-        let usage = self.ledger.by_node.get(&node_name).cloned().unwrap_or_default();
-        let allocatable = node.status.as_ref().and_then(|s| s.allocatable).unwrap_or_default();
-        let mut keep = Keep {
-            node: node_name.clone(),
-            ..Keep::default()
-        };
-        if here.is_none() && !self.ledger.source_booked(&node_name, &name) {
-            // Placed as a SmolVM is: beside every hold, or with other pools' ready slots given
-            // back (never its own: they would go with it).
-            let mut others = usage.clone();
-            others.slots.remove(&name);
-            if let Some(why) = check_node_in(node, &self.source, Some(&others), now, config, Slots::GivenBack) {
-                let free = why.resource(&free_of(node, Some(&others), Slots::GivenBack));
-                self.rejected.add(why, free);
-                let mut one = Rejections::default();
-                one.add(why, free);
-                let summary = one.summary(&self.source).replacen("1 ", "the node ", 1);
-                self.plan
-                    .waiting
-                    .insert(node_name, format!("no room for the pool's source: {summary}"));
-                return None;
-            }
-            if let Some(left) = &mut self.budget {
-                if !fits(&slot, left) {
-                    self.sources_held += 1;
-                    self.plan.waiting.insert(
-                        node_name,
-                        "the namespace's quota has no room for the pool's source".into(),
-                    );
-                    return None;
-                }
-                *left = left.minus(&slot);
-            }
-            keep.source = Some(slot);
-            keep.give_back = slots_to_give_back(&allocatable, &others, &slot, None).unwrap_or_default();
-        }
-        Some((keep, usage, allocatable, here))
-    }
-
-    /// A node that keeps the source, in the slots' phase: as many of `slotsPerNode` as fit
-    /// beside every hard and soft hold (its own slots' room counted as its), within the budget.
-    fn slots_on(&mut self, (mut keep, usage, allocatable, here): Kept) {
-        let (slot, name) = (self.slot, &self.plan.name);
-        let mut room = less(&less(&allocatable, &usage.used), &usage.soft_except(name));
-        if let Some(source) = &keep.source {
-            room = less(&room, source);
-            for (other, n) in &keep.give_back {
-                if let Some(hold) = usage.slots.get(other) {
-                    room = room.plus(&times(&hold.each, *n));
-                }
-            }
-        }
-        let booked = usage.slots_of(name);
-        let mut slots = self.want.min(fit_count(&room, &slot));
-        self.plan.short_of_room = self.plan.short_of_room.saturating_add(self.want - slots);
-        if slots > booked
-            && let Some(left) = &mut self.budget
-        {
-            let allowed = booked.saturating_add(fit_count(left, &slot));
-            if allowed < slots {
-                self.slots_held = self.slots_held.saturating_add(slots - allowed);
-                slots = allowed;
-            }
-            *left = left.minus(&times(&slot, slots.saturating_sub(booked)));
-        }
-        keep.slots = slots;
-        keep.new_slots = slots.saturating_sub(booked);
-        let reported_wanted = here.map(|(_, wanted)| i64::from(wanted));
-        keep.apply = keep.source.is_some() || slots != booked || reported_wanted != Some(i64::from(slots));
-        self.plan.keep.push(keep);
-    }
-
-    /// The plan, with why no node keeps the source (of `nodes` nodes) and what the quota held.
-    fn finish(mut self, nodes: usize) -> Plan {
-        if self.plan.keep.is_empty() && self.sources_held == 0 {
-            self.plan.unplaced = Some(match nodes {
-                0 => "no SmolVMNode is registered".to_string(),
-                n => self.rejected.message("keep this pool's source", n, &self.source),
-            });
-        }
-        if self.sources_held > 0 || self.slots_held > 0 {
-            self.plan.quota = Some(quota_words(
-                &self.budget.unwrap_or_default(),
-                self.sources_held,
-                self.slots_held,
-                &self.slot,
-            ));
-        }
-        self.plan
-    }
-}
-
-/// Why the quota stops the pool: the room its ResourceQuotas leave (the keys they limit only:
-/// `i64::MAX` is a key none limits) and what waits for room, e.g. `the namespace's
-/// ResourceQuota leaves 0 CPUs: 5 slots of 1 CPUs, 128 MiB and 2 GiB each wait for room`.
-fn quota_words(left: &NodeResources, sources: u32, slots: u32, each: &NodeResources) -> String {
-    let limited: Vec<String> = [
-        (left.cpus, "CPUs"),
-        (left.memory_mib, "MiB of memory"),
-        (left.storage_gib, "GiB of disk"),
-    ]
-    .into_iter()
-    .filter(|(n, _)| *n != i64::MAX)
-    .map(|(n, unit)| format!("{} {unit}", n.max(0)))
-    .collect();
-    let waiting: Vec<String> = [(sources, "source"), (slots, "slot")]
-        .into_iter()
-        .filter(|(n, _)| *n > 0)
-        .map(|(n, what)| format!("{n} {what}{}", if n == 1 { "" } else { "s" }))
-        .collect();
-    format!(
-        "the namespace's ResourceQuota leaves {}: {} of {} CPUs, {} MiB and {} GiB each wait for room",
-        limited.join(", "),
-        waiting.join(" and "),
-        each.cpus,
-        each.memory_mib,
-        each.storage_gib
-    )
-}
-
-/// Whether `name` is a node pool's as [`node_pool_name`] makes them (`pool-<uid>-g<digits>`, the
-/// UID a UUID), or as releases before whole UIDs made them (`pool-<8 of [0-9a-z]>-g<digits>`):
-/// only those are ever deleted as orphans, never a pool made on the node by other means.
-pub fn is_node_pool_name(name: &str) -> bool {
-    let Some(rest) = name.strip_prefix("pool-") else {
-        return false;
-    };
-    let Some((uid, generation)) = rest.rsplit_once("-g") else {
-        return false;
-    };
-    let lower_alnum = |b: u8| b.is_ascii_digit() || b.is_ascii_lowercase();
-    let uuid = uid.len() == 36
-        && uid.bytes().enumerate().all(|(i, b)| match i {
-            8 | 13 | 18 | 23 => b == b'-',
-            _ => b.is_ascii_hexdigit() && !b.is_ascii_uppercase(),
-        });
-    let legacy = uid.len() == 8 && uid.bytes().all(lower_alnum);
-    (uuid || legacy) && !generation.is_empty() && generation.bytes().all(|b| b.is_ascii_digit())
-}
-
-/// `(node, node pool)` of every node pool of a pool that no longer exists: named as a pool's
-/// (`pool-…-g…`) with a UID no live pool has (compared whole: the prefix ends with `-g`).
-pub fn orphans(nodes: &[Arc<SmolVMNode>], live: &[SmolVMPool]) -> Vec<(String, String)> {
-    let prefixes: Vec<String> = live.iter().filter_map(prefix).collect();
-    let mut out = Vec::new();
-    for node in nodes {
-        for held in reported(node).keys() {
-            if is_node_pool_name(held) && !prefixes.iter().any(|p| held.starts_with(p.as_str())) {
-                out.push((node.name_any(), (*held).to_string()));
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
-/// The pool's status after `plan`, given the failures of ApplyPool by node (the agent's
-/// message, cleaned), keeping each condition's transition time where its status holds.
-pub fn status(
-    pool: &SmolVMPool,
-    nodes: &[Arc<SmolVMNode>],
-    plan: &Plan,
-    failures: &BTreeMap<String, String>,
-    now: Timestamp,
-) -> SmolVMPoolStatus {
-    let by_name: HashMap<String, &Arc<SmolVMNode>> = nodes.iter().map(|n| (n.name_any(), n)).collect();
-    let count = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
-    let per_node: Vec<PoolNodeStatus> = plan
-        .targets
-        .iter()
-        .map(|node| {
-            let total = plan.keep.iter().find(|k| &k.node == node).map_or(0, |k| count(k.slots));
-            PoolNodeStatus {
-                node_name: node.clone(),
-                ready: by_name
-                    .get(node)
-                    .and_then(|n| reported(n).get(plan.name.as_str()).map(|(ready, _)| *ready))
-                    .unwrap_or(0)
-                    .clamp(0, total),
-                total,
-                message: failures.get(node).or_else(|| plan.waiting.get(node)).cloned(),
-            }
-        })
-        .collect();
-    let ready: i32 = per_node.iter().map(|n| n.ready).fold(0, i32::saturating_add);
-    let total: i32 = per_node.iter().map(|n| n.total).fold(0, i32::saturating_add);
-    let keeping = plan.keep.len();
-    let mut room = String::new();
-    if plan.short_of_room > 0 {
-        room.push_str(&format!(
-            "; {} more that slotsPerNode asks for have no room (ready slots take spare room only)",
-            plan.short_of_room
-        ));
-    }
-    if !plan.waiting.is_empty() && keeping > 0 {
-        room.push_str(&format!("; {} node(s) have no room for its source", plan.waiting.len()));
-    }
-    let mut conditions = pool.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
-    let (state, why, message) = if plan.targets.is_empty() {
-        let detail = plan.unplaced.as_deref().unwrap_or("no SmolVMNode");
-        (
-            "False",
-            reason::NO_MATCHING_NODES,
-            format!("no SmolVMNode that can take VMs matches the pool's nodeSelector: {detail}"),
-        )
-    } else if keeping == 0 && plan.quota.is_none() {
-        (
-            "False",
-            reason::UNSCHEDULABLE,
-            plan.unplaced.clone().unwrap_or_default(),
-        )
-    } else if let Some((node, cause)) = failures.iter().next() {
-        let more = match failures.len() {
-            1 => String::new(),
-            n => format!(" (and {} more node(s))", n - 1),
-        };
-        ("False", reason::SLOTS_FAILING, format!("{node}: {cause}{more}"))
-    } else if let Some(quota) = &plan.quota {
-        ("False", reason::QUOTA_EXCEEDED, quota.clone())
-    } else if ready < total {
-        (
-            "False",
-            reason::SLOTS_FILLING,
-            format!("{ready} of {total} slots ready on {keeping} node(s){room}"),
-        )
-    } else {
-        (
-            "True",
-            reason::SLOTS_READY,
-            format!("{total} slots ready on {keeping} node(s){room}"),
-        )
-    };
-    set_condition(
-        &mut conditions,
-        condition::READY,
-        state,
-        why,
-        &message,
-        pool.metadata.generation,
-        now,
-    );
-    SmolVMPoolStatus {
-        observed_generation: pool.metadata.generation,
-        ready_slots: Some(ready),
-        total_slots: Some(total),
-        nodes: per_node,
-        conditions,
-    }
-}
-
-/// Whether two statuses say the same, transition times aside.
-fn same(a: Option<&SmolVMPoolStatus>, b: &SmolVMPoolStatus) -> bool {
-    let Some(a) = a else { return false };
-    let strip = |s: &SmolVMPoolStatus| {
-        let mut s = s.clone();
-        for c in &mut s.conditions {
-            c.last_transition_time = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH);
-        }
-        s
-    };
-    strip(a) == strip(b)
-}
-
-/// The SmolVM a slot of `pool` is: the template, its class's defaults and the built-in ones, as
-/// admission fills a SmolVM that names the pool (M4, M3, M1). `Err` says why it cannot be built.
-pub fn slot_vm(pool: &SmolVMPool, classes: &Vec<SmolVMClass>) -> Result<SmolVM, String> {
-    let object = json!({
-        "apiVersion": "vm.smolvm.dev/v1alpha1",
-        "kind": "SmolVM",
-        "metadata": {"name": pool.name_any(), "namespace": pool.namespace()},
-        "spec": {"poolRef": {"name": pool.name_any()}}
-    });
-    let patch = default_pooled_smolvm(Operation::Create, &object, pool, classes);
-    let mut filled = object;
-    json_patch::patch(&mut filled, &patch).map_err(|e| format!("the template does not apply: {e}"))?;
-    serde_json::from_value(filled).map_err(|e| format!("the template does not make a SmolVM: {e}"))
-}
 
 /// The retries of ApplyPool, per `(node, node pool)`, each with its last failure's message.
 #[derive(Debug)]
@@ -967,6 +494,19 @@ async fn write_status(
     {
         tracing::debug!(pool = %pool.name_any(), %error, "writing the pool's status failed; retried next round");
     }
+}
+
+/// Whether two statuses say the same, transition times aside.
+fn same(a: Option<&SmolVMPoolStatus>, b: &SmolVMPoolStatus) -> bool {
+    let Some(a) = a else { return false };
+    let strip = |s: &SmolVMPoolStatus| {
+        let mut s = s.clone();
+        for c in &mut s.conditions {
+            c.last_transition_time = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH);
+        }
+        s
+    };
+    strip(a) == strip(b)
 }
 
 /// A node's calls of a pass, in order, each within `timeout`; the node is free for the next
