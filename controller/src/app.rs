@@ -571,9 +571,10 @@ async fn node_watch(
 
 /// The SmolVM watch, feeding the controller's cache and the ledger.
 ///
-/// The cache drops managedFields as objects arrive: the controller never reads them, and as JSON
-/// trees they were most of each cached object's memory. (A status update built from a cached
-/// object then carries no managedFields, which leaves the server's untouched.) A VM that
+/// The cache drops managedFields as objects arrive, but for the previous release's status entry
+/// while it is there to take over (none once the controller applied the status): as JSON trees
+/// they were most of each cached object's memory. (The controller writes patches and applies,
+/// never a cached object whole, so what the cache keeps of them never reaches the server.) A VM that
 /// vanishes is never reconciled again (the controller finds nothing in the cache to hand over),
 /// so its reservation is released here, from the delete event; a periodic comparison with the
 /// cache catches deletes the watch missed while disconnected.
@@ -585,7 +586,9 @@ fn vm_events(
 ) -> impl Stream<Item = Result<SmolVM, watcher::Error>> + Send + 'static {
     watcher(vms, watcher::Config::default())
         .default_backoff()
-        .modify(|vm| vm.metadata.managed_fields = None)
+        // Of the managedFields, only what the status writer needs: whether the previous
+        // release's status entry is still there to take over (crate::status_apply).
+        .modify(|vm| crate::status_apply::keep_legacy_status_entries(&mut vm.metadata))
         .reflect(writer)
         .inspect(move |event| match event {
             Ok(watcher::Event::Delete(vm)) => {

@@ -124,8 +124,13 @@ where
         {"op": "replace", "path": "/metadata/managedFields", "value": entries},
     ]))
     .map_err(kube::Error::SerdeError)?;
-    let written = api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch)).await?;
-    tracing::info!(name, "took over the status fields the previous release wrote (its Update entry now the controller's Apply entry)");
+    let written = api
+        .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await?;
+    tracing::info!(
+        name,
+        "took over the status fields the previous release wrote (its Update entry now the controller's Apply entry)"
+    );
     Ok(Some(TakenOver {
         read: meta.resource_version.clone(),
         written: written.meta().resource_version.clone(),
@@ -134,7 +139,11 @@ where
 
 /// The body of a status apply: the object's identity, `status`, and, for a write that must meet
 /// the version read (the binding), its resourceVersion.
-pub fn apply_body<K: Resource<DynamicType = ()>>(name: &str, resource_version: Option<&str>, status: &impl Serialize) -> Value {
+pub fn apply_body<K: Resource<DynamicType = ()>>(
+    name: &str,
+    resource_version: Option<&str>,
+    status: &impl Serialize,
+) -> Value {
     let mut metadata = json!({ "name": name });
     if let Some(version) = resource_version {
         metadata["resourceVersion"] = json!(version);
@@ -177,10 +186,25 @@ mod tests {
     #[test]
     fn the_previous_release_status_fields_move_into_the_apply_entry() {
         let c = FIELD_MANAGER_CONTROLLER;
-        let kubectl = entry("kubectl-client-side-apply", "Update", None, json!({"f:spec": {"f:image": {}}}));
+        let kubectl = entry(
+            "kubectl-client-side-apply",
+            "Update",
+            None,
+            json!({"f:spec": {"f:image": {}}}),
+        );
         let finalizer = entry(c, "Update", None, json!({"f:metadata": {"f:finalizers": {}}}));
-        let legacy = entry(c, "Update", Some("status"), json!({"f:status": {"f:ports": {}, "f:phase": {}}}));
-        let applied = entry(c, "Apply", Some("status"), json!({"f:status": {"f:phase": {}, "f:nodeName": {}}}));
+        let legacy = entry(
+            c,
+            "Update",
+            Some("status"),
+            json!({"f:status": {"f:ports": {}, "f:phase": {}}}),
+        );
+        let applied = entry(
+            c,
+            "Apply",
+            Some("status"),
+            json!({"f:status": {"f:phase": {}, "f:nodeName": {}}}),
+        );
         let other_status = entry("someone", "Update", Some("status"), json!({"f:status": {"f:x": {}}}));
         let apply_of = |fields: Value| {
             let mut e = entry(c, "Apply", Some("status"), fields);
@@ -189,9 +213,21 @@ mod tests {
         };
         type Entries = Vec<ManagedFieldsEntry>;
         let table: Vec<(&str, Entries, Option<Entries>)> = vec![
-            ("nothing of the previous release", vec![kubectl.clone(), applied.clone()], None),
-            ("another manager's status update is not ours to take", vec![other_status.clone()], None),
-            ("the main resource's update (finalizers) is not status", vec![finalizer.clone()], None),
+            (
+                "nothing of the previous release",
+                vec![kubectl.clone(), applied.clone()],
+                None,
+            ),
+            (
+                "another manager's status update is not ours to take",
+                vec![other_status.clone()],
+                None,
+            ),
+            (
+                "the main resource's update (finalizers) is not status",
+                vec![finalizer.clone()],
+                None,
+            ),
             (
                 "an update only: an apply entry with its fields",
                 vec![kubectl.clone(), legacy.clone(), finalizer.clone()],

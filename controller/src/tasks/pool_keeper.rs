@@ -21,9 +21,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, ResourceExt,
-    api::{ListParams, Patch, PatchParams},
+    api::{ListParams, Patch},
 };
-use serde_json::json;
 use smolvm_api::{
     NodeResources, SmolVM, SmolVMClass, SmolVMNode, SmolVMPool,
     nodeapi::{ErrorCode, PoolSpec},
@@ -32,6 +31,7 @@ use smolvm_api::{
 
 use crate::placement::{self, Request, reported_pools as reported, times};
 use crate::pools::{Keep, Plan, Start, orphans, plan, slot_vm, status};
+use crate::status_apply;
 use crate::vm::Context;
 
 /// The longest a pool waits for a pass when nothing wakes the keeper.
@@ -117,6 +117,9 @@ struct Keeper {
     applied: Mutex<HashMap<(String, String), (u32, Instant)>>,
     /// The SmolVMClasses last read, and when ([`classes`]).
     classes: Mutex<Option<(Instant, Arc<Vec<SmolVMClass>>)>>,
+    /// The pools (by UID) whose status this process has applied: the previous release's status
+    /// fields are taken over before the first ([`crate::status_apply`]).
+    applied_status: Mutex<HashSet<String>>,
 }
 
 /// One call of a pass to a node.
@@ -453,7 +456,7 @@ impl PoolPass<'_> {
                 slots: left,
             });
             if let Some(owner) = placement::owner_of(self.pools, &other) {
-                crate::vm::report::slots_given_back(ctx, owner, name, before.count.saturating_sub(left), &taker).await;
+                crate::vm::events::slots_given_back(ctx, owner, name, before.count.saturating_sub(left), &taker).await;
             }
         }
         if let Some(spec) = spec {
@@ -487,12 +490,32 @@ async fn write_status(
         return;
     }
     let api: Api<SmolVMPool> = Api::namespaced(ctx.client.clone(), pool.namespace());
-    let patch = json!({ "status": next });
-    if let Err(error) = api
-        .patch_status(&pool.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+    let uid = pool.uid().unwrap_or_default();
+    let first = !keeper
+        .applied_status
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&uid);
+    if first && let Err(error) = status_apply::take_over_status(&api, &pool.name_any()).await {
+        tracing::debug!(pool = %pool.name_any(), %error, "taking over the pool's status fields failed; retried next round");
+        return;
+    }
+    // The whole status by server-side apply: a field no longer set leaves the stored status.
+    let body = status_apply::apply_body::<SmolVMPool>(&pool.name_any(), None, &next);
+    match api
+        .patch_status(&pool.name_any(), &status_apply::apply_params(), &Patch::Apply(&body))
         .await
     {
-        tracing::debug!(pool = %pool.name_any(), %error, "writing the pool's status failed; retried next round");
+        Ok(_) => {
+            keeper
+                .applied_status
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(uid);
+        }
+        Err(error) => {
+            tracing::debug!(pool = %pool.name_any(), %error, "writing the pool's status failed; retried next round");
+        }
     }
 }
 

@@ -38,13 +38,6 @@ pub mod status;
 pub mod volumes;
 pub mod workload;
 
-/// The old path of [`events::slots_given_back`], for callers outside `vm/` that still name it
-/// (`crate::vm::report::slots_given_back`); the status writer is [`status`].
-#[doc(hidden)]
-pub mod report {
-    pub use super::events::slots_given_back;
-}
-
 use std::{sync::Arc, time::Duration};
 
 use futures::Stream;

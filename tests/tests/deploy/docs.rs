@@ -73,13 +73,13 @@ pub(super) fn operations_doc_explains_every_condition_and_reason() {
     assert!(names.len() > 10, "{names:?}");
     // Reasons the code spells out where it uses them (each checked to still be there).
     let literal = [
-        ("controller/src/vm/decide.rs", "RuntimeError"),
-        ("controller/src/vm/decide.rs", "InvalidSpec"),
-        ("controller/src/vm/rules.rs", "MachineFailed"),
-        ("controller/src/placement.rs", "NoNodes"),
-        ("controller/src/placement.rs", "PinnedNodeUnknown"),
-        ("controller/src/placement.rs", "PinnedNodeIneligible"),
-        ("controller/src/placement.rs", "NoEligibleNode"),
+        ("controller/src/vm/decide/problems.rs", "RuntimeError"),
+        ("controller/src/vm/decide/converge.rs", "InvalidSpec"),
+        ("controller/src/vm/rules/conditions.rs", "MachineFailed"),
+        ("controller/src/placement/choose.rs", "NoNodes"),
+        ("controller/src/placement/choose.rs", "PinnedNodeUnknown"),
+        ("controller/src/placement/choose.rs", "PinnedNodeIneligible"),
+        ("controller/src/placement/choose.rs", "NoEligibleNode"),
         ("controller/src/pki/signer/judge.rs", "RequesterNotRuntime"),
         ("controller/src/pki/signer/judge.rs", "NoNodeClaim"),
         ("controller/src/pki/signer/judge.rs", "UsageNotAllowed"),

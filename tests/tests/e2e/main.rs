@@ -47,6 +47,7 @@ mod nodes;
 mod pools;
 mod quota;
 mod reach;
+mod status_apply;
 mod suspend;
 mod volumes;
 mod workload;
@@ -198,6 +199,7 @@ fn extra_scenarios() -> Vec<(&'static str, Scenario)> {
     all.extend(suspend::scenarios());
     all.extend(quota::scenarios());
     all.extend(volumes::scenarios());
+    all.extend(status_apply::scenarios());
     all
 }
 
