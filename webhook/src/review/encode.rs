@@ -87,57 +87,21 @@ fn put_str(out: &mut Vec<u8>, text: &str) -> Result<(), RequestError> {
 const ANSWER_HEAD: &[u8] = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"#;
 
 /// Appends `n` in decimal.
-fn put_u16(out: &mut Vec<u8>, n: u16) {
-    let mut digits = [0u8; 5];
-    let mut i = digits.len();
-    let mut n = n;
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
+fn put_decimal(out: &mut Vec<u8>, n: impl std::fmt::Display) {
+    use std::io::Write;
+    // Writing to a Vec cannot fail.
+    let _ = write!(out, "{n}");
 }
 
-/// Each byte value in decimal followed by a comma, in four bytes (the unused ones trailing),
-/// with the length of the digits and comma.
-static DECIMAL_COMMA: std::sync::LazyLock<[([u8; 4], usize); 256]> = std::sync::LazyLock::new(|| {
-    let mut table = [([0u8; 4], 0usize); 256];
-    for (n, entry) in table.iter_mut().enumerate() {
-        let digits = n.to_string();
-        entry.0[..digits.len()].copy_from_slice(digits.as_bytes());
-        entry.0[digits.len()] = b',';
-        entry.1 = digits.len() + 1;
-    }
-    table
-});
-
-/// `byte` in decimal (the patch is an array of byte values on the wire).
-#[cfg(test)]
-pub(super) fn byte_decimal(byte: u8) -> &'static [u8] {
-    let (digits, len) = &DECIMAL_COMMA[usize::from(byte)];
-    &digits[..len - 1]
-}
-
-/// Appends `bytes` as JSON numbers separated by commas. Every entry is written as four bytes
-/// and the end moved on by its length, so that each byte costs one fixed-size copy.
+/// Appends `bytes` as JSON numbers separated by commas (the patch is an array of byte values on
+/// the wire).
 pub(super) fn put_decimals(out: &mut Vec<u8>, bytes: &[u8]) {
-    let table = &*DECIMAL_COMMA;
-    let start = out.len();
-    out.resize(start + 4 * bytes.len(), 0);
-    let mut end = start;
-    for &byte in bytes {
-        let (digits, len) = &table[usize::from(byte)];
-        if let Some(slot) = out.get_mut(end..end + 4) {
-            slot.copy_from_slice(digits);
+    for (i, byte) in bytes.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
         }
-        end += len;
+        put_decimal(out, byte);
     }
-    // The last entry's comma goes.
-    out.truncate(end.saturating_sub(1).max(start));
 }
 
 /// The AdmissionReview carrying `response`, byte for byte as serde_json writes kube-core's
@@ -159,7 +123,7 @@ pub(super) fn encode(response: Answer) -> Result<Vec<u8>, RequestError> {
             out.extend_from_slice(br#","allowed":false,"status":{"status":"Failure""#);
             if *code != 0 {
                 out.extend_from_slice(br#","code":"#);
-                put_u16(&mut out, *code);
+                put_decimal(&mut out, code);
             }
             if !message.is_empty() {
                 out.extend_from_slice(br#","message":"#);

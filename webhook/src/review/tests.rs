@@ -563,13 +563,6 @@ fn patches_are_written_as_serde_json_writes_them() {
 }
 
 #[test]
-fn byte_values_in_decimal() {
-    for byte in 0..=255u8 {
-        assert_eq!(byte_decimal(byte), byte.to_string().as_bytes());
-    }
-}
-
-#[test]
 fn byte_arrays_as_serde_json_writes_them() {
     let every: Vec<u8> = (0..=255u8).rev().chain(0..=255).collect();
     let cases: [&[u8]; 5] = [&[], &[0], &[255], b"[{\"op\":\"add\"}]", &every];
