@@ -23,7 +23,7 @@ use smolvm_controller::placement::Hold;
 use smolvm_controller::vm::decide::{
     Decision, ExposureWrite, Failure, Observed, Outcome, Progress, RESUME_RECHECK, Requeue, Room, converge,
 };
-use smolvm_controller::vm::rules::{NodeHealth, machine_spec};
+use smolvm_controller::vm::rules::{NodeHealth, PoolOf, machine_spec};
 use smolvm_controller::vm::volumes::{Presence, Seen, Settings, VolumeWrite, holder::holder_pod};
 use smolvm_controller::vm::workload::Source;
 
@@ -125,8 +125,21 @@ fn pass_seen(
     vm: &SmolVM,
     health: NodeHealth,
     room: Room,
+    progress: Progress,
+    volumes: Option<&Seen>,
+    answers: Vec<Result<Option<MachineStatus>, Failure>>,
+) -> (Vec<&'static str>, Outcome, Option<String>) {
+    pass_pooled(vm, health, room, progress, volumes, &PoolOf::None, answers)
+}
+
+/// [`pass_seen`] with the pool the SmolVM names, as the pass observed it.
+fn pass_pooled(
+    vm: &SmolVM,
+    health: NodeHealth,
+    room: Room,
     mut progress: Progress,
     volumes: Option<&Seen>,
+    pool: &PoolOf,
     answers: Vec<Result<Option<MachineStatus>, Failure>>,
 ) -> (Vec<&'static str>, Outcome, Option<String>) {
     let node = node();
@@ -142,6 +155,7 @@ fn pass_seen(
         now: Timestamp::now(),
         start_backoff: None,
         volumes,
+        pool,
     };
     let mut answers = answers.into_iter();
     let mut calls = Vec::new();
@@ -526,6 +540,7 @@ fn a_service_it_does_not_own_is_never_written() {
     }))
     .expect("a Service");
     let node = node();
+    let no_pool = PoolOf::None;
     let observed = Observed {
         vm: &vm,
         node: NODE,
@@ -538,6 +553,7 @@ fn a_service_it_does_not_own_is_never_written() {
         now: Timestamp::now(),
         start_backoff: None,
         volumes: None,
+        pool: &no_pool,
     };
     let Decision::Report(outcome) = converge(&observed, &Progress::default()) else {
         panic!("a missing node is reported at once");
@@ -606,6 +622,7 @@ fn a_start_that_failed_moments_ago_is_held_and_the_service_kept() {
             vm.metadata.annotations =
                 Some([(RESTART_ANNOTATION.to_string(), "2026-11-25T15:00:00Z".to_string())].into());
         }
+        let no_pool = PoolOf::None;
         let observed = Observed {
             vm: &vm,
             node: NODE,
@@ -618,6 +635,7 @@ fn a_start_that_failed_moments_ago_is_held_and_the_service_kept() {
             now: Timestamp::now(),
             start_backoff: backoff,
             volumes: None,
+            pool: &no_pool,
         };
         let mut progress = Progress::default();
         let mut calls = Vec::new();
@@ -1194,6 +1212,7 @@ fn a_vm_with_volumes_runs_only_on_mounted_volumes() {
     // The create carries the mounts: the holder's UID and each directory (the claim's its PV's).
     let seen = seen_with(&plain, Some(("Running", false)));
     let node = node();
+    let no_pool = PoolOf::None;
     let observed = Observed {
         vm: &plain,
         node: NODE,
@@ -1206,6 +1225,7 @@ fn a_vm_with_volumes_runs_only_on_mounted_volumes() {
         now: Timestamp::now(),
         start_backoff: None,
         volumes: Some(&seen),
+        pool: &no_pool,
     };
     let mut progress = Progress::default();
     progress.record(smolvm_controller::vm::decide::Call::Get, Ok(None));
@@ -1251,4 +1271,114 @@ fn a_lost_machine_with_pinned_volume_data_names_it() {
         message.contains("volume db (claim default/db-claim, PV local-3 is pinned to node-a)"),
         "{message}"
     );
+}
+
+/// A SmolVM that names a pool, at its create, through the core: decide asks for a lease when its
+/// pool is current and, should the node have no ready slot (or the pool was replaced), for the
+/// cold create or the wait its pool's `whenEmpty` says; the PoolEmpty event and the waiting
+/// reason come back in the outcome, never published beside it.
+#[test]
+fn a_pooled_create_leases_goes_cold_or_waits_as_its_pool_says() {
+    let vm = exposed(|_| {});
+    let running = machine(MachineState::Running);
+    let stopped = machine(MachineState::Stopped);
+    let template = json!({"template": {"image": "alpine:3.20"}, "slotsPerNode": 1});
+    let pool_with = |when_empty: &str| {
+        let mut spec = template.clone();
+        spec["whenEmpty"] = json!(when_empty);
+        fixtures::pool("p", spec)
+    };
+    let current = |when_empty: &str| PoolOf::Current(pool_with(when_empty), "p-node-pool".into());
+    let empty = || Err(Failure::Call(answered(ErrorCode::NoReadySlot)));
+    let gone = || Err(Failure::Call(answered(ErrorCode::PoolNotFound)));
+    // (case, the pool as observed, the node's answers, the calls, the Ready reason, the events)
+    type Row = (
+        &'static str,
+        PoolOf,
+        Vec<Result<Option<MachineStatus>, Failure>>,
+        Vec<&'static str>,
+        &'static str,
+        Vec<&'static str>,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "no pool: created cold, no PoolEmpty",
+            PoolOf::None,
+            vec![Ok(None), Ok(Some(stopped.clone())), Ok(Some(running.clone()))],
+            vec!["GetMachine", "CreateMachine", "EnsureMachineRunning"],
+            "Running",
+            vec!["Started"],
+        ),
+        (
+            "a ready slot: one lease, the machine runs",
+            current("Cold"),
+            vec![Ok(None), Ok(Some(running.clone()))],
+            vec!["GetMachine", "LeaseMachine"],
+            "Running",
+            vec!["ServedFromPool"],
+        ),
+        (
+            "no ready slot, whenEmpty Cold: the cold create, told as PoolEmpty",
+            current("Cold"),
+            vec![Ok(None), empty(), Ok(Some(stopped.clone())), Ok(Some(running.clone()))],
+            vec!["GetMachine", "LeaseMachine", "CreateMachine", "EnsureMachineRunning"],
+            "Running",
+            vec!["PoolEmpty", "Started"],
+        ),
+        (
+            "no node pool there, whenEmpty Cold: as with no ready slot",
+            current("Cold"),
+            vec![Ok(None), gone(), Ok(Some(stopped.clone())), Ok(Some(running.clone()))],
+            vec!["GetMachine", "LeaseMachine", "CreateMachine", "EnsureMachineRunning"],
+            "Running",
+            vec!["PoolEmpty", "Started"],
+        ),
+        (
+            "no ready slot, whenEmpty Wait: nothing created, it waits saying why",
+            current("Wait"),
+            vec![Ok(None), empty()],
+            vec!["GetMachine", "LeaseMachine"],
+            "WaitingForSlot",
+            vec!["WaitingForSlot"],
+        ),
+        (
+            "its pool replaced, whenEmpty Cold: created cold from the spec it holds",
+            PoolOf::Replaced(pool_with("Cold")),
+            vec![Ok(None), Ok(Some(stopped.clone())), Ok(Some(running.clone()))],
+            vec!["GetMachine", "CreateMachine", "EnsureMachineRunning"],
+            "Running",
+            vec!["PoolEmpty", "Started"],
+        ),
+        (
+            "its pool replaced, whenEmpty Wait: not created, never leased",
+            PoolOf::Replaced(pool_with("Wait")),
+            vec![Ok(None)],
+            vec!["GetMachine"],
+            "WaitingForSlot",
+            vec!["WaitingForSlot"],
+        ),
+    ];
+    for (case, pool, answers, want_calls, want_ready, want_events) in rows {
+        let (calls, outcome, _) = pass_pooled(
+            &vm,
+            NodeHealth::Healthy,
+            Room::default(),
+            Progress::default(),
+            None,
+            &pool,
+            answers,
+        );
+        assert_eq!(calls, want_calls, "{case}");
+        assert_eq!(ready(&outcome).1, want_ready, "{case}: {:?}", ready(&outcome));
+        let events = reasons(&outcome);
+        let pooled: Vec<&str> = events
+            .iter()
+            .map(String::as_str)
+            .filter(|r| ["PoolEmpty", "Started", "ServedFromPool", "WaitingForSlot"].contains(r))
+            .collect();
+        assert_eq!(pooled, want_events, "{case}: {events:?}");
+        if let Some(note) = outcome.events.iter().find(|e| e.reason == "PoolEmpty") {
+            assert!(note.note.contains("pool p"), "{case}: {}", note.note);
+        }
+    }
 }

@@ -191,10 +191,12 @@ fn bound_answer(object: &serde_json::Value) -> serde_json::Value {
 
 /// The calls of a pass that binds to node-a and then goes on to that node, which does not answer
 /// (its endpoint is a closed port): the binding with its precondition, its event, then the status
-/// that says the node cannot be reached, and that event.
+/// that says the node cannot be reached, and that event. Both status writes are server-side
+/// applies (PATCH) of the whole status; the binding's carries the version read.
 fn bind_then_unreachable(object: &serde_json::Value) -> Vec<Expect> {
-    let mut put = expect_answer(Method::PUT, VM_STATUS_PATH, 200, bound_answer(object));
+    let mut put = expect_answer(Method::PATCH, VM_STATUS_PATH, 200, bound_answer(object));
     put.check = Box::new(|body| {
+        assert_eq!(body["kind"], "SmolVM", "an apply names its object: {body}");
         assert_eq!(body["metadata"]["resourceVersion"], "7", "optimistic concurrency");
         assert_eq!(body["status"]["nodeName"], "node-a");
         assert_eq!(body["status"]["nodeUID"], "uid-a");

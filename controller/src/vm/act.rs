@@ -17,7 +17,7 @@ use kube::{
 use smolvm_api::{
     SmolVM,
     constants::reason,
-    nodeapi::{EnvVar, MachineSpec, MachineStatus, Operation, RegistryAuth},
+    nodeapi::{EnvVar, LeaseRequest, MachineSpec, MachineStatus, Operation, RegistryAuth},
 };
 
 use super::decide::{self, Call, Decision, DeleteFailure, Failure, Progress};
@@ -200,7 +200,7 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
     bound.status = Some(decide::bound(vm, &node, node_uid, now));
     let note = decide::Note::bound(format!("bound to node {node}"));
     if warm {
-        return claim(pass, bound, &node, note).await;
+        return claim(pass, bound, &node, note, pool_of).await;
     }
     match status::write_binding(ctx, api, uid, (&node, Some(&note)), bound).await? {
         // The same pass goes on against the node it bound to, from the object the API server
@@ -220,10 +220,16 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
 /// two. Should that write fail, the next pass binds again: on the same node the call answers
 /// with the same machine; on another, the one made here is an orphan (booked at once, collected
 /// after the grace period).
-async fn claim(pass: Pass<'_>, bound: SmolVM, node: &str, note: decide::Note) -> Result<Action, Error> {
+async fn claim(
+    pass: Pass<'_>,
+    bound: SmolVM,
+    node: &str,
+    note: decide::Note,
+    pool: super::pooled::PoolOf,
+) -> Result<Action, Error> {
     let Pass { api, ctx, uid } = pass;
     let machine = rules::machine_name(&bound).unwrap_or_default();
-    let acted = act(pass, &bound, node, &machine).await;
+    let acted = act(pass, &bound, node, &machine, Some(pool)).await;
     // A slot was taken (or the claim went cold): the pools' pass books and asks for the refill.
     ctx.pools_wake.poke();
     match acted {
@@ -295,7 +301,7 @@ pub fn sync_endpoint(ctx: &Context, node: &str) {
 /// A pass over a bound SmolVM: observe, act until decided, then report.
 async fn converge(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str) -> Result<Action, Error> {
     let Pass { api, ctx, uid } = pass;
-    match act(pass, vm, node, machine).await? {
+    match act(pass, vm, node, machine, None).await? {
         Some(outcome) => status::report(ctx, api, vm, uid, outcome).await,
         None => Ok(Action::requeue(ctx.timing.retry)),
     }
@@ -304,10 +310,16 @@ async fn converge(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str) -> Res
 /// Observes a SmolVM on its node, then decides and acts until decide has nothing more to call
 /// (at most [`decide::MAX_STEPS_PER_PASS`] machine steps and a read); `None` when decide asked
 /// for more calls than that.
-async fn act(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str) -> Result<Option<decide::Outcome>, Error> {
+async fn act(
+    pass: Pass<'_>,
+    vm: &SmolVM,
+    node: &str,
+    machine: &str,
+    pool: Option<super::pooled::PoolOf>,
+) -> Result<Option<decide::Outcome>, Error> {
     let Pass { api, ctx, uid } = pass;
     let now = Timestamp::now();
-    let around = Around::read(ctx, vm, node).await?;
+    let around = Around::read(ctx, vm, node, pool).await?;
     let mut observed = around.observed(ctx, vm, (node, machine), uid, now);
     let mut progress = Progress::default();
     // A read and the machine steps, each at most once, plus the restart's stop: the bound keeps
@@ -365,10 +377,7 @@ async fn act(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str) -> Result<O
                 return Ok(None);
             }
         }
-        let (result, served_from) = node_call(ctx, vm, node, machine, &call).await?;
-        if served_from.is_some() {
-            progress.served_from = served_from;
-        }
+        let result = node_call(ctx, vm, node, machine, &call).await?;
         progress.record(call, result);
     }
     tracing::error!(
@@ -398,9 +407,8 @@ fn remember_start(ctx: &Context, vm: &SmolVM, uid: &str, progress: &Progress) {
     }
 }
 
-/// What a node call gave: its result for decide to judge, and the SmolVMPool whose ready slot
-/// served a create, when one did.
-type Called = (Result<Option<MachineStatus>, Failure>, Option<String>);
+/// What a node call gave, for decide to judge.
+type Called = Result<Option<MachineStatus>, Failure>;
 
 /// Makes one node call, timed. `Err` only for an API server failure while reading the
 /// workload's configuration; a call's own failure is the `Ok((Err(…), _))` decide judges.
@@ -413,6 +421,7 @@ async fn node_call(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, call: 
             .await
             .map_err(Failure::Call),
         Call::Create(spec) => return create(ctx, vm, node, machine, spec).await,
+        Call::Lease { node_pool, .. } => return lease(ctx, vm, node, machine, node_pool).await,
         Call::EnsureRunning => match registry_auth(ctx, vm).await? {
             Ok(auth) => done(timed(ctx, op, client.ensure_running(node, machine, auth.as_ref())).await),
             Err(failure) => Err(failure),
@@ -424,31 +433,45 @@ async fn node_call(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, call: 
         Call::Discard => done(timed(ctx, op, client.stop_machine(node, machine)).await),
         Call::BindVolumes(mounts) => done(timed(ctx, op, client.bind_volumes(node, machine, mounts)).await),
     };
-    Ok((result, None))
+    Ok(result)
 }
 
-/// Creates `machine` with the workload's environment: served from a ready slot of the VM's
-/// pool when it names one ([`super::pooled::serve`]), else cold from `spec`.
+/// Creates `machine` cold from `spec`, with the workload's environment resolved now.
 async fn create(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, spec: &MachineSpec) -> Result<Called, Error> {
     let env = match workload_env(ctx, vm).await? {
         Ok(env) => env,
-        Err(failure) => return Ok((Err(failure), None)),
+        Err(failure) => return Ok(Err(failure)),
     };
-    Ok(match super::pooled::serve(ctx, vm, node, machine, &env).await? {
-        super::pooled::Served::Warm(status, pool) => (Ok(Some(*status)), Some(pool)),
-        super::pooled::Served::Not(failure) => (Err(failure), None),
-        super::pooled::Served::Cold => {
-            let mut spec = spec.clone();
-            spec.workload.env = env;
-            let created = timed(
-                ctx,
-                Operation::CreateMachine,
-                ctx.node_client.create_machine(node, machine, &spec),
-            )
-            .await;
-            (created.map(Some).map_err(Failure::Call), None)
-        }
-    })
+    let mut spec = spec.clone();
+    spec.workload.env = env;
+    let created = timed(
+        ctx,
+        Operation::CreateMachine,
+        ctx.node_client.create_machine(node, machine, &spec),
+    )
+    .await;
+    Ok(created.map(Some).map_err(Failure::Call))
+}
+
+/// Makes `machine` from a ready slot of node pool `node_pool` on `node`, keyed by the SmolVM's
+/// UID, with the workload's environment resolved now (the lease carries it). A slot gone
+/// meanwhile is decide's to judge (`NoReadySlot`: the create goes as `whenEmpty` says).
+async fn lease(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, node_pool: &str) -> Result<Called, Error> {
+    let env = match workload_env(ctx, vm).await? {
+        Ok(env) => env,
+        Err(failure) => return Ok(Err(failure)),
+    };
+    let request = LeaseRequest {
+        pool: node_pool.to_string(),
+        env,
+    };
+    let leased = timed(
+        ctx,
+        Operation::LeaseMachine,
+        ctx.node_client.lease_machine(node, machine, &request),
+    )
+    .await;
+    Ok(leased.map(Some).map_err(Failure::Call))
 }
 
 /// Times a node API call into the latency histogram.

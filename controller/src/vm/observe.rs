@@ -28,19 +28,35 @@ pub(super) struct Around {
     service: Option<Arc<Service>>,
     slice: Option<Arc<EndpointSlice>>,
     volumes: Option<volumes::Seen>,
+    pool: rules::PoolOf,
 }
 
 impl Around {
-    /// Reads what is around `vm`, bound to `node`.
-    pub(super) async fn read(ctx: &Context, vm: &SmolVM, node: &str) -> Result<Around, Error> {
+    /// Reads what is around `vm`, bound to `node`; its pool as `pool` says (the binding pass
+    /// of a warm claim read it already), or, for a SmolVM whose machine was never made, read
+    /// now ([`super::pooled::pool_of`]). A SmolVM takes its pool's template once, at its create:
+    /// one made already (whose machine is lost and made again, say) is made cold.
+    pub(super) async fn read(
+        ctx: &Context,
+        vm: &SmolVM,
+        node: &str,
+        pool: Option<rules::PoolOf>,
+    ) -> Result<Around, Error> {
         let node_object = ctx.nodes.get(&ObjectRef::new(node));
         let (service, slice) = owned_objects(ctx, vm, vm.spec.expose_service()).await?;
         let volumes = volumes::kube::observe(ctx, vm, Look::Bound).await?;
+        let never_made = vm.status.as_ref().is_none_or(|s| s.effective.is_none());
+        let pool = match pool {
+            Some(pool) => pool,
+            None if never_made => super::pooled::pool_of(ctx, vm).await?,
+            None => rules::PoolOf::None,
+        };
         Ok(Around {
             node_object,
             service,
             slice,
             volumes,
+            pool,
         })
     }
 
@@ -72,6 +88,7 @@ impl Around {
                 .start_failures
                 .hold(uid, vm.metadata.generation, std::time::Instant::now()),
             volumes: self.volumes.as_ref(),
+            pool: &self.pool,
         }
     }
 }

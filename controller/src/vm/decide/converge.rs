@@ -12,7 +12,7 @@ use super::observed::Observed;
 use super::outcome::{Note, Outcome, Requeue};
 use super::pass::{Call, Course, Decision, Failure, Progress};
 use super::problems::unhealthy;
-use crate::vm::rules::{self, MachineAction, MissingMachine, Restart, RunGoal, Want};
+use crate::vm::rules::{self, MachineAction, MissingMachine, PooledCreate, Restart, RunGoal, Want};
 use crate::vm::volumes::{self, Verdict};
 
 /// Machine steps one pass may take (create, start, suspend, and one spare), besides a restart's
@@ -191,8 +191,14 @@ fn proceed(o: &Observed, p: &Progress, mut out: Outcome, desired: &MachineSpec, 
                         &mut warnings,
                         &mut resume_pending,
                     );
-                    match step {
-                        Some(call) => return machine_call(o, p, call, None),
+                    match step.map(|call| pooled(o, p, call)) {
+                        Some(Ok(call)) => return machine_call(o, p, call, None),
+                        Some(Err(waits)) => {
+                            let (call, waits) = *waits;
+                            out.after_failure(o, p, goal, recreating, restart);
+                            out.failed(o, &call, &waits, p.machine.as_ref());
+                            return Decision::Report(Box::new(out));
+                        }
                         None => settled = true,
                     }
                 }
@@ -207,6 +213,24 @@ fn proceed(o: &Observed, p: &Progress, mut out: Outcome, desired: &MachineSpec, 
         out.requeue = Requeue::Settled;
     }
     Decision::Report(Box::new(out))
+}
+
+/// A create of a SmolVM that names a pool, as its pool says ([`rules::create_call`]): a lease
+/// of a ready slot, the cold create, or (`Err`) a wait for a slot, as the failure it reports.
+/// Any other call is left as it is.
+fn pooled(o: &Observed, p: &Progress, call: Call) -> Result<Call, Box<(Call, Failure)>> {
+    let Call::Create(spec) = call else { return Ok(call) };
+    match rules::create_call(o.pool, p.pool_empty, o.node) {
+        PooledCreate::Lease { node_pool, pool } => Ok(Call::Lease { spec, node_pool, pool }),
+        PooledCreate::Cold { .. } => Ok(Call::Create(spec)),
+        PooledCreate::Wait(message) => Err(Box::new((
+            Call::Create(spec),
+            Failure::Config {
+                reason: reason::WAITING_FOR_SLOT,
+                message,
+            },
+        ))),
+    }
 }
 
 /// Whether the pass's next step is a start that the start backoff holds back (never a restart

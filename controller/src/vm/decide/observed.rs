@@ -7,7 +7,7 @@ use k8s_openapi::{
 };
 use smolvm_api::{NodeResources, SmolVM, SmolVMNode};
 
-use crate::vm::rules::NodeHealth;
+use crate::vm::rules::{NodeHealth, PoolOf};
 use crate::vm::volumes;
 
 /// What a pass over a bound SmolVM observed before acting, from the caches.
@@ -36,6 +36,9 @@ pub struct Observed<'a> {
     pub start_backoff: Option<std::time::Duration>,
     /// What was observed of its volumes; `None` for a SmolVM without volumes.
     pub volumes: Option<&'a volumes::Seen>,
+    /// The pool it names, as its create would take it ([`PoolOf::None`] when it names none, or
+    /// was made already).
+    pub pool: &'a PoolOf,
 }
 
 /// What a node has for one VM: its allocatable (when it reports one) and what every other VM

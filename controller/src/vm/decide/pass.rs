@@ -2,7 +2,7 @@
 //! ([`Failure`]), what the pass has done so far ([`Progress`]), the next thing it does
 //! ([`Decision`]), and how it goes once the machine was read ([`Course`]).
 
-use smolvm_api::nodeapi::{MachineSpec, MachineStatus, Operation, ResizeSpec, VolumeMounts};
+use smolvm_api::nodeapi::{ErrorCode, MachineSpec, MachineStatus, Operation, ResizeSpec, VolumeMounts};
 
 use super::outcome::{ExposureWrite, Outcome};
 use crate::nodeclient::CallError;
@@ -16,6 +16,16 @@ pub enum Call {
     Get,
     /// Create it (the environment is resolved from Secrets and ConfigMaps as it is made).
     Create(Box<MachineSpec>),
+    /// Make it from a ready slot of its pool on its node (the environment resolved as for a
+    /// create): node pool `node_pool` of SmolVMPool `pool`; `spec` is the create it stands for.
+    Lease {
+        /// The create the lease stands for.
+        spec: Box<MachineSpec>,
+        /// The node pool on the node.
+        node_pool: String,
+        /// The SmolVMPool's name.
+        pool: String,
+    },
     /// Start it unless it runs (with the registry credential of its pull secrets).
     EnsureRunning,
     /// Stop it.
@@ -38,6 +48,7 @@ impl Call {
         match self {
             Call::Get => Operation::GetMachine,
             Call::Create(_) => Operation::CreateMachine,
+            Call::Lease { .. } => Operation::LeaseMachine,
             Call::EnsureRunning => Operation::EnsureMachineRunning,
             Call::Stop => Operation::StopMachine,
             Call::Resize(_) => Operation::ResizeMachine,
@@ -52,7 +63,7 @@ impl Call {
     pub fn action(&self) -> Option<MachineAction> {
         match self {
             Call::Get => None,
-            Call::Create(spec) => Some(MachineAction::Create(spec.clone())),
+            Call::Create(spec) | Call::Lease { spec, .. } => Some(MachineAction::Create(spec.clone())),
             Call::EnsureRunning => Some(MachineAction::EnsureRunning),
             Call::Stop => Some(MachineAction::Stop),
             Call::Resize(spec) => Some(MachineAction::Resize(*spec)),
@@ -90,6 +101,9 @@ pub struct Progress {
     pub done: Vec<MachineAction>,
     /// The SmolVMPool whose ready slot served the pass's create, when one did.
     pub served_from: Option<String>,
+    /// A lease of this pass found no ready slot (or no node pool) on the node: the create goes
+    /// as the pool's `whenEmpty` says.
+    pub pool_empty: bool,
     /// The call that failed, which ends the pass.
     pub failed: Option<(Call, Failure)>,
     /// The Service and EndpointSlice writes made before the first machine call (a start may
@@ -106,10 +120,19 @@ impl Progress {
                 self.machine = machine;
             }
             Ok(machine) => {
+                if let Call::Lease { pool, .. } = &call {
+                    self.served_from = Some(pool.clone());
+                }
                 if let Some(action) = call.action() {
                     self.done.push(action);
                 }
                 self.machine = machine;
+            }
+            Err(Failure::Call(e))
+                if matches!(call, Call::Lease { .. })
+                    && matches!(e.code(), Some(ErrorCode::NoReadySlot | ErrorCode::PoolNotFound)) =>
+            {
+                self.pool_empty = true;
             }
             Err(failure) => self.failed = Some((call, failure)),
         }

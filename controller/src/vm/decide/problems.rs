@@ -45,7 +45,9 @@ pub fn call_failure(call: &Call, code: Option<&ErrorCode>) -> (Option<Phase>, &'
     if code == Some(&ErrorCode::StartFailed) {
         return (Some(Phase::Failed), reason::START_FAILED);
     }
-    if code == Some(&ErrorCode::HostPortInUse) && matches!(call, Call::Create(_) | Call::EnsureRunning) {
+    if code == Some(&ErrorCode::HostPortInUse)
+        && matches!(call, Call::Create(_) | Call::Lease { .. } | Call::EnsureRunning)
+    {
         return (Some(Phase::Failed), reason::HOST_PORT_IN_USE);
     }
     // The agent's own refusals, whatever admission did: an excluded host port (create), a
@@ -58,7 +60,7 @@ pub fn call_failure(call: &Call, code: Option<&ErrorCode>) -> (Option<Phase>, &'
     }
     match call {
         Call::Get => (Some(Phase::Unknown), "RuntimeError"),
-        Call::Create(_) => (Some(Phase::Failed), reason::CREATE_FAILED),
+        Call::Create(_) | Call::Lease { .. } => (Some(Phase::Failed), reason::CREATE_FAILED),
         Call::EnsureRunning => (Some(Phase::Failed), reason::START_FAILED),
         Call::Stop | Call::Discard => (None, reason::STOP_FAILED),
         Call::Resize(_) => (None, reason::RESIZE_FAILED),
@@ -117,7 +119,7 @@ impl Outcome {
                 } else {
                     Phase::Scheduled
                 };
-                let action = if matches!(call, Call::Create(_)) {
+                let action = if matches!(call, Call::Create(_) | Call::Lease { .. }) {
                     "Create"
                 } else {
                     "Start"

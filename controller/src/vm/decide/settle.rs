@@ -9,7 +9,7 @@ use smolvm_api::{
 
 use super::observed::Observed;
 use super::outcome::{AnnotationDrop, Note, Outcome, Requeue};
-use super::pass::{Course, Progress};
+use super::pass::{Call, Course, Progress};
 use crate::placement::Hold;
 use crate::vm::rules::{self, MachineAction, Restart, RunGoal, Want};
 use crate::vm::volumes::{self, Verdict};
@@ -172,9 +172,21 @@ impl Outcome {
 }
 
 /// The Normal events of the machine actions a pass took.
+/// A create of a SmolVM that names a pool which went cold (its pool had no slot there, or was
+/// replaced) is told first, as `PoolEmpty`.
 fn step_notes(o: &Observed, p: &Progress, goal: RunGoal) -> Vec<Note> {
-    rules::step_events(&p.done, p.served_from.as_deref(), goal, o.machine, o.node)
-        .into_iter()
-        .map(|e| Note::normal(e.reason, e.action, e.note))
+    let created = p.did(|a| matches!(a, MachineAction::Create(_))) || matches!(&p.failed, Some((Call::Create(_), _)));
+    let cold = match rules::create_call(o.pool, p.pool_empty, o.node) {
+        rules::PooledCreate::Cold { why: Some(why) } if created && p.served_from.is_none() => {
+            Some(Note::normal(reason::POOL_EMPTY, "Create", why))
+        }
+        _ => None,
+    };
+    cold.into_iter()
+        .chain(
+            rules::step_events(&p.done, p.served_from.as_deref(), goal, o.machine, o.node)
+                .into_iter()
+                .map(|e| Note::normal(e.reason, e.action, e.note)),
+        )
         .collect()
 }

@@ -5,12 +5,14 @@
 //!
 //! By concern: `step` (the next step from the object alone), `node_health`, `run_goal` (restart
 //! requests and run goals), `machine` (its name, spec, wanted state, action and resources),
-//! `room` (a resize's or a resume's room on its node), `conditions`, `events`.
+//! `room` (a resize's or a resume's room on its node), `pool` (a pooled SmolVM's create: lease,
+//! cold or wait), `conditions`, `events`.
 
 mod conditions;
 mod events;
 mod machine;
 mod node_health;
+mod pool;
 mod room;
 mod run_goal;
 mod step;
@@ -19,6 +21,7 @@ pub use conditions::{apply_machine, clear_condition, set_condition, suspended_co
 pub use events::{StepEvent, TransitionEvent, step_events, transition_event};
 pub use machine::{MachineAction, Want, effective_of, machine_action, machine_name, machine_resources, machine_spec};
 pub use node_health::{NodeHealth, node_health};
+pub use pool::{PoolOf, PooledCreate, create_call, serving};
 pub use room::{Shortfall, resize_shortfall, resume_shortfall};
 pub use run_goal::{MAX_RESTART_REQUEST, Restart, RunGoal, exited_message, restart, restart_request, run_goal};
 pub use step::{MissingMachine, Step, force_delete, missing_machine, next_step, recreate_lost_machine};
