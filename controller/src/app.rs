@@ -244,8 +244,13 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     });
     let (owned, services, slices, volumes) = vm::owned_watches(&client);
     let (pool_store, pool_events) = vm::pool_watch(&client);
+    let (class_store, class_events) = vm::class_watch(&client);
     let quota_wake = Arc::new(tokio::sync::Notify::new());
-    wake_on_pool_changes(pool_events, pools_wake.clone(), quota_wake.clone());
+    wake_on_pool_changes(
+        futures::stream::select(pool_events.map(|e| e.map(drop)), class_events.map(|e| e.map(drop))),
+        pools_wake.clone(),
+        quota_wake.clone(),
+    );
     let (charging, quota_events) = quota_charging(&client);
     // A VM's events are queued, so that its next step never waits for one to be written.
     let recorder = events.in_background(EVENT_LANES);
@@ -254,6 +259,7 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         nodes: node_store,
         owned,
         pools: Some(pool_store),
+        classes: Some(class_store),
         ledger,
         node_client,
         holders: flags.holders(),
@@ -342,7 +348,7 @@ async fn flush_events(recorder: &EventSink) {
 
 /// A pool that changes is looked at at once, by the pools' pass and the quota recount.
 fn wake_on_pool_changes(
-    events: impl Stream<Item = Result<smolvm_api::SmolVMPool, watcher::Error>> + Send + 'static,
+    events: impl Stream<Item = Result<(), watcher::Error>> + Send + 'static,
     pools: Arc<crate::vm::PoolsWake>,
     quotas: Arc<tokio::sync::Notify>,
 ) {

@@ -7,9 +7,9 @@
 //!   hangs delays only its own pools (a node whose calls still run is left out of a pass);
 //! - the pool's status ([`status`]) is written when it says something new.
 //!
-//! Passes run when a node reports other pool counts, a pool changes, a claim took a slot or a
-//! node's calls ended ([`crate::vm::PoolsWake`]), and at least every [`EVERY`]; never more often
-//! than every [`MIN_GAP`].
+//! Passes run when a node reports other pool counts, a pool or a SmolVMClass changes (their
+//! caches' watches), a claim took a slot or a node's calls ended ([`crate::vm::PoolsWake`]), and
+//! at least every [`EVERY`]; never more often than every [`MIN_GAP`].
 //!
 //! A node whose ApplyPool failed is asked again after a backoff (10 s doubling to 5 minutes),
 //! as a failed start is: a source that does not boot takes smolvm tens of seconds each time.
@@ -234,18 +234,24 @@ async fn pass(ctx: &Arc<Context>, keeper: &Arc<Keeper>, settings: Settings) -> R
     Ok(())
 }
 
-/// How long the SmolVMClasses read for the pools' templates are used before they are read again
-/// (sooner when a pool names a class they lack).
+/// Without a cache: how long the SmolVMClasses read for the pools' templates are used before
+/// they are read again (sooner when a pool names a class they lack).
 const CLASSES_KEPT: Duration = Duration::from_secs(10);
 
 /// How long a node's report may lag behind what it was told (its agent reports every 10 s by
 /// default): a node told its slots within this is not asked again for a report that says other.
 const REPORT_LAG: Duration = Duration::from_secs(15);
 
-/// The SmolVMClasses, read at most every [`CLASSES_KEPT`] (passes run up to once a second).
+/// The SmolVMClasses: from the cache (its watch wakes the pass when one changes), or, without
+/// one, read at most every [`CLASSES_KEPT`] (passes run up to once a second).
 async fn classes(ctx: &Context, keeper: &Keeper, pools: &[SmolVMPool]) -> Result<Arc<Vec<SmolVMClass>>, kube::Error> {
     if pools.is_empty() {
         return Ok(Arc::default());
+    }
+    if let Some(store) = &ctx.classes
+        && crate::store_ready(store).await
+    {
+        return Ok(Arc::new(store.state().iter().map(|c| (**c).clone()).collect()));
     }
     let cached = keeper.classes.lock().unwrap_or_else(|e| e.into_inner()).clone();
     if let Some((at, classes)) = cached {
@@ -497,8 +503,9 @@ async fn write_status(
         .unwrap_or_else(|e| e.into_inner())
         .contains(&uid);
     if first && let Err(error) = status_apply::take_over_status(&api, &pool.name_any()).await {
-        tracing::debug!(pool = %pool.name_any(), %error, "taking over the pool's status fields failed; retried next round");
-        return;
+        // Applied all the same: the previous release's fields stay co-owned until a later
+        // process takes them over.
+        tracing::info!(pool = %pool.name_any(), %error, "taking over the previous release's status fields of the pool failed; applying its status all the same");
     }
     // The whole status by server-side apply: a field no longer set leaves the stored status.
     let body = status_apply::apply_body::<SmolVMPool>(&pool.name_any(), None, &next);

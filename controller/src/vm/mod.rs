@@ -128,7 +128,7 @@ pub struct Owned {
 }
 
 /// The SmolVMPools' cache, and its watch to drive (a SmolVM naming a pool reads its pool at
-/// placement and at create; the pools' pass reads them all every few seconds).
+/// placement and at create; the pools' pass reads them all, woken by their changes).
 pub fn pool_watch(
     client: &Client,
 ) -> (
@@ -142,6 +142,26 @@ pub fn pool_watch(
     )
     .default_backoff()
     .modify(|p| p.metadata.managed_fields = None)
+    .reflect(writer)
+    .touched_objects();
+    (store, events)
+}
+
+/// The SmolVMClasses' cache, and its watch to drive (a pool's template takes its class's
+/// defaults: a class that changes changes the pool's slots, so its events wake the pools' pass).
+pub fn class_watch(
+    client: &Client,
+) -> (
+    Store<smolvm_api::SmolVMClass>,
+    impl Stream<Item = Result<smolvm_api::SmolVMClass, watcher::Error>> + Send + 'static,
+) {
+    let (store, writer) = reflector::store::<smolvm_api::SmolVMClass>();
+    let events = watcher(
+        Api::<smolvm_api::SmolVMClass>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|c| c.metadata.managed_fields = None)
     .reflect(writer)
     .touched_objects();
     (store, events)
@@ -191,6 +211,9 @@ pub struct Context {
     pub owned: Owned,
     /// The SmolVMPools, from a reflector (`None`: read from the API server when needed).
     pub pools: Option<Store<smolvm_api::SmolVMPool>>,
+    /// The SmolVMClasses, from a reflector, for the pools' templates (`None`: listed by the
+    /// pools' pass when it needs them).
+    pub classes: Option<Store<smolvm_api::SmolVMClass>>,
     /// What is committed on each node.
     pub ledger: placement::Ledger,
     /// Client of the node API.

@@ -119,18 +119,24 @@ pub async fn write_binding(
 
 /// Before the first apply to a SmolVM whose status the previous release wrote, takes its fields
 /// over ([`status_apply`]). The version the apply then replaces: the pass's own when there was
-/// nothing to take over, the take-over's when it took over the version the pass read, `None`
-/// when the object had changed since.
+/// nothing to take over (or the take-over failed), the take-over's when it took over the version
+/// the pass read, `None` when the object had changed since.
 async fn take_over_once(ctx: &Context, api: &Api<SmolVM>, vm: &SmolVM, uid: &str) -> Result<Option<String>, Error> {
     let read = vm.resource_version();
     if !status_apply::has_legacy_status(vm.meta()) {
         return Ok(read);
     }
-    match status_apply::take_over_status(api, &vm.name_any()).await? {
-        None => Ok(read),
-        Some(taken) => {
+    match status_apply::take_over_status(api, &vm.name_any()).await {
+        Ok(None) => Ok(read),
+        Ok(Some(taken)) => {
             ctx.superseded.replaced(uid, taken.read.as_deref());
             Ok(taken.written.filter(|_| taken.read == read))
+        }
+        // The take-over is not what the pass is for: its status is applied all the same (the
+        // previous release's fields then stay co-owned until a later pass takes them over).
+        Err(error) => {
+            tracing::info!(vm = %vm.name_any(), %error, "taking over the previous release's status fields failed; applying the status all the same");
+            Ok(read)
         }
     }
 }

@@ -52,6 +52,7 @@ pub fn context(client: Client, nodes: Vec<SmolVMNode>, node_client: Option<NodeC
         nodes: store,
         owned: Default::default(),
         pools: None,
+        classes: None,
         ledger: Ledger::new(),
         node_client,
         holders: Default::default(),
