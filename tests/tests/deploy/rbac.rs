@@ -24,10 +24,10 @@ smolvm-controller  cluster        discovery.k8s.io/endpointslices  -  create,del
 smolvm-controller  cluster        events.k8s.io/events  -  create
 smolvm-controller  cluster        vm.smolvm.dev/smolvmclasses  -  list,watch
 smolvm-controller  cluster        vm.smolvm.dev/smolvmnodes  -  get,list,patch,watch
-smolvm-controller  cluster        vm.smolvm.dev/smolvmpools  -  get,list,watch
+smolvm-controller  cluster        vm.smolvm.dev/smolvmpools  -  get,list,patch,watch
 smolvm-controller  cluster        vm.smolvm.dev/smolvmpools/status  -  patch
 smolvm-controller  cluster        vm.smolvm.dev/smolvms  -  get,list,patch,watch
-smolvm-controller  cluster        vm.smolvm.dev/smolvms/status  -  patch,update
+smolvm-controller  cluster        vm.smolvm.dev/smolvms/status  -  patch
 smolvm-controller  kube-system    core/configmaps  extension-apiserver-authentication  get
 smolvm-controller  smolvm-system  coordination.k8s.io/leases  -  create
 smolvm-controller  smolvm-system  coordination.k8s.io/leases  smolvm-controller  get,update
