@@ -37,7 +37,10 @@ pub async fn report(
     }
     expose(ctx, vm, &mut outcome).await;
     mount(ctx, vm, &mut outcome).await;
-    write_status(ctx, api, vm, uid, &outcome.status).await?;
+    // One status write, skipped when nothing changed.
+    if vm.status.as_ref() != Some(&outcome.status) {
+        apply_status(ctx, api, vm, uid, &outcome.status).await?;
+    }
     finish(ctx, api, vm, uid, outcome).await
 }
 
@@ -178,22 +181,8 @@ async fn finish(ctx: &Context, api: &Api<SmolVM>, vm: &SmolVM, uid: &str, outcom
     })
 }
 
-/// The status write: the whole status by server-side apply (a field no longer set leaves the
-/// stored status), skipped when it did not change.
-async fn write_status(
-    ctx: &Context,
-    api: &Api<SmolVM>,
-    vm: &SmolVM,
-    uid: &str,
-    status: &smolvm_api::SmolVMStatus,
-) -> Result<(), Error> {
-    if vm.status.as_ref() == Some(status) {
-        return Ok(());
-    }
-    apply_status(ctx, api, vm, uid, status).await
-}
-
-/// Applies `status` as the whole of the SmolVM's status the controller owns.
+/// Applies `status` as the whole of the SmolVM's status the controller owns, by server-side
+/// apply: a field it no longer sets leaves the stored status.
 pub async fn apply_status(
     ctx: &Context,
     api: &Api<SmolVM>,
