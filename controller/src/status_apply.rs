@@ -24,8 +24,13 @@ use smolvm_api::constants::FIELD_MANAGER_CONTROLLER;
 /// Whether `entry` is the previous release's status writes: an `Update` of the `status`
 /// subresource by the controller's manager.
 pub fn is_legacy_status_entry(entry: &ManagedFieldsEntry) -> bool {
+    is_controller_status_entry(entry, "Update")
+}
+
+/// Whether `entry` is the controller's manager's `operation` on the `status` subresource.
+fn is_controller_status_entry(entry: &ManagedFieldsEntry, operation: &str) -> bool {
     entry.manager.as_deref() == Some(FIELD_MANAGER_CONTROLLER)
-        && entry.operation.as_deref() == Some("Update")
+        && entry.operation.as_deref() == Some(operation)
         && entry.subresource.as_deref() == Some("status")
 }
 
@@ -53,11 +58,7 @@ pub fn take_over(entries: &[ManagedFieldsEntry], api_version: &str, now: Time) -
     if !entries.iter().any(is_legacy_status_entry) {
         return None;
     }
-    let is_apply = |e: &ManagedFieldsEntry| {
-        e.manager.as_deref() == Some(FIELD_MANAGER_CONTROLLER)
-            && e.operation.as_deref() == Some("Apply")
-            && e.subresource.as_deref() == Some("status")
-    };
+    let is_apply = |e: &ManagedFieldsEntry| is_controller_status_entry(e, "Apply");
     let mut fields = Value::Object(Default::default());
     for entry in entries.iter().filter(|e| is_legacy_status_entry(e) || is_apply(e)) {
         if let Some(owned) = &entry.fields_v1 {

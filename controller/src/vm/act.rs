@@ -64,7 +64,7 @@ pub async fn pass(vm: Arc<SmolVM>, ctx: Arc<Context>) -> Result<Action, Error> {
         Step::Place => place(pass, &vm).await,
         Step::Converge { node, machine } => {
             ctx.ledger.observe_vm(&uid, &node, &vm);
-            converge(pass, &vm, &node, &machine).await
+            converge(pass, &vm, &node, &machine, None).await
         }
     }
 }
@@ -207,7 +207,7 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
         // answered with, rather than waiting for its own write to come back through the watch.
         Ok(bound) => {
             let machine = rules::machine_name(&bound).unwrap_or_default();
-            converge(pass, &bound, &node, &machine).await
+            converge(pass, &bound, &node, &machine, Some(pool_of)).await
         }
         Err(next) => Ok(next),
     }
@@ -299,9 +299,16 @@ pub fn sync_endpoint(ctx: &Context, node: &str) {
 }
 
 /// A pass over a bound SmolVM: observe, act until decided, then report.
-async fn converge(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str) -> Result<Action, Error> {
+/// `pool`: the SmolVM's pool, when the binding pass just read it.
+async fn converge(
+    pass: Pass<'_>,
+    vm: &SmolVM,
+    node: &str,
+    machine: &str,
+    pool: Option<super::pooled::PoolOf>,
+) -> Result<Action, Error> {
     let Pass { api, ctx, uid } = pass;
-    match act(pass, vm, node, machine, None).await? {
+    match act(pass, vm, node, machine, pool).await? {
         Some(outcome) => status::report(ctx, api, vm, uid, outcome).await,
         None => Ok(Action::requeue(ctx.timing.retry)),
     }

@@ -190,10 +190,9 @@ pub async fn apply_status(
     uid: &str,
     status: &smolvm_api::SmolVMStatus,
 ) -> Result<(), Error> {
-    let replaced = match take_over_once(ctx, api, vm, uid).await? {
-        Some(version) => Some(version),
-        None => vm.resource_version(),
-    };
+    let replaced = take_over_once(ctx, api, vm, uid)
+        .await?
+        .or_else(|| vm.resource_version());
     let body = status_apply::apply_body::<SmolVM>(&vm.name_any(), None, status);
     api.patch_status(&vm.name_any(), &status_apply::apply_params(), &Patch::Apply(&body))
         .await?;
