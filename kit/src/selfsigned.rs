@@ -65,6 +65,17 @@ pub enum CaBundleTarget {
     ApiService(String),
 }
 
+impl std::fmt::Display for CaBundleTarget {
+    /// `Kind/name`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CaBundleTarget::MutatingWebhooks(name) => write!(f, "MutatingWebhookConfiguration/{name}"),
+            CaBundleTarget::ValidatingWebhooks(name) => write!(f, "ValidatingWebhookConfiguration/{name}"),
+            CaBundleTarget::ApiService(name) => write!(f, "APIService/{name}"),
+        }
+    }
+}
+
 /// What the self-signed mode needs to know.
 #[derive(Debug, Clone)]
 pub struct SelfSignedConfig {
@@ -365,10 +376,13 @@ where
 }
 
 /// Injects the CA into every target (only the caBundle fields). A missing configuration is
-/// logged and skipped (it may be applied later; the next check retries).
-pub async fn inject_ca_bundle(client: &Client, cfg: &SelfSignedConfig, ca_pem: &str) -> Result<()> {
+/// logged and skipped: it may be applied after this server started (a whole install applied at
+/// once, on a slow cluster, can start the server first), so [`rotate_forever`] looks again soon
+/// ([`MISSING_TARGET_RETRY`]). Returns the targets not found, as `Kind/name`.
+pub async fn inject_ca_bundle(client: &Client, cfg: &SelfSignedConfig, ca_pem: &str) -> Result<Vec<String>> {
+    let mut missing = Vec::new();
     for target in &cfg.targets {
-        match target {
+        let found = match target {
             CaBundleTarget::MutatingWebhooks(name) => {
                 let bundles = |c: MutatingWebhookConfiguration| {
                     let hooks = c.webhooks.unwrap_or_default();
@@ -381,7 +395,7 @@ pub async fn inject_ca_bundle(client: &Client, cfg: &SelfSignedConfig, ca_pem: &
                     bundles,
                     ca_pem,
                 )
-                .await?;
+                .await?
             }
             CaBundleTarget::ValidatingWebhooks(name) => {
                 let bundles = |c: ValidatingWebhookConfiguration| {
@@ -395,12 +409,15 @@ pub async fn inject_ca_bundle(client: &Client, cfg: &SelfSignedConfig, ca_pem: &
                     bundles,
                     ca_pem,
                 )
-                .await?;
+                .await?
             }
             CaBundleTarget::ApiService(name) => inject_into_api_service(client, name, ca_pem).await?,
+        };
+        if !found {
+            missing.push(target.to_string());
         }
     }
-    Ok(())
+    Ok(missing)
 }
 
 /// The merge patch that sets an APIService's `spec.caBundle`, or `None` when it already holds
@@ -410,11 +427,12 @@ pub fn api_service_patch(current: Option<&ByteString>, ca_pem: &str) -> Option<V
     (current != Some(&want)).then(|| serde_json::json!({ "spec": { "caBundle": ca_bundle_value(ca_pem) } }))
 }
 
-async fn inject_into_api_service(client: &Client, name: &str, ca_pem: &str) -> Result<()> {
+/// `false` when the APIService does not exist (yet).
+async fn inject_into_api_service(client: &Client, name: &str, ca_pem: &str) -> Result<bool> {
     let api: Api<APIService> = Api::all(client.clone());
     let Some(service) = api.get_opt(name).await? else {
-        tracing::warn!(%name, kind = "APIService", "not found; caBundle not injected");
-        return Ok(());
+        tracing::warn!(%name, kind = "APIService", "not found yet; caBundle not injected, looked for again soon");
+        return Ok(false);
     };
     let current = service.spec.as_ref().and_then(|s| s.ca_bundle.as_ref());
     if let Some(patch) = api_service_patch(current, ca_pem) {
@@ -422,18 +440,18 @@ async fn inject_into_api_service(client: &Client, name: &str, ca_pem: &str) -> R
             .await?;
         tracing::info!(%name, kind = "APIService", "caBundle injected");
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Patches one webhook configuration's caBundles (`bundles` lists its webhooks' names and
-/// current bundles), or logs that it does not exist yet.
+/// current bundles), or logs that it does not exist yet (`false`).
 async fn inject_into<K>(
     api: Api<K>,
     kind: &str,
     name: &str,
     bundles: impl FnOnce(K) -> Vec<(String, Option<ByteString>)>,
     ca_pem: &str,
-) -> Result<()>
+) -> Result<bool>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -442,39 +460,70 @@ where
             if patch_if_needed(api, name, hooks, ca_pem).await? {
                 tracing::info!(%name, kind, "caBundle injected");
             }
+            Ok(true)
         }
-        None => tracing::warn!(%name, kind, "not found; caBundle not injected"),
+        None => {
+            tracing::warn!(%name, kind, "not found yet; caBundle not injected, looked for again soon");
+            Ok(false)
+        }
     }
-    Ok(())
 }
 
-/// One bootstrap: the Secret's material, with the caBundle injected.
-pub async fn bootstrap(client: &Client, cfg: &SelfSignedConfig) -> Result<Material> {
+/// While a target of the caBundle is missing, how soon [`rotate_forever`] looks again: 1 s,
+/// doubling to 30 s; once every target holds the bundle, its interval again. A webhook whose
+/// configuration was created after it started is called by the API server within seconds, not
+/// after the next hourly check.
+pub const MISSING_TARGET_RETRY: crate::backoff::Schedule =
+    crate::backoff::Schedule::new(Duration::from_secs(1), Duration::from_secs(30));
+
+/// What a bootstrap found: the Secret's material, and the caBundle targets it did not find
+/// (`Kind/name`; empty when every one holds the bundle).
+#[derive(Debug, Clone)]
+pub struct Bootstrapped {
+    /// The CA and the serving certificate.
+    pub material: Material,
+    /// The targets not found.
+    pub missing: Vec<String>,
+}
+
+/// One bootstrap: the Secret's material, with the caBundle injected where its targets exist.
+pub async fn bootstrap(client: &Client, cfg: &SelfSignedConfig) -> Result<Bootstrapped> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &cfg.namespace);
     let material = ensure_secret(&secrets, cfg, SystemTime::now()).await?;
-    inject_ca_bundle(client, cfg, &material.ca_cert_pem).await?;
-    Ok(material)
+    let missing = inject_ca_bundle(client, cfg, &material.ca_cert_pem).await?;
+    Ok(Bootstrapped { material, missing })
 }
 
-/// Re-checks every `interval`: renews the serving certificate when due (or picks up another
-/// replica's renewal), swaps it into `resolver` (new handshakes get it; open connections
-/// continue), and re-injects the caBundle if something reset it. `on_swap` hears each swap: the
-/// new certificate's expiry (Unix seconds) or the reason it was rejected.
+/// The wait before the next check: `interval` when every target was found, else the retry
+/// schedule's wait after `misses` checks in a row that did not find one.
+pub fn next_check(interval: Duration, misses: u32) -> Duration {
+    if misses == 0 {
+        interval
+    } else {
+        MISSING_TARGET_RETRY.after(misses).min(interval)
+    }
+}
+
+/// Re-checks every `interval` (sooner while a caBundle target is missing, [`next_check`]):
+/// renews the serving certificate when due (or picks up another replica's renewal), swaps it
+/// into `resolver` (new handshakes get it; open connections continue), and injects the caBundle
+/// where it is missing or was reset. `on_swap` hears each swap: the new certificate's expiry
+/// (Unix seconds) or the reason it was rejected.
 pub async fn rotate_forever(
     client: Client,
     cfg: SelfSignedConfig,
     resolver: Arc<ReloadableResolver>,
     on_swap: impl Fn(std::result::Result<i64, &'static str>) + Send + 'static,
-    mut serving: Material,
+    first: Bootstrapped,
     interval: Duration,
 ) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
+    let mut serving = first.material;
+    let mut misses = u32::from(!first.missing.is_empty());
     loop {
-        tick.tick().await;
+        tokio::time::sleep(next_check(interval, misses)).await;
         match bootstrap(&client, &cfg).await {
-            Ok(material) => {
+            Ok(Bootstrapped { material, missing }) => {
+                misses = if missing.is_empty() { 0 } else { misses.saturating_add(1) };
                 if material.cert_pem != serving.cert_pem {
                     match resolver.swap_pem(&material.cert_pem, &material.key_pem) {
                         Ok(()) => {
@@ -520,6 +569,26 @@ mod tests {
             ca_lifetime: Duration::from_secs(10 * 365 * 86_400),
             cert_lifetime,
         }
+    }
+
+    #[test]
+    fn a_missing_target_is_looked_for_again_within_seconds_then_the_interval_resumes() {
+        let hour = Duration::from_secs(3600);
+        let table: &[(&str, Duration, u32, Duration)] = &[
+            ("every target found: the interval", hour, 0, hour),
+            ("first miss: 1 s", hour, 1, Duration::from_secs(1)),
+            ("second miss in a row: 2 s", hour, 2, Duration::from_secs(2)),
+            ("fifth: 16 s", hour, 5, Duration::from_secs(16)),
+            ("many: capped at 30 s", hour, 40, Duration::from_secs(30)),
+            ("never longer than the interval", Duration::from_secs(10), 40, Duration::from_secs(10)),
+        ];
+        for (case, interval, misses, want) in table {
+            assert_eq!(next_check(*interval, *misses), *want, "{case}");
+        }
+        assert_eq!(
+            CaBundleTarget::MutatingWebhooks("smolvm-webhook".into()).to_string(),
+            "MutatingWebhookConfiguration/smolvm-webhook"
+        );
     }
 
     #[test]

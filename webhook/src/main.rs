@@ -195,7 +195,8 @@ async fn serving_certificate(
         TlsMode::SelfSigned => {
             let client = client.ok_or_else(|| Error::Config("self-signed mode needs a cluster".into()))?;
             let cfg = args.self_signed();
-            let material = selfsigned::bootstrap(&client, &cfg).await?;
+            let first = selfsigned::bootstrap(&client, &cfg).await?;
+            let material = &first.material;
             let resolver = Arc::new(ReloadableResolver::from_pem(&material.cert_pem, &material.key_pem)?);
             let metrics = state.metrics.clone();
             tokio::spawn(selfsigned::rotate_forever(
@@ -203,7 +204,7 @@ async fn serving_certificate(
                 cfg,
                 resolver.clone(),
                 move |swapped| metrics.certificate_reloaded(swapped),
-                material,
+                first,
                 args.rotation_check_interval.max(Duration::from_secs(10)),
             ));
             resolver

@@ -178,7 +178,10 @@ impl FakeApiServer {
             }
             (Method::GET, p) if p == MWC || p == VWC => {
                 let key = if p == MWC { MWC } else { VWC };
-                (200, s.objects.get(key).cloned().unwrap_or(Value::Null))
+                match s.objects.get(key) {
+                    Some(object) => (200, object.clone()),
+                    None => status(404, "NotFound", "no such configuration"),
+                }
             }
             (Method::PATCH, p) if p == MWC || p == VWC => {
                 let key = if p == MWC { MWC } else { VWC };
@@ -233,7 +236,9 @@ fn bundles(fake: &FakeApiServer) -> Vec<Value> {
 async fn race(fake: &FakeApiServer, c: &SelfSignedConfig) -> Material {
     let (a, b) = (fake.client(), fake.client());
     let (ra, rb) = tokio::join!(selfsigned::bootstrap(&a, c), selfsigned::bootstrap(&b, c));
-    let (ma, mb) = (ok(ra), ok(rb));
+    let (ra, rb) = (ok(ra), ok(rb));
+    assert!(ra.missing.is_empty() && rb.missing.is_empty(), "every target found");
+    let (ma, mb) = (ra.material, rb.material);
     assert_eq!(ma, mb, "both replicas serve the winner's CA and certificate");
     ma
 }
@@ -268,7 +273,7 @@ async fn two_replicas_bootstrap_to_one_ca() {
     }
     // A later check is a no-op: no new Secret, no patch.
     let patches_before = fake.lock().patches.len();
-    let again = ok(selfsigned::bootstrap(&fake.client(), &c).await);
+    let again = ok(selfsigned::bootstrap(&fake.client(), &c).await).material;
     assert_eq!(again, ma);
     assert_eq!(fake.lock().patches.len(), patches_before);
     assert_eq!(fake.lock().creates_ok, 1);
@@ -354,6 +359,34 @@ async fn two_replicas_fill_a_precreated_empty_secret_to_one_ca() {
     );
     assert_eq!(stored["metadata"]["annotations"]["note"], "kept");
     assert_eq!(bundles(&fake), vec![ca_bundle_value(&ma.ca_cert_pem); 3]);
+}
+
+/// A whole install applied at once on a slow cluster can start the webhook before its
+/// configurations exist (found by the cluster tier: every admission failed with an unknown
+/// authority until the next hourly check). The bootstrap names what it did not find, so the
+/// check looks again within seconds; once the configuration exists, the next one injects it.
+#[tokio::test]
+async fn a_configuration_created_after_the_bootstrap_gets_the_bundle_at_the_next_check() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = FakeApiServer::new(None);
+    // One replica: release the barrier the double keeps for the first two reads.
+    fake.lock().secret_gets = 2;
+    let mutating = fake.lock().objects.remove(MWC);
+    let first = ok(selfsigned::bootstrap(&fake.client(), &cfg()).await);
+    assert_eq!(first.missing, vec!["MutatingWebhookConfiguration/smolvm-webhook".to_string()]);
+    assert_eq!(
+        bundles(&fake),
+        vec![ca_bundle_value(&first.material.ca_cert_pem); 2],
+        "the configuration that exists got the bundle"
+    );
+    assert!(selfsigned::next_check(Duration::from_secs(3600), 1) <= Duration::from_secs(1));
+    if let Some(object) = mutating {
+        fake.lock().objects.insert(MWC, object);
+    }
+    let next = ok(selfsigned::bootstrap(&fake.client(), &cfg()).await);
+    assert!(next.missing.is_empty(), "{:?}", next.missing);
+    assert_eq!(next.material, first.material, "the same CA");
+    assert_eq!(bundles(&fake), vec![ca_bundle_value(&first.material.ca_cert_pem); 3]);
 }
 
 #[tokio::test]

@@ -216,10 +216,11 @@ async fn until_ok<T, E: std::fmt::Display, F: std::future::Future<Output = Resul
 async fn serving_certificate(client: &Client, cfg: &AccessConfig) -> anyhow::Result<Arc<ReloadableResolver>> {
     match &cfg.tls {
         ServingTls::SelfSigned(self_signed) => {
-            let material = until_ok("self-signed serving certificate", || {
+            let first = until_ok("self-signed serving certificate", || {
                 selfsigned::bootstrap(client, self_signed)
             })
             .await;
+            let material = &first.material;
             let resolver = Arc::new(ReloadableResolver::from_pem(&material.cert_pem, &material.key_pem)?);
             tokio::spawn(selfsigned::rotate_forever(
                 client.clone(),
@@ -230,7 +231,7 @@ async fn serving_certificate(client: &Client, cfg: &AccessConfig) -> anyhow::Res
                         tracing::error!(reason, "access API: rotated serving certificate rejected");
                     }
                 },
-                material,
+                first,
                 cfg.check_interval.max(Duration::from_secs(10)),
             ));
             Ok(resolver)
