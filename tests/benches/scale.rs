@@ -7,9 +7,10 @@
 //! guests cannot boot on these machines anyway.
 //!
 //! Prints: the time until every VM is bound and created (phase Running), API writes per VM
-//! (from kube-apiserver's own request counters), and the controller's peak RSS at 1,000 and at
-//! 10,000 VMs. Figures are printed, never asserted. Environment: SCALE_NODES (50), SCALE_FIRST
-//! (1000), SCALE_TOTAL (10000; 0 skips the second stage), SCALE_CONCURRENCY (32).
+//! (from kube-apiserver's own request counters), the controller's peak RSS at 1,000 and at
+//! 10,000 VMs, and its RSS over each stage (sampled every 5 s). Figures are printed, never
+//! asserted. Environment: SCALE_NODES (50), SCALE_FIRST (1000), SCALE_TOTAL (10000; 0 skips the
+//! second stage), SCALE_CONCURRENCY (32).
 
 use std::{
     sync::Arc,
@@ -26,8 +27,11 @@ use serde_json::json;
 use smolvm_api::{SmolVM, constants};
 use smolvm_tests::{
     assets,
-    simnodes::{self, api_requests as writes, env_usize, peak_rss_mib},
+    simnodes::{self, RssSamples, api_requests as writes, env_usize, peak_rss_mib},
 };
+
+/// How often the controller's RSS is sampled for its line over time.
+const RSS_EVERY: Duration = Duration::from_secs(5);
 
 fn main() -> anyhow::Result<()> {
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
@@ -64,6 +68,9 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
     );
 
     let vms: Api<SmolVM> = Api::namespaced(admin.clone(), "default");
+    // The controller's RSS over time, printed after each stage.
+    let (rss, sampler) = RssSamples::start(controller_pid, RSS_EVERY);
+    rss.take_line();
     let mut created = 0usize;
     for target in [first, total] {
         if target <= created {
@@ -147,7 +154,13 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
         println!("scale:   by verb and code: {}", breakdown.join(", "));
         let _ = peak;
         println!("scale:   controller at {created} VMs: {}", peak_rss_mib(controller_pid));
+        println!(
+            "scale:   controller RSS over this stage (MiB, every {} s): {}",
+            RSS_EVERY.as_secs(),
+            rss.take_line()
+        );
     }
+    sampler.abort();
     beat.abort();
     drop(sim);
     drop(plane);

@@ -273,17 +273,54 @@ fn resource_key(labels: &str) -> String {
     }
 }
 
+/// A field of `/proc/PID/status` in kB (`VmHWM:`, `VmRSS:`), as MiB.
+fn status_mib(pid: u32, name: &str) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map(|kb| kb / 1024.0)
+}
+
+/// A process's current resident memory in MiB, as `/proc` reports it.
+pub fn rss_mib(pid: u32) -> Option<f64> {
+    status_mib(pid, "VmRSS:")
+}
+
+/// A process's resident memory sampled every `every` while it runs (the benchmark's RSS over
+/// time): the samples so far, in MiB.
+#[derive(Debug, Clone, Default)]
+pub struct RssSamples(std::sync::Arc<std::sync::Mutex<Vec<f64>>>);
+
+impl RssSamples {
+    /// Samples `pid` every `every` until the returned task is aborted.
+    pub fn start(pid: u32, every: std::time::Duration) -> (Self, tokio::task::JoinHandle<()>) {
+        let samples = RssSamples::default();
+        let kept = samples.clone();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                if let Some(mib) = rss_mib(pid) {
+                    kept.0.lock().unwrap_or_else(|e| e.into_inner()).push(mib);
+                }
+            }
+        });
+        (samples, task)
+    }
+
+    /// The samples taken since the last call, as `40 52 81 …` (MiB, rounded), and forgets them.
+    pub fn take_line(&self) -> String {
+        let taken = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        taken.iter().map(|m| format!("{m:.0}")).collect::<Vec<_>>().join(" ")
+    }
+}
+
 /// A process's peak and current resident memory, as `/proc` reports them.
 pub fn peak_rss_mib(pid: u32) -> String {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<f64>().ok())
-            .map(|kb| kb / 1024.0)
-    };
+    let field = |name: &str| status_mib(pid, name);
     match (field("VmHWM:"), field("VmRSS:")) {
         (Some(peak), Some(now)) => format!("peak RSS {peak:.1} MiB (now {now:.1} MiB)"),
         _ => "RSS unavailable".into(),
