@@ -523,7 +523,11 @@ pub async fn rotate_forever(
         tokio::time::sleep(next_check(interval, misses)).await;
         match bootstrap(&client, &cfg).await {
             Ok(Bootstrapped { material, missing }) => {
-                misses = if missing.is_empty() { 0 } else { misses.saturating_add(1) };
+                misses = if missing.is_empty() {
+                    0
+                } else {
+                    misses.saturating_add(1)
+                };
                 if material.cert_pem != serving.cert_pem {
                     match resolver.swap_pem(&material.cert_pem, &material.key_pem) {
                         Ok(()) => {
@@ -580,7 +584,12 @@ mod tests {
             ("second miss in a row: 2 s", hour, 2, Duration::from_secs(2)),
             ("fifth: 16 s", hour, 5, Duration::from_secs(16)),
             ("many: capped at 30 s", hour, 40, Duration::from_secs(30)),
-            ("never longer than the interval", Duration::from_secs(10), 40, Duration::from_secs(10)),
+            (
+                "never longer than the interval",
+                Duration::from_secs(10),
+                40,
+                Duration::from_secs(10),
+            ),
         ];
         for (case, interval, misses, want) in table {
             assert_eq!(next_check(*interval, *misses), *want, "{case}");

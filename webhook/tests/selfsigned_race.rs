@@ -373,7 +373,10 @@ async fn a_configuration_created_after_the_bootstrap_gets_the_bundle_at_the_next
     fake.lock().secret_gets = 2;
     let mutating = fake.lock().objects.remove(MWC);
     let first = ok(selfsigned::bootstrap(&fake.client(), &cfg()).await);
-    assert_eq!(first.missing, vec!["MutatingWebhookConfiguration/smolvm-webhook".to_string()]);
+    assert_eq!(
+        first.missing,
+        vec!["MutatingWebhookConfiguration/smolvm-webhook".to_string()]
+    );
     assert_eq!(
         bundles(&fake),
         vec![ca_bundle_value(&first.material.ca_cert_pem); 2],
