@@ -36,8 +36,8 @@ pub fn is_node_pool_name(name: &str) -> bool {
 
 /// `(node, node pool)` of every node pool of a pool that no longer exists: named as a pool's
 /// (`pool-…-g…`) with a UID no live pool has (compared whole: the prefix ends with `-g`).
-pub fn orphans(nodes: &[Arc<SmolVMNode>], live: &[SmolVMPool]) -> Vec<(String, String)> {
-    let prefixes: Vec<String> = live.iter().filter_map(prefix).collect();
+pub fn orphans<'p>(nodes: &[Arc<SmolVMNode>], live: impl IntoIterator<Item = &'p SmolVMPool>) -> Vec<(String, String)> {
+    let prefixes: Vec<String> = live.into_iter().filter_map(prefix).collect();
     let mut out = Vec::new();
     for node in nodes {
         for held in reported(node).keys() {

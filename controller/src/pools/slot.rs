@@ -3,11 +3,11 @@
 
 use kube::ResourceExt;
 use serde_json::json;
-use smolvm_api::{SmolVM, SmolVMClass, SmolVMPool, defaulting::default_pooled_smolvm, validate::Operation};
+use smolvm_api::{SmolVM, SmolVMPool, class::ClassCatalog, defaulting::default_pooled_smolvm, validate::Operation};
 
 /// The SmolVM a slot of `pool` is: the template, its class's defaults and the built-in ones, as
 /// admission fills a SmolVM that names the pool (M4, M3, M1). `Err` says why it cannot be built.
-pub fn slot_vm(pool: &SmolVMPool, classes: &Vec<SmolVMClass>) -> Result<SmolVM, String> {
+pub fn slot_vm(pool: &SmolVMPool, classes: &dyn ClassCatalog) -> Result<SmolVM, String> {
     let object = json!({
         "apiVersion": "vm.smolvm.dev/v1alpha1",
         "kind": "SmolVM",
