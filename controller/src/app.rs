@@ -19,7 +19,7 @@ use kube::{
     },
 };
 use smolvm_api::policy::Policy;
-use smolvm_api::{SmolVM, SmolVMNode, constants::FIELD_MANAGER_CONTROLLER};
+use smolvm_api::{SmolVM, SmolVMClass, SmolVMNode, SmolVMPool, constants::FIELD_MANAGER_CONTROLLER};
 use tokio::{sync::watch, task::JoinHandle};
 
 use crate::{
@@ -224,7 +224,7 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     // The SmolVM cache (filled once the controller runs); the node watch reads it to know which
     // VMs a node change concerns.
     let (vm_store, vm_writer) = reflector::store::<SmolVM>();
-    // Wakes the pools' passes: a node reporting other pool counts, a pool changing, a claim.
+    // Wakes the pools' passes: a node reporting other pool counts, a claim, a node's calls ending.
     let pools_wake = Arc::new(crate::vm::PoolsWake::default());
     let (node_store, wake) = node_watch(
         &client,
@@ -243,14 +243,8 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         trust,
     });
     let (owned, services, slices, volumes) = vm::owned_watches(&client);
-    let (pool_store, pool_events) = vm::pool_watch(&client);
-    let (class_store, class_events) = vm::class_watch(&client);
     let quota_wake = Arc::new(tokio::sync::Notify::new());
-    wake_on_pool_changes(
-        futures::stream::select(pool_events.map(|e| e.map(drop)), class_events.map(|e| e.map(drop))),
-        pools_wake.clone(),
-        quota_wake.clone(),
-    );
+    let (pool_store, class_store, pool_events, class_events) = pool_watches(&client, &quota_wake);
     let (charging, quota_events) = quota_charging(&client);
     // A VM's events are queued, so that its next step never waits for one to be written.
     let recorder = events.in_background(EVENT_LANES);
@@ -258,8 +252,8 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         client,
         nodes: node_store,
         owned,
-        pools: Some(pool_store),
-        classes: Some(class_store),
+        pools: pool_store,
+        classes: class_store,
         ledger,
         node_client,
         holders: flags.holders(),
@@ -279,7 +273,7 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     });
     let vm_events = vm_events(vms_api, vm_writer, ctx.clone(), quota_wake.clone());
     quota_recount(&ctx, flags, vm_store.clone(), quota_events, quota_wake);
-    keepers(&ctx, flags, &vm_store);
+    keepers(&ctx, flags, &vm_store, pool_events, class_events);
     *vm_store_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(vm_store.clone());
     let owned = OwnedEvents::new(services, slices, volumes);
     let running = vms(ctx, vm_events, vm_store, wake, owned, shutdown.clone());
@@ -346,22 +340,35 @@ async fn flush_events(recorder: &EventSink) {
     }
 }
 
-/// A pool that changes is looked at at once, by the pools' pass and the quota recount.
-fn wake_on_pool_changes(
-    events: impl Stream<Item = Result<(), watcher::Error>> + Send + 'static,
-    pools: Arc<crate::vm::PoolsWake>,
-    quotas: Arc<tokio::sync::Notify>,
+/// The SmolVMPools' and SmolVMClasses' watches, with their caches: the pool keeper runs on
+/// them ([`tasks::pool_keeper`]), and a change to either wakes the quota recount (`quotas`).
+#[allow(clippy::type_complexity)]
+fn pool_watches(
+    client: &Client,
+    quotas: &Arc<tokio::sync::Notify>,
+) -> (
+    Store<SmolVMPool>,
+    Store<SmolVMClass>,
+    impl Stream<Item = Result<SmolVMPool, watcher::Error>> + Send + 'static + use<>,
+    impl Stream<Item = Result<SmolVMClass, watcher::Error>> + Send + 'static + use<>,
 ) {
-    tokio::spawn(events.for_each(move |_| {
-        pools.poke();
-        quotas.notify_one();
-        std::future::ready(())
-    }));
+    let (pool_store, pools) = vm::pool_watch(client);
+    let (class_store, classes) = vm::class_watch(client);
+    let (on_pool, on_class) = (quotas.clone(), quotas.clone());
+    let pools = pools.inspect(move |_| on_pool.notify_one());
+    let classes = classes.inspect(move |_| on_class.notify_one());
+    (pool_store, class_store, pools, classes)
 }
 
 /// The loops that keep what the SmolVMs' passes leave: the ledger's pruning of gone SmolVMs, the
-/// orphan collector, and the pools' passes.
-fn keepers(ctx: &Arc<Context>, flags: &Flags, vms: &Store<SmolVM>) {
+/// orphan collector, and the pool keeper (the SmolVMPools' Controller).
+fn keepers(
+    ctx: &Arc<Context>,
+    flags: &Flags,
+    vms: &Store<SmolVM>,
+    pools: impl Stream<Item = Result<SmolVMPool, watcher::Error>> + Send + 'static,
+    classes: impl Stream<Item = Result<SmolVMClass, watcher::Error>> + Send + 'static,
+) {
     tokio::spawn(tasks::ledger::prune(ctx.clone(), vms.clone(), Duration::from_secs(60)));
     tokio::spawn(tasks::orphans::run(
         ctx.clone(),
@@ -375,10 +382,12 @@ fn keepers(ctx: &Arc<Context>, flags: &Flags, vms: &Store<SmolVM>) {
             call_timeout: flags.pool_call_timeout,
             ..Default::default()
         },
+        pools,
+        classes,
     ));
 }
 
-/// The ResourceQuotas' watch, reflected into the store the pools' pass charges against, and the
+/// The ResourceQuotas' watch, reflected into the store the pool keeper charges against, and the
 /// charger of what the controller starts on its own (SPEC 6.3).
 fn quota_charging(
     client: &Client,
@@ -402,10 +411,7 @@ fn quota_recount(
     changed: Arc<tokio::sync::Notify>,
 ) {
     let context = ctx.clone();
-    let pools = move || match &context.pools {
-        Some(pools) => crate::quota::pool_usage(&pools.state(), &context.ledger.pool_holdings()),
-        None => Default::default(),
-    };
+    let pools = move || crate::quota::pool_usage(&context.pools.state(), &context.ledger.pool_holdings());
     tokio::spawn(crate::quota::run(
         ctx.client.clone(),
         quotas,

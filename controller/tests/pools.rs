@@ -686,3 +686,24 @@ fn a_pooled_smolvm_is_served_only_by_the_pool_it_was_admitted_for() {
         }
     }
 }
+
+/// What wakes the pools' passes and the sweep: pokes that came before a waiter looked are one
+/// wake-up for it (and for every other waiter), and a node report with the same pool counts
+/// wakes nothing.
+#[tokio::test]
+async fn pokes_coalesce_and_wake_every_waiter() {
+    use futures::{FutureExt, StreamExt};
+    let wake = smolvm_controller::vm::PoolsWake::default();
+    let (mut passes, mut sweeps) = (wake.pokes().boxed(), wake.pokes().boxed());
+    assert_eq!(passes.next().now_or_never(), None, "no poke yet");
+    wake.poke();
+    wake.poke();
+    wake.node_seen(&node("a", &[("pool-x-g1", 1, 2)]));
+    assert_eq!(passes.next().now_or_never(), Some(Some(())));
+    assert_eq!(passes.next().now_or_never(), None, "three pokes, one wake-up");
+    assert_eq!(sweeps.next().now_or_never(), Some(Some(())), "the other waiter too");
+    wake.node_seen(&node("a", &[("pool-x-g1", 1, 2)]));
+    assert_eq!(passes.next().now_or_never(), None, "the same counts again");
+    wake.node_seen(&node("a", &[("pool-x-g1", 2, 2)]));
+    assert_eq!(passes.next().now_or_never(), Some(Some(())), "other counts");
+}

@@ -1,6 +1,7 @@
 //! Warm pools: every SmolVMPool's source and slots kept on the nodes it matches, where they fit,
-//! and its status, decided as data. The pool keeper ([`crate::tasks::pool_keeper`]) runs the
-//! passes.
+//! and its status, decided as data. The pool keeper ([`crate::tasks::pool_keeper`]), a
+//! kube-runtime `Controller` over the SmolVMPools, runs each pool's pass, and its sweep deletes
+//! the [`orphans`].
 //!
 //! Each pass decides as data, acts, then reports:
 //! - [`plan`] (pure: the pool, the nodes, the ledger's view, the time and the quota's budget):

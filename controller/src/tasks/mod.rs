@@ -8,7 +8,8 @@
 //! - [`node_labels`]: the Node's labels mirrored onto its SmolVMNode;
 //! - [`ledger`]: releasing the reservations of SmolVMs that are gone;
 //! - [`orphans`]: the machines no SmolVM owns, booked in the ledger and deleted after a grace;
-//! - [`pool_keeper`]: the warm pools' passes (their plan is [`crate::pools`]);
+//! - [`pool_keeper`]: the SmolVMPools' Controller, each pool's pass (its plan is [`crate::pools`]),
+//!   and the sweep of node pools no pool names;
 //! - [`policy`]: re-reading the policy file;
 //! - [`csr`]: approving and signing the runtime agents' certificate requests;
 //! - [`probe`]: what the ops server reports (readiness as leader or standby, metrics).

@@ -1,27 +1,42 @@
-//! The pool keeper: the warm pools' passes. Each pass plans every pool as data
-//! ([`crate::pools`]), acts, then reports:
-//! - the ledger books each source (a hard hold, never taken) and each node's ready slots (soft
+//! The pool keeper: a kube-runtime `Controller` over the SmolVMPools ([`run`]). Each pool's
+//! pass plans it as data ([`crate::pools`]), acts, then reports:
+//! - the ledger books its source (a hard hold, never taken) and each node's ready slots (soft
 //!   holds: spare room) before the node is asked ([`crate::placement::Ledger::book_pool`]); then
 //!   the node API's ResizePool (slots given back), ApplyPool and DeletePool run, each node's calls
-//!   in order, different nodes at once, each call within `--pool-call-timeout`, so a node that
-//!   hangs delays only its own pools (a node whose calls still run is left out of a pass);
-//! - the pool's status ([`status`]) is written when it says something new.
+//!   in order and one batch at a time, different nodes at once, each call within
+//!   `--pool-call-timeout`, so a node that hangs delays only its own pools (a node whose calls
+//!   still run is left out of a pass; when they end, the pools are woken);
+//! - the pool's status ([`status`]) is written by server-side apply when it says something new.
 //!
-//! Passes run when a node reports other pool counts, a pool or a SmolVMClass changes (their
-//! caches' watches), a claim took a slot or a node's calls ended ([`crate::vm::PoolsWake`]), and
-//! at least every [`EVERY`]; never more often than every [`MIN_GAP`].
+//! A pool's pass runs when the pool changes, when a SmolVMClass its template may take changes
+//! (the classes' cache's watch), when the pools are woken ([`crate::vm::PoolsWake`]: a node
+//! reports other pool counts, a claim took a slot, a node's calls ended), and at least every
+//! [`EVERY`]; never more often than every [`MIN_GAP`]. Pools are kept one at a time, so their
+//! bookings in the ledger are made in order, as one pass over them all made them.
+//!
+//! A deleted pool is never reconciled: the node pools no SmolVMPool names any more
+//! ([`crate::pools::orphans`]) are deleted by a sweep ([`sweeps`]), run at each wake-up and pool
+//! change and at least every [`EVERY`]. The sweep and the passes take turns and share which
+//! nodes' calls still run, so each node's calls stay in order.
 //!
 //! A node whose ApplyPool failed is asked again after a backoff (10 s doubling to 5 minutes),
 //! as a failed start is: a source that does not boot takes smolvm tens of seconds each time.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use futures::{Stream, StreamExt};
 use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, ResourceExt,
-    api::{ListParams, Patch},
+    api::Patch,
+    runtime::{
+        Controller,
+        controller::{Action, Config},
+        reflector::{ObjectRef, Store},
+        watcher,
+    },
 };
 use smolvm_api::{
     NodeResources, SmolVM, SmolVMClass, SmolVMNode, SmolVMPool,
@@ -32,13 +47,14 @@ use smolvm_api::{
 use crate::placement::{self, Request, reported_pools as reported, times};
 use crate::pools::{Keep, Plan, Start, orphans, plan, slot_vm, status};
 use crate::status_apply;
-use crate::vm::Context;
+use crate::vm::{Context, Error};
 
-/// The longest a pool waits for a pass when nothing wakes the keeper.
+/// The longest a pool waits for a pass when nothing wakes it; the longest between two sweeps.
 pub const EVERY: Duration = Duration::from_secs(30);
 
-/// The shortest time between two passes: a burst of wake-ups (claims, every node's report) makes
-/// one pass, and a pool's status is written at most this often.
+/// The shortest time between two passes of a pool (and two sweeps): a burst of wake-ups
+/// (claims, every node's report) makes one pass, and a pool's status is written at most this
+/// often.
 pub const MIN_GAP: Duration = Duration::from_secs(1);
 
 /// The default of `--pool-call-timeout`: how long one pool call to a node may take.
@@ -48,6 +64,9 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 pub const RETRY_FIRST: Duration = Duration::from_secs(10);
 /// The longest wait.
 pub const RETRY_MAX: Duration = Duration::from_secs(300);
+
+/// The wait before a pass whose status write failed is run again.
+const RETRY_PASS: Duration = Duration::from_secs(5);
 
 /// The retries of ApplyPool, per `(node, node pool)`, each with its last failure's message.
 #[derive(Debug)]
@@ -86,14 +105,14 @@ impl Backoff {
     }
 }
 
-/// The pools' passes' tunables.
+/// The pool keeper's tunables.
 #[derive(Debug, Clone, Copy)]
 pub struct Settings {
-    /// The longest wait between passes ([`EVERY`]).
+    /// The longest wait between two passes of a pool, and between two sweeps ([`EVERY`]).
     pub every: Duration,
     /// How long one pool call to a node may take (`--pool-call-timeout`, [`CALL_TIMEOUT`]).
     pub call_timeout: Duration,
-    /// The shortest time between two passes ([`MIN_GAP`]).
+    /// The shortest time between two passes of a pool, and between two sweeps ([`MIN_GAP`]).
     pub min_gap: Duration,
 }
 
@@ -107,22 +126,64 @@ impl Default for Settings {
     }
 }
 
-/// What the passes share with the nodes' calls they start.
-#[derive(Debug, Default)]
+/// The pools' Controller's context: what the passes and the sweep share with the nodes' calls
+/// they start.
 struct Keeper {
+    ctx: Arc<Context>,
+    settings: Settings,
+    /// Held by a pass and by the sweep: they take turns, so a node left out of a pass (its
+    /// calls run) is still left out when the pass starts its calls.
+    turn: tokio::sync::Mutex<()>,
     backoff: Mutex<Backoff>,
-    /// The nodes whose calls still run: a pass leaves them out.
+    /// The nodes whose calls still run: a pass and the sweep leave them out.
     busy: Mutex<HashSet<String>>,
     /// The slots each node was last told to keep (ApplyPool answered), and when.
     applied: Mutex<HashMap<(String, String), (u32, Instant)>>,
-    /// The SmolVMClasses last read, and when ([`classes`]).
-    classes: Mutex<Option<(Instant, Arc<Vec<SmolVMClass>>)>>,
     /// The pools (by UID) whose status this process has applied: the previous release's status
     /// fields are taken over before the first ([`crate::status_apply`]).
     applied_status: Mutex<HashSet<String>>,
+    /// When each pool's (by UID) last pass ended: the next waits for `settings.min_gap`.
+    passed: Mutex<HashMap<String, Instant>>,
 }
 
-/// One call of a pass to a node.
+impl Keeper {
+    fn new(ctx: Arc<Context>, settings: Settings) -> Self {
+        Keeper {
+            ctx,
+            settings,
+            turn: Default::default(),
+            backoff: Default::default(),
+            busy: Default::default(),
+            applied: Default::default(),
+            applied_status: Default::default(),
+            passed: Default::default(),
+        }
+    }
+
+    /// How long the pool `uid` still waits before its next pass, if its last one ended less
+    /// than `settings.min_gap` ago.
+    fn too_soon(&self, uid: &str) -> Option<Duration> {
+        let ended = *lock(&self.passed).get(uid)?;
+        Some(self.settings.min_gap.saturating_sub(ended.elapsed())).filter(|wait| !wait.is_zero())
+    }
+
+    /// Starts each node's `calls`, but on the nodes whose calls still run.
+    fn start_calls(self: &Arc<Self>, calls: BTreeMap<String, Vec<NodeCall>>) {
+        for (node, calls) in calls {
+            if !lock(&self.busy).insert(node.clone()) {
+                continue;
+            }
+            tokio::spawn(call_node(self.clone(), node, calls));
+        }
+    }
+}
+
+/// A lock of the keeper's state: what it guards stays whole if a holder panicked.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One call of a pass (or of the sweep) to a node.
 #[derive(Debug, Clone)]
 enum NodeCall {
     /// Gives back ready slots of the node pool: it keeps `slots`.
@@ -133,20 +194,118 @@ enum NodeCall {
     Delete { pool: String },
 }
 
-/// Runs the pools' passes until the task is dropped: when woken, and at least every
-/// `settings.every`.
-pub async fn run(ctx: Arc<Context>, settings: Settings) {
-    let keeper = Arc::new(Keeper::default());
+/// Keeps the warm pools until the task is dropped: a `Controller` over `pools` (their watch,
+/// reflected into `ctx.pools`), one pool at a time, woken by `classes` (their watch, reflected
+/// into `ctx.classes`) and by [`crate::vm::PoolsWake`]; beside it, the sweep of the node pools
+/// no pool names.
+pub async fn run(
+    ctx: Arc<Context>,
+    settings: Settings,
+    pools: impl Stream<Item = Result<SmolVMPool, watcher::Error>> + Send + 'static,
+    classes: impl Stream<Item = Result<SmolVMClass, watcher::Error>> + Send + 'static,
+) {
+    let keeper = Arc::new(Keeper::new(ctx.clone(), settings));
+    // A pool that changes (or goes) wakes the sweep too: a deleted one's node pools go.
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let pools = pools.inspect({
+        let changed = changed.clone();
+        move |_| changed.notify_one()
+    });
+    let users = ctx.pools.clone();
+    let controller = Controller::for_stream(pools, ctx.pools.clone())
+        .with_config(Config::default().concurrency(1))
+        .watches_stream(classes, move |class: SmolVMClass| {
+            class_users(&users, &class.name_any())
+        })
+        .reconcile_all_on(ctx.pools_wake.pokes())
+        .run(reconcile, error_policy, keeper.clone())
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "pool keeper");
+            }
+        });
+    // One task for both: both wait for the pools' cache to fill, and a cache's readiness wakes
+    // one waiter only (see crate::store_ready).
+    futures::future::join(controller, sweeps(keeper, changed)).await;
+}
+
+/// The pools a change of the SmolVMClass `class` concerns: those whose template names it, and
+/// those that name none (they take the newest default class, which any class may become or
+/// stop being).
+fn class_users(pools: &Store<SmolVMPool>, class: &str) -> Vec<ObjectRef<SmolVMPool>> {
+    pools
+        .state()
+        .iter()
+        .filter(|p| p.spec.template.class_name.as_deref().is_none_or(|name| name == class))
+        .map(|p| ObjectRef::from_obj(p.as_ref()))
+        .collect()
+}
+
+/// One pool's pass (none within `min_gap` of its last, none for a pool being deleted), then
+/// the next after `every`.
+async fn reconcile(pool: Arc<SmolVMPool>, keeper: Arc<Keeper>) -> Result<Action, Error> {
+    let uid = pool.uid().ok_or(Error::MissingField("metadata.uid"))?;
+    if let Some(wait) = keeper.too_soon(&uid) {
+        return Ok(Action::requeue(wait));
+    }
+    if pool.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    // A template's class is read from the cache: not before it is filled.
+    if !crate::store_ready(&keeper.ctx.classes).await {
+        return Ok(Action::requeue(keeper.settings.every));
+    }
+    let kept = {
+        let _turn = keeper.turn.lock().await;
+        keep(&keeper, &pool).await
+    };
+    lock(&keeper.passed).insert(uid, Instant::now());
+    kept.map(|()| Action::requeue(keeper.settings.every))
+}
+
+/// A pass that failed (its status was not written) runs again after [`RETRY_PASS`].
+fn error_policy(pool: Arc<SmolVMPool>, error: &Error, _: Arc<Keeper>) -> Action {
+    tracing::debug!(pool = %pool.name_any(), namespace = pool.namespace(), reason = error.reason(), %error, "the pool's pass failed; run again soon");
+    Action::requeue(RETRY_PASS)
+}
+
+/// The sweeps of node pools no SmolVMPool names any more, once the pools' cache is filled (until
+/// then every node pool would look orphaned): at each wake-up of the pools and each pool change,
+/// at least every `every` and at most every `min_gap`.
+async fn sweeps(keeper: Arc<Keeper>, changed: Arc<tokio::sync::Notify>) {
+    if !crate::store_ready(&keeper.ctx.pools).await {
+        return;
+    }
+    let Settings { every, min_gap, .. } = keeper.settings;
+    let mut pokes = keeper.ctx.pools_wake.pokes().boxed();
     loop {
         let started = tokio::time::Instant::now();
-        if let Err(error) = pass(&ctx, &keeper, settings).await {
-            tracing::debug!(%error, "pools pass failed; retried next round");
+        {
+            let _turn = keeper.turn.lock().await;
+            sweep(&keeper);
         }
-        tokio::time::sleep_until(started + settings.min_gap).await;
-        ctx.pools_wake
-            .wait(settings.every.saturating_sub(settings.min_gap))
-            .await;
+        tokio::time::sleep_until(started + min_gap).await;
+        tokio::select! {
+            _ = pokes.next() => {}
+            _ = changed.notified() => {}
+            _ = tokio::time::sleep(every.saturating_sub(min_gap)) => {}
+        }
     }
+}
+
+/// One sweep: DeletePool for each node pool of a pool that is gone, on the nodes whose calls do
+/// not run; and what was kept of gone pools forgotten.
+fn sweep(keeper: &Arc<Keeper>) {
+    let pools = keeper.ctx.pools.state();
+    let nodes = keeper.ctx.nodes.state();
+    let mut calls: BTreeMap<String, Vec<NodeCall>> = BTreeMap::new();
+    for (node, name) in orphans(&nodes, pools.iter().map(AsRef::as_ref)) {
+        calls.entry(node).or_default().push(NodeCall::Delete { pool: name });
+    }
+    keeper.start_calls(calls);
+    let live: HashSet<String> = pools.iter().filter_map(|p| p.uid()).collect();
+    lock(&keeper.passed).retain(|uid, _| live.contains(uid));
+    lock(&keeper.applied_status).retain(|uid| live.contains(uid));
 }
 
 /// The budget of `pool`: the room its namespace's ResourceQuotas still leave (SPEC 6.3), in the
@@ -189,120 +348,32 @@ async fn charge_starts(ctx: &Context, pool: &SmolVMPool, keeps: &[&Keep], each: 
     }
 }
 
-/// One pass over every pool: plans, books, starts the nodes' calls, writes the statuses.
-async fn pass(ctx: &Arc<Context>, keeper: &Arc<Keeper>, settings: Settings) -> Result<(), kube::Error> {
-    let mut pools: Vec<SmolVMPool> = match &ctx.pools {
-        Some(store) if crate::store_ready(store).await => store.state().iter().map(|p| (**p).clone()).collect(),
-        _ => {
-            Api::<SmolVMPool>::all(ctx.client.clone())
-                .list(&ListParams::default())
-                .await?
-                .items
-        }
-    };
-    pools.sort_by_key(|p| (ResourceExt::namespace(p), p.name_any()));
-    let nodes = ctx.nodes.state();
-    let busy: HashSet<String> = keeper.busy.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let mut calls: BTreeMap<String, Vec<NodeCall>> = BTreeMap::new();
-    for (node, name) in orphans(&nodes, &pools) {
-        calls.entry(node).or_default().push(NodeCall::Delete { pool: name });
-    }
-    let classes = classes(ctx, keeper, &pools).await?;
-    for pool in &pools {
-        if pool.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        keep(ctx, keeper, pool, &pools, &nodes, &classes, &busy, &mut calls).await;
-    }
-    for (node, calls) in calls {
-        if busy.contains(&node) {
-            continue;
-        }
-        keeper
-            .busy
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(node.clone());
-        tokio::spawn(call_node(
-            ctx.clone(),
-            keeper.clone(),
-            node,
-            calls,
-            settings.call_timeout,
-        ));
-    }
-    Ok(())
-}
-
-/// Without a cache: how long the SmolVMClasses read for the pools' templates are used before
-/// they are read again (sooner when a pool names a class they lack).
-const CLASSES_KEPT: Duration = Duration::from_secs(10);
-
 /// How long a node's report may lag behind what it was told (its agent reports every 10 s by
 /// default): a node told its slots within this is not asked again for a report that says other.
 const REPORT_LAG: Duration = Duration::from_secs(15);
 
-/// The SmolVMClasses: from the cache (its watch wakes the pass when one changes), or, without
-/// one, read at most every [`CLASSES_KEPT`] (passes run up to once a second).
-async fn classes(ctx: &Context, keeper: &Keeper, pools: &[SmolVMPool]) -> Result<Arc<Vec<SmolVMClass>>, kube::Error> {
-    if pools.is_empty() {
-        return Ok(Arc::default());
-    }
-    if let Some(store) = &ctx.classes
-        && crate::store_ready(store).await
-    {
-        return Ok(Arc::new(store.state().iter().map(|c| (**c).clone()).collect()));
-    }
-    let cached = keeper.classes.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    if let Some((at, classes)) = cached {
-        let known = |name: &String| classes.iter().any(|c| c.metadata.name.as_ref() == Some(name));
-        let all_known = pools
-            .iter()
-            .filter_map(|p| p.spec.template.class_name.as_ref())
-            .all(known);
-        if at.elapsed() < CLASSES_KEPT && all_known {
-            return Ok(classes);
-        }
-    }
-    let read = Arc::new(
-        Api::<SmolVMClass>::all(ctx.client.clone())
-            .list(&ListParams::default())
-            .await?
-            .items,
-    );
-    *keeper.classes.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), read.clone()));
-    Ok(read)
-}
-
-/// One pool: the plan, the bookings and the node calls it needs (added to `calls`), its status
-/// written when it says something new.
-#[allow(clippy::too_many_arguments)]
-async fn keep(
-    ctx: &Context,
-    keeper: &Keeper,
-    pool: &SmolVMPool,
-    pools: &[SmolVMPool],
-    nodes: &[Arc<SmolVMNode>],
-    classes: &Vec<SmolVMClass>,
-    busy: &HashSet<String>,
-    calls: &mut BTreeMap<String, Vec<NodeCall>>,
-) {
+/// One pool's pass: the plan, the bookings and the node calls it needs (started on the nodes
+/// whose calls do not run), its status written when it says something new.
+async fn keep(keeper: &Arc<Keeper>, pool: &SmolVMPool) -> Result<(), Error> {
+    let ctx = keeper.ctx.as_ref();
     let now = Timestamp::now();
+    let (pools, nodes) = (ctx.pools.state(), ctx.nodes.state());
     // The slot's machine: what ApplyPool sends and what the ledger books.
-    let slot = slot_vm(pool, classes);
+    let slot = slot_vm(pool, &ctx.classes.state());
     let resources = slot.as_ref().map(|vm| Request::of(vm).resources).unwrap_or_default();
     let Some(mut plan) = plan(
         pool,
-        nodes,
+        &nodes,
         &ctx.ledger.view(),
         &resources,
         now,
         &ctx.placement,
         quota_budget(ctx, pool),
     ) else {
-        return;
+        return Ok(());
     };
-    let applying = asked_nodes(ctx, keeper, &plan, busy);
+    let busy: HashSet<String> = lock(&keeper.busy).clone();
+    let applying = asked_nodes(ctx, keeper, &plan, &busy);
     let spec = match (&slot, applying.is_empty()) {
         (_, true) => None,
         (Ok(vm), false) => Some(source_spec(ctx, pool, vm).await),
@@ -320,9 +391,10 @@ async fn keep(
         ctx,
         keeper,
         pool,
-        pools,
+        pools: &pools,
         plan: &plan,
     };
+    let mut calls: BTreeMap<String, Vec<NodeCall>> = BTreeMap::new();
     for keep in &plan.keep {
         let Some(node) = by_name.get(&keep.node).filter(|_| !busy.contains(&keep.node)) else {
             continue;
@@ -335,7 +407,7 @@ async fn keep(
             (Some(Err(message)), true) => Ask::Failed(message),
             _ => Ask::No,
         };
-        this.book_node(keep, node, ask, calls).await;
+        this.book_node(keep, node, ask, &mut calls).await;
     }
     for (node, name) in &plan.retire {
         calls
@@ -343,10 +415,11 @@ async fn keep(
             .or_default()
             .push(NodeCall::Delete { pool: name.clone() });
     }
+    keeper.start_calls(calls);
     if refused.is_some() {
         plan.quota = refused;
     }
-    write_status(ctx, keeper, pool, nodes, &plan, now).await;
+    write_status(keeper, pool, &nodes, &plan, now).await
 }
 
 /// The nodes of `plan` a pass asks to keep the pool: those with something to do whose backoff
@@ -358,16 +431,9 @@ fn asked_nodes<'p>(ctx: &Context, keeper: &Keeper, plan: &'p Plan, busy: &HashSe
         .filter(|k| !busy.contains(&k.node))
         .filter(|k| {
             let key = (k.node.clone(), plan.name.clone());
-            let due = keeper
-                .backoff
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .due(&key, Instant::now());
+            let due = lock(&keeper.backoff).due(&key, Instant::now());
             let booked = ctx.ledger.slots(&k.node, &plan.name);
-            let told = keeper
-                .applied
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
+            let told = lock(&keeper.applied)
                 .get(&key)
                 .is_some_and(|(slots, at)| *slots == k.slots && at.elapsed() < REPORT_LAG);
             let only_the_report = k.source.is_none() && k.slots == booked;
@@ -391,7 +457,7 @@ struct PoolPass<'a> {
     ctx: &'a Context,
     keeper: &'a Keeper,
     pool: &'a SmolVMPool,
-    pools: &'a [SmolVMPool],
+    pools: &'a [Arc<SmolVMPool>],
     plan: &'a Plan,
 }
 
@@ -412,11 +478,7 @@ impl PoolPass<'_> {
             Ask::Yes { spec, charged } => (true, charged, Some(spec)),
             Ask::Failed(message) => {
                 let key = (name.clone(), plan.name.clone());
-                self.keeper.backoff.lock().unwrap_or_else(|e| e.into_inner()).failed(
-                    key,
-                    message.to_string(),
-                    Instant::now(),
-                );
+                lock(&self.keeper.backoff).failed(key, message.to_string(), Instant::now());
                 return;
             }
         };
@@ -461,7 +523,7 @@ impl PoolPass<'_> {
                 pool: other.clone(),
                 slots: left,
             });
-            if let Some(owner) = placement::owner_of(self.pools, &other) {
+            if let Some(owner) = placement::owner_of(self.pools.iter().map(AsRef::as_ref), &other) {
                 crate::vm::events::slots_given_back(ctx, owner, name, before.count.saturating_sub(left), &taker).await;
             }
         }
@@ -476,32 +538,23 @@ impl PoolPass<'_> {
     }
 }
 
-/// The pool's status after `plan`, written when it says something new.
+/// The pool's status after `plan`, written by server-side apply when it says something new.
 async fn write_status(
-    ctx: &Context,
     keeper: &Keeper,
     pool: &SmolVMPool,
     nodes: &[Arc<SmolVMNode>],
     plan: &Plan,
     now: Timestamp,
-) {
-    let mut failures = keeper
-        .backoff
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .failures(&plan.name);
+) -> Result<(), Error> {
+    let mut failures = lock(&keeper.backoff).failures(&plan.name);
     failures.retain(|node, _| plan.targets.contains(node));
     let next = status(pool, nodes, plan, &failures, now);
     if same(pool.status.as_ref(), &next) {
-        return;
+        return Ok(());
     }
-    let api: Api<SmolVMPool> = Api::namespaced(ctx.client.clone(), pool.namespace());
+    let api: Api<SmolVMPool> = Api::namespaced(keeper.ctx.client.clone(), pool.namespace());
     let uid = pool.uid().unwrap_or_default();
-    let first = !keeper
-        .applied_status
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .contains(&uid);
+    let first = !lock(&keeper.applied_status).contains(&uid);
     if first && let Err(error) = status_apply::take_over_status(&api, &pool.name_any()).await {
         // Applied all the same: the previous release's fields stay co-owned until a later
         // process takes them over.
@@ -509,21 +562,10 @@ async fn write_status(
     }
     // The whole status by server-side apply: a field no longer set leaves the stored status.
     let body = status_apply::apply_body::<SmolVMPool>(&pool.name_any(), None, &next);
-    match api
-        .patch_status(&pool.name_any(), &status_apply::apply_params(), &Patch::Apply(&body))
-        .await
-    {
-        Ok(_) => {
-            keeper
-                .applied_status
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(uid);
-        }
-        Err(error) => {
-            tracing::debug!(pool = %pool.name_any(), %error, "writing the pool's status failed; retried next round");
-        }
-    }
+    api.patch_status(&pool.name_any(), &status_apply::apply_params(), &Patch::Apply(&body))
+        .await?;
+    lock(&keeper.applied_status).insert(uid);
+    Ok(())
 }
 
 /// Whether two statuses say the same, transition times aside.
@@ -539,81 +581,87 @@ fn same(a: Option<&SmolVMPoolStatus>, b: &SmolVMPoolStatus) -> bool {
     strip(a) == strip(b)
 }
 
-/// A node's calls of a pass, in order, each within `timeout`; the node is free for the next
-/// pass when they end, and one is asked for.
-async fn call_node(ctx: Arc<Context>, keeper: Arc<Keeper>, node: String, calls: Vec<NodeCall>, timeout: Duration) {
-    crate::vm::act::sync_endpoint(&ctx, &node);
+/// A node's calls, in order, each within `--pool-call-timeout`; when they end the node is free
+/// for the next pass or sweep, and the pools are woken.
+async fn call_node(keeper: Arc<Keeper>, node: String, calls: Vec<NodeCall>) {
+    crate::vm::act::sync_endpoint(&keeper.ctx, &node);
     for call in calls {
         match call {
-            NodeCall::Resize { pool, slots } => {
-                match tokio::time::timeout(timeout, ctx.node_client.resize_pool(&node, &pool, slots)).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(error)) => {
-                        tracing::info!(%node, %pool, code = ?error.code(), message = error.message(), "ResizePool failed")
-                    }
-                    Err(_) => tracing::info!(%node, %pool, ?timeout, "ResizePool took too long"),
-                }
-            }
-            NodeCall::Apply { pool, spec } => {
-                let key = (node.clone(), pool.clone());
-                let outcome = match tokio::time::timeout(timeout, ctx.node_client.apply_pool(&node, &pool, &spec)).await
-                {
-                    Ok(Ok(_)) => Ok(()),
-                    Ok(Err(error)) => {
-                        tracing::info!(%node, %pool, code = ?error.code(), message = error.message(), "ApplyPool failed");
-                        Err(error.message().to_string())
-                    }
-                    Err(_) => Err(format!(
-                        "the node did not answer ApplyPool within {}s (--pool-call-timeout); asked again",
-                        timeout.as_secs()
-                    )),
-                };
-                if outcome.is_ok() {
-                    let told = (spec.slots, Instant::now());
-                    keeper
-                        .applied
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(key.clone(), told);
-                }
-                let mut backoff = keeper.backoff.lock().unwrap_or_else(|e| e.into_inner());
-                match outcome {
-                    Ok(()) => backoff.succeeded(&key),
-                    Err(message) => {
-                        backoff.failed(key, message, Instant::now());
-                        drop(backoff);
-                        // Nothing of it is on the node unless the node reports it.
-                        let reported = ctx
-                            .nodes
-                            .get(&kube::runtime::reflector::ObjectRef::new(&node))
-                            .is_some_and(|n| reported(&n).contains_key(pool.as_str()));
-                        if !reported {
-                            ctx.ledger.release_pool(&node, &pool);
-                        }
-                    }
-                }
-            }
-            NodeCall::Delete { pool } => {
-                match tokio::time::timeout(timeout, ctx.node_client.delete_pool(&node, &pool)).await {
-                    Ok(Ok(_)) => {
-                        tracing::info!(%node, %pool, "node pool deleted");
-                        ctx.ledger.release_pool(&node, &pool);
-                    }
-                    Ok(Err(error)) if error.code() == Some(&ErrorCode::PoolInUse) => {
-                        // Its ready slots were given back; its source stays until its machines go.
-                        let left = ctx.ledger.slots(&node, &pool);
-                        ctx.ledger.take_slots(&node, &pool, left);
-                    }
-                    Ok(Err(error)) => {
-                        tracing::debug!(%node, %pool, %error, "deleting a node pool failed; retried next round")
-                    }
-                    Err(_) => tracing::debug!(%node, %pool, "deleting a node pool took too long; retried next round"),
-                }
+            NodeCall::Resize { pool, slots } => resize(&keeper, &node, &pool, slots).await,
+            NodeCall::Apply { pool, spec } => apply(&keeper, &node, pool, &spec).await,
+            NodeCall::Delete { pool } => delete(&keeper, &node, &pool).await,
+        }
+    }
+    lock(&keeper.busy).remove(&node);
+    keeper.ctx.pools_wake.poke();
+}
+
+/// ResizePool: the node pool keeps `slots` (the others were given back).
+async fn resize(keeper: &Keeper, node: &str, pool: &str, slots: u32) {
+    let timeout = keeper.settings.call_timeout;
+    match tokio::time::timeout(timeout, keeper.ctx.node_client.resize_pool(node, pool, slots)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(error)) => {
+            tracing::info!(%node, %pool, code = ?error.code(), message = error.message(), "ResizePool failed")
+        }
+        Err(_) => tracing::info!(%node, %pool, ?timeout, "ResizePool took too long"),
+    }
+}
+
+/// ApplyPool: the node keeps the node pool as `spec` says. Refused or unanswered, the node is
+/// asked again after its backoff, and what the ledger booked for it goes unless the node
+/// reports the pool.
+async fn apply(keeper: &Keeper, node: &str, pool: String, spec: &PoolSpec) {
+    let (ctx, timeout) = (&keeper.ctx, keeper.settings.call_timeout);
+    let key = (node.to_string(), pool.clone());
+    let outcome = match tokio::time::timeout(timeout, ctx.node_client.apply_pool(node, &pool, spec)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => {
+            tracing::info!(%node, %pool, code = ?error.code(), message = error.message(), "ApplyPool failed");
+            Err(error.message().to_string())
+        }
+        Err(_) => Err(format!(
+            "the node did not answer ApplyPool within {}s (--pool-call-timeout); asked again",
+            timeout.as_secs()
+        )),
+    };
+    match outcome {
+        Ok(()) => {
+            lock(&keeper.applied).insert(key.clone(), (spec.slots, Instant::now()));
+            lock(&keeper.backoff).succeeded(&key);
+        }
+        Err(message) => {
+            lock(&keeper.backoff).failed(key, message, Instant::now());
+            // Nothing of it is on the node unless the node reports it.
+            let reported = ctx
+                .nodes
+                .get(&ObjectRef::new(node))
+                .is_some_and(|n| reported(&n).contains_key(pool.as_str()));
+            if !reported {
+                ctx.ledger.release_pool(node, &pool);
             }
         }
     }
-    keeper.busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&node);
-    ctx.pools_wake.poke();
+}
+
+/// DeletePool. A node pool whose machines still run gives its ready slots back; its source
+/// stays until they go (asked again at a later pass or sweep).
+async fn delete(keeper: &Keeper, node: &str, pool: &str) {
+    let (ctx, timeout) = (&keeper.ctx, keeper.settings.call_timeout);
+    match tokio::time::timeout(timeout, ctx.node_client.delete_pool(node, pool)).await {
+        Ok(Ok(_)) => {
+            tracing::info!(%node, %pool, "node pool deleted");
+            ctx.ledger.release_pool(node, pool);
+        }
+        Ok(Err(error)) if error.code() == Some(&ErrorCode::PoolInUse) => {
+            let left = ctx.ledger.slots(node, pool);
+            ctx.ledger.take_slots(node, pool, left);
+        }
+        Ok(Err(error)) => {
+            tracing::debug!(%node, %pool, %error, "deleting a node pool failed; retried next round")
+        }
+        Err(_) => tracing::debug!(%node, %pool, "deleting a node pool took too long; retried next round"),
+    }
 }
 
 /// What ApplyPool sends for `pool`: its slot's machine `vm`, env values and registry credential

@@ -253,10 +253,7 @@ async fn claim(
 /// pass asks the node again).
 async fn give_back(ctx: &Context, vm: &SmolVM, node: &str, slots: &[(String, u32)]) -> bool {
     sync_endpoint(ctx, node);
-    let pools: Vec<smolvm_api::SmolVMPool> = match &ctx.pools {
-        Some(store) => store.state().iter().map(|p| (**p).clone()).collect(),
-        None => Vec::new(),
-    };
+    let pools = ctx.pools.state();
     let taker = format!("SmolVM {}/{}", vm.namespace().unwrap_or_default(), vm.name_any());
     for (pool, n) in slots {
         let left = ctx.ledger.slots(node, pool);
@@ -268,7 +265,7 @@ async fn give_back(ctx: &Context, vm: &SmolVM, node: &str, slots: &[(String, u32
         .await;
         match resized {
             Ok(_) => {
-                if let Some(owner) = crate::placement::owner_of(&pools, pool) {
+                if let Some(owner) = crate::placement::owner_of(pools.iter().map(AsRef::as_ref), pool) {
                     events::slots_given_back(ctx, owner, node, *n, &taker).await;
                 }
             }

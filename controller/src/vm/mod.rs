@@ -128,12 +128,12 @@ pub struct Owned {
 }
 
 /// The SmolVMPools' cache, and its watch to drive (a SmolVM naming a pool reads its pool at
-/// placement and at create; the pools' pass reads them all, woken by their changes).
+/// placement and at create; the pool keeper's Controller runs on this watch and cache).
 pub fn pool_watch(
     client: &Client,
 ) -> (
     Store<smolvm_api::SmolVMPool>,
-    impl Stream<Item = Result<smolvm_api::SmolVMPool, watcher::Error>> + Send + 'static,
+    impl Stream<Item = Result<smolvm_api::SmolVMPool, watcher::Error>> + Send + 'static + use<>,
 ) {
     let (store, writer) = reflector::store::<smolvm_api::SmolVMPool>();
     let events = watcher(
@@ -148,12 +148,13 @@ pub fn pool_watch(
 }
 
 /// The SmolVMClasses' cache, and its watch to drive (a pool's template takes its class's
-/// defaults: a class that changes changes the pool's slots, so its events wake the pools' pass).
+/// defaults: a class that changes changes the pool's slots, so its events wake the passes of the
+/// pools that take it).
 pub fn class_watch(
     client: &Client,
 ) -> (
     Store<smolvm_api::SmolVMClass>,
-    impl Stream<Item = Result<smolvm_api::SmolVMClass, watcher::Error>> + Send + 'static,
+    impl Stream<Item = Result<smolvm_api::SmolVMClass, watcher::Error>> + Send + 'static + use<>,
 ) {
     let (store, writer) = reflector::store::<smolvm_api::SmolVMClass>();
     let events = watcher(
@@ -209,11 +210,10 @@ pub struct Context {
     pub nodes: Store<SmolVMNode>,
     /// The Services and EndpointSlices made for SmolVMs, from reflectors.
     pub owned: Owned,
-    /// The SmolVMPools, from a reflector (`None`: read from the API server when needed).
-    pub pools: Option<Store<smolvm_api::SmolVMPool>>,
-    /// The SmolVMClasses, from a reflector, for the pools' templates (`None`: listed by the
-    /// pools' pass when it needs them).
-    pub classes: Option<Store<smolvm_api::SmolVMClass>>,
+    /// The SmolVMPools, from a reflector: the pool keeper's Controller is driven by its watch.
+    pub pools: Store<smolvm_api::SmolVMPool>,
+    /// The SmolVMClasses, from a reflector, for the pools' templates.
+    pub classes: Store<smolvm_api::SmolVMClass>,
     /// What is committed on each node.
     pub ledger: placement::Ledger,
     /// Client of the node API.
@@ -235,7 +235,7 @@ pub struct Context {
     /// The versions of each VM that the controller's own writes replaced.
     pub superseded: Superseded,
     /// Wakes the pools' passes ([`PoolsWake`]): a claim that took a ready slot, a node
-    /// reporting other pool counts.
+    /// reporting other pool counts, a node's pool calls ending.
     pub pools_wake: Arc<PoolsWake>,
     /// The namespaces' ResourceQuotas and their charger, for what the controller starts on its
     /// own (a pool's source and slots); `None`: nothing is charged.
@@ -245,19 +245,29 @@ pub struct Context {
 /// A pool a node reports: `(name, ready, wanted)`.
 type Reported = (String, i32, i32);
 
-/// What wakes the pools' passes: a node reporting other pool counts ([`PoolsWake::node_seen`]), a
-/// pool changing, a claim taking a slot, a node's calls ending ([`PoolsWake::poke`]).
-#[derive(Debug, Default)]
+/// What wakes the pools' passes and the sweep of their node pools ([`crate::tasks::pool_keeper`]):
+/// a node reporting other pool counts ([`PoolsWake::node_seen`]), a claim taking a slot, a node's
+/// calls ending ([`PoolsWake::poke`]). Pokes that come before a waiter looks are one wake-up.
+#[derive(Debug)]
 pub struct PoolsWake {
-    notify: tokio::sync::Notify,
+    pokes: tokio::sync::watch::Sender<()>,
     /// The pools each node last reported.
     seen: std::sync::Mutex<std::collections::HashMap<String, Vec<Reported>>>,
+}
+
+impl Default for PoolsWake {
+    fn default() -> Self {
+        PoolsWake {
+            pokes: tokio::sync::watch::Sender::new(()),
+            seen: Default::default(),
+        }
+    }
 }
 
 impl PoolsWake {
     /// A pass is wanted soon.
     pub fn poke(&self) {
-        self.notify.notify_one();
+        self.pokes.send_replace(());
     }
 
     /// A SmolVMNode was seen: a pass is wanted if the pools it reports changed.
@@ -274,9 +284,12 @@ impl PoolsWake {
         }
     }
 
-    /// Waits for a poke, or `every`.
-    pub(crate) async fn wait(&self, every: Duration) {
-        let _ = tokio::time::timeout(every, self.notify.notified()).await;
+    /// The pokes from now on, one item for those that came since the last was taken.
+    pub fn pokes(&self) -> impl futures::Stream<Item = ()> + Send + 'static + use<> {
+        futures::stream::unfold(self.pokes.subscribe(), |mut pokes| async move {
+            pokes.changed().await.ok()?;
+            Some(((), pokes))
+        })
     }
 }
 

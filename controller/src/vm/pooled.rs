@@ -29,8 +29,7 @@ pub async fn pool_of(ctx: &Context, vm: &SmolVM) -> Result<PoolOf, Error> {
     // The cache first; the API server for a pool it does not hold (yet).
     let cached = ctx
         .pools
-        .as_ref()
-        .and_then(|store| store.get(&ObjectRef::new(&pool_ref.name).within(&namespace)))
+        .get(&ObjectRef::new(&pool_ref.name).within(&namespace))
         .map(|pool| (*pool).clone());
     let pool = match cached {
         Some(pool) => Some(pool),

@@ -51,8 +51,9 @@ pub fn context(client: Client, nodes: Vec<SmolVMNode>, node_client: Option<NodeC
         client: client.clone(),
         nodes: store,
         owned: Default::default(),
-        pools: None,
-        classes: None,
+        // Empty caches whose watches never run: a pool a SmolVM names is read from the API server.
+        pools: reflector::store().0,
+        classes: reflector::store().0,
         ledger: Ledger::new(),
         node_client,
         holders: Default::default(),
