@@ -17,6 +17,11 @@ pub struct Proc {
     name: String,
     child: Option<Child>,
     log: PathBuf,
+    /// How it was started, so [`Proc::respawn`] can start it again as a kubelet restarts a
+    /// container: the same program, arguments and environment.
+    program: PathBuf,
+    args: Vec<std::ffi::OsString>,
+    env: Vec<(String, String)>,
 }
 
 impl Proc {
@@ -32,37 +37,30 @@ impl Proc {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        // Appended: a restarted component keeps the log of its earlier runs above.
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .with_context(|| format!("opening {}", log.display()))?;
-        let err = out.try_clone()?;
-        let mut cmd = Command::new(program);
-        cmd.args(args)
-            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        // SAFETY: prctl is async-signal-safe; it only asks the kernel to SIGKILL this child when
-        // the thread that spawned it exits. The harness spawns from its long-lived main thread.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {name} ({})", program.display()))?;
+        let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().to_os_string()).collect();
+        let child = launch(name, program, &args, env, log)?;
         Ok(Self {
             name: name.to_string(),
             child: Some(child),
             log: log.to_path_buf(),
+            program: program.to_path_buf(),
+            args,
+            env: env.to_vec(),
         })
+    }
+
+    /// Starts it again as it was first started, with `extra` environment on top (an empty
+    /// `extra` restores the first environment); SIGKILLs the running one first, if any.
+    pub fn respawn(&mut self, extra: &[(String, String)]) -> anyhow::Result<()> {
+        self.kill();
+        let env: Vec<(String, String)> = self.env.iter().chain(extra).cloned().collect();
+        self.child = Some(launch(&self.name, &self.program, &self.args, &env, &self.log)?);
+        Ok(())
+    }
+
+    /// Whether it runs (was started and not killed by the harness).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// The process id, while it runs.
@@ -142,6 +140,41 @@ impl Drop for Proc {
     fn drop(&mut self) {
         self.terminate(Duration::from_secs(3));
     }
+}
+
+/// Starts one child of a [`Proc`], logging to `log` (appended), dying with the harness.
+fn launch(
+    name: &str,
+    program: &Path,
+    args: &[std::ffi::OsString],
+    env: &[(String, String)],
+    log: &Path,
+) -> anyhow::Result<Child> {
+    // Appended: a restarted component keeps the log of its earlier runs above.
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    let err = out.try_clone()?;
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    // SAFETY: prctl is async-signal-safe; it only asks the kernel to SIGKILL this child when
+    // the thread that spawned it exits. The harness spawns from its long-lived main thread.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+        .with_context(|| format!("starting {name} ({})", program.display()))
 }
 
 /// The last `lines` lines of a file ("" when unreadable).
