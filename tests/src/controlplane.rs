@@ -28,6 +28,15 @@ const READY_TIMEOUT: Duration = Duration::from_secs(90);
 /// access API present it to prove that only the API server may speak for a user).
 pub const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
 
+/// A part of the control plane, for [`ControlPlane::kill`] and [`ControlPlane::start_again`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// etcd.
+    Etcd,
+    /// kube-apiserver.
+    ApiServer,
+}
+
 /// etcd plus kube-apiserver, stopped when dropped.
 pub struct ControlPlane {
     /// The API server's URL.
@@ -186,6 +195,24 @@ impl ControlPlane {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+
+    /// SIGKILLs one part of the plane, as a crash would (the fault tier's restarts).
+    pub fn kill(&mut self, part: Part) {
+        match part {
+            Part::Etcd => self.etcd.kill(),
+            Part::ApiServer => self.apiserver.kill(),
+        }
+    }
+
+    /// Starts a part killed by [`ControlPlane::kill`] again, on the same ports and data
+    /// directory, and waits until the API server is ready.
+    pub async fn start_again(&mut self, part: Part) -> anyhow::Result<()> {
+        match part {
+            Part::Etcd => self.etcd.respawn(&[])?,
+            Part::ApiServer => self.apiserver.respawn(&[])?,
+        }
+        self.wait_ready().await
     }
 
     /// A client acting as the cluster admin.
