@@ -132,6 +132,11 @@ pub struct Env {
     pub webhook: Option<Proc>,
     /// The controller process.
     pub controller: Option<Proc>,
+    /// Its leader-election identity (the Lease names the holder by it).
+    pub controller_identity: Option<String>,
+    /// Further controller replicas ([`Env::start_controller_replica`]), leader election among
+    /// all of them and [`Env::controller`].
+    pub replicas: Vec<Replica>,
     /// The runtime process.
     pub runtime: Option<Proc>,
     /// The runtime's node API port.
@@ -150,6 +155,15 @@ pub struct Env {
     dir: PathBuf,
     /// Each component's ops address (metrics, probes), by process name.
     pub ops: std::collections::BTreeMap<&'static str, String>,
+}
+
+/// A controller replica beside [`Env::controller`].
+#[derive(Debug)]
+pub struct Replica {
+    /// Its leader-election identity.
+    pub identity: String,
+    /// Its process.
+    pub proc: Proc,
 }
 
 /// One runtime agent the harness runs.
@@ -398,6 +412,8 @@ impl Env {
             policy_file,
             options,
             smolvm_env,
+            controller_identity: None,
+            replicas: Vec::new(),
             controller_starts: 0,
             ca_sync: None,
             dir: dir.to_path_buf(),
@@ -437,15 +453,35 @@ impl Env {
 
     /// Starts the webhook (files mode) and waits for /readyz.
     pub async fn start_webhook(&mut self) -> anyhow::Result<()> {
+        let (proc, ops) = self.spawn_webhook(self.webhook_port).await?;
+        self.webhook = Some(proc);
+        self.ops.insert("smolvm-webhook", ops);
+        Ok(())
+    }
+
+    /// Starts a further webhook replica serving on `port` (the same certificate files and
+    /// policy) and waits for /readyz. The webhook configurations still name
+    /// [`Env::webhook_port`]: something in front must spread calls over the replicas, as a
+    /// Service does ([`Env::register_webhooks_at`]).
+    pub async fn start_webhook_replica(&mut self, port: u16) -> anyhow::Result<Proc> {
+        Ok(self.spawn_webhook(port).await?.0)
+    }
+
+    /// Starts a webhook process on `port`; returns it and its ops address once it is ready.
+    async fn spawn_webhook(&mut self, port: u16) -> anyhow::Result<(Proc, String)> {
         let token = token_for(&self.admin().await?, SA_WEBHOOK, None).await?;
         let kubeconfig = self.plane.kubeconfig_for(SA_WEBHOOK, &token)?;
         let ops = free_port()?;
-        let proc = Proc::spawn(
+        let log = match port == self.webhook_port {
+            true => self.log("smolvm-webhook"),
+            false => self.log(&format!("smolvm-webhook-{port}")),
+        };
+        let mut proc = Proc::spawn(
             "smolvm-webhook",
             &self.bins.webhook,
             [
                 "--listen".to_string(),
-                format!("127.0.0.1:{}", self.webhook_port),
+                format!("127.0.0.1:{port}"),
                 "--ops-address".to_string(),
                 format!("127.0.0.1:{ops}"),
                 "--tls-mode=files".to_string(),
@@ -459,21 +495,21 @@ impl Env {
                 ("KUBECONFIG".into(), kubeconfig.display().to_string()),
                 ("RUST_LOG".into(), "info".into()),
             ],
-            &self.log("smolvm-webhook"),
+            &log,
         )?;
-        self.webhook = Some(proc);
-        self.ops.insert("smolvm-webhook", format!("127.0.0.1:{ops}"));
-        wait_http_ok(
-            &format!("127.0.0.1:{ops}"),
-            "/readyz",
-            self.webhook.as_mut(),
-            Duration::from_secs(60),
-        )
-        .await
+        let ops = format!("127.0.0.1:{ops}");
+        wait_http_ok(&ops, "/readyz", Some(&mut proc), Duration::from_secs(60)).await?;
+        Ok((proc, ops))
     }
 
     /// Registers the deployment's webhook configurations, pointed at the local webhook by URL.
     pub fn register_webhooks(&self) -> anyhow::Result<()> {
+        self.register_webhooks_at(self.webhook_port)
+    }
+
+    /// Registers the webhook configurations pointed at `https://127.0.0.1:{port}` (a front
+    /// spreading calls over several replicas, say).
+    pub fn register_webhooks_at(&self, port: u16) -> anyhow::Result<()> {
         let bundle = ByteString(self.webhook_tls.ca.cert_pem().as_bytes().to_vec());
         let point = |config: &WebhookClientConfig| -> anyhow::Result<WebhookClientConfig> {
             let path = config
@@ -482,7 +518,7 @@ impl Env {
                 .and_then(|s| s.path.clone())
                 .ok_or_else(|| anyhow!("a rendered webhook has no service path"))?;
             Ok(WebhookClientConfig {
-                url: Some(format!("https://127.0.0.1:{}{path}", self.webhook_port)),
+                url: Some(format!("https://127.0.0.1:{port}{path}")),
                 ca_bundle: Some(bundle.clone()),
                 service: None,
             })
@@ -533,15 +569,57 @@ impl Env {
         Ok(())
     }
 
-    /// Starts a controller replica and waits until it serves /readyz (a standby is ready too;
-    /// after a kill it leads once the previous holder's Lease expires).
+    /// Starts the controller and waits until it serves /readyz.
     pub async fn start_controller(&mut self) -> anyhow::Result<()> {
+        let (identity, proc, ops) = self.spawn_controller().await?;
+        self.ops.insert("smolvm-controller", ops);
+        self.controller = Some(proc);
+        self.controller_identity = Some(identity);
+        Ok(())
+    }
+
+    /// Starts a further controller replica (a standby while another holds the Lease) and waits
+    /// until it serves /readyz; kept in [`Env::replicas`]. Returns its identity.
+    pub async fn start_controller_replica(&mut self) -> anyhow::Result<String> {
+        let (identity, proc, _) = self.spawn_controller().await?;
+        self.replicas.push(Replica {
+            identity: identity.clone(),
+            proc,
+        });
+        Ok(identity)
+    }
+
+    /// The identity the controller's Lease names as its holder, if any.
+    pub async fn leader(&self) -> anyhow::Result<Option<String>> {
+        use k8s_openapi::api::coordination::v1::Lease;
+        let leases: Api<Lease> = Api::namespaced(self.admin().await?, NAMESPACE);
+        Ok(leases
+            .get_opt(constants::FIELD_MANAGER_CONTROLLER)
+            .await?
+            .and_then(|l| l.spec.and_then(|s| s.holder_identity)))
+    }
+
+    /// The controller replica (the first or a further one) of `identity`.
+    pub fn controller_of(&mut self, identity: &str) -> Option<&mut Proc> {
+        if self.controller_identity.as_deref() == Some(identity) {
+            return self.controller.as_mut();
+        }
+        self.replicas
+            .iter_mut()
+            .find(|r| r.identity == identity)
+            .map(|r| &mut r.proc)
+    }
+
+    /// Starts a controller process (with a new identity) and waits until it serves /readyz (a
+    /// standby is ready too; after a kill it leads once the previous holder's Lease expires).
+    /// Returns its identity, the process and its ops address.
+    async fn spawn_controller(&mut self) -> anyhow::Result<(String, Proc, String)> {
         let token = token_for(&self.admin().await?, SA_CONTROLLER, None).await?;
         let kubeconfig = self.plane.kubeconfig_for(SA_CONTROLLER, &token)?;
         let ops = free_port()?;
         self.controller_starts += 1;
         let identity = format!("e2e-controller-{}", self.controller_starts);
-        let proc = Proc::spawn(
+        let mut proc = Proc::spawn(
             "smolvm-controller",
             &self.bins.controller,
             [
@@ -570,15 +648,9 @@ impl Env {
             ],
             &self.log(&format!("smolvm-controller-{}", self.controller_starts)),
         )?;
-        self.controller = Some(proc);
-        self.ops.insert("smolvm-controller", format!("127.0.0.1:{ops}"));
-        wait_http_ok(
-            &format!("127.0.0.1:{ops}"),
-            "/readyz",
-            self.controller.as_mut(),
-            Duration::from_secs(60),
-        )
-        .await
+        let ops = format!("127.0.0.1:{ops}");
+        wait_http_ok(&ops, "/readyz", Some(&mut proc), Duration::from_secs(60)).await?;
+        Ok((identity, proc, ops))
     }
 
     /// Kills the controller with SIGKILL (no graceful shutdown), as a crash would.
