@@ -571,7 +571,7 @@ impl Env {
 
     /// Starts the controller and waits until it serves /readyz.
     pub async fn start_controller(&mut self) -> anyhow::Result<()> {
-        let (identity, proc, ops) = self.spawn_controller().await?;
+        let (identity, proc, ops) = self.spawn_controller(self.access_port).await?;
         self.ops.insert("smolvm-controller", ops);
         self.controller = Some(proc);
         self.controller_identity = Some(identity);
@@ -581,7 +581,9 @@ impl Env {
     /// Starts a further controller replica (a standby while another holds the Lease) and waits
     /// until it serves /readyz; kept in [`Env::replicas`]. Returns its identity.
     pub async fn start_controller_replica(&mut self) -> anyhow::Result<String> {
-        let (identity, proc, _) = self.spawn_controller().await?;
+        // Each replica serves the access API on its own port, as each Pod has its own address;
+        // the APIService routes to the first one's.
+        let (identity, proc, _) = self.spawn_controller(free_port()?).await?;
         self.replicas.push(Replica {
             identity: identity.clone(),
             proc,
@@ -612,8 +614,9 @@ impl Env {
 
     /// Starts a controller process (with a new identity) and waits until it serves /readyz (a
     /// standby is ready too; after a kill it leads once the previous holder's Lease expires).
-    /// Returns its identity, the process and its ops address.
-    async fn spawn_controller(&mut self) -> anyhow::Result<(String, Proc, String)> {
+    /// Its access API listens on `access_port`. Returns its identity, the process and its ops
+    /// address.
+    async fn spawn_controller(&mut self, access_port: u16) -> anyhow::Result<(String, Proc, String)> {
         let token = token_for(&self.admin().await?, SA_CONTROLLER, None).await?;
         let kubeconfig = self.plane.kubeconfig_for(SA_CONTROLLER, &token)?;
         let ops = free_port()?;
@@ -636,7 +639,7 @@ impl Env {
                 "--quota-charge-grace=5s".to_string(),
                 // A runtime CA rotation's steps are looked at every 2 s here (30 s by default).
                 "--runtime-ca-check-interval=2s".to_string(),
-                format!("--access-address=127.0.0.1:{}", self.access_port),
+                format!("--access-address=127.0.0.1:{access_port}"),
                 "--access-check-interval=10s".to_string(),
                 // The holders' image: the placeholder the deployment's holder admission policy
                 // names (deploy/base/holder), as `make deploy RUNTIME_IMG=…` would substitute it.
