@@ -184,7 +184,7 @@ async fn bring_up(assets: &Assets, dir: &Path) -> anyhow::Result<Soak> {
     let webhooks = vec![env.webhook.take().ok_or_else(|| anyhow!("no webhook"))?, webhook2];
     let socket = dir.join("double-smolvm.sock");
     let double = smolvm_testkit::smolvm_double::SmolvmDouble::start(&socket).await?;
-    let extra = ["--cpu-allocation-ratio=64", "--reserved-cpus=0"];
+    let extra = ["--cpu-allocation-ratio=16", "--reserved-cpus=0"];
     let double_agent = env.start_double_node(DOUBLE_NODE, &socket, &extra).await?;
     let admin = env.admin().await?;
     let mut sims = simnodes::start(&admin, SIM_PREFIX, SIM_NODES).await?;
