@@ -798,7 +798,9 @@ impl Env {
             }
         };
         let token = token_for(admin, SA_RUNTIME, Some(&pod)).await?;
-        self.plane.kubeconfig_for(SA_RUNTIME, &token)
+        // A file of its own per node: an agent restarted from its first flags (a respawn) must
+        // read its own node's token, not the one the last agent started was given.
+        self.plane.kubeconfig_for(&format!("{SA_RUNTIME}-{node}"), &token)
     }
 
     /// Starts one agent and waits until its SmolVMNode reports Ready from a heartbeat of its own.
