@@ -94,12 +94,10 @@ pub struct Recoveries {
 }
 
 impl Recoveries {
-    /// Waits for every recovery still being measured.
-    pub async fn wait(&self) {
-        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
-        for task in tasks {
-            let _ = task.await;
-        }
+    /// Whether a recovery is still being measured.
+    pub fn pending(&self) -> bool {
+        let tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        tasks.iter().any(|t| !t.is_finished())
     }
 }
 
@@ -115,6 +113,8 @@ pub struct Injector<'a> {
     end: Instant,
     /// Who led when each controller kill fell (restarted by identity).
     killed_leaders: BTreeMap<Duration, String>,
+    /// Components seen exited on their own, since when (by log file).
+    crashed: BTreeMap<std::path::PathBuf, Instant>,
 }
 
 impl<'a> Injector<'a> {
@@ -134,17 +134,19 @@ impl<'a> Injector<'a> {
             skipped,
             end,
             killed_leaders: BTreeMap::new(),
+            crashed: BTreeMap::new(),
         }
     }
 
     /// Makes every fault of `schedule` at its time (what the kinds in [`Injector::skipped`]
-    /// would do is not done).
-    pub async fn run(&mut self, schedule: &Schedule) {
+    /// would do is not done), until `until`; all along, a component that exits on its own is
+    /// started again after [`RESTART_AFTER`], as a kubelet restarts a crashed container.
+    pub async fn run(&mut self, schedule: &Schedule, until: Instant) {
         for (at, step, fault) in steps(schedule) {
             if self.skipped.contains_key(&fault.kind) {
                 continue;
             }
-            tokio::time::sleep_until(self.history.instant(at).into()).await;
+            self.supervise_until(self.history.instant(at)).await;
             let done = match step {
                 Step::Inject => self.inject(&fault).await,
                 Step::Restart => self.restart(&fault).await,
@@ -153,6 +155,21 @@ impl<'a> Injector<'a> {
             if let Err(e) = done {
                 println!("fault {fault} ({step:?}): {e:#}");
             }
+        }
+        self.supervise_until(until).await;
+    }
+
+    /// Revives crashed components once a second until `when`.
+    pub async fn supervise_until(&mut self, when: Instant) {
+        loop {
+            for line in self.soak.revive(&mut self.crashed, RESTART_AFTER) {
+                println!("{:>6.1}s {line}", self.history.now().as_secs_f64());
+            }
+            let now = Instant::now();
+            if now >= when {
+                return;
+            }
+            tokio::time::sleep_until((now + Duration::from_secs(1)).min(when).into()).await;
         }
     }
 

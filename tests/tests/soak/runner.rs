@@ -9,7 +9,8 @@
 //! runtime's real node API over testkit's in-memory smolvm), each behind a relay a partition
 //! cuts. Each soak namespace has a SmolVMPool whose slots live on node 1.
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -129,6 +130,41 @@ impl Soak {
             .ok_or_else(|| anyhow!("node {index} has no agent process"))?;
         *slot = extra;
         self.restart_agent(index)
+    }
+
+    /// Restarts, as a kubelet would, each component (webhook, controller, agent) that exited on
+    /// its own at least `backoff` ago; `crashed` holds when each was first seen exited. Returns
+    /// what it saw and did, a line each.
+    pub fn revive(&mut self, crashed: &mut BTreeMap<PathBuf, Instant>, backoff: Duration) -> Vec<String> {
+        let mut lines = Vec::new();
+        let [real_env, double_env] = self.agent_env.clone();
+        let mut procs: Vec<(&mut Proc, Vec<(String, String)>)> = Vec::new();
+        procs.extend(self.webhooks.iter_mut().map(|p| (p, Vec::new())));
+        procs.extend(self.env.controller.as_mut().map(|p| (p, Vec::new())));
+        procs.extend(self.env.replicas.iter_mut().map(|r| (&mut r.proc, Vec::new())));
+        procs.extend(self.env.runtime.as_mut().map(|p| (p, real_env)));
+        procs.push((&mut self.double_agent, double_env));
+        let now = Instant::now();
+        for (proc, extra) in procs {
+            let Some(status) = proc.exited() else { continue };
+            let key = proc.log().to_path_buf();
+            let since = *crashed.entry(key.clone()).or_insert_with(|| {
+                lines.push(format!(
+                    "{} ({}) exited on its own: {status}",
+                    proc.name(),
+                    key.display()
+                ));
+                now
+            });
+            if now.duration_since(since) >= backoff {
+                crashed.remove(&key);
+                match proc.respawn(&extra) {
+                    Ok(()) => lines.push(format!("{} restarted after it exited", proc.name())),
+                    Err(e) => lines.push(format!("{} could not be restarted: {e:#}", proc.name())),
+                }
+            }
+        }
+        lines
     }
 
     /// The relay in front of simulated node `index`.
@@ -345,14 +381,14 @@ async fn soak_run(soak: &mut Soak, plan: &Plan, dir: &Path) -> anyhow::Result<Ex
     let workload = tokio::spawn(clients.clone().run(plan.operations.clone()));
     let end = history.instant(config.length());
     let mut injector = Injector::new(soak, history.clone(), end + SETTLE);
-    injector.run(&plan.schedule).await;
-    tokio::time::sleep_until(end.into()).await;
+    injector.run(&plan.schedule, end).await;
     println!(
         "{:>6.1}s the run's length is up; waiting for the last clients and recoveries",
         history.now().as_secs_f64()
     );
-    let _ = tokio::time::timeout_at((end + SETTLE).into(), workload).await;
-    injector.recoveries.wait().await;
+    while (!workload.is_finished() || injector.recoveries.pending()) && Instant::now() < end + SETTLE {
+        injector.supervise_until(Instant::now() + Duration::from_secs(1)).await;
+    }
     // A last look at every node and SmolVM, then the recorders stop.
     tokio::time::sleep(Duration::from_secs(5)).await;
     drop((watch, poll));
