@@ -5,8 +5,9 @@
 //! webhook and two controller replicas, a real agent over the real `smolvm serve`, one over the
 //! smolvm double and simulated nodes; a mixed workload of SmolVM operations while faults fall on
 //! a seeded schedule; an invariant checker fed the history the runner records, continuously and
-//! at the end; then the report. The live runner (processes, faults, recording) is not built yet:
-//! `make soak` says so (`skipped: no kube-apiserver …`) after running this crate's tests.
+//! at the end; then the report. The live runner (the processes, the faults made real, the
+//! recording) is the `soak` test of `smolvm-tests` (`tests/tests/soak`), which `make soak` runs
+//! after this crate's tests; without kube-apiserver it prints `skipped: no kube-apiserver …`.
 //!
 //! What this crate is: the tier's pure core, every part a function of its inputs and tested on
 //! its own, which CI runs on every build (`cargo test -p smolvm-soak`, part of `make test`):
