@@ -192,7 +192,10 @@ impl<'a> Injector<'a> {
                 self.killed_leaders.insert(fault.at, leader);
             }
             (FaultKind::Webhook, Target::Replica(i)) => running(self.soak.webhook(i)?)?.kill(),
-            (FaultKind::Agent, Target::Node(i)) => running(self.soak.agent(i)?)?.kill(),
+            (FaultKind::Agent, Target::Node(i)) => {
+                running(self.soak.agent(i)?)?;
+                self.soak.kill_agent(i)?;
+            }
             (FaultKind::Smolvm, Target::Node(i)) => {
                 let agent = self
                     .soak
@@ -335,6 +338,23 @@ fn faketime(minutes: i64) -> Vec<(String, String)> {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect()
+}
+
+/// The pids of every `smolvm serve` listening on `socket`, from /proc.
+pub fn smolvm_serves_on(socket: &Path) -> Vec<i32> {
+    let listen = format!("unix://{}", socket.display());
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let mut args = cmdline.split(|b| *b == 0);
+            (args.any(|a| a == b"serve") && args.any(|a| a == listen.as_bytes())).then_some(pid)
+        })
+        .collect()
 }
 
 /// The pid of the `smolvm serve` whose parent is `agent`, from /proc.

@@ -116,9 +116,32 @@ impl Soak {
         }
     }
 
-    /// Restarts node `index`'s agent with its current environment.
+    /// SIGKILLs node `index`'s agent and the `smolvm serve` it supervises, as a container's
+    /// processes all die with it (an agent killed alone would leave its smolvm running,
+    /// orphaned, past the run).
+    pub fn kill_agent(&mut self, index: u32) -> anyhow::Result<()> {
+        self.agent(index)?.kill();
+        if index == 0 {
+            self.kill_smolvm_serves();
+        }
+        Ok(())
+    }
+
+    /// SIGKILLs every `smolvm serve` listening on the real node's socket (the one its agent
+    /// runs, and any an agent that died on its own left behind).
+    pub fn kill_smolvm_serves(&self) {
+        for serve in crate::faults::smolvm_serves_on(&self.env.smolvm_socket()) {
+            // SAFETY: plain kill(2) on a smolvm serve of this run's own socket.
+            unsafe {
+                libc::kill(serve, libc::SIGKILL);
+            }
+        }
+    }
+
+    /// Restarts node `index`'s agent (and its smolvm) with its current environment.
     pub fn restart_agent(&mut self, index: u32) -> anyhow::Result<()> {
         let extra = self.agent_env.get(index as usize).cloned().unwrap_or_default();
+        self.kill_agent(index)?;
         self.agent(index)?.respawn(&extra)
     }
 
@@ -138,6 +161,7 @@ impl Soak {
     pub fn revive(&mut self, crashed: &mut BTreeMap<PathBuf, Instant>, backoff: Duration) -> Vec<String> {
         let mut lines = Vec::new();
         let [real_env, double_env] = self.agent_env.clone();
+        let smolvm_socket = self.env.smolvm_socket();
         let mut procs: Vec<(&mut Proc, Vec<(String, String)>)> = Vec::new();
         procs.extend(self.webhooks.iter_mut().map(|p| (p, Vec::new())));
         procs.extend(self.env.controller.as_mut().map(|p| (p, Vec::new())));
@@ -158,6 +182,15 @@ impl Soak {
             });
             if now.duration_since(since) >= backoff {
                 crashed.remove(&key);
+                // The real agent's orphaned smolvm goes first, as its container's would.
+                if proc.name() == "smolvm-runtime" {
+                    for serve in crate::faults::smolvm_serves_on(&smolvm_socket) {
+                        // SAFETY: plain kill(2) on a smolvm serve of this run's own socket.
+                        unsafe {
+                            libc::kill(serve, libc::SIGKILL);
+                        }
+                    }
+                }
                 match proc.respawn(&extra) {
                     Ok(()) => lines.push(format!("{} restarted after it exited", proc.name())),
                     Err(e) => lines.push(format!("{} could not be restarted: {e:#}", proc.name())),
@@ -355,13 +388,16 @@ pub async fn run(assets: Assets, config: Config) -> ExitCode {
         }
     };
     println!("topology up in {:.1}s", started.elapsed().as_secs_f64());
-    match soak_run(&mut soak, &plan, &dir).await {
+    let code = match soak_run(&mut soak, &plan, &dir).await {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}\n(logs in {})", dir.display());
             ExitCode::FAILURE
         }
-    }
+    };
+    // Nothing of the run outlives it: its agents stop with the harness, their smolvm with them.
+    soak.kill_agent(0).ok();
+    code
 }
 
 /// The run on a topology that is up: recorders, clients, faults, the verdict.
