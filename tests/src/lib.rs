@@ -21,3 +21,15 @@ pub mod simnodes;
 pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
+
+/// The harnesses' async runtime, on this thread: the processes they start die with it
+/// (PR_SET_PDEATHSIG). `Err` is the exit code when it cannot be built, said on stderr.
+pub fn this_thread_runtime() -> Result<tokio::runtime::Runtime, std::process::ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("cannot build the async runtime: {e}");
+            std::process::ExitCode::FAILURE
+        })
+}

@@ -52,12 +52,9 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match smolvm_tests::this_thread_runtime() {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("cannot build the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     if let Some(dir) = std::env::var_os(INNER_DIR) {
         return runtime.block_on(scenarios::inner(PathBuf::from(dir), inner_settings(), selected, dev));

@@ -44,13 +44,9 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    // Everything runs on this thread: the children die with it (PR_SET_PDEATHSIG).
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match smolvm_tests::this_thread_runtime() {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("cannot build the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     runtime.block_on(runner::run(assets, config))
 }
