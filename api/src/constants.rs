@@ -280,6 +280,11 @@ pub mod reason {
     pub const CANARY_PENDING: &str = "CanaryPending";
     /// Event on a SmolVMNode: its agent's clock is far from the controller's.
     pub const CLOCK_SKEW: &str = "ClockSkew";
+    /// Event on a SmolVMNode: its heartbeat went stale (the agent is down, cut off, or cannot
+    /// verify the API server).
+    pub const HEARTBEAT_LOST: &str = "HeartbeatLost";
+    /// Event on a SmolVMNode: its heartbeat is fresh again after a HeartbeatLost.
+    pub const HEARTBEAT_RESUMED: &str = "HeartbeatResumed";
     /// VolumesReady True: every volume is mounted in the holder Pod on the VM's node.
     pub const VOLUMES_MOUNTED: &str = "VolumesMounted";
     /// VolumesReady False: a `persistentVolumeClaim` names a claim that does not exist (yet).

@@ -5,6 +5,8 @@
 //! - [`accept`]: the connection, handshake and handshake-time bounds of a TLS listener, in all
 //!   and per source address ([`shares`]);
 //! - [`backoff`]: the one retry backoff (failures in a row per key, a doubling schedule);
+//! - [`causes`]: an error's whole chain, and the clock trouble a TLS failure hides in it (a
+//!   host set behind sees fresh certificates as not valid yet);
 //! - [`http2`]: HTTP/2 windows from a memory budget, and the idle timeout of a connection;
 //! - [`limits`]: the listener flags every binary takes (same names), checked into bounds;
 //! - [`serve`]: the accept loop of the TLS listeners, and HTTP over it for the node API and the
@@ -24,6 +26,7 @@
 
 pub mod accept;
 pub mod backoff;
+pub mod causes;
 pub mod cli;
 pub mod client;
 pub mod error;

@@ -67,7 +67,9 @@ impl Error {
             Error::Certs(_) => "CertificateError",
             Error::Vmm(_) => "RuntimeError",
             Error::Supervisor(_) => "SupervisorError",
-            Error::Kube(_) => "KubernetesApiError",
+            // A clock far off fails every TLS handshake with the API server: say so, not only
+            // that the API failed.
+            Error::Kube(error) => smolvm_kit::causes::clock_trouble(error).map_or("KubernetesApiError", |t| t.reason()),
             Error::CsrRejected { .. } => "CsrRejected",
             Error::Timeout(_) => "Timeout",
             Error::Serve { .. } => "ServeError",

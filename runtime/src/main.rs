@@ -303,7 +303,11 @@ async fn agent() -> ExitCode {
     match run(flags).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            tracing::error!(%error, reason = error.reason(), "smolvm-runtime failed");
+            tracing::error!(
+                error = %smolvm_kit::causes::explained(&error),
+                reason = error.reason(),
+                "smolvm-runtime failed"
+            );
             ExitCode::FAILURE
         }
     }

@@ -483,7 +483,11 @@ where
             let now = Time(k8s_openapi::jiff::Timestamp::now());
             match reporter.report_once(now, &mut observe).await {
                 Ok(_) => tracing::debug!("SmolVMNode status reported"),
-                Err(error) => tracing::warn!(%error, reason = error.reason(), "reporting SmolVMNode failed"),
+                Err(error) => tracing::warn!(
+                    error = %smolvm_kit::causes::explained(&error),
+                    reason = error.reason(),
+                    "reporting SmolVMNode failed"
+                ),
             }
             tokio::time::sleep(interval).await;
         }

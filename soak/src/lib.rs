@@ -17,6 +17,8 @@
 //!   client waits for;
 //! - [`history`]: what the runner records (timestamped observations), as JSON lines;
 //! - [`check`]: the invariants over a history, fed one observation at a time or all at once;
+//! - [`clock`]: what a clock fault must leave behind (the agent naming its clock, the
+//!   controller's HeartbeatLost);
 //! - [`report`]: the lines the run ends with.
 //!
 //! A run is named by its [`Config`]: `SOAK_MINUTES` (default 3) and `SOAK_SEED` (default 62).
@@ -26,6 +28,7 @@
 use std::time::Duration;
 
 pub mod check;
+pub mod clock;
 pub mod history;
 pub mod report;
 pub mod rng;

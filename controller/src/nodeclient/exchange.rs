@@ -41,7 +41,7 @@ impl NodeClient {
                     tokio::time::timeout(timeout, self.client.request(request?))
                         .await
                         .map_err(|_| CallError::unreachable(node, format!("no answer within {timeout:?}")))?
-                        .map_err(|e| CallError::unreachable(node, error_chain(&e)))
+                        .map_err(|e| CallError::unreachable(node, smolvm_kit::causes::explained(&e)))
                 }
             })
             .await?;
@@ -78,7 +78,7 @@ impl NodeClient {
         let response = tokio::time::timeout(timeout, self.streaming.request(request))
             .await
             .map_err(|_| CallError::unreachable(node, format!("no answer within {timeout:?}")))?
-            .map_err(|e| CallError::unreachable(node, error_chain(&e)))?;
+            .map_err(|e| CallError::unreachable(node, smolvm_kit::causes::explained(&e)))?;
         if response.status().is_success() {
             return Ok(response);
         }
@@ -99,7 +99,7 @@ impl NodeClient {
         let response = tokio::time::timeout(timeout, self.client.request(probe))
             .await
             .map_err(|_| CallError::unreachable(node, format!("no answer within {timeout:?}")))?
-            .map_err(|e| CallError::unreachable(node, error_chain(&e)))?;
+            .map_err(|e| CallError::unreachable(node, smolvm_kit::causes::explained(&e)))?;
         Ok(if response.status() == StatusCode::UNAUTHORIZED {
             previous
         } else {
@@ -141,10 +141,10 @@ impl NodeClient {
                         .connector
                         .dial(node, config)
                         .await
-                        .map_err(|e| unreachable(error_chain(e.as_ref())))?;
+                        .map_err(|e| unreachable(smolvm_kit::causes::explained(e.as_ref())))?;
                     let (mut sender, connection) = hyper::client::conn::http1::handshake(stream)
                         .await
-                        .map_err(|e| unreachable(error_chain(&e)))?;
+                        .map_err(|e| unreachable(smolvm_kit::causes::explained(&e)))?;
                     tokio::spawn(async move {
                         if let Err(error) = connection.with_upgrades().await {
                             tracing::debug!(%error, "upgraded node API connection ended");
@@ -153,7 +153,7 @@ impl NodeClient {
                     sender
                         .send_request(request?)
                         .await
-                        .map_err(|e| unreachable(error_chain(&e)))
+                        .map_err(|e| unreachable(smolvm_kit::causes::explained(&e)))
                 };
                 async move {
                     tokio::time::timeout(timeout, exchange)
@@ -248,15 +248,4 @@ async fn refusal(node: &str, response: hyper::Response<hyper::body::Incoming>, t
         }
         Err(_) => CallError::protocol(node, format!("{status} without an error body")),
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }

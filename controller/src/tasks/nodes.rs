@@ -23,7 +23,9 @@ use crate::placement;
 /// the runtimes). A dead runtime sends nothing; the look at the cache every 2 s finds its
 /// heartbeat gone stale soon after the timeout, and its VMs then report the node unreachable.
 /// Freshness is judged by `liveness` (the controller's own clock, which this watch feeds); a
-/// node whose clock is far from the controller's gets a ClockSkew event (`sink`).
+/// node whose clock is far from the controller's gets a ClockSkew event (`sink`), and one whose
+/// heartbeat goes stale a HeartbeatLost event (HeartbeatResumed when it is back): its agent
+/// cannot write its own status then, so this is where `kubectl describe svmn` learns of it.
 pub async fn watch(
     events: impl futures::Stream<Item = Result<watcher::Event<SmolVMNode>, watcher::Error>> + Send,
     nodes: reflector::Store<SmolVMNode>,
@@ -41,6 +43,7 @@ pub async fn watch(
         }
     };
     let mut tracker = placement::NodeTracker::new();
+    let mut lost = std::collections::HashSet::new();
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut events = std::pin::pin!(events);
@@ -76,9 +79,91 @@ pub async fn watch(
                 let state = nodes.state();
                 for name in tracker.tick(state.iter().map(|n| n.as_ref()), now, &liveness) {
                     wake_for(&name);
+                    let Some(node) = state.iter().find(|n| n.name_any() == name) else {
+                        lost.remove(&name);
+                        continue;
+                    };
+                    let seen = heartbeat_seen(node);
+                    match heartbeat_turn(lost.contains(&name), seen, liveness.fresh(node, now)) {
+                        Some(Turn::Lost) => {
+                            lost.insert(name);
+                            let age = liveness.heartbeat_age(node, now);
+                            report_heartbeat(sink.as_ref(), node, Turn::Lost, age, &liveness).await;
+                        }
+                        Some(Turn::Resumed) => {
+                            lost.remove(&name);
+                            report_heartbeat(sink.as_ref(), node, Turn::Resumed, None, &liveness).await;
+                        }
+                        None => {}
+                    }
                 }
             }
         }
+    }
+}
+
+/// What a change of a node's heartbeat freshness is worth an event for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Turn {
+    /// It went stale.
+    Lost,
+    /// It is fresh again after it was reported lost.
+    Resumed,
+}
+
+/// Whether the node ever reported a heartbeat (a node its agent has not yet reported is not
+/// "lost": it never came).
+fn heartbeat_seen(node: &SmolVMNode) -> bool {
+    node.status.as_ref().and_then(|s| s.heartbeat_time.as_ref()).is_some()
+}
+
+/// The event a freshness change is worth: `reported_lost` is whether a HeartbeatLost was
+/// published for the node and not yet answered by a HeartbeatResumed.
+fn heartbeat_turn(reported_lost: bool, seen: bool, fresh: bool) -> Option<Turn> {
+    match (reported_lost, seen, fresh) {
+        (false, true, false) => Some(Turn::Lost),
+        (true, _, true) => Some(Turn::Resumed),
+        _ => None,
+    }
+}
+
+/// A Warning event on the node when its heartbeat went stale (`age` old), a Normal one when it
+/// is back.
+async fn report_heartbeat(
+    sink: Option<&EventSink>,
+    node: &SmolVMNode,
+    turn: Turn,
+    age: Option<k8s_openapi::jiff::SignedDuration>,
+    liveness: &placement::Config,
+) {
+    let timeout = liveness.heartbeat_timeout.as_secs();
+    let (type_, reason, note) = match turn {
+        Turn::Lost => (
+            EventType::Warning,
+            reason::HEARTBEAT_LOST,
+            format!(
+                "no heartbeat from the node's runtime agent for {}s (the timeout is {timeout}s): the agent is down, cut off from the API server, or cannot verify it (a clock set far behind sees the API server's certificate as not yet valid; the agent's log names the cause). Its VMs report the node unreachable, and no VM is placed here",
+                age.map_or(timeout, |a| a.as_secs().abs())
+            ),
+        ),
+        Turn::Resumed => (
+            EventType::Normal,
+            reason::HEARTBEAT_RESUMED,
+            "the node's runtime agent heartbeats again".to_string(),
+        ),
+    };
+    tracing::warn!(node = %node.name_any(), reason, "node heartbeat {}", if turn == Turn::Lost { "lost" } else { "resumed" });
+    let Some(sink) = sink else { return };
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "JudgeHeartbeat".into(),
+        secondary: None,
+    };
+    let regarding = crate::events::node_reference(node.metadata.name.clone(), node.metadata.uid.clone());
+    if let Err(error) = sink.publish(&event, &regarding).await {
+        tracing::warn!(%error, reason, "could not publish the heartbeat event");
     }
 }
 
@@ -103,5 +188,25 @@ async fn report_skew(sink: Option<&EventSink>, node: &SmolVMNode, skew: k8s_open
     let regarding = crate::events::node_reference(node.metadata.name.clone(), node.metadata.uid.clone());
     if let Err(error) = sink.publish(&event, &regarding).await {
         tracing::warn!(%error, "could not publish the ClockSkew event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_heartbeat_turn_is_reported_once_each_way() {
+        // (name, reported lost, ever seen, fresh now, event)
+        let cases = [
+            ("went stale", false, true, false, Some(Turn::Lost)),
+            ("stale again: already reported", true, true, false, None),
+            ("fresh after a report", true, true, true, Some(Turn::Resumed)),
+            ("fresh, never lost", false, true, true, None),
+            ("never reported a heartbeat", false, false, false, None),
+        ];
+        for (name, reported, seen, fresh, want) in cases {
+            assert_eq!(heartbeat_turn(reported, seen, fresh), want, "{name}");
+        }
     }
 }

@@ -11,7 +11,11 @@
 //!   `settle` after the previous one ended. Every other fault may overlap anything (the bugs
 //!   that lose data live in the overlaps);
 //! - a fault that lasts (a partition, a clock set off) never overlaps another of its kind on the
-//!   same node, and ends before the cool-down.
+//!   same node, and ends before the cool-down;
+//! - a kill of `smolvm serve` falls while its node's agent runs: not during a clock fault on that
+//!   node (an agent restarted with its clock set behind cannot obtain its serving certificate,
+//!   and runs no smolvm), nor within `agent_down` of an agent kill there. Otherwise it kills
+//!   nothing, and the run would count a fault that did not fall.
 
 use std::fmt;
 use std::time::Duration;
@@ -226,6 +230,8 @@ pub struct ScheduleParams {
     pub clock: Duration,
     /// How far off the clock is set, in minutes (either way): from the first to the second.
     pub clock_skew_minutes: (u32, u32),
+    /// How long a killed agent is down, with its `smolvm serve`, until it runs again.
+    pub agent_down: Duration,
     /// What faults fall on.
     pub topology: Topology,
 }
@@ -241,6 +247,7 @@ impl Default for ScheduleParams {
             partition: Duration::from_secs(60),
             clock: Duration::from_secs(60),
             clock_skew_minutes: (2, 10),
+            agent_down: Duration::from_secs(20),
             topology: Topology::default(),
         }
     }
@@ -319,6 +326,9 @@ impl Schedule {
             if let Some(why) = target_break(fault, &params.topology) {
                 breaks.push(format!("{fault}: {why}"));
             }
+            if let Some(down) = agent_down_at(fault, &self.faults, params) {
+                breaks.push(format!("{fault}: while its agent is down ({down})"));
+            }
             let next = self.faults.get(i + 1..).unwrap_or_default();
             if next.first().is_some_and(|n| n.at < fault.at) {
                 breaks.push(format!("{fault}: out of order"));
@@ -364,6 +374,65 @@ fn target_break(fault: &Fault, topology: &Topology) -> Option<&'static str> {
     }
 }
 
+/// For a kill of `smolvm serve`, the fault in `faults` that has its node's agent down when it
+/// falls (a clock fault there in progress, or an agent kill there less than `agent_down` before).
+fn agent_down_at<'f>(fault: &Fault, faults: &'f [Fault], params: &ScheduleParams) -> Option<&'f Fault> {
+    if fault.kind != FaultKind::Smolvm {
+        return None;
+    }
+    faults.iter().find(|other| {
+        other.target == fault.target
+            && match other.kind {
+                FaultKind::Clock => other.at <= fault.at && fault.at <= other.end(),
+                FaultKind::Agent => other.at <= fault.at && fault.at <= other.at + params.agent_down,
+                _ => false,
+            }
+    })
+}
+
+/// Moves each kill of `smolvm serve` that would fall while its agent is down to the nearest
+/// time in `[start, end]` when it runs: a second before or after each fault that has it down.
+/// One with no such time becomes a controller kill (as a fault with nothing to fall on does).
+fn keep_smolvm_kills_clear(faults: &mut [Fault], (start, end): (Duration, Duration), params: &ScheduleParams) {
+    let second = Duration::from_secs(1);
+    for i in 0..faults.len() {
+        let Some(fault) = faults.get(i) else { continue };
+        if agent_down_at(fault, faults, params).is_none() {
+            continue;
+        }
+        let mut candidates: Vec<Duration> = faults
+            .iter()
+            .filter(|other| other.target == fault.target)
+            .flat_map(|other| {
+                let over = match other.kind {
+                    FaultKind::Agent => other.at + params.agent_down,
+                    _ => other.end(),
+                };
+                [other.at.checked_sub(second), Some(over + second)]
+            })
+            .flatten()
+            .filter(|at| start <= *at && *at <= end)
+            .collect();
+        let from = fault.at;
+        candidates.sort_by_key(|at| (at.abs_diff(from), *at));
+        let clear = candidates.into_iter().find(|at| {
+            let moved = Fault {
+                at: *at,
+                ..fault.clone()
+            };
+            agent_down_at(&moved, faults, params).is_none()
+        });
+        let Some(fault) = faults.get_mut(i) else { continue };
+        match clear {
+            Some(at) => fault.at = at,
+            None => {
+                fault.kind = FaultKind::Controller;
+                fault.target = Target::Leader;
+            }
+        }
+    }
+}
+
 /// The schedule of a run of `length` with `seed`.
 pub fn schedule(seed: u64, length: Duration, params: &ScheduleParams) -> Result<Schedule> {
     params.topology.check()?;
@@ -386,6 +455,7 @@ pub fn schedule(seed: u64, length: Duration, params: &ScheduleParams) -> Result<
         kinds.into_iter().partition(|k| k.is_control_plane());
     let mut faults = place_control_plane(&mut rng, &control_plane, start, window, params);
     faults.extend(place_others(&mut rng, others, start, window, params));
+    keep_smolvm_kills_clear(&mut faults, (start, end), params);
     faults.sort_by_key(|f| (f.at, f.kind));
     let schedule = Schedule { seed, length, faults };
     if let Some(kind) = FaultKind::ALL.into_iter().find(|k| schedule.count(*k) == 0) {

@@ -57,6 +57,23 @@ fn the_rules_hold_for_many_seeds_and_lengths() {
 }
 
 #[test]
+fn smolvm_kills_fall_while_the_agent_runs() {
+    let params = ScheduleParams::default();
+    for length in [3, 15].map(minutes) {
+        for seed in SEEDS {
+            let schedule = default_run(seed, length);
+            for fault in schedule.faults.iter().filter(|f| f.kind == FaultKind::Smolvm) {
+                assert_eq!(
+                    agent_down_at(fault, &schedule.faults, &params),
+                    None,
+                    "seed {seed}, {length:?}: {fault}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn longer_runs_hold_more_faults() {
     let params = ScheduleParams::default();
     for seed in 0..20 {
@@ -166,7 +183,7 @@ fn good() -> Vec<Fault> {
         fault(50, FaultKind::Clock, Target::Node(1), Some(60)),
         fault(60, FaultKind::Webhook, Target::Replica(1), None),
         fault(70, FaultKind::Apiserver, Target::Only, Some(5)),
-        fault(80, FaultKind::Agent, Target::Node(0), None),
+        fault(80, FaultKind::Agent, Target::Node(1), None),
         fault(90, FaultKind::Smolvm, Target::Node(0), None),
     ]
 }
@@ -175,7 +192,7 @@ fn good() -> Vec<Fault> {
 fn the_rule_checker_catches_each_rule() {
     let params = ScheduleParams::default();
     type Change = fn(&mut Vec<Fault>);
-    let cases: [(&str, Change, &str); 11] = [
+    let cases: [(&str, Change, &str); 13] = [
         ("kept", |_| {}, ""),
         (
             "a kind missing",
@@ -223,6 +240,16 @@ fn the_rule_checker_catches_each_rule() {
             "a duration where",
         ),
         ("out of order", |f| f.swap(1, 2), "out of order"),
+        (
+            "smolvm killed 10 s after its agent",
+            |f| f[6].target = Target::Node(0),
+            "while its agent is down",
+        ),
+        (
+            "smolvm killed during a clock fault on its node",
+            |f| f[3].target = Target::Node(0),
+            "while its agent is down",
+        ),
     ];
     for (name, change, expected) in cases {
         let mut faults = good();

@@ -18,7 +18,11 @@
 //!   reach the API server;
 //! - clock: the node's agent restarted with libfaketime preloaded (`LD_PRELOAD`, `FAKETIME`
 //!   set minutes off, monotonic clocks left true), then restarted with the true clock when the
-//!   fault ends. Without libfaketime the kind is skipped and says so.
+//!   fault ends. Without libfaketime the kind is skipped and says so. A clock set behind is a
+//!   fault the product must report: where the agent failed under it, each failure must name the
+//!   clock (reason `ClockBehind`), and where its heartbeat went stale, its SmolVMNode must carry
+//!   a `HeartbeatLost` event; a clock fault that broke things silently is counted as not
+//!   recovered.
 //!
 //! Recovery, for each fault: the SmolVMs it affected (those bound to its node, for a node's
 //! fault; every soak SmolVM, for the others), as they are when it falls (a partition or a clock:
@@ -37,6 +41,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{Api, Client, ResourceExt};
 use smolvm_api::{Phase, SmolVM, SmolVMNode, constants};
 use smolvm_soak::{
+    clock::ClockFailures,
     history::Event,
     report::Recovery,
     schedule::{Fault, FaultKind, Schedule, Target},
@@ -115,6 +120,9 @@ pub struct Injector<'a> {
     killed_leaders: BTreeMap<Duration, String>,
     /// Components seen exited on their own, since when (by log file).
     crashed: BTreeMap<std::path::PathBuf, Instant>,
+    /// For each clock fault in progress (by when it fell): its agent's log, the length it had
+    /// then, and the wall time.
+    clock_logs: BTreeMap<Duration, (std::path::PathBuf, u64, Timestamp)>,
 }
 
 impl<'a> Injector<'a> {
@@ -135,6 +143,7 @@ impl<'a> Injector<'a> {
             end,
             killed_leaders: BTreeMap::new(),
             crashed: BTreeMap::new(),
+            clock_logs: BTreeMap::new(),
         }
     }
 
@@ -213,6 +222,9 @@ impl<'a> Injector<'a> {
             (FaultKind::Partition, Target::Node(i)) => self.soak.relay(i)?.set_cut(true),
             (FaultKind::Clock, Target::Node(i)) => {
                 let minutes = fault.skew_minutes.unwrap_or(0);
+                let log = self.soak.agent(i)?.log().to_path_buf();
+                let length = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+                self.clock_logs.insert(fault.at, (log, length, Timestamp::now()));
                 self.soak.set_agent_env(i, faketime(minutes))?;
             }
             (kind, target) => anyhow::bail!("no {kind} fault on {target}"),
@@ -255,10 +267,28 @@ impl<'a> Injector<'a> {
             (FaultKind::Partition, Target::Node(i)) => self.soak.relay(i)?.set_cut(false),
             (FaultKind::Clock, Target::Node(i)) => {
                 if let Some(node) = &node {
+                    let seen = match self.clock_logs.remove(&fault.at) {
+                        Some((log, from, wall)) => {
+                            let failures = clock_failures(&log, from);
+                            let lost = heartbeat_lost_events(&self.soak.admin, node, wall).await;
+                            Some((failures, lost))
+                        }
+                        None => None,
+                    };
                     println!(
-                        "        clock fault on {node}: {}",
-                        node_report(&self.soak.admin, node).await
+                        "        clock fault on {node}: {}{}",
+                        node_report(&self.soak.admin, node).await,
+                        seen.as_ref()
+                            .map(|(failures, lost)| format!("; {failures}; {lost} HeartbeatLost event(s)"))
+                            .unwrap_or_default()
                     );
+                    if let Some(why) = seen.and_then(|(failures, lost)| failures.unreported(lost)) {
+                        self.recoveries
+                            .missing
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(format!("clock at {:.1}s on {node}: {why}", fault.at.as_secs_f64()));
+                    }
                 }
                 self.soak.set_agent_env(i, Vec::new())?;
             }
@@ -393,6 +423,37 @@ async fn node_report(client: &Client, node: &str) -> String {
             .unwrap_or_else(|| "no Ready condition".to_string()),
         Ok(None) => "no SmolVMNode".to_string(),
         Err(e) => format!("unreadable: {e}"),
+    }
+}
+
+/// How the agent logged under a clock fault: what it logged past byte `from` of `log`.
+fn clock_failures(log: &Path, from: u64) -> ClockFailures {
+    let text = std::fs::read(log).unwrap_or_default();
+    let tail = text
+        .get(usize::try_from(from).unwrap_or(usize::MAX)..)
+        .unwrap_or_default();
+    ClockFailures::of(&String::from_utf8_lossy(tail))
+}
+
+/// The HeartbeatLost events on SmolVMNode `node` since `wall`.
+async fn heartbeat_lost_events(client: &Client, node: &str, wall: Timestamp) -> usize {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    let selector = format!("regarding.name={node},reason={}", constants::reason::HEARTBEAT_LOST);
+    let params = kube::api::ListParams::default().fields(&selector);
+    match events.list(&params).await {
+        Ok(list) => list
+            .items
+            .iter()
+            .filter(|e| {
+                let last = e
+                    .series
+                    .as_ref()
+                    .map(|s| s.last_observed_time.0)
+                    .or(e.event_time.as_ref().map(|t| t.0));
+                last.is_some_and(|t| t >= wall)
+            })
+            .count(),
+        Err(_) => 0,
     }
 }
 
