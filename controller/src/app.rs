@@ -198,13 +198,6 @@ enum Ended {
 /// How many events about SmolVMs may be in flight to the API server at once (one lane each).
 const EVENT_LANES: usize = 16;
 
-/// The most SmolVM passes in flight at once. Unbounded (kube-runtime's default), a burst of
-/// creates on a busy API server put every waiting pass in flight, each holding its request (and
-/// a connection of its own) open: at 10,000 SmolVMs the controller's RSS rose from 60 to 147 MiB
-/// while it fell behind (`make bench-e2e`'s RSS over time). Passes beyond this wait in the
-/// controller's queue, deduplicated, which costs a reference each.
-const RECONCILE_CONCURRENCY: u16 = 64;
-
 /// How long the leader's work waits, when it ends, for the events still queued to be delivered.
 const EVENT_FLUSH: Duration = Duration::from_secs(5);
 
@@ -283,7 +276,15 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     keepers(&ctx, flags, &vm_store, pool_events, class_events);
     *vm_store_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(vm_store.clone());
     let owned = OwnedEvents::new(services, slices, volumes);
-    let running = vms(ctx, vm_events, vm_store, wake, owned, shutdown.clone());
+    let running = vms(
+        ctx,
+        flags.max_concurrent_reconciles,
+        vm_events,
+        vm_store,
+        wake,
+        owned,
+        shutdown.clone(),
+    );
     Ok(run_while_leading(running, leader, &shutdown, &recorder).await)
 }
 
@@ -656,10 +657,11 @@ impl<S, E> OwnedEvents<S, E> {
 }
 
 /// The SmolVM controller: reconciles each SmolVM on its own changes, on the node changes that
-/// concern it and on changes to what it owns, until `shutdown` (in-flight reconciles finish
-/// while the lease is still ours).
+/// concern it and on changes to what it owns, at most `concurrency` at once, until `shutdown`
+/// (in-flight reconciles finish while the lease is still ours).
 pub fn vms<S, E>(
     ctx: Arc<Context>,
+    concurrency: u16,
     vm_events: impl Stream<Item = Result<SmolVM, watcher::Error>> + Send + 'static,
     vm_store: Store<SmolVM>,
     wake: impl Stream<Item = ObjectRef<SmolVM>> + Send + 'static,
@@ -672,7 +674,7 @@ where
 {
     let (claim_vms, volume_vms) = (vm_store.clone(), vm_store.clone());
     Controller::for_stream(vm_events, vm_store)
-        .with_config(kube::runtime::controller::Config::default().concurrency(RECONCILE_CONCURRENCY))
+        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
         // The VMs that node changes concern (see tasks::nodes).
         .reconcile_on(wake)
         // A Service or EndpointSlice of a SmolVM changed or went: its pass puts it back.

@@ -38,6 +38,12 @@ pub struct Flags {
     /// Heartbeat age after which a node counts as unreachable (40s, 2m, ...).
     #[arg(long, env = "SMOLVM_CONTROLLER_HEARTBEAT_TIMEOUT", default_value = "40s", value_parser = parse_duration)]
     pub heartbeat_timeout: Duration,
+    /// The most SmolVM passes in flight at once (controller-runtime's MaxConcurrentReconciles);
+    /// passes beyond it wait in the queue, deduplicated. Unbounded, a burst of creates on a busy
+    /// API server put every waiting pass in flight with its own request, and the controller's
+    /// memory followed the backlog (docs/benchmarks.md).
+    #[arg(long, env = "SMOLVM_CONTROLLER_MAX_CONCURRENT_RECONCILES", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_concurrent_reconciles: u16,
     /// Slow resync of each SmolVM with its node's runtime.
     #[arg(long, env = "SMOLVM_CONTROLLER_RESYNC_INTERVAL", default_value = "5m", value_parser = parse_duration)]
     pub resync_interval: Duration,
@@ -240,6 +246,7 @@ mod tests {
         let flags = Flags::try_parse_from(["smolvm-controller"]).expect("flags");
         assert_eq!(flags.heartbeat_timeout, Duration::from_secs(40));
         assert_eq!(flags.resync_interval, Duration::from_secs(300));
+        assert_eq!(flags.max_concurrent_reconciles, 64);
         assert_eq!(flags.orphan_grace, Duration::from_secs(600));
         assert_eq!(flags.quota_charge_grace, Duration::from_secs(30));
         assert_eq!(flags.pool_call_timeout, Duration::from_secs(20));

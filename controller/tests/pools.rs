@@ -416,6 +416,16 @@ fn orphans_are_node_pools_of_pools_that_are_gone() {
         orphans(&[node("a", &[(twin, 1, 1)])], &[pool(3, 2)]),
         vec![("a".to_string(), twin.to_string())]
     );
+    // What the sweep keeps the ApplyPool retries of: any generation of a live pool, no other.
+    let live = smolvm_controller::pools::LivePools::of(&[pool(3, 2)]);
+    for (name, held) in [
+        ("pool-0d7a3c9e-5f21-4b8e-a6c4-2e9f1b7d3a58-g2", true),
+        ("pool-0d7a3c9e-5f21-4b8e-a6c4-2e9f1b7d3a58-g7", true),
+        (twin, false),
+        ("pool-deadbeef-g1", false),
+    ] {
+        assert_eq!(live.holds(name), held, "{name}");
+    }
 }
 
 #[test]

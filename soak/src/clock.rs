@@ -32,17 +32,21 @@ impl ClockFailures {
     }
 
     /// Why the fault went unreported, if it did: a certificate failure that did not name the
-    /// clock, or an agent that failed with no `HeartbeatLost` event (`heartbeat_lost` of them) on
-    /// its node. A failure for another cause (the API server restarting meanwhile, say) must not
-    /// name the clock, and is not counted against it.
+    /// clock, or an agent that failed on a certificate (and so could not heartbeat) with no
+    /// `HeartbeatLost` event (`heartbeat_lost` of them) on its node. A failure for another cause
+    /// (the API server restarting meanwhile, say) must not name the clock, and is not counted
+    /// against it; nor is a clock that broke nothing (a skew within the certificates' 5 minutes).
     pub fn unreported(&self, heartbeat_lost: usize) -> Option<String> {
         if self.named < self.on_certificates {
             Some(format!(
                 "the agent failed {} time(s) on a certificate without naming its clock (reason ClockBehind)",
                 self.on_certificates - self.named
             ))
-        } else if self.failed > 0 && heartbeat_lost == 0 {
-            Some("the agent failed and no HeartbeatLost event was published on its SmolVMNode".to_string())
+        } else if self.on_certificates > 0 && heartbeat_lost == 0 {
+            Some(
+                "the agent failed on a certificate and no HeartbeatLost event was published on its SmolVMNode"
+                    .to_string(),
+            )
         } else {
             None
         }

@@ -31,7 +31,7 @@ mod slot;
 mod status;
 
 pub use crate::placement::{node_pool_name_at, with_ready_slot};
-pub use node_pools::{is_node_pool_name, node_pool_name, orphans};
+pub use node_pools::{LivePools, is_node_pool_name, node_pool_name, orphans};
 pub use plan::{Keep, Plan, Start, plan};
 pub use slot::slot_vm;
 pub use status::status;

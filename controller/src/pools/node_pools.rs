@@ -34,14 +34,31 @@ pub fn is_node_pool_name(name: &str) -> bool {
     (uuid || legacy) && !generation.is_empty() && generation.bytes().all(|b| b.is_ascii_digit())
 }
 
+/// The node-pool name prefixes of the pools that exist: which node pools (of any generation)
+/// are theirs.
+pub struct LivePools(Vec<String>);
+
+impl LivePools {
+    /// The prefixes of `live`.
+    pub fn of<'p>(live: impl IntoIterator<Item = &'p SmolVMPool>) -> Self {
+        LivePools(live.into_iter().filter_map(prefix).collect())
+    }
+
+    /// Whether the node pool `name` is one of a pool that exists (compared whole: a prefix ends
+    /// with `-g`).
+    pub fn holds(&self, name: &str) -> bool {
+        self.0.iter().any(|p| name.starts_with(p.as_str()))
+    }
+}
+
 /// `(node, node pool)` of every node pool of a pool that no longer exists: named as a pool's
 /// (`pool-…-g…`) with a UID no live pool has (compared whole: the prefix ends with `-g`).
 pub fn orphans<'p>(nodes: &[Arc<SmolVMNode>], live: impl IntoIterator<Item = &'p SmolVMPool>) -> Vec<(String, String)> {
-    let prefixes: Vec<String> = live.into_iter().filter_map(prefix).collect();
+    let live = LivePools::of(live);
     let mut out = Vec::new();
     for node in nodes {
         for held in reported(node).keys() {
-            if is_node_pool_name(held) && !prefixes.iter().any(|p| held.starts_with(p.as_str())) {
+            if is_node_pool_name(held) && !live.holds(held) {
                 out.push((node.name_any(), (*held).to_string()));
             }
         }

@@ -95,6 +95,11 @@ impl Backoff {
         self.0.succeeded(key);
     }
 
+    /// Keeps the retries of the `(node, node pool)`s `keep` says.
+    fn retain(&mut self, mut keep: impl FnMut(&str, &str) -> bool) {
+        self.0.retain(|(node, pool)| keep(node, pool));
+    }
+
     /// The last failure's message on each node, for the node pool `name`.
     fn failures(&self, name: &str) -> BTreeMap<String, String> {
         self.0
@@ -306,6 +311,10 @@ fn sweep(keeper: &Arc<Keeper>) {
     let live: HashSet<String> = pools.iter().filter_map(|p| p.uid()).collect();
     lock(&keeper.passed).retain(|uid, _| live.contains(uid));
     lock(&keeper.applied_status).retain(|uid| live.contains(uid));
+    // The retries of node pools of gone pools, or on gone nodes, would otherwise stay for good.
+    let live_pools = crate::pools::LivePools::of(pools.iter().map(AsRef::as_ref));
+    let node_names: HashSet<String> = nodes.iter().map(|n| n.name_any()).collect();
+    lock(&keeper.backoff).retain(|node, name| node_names.contains(node) && live_pools.holds(name));
 }
 
 /// The budget of `pool`: the room its namespace's ResourceQuotas still leave (SPEC 6.3), in the
