@@ -13,8 +13,9 @@
 //! - a fault that lasts (a partition, a clock set off) never overlaps another of its kind on the
 //!   same node, and ends before the cool-down;
 //! - a kill of `smolvm serve` falls while its node's agent runs: not during a clock fault on that
-//!   node (an agent restarted with its clock set behind cannot obtain its serving certificate,
-//!   and runs no smolvm), nor within `agent_down` of an agent kill there. Otherwise it kills
+//!   node or within `agent_down` of its end (the agent is restarted at both ends, and one with
+//!   its clock set behind cannot obtain its serving certificate and runs no smolvm), nor within
+//!   `agent_down` of an agent kill there. Otherwise it kills
 //!   nothing, and the run would count a fault that did not fall.
 
 use std::fmt;
@@ -375,7 +376,8 @@ fn target_break(fault: &Fault, topology: &Topology) -> Option<&'static str> {
 }
 
 /// For a kill of `smolvm serve`, the fault in `faults` that has its node's agent down when it
-/// falls (a clock fault there in progress, or an agent kill there less than `agent_down` before).
+/// falls (a clock fault there in progress or ended less than `agent_down` before, or an agent
+/// kill there less than `agent_down` before).
 fn agent_down_at<'f>(fault: &Fault, faults: &'f [Fault], params: &ScheduleParams) -> Option<&'f Fault> {
     if fault.kind != FaultKind::Smolvm {
         return None;
@@ -383,7 +385,9 @@ fn agent_down_at<'f>(fault: &Fault, faults: &'f [Fault], params: &ScheduleParams
     faults.iter().find(|other| {
         other.target == fault.target
             && match other.kind {
-                FaultKind::Clock => other.at <= fault.at && fault.at <= other.end(),
+                // The agent is restarted when the clock is set off and again when it is set
+                // right: down from the start until `agent_down` after the end.
+                FaultKind::Clock => other.at <= fault.at && fault.at <= other.end() + params.agent_down,
                 FaultKind::Agent => other.at <= fault.at && fault.at <= other.at + params.agent_down,
                 _ => false,
             }
@@ -406,7 +410,7 @@ fn keep_smolvm_kills_clear(faults: &mut [Fault], (start, end): (Duration, Durati
             .flat_map(|other| {
                 let over = match other.kind {
                     FaultKind::Agent => other.at + params.agent_down,
-                    _ => other.end(),
+                    _ => other.end() + params.agent_down,
                 };
                 [other.at.checked_sub(second), Some(over + second)]
             })

@@ -192,7 +192,7 @@ fn good() -> Vec<Fault> {
 fn the_rule_checker_catches_each_rule() {
     let params = ScheduleParams::default();
     type Change = fn(&mut Vec<Fault>);
-    let cases: [(&str, Change, &str); 13] = [
+    let cases: [(&str, Change, &str); 14] = [
         ("kept", |_| {}, ""),
         (
             "a kind missing",
@@ -248,6 +248,15 @@ fn the_rule_checker_catches_each_rule() {
         (
             "smolvm killed during a clock fault on its node",
             |f| f[3].target = Target::Node(0),
+            "while its agent is down",
+        ),
+        (
+            "smolvm killed as its agent restarts after a clock fault",
+            |f| {
+                f[3].target = Target::Node(0);
+                f[3].at = Duration::from_secs(20);
+                f.sort_by_key(|f| f.at);
+            },
             "while its agent is down",
         ),
     ];
