@@ -12,6 +12,8 @@
 //!   that lose data live in the overlaps);
 //! - a fault that lasts (a partition, a clock set off) never overlaps another of its kind on the
 //!   same node, and ends before the cool-down;
+//! - a clock set behind is set further behind than the run is old, by `behind_past`: every
+//!   certificate issued since the run began is then not valid yet on that node;
 //! - a kill of `smolvm serve` falls while its node's agent runs: not during a clock fault on that
 //!   node or within `agent_down` of its end (the agent is restarted at both ends, and one with
 //!   its clock set behind cannot obtain its serving certificate and runs no smolvm), nor within
@@ -233,6 +235,11 @@ pub struct ScheduleParams {
     pub clock_skew_minutes: (u32, u32),
     /// How long a killed agent is down, with its `smolvm serve`, until it runs again.
     pub agent_down: Duration,
+    /// A clock set behind is set at least this much further behind than the run is old when it
+    /// falls, so that every certificate issued since the run (and its set-up) began starts in
+    /// that node's future: the product's certificates start 5 minutes early, and a clock merely
+    /// minutes behind late in a run would break nothing, testing nothing.
+    pub behind_past: Duration,
     /// What faults fall on.
     pub topology: Topology,
 }
@@ -249,6 +256,7 @@ impl Default for ScheduleParams {
             clock: Duration::from_secs(60),
             clock_skew_minutes: (2, 10),
             agent_down: Duration::from_secs(20),
+            behind_past: Duration::from_secs(7 * 60),
             topology: Topology::default(),
         }
     }
@@ -326,6 +334,12 @@ impl Schedule {
             }
             if let Some(why) = target_break(fault, &params.topology) {
                 breaks.push(format!("{fault}: {why}"));
+            }
+            if fault
+                .skew_minutes
+                .is_some_and(|m| m < 0 && -m < behind_minutes(fault.at, params))
+            {
+                breaks.push(format!("{fault}: not far enough behind for the run's certificates"));
             }
             if let Some(down) = agent_down_at(fault, &self.faults, params) {
                 breaks.push(format!("{fault}: while its agent is down ({down})"));
@@ -576,7 +590,8 @@ fn place_others(
                 kind,
                 target,
                 duration: kind.lasts_on_a_node().then_some(lasts),
-                skew_minutes: (kind == FaultKind::Clock).then(|| skew(rng, params.clock_skew_minutes)),
+                skew_minutes: (kind == FaultKind::Clock)
+                    .then(|| far_enough(skew(rng, params.clock_skew_minutes), at, params)),
             },
             _ => Fault {
                 at,
@@ -620,6 +635,20 @@ fn pick_target(
             rng.pick(&free).map(|n| Target::Node(*n))
         }
     }
+}
+
+/// `minutes`, or for a clock set behind at `at`, at least [`ScheduleParams::behind_past`] more
+/// than `at` behind (whole minutes, rounded up).
+fn far_enough(minutes: i64, at: Duration, params: &ScheduleParams) -> i64 {
+    if minutes >= 0 {
+        return minutes;
+    }
+    -minutes.abs().max(behind_minutes(at, params))
+}
+
+/// The fewest whole minutes behind a clock set behind at `at` may be.
+fn behind_minutes(at: Duration, params: &ScheduleParams) -> i64 {
+    i64::try_from((at + params.behind_past).as_secs().div_ceil(60)).unwrap_or(i64::MAX)
 }
 
 /// A clock offset in minutes within `(least, most)`, behind or ahead.
