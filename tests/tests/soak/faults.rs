@@ -186,11 +186,11 @@ impl<'a> Injector<'a> {
         let node = self.node_of(fault);
         match (fault.kind, fault.target) {
             (FaultKind::Controller, _) => {
-                let leader = self
-                    .soak
-                    .env
-                    .leader()
-                    .await?
+                // Bounded: the injector never waits long on the API server (an etcd restart
+                // due meanwhile would wait too).
+                let leader = tokio::time::timeout(Duration::from_secs(10), self.soak.env.leader())
+                    .await
+                    .map_err(|_| anyhow::anyhow!("the Lease was not readable within 10 s"))??
                     .ok_or_else(|| anyhow::anyhow!("no leader"))?;
                 let proc = self
                     .soak
@@ -267,28 +267,8 @@ impl<'a> Injector<'a> {
             (FaultKind::Partition, Target::Node(i)) => self.soak.relay(i)?.set_cut(false),
             (FaultKind::Clock, Target::Node(i)) => {
                 if let Some(node) = &node {
-                    let seen = match self.clock_logs.remove(&fault.at) {
-                        Some((log, from, wall)) => {
-                            let failures = clock_failures(&log, from);
-                            let lost = heartbeat_lost_events(&self.soak.admin, node, wall).await;
-                            Some((failures, lost))
-                        }
-                        None => None,
-                    };
-                    println!(
-                        "        clock fault on {node}: {}{}",
-                        node_report(&self.soak.admin, node).await,
-                        seen.as_ref()
-                            .map(|(failures, lost)| format!("; {failures}; {lost} HeartbeatLost event(s)"))
-                            .unwrap_or_default()
-                    );
-                    if let Some(why) = seen.and_then(|(failures, lost)| failures.unreported(lost)) {
-                        self.recoveries
-                            .missing
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push(format!("clock at {:.1}s on {node}: {why}", fault.at.as_secs_f64()));
-                    }
+                    let read = self.clock_logs.remove(&fault.at);
+                    self.report_clock(fault.at, node.clone(), read);
                 }
                 self.soak.set_agent_env(i, Vec::new())?;
             }
@@ -297,6 +277,50 @@ impl<'a> Injector<'a> {
         println!("{:>6.1}s fault over: {fault}", self.history.now().as_secs_f64());
         self.measure(fault.kind, node);
         Ok(())
+    }
+
+    /// What the clock fault that fell at `at` on `node` left behind (its agent's log from where
+    /// `read` says, the HeartbeatLost events since), printed, and counted as not recovered if it
+    /// went unreported. In a task of its own, bounded: the injector never waits on the API
+    /// server (a restart of etcd falling meanwhile would wait for it, and stay down as long).
+    fn report_clock(&self, at: Duration, node: String, read: Option<(std::path::PathBuf, u64, Timestamp)>) {
+        let client = self.soak.admin.clone();
+        let recoveries = self.recoveries.clone();
+        let task = tokio::spawn(async move {
+            let look = async {
+                let ready = node_report(&client, &node).await;
+                let seen = match read {
+                    Some((log, from, wall)) => Some((
+                        clock_failures(&log, from),
+                        heartbeat_lost_events(&client, &node, wall).await,
+                    )),
+                    None => None,
+                };
+                (ready, seen)
+            };
+            let Ok((ready, seen)) = tokio::time::timeout(Duration::from_secs(60), look).await else {
+                println!("        clock fault on {node}: the API server did not answer within 60 s");
+                return;
+            };
+            println!(
+                "        clock fault on {node}: {ready}{}",
+                seen.as_ref()
+                    .map(|(failures, lost)| format!("; {failures}; {lost} HeartbeatLost event(s)"))
+                    .unwrap_or_default()
+            );
+            if let Some(why) = seen.and_then(|(failures, lost)| failures.unreported(lost)) {
+                recoveries
+                    .missing
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(format!("clock at {:.1}s on {node}: {why}", at.as_secs_f64()));
+            }
+        });
+        self.recoveries
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(task);
     }
 
     fn node_of(&self, fault: &Fault) -> Option<String> {
