@@ -127,6 +127,10 @@ pub struct NodeSeen {
     /// What the node reports its machines take, where it answered.
     #[serde(default)]
     pub reported: Option<Resources>,
+    /// What makes up `ledger`, one entry a SmolVM (`namespace/name phase cpus/memory`), so a
+    /// violation shows which SmolVMs booked what.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub booked_by: Vec<String>,
 }
 
 /// A write of the generator the API acknowledged (a delete: one it sent).
@@ -270,6 +274,7 @@ mod tests {
                 ..Resources::default()
             }),
             reported: None,
+            booked_by: vec!["soak-a/vm-0001 Running 2/512".into()],
         };
         let ack = Ack {
             seq: 3,

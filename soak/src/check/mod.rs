@@ -396,7 +396,10 @@ impl Checker {
             let Some(booked) = booked else { continue };
             let beyond = booked.beyond(&seen.allocatable);
             if !beyond.is_empty() && !*over {
-                let detail = format!("{who} more than allocatable: {}", beyond.join(", "));
+                let mut detail = format!("{who} more than allocatable: {}", beyond.join(", "));
+                if invariant == Invariant::LedgerWithinAllocatable && !seen.booked_by.is_empty() {
+                    detail.push_str(&format!(" (booked by {})", seen.booked_by.join(", ")));
+                }
                 found.push((invariant, object.clone(), detail));
             }
             *over = !beyond.is_empty();

@@ -74,6 +74,7 @@ fn node(name: &str, reachable: bool, ledger: Option<Resources>, reported: Option
         allocatable,
         ledger,
         reported,
+        booked_by: Vec::new(),
     })
 }
 

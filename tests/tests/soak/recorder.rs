@@ -227,12 +227,30 @@ fn node_seen(
         .is_some_and(|c| c.status == "True");
     let name = node.name_any();
     let mut ledger = Resources::default();
+    let mut booked_by = Vec::new();
     for vm in vms.iter().filter(|v| v.bound_node() == Some(name.as_str())) {
         let (cpus, memory, disk) = booked(vm);
-        let suspended = vm.status.as_ref().and_then(|s| s.phase) == Some(smolvm_api::Phase::Suspended);
-        if !suspended {
+        let phase = vm.status.as_ref().and_then(|s| s.phase);
+        if phase != Some(smolvm_api::Phase::Suspended) {
             ledger.cpus += cpus;
             ledger.memory_mib += memory;
+            // The node's own word on the machine, beside the status's.
+            let machine = vm.status.as_ref().and_then(|s| s.machine_name.as_deref());
+            let on_node = machines
+                .zip(machine)
+                .map(|(list, machine)| {
+                    list.iter()
+                        .find(|m| m.name == machine)
+                        .map_or_else(|| "absent".to_string(), |m| format!("{:?}", m.state))
+                })
+                .unwrap_or_else(|| "unknown".to_string());
+            booked_by.push(format!(
+                "{}/{} {phase:?} {cpus}/{memory} (spec running={} suspended={}; on the node {on_node})",
+                vm.namespace().unwrap_or_default(),
+                vm.name_any(),
+                vm.spec.running.unwrap_or(true),
+                vm.spec.suspended.unwrap_or(false)
+            ));
         }
         ledger.storage_mib += disk * 1024;
     }
@@ -259,6 +277,7 @@ fn node_seen(
         },
         ledger: Some(ledger),
         reported,
+        booked_by,
     }
 }
 
