@@ -60,6 +60,8 @@ pub async fn watch(
                     }
                     if tracker.applied(&node, now, &liveness) {
                         wake_for(&node.name_any());
+                        // A heartbeat that comes back arrives here, not at the tick.
+                        judge_heartbeat(&mut lost, &node, now, &liveness, sink.as_ref()).await;
                     }
                 }
                 Some(Ok(watcher::Event::Delete(node))) => {
@@ -79,26 +81,38 @@ pub async fn watch(
                 let state = nodes.state();
                 for name in tracker.tick(state.iter().map(|n| n.as_ref()), now, &liveness) {
                     wake_for(&name);
-                    let Some(node) = state.iter().find(|n| n.name_any() == name) else {
-                        lost.remove(&name);
-                        continue;
-                    };
-                    let seen = heartbeat_seen(node);
-                    match heartbeat_turn(lost.contains(&name), seen, liveness.fresh(node, now)) {
-                        Some(Turn::Lost) => {
-                            lost.insert(name);
-                            let age = liveness.heartbeat_age(node, now);
-                            report_heartbeat(sink.as_ref(), node, Turn::Lost, age, &liveness).await;
-                        }
-                        Some(Turn::Resumed) => {
+                    match state.iter().find(|n| n.name_any() == name) {
+                        Some(node) => judge_heartbeat(&mut lost, node, now, &liveness, sink.as_ref()).await,
+                        None => {
                             lost.remove(&name);
-                            report_heartbeat(sink.as_ref(), node, Turn::Resumed, None, &liveness).await;
                         }
-                        None => {}
                     }
                 }
             }
         }
+    }
+}
+
+/// Publishes HeartbeatLost or HeartbeatResumed for `node` if its freshness turned since the
+/// last event (`lost` holds the nodes reported lost and not yet back).
+async fn judge_heartbeat(
+    lost: &mut std::collections::HashSet<String>,
+    node: &SmolVMNode,
+    now: k8s_openapi::jiff::Timestamp,
+    liveness: &placement::Config,
+    sink: Option<&EventSink>,
+) {
+    let name = node.name_any();
+    match heartbeat_turn(lost.contains(&name), heartbeat_seen(node), liveness.fresh(node, now)) {
+        Some(Turn::Lost) => {
+            lost.insert(name);
+            report_heartbeat(sink, node, Turn::Lost, liveness.heartbeat_age(node, now), liveness).await;
+        }
+        Some(Turn::Resumed) => {
+            lost.remove(&name);
+            report_heartbeat(sink, node, Turn::Resumed, None, liveness).await;
+        }
+        None => {}
     }
 }
 

@@ -1099,11 +1099,9 @@ pub(crate) async fn runtime_stopped_blocks_delete_until_the_force_annotation(env
     .await?;
     // The collector tells the deletion once the node has answered it: the event may land just
     // after the machine left smolvm's list.
-    // The agent was down past the heartbeat timeout and came back: the controller said both on
-    // the SmolVMNode, whose status only the agent writes.
     let events: Api<Event> = Api::all(env.admin().await?);
     eventually(
-        "OrphanMachine, OrphanDeleted, HeartbeatLost and HeartbeatResumed events on the SmolVMNode",
+        "OrphanMachine and OrphanDeleted events on the SmolVMNode",
         Duration::from_secs(30),
         || {
             let events = events.clone();
@@ -1116,15 +1114,8 @@ pub(crate) async fn runtime_stopped_blocks_delete_until_the_force_annotation(env
                     .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NODE))
                     .filter_map(|e| e.reason)
                     .collect();
-                let all = [
-                    "OrphanMachine",
-                    "OrphanDeleted",
-                    constants::reason::HEARTBEAT_LOST,
-                    constants::reason::HEARTBEAT_RESUMED,
-                ]
-                .iter()
-                .all(|want| on_node.iter().any(|r| r == want));
-                Ok(all.then_some(()))
+                let both = on_node.iter().any(|r| r == "OrphanMachine") && on_node.iter().any(|r| r == "OrphanDeleted");
+                Ok(both.then_some(()))
             }
         },
     )

@@ -25,7 +25,53 @@ pub(crate) fn scenarios() -> Vec<(&'static str, Scenario)> {
     scenarios![
         a_node_that_cannot_boot_guests_takes_no_vm_and_an_unplaced_vm_says_why,
         a_node_sets_only_its_own_labels_and_the_controller_mirrors_the_nodes,
+        a_node_whose_heartbeat_stops_is_told_lost_and_then_resumed,
     ]
+}
+
+/// A stopped agent cannot write its SmolVMNode (its `Ready` stays its last report), so the
+/// controller tells it there: `HeartbeatLost` (Warning) once the heartbeat is stale past the
+/// timeout (12 s here), `HeartbeatResumed` (Normal) once the agent beats again.
+pub(crate) async fn a_node_whose_heartbeat_stops_is_told_lost_and_then_resumed(env: &mut Env) -> anyhow::Result<()> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(env.admin().await?);
+    let since = k8s_openapi::jiff::Timestamp::now();
+    let told = |reason: &'static str| {
+        let events = events.clone();
+        async move {
+            let found = events.list(&Default::default()).await?.items.into_iter().find(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NODE)
+                    && e.reason.as_deref() == Some(reason)
+                    && e.event_time.as_ref().is_some_and(|t| t.0 >= since)
+            });
+            Ok(found)
+        }
+    };
+    env.stop_runtime();
+    let outcome = async {
+        let lost = eventually("HeartbeatLost on the SmolVMNode", Duration::from_secs(60), || {
+            told(constants::reason::HEARTBEAT_LOST)
+        })
+        .await?;
+        ensure!(
+            lost.type_.as_deref() == Some("Warning"),
+            "HeartbeatLost is a {:?} event",
+            lost.type_
+        );
+        Ok(())
+    }
+    .await;
+    env.start_runtime().await?;
+    outcome?;
+    let resumed = eventually("HeartbeatResumed on the SmolVMNode", Duration::from_secs(60), || {
+        told(constants::reason::HEARTBEAT_RESUMED)
+    })
+    .await?;
+    ensure!(
+        resumed.type_.as_deref() == Some("Normal"),
+        "HeartbeatResumed is a {:?} event",
+        resumed.type_
+    );
+    Ok(())
 }
 
 const SIM: &str = "sim-bootable-node";
