@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::types::{NodeResources, SmolVMSpec};
+use crate::types::{NodeResources, Phase, SmolVMSpec, SmolVMStatus};
 
 /// The prefix of every product key.
 pub const KEY_PREFIX: &str = "vm.smolvm.dev/";
@@ -191,6 +191,26 @@ pub fn held(request: &NodeResources, suspended: bool) -> NodeResources {
         cpus: 0,
         memory_mib: 0,
         storage_gib: request.storage_gib.saturating_add(saved_state_gib(request.memory_mib)),
+    }
+}
+
+/// Whether a stored status says its VM holds only a suspended VM's share ([`held`]): in phase
+/// Suspended, or in a phase the controller writes without the machine's state (its node
+/// unreachable, or the VM being deleted) while its `Suspended` condition still says the machine
+/// was suspended when last seen and no resume was made (reason `Suspended` or `ResumePending`;
+/// `Resuming` may have resumed it, so it holds its whole request). Only a hint, for a VM whose
+/// suspends and resumes were not seen: the controller's own are newer than any stored status.
+pub fn status_holds_suspended(status: Option<&SmolVMStatus>) -> bool {
+    use crate::constants::{condition, reason};
+    let Some(status) = status else { return false };
+    match status.phase {
+        Some(Phase::Suspended) => true,
+        Some(Phase::Unknown | Phase::Deleting) => status.conditions.iter().any(|c| {
+            c.type_ == condition::SUSPENDED
+                && c.status == "True"
+                && (c.reason == reason::SUSPENDED || c.reason == reason::RESUME_PENDING)
+        }),
+        _ => false,
     }
 }
 
@@ -407,6 +427,64 @@ pub fn status_patch(limits: &Limits, used: &BTreeMap<Key, i128>, hard: bool) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_status_holds_suspended_by_its_phase_or_its_last_known_suspension() {
+        use crate::constants::{condition, reason};
+        let suspended = |status: &str, why: &str| k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: condition::SUSPENDED.into(),
+            status: status.into(),
+            reason: why.into(),
+            message: String::new(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+            observed_generation: None,
+        };
+        let status = |phase: Option<Phase>, conditions: Vec<_>| SmolVMStatus {
+            phase,
+            conditions,
+            ..SmolVMStatus::default()
+        };
+        // (name, status, holds suspended)
+        let cases = [
+            ("no status", None, false),
+            ("phase Suspended", Some(status(Some(Phase::Suspended), vec![])), true),
+            ("running", Some(status(Some(Phase::Running), vec![])), false),
+            (
+                "node unreachable, last seen suspended",
+                Some(status(Some(Phase::Unknown), vec![suspended("True", reason::SUSPENDED)])),
+                true,
+            ),
+            (
+                "being deleted, waiting to resume",
+                Some(status(
+                    Some(Phase::Deleting),
+                    vec![suspended("True", reason::RESUME_PENDING)],
+                )),
+                true,
+            ),
+            (
+                "node unreachable while resuming: it may run",
+                Some(status(Some(Phase::Unknown), vec![suspended("True", reason::RESUMING)])),
+                false,
+            ),
+            (
+                "node unreachable, being suspended: not yet",
+                Some(status(
+                    Some(Phase::Unknown),
+                    vec![suspended("False", reason::SUSPENDING)],
+                )),
+                false,
+            ),
+            (
+                "running with a stale condition: its phase wins",
+                Some(status(Some(Phase::Running), vec![suspended("True", reason::SUSPENDED)])),
+                false,
+            ),
+        ];
+        for (name, status, want) in cases {
+            assert_eq!(status_holds_suspended(status.as_ref()), want, "{name}");
+        }
+    }
     use k8s_openapi::api::core::v1::{ResourceQuotaSpec, ResourceQuotaStatus};
 
     #[test]

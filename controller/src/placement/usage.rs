@@ -19,13 +19,14 @@ pub enum Hold {
 }
 
 impl Hold {
-    /// What a VM's stored status says it holds: `Suspended` in phase Suspended. Only a hint, for
-    /// a VM the ledger does not know yet: the controller's own suspends and resumes are newer
-    /// than any cache.
+    /// What a VM's stored status says it holds ([`smolvm_api::quota::status_holds_suspended`]:
+    /// phase Suspended, or last seen suspended on a node now unreachable). Only a hint, for a VM
+    /// the ledger does not know yet (a new leader's): the controller's own suspends and resumes
+    /// are newer than any cache.
     pub fn of(vm: &SmolVM) -> Self {
-        match vm.status.as_ref().and_then(|s| s.phase) {
-            Some(smolvm_api::Phase::Suspended) => Hold::Suspended,
-            _ => Hold::Full,
+        match smolvm_api::quota::status_holds_suspended(vm.status.as_ref()) {
+            true => Hold::Suspended,
+            false => Hold::Full,
         }
     }
 

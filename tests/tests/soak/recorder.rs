@@ -212,7 +212,8 @@ pub async fn poll_nodes(client: Client, nodes: Vec<PolledNode>, history: Arc<His
 }
 
 /// A node as the history records it: `ledger` is what the SmolVMs bound there book (a suspended
-/// one only its storage: its CPU and memory go back to the node); `reported` is what its
+/// one only its storage: its CPU and memory go back to the node; also one last seen suspended on
+/// a node now unreachable, whose phase says Unknown); `reported` is what its
 /// running machines take, by its runtime's own list.
 fn node_seen(
     node: &SmolVMNode,
@@ -231,7 +232,9 @@ fn node_seen(
     for vm in vms.iter().filter(|v| v.bound_node() == Some(name.as_str())) {
         let (cpus, memory, disk) = booked(vm);
         let phase = vm.status.as_ref().and_then(|s| s.phase);
-        if phase != Some(smolvm_api::Phase::Suspended) {
+        // As the controller seeds its ledger: a VM last seen suspended on a node now
+        // unreachable still holds only its disks.
+        if !smolvm_api::quota::status_holds_suspended(vm.status.as_ref()) {
             ledger.cpus += cpus;
             ledger.memory_mib += memory;
             // The node's own word on the machine, beside the status's.
