@@ -167,6 +167,11 @@ async fn report_heartbeat(
         ),
     };
     tracing::warn!(node = %node.name_any(), reason, "node heartbeat {}", if turn == Turn::Lost { "lost" } else { "resumed" });
+    publish(sink, node, type_, reason, note).await;
+}
+
+/// Publishes a JudgeHeartbeat event on `node` (nothing without a sink).
+async fn publish(sink: Option<&EventSink>, node: &SmolVMNode, type_: EventType, reason: &str, note: String) {
     let Some(sink) = sink else { return };
     let event = Event {
         type_,
@@ -177,7 +182,7 @@ async fn report_heartbeat(
     };
     let regarding = crate::events::node_reference(node.metadata.name.clone(), node.metadata.uid.clone());
     if let Err(error) = sink.publish(&event, &regarding).await {
-        tracing::warn!(%error, reason, "could not publish the heartbeat event");
+        tracing::warn!(%error, reason, "could not publish the node's event");
     }
 }
 
@@ -191,18 +196,7 @@ async fn report_skew(sink: Option<&EventSink>, node: &SmolVMNode, skew: k8s_open
         skew.as_secs().abs()
     );
     tracing::warn!(node = %node.name_any(), skew_secs = skew.as_secs(), "node clock skew");
-    let Some(sink) = sink else { return };
-    let event = Event {
-        type_: EventType::Warning,
-        reason: reason::CLOCK_SKEW.into(),
-        note: Some(note),
-        action: "JudgeHeartbeat".into(),
-        secondary: None,
-    };
-    let regarding = crate::events::node_reference(node.metadata.name.clone(), node.metadata.uid.clone());
-    if let Err(error) = sink.publish(&event, &regarding).await {
-        tracing::warn!(%error, "could not publish the ClockSkew event");
-    }
+    publish(sink, node, EventType::Warning, reason::CLOCK_SKEW, note).await;
 }
 
 #[cfg(test)]
