@@ -195,9 +195,6 @@ enum Ended {
     Stopped,
 }
 
-/// How many events about SmolVMs may be in flight to the API server at once (one lane each).
-const EVENT_LANES: usize = 16;
-
 /// How long the leader's work waits, when it ends, for the events still queued to be delivered.
 const EVENT_FLUSH: Duration = Duration::from_secs(5);
 
@@ -246,8 +243,11 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     let quota_wake = Arc::new(tokio::sync::Notify::new());
     let (pool_store, class_store, pool_events, class_events) = pool_watches(&client, &quota_wake);
     let (charging, quota_events) = quota_charging(&client);
-    // A VM's events are queued, so that its next step never waits for one to be written.
-    let recorder = events.in_background(EVENT_LANES);
+    // A VM's events are queued, so that its next step never waits for one to be written; one
+    // lane per pass allowed in flight, so that delivering them keeps pace with the passes. With
+    // 16 lanes, 10,000 VMs created at once filled every lane, and then each pass waited for a
+    // lane: the controller ran no faster than its events were written, whatever its concurrency.
+    let recorder = events.in_background(usize::from(flags.max_concurrent_reconciles));
     let ctx = Arc::new(Context {
         client,
         nodes: node_store,

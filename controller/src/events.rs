@@ -38,8 +38,9 @@ pub fn node_reference(name: Option<String>, uid: Option<String>) -> ObjectRefere
     }
 }
 
-/// How many events may wait in one lane of a background sink before a publisher waits.
-const LANE_DEPTH: usize = 256;
+/// How many events may wait in one lane of a background sink before a publisher waits (with the
+/// default 64 lanes, 4,096 events in all: about 4 MiB at most).
+const LANE_DEPTH: usize = 64;
 
 /// Publishes events as one reporter (controller name and instance).
 #[derive(Clone)]
