@@ -4,14 +4,15 @@
 //! simulated node, where fifty real smolvm servers cannot run on one machine and no guest boots.
 //! A create's host mounts are kept and reported as smolvm reports them (`mounts` in the
 //! machine's JSON: `tag`, `source`, `target`, `readonly`, `staged`), the source as given; no
-//! directory is checked or served.
+//! directory is checked or served. A branch copies its running branchable source (`branchable`
+//! is set by a branchable start) under its own name, with `parentMachine` naming the source.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 use smolvm_runtime::vmm::{
-    DeleteOutcome, HostMount, LeaseInfo, LeaseRequest, Machine, MachineSpec, MachineState, PoolInfo, PoolRequest,
+    BranchRequest, DeleteOutcome, HostMount, LeaseInfo, LeaseRequest, Machine, MachineSpec, MachineState, PoolInfo, PoolRequest,
     ResizeRequest, Vmm, VmmError, VmmHealth,
 };
 
@@ -105,6 +106,16 @@ fn mounts_json(mounts: &[HostMount]) -> serde_json::Value {
             })
         })
         .collect()
+}
+
+/// Sets `key` in the machine's runtime JSON (an object from then on).
+fn set_raw(machine: &mut Machine, key: &str, value: serde_json::Value) {
+    if !machine.raw.is_object() {
+        machine.raw = serde_json::json!({});
+    }
+    if let Some(object) = machine.raw.as_object_mut() {
+        object.insert(key.to_string(), value);
+    }
 }
 
 /// Forks ready workers until every pool has its `desired`.
@@ -205,7 +216,46 @@ impl Vmm for MemoryVmm {
         name: &str,
         _auth: Option<&smolvm_api::nodeapi::RegistryAuth>,
     ) -> Result<Machine, VmmError> {
-        self.transition(name, MachineState::Running)
+        let mut machine = self.transition(name, MachineState::Running)?;
+        self.with(|w| {
+            if let Some(kept) = w.machines.get_mut(name) {
+                set_raw(kept, "branchable", serde_json::Value::Bool(true));
+                machine = kept.clone();
+            }
+        });
+        Ok(machine)
+    }
+    /// A branch is a copy of its running branchable source under its own name, running, with
+    /// `parentMachine` naming the source and the request's ports.
+    async fn branch(&self, source: &str, request: &BranchRequest<'_>) -> Result<Machine, VmmError> {
+        self.with(|w| {
+            let golden = match w.machines.get(source) {
+                None => return Err(not_found(&format!("machine '{source}'"))),
+                Some(m) if m.state != MachineState::Running => {
+                    return Err(VmmError::Conflict {
+                        message: format!("golden machine '{source}' is not running"),
+                    });
+                }
+                Some(m) if !m.branchable() => {
+                    return Err(VmmError::Conflict {
+                        message: format!("golden machine '{source}' is not branchable"),
+                    });
+                }
+                Some(m) => m.clone(),
+            };
+            if w.machines.contains_key(request.name) {
+                return Err(VmmError::Conflict {
+                    message: format!("machine '{}' already exists", request.name),
+                });
+            }
+            let mut machine = golden;
+            machine.name = request.name.to_string();
+            machine.ports = request.ports.to_vec();
+            set_raw(&mut machine, "branchable", serde_json::Value::Bool(false));
+            set_raw(&mut machine, "parentMachine", serde_json::Value::String(source.to_string()));
+            w.machines.insert(request.name.to_string(), machine.clone());
+            Ok(machine)
+        })
     }
     async fn pools(&self) -> Result<Vec<PoolInfo>, VmmError> {
         Ok(self

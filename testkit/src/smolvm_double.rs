@@ -53,6 +53,17 @@
 //! - a start with `branchable` in its body sets it (and its alias `forkable`), a start without
 //!   leaves it as it was; the `forkable` query parameter is not read.
 //!
+//! A branch of a machine (`branch_machine`, smolvm's `ForkRequest`) is played at once, as its
+//! document describes it: a missing source is 404 `NOT_FOUND`; a source not running, or not
+//! started `branchable`, and a child name taken are 409 `CONFLICT` (the document's statuses;
+//! the wordings are the pools' observed ones); a child name that breaks the machine name rule,
+//! or an `env` entry without `=`, is 400. The child runs at once with the source's image, size,
+//! network, environment (and the request's `env` after it) and files, `parentMachine` naming
+//! the source, `branchable` as asked; it publishes the request's `ports`, or without them the
+//! source's guest ports on fresh host ports from 42000 (smolvm remaps them; its choice of ports
+//! is its own). Assumed, as no source runs here: a source with live branches is deleted as any
+//! machine (smolvm's document refuses a fork base with live clones, 409; not played yet).
+//!
 //! A machine's one-shot exec, logs and files (`exec_command`, `stream_logs`, `download_file`,
 //! `upload_file`) are played without a guest, as the agent's client calls them:
 //! - exec answers at once with exit code 0 and the standard output `ran in {machine}: {command}`
@@ -167,7 +178,7 @@ const fn route(
 }
 
 /// Every route the double serves.
-pub const ROUTES: [Route; 24] = [
+pub const ROUTES: [Route; 25] = [
     route("GET", "/health", "health", None, "HealthResponse"),
     route("GET", "/capacity", "capacity", None, "CapacityResponse"),
     route("GET", "/api/v1/machines", "list_machines", None, "ListMachinesResponse"),
@@ -219,6 +230,13 @@ pub const ROUTES: [Route; 24] = [
         "/api/v1/machines/{name}/resize",
         "resize_machine",
         Some("ResizeMachineRequest"),
+        "MachineInfo",
+    ),
+    route(
+        "POST",
+        "/api/v1/machines/{name}/branches",
+        "branch_machine",
+        Some("ForkRequest"),
         "MachineInfo",
     ),
     route("GET", "/api/v1/pools", "list_pools", None, "ListForkPoolsResponse"),
@@ -316,7 +334,7 @@ pub type Fields = fn() -> &'static [&'static str];
 
 /// Every wire type of the double, by the name of smolvm's schema it plays, with its fields: the
 /// answers it writes, the request bodies it reads, and the objects inside them.
-pub const SCHEMAS: [(&str, Fields); 25] = [
+pub const SCHEMAS: [(&str, Fields); 26] = [
     ("HealthResponse", fields_of::<HealthResponse>),
     ("MachineCountsResponse", fields_of::<MachineCounts>),
     ("CapacityResponse", fields_of::<CapacityResponse>),
@@ -332,6 +350,7 @@ pub const SCHEMAS: [(&str, Fields); 25] = [
     ("ApiErrorResponse", fields_of::<ApiError>),
     ("MountInfo", fields_of::<MountInfo>),
     ("MountSpec", fields_of::<MountSpec>),
+    ("ForkRequest", fields_of::<ForkMachine>),
     ("CreateForkPoolRequest", fields_of::<CreateForkPool>),
     ("ForkPoolInfo", fields_of::<ForkPoolInfo>),
     ("ListForkPoolsResponse", fields_of::<ListForkPools>),
@@ -544,6 +563,27 @@ struct DeleteResponse {
 struct ApiError {
     error: String,
     code: String,
+}
+
+/// `deny_unknown_fields`, as smolvm's document says (`additionalProperties: false`). Labels,
+/// freezing, holding, readiness, secrets and CUDA weights are read (and so checked) but not
+/// played.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[allow(dead_code)]
+struct ForkMachine {
+    name: String,
+    #[serde(default)]
+    env: Vec<String>,
+    ports: Option<Vec<PortSpec>>,
+    labels: Option<BTreeMap<String, String>>,
+    branchable: Option<bool>,
+    freeze_source: Option<bool>,
+    hold: Option<bool>,
+    wait_ready: Option<bool>,
+    ready_timeout_secs: Option<u64>,
+    secrets: Option<serde_json::Value>,
+    share_weights: Option<bool>,
 }
 
 /// The CUDA and readiness options are read (and so checked) but not played.
@@ -1234,6 +1274,10 @@ async fn dispatch(State(inner): State<Arc<Inner>>, request: Request) -> Response
         "resume_machine" => with_machine(world, &name, resume),
         "resize_machine" => match read_required::<ResizeMachine>(&body, json_body) {
             Ok(request) => with_machine(world, &name, |m| resize(m, &request)),
+            Err(refusal) => *refusal,
+        },
+        "branch_machine" => match read_required::<ForkMachine>(&body, json_body) {
+            Ok(request) => branch(world, &name, request),
             Err(refusal) => *refusal,
         },
         "list_pools" => {
@@ -1932,6 +1976,82 @@ fn refill(world: &mut World) {
     }
 }
 
+/// Whether an `env` entry is `KEY=VALUE` with a key.
+fn assignment(entry: &String) -> bool {
+    entry.split_once('=').is_some_and(|(key, _)| !key.is_empty())
+}
+
+/// The first host port the double gives a branch that pins none (smolvm remaps the source's
+/// forwards to fresh ports; which ones is its own choice).
+const FIRST_REMAPPED_PORT: u16 = 42000;
+
+/// A branch of a running branchable source: a new running machine with the source's image,
+/// size, network, environment and files, `request.env` added, and `request.ports` published
+/// (without them, the source's guest ports on fresh host ports).
+fn branch(world: &mut World, source: &str, request: ForkMachine) -> Response {
+    if let Err(message) = check_name("machine", &request.name) {
+        return bad_request(message);
+    }
+    if let Some(bad) = request.env.iter().find(|entry| !assignment(entry)) {
+        return bad_request(format!("env entry '{bad}' is not KEY=VALUE"));
+    }
+    let Some(golden) = world.machines.get(source) else {
+        return not_found(source);
+    };
+    if golden.info.state != "running" {
+        return conflict(format!("golden machine '{source}' is not running"));
+    }
+    if !golden.info.branchable {
+        return conflict(format!(
+            "golden machine '{source}' is not branchable; start it with branchable"
+        ));
+    }
+    if world.machines.contains_key(&request.name) {
+        return conflict(format!("machine '{}' already exists", request.name));
+    }
+    let ports = request.ports.unwrap_or_else(|| {
+        let taken: Vec<u16> = world.machines.values().flat_map(|m| m.info.ports.iter().map(|p| p.host)).collect();
+        let mut free = (FIRST_REMAPPED_PORT..).filter(|port| !taken.contains(port));
+        golden
+            .info
+            .ports
+            .iter()
+            .map(|port| PortSpec {
+                host: free.next().unwrap_or(port.host),
+                ..port.clone()
+            })
+            .collect()
+    });
+    let name = request.name;
+    let info = MachineInfo {
+        name: name.clone(),
+        state: "running".into(),
+        ports,
+        branchable: request.branchable.unwrap_or(false),
+        forkable: request.branchable.unwrap_or(false),
+        branchpoint_held: false,
+        forkpoint_held: false,
+        parent_machine: Some(source.to_string()),
+        disk_used_mb: 0,
+        created_at: now_secs(),
+        ..golden.info.clone()
+    };
+    let mut env = golden.env.clone();
+    env.extend(request.env);
+    let machine = Machine {
+        info,
+        paused: false,
+        env,
+        worker: None,
+        console: vec![format!("machine '{name}' branched from '{source}'")],
+        workload: vec![format!("workload of '{name}' goes on from '{source}'")],
+        files: golden.files.clone(),
+    };
+    let answer = json(StatusCode::OK, &machine.info);
+    world.machines.insert(name, machine);
+    answer
+}
+
 fn create_pool(world: &mut World, request: CreateForkPool) -> Response {
     if let Err(message) = check_name("pool", &request.name) {
         return bad_request(message);
@@ -2018,7 +2138,6 @@ fn acquire(world: &mut World, name: &str, request: AcquireForkLease) -> Response
     if let Some(lease) = world.leases.iter().find(|l| l.pool_uid == uid && l.key == key) {
         return json(StatusCode::OK, &lease_info(lease));
     }
-    let assignment = |entry: &String| entry.split_once('=').is_some_and(|(k, _)| !k.is_empty());
     if let Some(bad) = request.env.iter().find(|entry| !assignment(entry)) {
         return bad_request(format!("env entry '{bad}' is not KEY=VALUE"));
     }

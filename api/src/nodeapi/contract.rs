@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::wire::{
-    DeleteResponse, ExecRequest, ExecResponse, HealthResponse, IdentityResponse, LeaseRequest, MachineSpec,
+    BranchRequest, DeleteResponse, ExecRequest, ExecResponse, HealthResponse, IdentityResponse, LeaseRequest, MachineSpec,
     MachineStatus, PoolList, PoolResize, PoolSpec, PoolStatus, ResizeSpec, StartRequest, VolumeMounts,
 };
 
@@ -169,6 +169,11 @@ operations! {
     /// machine served from a ready slot of the pool (the same answer again for the same name).
     /// Refused with 409 `NoReadySlot` when the pool has none, 404 `PoolNotFound`.
     LeaseMachine,
+    /// `POST /v1/machines/{name}/branch` with a [`BranchRequest`]: 200 [`MachineStatus`], the
+    /// machine made a copy-on-write branch of the running branchable `source` (the same answer
+    /// again for the same name). Refused with 404 `SourceNotFound`, 409 `SourceNotRunning` or
+    /// `SourceNotBranchable`, 409 `Conflict` when `{name}` is another machine (SPEC 2.6).
+    BranchMachine,
     /// `GET /v1/pools`: 200 [`PoolList`].
     ListPools,
     /// `PUT /v1/pools/{name}` with a [`PoolSpec`]: 200 [`PoolStatus`].
@@ -212,6 +217,7 @@ impl Operation {
             Operation::ReadFile => READ_FILE,
             Operation::WriteFile => WRITE_FILE,
             Operation::LeaseMachine => LEASE_MACHINE,
+            Operation::BranchMachine => BRANCH_MACHINE,
             Operation::ListPools => LIST_POOLS,
             Operation::ApplyPool => APPLY_POOL,
             Operation::DeletePool => DELETE_POOL,
@@ -444,6 +450,14 @@ mod rows {
         Json("LeaseRequest"),
         Json("MachineStatus"),
     );
+    // A branch of a running machine (SPEC 2.6).
+    pub const BRANCH_MACHINE: Spec = row(
+        Post,
+        &[V, MACHINES, Machine, Fixed("branch")],
+        &[],
+        Json("BranchRequest"),
+        Json("MachineStatus"),
+    );
     pub const LIST_POOLS: Spec = row(Get, &[V, POOLS], &[], Empty, Json("PoolList"));
     pub const APPLY_POOL: Spec = row(Put, &[V, POOLS, Machine], &[], Json("PoolSpec"), Json("PoolStatus"));
     pub const DELETE_POOL: Spec = row(Delete, &[V, POOLS, Machine], &[], Empty, Json("DeleteResponse"));
@@ -518,6 +532,7 @@ pub mod calls {
         BindVolumes: VolumeMounts => MachineStatus;
         ExecInMachine: ExecRequest => ExecResponse;
         LeaseMachine: LeaseRequest => MachineStatus;
+        BranchMachine: BranchRequest => MachineStatus;
         ListPools: () => PoolList;
         ApplyPool: PoolSpec => PoolStatus;
         DeletePool: () => DeleteResponse;
@@ -532,7 +547,7 @@ mod tests {
     #[test]
     fn requests_route_to_their_operation() {
         // (method, path, operation, machine segment)
-        let cases: [(&str, &str, Option<Operation>, Option<&str>); 29] = [
+        let cases: [(&str, &str, Option<Operation>, Option<&str>); 30] = [
             ("GET", "/v1/health", Some(Operation::Health), None),
             ("GET", "/v1/identity", Some(Operation::Identity), None),
             ("GET", "/v1/machines/a", Some(Operation::GetMachine), Some("a")),
@@ -585,6 +600,7 @@ mod tests {
                 Some("a"),
             ),
             ("POST", "/v1/machines/a/lease", Some(Operation::LeaseMachine), Some("a")),
+            ("POST", "/v1/machines/a/branch", Some(Operation::BranchMachine), Some("a")),
             ("GET", "/v1/pools", Some(Operation::ListPools), None),
             ("PUT", "/v1/pools/p", Some(Operation::ApplyPool), Some("p")),
             ("DELETE", "/v1/pools/p", Some(Operation::DeletePool), Some("p")),
@@ -692,6 +708,7 @@ mod tests {
         payloads_match::<calls::BindVolumes>();
         payloads_match::<calls::ExecInMachine>();
         payloads_match::<calls::LeaseMachine>();
+        payloads_match::<calls::BranchMachine>();
         payloads_match::<calls::ListPools>();
         payloads_match::<calls::ApplyPool>();
         payloads_match::<calls::DeletePool>();

@@ -35,6 +35,9 @@ pub enum ErrorCode {
     PoolNotFound,
     /// 404: no such route.
     RouteNotFound,
+    /// 404: the machine a branch is asked of is not on this node (SPEC 2.6); `details.source`
+    /// names it.
+    SourceNotFound,
     /// 405: the route exists, the method does not.
     MethodNotAllowed,
     /// 403: a published host port is one the policy excludes (`excludedHostPorts`: the node's
@@ -68,6 +71,12 @@ pub enum ErrorCode {
     /// 409: the pool still serves leased machines, so it is not deleted; its ready slots were
     /// given back. `details.leased` counts the machines. Retry once they are gone.
     PoolInUse,
+    /// 409: the machine a branch is asked of does not run, and only a running machine can be
+    /// branched; `details.source` and `details.state` name it and its state.
+    SourceNotRunning,
+    /// 409: the machine a branch is asked of was not started as a branch source (`branchable`);
+    /// `details.source` names it.
+    SourceNotBranchable,
     /// 409: another conflict reported by smolvm.
     Conflict,
     /// 413: request body larger than the limit.
@@ -109,7 +118,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code this build knows.
-    pub const KNOWN: [ErrorCode; 31] = [
+    pub const KNOWN: [ErrorCode; 34] = [
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
@@ -117,6 +126,7 @@ impl ErrorCode {
         ErrorCode::FileNotFound,
         ErrorCode::PoolNotFound,
         ErrorCode::RouteNotFound,
+        ErrorCode::SourceNotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::HostPortExcluded,
         ErrorCode::ImagePullCredentialsRequired,
@@ -128,6 +138,8 @@ impl ErrorCode {
         ErrorCode::AlreadySuspended,
         ErrorCode::NoReadySlot,
         ErrorCode::PoolInUse,
+        ErrorCode::SourceNotRunning,
+        ErrorCode::SourceNotBranchable,
         ErrorCode::Conflict,
         ErrorCode::PayloadTooLarge,
         ErrorCode::StartFailed,
@@ -153,6 +165,7 @@ impl ErrorCode {
             ErrorCode::FileNotFound => "FileNotFound",
             ErrorCode::PoolNotFound => "PoolNotFound",
             ErrorCode::RouteNotFound => "RouteNotFound",
+            ErrorCode::SourceNotFound => "SourceNotFound",
             ErrorCode::MethodNotAllowed => "MethodNotAllowed",
             ErrorCode::HostPortExcluded => "HostPortExcluded",
             ErrorCode::ImagePullCredentialsRequired => "ImagePullCredentialsRequired",
@@ -164,6 +177,8 @@ impl ErrorCode {
             ErrorCode::AlreadySuspended => "AlreadySuspended",
             ErrorCode::NoReadySlot => "NoReadySlot",
             ErrorCode::PoolInUse => "PoolInUse",
+            ErrorCode::SourceNotRunning => "SourceNotRunning",
+            ErrorCode::SourceNotBranchable => "SourceNotBranchable",
             ErrorCode::Conflict => "Conflict",
             ErrorCode::PayloadTooLarge => "PayloadTooLarge",
             ErrorCode::StartFailed => "StartFailed",
@@ -208,7 +223,8 @@ impl ErrorCode {
             ErrorCode::MachineNotFound
             | ErrorCode::FileNotFound
             | ErrorCode::PoolNotFound
-            | ErrorCode::RouteNotFound => 404,
+            | ErrorCode::RouteNotFound
+            | ErrorCode::SourceNotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::MachineSpecConflict
             | ErrorCode::ResizeRequiresRunning
@@ -218,6 +234,8 @@ impl ErrorCode {
             | ErrorCode::AlreadySuspended
             | ErrorCode::NoReadySlot
             | ErrorCode::PoolInUse
+            | ErrorCode::SourceNotRunning
+            | ErrorCode::SourceNotBranchable
             | ErrorCode::VolumeNotMounted
             | ErrorCode::MachineRunning
             | ErrorCode::Conflict => 409,
@@ -412,6 +430,10 @@ pub struct StartRequest {
     /// Credentials for the image's registry, for this start only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registry_auth: Option<RegistryAuth>,
+    /// Start the machine as a branch source (SPEC 2.6): smolvm keeps it ready to be branched.
+    /// Applies to a start from stopped; a running machine keeps how it was started.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub branchable: bool,
 }
 
 /// What `PUT /v1/machines/{name}` creates. All sizes are required (no hidden defaults).
@@ -638,6 +660,24 @@ pub struct LeaseRequest {
     /// The machine's own environment, values resolved, installed before its workload runs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
+}
+
+/// Body of `POST /v1/machines/{name}/branch`: make the machine `{name}` a copy-on-write branch
+/// of the running branchable machine `source` on this node (SPEC 2.6). Its size, image and
+/// workload are the source's; `env` is added to the source's environment and `ports` are the
+/// branch's own (none published when empty). Idempotent by `{name}`: a branch of `source` that
+/// exists already answers as it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BranchRequest {
+    /// The source machine on this node.
+    pub source: String,
+    /// The branch's own environment, values resolved, delivered before its workload goes on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// The branch's published ports; none when empty (the source's are never shared).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<PortSpec>,
 }
 
 /// Answer of `DELETE /v1/machines/{name}`: exactly one of the two is true.

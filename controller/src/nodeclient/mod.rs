@@ -149,6 +149,7 @@ impl NodeClient {
     ) -> Result<MachineStatus, CallError> {
         let body = registry_auth.map(|auth| StartRequest {
             registry_auth: Some(auth.clone()),
+            ..StartRequest::default()
         });
         self.json::<calls::EnsureMachineRunning>(node, name, body.as_ref(), self.settings.start_timeout)
             .await

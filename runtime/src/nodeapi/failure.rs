@@ -135,6 +135,39 @@ pub fn already_suspended(name: &str, what: &str) -> ApiFailure {
     .with_details(serde_json::json!({ "state": state_value(MachineState::Suspended) }))
 }
 
+/// 404 `SourceNotFound`: no machine `source` on this node to branch.
+pub fn source_not_found(source: &str) -> ApiFailure {
+    ApiFailure::new(
+        ErrorCode::SourceNotFound,
+        format!("no machine '{source}' on this node to branch"),
+    )
+    .with_details(serde_json::json!({ "source": source }))
+}
+
+/// 409 `SourceNotRunning`: `source` is in another state than running, and only a running
+/// machine can be branched (its memory is what a branch copies).
+pub fn source_not_running(source: &str, status: &MachineStatus) -> ApiFailure {
+    let state = state_value(status.state);
+    ApiFailure::new(
+        ErrorCode::SourceNotRunning,
+        format!(
+            "machine '{source}' is {}: only a running machine can be branched",
+            state.as_str().unwrap_or("not running")
+        ),
+    )
+    .with_details(serde_json::json!({ "source": source, "state": state }))
+}
+
+/// 409 `SourceNotBranchable`: `source` runs but was not started as a branch source; `message`
+/// is smolvm's when it refused.
+pub fn source_not_branchable(source: &str, message: Option<&str>) -> ApiFailure {
+    let message = message.map_or_else(
+        || format!("machine '{source}' was not started as a branch source (branchable)"),
+        str::to_string,
+    );
+    ApiFailure::new(ErrorCode::SourceNotBranchable, message).with_details(serde_json::json!({ "source": source }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,6 +252,48 @@ mod tests {
                 "{error:?}"
             );
             assert!(failure.body.message.contains(error.message()));
+        }
+    }
+
+    #[test]
+    fn branch_refusals_name_the_source_and_its_state() {
+        let status = |state| MachineStatus {
+            state,
+            ..crate::nodeapi::mapping::to_status(&crate::vmm::Machine::created_from(
+                &crate::vmm::MachineSpec::new("src", 1, 64),
+            ))
+        };
+        // (failure, HTTP status, code, details)
+        let cases = [
+            (
+                source_not_found("src"),
+                404,
+                "SourceNotFound",
+                serde_json::json!({"source": "src"}),
+            ),
+            (
+                source_not_running("src", &status(MachineState::Stopped)),
+                409,
+                "SourceNotRunning",
+                serde_json::json!({"source": "src", "state": "Stopped"}),
+            ),
+            (
+                source_not_running("src", &status(MachineState::Suspended)),
+                409,
+                "SourceNotRunning",
+                serde_json::json!({"source": "src", "state": "Suspended"}),
+            ),
+            (
+                source_not_branchable("src", None),
+                409,
+                "SourceNotBranchable",
+                serde_json::json!({"source": "src"}),
+            ),
+        ];
+        for (failure, http, code, details) in cases {
+            assert_eq!((failure.status, failure.body.code.as_str()), (http, code));
+            assert_eq!(failure.body.details, Some(details), "{code}");
+            assert!(failure.body.message.contains("'src'"), "{}", failure.body.message);
         }
     }
 }

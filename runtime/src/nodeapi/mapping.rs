@@ -57,7 +57,7 @@ pub fn restart_word(policy: RestartPolicy) -> &'static str {
     }
 }
 
-fn to_vmm_port(port: &PortSpec) -> PortMapping {
+pub fn to_vmm_port(port: &PortSpec) -> PortMapping {
     PortMapping {
         host_port: port.host_port,
         guest_port: port.guest_port,

@@ -5,7 +5,8 @@
 //! any machine is asked, and [`failure`] holds a failure as data and the refusals (all pure);
 //! [`server`] is the axum router; [`stream`] bridges interactive exec
 //! (Kubernetes' channel protocol) to the runtime; [`suspend`] suspends and resumes machines;
-//! `pools` keeps warm pools and serves machines from them;
+//! `pools` keeps warm pools and serves machines from them; `branches` makes a machine a
+//! branch of a running one;
 //! [`tls`] serves it over mTLS with a reloadable serving certificate and client CA; [`uploads`]
 //! holds the budget of file uploads; `volumes` points machines at their holder Pods' volumes
 //! ([`crate::volumes`]), and [`release`] is the holders' release hook, on a listener of its own.
@@ -14,6 +15,7 @@
 
 mod answer;
 pub mod auth;
+mod branches;
 pub mod failure;
 pub mod mapping;
 pub(crate) mod pools;

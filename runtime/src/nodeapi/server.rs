@@ -105,6 +105,7 @@ fn handler(operation: Operation) -> MethodRouter<NodeApiState> {
         // write_file reads its body itself, within MAX_FILE_BYTES and the upload budget.
         Operation::WriteFile => on(method, write_file).layer(DefaultBodyLimit::disable()),
         Operation::LeaseMachine => on(method, super::pools::lease_machine),
+        Operation::BranchMachine => on(method, super::branches::branch_machine),
         Operation::ListPools => on(method, super::pools::list_pools),
         Operation::ApplyPool => on(method, super::pools::apply_pool),
         Operation::DeletePool => on(method, super::pools::delete_pool),
@@ -281,7 +282,12 @@ async fn ensure_running(
     state.check_ports(&name, &machine.ports)?;
     // Never over an empty directory: each volume is a bind of its holder's, or no start.
     state.volumes.ensure_bound(&name).map_err(ApiFailure::from)?;
-    let started = state.vmm.start(&name, request.registry_auth.as_ref()).await;
+    // A branch source is started so smolvm can branch it (SPEC 2.6).
+    let started = if request.branchable {
+        state.vmm.start_branchable(&name, request.registry_auth.as_ref()).await
+    } else {
+        state.vmm.start(&name, request.registry_auth.as_ref()).await
+    };
     state.poke_forwarder();
     let started = started?;
     state.remember_image(&name, machine.image.as_deref(), request.registry_auth.as_ref());

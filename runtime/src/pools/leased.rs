@@ -14,7 +14,7 @@ use async_trait::async_trait;
 
 use super::PoolBook;
 use crate::vmm::{
-    DeleteOutcome, ExecOutput, ExecRequest, FileContent, InteractiveRequest, LeaseInfo, LeaseRequest, LogQuery,
+    BranchRequest, DeleteOutcome, ExecOutput, ExecRequest, FileContent, InteractiveRequest, LeaseInfo, LeaseRequest, LogQuery,
     LogStream, Machine, MachineSpec, PoolInfo, PoolRequest, RegistryAuth, ResizeRequest, Session, Vmm, VmmCapacity,
     VmmError, VmmHealth,
 };
@@ -167,6 +167,20 @@ impl Vmm for LeasedVmm {
 
     async fn start_branchable(&self, name: &str, registry_auth: Option<&RegistryAuth>) -> Result<Machine, VmmError> {
         self.inner.start_branchable(name, registry_auth).await
+    }
+
+    /// A branch takes a name no pooled machine has, of the source's smolvm machine.
+    async fn branch(&self, source: &str, request: &BranchRequest<'_>) -> Result<Machine, VmmError> {
+        if self.book.leases.exists(request.name) {
+            return Err(VmmError::Conflict {
+                message: format!("machine '{}' already exists (served from a pool)", request.name),
+            });
+        }
+        let target = self.target(source);
+        self.inner
+            .branch(&target, request)
+            .await
+            .map_err(|error| Self::about(source, &target, error))
     }
 
     async fn pools(&self) -> Result<Vec<PoolInfo>, VmmError> {

@@ -82,6 +82,16 @@ pub trait Vmm: Send + Sync {
         Err(unsupported("branchable starts"))
     }
 
+    /// Makes `request.name` a copy-on-write branch of the running branchable machine `source`
+    /// (smolvm's branches route): its memory and disks are the source's at this moment, its
+    /// environment the source's plus `request.env`, its published ports `request.ports` only.
+    /// A missing source is a [`VmmError::NotFound`]; one that is not branchable, or a name
+    /// that is taken, a [`VmmError::Conflict`].
+    async fn branch(&self, source: &str, request: &BranchRequest<'_>) -> Result<Machine, VmmError> {
+        let _ = (source, request);
+        Err(unsupported("branches"))
+    }
+
     /// The pools the runtime keeps.
     async fn pools(&self) -> Result<Vec<PoolInfo>, VmmError> {
         Err(unsupported("pools"))
@@ -221,6 +231,17 @@ pub struct LeaseRequest<'a> {
     pub env: &'a [(String, Sensitive)],
     /// Seconds it lives without a heartbeat.
     pub ttl_secs: u64,
+}
+
+/// What a branch of a running machine is made with.
+#[derive(Debug, Clone, Copy)]
+pub struct BranchRequest<'a> {
+    /// The new machine's name.
+    pub name: &'a str,
+    /// Environment added to the source's, delivered before the branch's workload goes on.
+    pub env: &'a [(String, Sensitive)],
+    /// The branch's own published ports (none when empty).
+    pub ports: &'a [PortMapping],
 }
 
 /// One lease on a pool's machine, as the runtime reports it.
@@ -425,6 +446,20 @@ impl Machine {
     /// `state`); for a machine no runtime reported (a test double's), the word of its state.
     pub fn runtime_state(&self) -> String {
         smolvm::state_word_of(&self.raw).map_or_else(|| smolvm::state_word(self.state).to_string(), str::to_string)
+    }
+
+    /// The machine this one was branched from, as the runtime records it (smolvm's
+    /// `parentMachine`); `None` for a machine created on its own.
+    pub fn parent(&self) -> Option<&str> {
+        self.raw.get("parentMachine").and_then(serde_json::Value::as_str)
+    }
+
+    /// Whether the machine runs as a branch source (smolvm's `branchable`).
+    pub fn branchable(&self) -> bool {
+        self.raw
+            .get("branchable")
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false)
     }
 
     /// The machine a runtime reports right after creating `spec`: state created, the spec's

@@ -33,6 +33,8 @@ pub enum Operation {
     Lease,
     /// A lease's heartbeat or completion.
     LeaseUpdate,
+    /// A branch of a running machine.
+    Branch,
 }
 
 /// Maps a non-success answer to a [`VmmError`], keeping smolvm's message.

@@ -8,7 +8,7 @@
 //! reads its answer; `paths` spells where a machine's calls go; `errors` maps smolvm's refusals
 //! (the interactive exec's handshake, [`super::interactive`], maps its own with it); `machine`
 //! reads a machine's record and state words; `wire` holds the other calls' bodies; `pools` the
-//! fork pools and their leases.
+//! fork pools and their leases; `branches` a branch of a running machine.
 
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
@@ -22,7 +22,7 @@ use base64::Engine as _;
 use futures::StreamExt as _;
 
 use super::{
-    DeleteOutcome, ExecOutput, ExecRequest, FileContent, LeaseInfo, LeaseRequest, LogQuery, LogStream, Machine,
+    BranchRequest, DeleteOutcome, ExecOutput, ExecRequest, FileContent, LeaseInfo, LeaseRequest, LogQuery, LogStream, Machine,
     MachineSpec, PoolInfo, PoolRequest, RegistryAuth, ResizeRequest, Vmm, VmmCapacity, VmmError, VmmHealth,
 };
 use machine::parse_machine_bytes;
@@ -34,6 +34,7 @@ use wire::{
 };
 
 pub(super) mod errors;
+mod branches;
 mod machine;
 mod paths;
 mod pools;
@@ -259,6 +260,10 @@ impl Vmm for SmolvmClient {
             branchable: true,
         })?;
         self.lifecycle_call(Operation::Start, name, "start", Some(body)).await
+    }
+
+    async fn branch(&self, source: &str, request: &BranchRequest<'_>) -> Result<Machine, VmmError> {
+        self.branch_call(source, request).await
     }
 
     async fn pools(&self) -> Result<Vec<PoolInfo>, VmmError> {

@@ -24,7 +24,8 @@ impl SmolvmClient {
             Operation::Stop => self.config.stop_timeout,
             Operation::Delete => self.config.delete_timeout,
             Operation::Pause => self.config.pause_timeout,
-            Operation::Resume => self.config.resume_timeout,
+            // A branch restores the source's memory copy-on-write, as a resume restores its own.
+            Operation::Resume | Operation::Branch => self.config.resume_timeout,
             _ => self.config.request_timeout,
         }
     }

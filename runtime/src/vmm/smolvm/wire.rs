@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use smolvm_api::Protocol;
 
-use crate::vmm::{MachineSpec, RegistryAuth, Sensitive, VmmError};
+use crate::vmm::{MachineSpec, PortMapping, RegistryAuth, Sensitive, VmmError};
 
 pub(super) fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, VmmError> {
     serde_json::from_slice(bytes).map_err(|error| {
@@ -113,15 +113,7 @@ pub(super) fn create_wire(spec: &MachineSpec, image: Option<String>) -> CreateWi
         storage_gb: spec.storage_gib,
         overlay_gb: spec.overlay_gib,
         network: spec.network,
-        ports: spec
-            .ports
-            .iter()
-            .map(|port| PortWireOut {
-                host: port.host_port,
-                guest: port.guest_port,
-                protocol: smolvm_protocol(port.protocol),
-            })
-            .collect(),
+        ports: spec.ports.iter().map(PortWireOut::from).collect(),
         allowed_cidrs: spec.allowed_cidrs.as_deref(),
         allowed_hosts: spec.allowed_hosts.as_deref(),
         entrypoint: &spec.workload.entrypoint,
@@ -169,11 +161,22 @@ pub(super) struct StartWire<'a> {
     pub(super) branchable: bool,
 }
 
+/// smolvm's `PortSpec`.
 #[derive(Debug, Serialize)]
-struct PortWireOut {
+pub(super) struct PortWireOut {
     host: u16,
     guest: u16,
     protocol: &'static str,
+}
+
+impl From<&PortMapping> for PortWireOut {
+    fn from(port: &PortMapping) -> Self {
+        PortWireOut {
+            host: port.host_port,
+            guest: port.guest_port,
+            protocol: smolvm_protocol(port.protocol),
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
