@@ -46,15 +46,27 @@ async fn branches_against_the_double() {
     let mut c = agent.client().await;
     let source_port = common::free_port();
 
-    let created = c.call("PUT", "/v1/machines/src", Some(machine(&[[source_port, 80]]))).await;
+    let created = c
+        .call("PUT", "/v1/machines/src", Some(machine(&[[source_port, 80]])))
+        .await;
     assert_eq!(created.status, 201, "{created:?}");
     let started = c
-        .call("POST", "/v1/machines/src/ensure-running", Some(json!({"branchable": true})))
+        .call(
+            "POST",
+            "/v1/machines/src/ensure-running",
+            Some(json!({"branchable": true})),
+        )
         .await;
-    assert_eq!((started.status, started.body["state"].clone()), (200, json!("Running")), "{started:?}");
+    assert_eq!(
+        (started.status, started.body["state"].clone()),
+        (200, json!("Running")),
+        "{started:?}"
+    );
 
     // A branch with its own env and no ports: none of the source's are published.
-    let branched = c.call("POST", "/v1/machines/b1/branch", Some(branch_of("src", "b1"))).await;
+    let branched = c
+        .call("POST", "/v1/machines/b1/branch", Some(branch_of("src", "b1")))
+        .await;
     assert_eq!(branched.status, 200, "{branched:?}");
     assert_eq!(branched.body["name"], json!("b1"));
     assert_eq!(branched.body["state"], json!("Running"));
@@ -64,8 +76,14 @@ async fn branches_against_the_double() {
     assert!(env.contains(&"ROLE=b1".to_string()), "the branch's own env: {env:?}");
 
     // A repeat answers the same, and smolvm is not asked again.
-    let again = c.call("POST", "/v1/machines/b1/branch", Some(branch_of("src", "b1"))).await;
-    assert_eq!((again.status, again.body["name"].clone()), (200, json!("b1")), "{again:?}");
+    let again = c
+        .call("POST", "/v1/machines/b1/branch", Some(branch_of("src", "b1")))
+        .await;
+    assert_eq!(
+        (again.status, again.body["name"].clone()),
+        (200, json!("b1")),
+        "{again:?}"
+    );
 
     // A branch with its own port.
     let branch_port = common::free_port();
@@ -96,7 +114,11 @@ async fn branch_refusals_against_the_double() {
         assert_eq!(created.status, 201, "{created:?}");
     }
     let started = c
-        .call("POST", "/v1/machines/src/ensure-running", Some(json!({"branchable": true})))
+        .call(
+            "POST",
+            "/v1/machines/src/ensure-running",
+            Some(json!({"branchable": true})),
+        )
         .await;
     assert_eq!(started.status, 200, "{started:?}");
     let started = c.call("POST", "/v1/machines/plain/ensure-running", None).await;
@@ -111,10 +133,18 @@ async fn branch_refusals_against_the_double() {
         ("cold", branch_of("src", "x"), 409, "Conflict", None),
         ("src", branch_of("src", "x"), 400, "InvalidRequest", None),
         ("b", json!({"source": "bad name"}), 400, "InvalidRequest", None),
-        ("b", json!({"source": "src", "freezeSource": true}), 400, "InvalidRequest", None),
+        (
+            "b",
+            json!({"source": "src", "freezeSource": true}),
+            400,
+            "InvalidRequest",
+            None,
+        ),
     ];
     for (name, body, status, code, state) in cases {
-        let refused = c.call("POST", &format!("/v1/machines/{name}/branch"), Some(body.clone())).await;
+        let refused = c
+            .call("POST", &format!("/v1/machines/{name}/branch"), Some(body.clone()))
+            .await;
         assert_error(&refused, status, code);
         if let Some(state) = state {
             assert_eq!(refused.body["details"]["state"], json!(state), "{body}");
@@ -137,11 +167,15 @@ async fn branch_refusals_against_real_smolvm() {
         return;
     };
     let mut c = agent.client().await;
-    let refused = c.call("POST", "/v1/machines/b/branch", Some(branch_of("nope", "x"))).await;
+    let refused = c
+        .call("POST", "/v1/machines/b/branch", Some(branch_of("nope", "x")))
+        .await;
     assert_error(&refused, 404, "SourceNotFound");
     let created = c.call("PUT", "/v1/machines/src", Some(machine(&[]))).await;
     assert_eq!(created.status, 201, "{created:?}");
-    let refused = c.call("POST", "/v1/machines/b/branch", Some(branch_of("src", "x"))).await;
+    let refused = c
+        .call("POST", "/v1/machines/b/branch", Some(branch_of("src", "x")))
+        .await;
     assert_error(&refused, 409, "SourceNotRunning");
     assert_eq!(refused.body["details"]["state"], json!("Created"));
     let gone = c.call("GET", "/v1/machines/b", None).await;

@@ -12,8 +12,8 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use smolvm_runtime::vmm::{
-    BranchRequest, DeleteOutcome, HostMount, LeaseInfo, LeaseRequest, Machine, MachineSpec, MachineState, PoolInfo, PoolRequest,
-    ResizeRequest, Vmm, VmmError, VmmHealth,
+    BranchRequest, DeleteOutcome, HostMount, LeaseInfo, LeaseRequest, Machine, MachineSpec, MachineState, PoolInfo,
+    PoolRequest, ResizeRequest, Vmm, VmmError, VmmHealth,
 };
 
 /// A pool as the double keeps it.
@@ -252,7 +252,11 @@ impl Vmm for MemoryVmm {
             machine.name = request.name.to_string();
             machine.ports = request.ports.to_vec();
             set_raw(&mut machine, "branchable", serde_json::Value::Bool(false));
-            set_raw(&mut machine, "parentMachine", serde_json::Value::String(source.to_string()));
+            set_raw(
+                &mut machine,
+                "parentMachine",
+                serde_json::Value::String(source.to_string()),
+            );
             w.machines.insert(request.name.to_string(), machine.clone());
             Ok(machine)
         })

@@ -1977,7 +1977,7 @@ fn refill(world: &mut World) {
 }
 
 /// Whether an `env` entry is `KEY=VALUE` with a key.
-fn assignment(entry: &String) -> bool {
+fn assignment(entry: &str) -> bool {
     entry.split_once('=').is_some_and(|(key, _)| !key.is_empty())
 }
 
@@ -2010,7 +2010,11 @@ fn branch(world: &mut World, source: &str, request: ForkMachine) -> Response {
         return conflict(format!("machine '{}' already exists", request.name));
     }
     let ports = request.ports.unwrap_or_else(|| {
-        let taken: Vec<u16> = world.machines.values().flat_map(|m| m.info.ports.iter().map(|p| p.host)).collect();
+        let taken: Vec<u16> = world
+            .machines
+            .values()
+            .flat_map(|m| m.info.ports.iter().map(|p| p.host))
+            .collect();
         let mut free = (FIRST_REMAPPED_PORT..).filter(|port| !taken.contains(port));
         golden
             .info

@@ -16,8 +16,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::wire::{
-    BranchRequest, DeleteResponse, ExecRequest, ExecResponse, HealthResponse, IdentityResponse, LeaseRequest, MachineSpec,
-    MachineStatus, PoolList, PoolResize, PoolSpec, PoolStatus, ResizeSpec, StartRequest, VolumeMounts,
+    BranchRequest, DeleteResponse, ExecRequest, ExecResponse, HealthResponse, IdentityResponse, LeaseRequest,
+    MachineSpec, MachineStatus, PoolList, PoolResize, PoolSpec, PoolStatus, ResizeSpec, StartRequest, VolumeMounts,
 };
 
 /// The path segment of this protocol version (the paths start `/v1/`).
@@ -600,7 +600,12 @@ mod tests {
                 Some("a"),
             ),
             ("POST", "/v1/machines/a/lease", Some(Operation::LeaseMachine), Some("a")),
-            ("POST", "/v1/machines/a/branch", Some(Operation::BranchMachine), Some("a")),
+            (
+                "POST",
+                "/v1/machines/a/branch",
+                Some(Operation::BranchMachine),
+                Some("a"),
+            ),
             ("GET", "/v1/pools", Some(Operation::ListPools), None),
             ("PUT", "/v1/pools/p", Some(Operation::ApplyPool), Some("p")),
             ("DELETE", "/v1/pools/p", Some(Operation::DeletePool), Some("p")),

@@ -68,7 +68,10 @@ pub(super) async fn branch_machine(
     match branched {
         Ok(machine) => {
             tracing::info!(machine = %name, %source, "branched");
-            Ok(answer::<calls::BranchMachine>(StatusCode::OK, &state.status_of(&machine)))
+            Ok(answer::<calls::BranchMachine>(
+                StatusCode::OK,
+                &state.status_of(&machine),
+            ))
         }
         // The source went between our look and smolvm's.
         Err(VmmError::NotFound { .. }) => Err(failure::source_not_found(source).into()),

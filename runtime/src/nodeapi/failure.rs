@@ -72,15 +72,12 @@ pub fn map_vmm_error(error: &VmmError) -> ApiFailure {
 
 /// 409 `MachineNotRunning` for a call that needs a running machine.
 pub fn not_running(name: &str, status: &MachineStatus, what: &str) -> ApiFailure {
-    let state = serde_json::to_value(status.state).unwrap_or_default();
-    ApiFailure::new(
+    in_state(
         ErrorCode::MachineNotRunning,
-        format!(
-            "machine '{name}' is {}: {what} needs a running machine",
-            state.as_str().unwrap_or("not running")
-        ),
+        name,
+        status.state,
+        &format!(": {what} needs a running machine"),
     )
-    .with_details(serde_json::json!({ "state": state }))
 }
 
 /// 404 `FileNotFound`: machine `name` runs and has nothing at `path`, which a files read asked
@@ -98,31 +95,39 @@ fn state_value(state: MachineState) -> serde_json::Value {
     serde_json::to_value(state).unwrap_or_default()
 }
 
-/// 409 `MachineNotRunning` for a suspend of a machine that does not run: only a running
-/// machine has a memory to save.
-pub fn cannot_suspend(name: &str, status: &MachineStatus) -> ApiFailure {
-    let state = state_value(status.state);
+/// A refusal of `code` because machine `name` is in `state`: the message says so and `why`,
+/// `details.state` names the state.
+fn in_state(code: ErrorCode, name: &str, state: MachineState, why: &str) -> ApiFailure {
+    let state = state_value(state);
     ApiFailure::new(
-        ErrorCode::MachineNotRunning,
+        code,
         format!(
-            "machine '{name}' is {}: only a running machine can be suspended (start it first)",
-            state.as_str().unwrap_or("not running")
+            "machine '{name}' is {}{why}",
+            state.as_str().unwrap_or("in another state")
         ),
     )
     .with_details(serde_json::json!({ "state": state }))
 }
 
+/// 409 `MachineNotRunning` for a suspend of a machine that does not run: only a running
+/// machine has a memory to save.
+pub fn cannot_suspend(name: &str, status: &MachineStatus) -> ApiFailure {
+    in_state(
+        ErrorCode::MachineNotRunning,
+        name,
+        status.state,
+        ": only a running machine can be suspended (start it first)",
+    )
+}
+
 /// 409 `NoSavedState` for a resume of a machine that was not suspended.
 pub fn no_saved_state(name: &str, status: &MachineStatus) -> ApiFailure {
-    let state = state_value(status.state);
-    ApiFailure::new(
+    in_state(
         ErrorCode::NoSavedState,
-        format!(
-            "machine '{name}' is {} and has no saved state to resume: start it instead",
-            state.as_str().unwrap_or("not suspended")
-        ),
+        name,
+        status.state,
+        " and has no saved state to resume: start it instead",
     )
-    .with_details(serde_json::json!({ "state": state }))
 }
 
 /// 409 `AlreadySuspended` for `what` (a start, a resize) on a suspended machine: it would throw
@@ -145,17 +150,19 @@ pub fn source_not_found(source: &str) -> ApiFailure {
 }
 
 /// 409 `SourceNotRunning`: `source` is in another state than running, and only a running
-/// machine can be branched (its memory is what a branch copies).
+/// machine can be branched (its memory is what a branch copies); `details` name it and its
+/// state.
 pub fn source_not_running(source: &str, status: &MachineStatus) -> ApiFailure {
-    let state = state_value(status.state);
-    ApiFailure::new(
+    let mut failure = in_state(
         ErrorCode::SourceNotRunning,
-        format!(
-            "machine '{source}' is {}: only a running machine can be branched",
-            state.as_str().unwrap_or("not running")
-        ),
-    )
-    .with_details(serde_json::json!({ "source": source, "state": state }))
+        source,
+        status.state,
+        ": only a running machine can be branched",
+    );
+    if let Some(serde_json::Value::Object(details)) = failure.body.details.as_mut() {
+        details.insert("source".into(), source.into());
+    }
+    failure
 }
 
 /// 409 `SourceNotBranchable`: `source` runs but was not started as a branch source; `message`
@@ -259,9 +266,9 @@ mod tests {
     fn branch_refusals_name_the_source_and_its_state() {
         let status = |state| MachineStatus {
             state,
-            ..crate::nodeapi::mapping::to_status(&crate::vmm::Machine::created_from(
-                &crate::vmm::MachineSpec::new("src", 1, 64),
-            ))
+            ..crate::nodeapi::mapping::to_status(&crate::vmm::Machine::created_from(&crate::vmm::MachineSpec::new(
+                "src", 1, 64,
+            )))
         };
         // (failure, HTTP status, code, details)
         let cases = [

@@ -14,9 +14,9 @@ use async_trait::async_trait;
 
 use super::PoolBook;
 use crate::vmm::{
-    BranchRequest, DeleteOutcome, ExecOutput, ExecRequest, FileContent, InteractiveRequest, LeaseInfo, LeaseRequest, LogQuery,
-    LogStream, Machine, MachineSpec, PoolInfo, PoolRequest, RegistryAuth, ResizeRequest, Session, Vmm, VmmCapacity,
-    VmmError, VmmHealth,
+    BranchRequest, DeleteOutcome, ExecOutput, ExecRequest, FileContent, InteractiveRequest, LeaseInfo, LeaseRequest,
+    LogQuery, LogStream, Machine, MachineSpec, PoolInfo, PoolRequest, RegistryAuth, ResizeRequest, Session, Vmm,
+    VmmCapacity, VmmError, VmmHealth,
 };
 
 /// The runtime with the machines served from pools under their own names.

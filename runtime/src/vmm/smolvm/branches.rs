@@ -59,16 +59,25 @@ mod tests {
             guest_port: 80,
             protocol: Protocol::Tcp,
         }];
-        let cases: [(&[(String, Sensitive)], &[PortMapping], serde_json::Value); 2] = [
-            (&[], &[], serde_json::json!({"name": "b", "ports": []})),
+        let cases = [
             (
-                &env,
-                &ports,
+                BranchRequest {
+                    name: "b",
+                    env: &[],
+                    ports: &[],
+                },
+                serde_json::json!({"name": "b", "ports": []}),
+            ),
+            (
+                BranchRequest {
+                    name: "b",
+                    env: &env,
+                    ports: &ports,
+                },
                 serde_json::json!({"name": "b", "env": ["ROLE=b1"], "ports": [{"host": 18080, "guest": 80, "protocol": "tcp"}]}),
             ),
         ];
-        for (env, ports, want) in cases {
-            let request = BranchRequest { name: "b", env, ports };
+        for (request, want) in cases {
             assert_eq!(serde_json::to_value(fork_wire(&request)).ok(), Some(want));
         }
     }

@@ -22,8 +22,8 @@ use base64::Engine as _;
 use futures::StreamExt as _;
 
 use super::{
-    BranchRequest, DeleteOutcome, ExecOutput, ExecRequest, FileContent, LeaseInfo, LeaseRequest, LogQuery, LogStream, Machine,
-    MachineSpec, PoolInfo, PoolRequest, RegistryAuth, ResizeRequest, Vmm, VmmCapacity, VmmError, VmmHealth,
+    BranchRequest, DeleteOutcome, ExecOutput, ExecRequest, FileContent, LeaseInfo, LeaseRequest, LogQuery, LogStream,
+    Machine, MachineSpec, PoolInfo, PoolRequest, RegistryAuth, ResizeRequest, Vmm, VmmCapacity, VmmError, VmmHealth,
 };
 use machine::parse_machine_bytes;
 use paths::{MACHINES, file_path, machine_path};
@@ -33,8 +33,8 @@ use wire::{
     parse_json, to_json,
 };
 
-pub(super) mod errors;
 mod branches;
+pub(super) mod errors;
 mod machine;
 mod paths;
 mod pools;
