@@ -16,7 +16,7 @@ use super::answer::{ApiResult, MachineName, answer, body_of};
 use super::failure::{self, ApiFailure};
 use super::mapping;
 use super::request_checks;
-use super::server::NodeApiState;
+use super::state::NodeApiState;
 use super::types::{ErrorCode, MachineState, calls, validate_machine_name};
 use crate::vmm::{BranchRequest, Machine, VmmError};
 
