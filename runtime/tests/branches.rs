@@ -34,21 +34,9 @@ fn machine(ports: &[[u16; 2]]) -> serde_json::Value {
         "workload": {"env": [{"name": "BASE", "value": "1"}]}})
 }
 
-fn branch_of(source: &str, role: &str) -> serde_json::Value {
-    json!({"source": source, "env": [{"name": "ROLE", "value": role}]})
-}
-
-#[tokio::test]
-async fn branches_against_the_double() {
-    common::init();
-    let dir = tempdir();
-    let (double, agent) = TestAgent::on_double(dir.path()).await;
-    let mut c = agent.client().await;
-    let source_port = common::free_port();
-
-    let created = c
-        .call("PUT", "/v1/machines/src", Some(machine(&[[source_port, 80]])))
-        .await;
+/// Creates `src` (see [`machine`]) and starts it as a branch source.
+async fn branchable_source(c: &mut common::NodeClient, ports: &[[u16; 2]]) {
+    let created = c.call("PUT", "/v1/machines/src", Some(machine(ports))).await;
     assert_eq!(created.status, 201, "{created:?}");
     let started = c
         .call(
@@ -62,6 +50,21 @@ async fn branches_against_the_double() {
         (200, json!("Running")),
         "{started:?}"
     );
+}
+
+fn branch_of(source: &str, role: &str) -> serde_json::Value {
+    json!({"source": source, "env": [{"name": "ROLE", "value": role}]})
+}
+
+#[tokio::test]
+async fn branches_against_the_double() {
+    common::init();
+    let dir = tempdir();
+    let (double, agent) = TestAgent::on_double(dir.path()).await;
+    let mut c = agent.client().await;
+    let source_port = common::free_port();
+
+    branchable_source(&mut c, &[[source_port, 80]]).await;
 
     // A branch with its own env and no ports: none of the source's are published.
     let branched = c
@@ -94,12 +97,9 @@ async fn branches_against_the_double() {
     assert_eq!(double.env("b2").unwrap_or_default(), vec!["BASE=1".to_string()]);
 
     assert_eq!(double.calls_of("branch_machine").len(), 2, "one branch call per branch");
-    let creates: Vec<_> = double
-        .calls_of("create_machine")
-        .into_iter()
-        .filter_map(|call| call.machine)
-        .collect();
-    assert!(creates.is_empty(), "a branch is never created: {creates:?}");
+    // smolvm's create names no machine in its path: the source's is the only one.
+    let creates = double.calls_of("create_machine");
+    assert_eq!(creates.len(), 1, "a branch is never created: {creates:?}");
     agent.agent.shutdown().await;
 }
 
@@ -109,18 +109,11 @@ async fn branch_refusals_against_the_double() {
     let dir = tempdir();
     let (double, agent) = TestAgent::on_double(dir.path()).await;
     let mut c = agent.client().await;
-    for name in ["src", "plain", "cold"] {
+    branchable_source(&mut c, &[]).await;
+    for name in ["plain", "cold"] {
         let created = c.call("PUT", &format!("/v1/machines/{name}"), Some(machine(&[]))).await;
         assert_eq!(created.status, 201, "{created:?}");
     }
-    let started = c
-        .call(
-            "POST",
-            "/v1/machines/src/ensure-running",
-            Some(json!({"branchable": true})),
-        )
-        .await;
-    assert_eq!(started.status, 200, "{started:?}");
     let started = c.call("POST", "/v1/machines/plain/ensure-running", None).await;
     assert_eq!(started.status, 200, "{started:?}");
 

@@ -1981,6 +1981,23 @@ fn assignment(entry: &str) -> bool {
     entry.split_once('=').is_some_and(|(key, _)| !key.is_empty())
 }
 
+/// The running branchable machine `source` that a branch or a pool is made from, or smolvm's
+/// refusal: 404 when it does not exist, 409 when it does not run or is not branchable.
+fn golden<'w>(world: &'w World, source: &str) -> Result<&'w Machine, Box<Response>> {
+    let Some(golden) = world.machines.get(source) else {
+        return Err(Box::new(not_found(source)));
+    };
+    if golden.info.state != "running" {
+        return Err(Box::new(conflict(format!("golden machine '{source}' is not running"))));
+    }
+    if !golden.info.branchable {
+        return Err(Box::new(conflict(format!(
+            "golden machine '{source}' is not branchable; start it with branchable"
+        ))));
+    }
+    Ok(golden)
+}
+
 /// The first host port the double gives a branch that pins none (smolvm remaps the source's
 /// forwards to fresh ports; which ones is its own choice).
 const FIRST_REMAPPED_PORT: u16 = 42000;
@@ -1995,17 +2012,10 @@ fn branch(world: &mut World, source: &str, request: ForkMachine) -> Response {
     if let Some(bad) = request.env.iter().find(|entry| !assignment(entry)) {
         return bad_request(format!("env entry '{bad}' is not KEY=VALUE"));
     }
-    let Some(golden) = world.machines.get(source) else {
-        return not_found(source);
+    let golden = match golden(world, source) {
+        Ok(golden) => golden,
+        Err(refusal) => return *refusal,
     };
-    if golden.info.state != "running" {
-        return conflict(format!("golden machine '{source}' is not running"));
-    }
-    if !golden.info.branchable {
-        return conflict(format!(
-            "golden machine '{source}' is not branchable; start it with branchable"
-        ));
-    }
     if world.machines.contains_key(&request.name) {
         return conflict(format!("machine '{}' already exists", request.name));
     }
@@ -2060,17 +2070,8 @@ fn create_pool(world: &mut World, request: CreateForkPool) -> Response {
     if let Err(message) = check_name("pool", &request.name) {
         return bad_request(message);
     }
-    let Some(source) = world.machines.get(&request.source) else {
-        return not_found(&request.source);
-    };
-    if source.info.state != "running" {
-        return conflict(format!("golden machine '{}' is not running", request.source));
-    }
-    if !source.info.branchable {
-        return conflict(format!(
-            "golden machine '{}' is not branchable; start it with branchable",
-            request.source
-        ));
+    if let Err(refusal) = golden(world, &request.source) {
+        return *refusal;
     }
     if world.pools.contains_key(&request.name) {
         return conflict(format!("fork pool '{}' already exists", request.name));

@@ -77,12 +77,17 @@ pub(super) async fn branch_machine(
         Err(VmmError::NotFound { .. }) => Err(failure::source_not_found(source).into()),
         // smolvm's 409 is "not branchable, or the child's name exists": which one, it tells
         // only in words, so the name is looked at again.
-        Err(VmmError::Conflict { message }) => match state.vmm.get(&name).await? {
+        Err(conflict @ VmmError::Conflict { .. }) => match state.vmm.get(&name).await? {
             Some(existing) => existing_branch(&state, &name, source, &existing),
-            None if message.contains("Address already in use") => {
-                Err(failure::map_vmm_error(&VmmError::Conflict { message }).into())
+            None => {
+                // A host port taken meanwhile keeps its own code; any other is the source's.
+                let mapped = failure::map_vmm_error(&conflict);
+                if mapped.body.code == ErrorCode::Conflict {
+                    Err(failure::source_not_branchable(source, Some(conflict.message())).into())
+                } else {
+                    Err(mapped.into())
+                }
             }
-            None => Err(failure::source_not_branchable(source, Some(&message)).into()),
         },
         Err(error) => Err(error.into()),
     }

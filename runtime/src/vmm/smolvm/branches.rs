@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::SmolvmClient;
 use super::errors::Operation;
 use super::paths::machine_path;
-use super::wire::{PortWireOut, to_json};
+use super::wire::{PortWireOut, env_assignments, to_json};
 use crate::vmm::{BranchRequest, Machine, VmmError};
 
 /// `ForkRequest`, the fields the agent sets (`Debug` is not derived: the env values are
@@ -27,11 +27,7 @@ struct ForkWire<'a> {
 fn fork_wire<'a>(request: &BranchRequest<'a>) -> ForkWire<'a> {
     ForkWire {
         name: request.name,
-        env: request
-            .env
-            .iter()
-            .map(|(name, value)| format!("{name}={}", value.0))
-            .collect(),
+        env: env_assignments(request.env),
         ports: request.ports.iter().map(PortWireOut::from).collect(),
     }
 }

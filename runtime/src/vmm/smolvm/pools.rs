@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::SmolvmClient;
 use super::errors::{Operation, map_error};
 use super::paths::encode_segment;
-use super::wire::{parse_json, to_json};
+use super::wire::{env_assignments, parse_json, to_json};
 use crate::vmm::{DeleteOutcome, LeaseInfo, LeaseRequest, PoolInfo, PoolRequest, VmmError};
 
 const POOLS: &str = "/api/v1/pools";
@@ -168,11 +168,7 @@ impl SmolvmClient {
     ) -> Result<LeaseInfo, VmmError> {
         let body = to_json(&AcquireWire {
             idempotency_key: request.key,
-            env: request
-                .env
-                .iter()
-                .map(|(name, value)| format!("{name}={}", value.0))
-                .collect(),
+            env: env_assignments(request.env),
             ttl_secs: request.ttl_secs,
         })?;
         let path = format!("{}/leases", pool_path(pool));

@@ -25,6 +25,11 @@ fn snippet(bytes: &[u8]) -> String {
     text[..end].to_string()
 }
 
+/// An environment as smolvm's fork and lease requests take it: `KEY=VALUE` strings.
+pub(super) fn env_assignments(env: &[(String, Sensitive)]) -> Vec<String> {
+    env.iter().map(|(name, value)| format!("{name}={}", value.0)).collect()
+}
+
 pub(super) fn to_json<T: Serialize>(value: &T) -> Result<Vec<u8>, VmmError> {
     serde_json::to_vec(value).map_err(|error| VmmError::Protocol(format!("cannot encode request: {error}")))
 }
