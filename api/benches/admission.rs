@@ -24,6 +24,7 @@ fn admission(c: &mut Criterion) {
         nodes: &nodes,
         classes: &smolvm_api::class::NO_CLASSES,
         pools: &smolvm_api::pool::NO_POOLS,
+        sources: &smolvm_api::branch::NO_SOURCES,
         identity: &identity,
     };
 

@@ -48,6 +48,23 @@ pub const ANNOTATION_POOL_UID: &str = "vm.smolvm.dev/pool-uid";
 /// lists the SmolVMs served from a pool (rule M4).
 pub const LABEL_POOL: &str = "vm.smolvm.dev/pool";
 
+/// On a branch (SPEC 2.6): its source's name, as a label, so that
+/// `kubectl get svm -l vm.smolvm.dev/branch-of=SOURCE` lists a source's branches (rule M5).
+pub const LABEL_BRANCH_OF: &str = "vm.smolvm.dev/branch-of";
+/// On a branch: the `metadata.uid` of its source when its spec was taken from it (rule M5): a
+/// source deleted and made again under the same name is another machine, never branched for it.
+pub const ANNOTATION_BRANCH_OF_UID: &str = "vm.smolvm.dev/branch-of-uid";
+/// On a branchable SmolVM: `"true"`, as a label, so that the webhook's cache of branch sources
+/// holds only them (rule M5).
+pub const LABEL_BRANCHABLE: &str = "vm.smolvm.dev/branchable";
+/// The only value of [`LABEL_BRANCHABLE`].
+pub const BRANCHABLE_VALUE: &str = "true";
+/// On a branch source being deleted: delete its branches first, then it (SPEC 2.6).
+/// Admission-checked like the force-delete annotation (V17).
+pub const DELETE_BRANCHES_ANNOTATION: &str = "vm.smolvm.dev/delete-branches";
+/// The only accepted value of [`DELETE_BRANCHES_ANNOTATION`].
+pub const DELETE_BRANCHES_VALUE: &str = "true";
+
 /// Finalizer that keeps a SmolVM until its node confirmed the machine is gone (rule M2).
 pub const FINALIZER: &str = "vm.smolvm.dev/node-cleanup";
 /// Escape hatch: remove the finalizer even though the node cannot confirm cleanup (rule V7).
@@ -243,6 +260,19 @@ pub mod reason {
     pub const SUSPEND_FAILED: &str = "SuspendFailed";
     /// The node runtime failed to resume the machine.
     pub const RESUME_FAILED: &str = "ResumeFailed";
+    /// Ready False: a branch waits for its source to run on its node (only a running machine
+    /// can be branched); looked at again with a backoff of 1 s doubling to 30 s.
+    pub const BRANCH_PENDING: &str = "BranchPending";
+    /// Event: a branch's machine was made as a copy-on-write clone of its running source (the
+    /// note gives the time smolvm took).
+    pub const BRANCHED: &str = "Branched";
+    /// DeletionBlocked True: a branch source is being deleted while branches of it live on its
+    /// node (smolvm keeps a fork base while it has clones); the message names them and the
+    /// `vm.smolvm.dev/delete-branches` annotation.
+    pub const LIVE_BRANCHES: &str = "LiveBranches";
+    /// Event on a branch source: its branches are being deleted before it, as its
+    /// `vm.smolvm.dev/delete-branches` annotation asks.
+    pub const DELETING_BRANCHES: &str = "DeletingBranches";
     /// Event: a SmolVM naming a pool was served from a ready slot of it on its node.
     pub const SERVED_FROM_POOL: &str = "ServedFromPool";
     /// Event: a SmolVM naming a pool found no ready slot on its node and was created cold

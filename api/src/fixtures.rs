@@ -205,3 +205,18 @@ pub fn ready_node(name: &str, resources: NodeResources, heartbeat: k8s_openapi::
     });
     node
 }
+
+/// `(rule, path)` of every violation of a verdict.
+pub fn violations(verdict: &crate::validate::Verdict) -> Vec<(crate::validate::RuleId, String)> {
+    verdict.violations.iter().map(|f| (f.rule, f.path.clone())).collect()
+}
+
+/// Asserts that every finding of a verdict names its path, its value and its rule.
+pub fn assert_well_formed(name: &str, verdict: &crate::validate::Verdict) {
+    for f in verdict.violations.iter().chain(&verdict.warnings) {
+        let text = f.to_string();
+        assert!(text.starts_with(&f.path), "{name}: {text}");
+        assert!(text.ends_with(&format!("[{}]", f.rule)), "{name}: {text}");
+        assert!(text.contains(&f.value), "{name}: {text} does not show {}", f.value);
+    }
+}

@@ -3,6 +3,8 @@
 //! - [`types`]: the `SmolVM` and `SmolVMNode` custom resources.
 //! - [`class`]: the `SmolVMClass` custom resource (instance types) and the catalogue of classes.
 //! - [`pool`]: the `SmolVMPool` custom resource (warm pools) and the catalogue of pools.
+//! - [`branch`]: branches of a running SmolVM: the fields a branch sets, and the catalogue of
+//!   branch sources.
 //! - [`constants`]: finalizer, annotations, labels, condition types and reasons.
 //! - [`policy`]: the admission policy (bounds, port range, identities) and its loader.
 //! - [`admission`]: the admission operation, which defaulting and validation both read.
@@ -18,6 +20,7 @@
 //! - [`text`]: cleaning of other programs' messages before they reach users.
 
 pub mod admission;
+pub mod branch;
 pub mod class;
 pub mod constants;
 pub mod crd;

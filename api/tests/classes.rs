@@ -58,6 +58,7 @@ fn with_ctx<T>(classes: &dyn ClassCatalog, f: impl FnOnce(&Context<'_>) -> T) ->
         nodes: &nodes,
         classes,
         pools: &smolvm_api::pool::NO_POOLS,
+        sources: &smolvm_api::branch::NO_SOURCES,
         identity: &identity,
     })
 }

@@ -7,11 +7,9 @@ use smolvm_api::{
     SmolVMClass, SmolVMPool,
     constants::{ANNOTATION_POOL_GENERATION, ANNOTATION_POOL_UID, LABEL_CLASS, LABEL_POOL},
     defaulting::{default_pooled_smolvm, default_smolvm},
-    fixtures::{self, bound, class, pool, pool_json, smolvm},
+    fixtures::{self, assert_well_formed, bound, class, pool, pool_json, smolvm, violations},
     policy::Policy,
-    validate::{
-        Context, Operation, Raw, RuleId, Target, Verdict, validate_pooled_request, validate_raw, validate_smolvm_json,
-    },
+    validate::{Context, Operation, Raw, RuleId, Target, validate_pooled_request, validate_raw, validate_smolvm_json},
 };
 
 /// The template every case starts from: a sandbox image with a class and an env entry.
@@ -54,27 +52,13 @@ fn with_ctx<T>(pools: &Vec<SmolVMPool>, f: impl FnOnce(&Context<'_>) -> T) -> T 
         nodes: &nodes,
         classes: &classes,
         pools,
+        sources: &smolvm_api::branch::NO_SOURCES,
         identity: &identity,
     })
 }
 
 /// The violations a case expects: each rule with the path it is at (or under).
 type Expected = Vec<(RuleId, &'static str)>;
-
-/// `(rule, path)` of every violation.
-fn violations(verdict: &Verdict) -> Vec<(RuleId, String)> {
-    verdict.violations.iter().map(|f| (f.rule, f.path.clone())).collect()
-}
-
-/// Every finding names its path, its value and its rule.
-fn assert_well_formed(name: &str, verdict: &Verdict) {
-    for f in verdict.violations.iter().chain(&verdict.warnings) {
-        let text = f.to_string();
-        assert!(text.starts_with(&f.path), "{name}: {text}");
-        assert!(text.ends_with(&format!("[{}]", f.rule)), "{name}: {text}");
-        assert!(text.contains(&f.value), "{name}: {text} does not show {}", f.value);
-    }
-}
 
 #[test]
 fn v14_a_pools_template_passes_every_smolvm_rule_all_at_once() {

@@ -416,7 +416,7 @@ proptest! {
         let nodes = vec![fixtures::node("node-a", 64, 1 << 20, 1 << 14)];
         let identity = fixtures::user();
         let classes = vec![class.clone()];
-        let ctx = Context { policy: &policy, nodes: &nodes, classes: &classes, pools: &smolvm_api::pool::NO_POOLS, identity: &identity };
+        let ctx = Context { policy: &policy, nodes: &nodes, classes: &classes, pools: &smolvm_api::pool::NO_POOLS, sources: &smolvm_api::branch::NO_SOURCES, identity: &identity };
         let defaulted = patched_with(&object, &class);
         let verdict = validate_smolvm_json(Operation::Create, None, &defaulted, &ctx);
         prop_assert!(verdict.allowed(), "{}\n{}", defaulted, verdict.message());
@@ -435,7 +435,7 @@ proptest! {
         let policy = Policy::default();
         let nodes = vec![fixtures::node("node-a", 64, 1 << 20, 1 << 14)];
         let identity = fixtures::user();
-        let ctx = Context { policy: &policy, nodes: &nodes, classes: &smolvm_api::class::NO_CLASSES, pools: &smolvm_api::pool::NO_POOLS, identity: &identity };
+        let ctx = Context { policy: &policy, nodes: &nodes, classes: &smolvm_api::class::NO_CLASSES, pools: &smolvm_api::pool::NO_POOLS, sources: &smolvm_api::branch::NO_SOURCES, identity: &identity };
         let defaulted = patched(&object, Operation::Create);
         let verdict = validate_smolvm_json(Operation::Create, None, &defaulted, &ctx);
         prop_assert!(verdict.allowed(), "{}\n{}", defaulted, verdict.message());
@@ -446,7 +446,7 @@ proptest! {
     fn no_input_panics(old in prop::option::of(arbitrary_json()), new in arbitrary_json(), identity in identities()) {
         let policy = Policy::default();
         let nodes: Vec<SmolVMNode> = vec![fixtures::node("node-a", 4, 4096, 100)];
-        let ctx = Context { policy: &policy, nodes: &nodes, classes: &smolvm_api::class::NO_CLASSES, pools: &smolvm_api::pool::NO_POOLS, identity: &identity };
+        let ctx = Context { policy: &policy, nodes: &nodes, classes: &smolvm_api::class::NO_CLASSES, pools: &smolvm_api::pool::NO_POOLS, sources: &smolvm_api::branch::NO_SOURCES, identity: &identity };
         for op in [Operation::Create, Operation::Update, Operation::Delete, Operation::Connect] {
             let _ = default_smolvm(op, &new);
             let _ = validate_smolvm_json(op, old.as_ref(), &new, &ctx);
@@ -460,7 +460,7 @@ proptest! {
     fn no_old_new_pair_of_smolvms_panics(old in smolvm_like(), new in smolvm_like(), bind in any::<bool>(), identity in identities()) {
         let policy = Policy::default();
         let nodes: Vec<SmolVMNode> = vec![fixtures::node("node-a", 4, 4096, 100)];
-        let ctx = Context { policy: &policy, nodes: &nodes, classes: &smolvm_api::class::NO_CLASSES, pools: &smolvm_api::pool::NO_POOLS, identity: &identity };
+        let ctx = Context { policy: &policy, nodes: &nodes, classes: &smolvm_api::class::NO_CLASSES, pools: &smolvm_api::pool::NO_POOLS, sources: &smolvm_api::branch::NO_SOURCES, identity: &identity };
         let old = if bind { fixtures::bound(old, "node-a") } else { old };
         let new_defaulted = patched(&new, Operation::Update);
         for candidate in [&new, &new_defaulted] {
@@ -483,7 +483,7 @@ proptest! {
     ) {
         let policy = Policy::default();
         let nodes: Vec<SmolVMNode> = vec![fixtures::node("node-a", 4, 4096, 100)];
-        let ctx = Context { policy: &policy, nodes: &nodes, classes: &smolvm_api::class::NO_CLASSES, pools: &smolvm_api::pool::NO_POOLS, identity: &identity };
+        let ctx = Context { policy: &policy, nodes: &nodes, classes: &smolvm_api::class::NO_CLASSES, pools: &smolvm_api::pool::NO_POOLS, sources: &smolvm_api::branch::NO_SOURCES, identity: &identity };
         let old = old.map(|o| if bind { fixtures::bound(o, "node-a") } else { o });
         // The Values compared with are those the texts parse to (a float need not survive
         // printing and parsing to the same bits).

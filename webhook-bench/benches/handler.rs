@@ -133,6 +133,7 @@ fn run_case(s: &Setup, case: &str) -> usize {
                 nodes: &s.nodes,
                 classes: &s.classes,
                 pools: &smolvm_api::pool::NO_POOLS,
+                sources: &smolvm_api::branch::NO_SOURCES,
             };
             let out = review(Route::MutateSmolVM, black_box(&s.class_body), &s.policy, catalogs)
                 .unwrap_or_else(|e| panic!("{e}"));

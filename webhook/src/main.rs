@@ -9,7 +9,10 @@ use kube::{
     core::PartialObjectMeta,
     runtime::{WatchStreamExt, reflector, watcher},
 };
-use smolvm_api::{SmolVM, SmolVMClass, SmolVMNode, SmolVMPool, constants::LABEL_CLASS};
+use smolvm_api::{
+    SmolVM, SmolVMClass, SmolVMNode, SmolVMPool,
+    constants::{BRANCHABLE_VALUE, LABEL_BRANCHABLE, LABEL_CLASS},
+};
 use smolvm_certs::ReloadableResolver;
 use smolvm_kit::selfsigned;
 use smolvm_webhook::{
@@ -19,7 +22,7 @@ use smolvm_webhook::{
     quota::Quotas,
     reload,
     server::{self, admission_service, serve_ops},
-    state::{AppState, ClassStore, PolicyHandle, PoolStore, StoreCatalog},
+    state::{AppState, ClassStore, PolicyHandle, PoolStore, Sources, StoreCatalog},
 };
 
 /// mimalloc, not glibc's malloc: on /mutate under load, 27-28 µs of CPU per review instead of
@@ -97,6 +100,7 @@ struct Writers {
     classes: reflector::store::Writer<SmolVMClass>,
     members: reflector::store::Writer<PartialObjectMeta<SmolVM>>,
     pools: reflector::store::Writer<SmolVMPool>,
+    sources: reflector::store::Writer<SmolVM>,
     quotas: reflector::store::Writer<ResourceQuota>,
 }
 
@@ -124,6 +128,16 @@ fn start_caches(client: &Client, writers: Writers, state: &AppState) {
         watcher(Api::<SmolVMPool>::all(client.clone()), watcher::Config::default()),
         writers.pools,
         move || readiness.set_pools_synced(),
+    );
+    let readiness = state.readiness.clone();
+    reflect(
+        "smolvm-branch-sources",
+        watcher(
+            Api::<SmolVM>::all(client.clone()),
+            watcher::Config::default().labels(&format!("{LABEL_BRANCHABLE}={BRANCHABLE_VALUE}")),
+        ),
+        writers.sources,
+        move || readiness.set_sources_synced(),
     );
     if let Some(quotas) = state.quotas.clone() {
         reflect_quotas(client, writers.quotas, quotas, state.readiness.clone());
@@ -219,11 +233,16 @@ fn app_state(args: &Args, policy: &PolicyHandle, client: Option<&Client>) -> App
     let (classes, classes_writer) = reflector::store::<SmolVMClass>();
     let (members, members_writer) = reflector::store::<PartialObjectMeta<SmolVM>>();
     let (pools, pools_writer) = reflector::store::<SmolVMPool>();
+    let (sources, sources_writer) = reflector::store::<SmolVM>();
     let (quota_store, quotas_writer) = reflector::store::<ResourceQuota>();
     let state = match client {
         Some(client) => AppState::new(policy.clone(), Arc::new(StoreCatalog(nodes)))
             .with_classes(Arc::new(ClassStore { classes, members }))
             .with_pools(Arc::new(PoolStore(pools)))
+            .with_sources(Arc::new(Sources {
+                store: Some(sources),
+                client: Some(client.clone()),
+            }))
             .with_quotas(Arc::new(Quotas::new(
                 quota_store,
                 smolvm_kit::quota::Charger::new(client.clone(), smolvm_kit::quota::Bounds::default()),
@@ -244,6 +263,7 @@ fn app_state(args: &Args, policy: &PolicyHandle, client: Option<&Client>) -> App
                 classes: classes_writer,
                 members: members_writer,
                 pools: pools_writer,
+                sources: sources_writer,
                 quotas: quotas_writer,
             };
             start_caches(client, writers, &state);
@@ -252,6 +272,7 @@ fn app_state(args: &Args, policy: &PolicyHandle, client: Option<&Client>) -> App
             state.readiness.set_nodes_synced();
             state.readiness.set_classes_synced();
             state.readiness.set_pools_synced();
+            state.readiness.set_sources_synced();
             state.readiness.set_quotas_synced();
         }
     }

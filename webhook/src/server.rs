@@ -292,16 +292,25 @@ where
         return shed_response(&error);
     };
     let policy = state.policy.current();
-    let result = review(
-        route,
-        &body,
-        &policy,
-        Catalogs {
-            nodes: state.nodes.as_ref(),
-            classes: state.classes.as_ref(),
-            pools: state.pools.as_ref(),
-        },
-    );
+    // A branch's source the cache does not hold yet is read now (rules M5 and V17).
+    let read = state.sources.resolve(route, &body).await;
+    let result = {
+        let sources = smolvm_api::branch::WithSource {
+            read: read.as_ref(),
+            cache: state.sources.as_ref(),
+        };
+        review(
+            route,
+            &body,
+            &policy,
+            Catalogs {
+                nodes: state.nodes.as_ref(),
+                classes: state.classes.as_ref(),
+                pools: state.pools.as_ref(),
+                sources: &sources,
+            },
+        )
+    };
     // Rule V15: an admitted SmolVM write that raises its namespace's usage is charged to its
     // quotas before it is admitted (a namespace without one costs one atomic load here).
     let result = match (result, state.quotas.as_deref()) {

@@ -13,6 +13,7 @@ use kube::{
 };
 use smolvm_api::{
     Policy, SmolVM, SmolVMClass, SmolVMNode, SmolVMPool,
+    branch::SourceCatalog,
     class::ClassCatalog,
     constants::LABEL_CLASS,
     pool::PoolCatalog,
@@ -48,6 +49,7 @@ pub struct Readiness {
     nodes_synced: AtomicBool,
     classes_synced: AtomicBool,
     pools_synced: AtomicBool,
+    sources_synced: AtomicBool,
     quotas_synced: AtomicBool,
     tls_loaded: AtomicBool,
 }
@@ -66,6 +68,11 @@ impl Readiness {
     /// Marks the SmolVMPool cache as synced.
     pub fn set_pools_synced(&self) {
         self.pools_synced.store(true, Ordering::Release);
+    }
+
+    /// Marks the cache of branch sources as synced.
+    pub fn set_sources_synced(&self) {
+        self.sources_synced.store(true, Ordering::Release);
     }
 
     /// Marks the ResourceQuota cache as synced.
@@ -89,6 +96,9 @@ impl Readiness {
         }
         if !self.pools_synced.load(Ordering::Acquire) {
             out.push("smolvmpool cache not synced");
+        }
+        if !self.sources_synced.load(Ordering::Acquire) {
+            out.push("branch source cache not synced");
         }
         if !self.quotas_synced.load(Ordering::Acquire) {
             out.push("resourcequota cache not synced");
@@ -130,6 +140,74 @@ impl PoolCatalog for PoolStore {
     // The store's snapshot is a list of pools: the list's own catalogue answers this.
     fn names_in(&self, namespace: &str) -> Vec<String> {
         self.0.state().names_in(namespace)
+    }
+}
+
+/// The known branch sources (rule V17): the SmolVMs labelled `vm.smolvm.dev/branchable`, as a
+/// reflector store sees them, and the client that reads a source the store does not hold yet
+/// (one made a moment before its branch, whose watch event has not come).
+#[derive(Clone, Default)]
+pub struct Sources {
+    /// The branchable SmolVMs; `None` without a cluster.
+    pub store: Option<Store<SmolVM>>,
+    /// Reads a source on a miss; `None` without a cluster.
+    pub client: Option<kube::Client>,
+}
+
+/// How long a source's read may take: the API server gives the whole review 5 s.
+pub const SOURCE_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl Sources {
+    /// For a SmolVM review whose object names a source in `spec.branchOf` that the store does
+    /// not hold, the source read from the API server now (`None` otherwise, or when it cannot
+    /// be read: the rules then say it is unknown). Bodies that do not mention `branchOf` cost
+    /// one byte search.
+    pub async fn resolve(&self, route: crate::review::Route, body: &[u8]) -> Option<SmolVM> {
+        use crate::review::Route;
+        if !matches!(route, Route::MutateSmolVM | Route::ValidateSmolVM)
+            || memchr::memmem::find(body, b"branchOf").is_none()
+        {
+            return None;
+        }
+        let client = self.client.as_ref()?;
+        let review: serde_json::Value = serde_json::from_slice(body).ok()?;
+        let object = review.pointer("/request/object")?;
+        let name = smolvm_api::branch::source_named(object)?;
+        let namespace = review
+            .pointer("/request/namespace")
+            .or_else(|| object.pointer("/metadata/namespace"))
+            .and_then(serde_json::Value::as_str)?;
+        if self.source(namespace, name).is_some() {
+            return None;
+        }
+        let api: kube::Api<SmolVM> = kube::Api::namespaced(client.clone(), namespace);
+        match tokio::time::timeout(SOURCE_READ_TIMEOUT, api.get_opt(name)).await {
+            Ok(Ok(read)) => read,
+            Ok(Err(e)) => {
+                tracing::warn!(namespace, source = name, error = %e, "cannot read a branch's source");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(namespace, source = name, "reading a branch's source timed out");
+                None
+            }
+        }
+    }
+}
+
+impl SourceCatalog for Sources {
+    fn source(&self, namespace: &str, name: &str) -> Option<SmolVM> {
+        self.store
+            .as_ref()?
+            .get(&ObjectRef::new(name).within(namespace))
+            .map(|vm| (*vm).clone())
+    }
+    // The store's snapshot is a list of SmolVMs: the list's own catalogue answers this.
+    fn branchable_in(&self, namespace: &str) -> Vec<String> {
+        self.store
+            .as_ref()
+            .map(|s| s.state().branchable_in(namespace))
+            .unwrap_or_default()
     }
 }
 
@@ -201,6 +279,8 @@ pub struct AppState {
     pub classes: Arc<dyn ClassCatalog + Send + Sync>,
     /// The SmolVMPool catalogue (a reflector store in production).
     pub pools: Arc<dyn PoolCatalog + Send + Sync>,
+    /// The branch sources (a reflector store and a client in production).
+    pub sources: Arc<Sources>,
     /// Readiness conditions.
     pub readiness: Arc<Readiness>,
     /// Metrics.
@@ -236,6 +316,7 @@ impl AppState {
             nodes,
             classes: Arc::new(Vec::<SmolVMClass>::new()),
             pools: Arc::new(Vec::<SmolVMPool>::new()),
+            sources: Arc::new(Sources::default()),
             readiness: Arc::new(Readiness::default()),
             metrics: Arc::new(Metrics::new()),
             body_limit: 1024 * 1024,
@@ -264,6 +345,12 @@ impl AppState {
     /// Sets the SmolVMPool catalogue.
     pub fn with_pools(mut self, pools: Arc<dyn PoolCatalog + Send + Sync>) -> Self {
         self.pools = pools;
+        self
+    }
+
+    /// Sets the branch sources.
+    pub fn with_sources(mut self, sources: Arc<Sources>) -> Self {
+        self.sources = sources;
         self
     }
 
@@ -323,11 +410,12 @@ mod tests {
     #[test]
     fn readiness_needs_every_cache_and_the_certificate() {
         let r = Readiness::default();
-        assert_eq!(r.missing().len(), 5);
+        assert_eq!(r.missing().len(), 6);
         r.set_tls_loaded();
         r.set_quotas_synced();
         r.set_classes_synced();
         r.set_pools_synced();
+        r.set_sources_synced();
         assert_eq!(r.missing(), vec!["smolvmnode cache not synced"]);
         r.set_nodes_synced();
         assert!(r.missing().is_empty());

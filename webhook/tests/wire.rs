@@ -1163,3 +1163,88 @@ async fn pools_over_the_wire() {
     let (_, body) = post(&mut conn, "/validate/smolvmpools", &req).await;
     assert_eq!(body["response"]["allowed"], true, "{body}");
 }
+
+/// M5 and V17 over the wire: a branch comes back filled from its source in the webhook's cache
+/// (its own env and ports only, labelled with the source); one that sets what it takes from its
+/// source is refused naming every such field; an unknown source is refused with the namespace's
+/// branchable SmolVMs, and no image finding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn branches_over_the_wire() {
+    use kube::runtime::{reflector, watcher};
+    let mut source = fixtures::smolvm(
+        "prepared",
+        json!({"image": "python:3.12-slim", "branchable": true, "resources": {"cpus": 2},
+               "network": {"enabled": true, "exposeService": true,
+                           "ports": [{"hostPort": 18080, "guestPort": 8000, "protocol": "TCP"}]}}),
+    );
+    source["metadata"]["uid"] = json!("5b0c6a1e-8d2f-4c3b-9a7e-1f0d2c3b4a59");
+    let source: smolvm_api::SmolVM = serde_json::from_value(source).unwrap_or_else(|e| panic!("decodes: {e}"));
+    let (store, mut writer) = reflector::store::<smolvm_api::SmolVM>();
+    writer.apply_watcher_event(&watcher::Event::Apply(source));
+    let h = Harness::start_with(nodes(), |state| {
+        state.sources = std::sync::Arc::new(smolvm_webhook::state::Sources {
+            store: Some(store),
+            client: None,
+        })
+    })
+    .await;
+    let mut conn = h.connect(Version::Http1).await;
+
+    let branch = fixtures::smolvm(
+        "task-1",
+        json!({"branchOf": {"name": "prepared"}, "env": [{"name": "TASK", "value": "1"}]}),
+    );
+    let object = defaulted(&mut conn, &branch).await;
+    assert_eq!(object["spec"]["image"], "python:3.12-slim");
+    assert_eq!(
+        object["spec"]["resources"],
+        json!({"cpus": 2, "memoryMiB": 512}),
+        "M1 after M5"
+    );
+    assert_eq!(object["spec"]["env"], json!([{"name": "TASK", "value": "1"}]));
+    assert_eq!(object["spec"]["network"].get("ports"), None, "no port of its own: none");
+    assert_eq!(
+        object["spec"]["network"]["exposeService"], false,
+        "no Service without ports"
+    );
+    assert_eq!(object["spec"].get("branchable"), None);
+    assert_eq!(object["metadata"]["labels"]["vm.smolvm.dev/branch-of"], "prepared");
+    let req = review("smolvms", "", "CREATE", &fixtures::user(), &object, None);
+    let (_, body) = post(&mut conn, "/validate/smolvms", &req).await;
+    assert_eq!(body["response"]["allowed"], true, "the filled branch is valid: {body}");
+
+    let greedy = fixtures::smolvm(
+        "task-2",
+        json!({"branchOf": {"name": "prepared"}, "image": "alpine", "resources": {"cpus": 999}}),
+    );
+    let req = review("smolvms", "", "CREATE", &fixtures::user(), &greedy, None);
+    let (_, body) = post(&mut conn, "/mutate/smolvms", &req).await;
+    assert_eq!(body["response"]["allowed"], false, "{body}");
+    assert_eq!(body["response"]["status"]["code"], 422);
+    let message = body["response"]["status"]["message"].as_str().unwrap_or_default();
+    for expected in [
+        "spec.image: is set (\"alpine\")",
+        "spec.resources: is set (1 field(s))",
+        "[V17]",
+        "[V2]",
+    ] {
+        assert!(message.contains(expected), "{expected:?} in {message}");
+    }
+
+    let unknown = fixtures::smolvm("task-3", json!({"branchOf": {"name": "gone"}}));
+    let req = review("smolvms", "", "CREATE", &fixtures::user(), &unknown, None);
+    let (_, body) = post(&mut conn, "/mutate/smolvms", &req).await;
+    assert_eq!(body["response"]["allowed"], false, "{body}");
+    let message = body["response"]["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("spec.branchOf.name") && message.contains("prepared") && !message.contains("spec.image"),
+        "{message}"
+    );
+
+    let labelled = defaulted(
+        &mut conn,
+        &fixtures::smolvm("source-2", json!({"image": "alpine", "branchable": true})),
+    )
+    .await;
+    assert_eq!(labelled["metadata"]["labels"]["vm.smolvm.dev/branchable"], "true");
+}

@@ -1,4 +1,4 @@
-//! Defaulting (the mutating half of admission): rules M1 to M4.
+//! Defaulting (the mutating half of admission): rules M1 to M5.
 //!
 //! Works on the raw JSON of the object, so that it never fails on input the typed structs would
 //! reject (validation reports those). The patch is minimal: it only adds what is missing, and a
@@ -14,12 +14,16 @@
 //!
 //! M4 (the pool) comes first of all: [`default_pooled_smolvm`] fills a SmolVM that names a pool
 //! from the pool's template, then applies M3, M1 and M2 to the object as the template left it.
+//! M5 (the branch) does the same from a branch's source ([`default_branch_smolvm`]), and labels
+//! a branch source ([`default_branch_source`]).
 
+mod branch;
 mod shape;
 
 use json_patch::{AddOperation, Patch, PatchOperation, jsonptr::PointerBuf};
 use serde_json::{Value, json};
 
+pub use branch::{branch_patch, default_branch_smolvm, default_branch_source};
 pub use shape::{Finalizers, Members, Shape, SpecShape, SpecText};
 
 use crate::{

@@ -67,6 +67,10 @@ pub struct SpecShape {
     pub class_name: Option<String>,
     /// `poolRef` is set.
     pub pool_ref: bool,
+    /// `branchOf` is set.
+    pub branch_of: bool,
+    /// `branchable` is set.
+    pub branchable: bool,
 }
 
 /// A member of the spec that is an object with two defaulted members of its own.
@@ -153,6 +157,8 @@ impl SpecShape {
             ports_without_protocol,
             class_name: spec.get("className").and_then(Value::as_str).map(str::to_string),
             pool_ref: is_set(spec.get("poolRef")),
+            branch_of: is_set(spec.get("branchOf")),
+            branchable: is_set(spec.get("branchable")),
         }
     }
 }
@@ -438,6 +444,8 @@ impl FromKind for SpecText {
                         "restartPolicy" => spec.restart_policy = set,
                         "terminationGracePeriodSeconds" => spec.termination_grace_period_seconds = set,
                         "poolRef" => spec.pool_ref = set,
+                        "branchOf" => spec.branch_of = set,
+                        "branchable" => spec.branchable = set,
                         _ => {}
                     }
                 }

@@ -71,7 +71,7 @@ pub const MAX_SELECTOR_ENTRIES: usize = 32;
         .message("spec.nodeName must equal status.nodeName once bound: SmolVMs never move; delete and recreate (V5)")
         .field_path(".spec.nodeName"),
     validation = Rule::new("has(self.spec.image)")
-        .message("spec.image is required: name the image to boot, or a pool in spec.poolRef whose template gives it (V1)")
+        .message("spec.image is required: name the image to boot, a pool in spec.poolRef whose template gives it, or a branch source in spec.branchOf (V1)")
         .field_path(".spec.image"),
 )]
 #[serde(rename_all = "camelCase")]
@@ -84,7 +84,7 @@ pub struct SmolVMSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspended: Option<bool>,
 
-    /// Image the machine boots: an OCI reference such as `alpine:latest` or `registry.example.com/org/app@sha256:...`, or `local:<name>` for an image in the node's local image directory. Required, except that a SmolVM naming a pool in `poolRef` gets its pool's. Immutable once the SmolVM is bound to a node.
+    /// Image the machine boots: an OCI reference such as `alpine:latest` or `registry.example.com/org/app@sha256:...`, or `local:<name>` for an image in the node's local image directory. Required, except that a SmolVM naming a pool in `poolRef` gets its pool's, and a branch (`branchOf`) its source's. Immutable once the SmolVM is bound to a node.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(min = 1, max = 512))]
     #[x_kube(validation = Rule::new("!self.startsWith('local:') || self.matches('^local:[A-Za-z0-9][A-Za-z0-9._-]{0,127}$')").message("a local image is local:<name>, the name made of letters, digits, '.', '_' and '-' (V1)"))]
@@ -170,6 +170,24 @@ pub struct SmolVMSpec {
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
     #[x_kube(validation = Rule::new("self.all(v, self.exists_one(w, w.mountPath == v.mountPath))").message("each volume has its own mountPath (V16)"))]
     pub volumes: Option<Vec<crate::volume::Volume>>,
+
+    /// Start the machine as a branch source (SPEC 2.6): smolvm keeps it ready to be branched, so that SmolVMs naming it in `branchOf` are made as copy-on-write clones of it as it runs (memory and disks), in milliseconds instead of a boot. A branchable SmolVM carries no volumes (a branch would share them) and is no branch itself. Never changes after CREATE. Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branchable: Option<bool>,
+
+    /// The branchable SmolVM in this namespace this SmolVM is a branch of (SPEC 2.6): at CREATE it takes its spec from the source's, except `branchable`, `volumes`, `nodeName` and the published ports; it is placed on the source's node and made, once the source runs, as a copy-on-write clone of the running machine. It sets only `env` (its own, delivered to the clone), `running`, `suspended` and `network.ports` (its own published ports; none otherwise) itself. Never changes after CREATE.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch_of: Option<BranchOf>,
+}
+
+/// The SmolVM a branch is made from.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct BranchOf {
+    /// Name of a branchable SmolVM in the branch's namespace.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("branchOf.name must be a DNS-1123 subdomain: lower-case letters, digits, '-' and '.' (V17)"))]
+    pub name: String,
 }
 
 /// The pool a SmolVM is served from.
@@ -241,6 +259,16 @@ impl SmolVMSpec {
             .as_ref()
             .and_then(|n| n.expose_service)
             .unwrap_or(DEFAULT_EXPOSE_SERVICE)
+    }
+
+    /// Whether the machine is started as a branch source, defaults applied.
+    pub fn branchable(&self) -> bool {
+        self.branchable.unwrap_or(false)
+    }
+
+    /// The SmolVM this one is a branch of, if any.
+    pub fn source(&self) -> Option<&str> {
+        self.branch_of.as_ref().map(|b| b.name.as_str())
     }
 
     /// Forwarded ports (empty when none).

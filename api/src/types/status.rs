@@ -104,11 +104,27 @@ pub struct SmolVMStatus {
     #[schemars(length(max = 256))]
     pub restart_handled: Option<String>,
 
+    /// The SmolVM this branch was made from, as it was when its machine was branched (SPEC 2.6): its name and UID. Written once, by the controller, with the branch's first machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branched_from: Option<BranchedFrom>,
+
     /// Current state as conditions: Scheduled, Ready, Suspended, DeletionBlocked, ResizePending, ServiceExposed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
+}
+
+/// The source a branch's machine was made from.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct BranchedFrom {
+    /// The source SmolVM's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The source SmolVM's `metadata.uid`.
+    #[schemars(length(max = 128))]
+    pub uid: String,
 }
 
 /// Resources and ports in effect for a machine.

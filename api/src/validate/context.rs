@@ -6,6 +6,7 @@
 use std::{borrow::Borrow, collections::BTreeMap};
 
 use crate::{
+    branch::SourceCatalog,
     class::ClassCatalog,
     constants::{EXTRA_NODE_NAME, EXTRA_NODE_UID},
     policy::{Policy, Role},
@@ -111,6 +112,8 @@ pub struct Context<'a> {
     pub classes: &'a dyn ClassCatalog,
     /// The known SmolVMPools (rule V14; [`crate::pool::NO_POOLS`] where there are none).
     pub pools: &'a dyn PoolCatalog,
+    /// The known branch sources (rule V17; [`crate::branch::NO_SOURCES`] where there are none).
+    pub sources: &'a dyn SourceCatalog,
     /// The requester.
     pub identity: &'a Identity,
 }

@@ -792,6 +792,7 @@ mod tests {
             nodes: &Vec::<SmolVMNode>::new(),
             classes: &crate::class::NO_CLASSES,
             pools: &crate::pool::NO_POOLS,
+            sources: &crate::branch::NO_SOURCES,
             identity: &identity,
         };
         let object = json!({
@@ -1014,6 +1015,7 @@ mod tests {
             nodes: &Vec::<SmolVMNode>::new(),
             classes: &crate::class::NO_CLASSES,
             pools: &crate::pool::NO_POOLS,
+            sources: &crate::branch::NO_SOURCES,
             identity: &identity,
         };
         let bad = json!({"metadata": {"name": "a", "annotations": {"example.com/n": 5, "vm.smolvm.dev/x": [1]}},

@@ -34,10 +34,10 @@ pub(super) fn check_spec_fields(spec: &SmolVMSpec, policy: &Policy, unset: Unset
 
 /// V1: the image is an OCI reference or `local:<name>`.
 fn check_image(spec: &SmolVMSpec, v: &mut Verdict) {
-    // Absent (decoded as empty). A pooled SmolVM takes its image from its pool; one whose pool
-    // is unknown has none, which V14 reports.
+    // Absent (decoded as empty). A pooled SmolVM takes its image from its pool, a branch from its
+    // source; one whose pool or source is unknown has none, which V14 or V17 reports.
     if spec.image.is_empty() {
-        if spec.pool_ref.is_none() {
+        if spec.pool_ref.is_none() && spec.branch_of.is_none() {
             v.violation(
                 RuleId::V1,
                 "spec.image",

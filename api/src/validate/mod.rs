@@ -1,4 +1,4 @@
-//! Validation (the validating half of admission): rules V1 to V14 and V16 (V15, the quota, is
+//! Validation (the validating half of admission): rules V1 to V14, V16 and V17 (V15, the quota, is
 //! judged by [`crate::quota`]).
 //!
 //! Every function here is pure: it takes the operation, the old and new objects and a
@@ -14,10 +14,12 @@
 //! - `fields`: the rules of a spec's own fields (V1 to V4, V11), which a SmolVM, a class and a
 //!   pool's template share;
 //! - `annotations`: a SmolVM's force-delete and recreate annotations (V7);
-//! - `volume`: a SmolVM's volumes (V16).
+//! - `volume`: a SmolVM's volumes (V16);
+//! - `branch`: branches and their sources (V17).
 
 mod annotations;
 mod bound;
+mod branch;
 mod class;
 mod context;
 mod decode;
@@ -29,6 +31,7 @@ mod status;
 mod verdict;
 mod volume;
 
+pub use branch::validate_branch_request;
 pub use class::validate_smolvm_class;
 pub use context::{Context, Identity, NodeCatalog, NodeFacts};
 pub use decode::{

@@ -101,15 +101,15 @@ pub(super) fn check_pool_ref(op: Operation, old: Option<&SmolVM>, new: &SmolVM, 
                 v.violation(
                     RuleId::V14,
                     "spec.poolRef",
-                    shown(name),
+                    shown_name(name),
                     format!(
                         "cannot change from {} to {}: a SmolVM takes its pool's template once, at CREATE; delete and recreate to change it",
-                        shown(old_name),
-                        shown(name)
+                        shown_name(old_name),
+                        shown_name(name)
                     ),
                 );
             } else if old_name.is_some() && !new.is_deleting() {
-                for field in changed_fields(&old.spec, &new.spec) {
+                for field in changed_fields(&old.spec, &new.spec, &POOLED_FIELDS) {
                     v.violation(
                         RuleId::V14,
                         &format!("spec.{field}"),
@@ -145,20 +145,6 @@ pub(super) fn check_pool_ref(op: Operation, old: Option<&SmolVM>, new: &SmolVM, 
     }
 }
 
-/// The top-level spec fields that differ between `old` and `new`, besides `running`,
-/// `suspended` and `poolRef`, in the order the spec writes them.
-fn changed_fields(old: &SmolVMSpec, new: &SmolVMSpec) -> Vec<String> {
-    let (Ok(Value::Object(old)), Ok(Value::Object(new))) = (serde_json::to_value(old), serde_json::to_value(new))
-    else {
-        return Vec::new();
-    };
-    let mut fields: Vec<String> = old.keys().chain(new.keys()).cloned().collect();
-    fields.sort();
-    fields.dedup();
-    fields.retain(|f| !POOLED_FIELDS.contains(&f.as_str()) && old.get(f) != new.get(f));
-    fields
-}
-
 /// V14 on a SmolVM at CREATE as it was sent, before the pool's template fills it: a SmolVM that
 /// names a pool sets only `poolRef`, `env`, `running` and `suspended`; each other field it sets
 /// is one violation naming it. Empty for a SmolVM that names no pool.
@@ -186,19 +172,4 @@ pub fn validate_pooled_request(object: &Value) -> Verdict {
         );
     }
     verdict
-}
-
-/// A value as a V14 finding shows it: a scalar as JSON, a list or object by its size (its
-/// contents may be long, or secret).
-fn shown_value(value: &Value) -> String {
-    match value {
-        Value::Array(items) => format!("{} entries", items.len()),
-        Value::Object(members) => format!("{} field(s)", members.len()),
-        Value::String(s) if s.len() > 256 => format!("{} bytes", s.len()),
-        scalar => scalar.to_string(),
-    }
-}
-
-fn shown(name: Option<&str>) -> String {
-    name.map(render).unwrap_or_else(|| "none".into())
 }

@@ -14,6 +14,7 @@ use crate::{
 use super::{
     annotations::{check_force_delete, check_recreate_lost},
     bound::*,
+    branch::{check_branch, check_delete_branches},
     context::*,
     fields::{Unset, check_spec_fields},
     pool::check_pool_ref,
@@ -21,7 +22,7 @@ use super::{
     volume::{check_volumes, check_volumes_unchanged},
 };
 
-/// Validates a SmolVM write on the main resource (rules V1 to V8, V11 to V14).
+/// Validates a SmolVM write on the main resource (rules V1 to V8, V11 to V14, V16, V17).
 pub fn validate_smolvm(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &Context<'_>) -> Verdict {
     let mut verdict = Verdict::default();
     if !matches!(op, Operation::Create | Operation::Update) {
@@ -30,7 +31,9 @@ pub fn validate_smolvm(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &
     let old = if op == Operation::Update { old } else { None };
     check_class_name(op, old, new, ctx, &mut verdict);
     check_pool_ref(op, old, new, ctx, &mut verdict);
+    check_branch(op, old, new, ctx, &mut verdict);
     check_force_delete(op, old, new, &mut verdict);
+    check_delete_branches(op, old, new, &mut verdict);
     check_recreate_lost(op, old, new, &mut verdict);
 
     // V8: an object being deleted accepts metadata changes only, and nothing else is checked, so

@@ -44,6 +44,10 @@ pub enum RuleId {
     /// V16: volumes (unique names, one source each, absolute unique mount paths, valid claim
     /// templates in filesystem mode, within the policy's `maxVolumes`; immutable once bound).
     V16,
+    /// V17: branches (a `branchOf` naming a branchable SmolVM of the namespace; a branch sets
+    /// only `branchOf`, `env`, `running`, `suspended` and `network.ports`; a branchable SmolVM
+    /// has no volumes and is no branch; both never change; the delete-branches annotation).
+    V17,
 }
 
 impl RuleId {
@@ -67,6 +71,7 @@ impl RuleId {
             RuleId::V14 => "V14",
             RuleId::V15 => "V15",
             RuleId::V16 => "V16",
+            RuleId::V17 => "V17",
         }
     }
 }
@@ -271,6 +276,37 @@ pub(super) fn pointer_of(path: &str) -> String {
 /// A value as a finding shows it: its JSON.
 pub(super) fn render<T: serde::Serialize + ?Sized>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_default()
+}
+
+/// A value as a finding on a field shows it: a scalar as JSON, a list or object by its size (its
+/// contents may be long, or secret).
+pub(super) fn shown_value(value: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match value {
+        Value::Array(items) => format!("{} entries", items.len()),
+        Value::Object(members) => format!("{} field(s)", members.len()),
+        Value::String(s) if s.len() > 256 => format!("{} bytes", s.len()),
+        scalar => scalar.to_string(),
+    }
+}
+
+/// A name as a finding shows it, or `none`.
+pub(super) fn shown_name(name: Option<&str>) -> String {
+    name.map(render).unwrap_or_else(|| "none".into())
+}
+
+/// The top-level fields that differ between two specs, besides those `ignored`, sorted.
+pub(super) fn changed_fields<T: serde::Serialize>(old: &T, new: &T, ignored: &[&str]) -> Vec<String> {
+    use serde_json::Value;
+    let (Ok(Value::Object(old)), Ok(Value::Object(new))) = (serde_json::to_value(old), serde_json::to_value(new))
+    else {
+        return Vec::new();
+    };
+    let mut fields: Vec<String> = old.keys().chain(new.keys()).cloned().collect();
+    fields.sort();
+    fields.dedup();
+    fields.retain(|f| !ignored.contains(&f.as_str()) && old.get(f) != new.get(f));
+    fields
 }
 
 #[cfg(test)]

@@ -49,6 +49,7 @@ fn v7_force_delete_annotation() {
         nodes: &Vec::<SmolVMNode>::new(),
         classes: &smolvm_api::class::NO_CLASSES,
         pools: &smolvm_api::pool::NO_POOLS,
+        sources: &smolvm_api::branch::NO_SOURCES,
         identity: &identity,
     };
     let old = deleting(bound(stored(), "node-a"));
@@ -247,6 +248,7 @@ fn v7_every_misuse_is_reported() {
         nodes: &nodes,
         classes: &smolvm_api::class::NO_CLASSES,
         pools: &smolvm_api::pool::NO_POOLS,
+        sources: &smolvm_api::branch::NO_SOURCES,
         identity: &identity,
     };
     let new = annotated(alpine(), "yes");

@@ -200,6 +200,7 @@ fn v6_workload_immutable_after_binding() {
         nodes: &nodes,
         classes: &smolvm_api::class::NO_CLASSES,
         pools: &smolvm_api::pool::NO_POOLS,
+        sources: &smolvm_api::branch::NO_SOURCES,
         identity: &user(),
     };
     let verdict = validate_smolvm_json(

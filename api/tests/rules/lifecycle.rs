@@ -31,6 +31,7 @@ fn transition_matrix_unbound_bound_deleting_pinned() {
                     nodes: &nodes,
                     classes: &smolvm_api::class::NO_CLASSES,
                     pools: &smolvm_api::pool::NO_POOLS,
+                    sources: &smolvm_api::branch::NO_SOURCES,
                     identity: &identity,
                 };
                 let v = validate_smolvm_json(Update, Some(&old), &meta, &ctx);
@@ -90,6 +91,7 @@ fn m1_m2_defaults_then_validates() {
         nodes: &nodes,
         classes: &smolvm_api::class::NO_CLASSES,
         pools: &smolvm_api::pool::NO_POOLS,
+        sources: &smolvm_api::branch::NO_SOURCES,
         identity: &identity,
     };
     let verdict = validate_smolvm_json(Create, None, &patched, &ctx);
@@ -105,6 +107,7 @@ fn malformed_objects_are_schema_violations() {
         nodes: &Vec::<SmolVMNode>::new(),
         classes: &smolvm_api::class::NO_CLASSES,
         pools: &smolvm_api::pool::NO_POOLS,
+        sources: &smolvm_api::branch::NO_SOURCES,
         identity: &identity,
     };
     for bad in [

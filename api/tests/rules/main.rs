@@ -102,6 +102,7 @@ fn run(case: &Case, policy: &Policy, nodes: &Vec<SmolVMNode>) -> Verdict {
         nodes,
         classes: &smolvm_api::class::NO_CLASSES,
         pools: &smolvm_api::pool::NO_POOLS,
+        sources: &smolvm_api::branch::NO_SOURCES,
         identity: &case.identity,
     };
     match case.kind {

@@ -429,6 +429,7 @@ fn v10_every_foreign_label_is_named_at_once() {
         nodes: &Vec::<SmolVMNode>::new(),
         classes: &smolvm_api::class::NO_CLASSES,
         pools: &smolvm_api::pool::NO_POOLS,
+        sources: &smolvm_api::branch::NO_SOURCES,
         identity: &identity,
     };
     let new = annotate(

@@ -115,6 +115,7 @@ fn v5_bound_message_says_never_move() {
         nodes: &Vec::<SmolVMNode>::new(),
         classes: &smolvm_api::class::NO_CLASSES,
         pools: &smolvm_api::pool::NO_POOLS,
+        sources: &smolvm_api::branch::NO_SOURCES,
         identity: &identity,
     };
     let old = bound(stored(), "node-a");

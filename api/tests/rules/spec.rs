@@ -148,6 +148,7 @@ fn v2_message_names_field_value_and_policy() {
         nodes: &nodes,
         classes: &smolvm_api::class::NO_CLASSES,
         pools: &smolvm_api::pool::NO_POOLS,
+        sources: &smolvm_api::branch::NO_SOURCES,
         identity: &identity,
     };
     let object = with(
@@ -186,6 +187,7 @@ fn v2_default_outside_policy_names_the_default() {
         nodes: &nodes,
         classes: &smolvm_api::class::NO_CLASSES,
         pools: &smolvm_api::pool::NO_POOLS,
+        sources: &smolvm_api::branch::NO_SOURCES,
         identity: &identity,
     };
     let object = smolvm("a", json!({"image": "alpine"}));
@@ -226,6 +228,7 @@ fn v3_a_bound_vm_keeps_a_port_excluded_later() {
         nodes: &nodes,
         classes: &smolvm_api::class::NO_CLASSES,
         pools: &smolvm_api::pool::NO_POOLS,
+        sources: &smolvm_api::branch::NO_SOURCES,
         identity: &identity,
     };
     let verdict = validate_smolvm_json(

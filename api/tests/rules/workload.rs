@@ -205,6 +205,7 @@ fn v11_every_violation_is_listed_and_no_value_is_echoed() {
         nodes: &nodes,
         classes: &smolvm_api::class::NO_CLASSES,
         pools: &smolvm_api::pool::NO_POOLS,
+        sources: &smolvm_api::branch::NO_SOURCES,
         identity: &user(),
     };
     let verdict = validate_smolvm_json(Create, None, &object, &ctx);

@@ -26,13 +26,17 @@ use kube::core::admission::Operation as WireOperation;
 use serde_json::Value;
 use smolvm_api::{
     Policy,
+    branch::SourceCatalog,
     class::{ClassCatalog, class_for},
     constants::{GROUP, RESOURCE_SMOLVMCLASSES, RESOURCE_SMOLVMNODES, RESOURCE_SMOLVMPOOLS, RESOURCE_SMOLVMS},
-    defaulting::{Addition, Shape, additions, default_pooled_smolvm, default_smolvm, default_smolvm_with_class},
+    defaulting::{
+        Addition, Shape, additions, default_branch_smolvm, default_branch_source, default_pooled_smolvm,
+        default_smolvm, default_smolvm_with_class,
+    },
     pool::PoolCatalog,
     validate::{
-        Context, Identity, NodeCatalog, Operation, Raw, RuleId, Target, Verdict, validate_pooled_request, validate_raw,
-        validate_smolvm_with,
+        Context, Identity, NodeCatalog, Operation, Raw, RuleId, Target, Verdict, validate_branch_request,
+        validate_pooled_request, validate_raw, validate_smolvm_with,
     },
 };
 
@@ -333,15 +337,18 @@ pub struct Catalogs<'a> {
     pub classes: &'a dyn ClassCatalog,
     /// The known SmolVMPools.
     pub pools: &'a dyn PoolCatalog,
+    /// The known branch sources.
+    pub sources: &'a dyn SourceCatalog,
 }
 
 impl<'a> Catalogs<'a> {
-    /// Known nodes, and no classes or pools.
+    /// Known nodes, and no classes, pools or branch sources.
     pub fn nodes(nodes: &'a dyn NodeCatalog) -> Self {
         Catalogs {
             nodes,
             classes: &smolvm_api::class::NO_CLASSES,
             pools: &smolvm_api::pool::NO_POOLS,
+            sources: &smolvm_api::branch::NO_SOURCES,
         }
     }
 }
@@ -424,6 +431,7 @@ fn review_request(
         nodes: catalogs.nodes,
         classes: catalogs.classes,
         pools: catalogs.pools,
+        sources: catalogs.sources,
         identity: &identity,
     };
     let response = match route {
@@ -516,6 +524,9 @@ fn mutate(
     let creating = operation == Operation::Create;
     if creating && spec.is_some_and(|s| s.pool_ref) {
         return mutate_pooled(objects, operation, ctx, base, outcome);
+    }
+    if creating && spec.is_some_and(|s| s.branch_of || s.branchable) {
+        return mutate_branch(objects, operation, ctx, base, outcome);
     }
     // M3: at CREATE, the class the SmolVM names, or the default class. An unknown name applies
     // none; validation below reports it (V12).
@@ -627,6 +638,35 @@ fn mutate_pooled(
         None => default_smolvm(operation, new),
     };
     let mut verdict = validate_pooled_request(new);
+    verdict.extend(objects.validate_defaulted(&patch, operation, ctx));
+    defaulted(base, &verdict, &patch, outcome)
+}
+
+/// The mutating review of a branch or a branch source, at CREATE. A branch (`branchOf`) takes
+/// its spec from its source (M5), then its class's defaults, the built-in ones and the finalizer
+/// (M3, M1, M2); or every violation at once: each field it sets that a branch takes from its
+/// source (V17), then those of the filled object, an unknown source's included. A branch source
+/// (`branchable`) gets its label (M5) and the defaults of any SmolVM.
+fn mutate_branch(
+    objects: Objects<'_>,
+    operation: Operation,
+    ctx: &Context<'_>,
+    base: Answer,
+    outcome: &mut Outcome,
+) -> Result<Answer, RequestError> {
+    // The source writes labels and annotations, which the shape lacks: filling, defaulting
+    // and validation share one parse of the object.
+    let objects = objects.into_parsed();
+    let Objects::Parsed { new: Some(new), .. } = &objects else {
+        return Ok(base);
+    };
+    let namespace = new.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("");
+    let source = smolvm_api::branch::source_named(new).and_then(|name| ctx.sources.source(namespace, name));
+    let patch = match &source {
+        Some(source) => default_branch_smolvm(operation, new, source, ctx.classes),
+        None => default_branch_source(operation, new, ctx.classes),
+    };
+    let mut verdict = validate_branch_request(new);
     verdict.extend(objects.validate_defaulted(&patch, operation, ctx));
     defaulted(base, &verdict, &patch, outcome)
 }

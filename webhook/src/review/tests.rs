@@ -513,6 +513,7 @@ fn finding_text_is_its_display() {
         nodes: &nodes,
         classes: &smolvm_api::class::NO_CLASSES,
         pools: &smolvm_api::pool::NO_POOLS,
+        sources: &smolvm_api::branch::NO_SOURCES,
         identity: &identity,
     };
     let verdict = smolvm_api::validate::validate_smolvm_json(Operation::Create, None, &bad, &ctx);
