@@ -37,6 +37,7 @@ fn bench(c: &mut Criterion) {
             host_ports: vec![(10_000 + vm / 1000, Protocol::Tcp)],
             node_selector: BTreeMap::new(),
             pin: None,
+            source: None,
             volumes: Vec::new(),
         };
         ledger.observe_bound(&format!("vm-{vm}"), &format!("node-{:04}", vm % 1000), &request);
@@ -50,6 +51,7 @@ fn bench(c: &mut Criterion) {
         host_ports: vec![(8080, Protocol::Tcp)],
         node_selector: BTreeMap::from([("kubernetes.io/arch".to_string(), "amd64".to_string())]),
         pin: None,
+        source: None,
         volumes: Vec::new(),
     };
     c.bench_function("place among 1000 nodes with 10000 bound VMs", |b| {

@@ -251,6 +251,7 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     let ctx = Arc::new(Context {
         client,
         nodes: node_store,
+        vms: vm_store.clone(),
         owned,
         pools: pool_store,
         classes: class_store,

@@ -23,7 +23,7 @@ use smolvm_controller::placement::Hold;
 use smolvm_controller::vm::decide::{
     Decision, ExposureWrite, Failure, Observed, Outcome, Progress, RESUME_RECHECK, Requeue, Room, converge,
 };
-use smolvm_controller::vm::rules::{NodeHealth, PoolOf, machine_spec};
+use smolvm_controller::vm::rules::{BranchSource, NodeHealth, PoolOf, machine_spec};
 use smolvm_controller::vm::volumes::{Presence, Seen, Settings, VolumeWrite, holder::holder_pod};
 use smolvm_controller::vm::workload::Source;
 
@@ -137,9 +137,29 @@ fn pass_pooled(
     vm: &SmolVM,
     health: NodeHealth,
     room: Room,
-    mut progress: Progress,
+    progress: Progress,
     volumes: Option<&Seen>,
     pool: &PoolOf,
+    answers: Vec<Result<Option<MachineStatus>, Failure>>,
+) -> (Vec<&'static str>, Outcome, Option<String>) {
+    pass_made(
+        vm,
+        (health, room),
+        progress,
+        volumes,
+        (pool, &BranchSource::None),
+        answers,
+    )
+}
+
+/// [`pass_seen`] with the pool the SmolVM names and the branch source it names, as the pass
+/// observed them.
+fn pass_made(
+    vm: &SmolVM,
+    (health, room): (NodeHealth, Room),
+    mut progress: Progress,
+    volumes: Option<&Seen>,
+    (pool, source): (&PoolOf, &BranchSource),
     answers: Vec<Result<Option<MachineStatus>, Failure>>,
 ) -> (Vec<&'static str>, Outcome, Option<String>) {
     let node = node();
@@ -156,6 +176,7 @@ fn pass_pooled(
         start_backoff: None,
         volumes,
         pool,
+        source,
     };
     let mut answers = answers.into_iter();
     let mut calls = Vec::new();
@@ -554,6 +575,7 @@ fn a_service_it_does_not_own_is_never_written() {
         start_backoff: None,
         volumes: None,
         pool: &no_pool,
+        source: &BranchSource::None,
     };
     let Decision::Report(outcome) = converge(&observed, &Progress::default()) else {
         panic!("a missing node is reported at once");
@@ -636,6 +658,7 @@ fn a_start_that_failed_moments_ago_is_held_and_the_service_kept() {
             start_backoff: backoff,
             volumes: None,
             pool: &no_pool,
+            source: &BranchSource::None,
         };
         let mut progress = Progress::default();
         let mut calls = Vec::new();
@@ -1226,6 +1249,7 @@ fn a_vm_with_volumes_runs_only_on_mounted_volumes() {
         start_backoff: None,
         volumes: Some(&seen),
         pool: &no_pool,
+        source: &BranchSource::None,
     };
     let mut progress = Progress::default();
     progress.record(smolvm_controller::vm::decide::Call::Get, Ok(None));
@@ -1380,5 +1404,154 @@ fn a_pooled_create_leases_goes_cold_or_waits_as_its_pool_says() {
         if let Some(note) = outcome.events.iter().find(|e| e.reason == "PoolEmpty") {
             assert!(note.note.contains("pool p"), "{case}: {}", note.note);
         }
+    }
+}
+
+/// A branch, at its create, through the core: decide asks for the branch of its running source's
+/// machine on its node, or, while the source does not run there (or stopped since), waits with
+/// BranchPending and creates nothing; a branch made publishes one Branched event, which tells
+/// its binding, and records its source in `status.branchedFrom`.
+#[test]
+fn a_branch_is_branched_from_its_running_source_or_waits() {
+    let vm = exposed(|_| {});
+    let running = machine(MachineState::Running);
+    let from = smolvm_api::BranchedFrom {
+        name: "prepared".into(),
+        uid: "5b0c6a1e-8d2f-4c3b-9a7e-1f0d2c3b4a59".into(),
+    };
+    let source = |node: &str, runs: bool| BranchSource::Bound {
+        from: from.clone(),
+        node: node.into(),
+        machine: "svm-source".into(),
+        running: runs,
+    };
+    let not_running = || Err(Failure::Call(answered(ErrorCode::SourceNotRunning)));
+    // (case, the source as observed, the node's answers, the calls, the Ready reason, branched)
+    type Row = (
+        &'static str,
+        BranchSource,
+        Vec<Result<Option<MachineStatus>, Failure>>,
+        Vec<&'static str>,
+        &'static str,
+        bool,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "its source runs on its node: one branch call, the machine runs",
+            source(NODE, true),
+            vec![Ok(None), Ok(Some(running.clone()))],
+            vec!["GetMachine", "BranchMachine"],
+            "Running",
+            true,
+        ),
+        (
+            "its source does not run: nothing created, it waits",
+            source(NODE, false),
+            vec![Ok(None)],
+            vec!["GetMachine"],
+            "BranchPending",
+            false,
+        ),
+        (
+            "its source stopped since the pass looked: the node says so, it waits",
+            source(NODE, true),
+            vec![Ok(None), not_running()],
+            vec!["GetMachine", "BranchMachine"],
+            "BranchPending",
+            false,
+        ),
+        (
+            "its source is on another node: never branched across nodes",
+            source("node-b", true),
+            vec![Ok(None)],
+            vec!["GetMachine"],
+            "BranchPending",
+            false,
+        ),
+        (
+            "its source is gone: nothing created",
+            BranchSource::Lost("its source SmolVM prepared is gone".into()),
+            vec![Ok(None)],
+            vec!["GetMachine"],
+            "BranchPending",
+            false,
+        ),
+    ];
+    for (case, source, answers, want_calls, want_ready, branched) in rows {
+        let progress = Progress {
+            took: std::time::Duration::from_millis(42),
+            ..Progress::default()
+        };
+        let health = (NodeHealth::Healthy, Room::default());
+        let (calls, outcome, _) = pass_made(&vm, health, progress, None, (&PoolOf::None, &source), answers);
+        assert_eq!(calls, want_calls, "{case}");
+        assert_eq!(ready(&outcome).1, want_ready, "{case}: {:?}", ready(&outcome));
+        let events = reasons(&outcome);
+        assert_eq!(events.iter().any(|r| r == "Branched"), branched, "{case}: {events:?}");
+        assert_eq!(outcome.tells_binding(), branched, "{case}");
+        assert!(
+            !events.iter().any(|r| r == "Started" || r == "Created"),
+            "{case}: {events:?}"
+        );
+        let recorded = outcome.status.branched_from.as_ref();
+        assert_eq!(recorded, branched.then_some(&from), "{case}");
+        if let Some(note) = outcome.events.iter().find(|e| e.reason == "Branched") {
+            assert!(
+                note.note.contains("prepared") && note.note.contains("42 ms"),
+                "{case}: {}",
+                note.note
+            );
+        }
+    }
+}
+
+/// A branch source being deleted while branches of it live: its machine is not deleted; the
+/// deletion waits naming them and the annotation, or, with the annotation, deletes them first.
+#[test]
+fn a_branch_source_goes_after_its_branches() {
+    let source = exposed(|o| {
+        o["spec"]["branchable"] = json!(true);
+    });
+    let branches = vec!["prepared-a".to_string(), "prepared-b".to_string()];
+    let mut annotated = source.clone();
+    annotated.metadata.annotations = Some(
+        [("vm.smolvm.dev/delete-branches".to_string(), "true".to_string())]
+            .into_iter()
+            .collect(),
+    );
+    for (case, vm, deletes, event) in [
+        ("no annotation: waits", &source, false, "DeletionBlocked"),
+        (
+            "the annotation: its branches first",
+            &annotated,
+            true,
+            "DeletingBranches",
+        ),
+    ] {
+        let (delete, outcome) = smolvm_controller::vm::decide::branches_first(vm, NODE, &branches, Timestamp::now());
+        assert_eq!(delete, deletes, "{case}");
+        let blocked = outcome
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "DeletionBlocked")
+            .unwrap_or_else(|| panic!("{case}: DeletionBlocked is set"));
+        assert_eq!(
+            (blocked.status.as_str(), blocked.reason.as_str()),
+            ("True", "LiveBranches"),
+            "{case}"
+        );
+        assert!(
+            blocked.message.contains("prepared-a, prepared-b") && blocked.message.contains(NODE),
+            "{case}: {}",
+            blocked.message
+        );
+        assert!(
+            blocked.message.contains("vm.smolvm.dev/delete-branches"),
+            "{case}: names the annotation: {}",
+            blocked.message
+        );
+        assert_eq!(reasons(&outcome), [event], "{case}");
+        assert_eq!(outcome.requeue, Requeue::Unsettled, "{case}");
     }
 }

@@ -39,6 +39,7 @@ fn request(cpus: i64, memory_mib: i64) -> Request {
         host_ports: vec![],
         node_selector: BTreeMap::new(),
         pin: None,
+        source: None,
         volumes: Vec::new(),
     }
 }
@@ -274,6 +275,27 @@ fn placement_table() {
     assert_eq!(
         err.message,
         "pinned node c cannot run this VM now: 1 has too few CPUs (needs 6, 4 free)"
+    );
+    // A branch goes only to its source's node, even when others are emptier, and never falls
+    // back; when that node is full it says so, naming the node and the source.
+    let branch = |cpus| Request {
+        pin: Some("c".into()),
+        source: Some("prepared".into()),
+        ..request(cpus, 512)
+    };
+    assert_eq!(
+        place(&branch(1), &nodes, &empty, now(), &cfg)
+            .unwrap()
+            .metadata
+            .name
+            .as_deref(),
+        Some("c")
+    );
+    let err = place(&branch(6), &nodes, &empty, now(), &cfg).unwrap_err();
+    assert_eq!(err.reason, "SourceNodeIneligible");
+    assert_eq!(
+        err.message,
+        "node c of its branch source prepared cannot run this branch now (branches are node-local): 1 has too few CPUs (needs 6, 4 free)"
     );
     let ghost = Request {
         pin: Some("ghost".into()),
@@ -1016,6 +1038,7 @@ fn a_smolvm_takes_the_room_of_ready_slots_and_a_warm_claim_its_own_slot() {
         host_ports: vec![],
         node_selector: BTreeMap::new(),
         pin: None,
+        source: None,
         volumes: Vec::new(),
     };
     assert_eq!(
@@ -1036,6 +1059,7 @@ fn a_smolvm_takes_the_room_of_ready_slots_and_a_warm_claim_its_own_slot() {
         host_ports: vec![],
         node_selector: BTreeMap::new(),
         pin: None,
+        source: None,
         volumes: Vec::new(),
     };
     assert!(
@@ -1119,6 +1143,7 @@ fn a_resume_takes_the_room_of_ready_slots_first() {
         host_ports: vec![],
         node_selector: BTreeMap::new(),
         pin: None,
+        source: None,
         volumes: Vec::new(),
     };
     // A suspended VM of 4 CPUs holds none of them: the source and 3 slots fill the node.

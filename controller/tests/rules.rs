@@ -13,7 +13,7 @@ use smolvm_api::{
     nodeapi::{MachineState, MachineStatus, NetworkSpec, ResizeSpec},
 };
 use smolvm_controller::vm::rules::{
-    MachineAction, NodeHealth, Restart, RunGoal, Step, Want, exited_message, machine_action, machine_name,
+    MachineAction, Made, NodeHealth, Restart, RunGoal, Step, Want, exited_message, machine_action, machine_name,
     machine_resources, machine_spec, next_step, node_health, resize_shortfall, restart, restart_request, run_goal,
     set_condition, step_events, transition_event,
 };
@@ -688,13 +688,28 @@ fn step_events_table() {
         ),
     ];
     for (name, done, goal, expected) in served {
-        let got = step_events(&done, Some("p"), goal, "m", "n");
+        let got = step_events(&done, Some(Made::Served("p")), goal, "m", "n");
         assert_eq!(got.len(), expected.len(), "{name}: {got:?}");
         for (e, (reason, action, note)) in got.iter().zip(expected) {
             assert_eq!((e.reason, e.action), (reason, action), "{name}");
             assert!(e.note.contains(note), "{name}: {}", e.note);
         }
     }
+    // A branch: one event names the source and the node's time, and that it runs.
+    let branched = Made::Branched {
+        source: "prepared",
+        millis: 42,
+    };
+    let got = step_events(&[create()], Some(branched), RunGoal::Run, "m", "n");
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!((got[0].reason, got[0].action), ("Branched", "Create"));
+    assert!(
+        got[0]
+            .note
+            .contains("from the running SmolVM prepared in 42 ms: it runs"),
+        "{}",
+        got[0].note
+    );
 }
 
 #[test]
@@ -1054,4 +1069,74 @@ fn restart_request_table() {
         assert_eq!(restart(&vm, machine), want, "{what}");
     }
     assert_eq!(restart_request(&with_request(true)), Some("2026-11-24T12:00:00Z"));
+}
+
+/// What a branch finds of its source: gone, made again, being deleted, not a source, not placed,
+/// bound (running or not); a SmolVM that is no branch finds nothing. Its node is its source's.
+#[test]
+fn a_branch_finds_its_source_as_admission_recorded_it() {
+    use smolvm_controller::vm::rules::{BranchSource, source_of};
+    const SOURCE_UID: &str = "5b0c6a1e-8d2f-4c3b-9a7e-1f0d2c3b4a59";
+    let source = |edit: &dyn Fn(&mut serde_json::Value)| -> SmolVM {
+        let mut object = fixtures::smolvm("prepared", serde_json::json!({"image": "alpine", "branchable": true}));
+        object["metadata"]["uid"] = serde_json::json!(SOURCE_UID);
+        object = fixtures::bound(object, "node-a");
+        edit(&mut object);
+        serde_json::from_value(object).unwrap_or_else(|e| panic!("decodes: {e}"))
+    };
+    let mut branch_json = fixtures::smolvm(
+        "task",
+        serde_json::json!({"image": "alpine", "branchOf": {"name": "prepared"}}),
+    );
+    branch_json["metadata"]["annotations"] = serde_json::json!({"vm.smolvm.dev/branch-of-uid": SOURCE_UID});
+    let branch: SmolVM = serde_json::from_value(branch_json).unwrap_or_else(|e| panic!("decodes: {e}"));
+    let plain: SmolVM = serde_json::from_value(fixtures::smolvm("vm", serde_json::json!({"image": "alpine"})))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let running = source(&|_| {});
+    let stopped = source(&|o| o["status"]["phase"] = serde_json::json!("Stopped"));
+    let unbound = source(&|o| o["status"] = serde_json::json!({}));
+    let again = source(&|o| o["metadata"]["uid"] = serde_json::json!("another-uid"));
+    let leaving = source(&|o| o["metadata"]["deletionTimestamp"] = serde_json::json!("2026-12-03T10:00:00Z"));
+    let unbranchable = source(&|o| o["spec"]["branchable"] = serde_json::json!(false));
+    // (case, the SmolVM, its source as read, what it finds: None, Lost, Unplaced, or Bound running?)
+    let rows: Vec<(&str, &SmolVM, Option<&SmolVM>, &str)> = vec![
+        ("no branch", &plain, Some(&running), "None"),
+        ("running on its node", &branch, Some(&running), "Bound running"),
+        ("stopped", &branch, Some(&stopped), "Bound"),
+        ("not placed yet", &branch, Some(&unbound), "Unplaced"),
+        ("gone", &branch, None, "Lost"),
+        ("made again under its name", &branch, Some(&again), "Lost"),
+        ("being deleted", &branch, Some(&leaving), "Lost"),
+        ("no longer a source", &branch, Some(&unbranchable), "Lost"),
+    ];
+    for (case, vm, read, want) in rows {
+        let found = source_of(vm, read);
+        let got = match &found {
+            BranchSource::None => "None",
+            BranchSource::Lost(_) => "Lost",
+            BranchSource::Unplaced(_) => "Unplaced",
+            BranchSource::Bound { running: true, .. } => "Bound running",
+            BranchSource::Bound { .. } => "Bound",
+        };
+        assert_eq!(got, want, "{case}: {found:?}");
+        match &found {
+            BranchSource::Bound {
+                node, machine, from, ..
+            } => {
+                assert_eq!(found.node(), Ok(Some("node-a")), "{case}");
+                assert_eq!(machine, &format!("svm-{SOURCE_UID}"), "{case}");
+                assert_eq!(
+                    (from.name.as_str(), from.uid.as_str()),
+                    ("prepared", SOURCE_UID),
+                    "{case}"
+                );
+                assert_eq!(node, "node-a");
+            }
+            BranchSource::None => assert_eq!(found.node(), Ok(None), "{case}"),
+            BranchSource::Lost(why) | BranchSource::Unplaced(why) => {
+                assert!(why.contains("prepared"), "{case}: {why}");
+                assert!(found.node().is_err(), "{case}");
+            }
+        }
+    }
 }

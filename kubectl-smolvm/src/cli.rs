@@ -15,9 +15,12 @@ const ABOUT: &str = "Work with SmolVMs (microVMs run by the smolvm operator) fro
 const LONG_ABOUT: &str = "Work with SmolVMs (microVMs run by the smolvm operator) from kubectl. \
 Read a machine's console or workload log, run a command in it (one-shot, or an interactive shell with -it), \
 copy single files in and out, \
-and start, stop or restart it. Every request goes through the cluster's API server with your kubeconfig's \
+start, stop, suspend, resume or restart it, \
+and branch a running branchable one into copy-on-write clones and list its branches (branch, get-branches). \
+Every request goes through the cluster's API server with your kubeconfig's \
 credentials (and --as impersonation), so Kubernetes RBAC decides who may do what: logs, exec and cp use the \
-aggregated API subresources.vm.smolvm.dev, start, stop and restart patch the SmolVM in vm.smolvm.dev.";
+aggregated API subresources.vm.smolvm.dev, start, stop, suspend, resume and restart patch the SmolVM in \
+vm.smolvm.dev, branch creates SmolVMs there and get-branches lists them.";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -41,7 +44,11 @@ Examples:
 
   # Suspend it (memory and disks saved, CPU and memory given back), then resume it
   kubectl smolvm suspend web
-  kubectl smolvm resume web";
+  kubectl smolvm resume web
+
+  # Make 3 copy-on-write branches of the running branchable SmolVM base, wait until they run, list them
+  kubectl smolvm branch base --count 3
+  kubectl smolvm get-branches base";
 
 const LOGS_EXAMPLES: &str = "\
 Examples:
@@ -110,6 +117,40 @@ const RESTART_EXAMPLES: &str = "\
 Examples:
   # Ask the controller to restart the running SmolVM web once
   kubectl smolvm restart web -n shop";
+
+const BRANCH_LONG_ABOUT: &str = "Create branches (copy-on-write clones) of a branchable SmolVM and wait until they run.
+
+A branch is a SmolVM whose spec.branchOf names SOURCE: it takes its spec from SOURCE when it is created, except \
+its own env (--env), and once SOURCE runs, its machine is made on SOURCE's node as a copy-on-write clone of the \
+running machine (memory and disks), in milliseconds instead of a boot. SOURCE must have been created with \
+spec.branchable: true; any other SOURCE is refused before anything is created.
+
+The --count branches are created at once, named PREFIX-xxxxx (--name; the API server picks the rest), and \
+watched until each is Running. For each one the table shows how long it took (TOOK), measured here from its \
+create request to the moment the API server reported it Running. A branch that is Failed, or not Running within \
+--timeout, is shown with its Ready condition's reason and message, and the command exits 1.
+
+The SmolVMs this command creates are never deleted by it, also not when it fails, times out or is \
+interrupted: kubectl smolvm get-branches SOURCE lists them, kubectl delete smolvm NAME deletes one.";
+
+const BRANCH_EXAMPLES: &str = "\
+Examples:
+  # Branch the running branchable SmolVM base in namespace shop once, and wait for the branch to run
+  kubectl smolvm branch base -n shop
+
+  # Make 10 branches named worker-xxxxx with ROLE=worker in their env, waiting at most 30s
+  kubectl smolvm branch base --count 10 --name worker --env ROLE=worker --timeout 30s
+
+  # Delete one of them (branch never deletes what it made)
+  kubectl delete smolvm worker-x7k2p";
+
+const GET_BRANCHES_EXAMPLES: &str = "\
+Examples:
+  # List the branches of SmolVM base in namespace shop: NAME, PHASE, NODE, READY, AGE
+  kubectl smolvm get-branches base -n shop
+
+  # The same SmolVMs with kubectl itself (the webhook labels every branch with its source)
+  kubectl get smolvms -n shop -l vm.smolvm.dev/branch-of=base";
 
 /// `kubectl smolvm`: the parsed command line.
 #[derive(Debug, Parser)]
@@ -192,6 +233,12 @@ pub enum Command {
     /// Resume a suspended SmolVM on its node, its processes as they were (set spec.suspended to false).
     #[command(after_help = RESUME_EXAMPLES)]
     Resume(NameArgs),
+    /// Create branches (copy-on-write clones) of a branchable SmolVM and wait until they run.
+    #[command(long_about = BRANCH_LONG_ABOUT, after_help = BRANCH_EXAMPLES)]
+    Branch(BranchArgs),
+    /// List the branches of a SmolVM: NAME, PHASE, NODE, READY (the Ready condition's reason), AGE.
+    #[command(after_help = GET_BRANCHES_EXAMPLES)]
+    GetBranches(GetBranchesArgs),
 }
 
 /// `logs NAME [-f] [--tail N] [--source console|workload]`.
@@ -252,6 +299,40 @@ pub struct CpArgs {
     pub mode: Option<u32>,
 }
 
+/// `branch SOURCE [--name PREFIX] [--count N] [-e KEY=VALUE]... [--timeout D] [--poll-interval D]`.
+#[derive(Debug, Clone, Args)]
+pub struct BranchArgs {
+    /// The SmolVM to branch: one created with spec.branchable: true, in the namespace.
+    #[arg(value_name = "SOURCE")]
+    pub source: String,
+    /// The start of the branches' names: each is named PREFIX-xxxxx, the API server choosing the
+    /// five last characters (metadata.generateName). Default: SOURCE.
+    #[arg(long = "name", value_name = "PREFIX")]
+    pub prefix: Option<String>,
+    /// How many branches to create, at once: 1 to 100.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_count)]
+    pub count: u32,
+    /// An environment variable of every branch (its spec.env), KEY=VALUE; repeat it for several.
+    /// The rest of a branch's spec is its source's.
+    #[arg(short = 'e', long = "env", value_name = "KEY=VALUE", value_parser = parse_env)]
+    pub env: Vec<EnvVar>,
+    /// How long to wait, from the creates, for every branch to be Running (`30s`, `2m`).
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// How often to list the branches again when the server does not let this command watch
+    /// them (it watches them when it may); TOOK is then only as precise as this.
+    #[arg(long, value_name = "DURATION", default_value = "200ms", value_parser = parse_duration)]
+    pub poll_interval: Duration,
+}
+
+/// `get-branches SOURCE`.
+#[derive(Debug, Clone, Args)]
+pub struct GetBranchesArgs {
+    /// The SmolVM whose branches to list (those labelled vm.smolvm.dev/branch-of=SOURCE).
+    #[arg(value_name = "SOURCE")]
+    pub source: String,
+}
+
 /// A subcommand that takes only the SmolVM's name.
 #[derive(Debug, Clone, Args)]
 pub struct NameArgs {
@@ -281,6 +362,19 @@ pub fn parse_env(text: &str) -> Result<EnvVar, String> {
         )),
         None => Err(format!(
             "invalid environment variable {text:?}: no '=' (write KEY=VALUE)"
+        )),
+    }
+}
+
+/// The most branches one `branch` command creates.
+pub const MAX_BRANCHES: u32 = 100;
+
+/// Parses `--count`: a whole number from 1 to [`MAX_BRANCHES`].
+pub fn parse_count(text: &str) -> Result<u32, String> {
+    match text.parse::<u32>() {
+        Ok(n) if (1..=MAX_BRANCHES).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "invalid count {text:?}: write a whole number from 1 to {MAX_BRANCHES} (the most branches one command creates)"
         )),
     }
 }
@@ -318,7 +412,18 @@ mod tests {
         let help = top.render_long_help().to_string();
         assert!(help.contains("Examples:"), "{help}");
         assert!(help.contains("kubectl smolvm exec web --"), "{help}");
-        for sub in ["logs", "exec", "cp", "start", "stop", "restart"] {
+        for sub in [
+            "logs",
+            "exec",
+            "cp",
+            "start",
+            "stop",
+            "restart",
+            "suspend",
+            "resume",
+            "branch",
+            "get-branches",
+        ] {
             let mut cmd = Cli::command();
             // Building propagates the global flags and the bin name into the subcommands.
             cmd.build();
@@ -332,6 +437,82 @@ mod tests {
                 help.contains("--namespace"),
                 "{sub} help lacks the global flags: {help}"
             );
+        }
+    }
+
+    #[test]
+    fn branch_help_says_what_is_left_behind() {
+        let mut cmd = Cli::command();
+        cmd.build();
+        let branch = cmd
+            .find_subcommand_mut("branch")
+            .map(|sub| sub.render_long_help().to_string())
+            .unwrap_or_default();
+        for part in [
+            "spec.branchable: true",
+            "never deleted by it",
+            "--count <N>",
+            "--timeout <DURATION>",
+            "[default: 2m]",
+        ] {
+            assert!(branch.contains(part), "{part}: {branch}");
+        }
+        let top = Cli::command().render_long_help().to_string();
+        assert!(top.contains("kubectl smolvm branch base --count 3"), "{top}");
+        assert!(top.contains("kubectl smolvm get-branches base"), "{top}");
+    }
+
+    #[test]
+    fn branch_takes_its_flags() {
+        let cli = parse(&[
+            "branch",
+            "base",
+            "--count",
+            "3",
+            "--name",
+            "worker",
+            "-e",
+            "A=1",
+            "--env",
+            "B=",
+            "--timeout",
+            "30s",
+            "-n",
+            "shop",
+        ])
+        .expect("parses");
+        let Command::Branch(args) = cli.command else {
+            panic!("not branch")
+        };
+        assert_eq!(args.source, "base");
+        assert_eq!(args.count, 3);
+        assert_eq!(args.prefix.as_deref(), Some("worker"));
+        assert_eq!(args.env.len(), 2);
+        assert_eq!(args.timeout, Duration::from_secs(30));
+        assert_eq!(args.poll_interval, Duration::from_millis(200));
+        assert_eq!(cli.global.namespace.as_deref(), Some("shop"));
+
+        let cli = parse(&["branch", "base"]).expect("parses");
+        let Command::Branch(args) = cli.command else {
+            panic!("not branch")
+        };
+        assert_eq!(
+            (args.count, args.prefix, args.timeout),
+            (1, None, Duration::from_secs(120))
+        );
+
+        let cli = parse(&["get-branches", "base"]).expect("parses");
+        assert!(matches!(cli.command, Command::GetBranches(ref a) if a.source == "base"));
+    }
+
+    #[test]
+    fn counts() {
+        for (text, want) in [("1", 1), ("100", 100), ("07", 7)] {
+            assert_eq!(parse_count(text), Ok(want), "{text:?}");
+        }
+        for bad in ["0", "101", "-1", "", "three", "1.5"] {
+            let err = parse_count(bad).expect_err("refused");
+            assert!(err.contains("from 1 to 100"), "{err}");
         }
     }
 
@@ -408,6 +589,13 @@ mod tests {
             &["cp", "a", "web:/b", "--mode", "999"],
             &["start"],
             &["reboot", "web"],
+            &["branch"],
+            &["branch", "base", "--count", "0"],
+            &["branch", "base", "--count", "101"],
+            &["branch", "base", "--env", "=x"],
+            &["branch", "base", "--env", "NOEQUALS"],
+            &["branch", "base", "--timeout", "soon"],
+            &["get-branches"],
         ];
         for args in bad {
             assert!(parse(args).is_err(), "{args:?}");

@@ -5,10 +5,12 @@
 use std::future::Future;
 use std::time::Duration;
 
-use futures::AsyncBufRead;
+use futures::{AsyncBufRead, Stream};
 use http::Request;
 use http_body_util::BodyExt;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, ListParams, ObjectList, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
 use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
 use kube::core::{GroupVersionKind, Status};
 use kube::{Client, Config};
@@ -66,15 +68,44 @@ impl Cluster {
 
     /// The SmolVM custom resources of the namespace.
     pub fn smolvms(&self) -> Api<DynamicObject> {
-        let gvk = GroupVersionKind::gvk(paths::GROUP, paths::VERSION, KIND);
-        let resource = ApiResource::from_gvk_with_plural(&gvk, PLURAL);
-        Api::namespaced_with(self.client.clone(), &self.namespace, &resource)
+        Api::namespaced_with(self.client.clone(), &self.namespace, &smolvm_resource())
     }
 
     /// Reads a SmolVM.
     pub async fn get_smolvm(&self, name: &str) -> Result<DynamicObject, Error> {
         let api = self.smolvms();
         self.bounded(async { api.get(name).await.map_err(Error::from) }).await
+    }
+
+    /// Creates a SmolVM (named by the server when it sets `metadata.generateName` instead of a
+    /// name); the answer is the SmolVM as admitted.
+    pub async fn create_smolvm(&self, smolvm: &DynamicObject) -> Result<DynamicObject, Error> {
+        let api = self.smolvms();
+        let params = PostParams::default();
+        self.bounded(async { api.create(&params, smolvm).await.map_err(Error::from) })
+            .await
+    }
+
+    /// Lists the SmolVMs of the namespace that `label_selector` selects (`key=value`).
+    pub async fn list_smolvms(&self, label_selector: &str) -> Result<ObjectList<DynamicObject>, Error> {
+        let api = self.smolvms();
+        let params = ListParams::default().labels(label_selector);
+        self.bounded(async { api.list(&params).await.map_err(Error::from) })
+            .await
+    }
+
+    /// Watches the SmolVMs `label_selector` selects from `resource_version` (a list's) for at
+    /// most `timeout_secs`; `--request-timeout` bounds the wait for the stream to start.
+    pub async fn watch_smolvms(
+        &self,
+        label_selector: &str,
+        resource_version: &str,
+        timeout_secs: u32,
+    ) -> Result<impl Stream<Item = kube::Result<WatchEvent<DynamicObject>>> + use<>, Error> {
+        let api = self.smolvms();
+        let params = WatchParams::default().labels(label_selector).timeout(timeout_secs);
+        self.bounded(async { api.watch(&params, resource_version).await.map_err(Error::from) })
+            .await
     }
 
     /// Merge-patches a SmolVM.
@@ -132,6 +163,13 @@ impl Cluster {
             None => work.await,
         }
     }
+}
+
+/// The SmolVM custom resource, as kube's dynamic API names it (`vm.smolvm.dev/v1alpha1`, kind
+/// `SmolVM`, plural `smolvms`).
+pub fn smolvm_resource() -> ApiResource {
+    let gvk = GroupVersionKind::gvk(paths::GROUP, paths::VERSION, KIND);
+    ApiResource::from_gvk_with_plural(&gvk, PLURAL)
 }
 
 /// A request to send with [`Cluster`]: `url` is a path and query on the API server.

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use kube::core::Status;
 
+use crate::duration;
+
 /// The longest piece of foreign text (in bytes) an error line carries.
 const MAX_FOREIGN_TEXT: usize = 1_000;
 
@@ -80,6 +82,40 @@ pub enum Error {
         name: String,
     },
 
+    /// `branch` of a SmolVM that is not a branch source.
+    #[error(
+        "SmolVM {namespace}/{name} is not branchable (spec.branchable is not true): branches are made only of a SmolVM \
+         created with spec.branchable: true, which cannot be set later; create a SmolVM with it and branch that"
+    )]
+    NotBranchable {
+        /// The source's namespace.
+        namespace: String,
+        /// The source's name.
+        name: String,
+    },
+
+    /// `branch`: some of the branches did not run, or some creates were refused (the table on
+    /// stdout says which and why).
+    #[error("{}", not_running_message(self))]
+    BranchesNotRunning {
+        /// The source's namespace.
+        namespace: String,
+        /// The source's name.
+        source_name: String,
+        /// How many branches were asked for.
+        asked: usize,
+        /// How many were Failed, or deleted before they ran.
+        failed: usize,
+        /// How many were not Running when `--timeout` ran out.
+        waiting: usize,
+        /// The `--timeout`.
+        timeout: Duration,
+        /// How many creates the server refused.
+        refused: usize,
+        /// The first refusal, as it would be printed on its own.
+        refusal: Option<String>,
+    },
+
     /// Reading or writing a local file failed.
     #[error("{action} {}: {source}", .path.display())]
     LocalIo {
@@ -112,6 +148,8 @@ impl Error {
             Error::TooLarge { .. } => "TooLarge",
             Error::IsDirectory { .. } => "IsDirectory",
             Error::NotRunning { .. } => "NotRunning",
+            Error::NotBranchable { .. } => "NotBranchable",
+            Error::BranchesNotRunning { .. } => "BranchesNotRunning",
             Error::LocalIo { .. } => "LocalIo",
             Error::Stdio(..) => "StdioFailed",
         }
@@ -176,6 +214,50 @@ fn status_message(status: &Status) -> String {
     }
 }
 
+/// The line for [`Error::BranchesNotRunning`]: `2 of 3 branches of shop/web did not run (1
+/// Failed or deleted, 1 not Running within 2m); …`.
+fn not_running_message(error: &Error) -> String {
+    let Error::BranchesNotRunning {
+        namespace,
+        source_name,
+        asked,
+        failed,
+        waiting,
+        timeout,
+        refused,
+        refusal,
+    } = error
+    else {
+        return String::new();
+    };
+    let mut why = Vec::new();
+    if *failed > 0 {
+        why.push(format!("{failed} Failed or deleted"));
+    }
+    if *waiting > 0 {
+        why.push(format!(
+            "{waiting} not Running within {} (--timeout)",
+            duration::display(*timeout)
+        ));
+    }
+    if *refused > 0 {
+        let first = refusal.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+        why.push(format!("{refused} not created{first}"));
+    }
+    let branches = if *asked == 1 { "branch" } else { "branches" };
+    let table = if failed + waiting > 0 {
+        "; the table says why"
+    } else {
+        ""
+    };
+    format!(
+        "{} of {asked} {branches} of {namespace}/{source_name} did not run ({}){table}. \
+         The SmolVMs created are left in place: kubectl smolvm get-branches {source_name} lists them",
+        failed + waiting + refused,
+        why.join(", ")
+    )
+}
+
 /// Makes foreign text (the API server's messages, kube's errors) safe for one line of a
 /// terminal, as the operator cleans every other program's text: `smolvm_api::text::clean_external`
 /// (escape sequences and control characters gone, whitespace collapsed, bounded).
@@ -223,6 +305,43 @@ mod tests {
                 "error: the session failed: the runtime could not run the command",
             ),
             (Error::InvalidArgument("bad\nflag".into()), "error: bad flag"),
+            (
+                Error::NotBranchable {
+                    namespace: "shop".into(),
+                    name: "web".into(),
+                },
+                "error: SmolVM shop/web is not branchable (spec.branchable is not true): branches are made only of a \
+                 SmolVM created with spec.branchable: true, which cannot be set later; create a SmolVM with it and branch that",
+            ),
+            (
+                Error::BranchesNotRunning {
+                    namespace: "shop".into(),
+                    source_name: "base".into(),
+                    asked: 3,
+                    failed: 1,
+                    waiting: 1,
+                    timeout: Duration::from_secs(120),
+                    refused: 0,
+                    refusal: None,
+                },
+                "error: 2 of 3 branches of shop/base did not run (1 Failed or deleted, 1 not Running within 2m \
+                 (--timeout)); the table says why. The SmolVMs created are left in place: kubectl smolvm get-branches \
+                 base lists them",
+            ),
+            (
+                Error::BranchesNotRunning {
+                    namespace: "shop".into(),
+                    source_name: "base".into(),
+                    asked: 1,
+                    failed: 0,
+                    waiting: 0,
+                    timeout: Duration::from_secs(120),
+                    refused: 1,
+                    refusal: Some("Error from server (Forbidden): exceeded quota".into()),
+                },
+                "error: 1 of 1 branch of shop/base did not run (1 not created: Error from server (Forbidden): exceeded \
+                 quota). The SmolVMs created are left in place: kubectl smolvm get-branches base lists them",
+            ),
         ];
         for (error, want) in cases {
             assert_eq!(error.render(), want);
@@ -250,6 +369,14 @@ mod tests {
             "TooLarge"
         );
         assert_eq!(Error::Timeout(Duration::from_secs(1)).reason(), "RequestTimeout");
+        assert_eq!(
+            Error::NotBranchable {
+                namespace: "shop".into(),
+                name: "web".into()
+            }
+            .reason(),
+            "NotBranchable"
+        );
     }
 
     #[test]

@@ -1,13 +1,15 @@
-//! The kubectl plugin for SmolVMs: `kubectl smolvm logs|exec|cp|start|stop|restart`.
+//! The kubectl plugin for SmolVMs: `kubectl smolvm
+//! logs|exec|cp|start|stop|suspend|resume|restart|branch|get-branches`.
 //!
 //! The binary (`src/main.rs`) parses the command line and calls [`run`]. The pure parts (cp
-//! specs, paths and queries, `KEY=VALUE`, modes, durations, exit codes, error lines) are
-//! functions of their modules, table-tested there.
+//! specs, paths and queries, `KEY=VALUE`, modes, durations, exit codes, error lines, branch
+//! objects and tables) are functions of their modules, table-tested there.
 //!
 //! Exit codes: 0 when the command did what it was asked, 1 with one line on stderr when it did
 //! not (`error: …`, or `Error from server (Reason): …` as kubectl prints an API error), and for
 //! `exec` the remote command's own exit code.
 
+pub mod branch;
 pub mod cli;
 pub mod client;
 pub mod cp;
@@ -18,6 +20,7 @@ pub mod lifecycle;
 pub mod logs;
 pub mod paths;
 pub mod session;
+pub mod table;
 pub mod terminal;
 
 pub use cli::Cli;
@@ -38,6 +41,8 @@ pub async fn run(cli: Cli) -> Result<u8, Error> {
         Command::Suspend(args) => set(global, &args.name, Switch::Suspended, true).await,
         Command::Resume(args) => set(global, &args.name, Switch::Suspended, false).await,
         Command::Restart(args) => lifecycle::restart(global, &args.name).await.map(|()| 0),
+        Command::Branch(args) => branch::run(global, args).await,
+        Command::GetBranches(args) => branch::list(global, args).await.map(|()| 0),
     }
 }
 

@@ -1258,6 +1258,12 @@ async fn dispatch(State(inner): State<Arc<Inner>>, request: Request) -> Response
             Err(refusal) => *refusal,
         },
         "get_machine" => with_machine(world, &name, |m| json(StatusCode::OK, &m.info)),
+        // smolvm keeps a machine while branches of it live (a fork base with live clones): its
+        // delete is refused unless it cascades, which the agent never asks for. (A pool's
+        // source goes with its pool, through the pool's own route.)
+        "delete_machine" if has_live_branches(world, &name) => conflict(format!(
+            "machine '{name}' is a fork base with live clones (use cascade)"
+        )),
         "delete_machine" => match world.machines.remove(&name) {
             Some(_) => json(StatusCode::OK, &DeleteResponse { deleted: name }),
             None => not_found(&name),
@@ -1996,6 +2002,14 @@ fn golden<'w>(world: &'w World, source: &str) -> Result<&'w Machine, Box<Respons
         ))));
     }
     Ok(golden)
+}
+
+/// Whether branches of `name` (machines branched from it, not a pool's workers) live.
+fn has_live_branches(world: &World, name: &str) -> bool {
+    world
+        .machines
+        .values()
+        .any(|m| m.worker.is_none() && m.info.parent_machine.as_deref() == Some(name))
 }
 
 /// The first host port the double gives a branch that pins none (smolvm remaps the source's

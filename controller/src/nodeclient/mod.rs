@@ -20,8 +20,8 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use serde::{Serialize, de::DeserializeOwned};
 use smolvm_api::nodeapi::{
-    DeleteResponse, ErrorCode, HealthResponse, IdentityResponse, JsonCall, LeaseRequest, MachineSpec, MachineStatus,
-    Operation, PoolSpec, PoolStatus, RegistryAuth, ResizeSpec, StartRequest, VolumeMounts, calls,
+    BranchRequest, DeleteResponse, ErrorCode, HealthResponse, IdentityResponse, JsonCall, LeaseRequest, MachineSpec,
+    MachineStatus, Operation, PoolSpec, PoolStatus, RegistryAuth, ResizeSpec, StartRequest, VolumeMounts, calls,
 };
 
 pub use connector::{Endpoints, NodeConnector, NodeStream};
@@ -147,9 +147,21 @@ impl NodeClient {
         name: &str,
         registry_auth: Option<&RegistryAuth>,
     ) -> Result<MachineStatus, CallError> {
-        let body = registry_auth.map(|auth| StartRequest {
-            registry_auth: Some(auth.clone()),
-            ..StartRequest::default()
+        self.start(node, name, registry_auth, false).await
+    }
+
+    /// [`Operation::EnsureMachineRunning`], started as a branch source when `branchable` (SPEC
+    /// 2.6; a running machine keeps how it was started).
+    pub async fn start(
+        &self,
+        node: &str,
+        name: &str,
+        registry_auth: Option<&RegistryAuth>,
+        branchable: bool,
+    ) -> Result<MachineStatus, CallError> {
+        let body = (registry_auth.is_some() || branchable).then(|| StartRequest {
+            registry_auth: registry_auth.cloned(),
+            branchable,
         });
         self.json::<calls::EnsureMachineRunning>(node, name, body.as_ref(), self.settings.start_timeout)
             .await
@@ -212,6 +224,18 @@ impl NodeClient {
         request: &LeaseRequest,
     ) -> Result<MachineStatus, CallError> {
         self.json::<calls::LeaseMachine>(node, name, Some(request), self.settings.start_timeout)
+            .await
+    }
+
+    /// [`Operation::BranchMachine`]: the machine made a copy-on-write branch of the running
+    /// branch source `request.source` on the node.
+    pub async fn branch_machine(
+        &self,
+        node: &str,
+        name: &str,
+        request: &BranchRequest,
+    ) -> Result<MachineStatus, CallError> {
+        self.json::<calls::BranchMachine>(node, name, Some(request), self.settings.start_timeout)
             .await
     }
 

@@ -15,7 +15,8 @@ use super::{
 /// A placement that found no node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unplaceable {
-    /// Stable reason: `NoNodes`, `PinnedNodeUnknown`, `PinnedNodeIneligible` or `NoEligibleNode`.
+    /// Stable reason: `NoNodes`, `PinnedNodeUnknown`, `PinnedNodeIneligible`,
+    /// `SourceNodeIneligible` (a branch) or `NoEligibleNode`.
     pub reason: &'static str,
     /// For the Scheduled condition, in the style of the Kubernetes scheduler:
     /// `0/3 nodes can take it: 1 cordoned (spec.unschedulable), 2 insufficient memory`.
@@ -147,9 +148,17 @@ fn choose<'n>(
                 .filter(|c| c.status != "True" && !c.message.is_empty())
                 .map(|c| format!(" ({}: {})", c.reason, c.message))
                 .unwrap_or_default();
-            Unplaceable {
-                reason: "PinnedNodeIneligible",
-                message: format!("pinned node {pin} cannot run this VM now: {summary}{detail}"),
+            match &request.source {
+                Some(source) => Unplaceable {
+                    reason: "SourceNodeIneligible",
+                    message: format!(
+                        "node {pin} of its branch source {source} cannot run this branch now (branches are node-local): {summary}{detail}"
+                    ),
+                },
+                None => Unplaceable {
+                    reason: "PinnedNodeIneligible",
+                    message: format!("pinned node {pin} cannot run this VM now: {summary}{detail}"),
+                },
             }
         }
         (None, 0) => Unplaceable {

@@ -17,6 +17,8 @@ pub struct Request {
     pub node_selector: BTreeMap<String, String>,
     /// Hard pin, if any.
     pub pin: Option<String>,
+    /// The branch source whose node the pin is (SPEC 2.6), for a branch.
+    pub source: Option<String>,
     /// Where its volumes' data can be reached: one entry per claim bound to a PersistentVolume
     /// with a node affinity (a local PV), which restricts the nodes (SPEC 2.5).
     pub volumes: Vec<VolumeReach>,
@@ -30,6 +32,7 @@ impl Request {
             host_ports: host_ports(vm.spec.ports()),
             node_selector: vm.spec.node_selector.clone().unwrap_or_default(),
             pin: vm.spec.node_name.clone(),
+            source: None,
             volumes: Vec::new(),
         }
     }

@@ -102,6 +102,7 @@ pub fn plan(
         host_ports: Vec::new(),
         node_selector: pool.spec.node_selector.clone().unwrap_or_default(),
         pin: None,
+        source: None,
         volumes: Vec::new(),
     };
     let mut planning = Planning {

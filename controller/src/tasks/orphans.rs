@@ -167,6 +167,7 @@ pub fn request_of(machine: &MachineStatus) -> Request {
             .collect(),
         node_selector: BTreeMap::new(),
         pin: None,
+        source: None,
         volumes: Vec::new(),
     }
 }
@@ -179,6 +180,7 @@ fn unknown() -> Request {
         host_ports: Vec::new(),
         node_selector: BTreeMap::new(),
         pin: None,
+        source: None,
         volumes: Vec::new(),
     }
 }

@@ -509,6 +509,7 @@ impl PoolPass<'_> {
             host_ports: Vec::new(),
             node_selector: Default::default(),
             pin: None,
+            source: None,
             volumes: Vec::new(),
         };
         // Slots are booked up only where the node is asked for them in this pass, and charged.

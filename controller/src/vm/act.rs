@@ -17,13 +17,13 @@ use kube::{
 use smolvm_api::{
     SmolVM,
     constants::reason,
-    nodeapi::{EnvVar, LeaseRequest, MachineSpec, MachineStatus, Operation, RegistryAuth},
+    nodeapi::{BranchRequest, EnvVar, LeaseRequest, MachineSpec, MachineStatus, Operation, RegistryAuth},
 };
 
 use super::decide::{self, Call, Decision, DeleteFailure, Failure, Progress};
 use super::events;
 use super::metadata::{add_finalizer, remove_finalizer};
-use super::observe::{self, Around};
+use super::observe::{self, Around, Prior};
 use super::rules::{self, Step};
 use super::status;
 use super::volumes::{self, kube::Look};
@@ -64,7 +64,7 @@ pub async fn pass(vm: Arc<SmolVM>, ctx: Arc<Context>) -> Result<Action, Error> {
         Step::Place => place(pass, &vm).await,
         Step::Converge { node, machine } => {
             ctx.ledger.observe_vm(&uid, &node, &vm);
-            converge(pass, &vm, &node, &machine, None).await
+            converge(pass, &vm, &node, &machine, Prior::default()).await
         }
     }
 }
@@ -79,6 +79,18 @@ struct Pass<'a> {
 
 async fn delete(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str, force: bool) -> Result<Action, Error> {
     let Pass { api, ctx, uid } = pass;
+    // A branch source goes after its branches (SPEC 2.6).
+    let branches = match vm.spec.branchable() {
+        true => super::branched::live_branches(ctx, vm),
+        false => Vec::new(),
+    };
+    if !branches.is_empty() {
+        let (delete, outcome) = decide::branches_first(vm, node, &branches, Timestamp::now());
+        if delete {
+            super::branched::delete_branches(ctx, vm, &branches).await?;
+        }
+        return status::report(ctx, api, vm, uid, outcome).await;
+    }
     sync_endpoint(ctx, node);
     let result = timed(
         ctx,
@@ -149,8 +161,22 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
     if let Some(waits) = volume_prelude(pass, vm, &mut request).await? {
         return Ok(waits);
     }
-    let nodes = ctx.nodes.state();
     let now = Timestamp::now();
+    // A branch goes on its source's node only (branches are node-local), once its source is
+    // bound there.
+    let source = super::branched::source_of(ctx, vm).await?;
+    match source.node() {
+        Ok(None) => {}
+        Ok(Some(node)) => {
+            request.pin = Some(node.to_string());
+            request.source = vm.spec.source().map(str::to_string);
+        }
+        Err(why) => {
+            let outcome = decide::branch_waits(vm, why.to_string(), now);
+            return status::report(ctx, api, vm, uid, outcome).await;
+        }
+    }
+    let nodes = ctx.nodes.state();
     // A SmolVM naming a pool goes where its pool has a ready slot, when one fits (that slot's
     // room moves to it); else anywhere, beside the pools' ready slots, or taking their room
     // where it fits only without them.
@@ -199,39 +225,52 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
     let mut bound = vm.clone();
     bound.status = Some(decide::bound(vm, &node, node_uid, now));
     let note = decide::Note::bound(format!("bound to node {node}"));
-    if warm {
-        return claim(pass, bound, &node, note, pool_of).await;
+    // A warm claim's lease and a branch's branch are idempotent by name: their binding rides on
+    // the pass's one status write.
+    if warm || source.is_branch() {
+        return claim(
+            pass,
+            bound,
+            &node,
+            note,
+            Prior {
+                pool: Some(pool_of),
+                source: Some(source),
+            },
+        )
+        .await;
     }
     match status::write_binding(ctx, api, uid, (&node, Some(&note)), bound).await? {
         // The same pass goes on against the node it bound to, from the object the API server
         // answered with, rather than waiting for its own write to come back through the watch.
         Ok(bound) => {
             let machine = rules::machine_name(&bound).unwrap_or_default();
-            converge(pass, &bound, &node, &machine, Some(pool_of)).await
+            let prior = Prior {
+                pool: Some(pool_of),
+                source: Some(source),
+            };
+            converge(pass, &bound, &node, &machine, prior).await
         }
         Err(next) => Ok(next),
     }
 }
 
-/// The first pass of a warm claim, placed on `node` where its pool has a ready slot. Its node
-/// call is one lease, keyed by the SmolVM's UID (or, should the slot have gone meanwhile, the
-/// cold create `whenEmpty: Cold` asks for, keyed by its machine name), so the binding rides on
-/// the pass's one status write ([`status::report_binding`]): a claim costs one status write, not
-/// two. Should that write fail, the next pass binds again: on the same node the call answers
-/// with the same machine; on another, the one made here is an orphan (booked at once, collected
-/// after the grace period).
-async fn claim(
-    pass: Pass<'_>,
-    bound: SmolVM,
-    node: &str,
-    note: decide::Note,
-    pool: super::pooled::PoolOf,
-) -> Result<Action, Error> {
+/// The first pass of a warm claim, placed on `node` where its pool has a ready slot, or of a
+/// branch, placed on its source's node. Its node call is one lease or one branch, keyed by the
+/// SmolVM's UID (or, should the slot have gone meanwhile, the cold create `whenEmpty: Cold` asks
+/// for, keyed by its machine name), so the binding rides on the pass's one status write
+/// ([`status::report_binding`]): a claim costs one status write, not two. Should that write
+/// fail, the next pass binds again: on the same node the call answers with the same machine; on
+/// another, the one made here is an orphan (booked at once, collected after the grace period).
+async fn claim(pass: Pass<'_>, bound: SmolVM, node: &str, note: decide::Note, prior: Prior) -> Result<Action, Error> {
     let Pass { api, ctx, uid } = pass;
     let machine = rules::machine_name(&bound).unwrap_or_default();
-    let acted = act(pass, &bound, node, &machine, Some(pool)).await;
-    // A slot was taken (or the claim went cold): the pools' pass books and asks for the refill.
-    ctx.pools_wake.poke();
+    let warm = prior.pool.as_ref().is_some_and(|p| p.node_pool().is_some());
+    let acted = act(pass, &bound, node, &machine, prior).await;
+    if warm {
+        // A slot was taken (or the claim went cold): the pools' pass books and asks for the refill.
+        ctx.pools_wake.poke();
+    }
     match acted {
         Ok(Some(outcome)) => status::report_binding(ctx, api, uid, (node, &note), bound, outcome).await,
         // Nothing was bound: the reservation goes with the pass.
@@ -296,16 +335,10 @@ pub fn sync_endpoint(ctx: &Context, node: &str) {
 }
 
 /// A pass over a bound SmolVM: observe, act until decided, then report.
-/// `pool`: the SmolVM's pool, when the binding pass just read it.
-async fn converge(
-    pass: Pass<'_>,
-    vm: &SmolVM,
-    node: &str,
-    machine: &str,
-    pool: Option<super::pooled::PoolOf>,
-) -> Result<Action, Error> {
+/// `prior`: the SmolVM's pool and branch source, when the binding pass just read them.
+async fn converge(pass: Pass<'_>, vm: &SmolVM, node: &str, machine: &str, prior: Prior) -> Result<Action, Error> {
     let Pass { api, ctx, uid } = pass;
-    match act(pass, vm, node, machine, pool).await? {
+    match act(pass, vm, node, machine, prior).await? {
         Some(outcome) => status::report(ctx, api, vm, uid, outcome).await,
         None => Ok(Action::requeue(ctx.timing.retry)),
     }
@@ -319,11 +352,11 @@ async fn act(
     vm: &SmolVM,
     node: &str,
     machine: &str,
-    pool: Option<super::pooled::PoolOf>,
+    prior: Prior,
 ) -> Result<Option<decide::Outcome>, Error> {
     let Pass { api, ctx, uid } = pass;
     let now = Timestamp::now();
-    let around = Around::read(ctx, vm, node, pool).await?;
+    let around = Around::read(ctx, vm, node, prior).await?;
     let mut observed = around.observed(ctx, vm, (node, machine), uid, now);
     let mut progress = Progress::default();
     // A read and the machine steps, each at most once, plus the restart's stop: the bound keeps
@@ -381,7 +414,9 @@ async fn act(
                 return Ok(None);
             }
         }
+        let started = std::time::Instant::now();
         let result = node_call(ctx, vm, node, machine, &call).await?;
+        progress.took = started.elapsed();
         progress.record(call, result);
     }
     tracing::error!(
@@ -426,8 +461,12 @@ async fn node_call(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, call: 
             .map_err(Failure::Call),
         Call::Create(spec) => return create(ctx, vm, node, machine, spec).await,
         Call::Lease { node_pool, .. } => return lease(ctx, vm, node, machine, node_pool).await,
+        Call::Branch { spec, source, .. } => return branch(ctx, vm, node, machine, (spec, source)).await,
         Call::EnsureRunning => match registry_auth(ctx, vm).await? {
-            Ok(auth) => done(timed(ctx, op, client.ensure_running(node, machine, auth.as_ref())).await),
+            Ok(auth) => {
+                let started = client.start(node, machine, auth.as_ref(), vm.spec.branchable());
+                done(timed(ctx, op, started).await)
+            }
             Err(failure) => Err(failure),
         },
         Call::Stop => done(timed(ctx, op, client.stop_machine(node, machine)).await),
@@ -476,6 +515,33 @@ async fn lease(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, node_pool:
     )
     .await;
     Ok(leased.map(Some).map_err(Failure::Call))
+}
+
+/// Makes `machine` a copy-on-write branch of the running machine `source` on `node`, with the
+/// branch's own environment resolved now and its own published ports (those of `spec`).
+async fn branch(
+    ctx: &Context,
+    vm: &SmolVM,
+    node: &str,
+    machine: &str,
+    (spec, source): (&MachineSpec, &str),
+) -> Result<Called, Error> {
+    let env = match workload_env(ctx, vm).await? {
+        Ok(env) => env,
+        Err(failure) => return Ok(Err(failure)),
+    };
+    let request = BranchRequest {
+        source: source.to_string(),
+        env,
+        ports: spec.network.ports.clone(),
+    };
+    let branched = timed(
+        ctx,
+        Operation::BranchMachine,
+        ctx.node_client.branch_machine(node, machine, &request),
+    )
+    .await;
+    Ok(branched.map(Some).map_err(Failure::Call))
 }
 
 /// Times a node API call into the latency histogram.

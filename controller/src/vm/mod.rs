@@ -26,6 +26,7 @@
 //! node call, a [`decide::Call`] variant that [`act`] carries out.
 
 pub mod act;
+pub mod branched;
 pub mod decide;
 pub mod events;
 pub mod exposure;
@@ -208,6 +209,9 @@ pub struct Context {
     pub client: Client,
     /// SmolVMNodes, from a reflector.
     pub nodes: Store<SmolVMNode>,
+    /// The SmolVMs, from the controller's own reflector: a branch reads its source here, a
+    /// source its branches.
+    pub vms: Store<SmolVM>,
     /// The Services and EndpointSlices made for SmolVMs, from reflectors.
     pub owned: Owned,
     /// The SmolVMPools, from a reflector: the pool keeper's Controller is driven by its watch.

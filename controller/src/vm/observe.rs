@@ -21,6 +21,16 @@ use super::rules;
 use super::volumes::{self, kube::Look};
 use super::{Context, Error};
 
+/// What the binding pass of a SmolVM read already, which the rest of the pass does not read
+/// again: its pool and its branch source (`None`: not read).
+#[derive(Debug, Default)]
+pub(super) struct Prior {
+    /// Its pool.
+    pub(super) pool: Option<rules::PoolOf>,
+    /// Its branch source.
+    pub(super) source: Option<rules::BranchSource>,
+}
+
 /// What is around a bound SmolVM, as a pass read it: its node's SmolVMNode, its Service and
 /// EndpointSlice, its volumes. [`Observed`] borrows from it.
 pub(super) struct Around {
@@ -29,19 +39,18 @@ pub(super) struct Around {
     slice: Option<Arc<EndpointSlice>>,
     volumes: Option<volumes::Seen>,
     pool: rules::PoolOf,
+    source: rules::BranchSource,
 }
 
 impl Around {
     /// Reads what is around `vm`, bound to `node`; its pool as `pool` says (the binding pass
     /// of a warm claim read it already), or, for a SmolVM whose machine was never made, read
     /// now ([`super::pooled::pool_of`]). A SmolVM takes its pool's template once, at its create:
-    /// one made already (whose machine is lost and made again, say) is made cold.
-    pub(super) async fn read(
-        ctx: &Context,
-        vm: &SmolVM,
-        node: &str,
-        pool: Option<rules::PoolOf>,
-    ) -> Result<Around, Error> {
+    /// one made already (whose machine is lost and made again, say) is made cold. A branch's
+    /// source likewise: as `source` says (the binding pass read it), or read now
+    /// ([`super::branched::source_of`]) for a branch whose machine was never made.
+    pub(super) async fn read(ctx: &Context, vm: &SmolVM, node: &str, prior: Prior) -> Result<Around, Error> {
+        let Prior { pool, source } = prior;
         let node_object = ctx.nodes.get(&ObjectRef::new(node));
         let (service, slice) = owned_objects(ctx, vm, vm.spec.expose_service()).await?;
         let volumes = volumes::kube::observe(ctx, vm, Look::Bound).await?;
@@ -51,12 +60,18 @@ impl Around {
             None if never_made => super::pooled::pool_of(ctx, vm).await?,
             None => rules::PoolOf::None,
         };
+        let source = match source {
+            Some(source) => source,
+            None if never_made => super::branched::source_of(ctx, vm).await?,
+            None => rules::BranchSource::None,
+        };
         Ok(Around {
             node_object,
             service,
             slice,
             volumes,
             pool,
+            source,
         })
     }
 
@@ -89,6 +104,7 @@ impl Around {
                 .hold(uid, vm.metadata.generation, std::time::Instant::now()),
             volumes: self.volumes.as_ref(),
             pool: &self.pool,
+            source: &self.source,
         }
     }
 }

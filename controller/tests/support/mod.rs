@@ -50,6 +50,8 @@ pub fn context(client: Client, nodes: Vec<SmolVMNode>, node_client: Option<NodeC
     Arc::new(Context {
         client: client.clone(),
         nodes: store,
+        // An empty cache whose watch never runs: a branch's source is read from the API server.
+        vms: reflector::store().0,
         owned: Default::default(),
         // Empty caches whose watches never run: a pool a SmolVM names is read from the API server.
         pools: reflector::store().0,

@@ -39,6 +39,7 @@ macro_rules! scenarios {
 // Scenario families added beside the core list live in their own files; each exports
 // `scenarios()`, appended to the run in this order.
 mod access;
+mod branches;
 mod classes;
 mod cluster;
 mod hostile;
@@ -188,6 +189,7 @@ fn extra_scenarios() -> Vec<(&'static str, Scenario)> {
     all.extend(reach::scenarios());
     all.extend(classes::scenarios());
     all.extend(pools::scenarios());
+    all.extend(branches::scenarios());
     all.extend(access::scenarios());
     all.extend(nodes::scenarios());
     all.extend(hostile::scenarios());

@@ -1,5 +1,6 @@
-//! The decisions of a placement: the status of a SmolVM bound to a node ([`bound`]), and the
-//! outcome of one no node can take ([`unschedulable`]).
+//! The decisions of a placement: the status of a SmolVM bound to a node ([`bound`]), the
+//! outcome of one no node can take ([`unschedulable`]), and that of a branch whose source is not
+//! placed, or cannot be branched ([`branch_waits`]).
 
 use k8s_openapi::jiff::Timestamp;
 use smolvm_api::{
@@ -7,7 +8,7 @@ use smolvm_api::{
     constants::{condition, reason},
 };
 
-use super::outcome::{Outcome, warned};
+use super::outcome::{Outcome, Requeue, warned};
 use crate::vm::rules;
 
 /// The status of a SmolVM just bound to `node` (with that node's UID): phase Scheduled,
@@ -44,4 +45,21 @@ pub fn unschedulable(vm: &SmolVM, message: String, now: Timestamp) -> Outcome {
         ("FailedScheduling", "Schedule"),
         now,
     )
+}
+
+/// A branch that cannot be placed: its source is not placed yet, or is gone (`message` says
+/// which). Pending, Scheduled=False BranchPending, an event when that changed; looked at again
+/// with a backoff of 1 s doubling to 30 s, so that it goes on soon after its source is placed.
+pub fn branch_waits(vm: &SmolVM, message: String, now: Timestamp) -> Outcome {
+    let condition = [condition::SCHEDULED, "False", reason::BRANCH_PENDING];
+    let mut out = warned(
+        vm,
+        Phase::Pending,
+        condition,
+        message,
+        (reason::BRANCH_PENDING, "Schedule"),
+        now,
+    );
+    out.requeue = Requeue::Unsettled;
+    out
 }

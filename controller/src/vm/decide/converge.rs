@@ -216,10 +216,13 @@ fn proceed(o: &Observed, p: &Progress, mut out: Outcome, desired: &MachineSpec, 
 }
 
 /// A create of a SmolVM that names a pool, as its pool says ([`rules::create_call`]): a lease
-/// of a ready slot, the cold create, or (`Err`) a wait for a slot, as the failure it reports.
-/// Any other call is left as it is.
+/// of a ready slot, the cold create, or (`Err`) a wait for a slot, as the failure it reports;
+/// that of a branch, as its source says ([`branched`]). Any other call is left as it is.
 fn pooled(o: &Observed, p: &Progress, call: Call) -> Result<Call, Box<(Call, Failure)>> {
     let Call::Create(spec) = call else { return Ok(call) };
+    if o.source.is_branch() {
+        return branched(o, spec);
+    }
     match rules::create_call(o.pool, p.pool_empty, o.node) {
         PooledCreate::Lease { node_pool, pool } => Ok(Call::Lease { spec, node_pool, pool }),
         PooledCreate::Cold { .. } => Ok(Call::Create(spec)),
@@ -227,6 +230,25 @@ fn pooled(o: &Observed, p: &Progress, call: Call) -> Result<Call, Box<(Call, Fai
             Call::Create(spec),
             Failure::Config {
                 reason: reason::WAITING_FOR_SLOT,
+                message,
+            },
+        ))),
+    }
+}
+
+/// A branch's create ([`rules::branch_call`]): the branch of its running source's machine on its
+/// node, or (`Err`) a wait for the source to run, as the failure it reports (`BranchPending`).
+fn branched(o: &Observed, spec: Box<MachineSpec>) -> Result<Call, Box<(Call, Failure)>> {
+    match rules::branch_call(o.source, o.node) {
+        Ok((source, from)) => Ok(Call::Branch {
+            spec,
+            source: source.to_string(),
+            from: from.clone(),
+        }),
+        Err(message) => Err(Box::new((
+            Call::Create(spec),
+            Failure::Config {
+                reason: reason::BRANCH_PENDING,
                 message,
             },
         ))),

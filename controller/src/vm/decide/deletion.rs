@@ -1,14 +1,15 @@
 //! The decisions of a deletion: what a failed DeleteMachine means for the finalizer
-//! ([`delete_failure`]), the event of one that went through ([`deleted`]), and the outcome of
-//! one held because the node cannot confirm the machine is gone ([`deletion_blocked`]).
+//! ([`delete_failure`]), the event of one that went through ([`deleted`]), the outcome of one
+//! held because the node cannot confirm the machine is gone ([`deletion_blocked`]), and that of a
+//! branch source whose branches live ([`branches_first`]).
 
 use k8s_openapi::jiff::Timestamp;
 use smolvm_api::{
     Phase, SmolVM,
-    constants::{FORCE_DELETE_ANNOTATION, condition, reason},
+    constants::{DELETE_BRANCHES_ANNOTATION, DELETE_BRANCHES_VALUE, FORCE_DELETE_ANNOTATION, condition, reason},
 };
 
-use super::outcome::{Note, Outcome, warned};
+use super::outcome::{Note, Outcome, Requeue, warned};
 use crate::nodeclient::CallError;
 
 /// What a failed DeleteMachine means for the finalizer.
@@ -98,4 +99,41 @@ pub fn deletion_blocked(
         ("DeletionBlocked", "Delete"),
         now,
     )
+}
+
+/// What the deletion of a branch source does while branches of it live (`branches`, sorted; SPEC
+/// 2.6): smolvm keeps a machine while branches of it live, so the source's machine is not
+/// deleted yet. With `vm.smolvm.dev/delete-branches: "true"` the branches are deleted first
+/// (`delete` is true: act deletes them); without, the deletion waits for them. Either way
+/// Deleting, DeletionBlocked=True LiveBranches naming them, an event when that changed, and a
+/// look again with a backoff of 1 s doubling to 30 s. Pure.
+pub fn branches_first(vm: &SmolVM, node: &str, branches: &[String], now: Timestamp) -> (bool, Outcome) {
+    let delete = vm
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(DELETE_BRANCHES_ANNOTATION))
+        .is_some_and(|v| v == DELETE_BRANCHES_VALUE);
+    let name = vm.metadata.name.as_deref().unwrap_or("");
+    let listed = branches.join(", ");
+    let count = branches.len();
+    let (message, event) = if delete {
+        (
+            format!(
+                "deleting its {count} branch(es) on node {node} first, as {DELETE_BRANCHES_ANNOTATION} asks: {listed}; then its machine"
+            ),
+            reason::DELETING_BRANCHES,
+        )
+    } else {
+        (
+            format!(
+                "{count} branch(es) of it live on node {node}: {listed}. smolvm keeps a branch source while branches of it live, so its machine is deleted once they are gone: delete them (kubectl delete svm -l vm.smolvm.dev/branch-of={name}), or annotate this SmolVM with {DELETE_BRANCHES_ANNOTATION}=true to delete them first"
+            ),
+            "DeletionBlocked",
+        )
+    };
+    let condition = [condition::DELETION_BLOCKED, "True", reason::LIVE_BRANCHES];
+    let mut out = warned(vm, Phase::Deleting, condition, message, (event, "Delete"), now);
+    out.requeue = Requeue::Unsettled;
+    (delete, out)
 }

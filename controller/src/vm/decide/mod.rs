@@ -28,9 +28,9 @@ mod problems;
 mod settle;
 mod volumes_ready;
 
-pub use binding::{bound, unschedulable};
+pub use binding::{bound, branch_waits, unschedulable};
 pub use converge::{MAX_STEPS_PER_PASS, RESUME_RECHECK, converge};
-pub use deletion::{DeleteFailure, delete_failure, deleted, deletion_blocked};
+pub use deletion::{DeleteFailure, branches_first, delete_failure, deleted, deletion_blocked};
 pub use exposing::removal;
 pub use observed::{Observed, Room};
 pub use outcome::{AnnotationDrop, Exposing, ExposureWrite, Note, Outcome, Requeue};

@@ -7,7 +7,7 @@ use k8s_openapi::{
 };
 use smolvm_api::{NodeResources, SmolVM, SmolVMNode};
 
-use crate::vm::rules::{NodeHealth, PoolOf};
+use crate::vm::rules::{BranchSource, NodeHealth, PoolOf};
 use crate::vm::volumes;
 
 /// What a pass over a bound SmolVM observed before acting, from the caches.
@@ -39,6 +39,9 @@ pub struct Observed<'a> {
     /// The pool it names, as its create would take it ([`PoolOf::None`] when it names none, or
     /// was made already).
     pub pool: &'a PoolOf,
+    /// The source it is a branch of, as its create would branch it ([`BranchSource::None`] when
+    /// it is no branch, or was made already).
+    pub source: &'a BranchSource,
 }
 
 /// What a node has for one VM: its allocatable (when it reports one) and what every other VM

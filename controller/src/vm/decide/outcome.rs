@@ -38,9 +38,12 @@ pub struct Outcome {
 impl Outcome {
     /// Whether the pass's own events tell where the VM was bound, so that a binding written with
     /// this outcome needs no Scheduled event of its own: a warm claim's ServedFromPool names the
-    /// node, the machine and the pool (one event per warm claim, not two).
+    /// node, the machine and the pool, a branch's Branched the node, the machine and the source
+    /// (one event per claim or branch, not two).
     pub fn tells_binding(&self) -> bool {
-        self.events.iter().any(|e| e.reason == reason::SERVED_FROM_POOL)
+        self.events
+            .iter()
+            .any(|e| e.reason == reason::SERVED_FROM_POOL || e.reason == reason::BRANCHED)
     }
 }
 

@@ -2,7 +2,10 @@
 //! ([`Failure`]), what the pass has done so far ([`Progress`]), the next thing it does
 //! ([`Decision`]), and how it goes once the machine was read ([`Course`]).
 
-use smolvm_api::nodeapi::{ErrorCode, MachineSpec, MachineStatus, Operation, ResizeSpec, VolumeMounts};
+use smolvm_api::{
+    BranchedFrom,
+    nodeapi::{ErrorCode, MachineSpec, MachineStatus, Operation, ResizeSpec, VolumeMounts},
+};
 
 use super::outcome::{ExposureWrite, Outcome};
 use crate::nodeclient::CallError;
@@ -25,6 +28,16 @@ pub enum Call {
         node_pool: String,
         /// The SmolVMPool's name.
         pool: String,
+    },
+    /// Make it a copy-on-write branch of its running source's machine `source` on its node (the
+    /// branch's own environment resolved as for a create); `spec` is the create it stands for.
+    Branch {
+        /// The create the branch stands for.
+        spec: Box<MachineSpec>,
+        /// The source's machine on the node.
+        source: String,
+        /// The source SmolVM's name and UID, for `status.branchedFrom`.
+        from: BranchedFrom,
     },
     /// Start it unless it runs (with the registry credential of its pull secrets).
     EnsureRunning,
@@ -49,6 +62,7 @@ impl Call {
             Call::Get => Operation::GetMachine,
             Call::Create(_) => Operation::CreateMachine,
             Call::Lease { .. } => Operation::LeaseMachine,
+            Call::Branch { .. } => Operation::BranchMachine,
             Call::EnsureRunning => Operation::EnsureMachineRunning,
             Call::Stop => Operation::StopMachine,
             Call::Resize(_) => Operation::ResizeMachine,
@@ -63,7 +77,9 @@ impl Call {
     pub fn action(&self) -> Option<MachineAction> {
         match self {
             Call::Get => None,
-            Call::Create(spec) | Call::Lease { spec, .. } => Some(MachineAction::Create(spec.clone())),
+            Call::Create(spec) | Call::Lease { spec, .. } | Call::Branch { spec, .. } => {
+                Some(MachineAction::Create(spec.clone()))
+            }
             Call::EnsureRunning => Some(MachineAction::EnsureRunning),
             Call::Stop => Some(MachineAction::Stop),
             Call::Resize(spec) => Some(MachineAction::Resize(*spec)),
@@ -101,6 +117,10 @@ pub struct Progress {
     pub done: Vec<MachineAction>,
     /// The SmolVMPool whose ready slot served the pass's create, when one did.
     pub served_from: Option<String>,
+    /// The source a branch was made from by this pass, and how long the node took to make it.
+    pub branched: Option<(BranchedFrom, std::time::Duration)>,
+    /// How long the last node call took.
+    pub took: std::time::Duration,
     /// A lease of this pass found no ready slot (or no node pool) on the node: the create goes
     /// as the pool's `whenEmpty` says.
     pub pool_empty: bool,
@@ -122,6 +142,9 @@ impl Progress {
             Ok(machine) => {
                 if let Call::Lease { pool, .. } = &call {
                     self.served_from = Some(pool.clone());
+                }
+                if let Call::Branch { from, .. } = &call {
+                    self.branched = Some((from.clone(), self.took));
                 }
                 if let Some(action) = call.action() {
                     self.done.push(action);

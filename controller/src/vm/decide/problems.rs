@@ -46,7 +46,10 @@ pub fn call_failure(call: &Call, code: Option<&ErrorCode>) -> (Option<Phase>, &'
         return (Some(Phase::Failed), reason::START_FAILED);
     }
     if code == Some(&ErrorCode::HostPortInUse)
-        && matches!(call, Call::Create(_) | Call::Lease { .. } | Call::EnsureRunning)
+        && matches!(
+            call,
+            Call::Create(_) | Call::Lease { .. } | Call::Branch { .. } | Call::EnsureRunning
+        )
     {
         return (Some(Phase::Failed), reason::HOST_PORT_IN_USE);
     }
@@ -59,6 +62,12 @@ pub fn call_failure(call: &Call, code: Option<&ErrorCode>) -> (Option<Phase>, &'
         return (Some(Phase::Failed), reason::IMAGE_PULL_CREDENTIALS_REQUIRED);
     }
     match call {
+        // The source's machine stopped, or is being made again, since the pass looked: the
+        // branch waits for it.
+        Call::Branch { .. } if matches!(code, Some(ErrorCode::SourceNotRunning | ErrorCode::SourceNotFound)) => {
+            (Some(Phase::Scheduled), reason::BRANCH_PENDING)
+        }
+        Call::Branch { .. } => (Some(Phase::Failed), reason::CREATE_FAILED),
         Call::Get => (Some(Phase::Unknown), "RuntimeError"),
         Call::Create(_) | Call::Lease { .. } => (Some(Phase::Failed), reason::CREATE_FAILED),
         Call::EnsureRunning => (Some(Phase::Failed), reason::START_FAILED),
@@ -119,7 +128,7 @@ impl Outcome {
                 } else {
                     Phase::Scheduled
                 };
-                let action = if matches!(call, Call::Create(_) | Call::Lease { .. }) {
+                let action = if matches!(call, Call::Create(_) | Call::Lease { .. } | Call::Branch { .. }) {
                     "Create"
                 } else {
                     "Start"

@@ -82,6 +82,10 @@ impl Outcome {
         let steps = step_notes(o, p, goal);
         let steps_reported = !steps.is_empty();
         self.events.extend(steps);
+        // Written once, with the branch's first machine.
+        if let Some((from, _)) = &p.branched {
+            self.status.branched_from = Some(from.clone());
+        }
         rules::apply_machine(
             &mut self.status,
             p.machine.as_ref(),
@@ -182,9 +186,17 @@ fn step_notes(o: &Observed, p: &Progress, goal: RunGoal) -> Vec<Note> {
         }
         _ => None,
     };
+    let made = match (&p.branched, &p.served_from) {
+        (Some((from, took)), _) => Some(rules::Made::Branched {
+            source: &from.name,
+            millis: took.as_millis(),
+        }),
+        (None, Some(pool)) => Some(rules::Made::Served(pool)),
+        (None, None) => None,
+    };
     cold.into_iter()
         .chain(
-            rules::step_events(&p.done, p.served_from.as_deref(), goal, o.machine, o.node)
+            rules::step_events(&p.done, made, goal, o.machine, o.node)
                 .into_iter()
                 .map(|e| Note::normal(e.reason, e.action, e.note)),
         )

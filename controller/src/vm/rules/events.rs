@@ -21,12 +21,28 @@ pub struct StepEvent {
     pub note: String,
 }
 
+/// How a pass's create made the machine, when it was not made cold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Made<'a> {
+    /// Served from a ready slot of this SmolVMPool.
+    Served(&'a str),
+    /// Branched from the running machine of this SmolVM, in this many milliseconds (the node
+    /// call's time: smolvm's branch and the agent's way to it).
+    Branched {
+        /// The source SmolVM.
+        source: &'a str,
+        /// How long the node took.
+        millis: u128,
+    },
+}
+
 /// One event per transition the actions `done` of a pass made: a create immediately followed by
 /// a start is one transition, "Started", that says both; a start after the workload exited under
-/// restartPolicy Always is "Restarted".
+/// restartPolicy Always is "Restarted"; a create served from a pool or branched from a source
+/// says so (`made`).
 pub fn step_events(
     done: &[MachineAction],
-    served_from: Option<&str>,
+    made: Option<Made<'_>>,
     goal: RunGoal,
     machine: &str,
     node: &str,
@@ -35,18 +51,22 @@ pub fn step_events(
     let mut events = Vec::new();
     let mut i = 0;
     while i < done.len() {
-        let e = match (&done[i], done.get(i + 1)) {
-            // A create served from a ready slot: the machine runs already, and this one event
-            // says both where it came from and that it runs.
-            (MachineAction::Create(_), _) if served_from.is_some() => event(
+        let e = match (&done[i], done.get(i + 1), made) {
+            // A create served from a ready slot, or branched from a running source: the machine
+            // runs already, and this one event says both where it came from and that it runs.
+            (MachineAction::Create(_), _, Some(Made::Served(pool))) => event(
                 reason::SERVED_FROM_POOL,
                 "Create",
+                format!("served machine {machine} on node {node} from a ready slot of pool {pool}: it runs"),
+            ),
+            (MachineAction::Create(_), _, Some(Made::Branched { source, millis })) => event(
+                reason::BRANCHED,
+                "Create",
                 format!(
-                    "served machine {machine} on node {node} from a ready slot of pool {}: it runs",
-                    served_from.unwrap_or_default()
+                    "branched machine {machine} on node {node} from the running SmolVM {source} in {millis} ms: it runs"
                 ),
             ),
-            (MachineAction::Create(_), Some(MachineAction::EnsureRunning)) => {
+            (MachineAction::Create(_), Some(MachineAction::EnsureRunning), _) => {
                 i += 1;
                 event(
                     "Started",
@@ -54,52 +74,54 @@ pub fn step_events(
                     format!("created and started machine {machine} on node {node}"),
                 )
             }
-            (MachineAction::Create(_), _) => {
+            (MachineAction::Create(_), _, _) => {
                 event("Created", "Create", format!("created machine {machine} on node {node}"))
             }
-            (MachineAction::EnsureRunning, _) if goal == RunGoal::Restart => event(
+            (MachineAction::EnsureRunning, _, _) if goal == RunGoal::Restart => event(
                 reason::RESTARTED,
                 "Start",
                 format!(
                     "the workload of machine {machine} on node {node} exited on its own; restartPolicy Always started it again"
                 ),
             ),
-            (MachineAction::EnsureRunning, _) => {
+            (MachineAction::EnsureRunning, _, _) => {
                 event("Started", "Start", format!("machine {machine} runs on node {node}"))
             }
-            (MachineAction::Stop, _) => event("Stopped", "Stop", format!("stopped machine {machine} on node {node}")),
-            (MachineAction::Suspend, _) => event(
+            (MachineAction::Stop, _, _) => {
+                event("Stopped", "Stop", format!("stopped machine {machine} on node {node}"))
+            }
+            (MachineAction::Suspend, _, _) => event(
                 reason::SUSPENDED,
                 "Suspend",
                 format!(
                     "suspended machine {machine} on node {node}: its memory and disks are saved there, and its CPU and memory are given back to the node"
                 ),
             ),
-            (MachineAction::Resume, _) => event(
+            (MachineAction::Resume, _, _) => event(
                 reason::RESUMED,
                 "Resume",
                 format!("resumed machine {machine} on node {node} with its processes as they were"),
             ),
-            (MachineAction::Discard, _) => event(
+            (MachineAction::Discard, _, _) => event(
                 reason::SAVED_STATE_DISCARDED,
                 "Stop",
                 format!(
                     "spec.running is false: stopped suspended machine {machine} on node {node} and discarded its saved memory; it boots afresh when it runs again"
                 ),
             ),
-            (MachineAction::Resize(spec), _) => event(
+            (MachineAction::Resize(spec), _, _) => event(
                 "Resized",
                 "Resize",
                 format!("resized machine {machine} on node {node} to {}", describe(spec)),
             ),
-            (MachineAction::BindVolumes(holder), _) => event(
+            (MachineAction::BindVolumes(holder), _, _) => event(
                 "VolumesBound",
                 "Bind",
                 format!(
                     "pointed the volumes of machine {machine} on node {node} at holder Pod {holder}, which has mounted them"
                 ),
             ),
-            (MachineAction::ResizePending(_) | MachineAction::None, _) => {
+            (MachineAction::ResizePending(_) | MachineAction::None, _, _) => {
                 i += 1;
                 continue;
             }

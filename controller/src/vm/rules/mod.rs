@@ -6,8 +6,9 @@
 //! By concern: `step` (the next step from the object alone), `node_health`, `run_goal` (restart
 //! requests and run goals), `machine` (its name, spec, wanted state, action and resources),
 //! `room` (a resize's or a resume's room on its node), `pool` (a pooled SmolVM's create: lease,
-//! cold or wait), `conditions`, `events`.
+//! cold or wait), `branch` (a branch's source, its node and its create), `conditions`, `events`.
 
+mod branch;
 mod conditions;
 mod events;
 mod machine;
@@ -17,8 +18,9 @@ mod room;
 mod run_goal;
 mod step;
 
+pub use branch::{BranchSource, branch_call, source_of};
 pub use conditions::{apply_machine, clear_condition, set_condition, suspended_condition};
-pub use events::{StepEvent, TransitionEvent, step_events, transition_event};
+pub use events::{Made, StepEvent, TransitionEvent, step_events, transition_event};
 pub use machine::{MachineAction, Want, effective_of, machine_action, machine_name, machine_resources, machine_spec};
 pub use node_health::{NodeHealth, node_health};
 pub use pool::{PoolOf, PooledCreate, create_call, serving};
