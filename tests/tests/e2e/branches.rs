@@ -27,15 +27,18 @@ const SOURCE: &str = "prepared";
 /// Branches made by each of the two plugin runs.
 const EACH: usize = 10;
 
-/// Runs `kubectl-smolvm` as the admin.
-fn plugin(env: &Env, args: &[&str]) -> anyhow::Result<Output> {
+/// Runs `kubectl-smolvm` as the admin, off the test's runtime: the double serves on it, and the
+/// plugin waits for what the double answers.
+async fn plugin(env: &Env, args: &[&str]) -> anyhow::Result<Output> {
     let kubeconfig = env.plane.admin_kubeconfig.display().to_string();
-    let mut all = vec!["--kubeconfig", kubeconfig.as_str(), "-n", NS];
-    all.extend_from_slice(args);
-    std::process::Command::new(&env.bins.plugin)
-        .args(&all)
-        .output()
-        .with_context(|| format!("running {}", env.bins.plugin.display()))
+    let mut all: Vec<String> = vec!["--kubeconfig".into(), kubeconfig, "-n".into(), NS.into()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    let bin = env.bins.plugin.clone();
+    let shown = bin.display().to_string();
+    tokio::task::spawn_blocking(move || std::process::Command::new(&bin).args(&all).output())
+        .await
+        .context("the plugin's thread")?
+        .with_context(|| format!("running {shown}"))
 }
 
 async fn branches_fan_out_through_the_plugin_and_the_source_goes_after_them(env: &mut Env) -> anyhow::Result<()> {
@@ -97,7 +100,8 @@ async fn fan_out(env: &mut Env, double: &DoubleHandle) -> anyhow::Result<()> {
             &[
                 "branch", SOURCE, "--name", &prefix, "--count", &count, "--env", &env_arg,
             ],
-        )?;
+        )
+        .await?;
         let stdout = String::from_utf8_lossy(&out.stdout);
         ensure!(
             out.status.success(),
@@ -161,7 +165,7 @@ async fn fan_out(env: &mut Env, double: &DoubleHandle) -> anyhow::Result<()> {
     );
     println!("    kubectl smolvm branch made 20 branches, each Running with its own env: 20 branch calls, no create");
 
-    let out = plugin(env, &["get-branches", SOURCE])?;
+    let out = plugin(env, &["get-branches", SOURCE]).await?;
     let listed = String::from_utf8_lossy(&out.stdout);
     let rows = listed.lines().filter(|l| l.starts_with("task-")).count();
     ensure!(
