@@ -184,6 +184,11 @@ bench-suspend: ## Suspend and resume: the operator's time from the spec write to
 	$(CARGO) build -q --release --bins
 	$(ENVTEST_ENV) && $(CARGO) bench -p smolvm-tests --bench suspend
 
+.PHONY: bench-branch
+bench-branch: ## Branches: the operator's time from a branch's create to smolvm's branch call, 20 one at a time and 20 at once (target p99 <= 50 ms), and writes per branch (target <= 2), on a node whose smolvm is a test double; prints, never asserts.
+	$(CARGO) build -q --release --bins
+	$(ENVTEST_ENV) && $(CARGO) bench -p smolvm-tests --bench branch
+
 .PHONY: bench-pool
 bench-pool: ## Warm pools: 1,000 SmolVMs served from 20 simulated nodes x 50 slots (target p99 <= 100 ms, <= 3 writes per claim, <= 100 MiB), without then with a ResourceQuota; prints, never asserts.
 	$(CARGO) build -q --release --bins

@@ -220,3 +220,17 @@ pub fn assert_well_formed(name: &str, verdict: &crate::validate::Verdict) {
         assert!(text.contains(&f.value), "{name}: {text} does not show {}", f.value);
     }
 }
+
+/// Asserts that a verdict's violations are exactly `expected`, as `(rule, path)` in any order,
+/// each finding well formed.
+pub fn assert_violations(name: &str, verdict: &crate::validate::Verdict, expected: &[(crate::validate::RuleId, &str)]) {
+    assert_well_formed(name, verdict);
+    let got = violations(verdict);
+    assert_eq!(got.len(), expected.len(), "{name}: {got:#?}");
+    for (rule, path) in expected {
+        assert!(
+            got.iter().any(|(r, p)| r == rule && p == path),
+            "{name}: no {rule} at {path} in {got:#?}"
+        );
+    }
+}

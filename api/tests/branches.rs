@@ -8,7 +8,7 @@ use smolvm_api::{
     SmolVM,
     constants::{ANNOTATION_BRANCH_OF_UID, DELETE_BRANCHES_ANNOTATION, LABEL_BRANCH_OF, LABEL_BRANCHABLE},
     defaulting::{default_branch_smolvm, default_branch_source, default_smolvm},
-    fixtures::{self, assert_well_formed, bound, deleting, smolvm, violations},
+    fixtures::{self, assert_violations, assert_well_formed, bound, deleting, smolvm},
     policy::Policy,
     validate::{Context, Operation, RuleId, validate_branch_request, validate_smolvm_json},
 };
@@ -342,15 +342,7 @@ fn v17_a_branch_names_a_branchable_source_and_never_changes_it() {
     ];
     for (name, sources, op, old, new, expected) in cases {
         let verdict = with_ctx(sources, |ctx| validate_smolvm_json(op, old.as_ref(), &new, ctx));
-        assert_well_formed(name, &verdict);
-        let got = violations(&verdict);
-        assert_eq!(got.len(), expected.len(), "{name}: {got:#?}");
-        for (rule, path) in &expected {
-            assert!(
-                got.iter().any(|(r, p)| r == rule && p == path),
-                "{name}: no {rule} at {path} in {got:#?}"
-            );
-        }
+        assert_violations(name, &verdict, &expected);
     }
     let unknown = with_ctx(&sources, |ctx| {
         validate_smolvm_json(
@@ -432,4 +424,43 @@ fn v17_the_delete_branches_annotation_is_exactly_true_on_a_source_being_deleted(
         assert_eq!(v17(&verdict.violations), violations_n, "{name}: {}", verdict.message());
         assert_eq!(v17(&verdict.warnings), warnings_n, "{name}: {:?}", verdict.warnings);
     }
+}
+
+/// `deploy/examples/branches.yaml`: its source passes every rule, and its branch, filled from the
+/// source, too.
+#[test]
+fn the_example_source_and_branch_are_admitted() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/branches.yaml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let mut objects = Vec::new();
+    for doc in serde_norway::Deserializer::from_str(&text) {
+        let mut value = <Value as serde::Deserialize>::deserialize(doc).unwrap_or_else(|e| panic!("YAML: {e}"));
+        if !value.is_null() {
+            value["metadata"]["namespace"] = json!("default");
+            objects.push(value);
+        }
+    }
+    let [source, branch] = objects.as_slice() else {
+        panic!("a source and a branch: {objects:?}")
+    };
+    let source = {
+        let mut out = source.clone();
+        let patch = default_branch_source(Operation::Create, source, &smolvm_api::class::NO_CLASSES);
+        json_patch::patch(&mut out, &patch).unwrap_or_else(|e| panic!("the patch applies: {e}"));
+        out
+    };
+    let verdict = with_ctx(&vec![], |ctx| {
+        validate_smolvm_json(Operation::Create, None, &source, ctx)
+    });
+    assert!(verdict.allowed(), "the source: {}", verdict.message());
+    let mut stored = source.clone();
+    stored["metadata"]["uid"] = json!(SOURCE_UID);
+    let sources: Vec<SmolVM> = vec![serde_json::from_value(stored).unwrap_or_else(|e| panic!("decodes: {e}"))];
+    assert!(validate_branch_request(branch).allowed());
+    let filled = filled(branch, &sources);
+    let verdict = with_ctx(&sources, |ctx| {
+        validate_smolvm_json(Operation::Create, None, &filled, ctx)
+    });
+    assert!(verdict.allowed(), "the branch: {}", verdict.message());
+    assert_eq!(filled["spec"]["image"], json!("python:3.12-slim"));
 }

@@ -728,6 +728,17 @@ pub struct Call {
     pub at: SystemTime,
 }
 
+/// A branch the double made ([`DoubleHandle::branched`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BranchView {
+    /// The child machine.
+    pub child: String,
+    /// The machine it was branched from.
+    pub source: String,
+    /// When it was made (its request's body read).
+    pub at: SystemTime,
+}
+
 /// A fork pool as a test sees it ([`DoubleHandle::pool`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolView {
@@ -849,6 +860,8 @@ struct World {
     last_worker: BTreeMap<String, u64>,
     /// The refill waits (a test's [`DoubleHandle::hold_refill`]).
     refill_held: bool,
+    /// Every branch made, in order: the child, its source, and when it was made.
+    branched: Vec<BranchView>,
     /// When `smolvm serve` (last) started.
     started: Instant,
     boot_id: String,
@@ -899,6 +912,7 @@ impl SmolvmDouble {
                 last_lease: 0,
                 last_worker: BTreeMap::new(),
                 refill_held: false,
+                branched: Vec::new(),
                 started: Instant::now(),
                 boot_id: boot_id(0),
                 restarts: 0,
@@ -1024,6 +1038,12 @@ impl DoubleHandle {
             ready: ready_workers(&world, pool.uid).len() as u32,
             active: active_leases(&world, pool.uid),
         })
+    }
+
+    /// Every branch made, in order (its child's name is in the request's body, which a
+    /// [`Call`] does not show).
+    pub fn branched(&self) -> Vec<BranchView> {
+        locked(&self.inner.world).branched.clone()
     }
 
     /// Every lease since the last restart, in the order acquired (those of deleted pools too).
@@ -2076,6 +2096,11 @@ fn branch(world: &mut World, source: &str, request: ForkMachine) -> Response {
         files: golden.files.clone(),
     };
     let answer = json(StatusCode::OK, &machine.info);
+    world.branched.push(BranchView {
+        child: name.clone(),
+        source: source.to_string(),
+        at: SystemTime::now(),
+    });
     world.machines.insert(name, machine);
     answer
 }

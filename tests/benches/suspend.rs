@@ -22,10 +22,11 @@ use kube::{
 };
 use serde_json::json;
 use smolvm_api::{Phase, SmolVM};
-use smolvm_testkit::smolvm_double::{DoubleHandle, SmolvmDouble};
+use smolvm_testkit::smolvm_double::DoubleHandle;
 use smolvm_tests::{
     assets,
-    env::{Env, Options, eventually},
+    env::eventually,
+    simnodes::{DoubleNode, double_node},
 };
 
 const NODE: &str = "bench-double-node";
@@ -43,18 +44,17 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(30);
     let tmp = tempfile::Builder::new().prefix("smolvm-suspend-").tempdir()?;
-    let options = Options {
-        runtime: false,
-        ..Options::default()
-    };
-    let mut env = Env::start(&assets, assets::operator_bins()?, tmp.path(), options).await?;
-    let socket = tmp.path().join("double-smolvm.sock");
-    let double = SmolvmDouble::start(&socket)
-        .await
-        .context("starting the smolvm double")?;
-    let _agent = env
-        .start_double_node(NODE, &socket, &["--cpu-allocation-ratio=16", "--reserved-cpus=0"])
-        .await?;
+    let DoubleNode {
+        mut env,
+        double,
+        agent: _agent,
+    } = double_node(
+        &assets,
+        tmp.path(),
+        NODE,
+        &["--cpu-allocation-ratio=16", "--reserved-cpus=0"],
+    )
+    .await?;
     let api: Api<SmolVM> = Api::namespaced(env.admin().await?, NS);
     let mut machines = Vec::new();
     for i in 0..count {
@@ -144,10 +144,7 @@ async fn wait_phase(api: &Api<SmolVM>, name: &str, phase: Phase) -> anyhow::Resu
 
 fn report(what: &str, mut samples: Vec<Duration>) {
     samples.sort();
-    let at = |q: f64| {
-        let i = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len().max(1)) - 1;
-        samples.get(i).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
-    };
+    let at = |q: f64| smolvm_tests::simnodes::quantile_ms(&samples, q);
     println!(
         "  {what}: n={} p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         samples.len(),

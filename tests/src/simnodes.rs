@@ -33,6 +33,44 @@ use crate::{
     env::{Env, NAMESPACE, Options},
 };
 
+/// A benchmark's control plane without a runtime agent of its own, and one node whose agent runs
+/// on testkit's smolvm double (TEST DOUBLE: no guest boots here), served in this process.
+pub struct DoubleNode {
+    /// The control plane.
+    pub env: Env,
+    /// The node's smolvm.
+    pub double: smolvm_testkit::smolvm_double::DoubleHandle,
+    /// The node's agent.
+    pub agent: crate::process::Proc,
+}
+
+/// Starts [`DoubleNode`] in `dir`: the node `node`, its agent started with `extra` flags.
+pub async fn double_node(
+    assets: &assets::Assets,
+    dir: &std::path::Path,
+    node: &str,
+    extra: &[&str],
+) -> anyhow::Result<DoubleNode> {
+    use anyhow::Context as _;
+    let options = Options {
+        runtime: false,
+        ..Options::default()
+    };
+    let mut env = Env::start(assets, assets::operator_bins()?, dir, options).await?;
+    let socket = dir.join("double-smolvm.sock");
+    let double = smolvm_testkit::smolvm_double::SmolvmDouble::start(&socket)
+        .await
+        .context("starting the smolvm double")?;
+    let agent = env.start_double_node(node, &socket, extra).await?;
+    Ok(DoubleNode { env, double, agent })
+}
+
+/// The value at `q` (0..=1) of `sorted` by nearest rank, in milliseconds (0 for none).
+pub fn quantile_ms(sorted: &[std::time::Duration], q: f64) -> f64 {
+    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len().max(1)) - 1;
+    sorted.get(i).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
 /// A number from the environment, or `default`.
 pub fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)

@@ -923,11 +923,14 @@ async fn readyz_waits_for_cache_sync() {
     assert!(body.contains("smolvmclass cache not synced"), "{body}");
     assert!(body.contains("smolvmpool cache not synced"), "{body}");
     assert!(body.contains("resourcequota cache not synced"), "{body}");
+    assert!(body.contains("branch source cache not synced"), "{body}");
     h.state.readiness.set_nodes_synced();
     assert_eq!(h.ops_get("/readyz").await.0, 503, "the class cache is not synced yet");
     h.state.readiness.set_classes_synced();
     assert_eq!(h.ops_get("/readyz").await.0, 503, "the pool cache is not synced yet");
     h.state.readiness.set_pools_synced();
+    assert_eq!(h.ops_get("/readyz").await.0, 503, "the source cache is not synced yet");
+    h.state.readiness.set_sources_synced();
     assert_eq!(h.ops_get("/readyz").await.0, 503, "the quota cache is not synced yet");
     h.state.readiness.set_quotas_synced();
     assert_eq!(h.ops_get("/readyz").await.0, 200);
@@ -1070,6 +1073,18 @@ async fn classes_over_the_wire() {
     assert!(warnings.contains("1 SmolVM(s) name the class"), "{warnings}");
 }
 
+/// The mutating webhook's refusal of `object` at CREATE: 422, and its message.
+async fn refused(conn: &mut smolvm_webhook_bench::client::Connection, object: &Value) -> String {
+    let req = review("smolvms", "", "CREATE", &fixtures::user(), object, None);
+    let (_, body) = post(conn, "/mutate/smolvms", &req).await;
+    assert_eq!(body["response"]["allowed"], false, "{body}");
+    assert_eq!(body["response"]["status"]["code"], 422, "{body}");
+    body["response"]["status"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
 fn catalog_class(h: &Harness, name: &str) -> Option<smolvm_api::SmolVMClass> {
     h.state.classes.class(name)
 }
@@ -1115,11 +1130,7 @@ async fn pools_over_the_wire() {
         "job-2",
         json!({"poolRef": {"name": "sandboxes"}, "image": "alpine", "resources": {"cpus": 999}}),
     );
-    let req = review("smolvms", "", "CREATE", &fixtures::user(), &greedy, None);
-    let (_, body) = post(&mut conn, "/mutate/smolvms", &req).await;
-    assert_eq!(body["response"]["allowed"], false, "{body}");
-    assert_eq!(body["response"]["status"]["code"], 422);
-    let message = body["response"]["status"]["message"].as_str().unwrap_or_default();
+    let message = refused(&mut conn, &greedy).await;
     for expected in [
         "spec.image: is set (\"alpine\")",
         "spec.resources: is set (1 field(s))",
@@ -1130,10 +1141,7 @@ async fn pools_over_the_wire() {
     }
 
     let unknown = fixtures::smolvm("job-3", json!({"poolRef": {"name": "gpus"}}));
-    let req = review("smolvms", "", "CREATE", &fixtures::user(), &unknown, None);
-    let (_, body) = post(&mut conn, "/mutate/smolvms", &req).await;
-    assert_eq!(body["response"]["allowed"], false, "{body}");
-    let message = body["response"]["status"]["message"].as_str().unwrap_or_default();
+    let message = refused(&mut conn, &unknown).await;
     assert!(
         message.contains("spec.poolRef.name") && message.contains("sandboxes") && !message.contains("spec.image"),
         "{message}"
@@ -1217,11 +1225,7 @@ async fn branches_over_the_wire() {
         "task-2",
         json!({"branchOf": {"name": "prepared"}, "image": "alpine", "resources": {"cpus": 999}}),
     );
-    let req = review("smolvms", "", "CREATE", &fixtures::user(), &greedy, None);
-    let (_, body) = post(&mut conn, "/mutate/smolvms", &req).await;
-    assert_eq!(body["response"]["allowed"], false, "{body}");
-    assert_eq!(body["response"]["status"]["code"], 422);
-    let message = body["response"]["status"]["message"].as_str().unwrap_or_default();
+    let message = refused(&mut conn, &greedy).await;
     for expected in [
         "spec.image: is set (\"alpine\")",
         "spec.resources: is set (1 field(s))",
@@ -1232,10 +1236,7 @@ async fn branches_over_the_wire() {
     }
 
     let unknown = fixtures::smolvm("task-3", json!({"branchOf": {"name": "gone"}}));
-    let req = review("smolvms", "", "CREATE", &fixtures::user(), &unknown, None);
-    let (_, body) = post(&mut conn, "/mutate/smolvms", &req).await;
-    assert_eq!(body["response"]["allowed"], false, "{body}");
-    let message = body["response"]["status"]["message"].as_str().unwrap_or_default();
+    let message = refused(&mut conn, &unknown).await;
     assert!(
         message.contains("spec.branchOf.name") && message.contains("prepared") && !message.contains("spec.image"),
         "{message}"

@@ -63,6 +63,7 @@ pub const MAX_SELECTOR_ENTRIES: usize = 32;
     printcolumn(name = "Suspended", type_ = "string", json_path = ".status.conditions[?(@.type==\"Suspended\")].reason", description = "Suspended (memory and disks saved, CPU and memory given back to the node), Suspending, Resuming or ResumePending"),
     printcolumn(name = "Class", type_ = "string", json_path = ".spec.className", priority = 1, description = "The SmolVMClass whose defaults it took at CREATE"),
     printcolumn(name = "Image", type_ = "string", json_path = ".spec.image", priority = 1, description = "Image the machine boots"),
+    printcolumn(name = "Branch Of", type_ = "string", json_path = ".spec.branchOf.name", priority = 1, description = "The SmolVM this one is a branch of"),
     printcolumn(name = "Address", type_ = "string", json_path = ".status.nodeAddress", priority = 1, description = "The node's InternalIP, where the published ports are reachable"),
     printcolumn(name = "Ports", type_ = "string", json_path = ".status.ports", priority = 1, description = "Published ports: hostPort->guestPort/protocol"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].reason", priority = 1, description = "Why the machine is or is not ready"),

@@ -23,6 +23,30 @@ pub struct Unplaceable {
     pub message: String,
 }
 
+/// Why the node `pin` a request is pinned to (by `spec.nodeName`, or as a branch's source's)
+/// cannot take it: the rejections' `summary`, and the node's own words where it explains itself
+/// (why no guest boots).
+fn pinned_ineligible(request: &Request, pin: &str, node: Option<&SmolVMNode>, summary: &str) -> Unplaceable {
+    let detail = node
+        .and_then(|node| node.status.as_ref())
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == condition::GUEST_BOOTABLE))
+        .filter(|c| c.status != "True" && !c.message.is_empty())
+        .map(|c| format!(" ({}: {})", c.reason, c.message))
+        .unwrap_or_default();
+    match &request.source {
+        Some(source) => Unplaceable {
+            reason: "SourceNodeIneligible",
+            message: format!(
+                "node {pin} of its branch source {source} cannot run this branch now (branches are node-local): {summary}{detail}"
+            ),
+        },
+        None => Unplaceable {
+            reason: "PinnedNodeIneligible",
+            message: format!("pinned node {pin} cannot run this VM now: {summary}{detail}"),
+        },
+    }
+}
+
 /// Least-allocated score of placing `request` on `node`: the mean free fraction of CPU and memory
 /// after placement, in parts per million (higher is emptier).
 fn score(node: &SmolVMNode, request: &Request, usage: Option<&Usage>) -> i64 {
@@ -140,27 +164,7 @@ fn choose<'n>(
             reason: "PinnedNodeUnknown",
             message: format!("pinned node {pin} has no SmolVMNode; waiting for its runtime agent to register it"),
         },
-        (Some(pin), _) => {
-            // The pinned node's own words where it explains itself (why no guest boots).
-            let detail = pinned_node
-                .and_then(|node| node.status.as_ref())
-                .and_then(|s| s.conditions.iter().find(|c| c.type_ == condition::GUEST_BOOTABLE))
-                .filter(|c| c.status != "True" && !c.message.is_empty())
-                .map(|c| format!(" ({}: {})", c.reason, c.message))
-                .unwrap_or_default();
-            match &request.source {
-                Some(source) => Unplaceable {
-                    reason: "SourceNodeIneligible",
-                    message: format!(
-                        "node {pin} of its branch source {source} cannot run this branch now (branches are node-local): {summary}{detail}"
-                    ),
-                },
-                None => Unplaceable {
-                    reason: "PinnedNodeIneligible",
-                    message: format!("pinned node {pin} cannot run this VM now: {summary}{detail}"),
-                },
-            }
-        }
+        (Some(pin), _) => pinned_ineligible(request, pin, pinned_node, &summary),
         (None, 0) => Unplaceable {
             reason: "NoNodes",
             message: "no SmolVMNode is registered".into(),

@@ -176,42 +176,10 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
             return status::report(ctx, api, vm, uid, outcome).await;
         }
     }
-    let nodes = ctx.nodes.state();
-    // A SmolVM naming a pool goes where its pool has a ready slot, when one fits (that slot's
-    // room moves to it); else anywhere, beside the pools' ready slots, or taking their room
-    // where it fits only without them.
     let pool_of = super::pooled::pool_of(ctx, vm).await?;
-    let warm_nodes = match pool_of.node_pool() {
-        Some(node_pool) => crate::placement::with_ready_slot(&nodes, node_pool),
-        None => Vec::new(),
-    };
-    let warm_pool = pool_of.node_pool().map(|pool| (pool, warm_nodes.as_slice()));
-    let reserved = ctx.ledger.reserve(
-        uid,
-        &request,
-        nodes.iter().map(|n| n.as_ref()),
-        warm_pool,
-        now,
-        &ctx.placement,
-    );
-    let (node, warm) = match reserved {
-        Ok(reserved) => {
-            if !reserved.give_back.is_empty() && !give_back(ctx, vm, &reserved.node, &reserved.give_back).await {
-                ctx.ledger.release(uid);
-                return Ok(Action::requeue(Duration::from_secs(2)));
-            }
-            (reserved.node, reserved.warm)
-        }
-        Err(unplaceable) => {
-            ctx.metrics
-                .placement_failures
-                .get_or_create(&crate::metrics::ReasonLabel {
-                    reason: unplaceable.reason.into(),
-                })
-                .inc();
-            let outcome = decide::unschedulable(vm, unplaceable.message, now);
-            return status::report(ctx, api, vm, uid, outcome).await;
-        }
+    let (node, warm) = match reserve(pass, vm, &request, &pool_of, now).await? {
+        Ok(placed) => placed,
+        Err(next) => return Ok(next),
     };
     let node_uid = ctx
         .nodes
@@ -225,33 +193,71 @@ async fn place(pass: Pass<'_>, vm: &SmolVM) -> Result<Action, Error> {
     let mut bound = vm.clone();
     bound.status = Some(decide::bound(vm, &node, node_uid, now));
     let note = decide::Note::bound(format!("bound to node {node}"));
+    let branch = source.is_branch();
+    let prior = Prior {
+        pool: Some(pool_of),
+        source: Some(source),
+    };
     // A warm claim's lease and a branch's branch are idempotent by name: their binding rides on
     // the pass's one status write.
-    if warm || source.is_branch() {
-        return claim(
-            pass,
-            bound,
-            &node,
-            note,
-            Prior {
-                pool: Some(pool_of),
-                source: Some(source),
-            },
-        )
-        .await;
+    if warm || branch {
+        return claim(pass, bound, &node, note, prior).await;
     }
     match status::write_binding(ctx, api, uid, (&node, Some(&note)), bound).await? {
         // The same pass goes on against the node it bound to, from the object the API server
         // answered with, rather than waiting for its own write to come back through the watch.
         Ok(bound) => {
             let machine = rules::machine_name(&bound).unwrap_or_default();
-            let prior = Prior {
-                pool: Some(pool_of),
-                source: Some(source),
-            };
             converge(pass, &bound, &node, &machine, prior).await
         }
         Err(next) => Ok(next),
+    }
+}
+
+/// Reserves a node for `request` in the ledger: `(node, warm)`, warm when it goes where its pool
+/// has a ready slot that fits (that slot's room moves to it); else anywhere, beside the pools'
+/// ready slots, or taking their room where it fits only without them (given back first).
+/// `Err(action)`: it was not placed, reported (Unschedulable) or looked at again soon.
+async fn reserve(
+    pass: Pass<'_>,
+    vm: &SmolVM,
+    request: &Request,
+    pool_of: &super::pooled::PoolOf,
+    now: Timestamp,
+) -> Result<Result<(String, bool), Action>, Error> {
+    let Pass { api, ctx, uid } = pass;
+    let nodes = ctx.nodes.state();
+    let warm_nodes = match pool_of.node_pool() {
+        Some(node_pool) => crate::placement::with_ready_slot(&nodes, node_pool),
+        None => Vec::new(),
+    };
+    let warm_pool = pool_of.node_pool().map(|pool| (pool, warm_nodes.as_slice()));
+    let reserved = ctx.ledger.reserve(
+        uid,
+        request,
+        nodes.iter().map(|n| n.as_ref()),
+        warm_pool,
+        now,
+        &ctx.placement,
+    );
+    match reserved {
+        Ok(reserved) => {
+            if !reserved.give_back.is_empty() && !give_back(ctx, vm, &reserved.node, &reserved.give_back).await {
+                ctx.ledger.release(uid);
+                return Ok(Err(Action::requeue(Duration::from_secs(2))));
+            }
+            Ok(Ok((reserved.node, reserved.warm)))
+        }
+        Err(unplaceable) => {
+            ctx.metrics
+                .placement_failures
+                .get_or_create(&crate::metrics::ReasonLabel {
+                    reason: unplaceable.reason.into(),
+                })
+                .inc();
+            let outcome = decide::unschedulable(vm, unplaceable.message, now);
+            status::report(ctx, api, vm, uid, outcome).await.map(Err)
+        }
     }
 }
 

@@ -622,24 +622,17 @@ fn mutate_pooled(
     base: Answer,
     outcome: &mut Outcome,
 ) -> Result<Answer, RequestError> {
-    // The template writes labels and annotations, which the shape lacks: filling, defaulting
-    // and validation share one parse of the object.
-    let objects = objects.into_parsed();
-    let Objects::Parsed { new: Some(new), .. } = &objects else {
-        return Ok(base);
-    };
-    let namespace = new.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("");
-    let pool = new
-        .pointer("/spec/poolRef/name")
-        .and_then(Value::as_str)
-        .and_then(|name| ctx.pools.pool(namespace, name));
-    let patch = match &pool {
-        Some(pool) => default_pooled_smolvm(operation, new, pool, ctx.classes),
-        None => default_smolvm(operation, new),
-    };
-    let mut verdict = validate_pooled_request(new);
-    verdict.extend(objects.validate_defaulted(&patch, operation, ctx));
-    defaulted(base, &verdict, &patch, outcome)
+    mutate_filled(objects, (operation, ctx), base, outcome, |new, namespace| {
+        let pool = new
+            .pointer("/spec/poolRef/name")
+            .and_then(Value::as_str)
+            .and_then(|name| ctx.pools.pool(namespace, name));
+        let patch = match &pool {
+            Some(pool) => default_pooled_smolvm(operation, new, pool, ctx.classes),
+            None => default_smolvm(operation, new),
+        };
+        (patch, validate_pooled_request(new))
+    })
 }
 
 /// The mutating review of a branch or a branch source, at CREATE. A branch (`branchOf`) takes
@@ -654,19 +647,34 @@ fn mutate_branch(
     base: Answer,
     outcome: &mut Outcome,
 ) -> Result<Answer, RequestError> {
-    // The source writes labels and annotations, which the shape lacks: filling, defaulting
-    // and validation share one parse of the object.
+    mutate_filled(objects, (operation, ctx), base, outcome, |new, namespace| {
+        let source = smolvm_api::branch::source_named(new).and_then(|name| ctx.sources.source(namespace, name));
+        let patch = match &source {
+            Some(source) => default_branch_smolvm(operation, new, source, ctx.classes),
+            None => default_branch_source(operation, new, ctx.classes),
+        };
+        (patch, validate_branch_request(new))
+    })
+}
+
+/// The mutating review of a SmolVM filled at CREATE from another object (a pool's template, a
+/// branch's source): `fill` gives the patch and the violations of the object as sent, from the
+/// object and its namespace; the filled object's own violations join them, in one answer.
+/// Filling writes labels and annotations, which the shape lacks: filling, defaulting and
+/// validation share one parse of the object.
+fn mutate_filled(
+    objects: Objects<'_>,
+    (operation, ctx): (Operation, &Context<'_>),
+    base: Answer,
+    outcome: &mut Outcome,
+    fill: impl FnOnce(&Value, &str) -> (json_patch::Patch, Verdict),
+) -> Result<Answer, RequestError> {
     let objects = objects.into_parsed();
     let Objects::Parsed { new: Some(new), .. } = &objects else {
         return Ok(base);
     };
     let namespace = new.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("");
-    let source = smolvm_api::branch::source_named(new).and_then(|name| ctx.sources.source(namespace, name));
-    let patch = match &source {
-        Some(source) => default_branch_smolvm(operation, new, source, ctx.classes),
-        None => default_branch_source(operation, new, ctx.classes),
-    };
-    let mut verdict = validate_branch_request(new);
+    let (patch, mut verdict) = fill(new, namespace);
     verdict.extend(objects.validate_defaulted(&patch, operation, ctx));
     defaulted(base, &verdict, &patch, outcome)
 }

@@ -54,18 +54,7 @@ pub fn step_events(
         let e = match (&done[i], done.get(i + 1), made) {
             // A create served from a ready slot, or branched from a running source: the machine
             // runs already, and this one event says both where it came from and that it runs.
-            (MachineAction::Create(_), _, Some(Made::Served(pool))) => event(
-                reason::SERVED_FROM_POOL,
-                "Create",
-                format!("served machine {machine} on node {node} from a ready slot of pool {pool}: it runs"),
-            ),
-            (MachineAction::Create(_), _, Some(Made::Branched { source, millis })) => event(
-                reason::BRANCHED,
-                "Create",
-                format!(
-                    "branched machine {machine} on node {node} from the running SmolVM {source} in {millis} ms: it runs"
-                ),
-            ),
+            (MachineAction::Create(_), _, Some(made)) => made_event(made, machine, node),
             (MachineAction::Create(_), Some(MachineAction::EnsureRunning), _) => {
                 i += 1;
                 event(
@@ -130,6 +119,24 @@ pub fn step_events(
         i += 1;
     }
     events
+}
+
+/// The one event of a create served from a pool or branched from a source.
+fn made_event(made: Made<'_>, machine: &str, node: &str) -> StepEvent {
+    match made {
+        Made::Served(pool) => StepEvent {
+            reason: reason::SERVED_FROM_POOL,
+            action: "Create",
+            note: format!("served machine {machine} on node {node} from a ready slot of pool {pool}: it runs"),
+        },
+        Made::Branched { source, millis } => StepEvent {
+            reason: reason::BRANCHED,
+            action: "Create",
+            note: format!(
+                "branched machine {machine} on node {node} from the running SmolVM {source} in {millis} ms: it runs"
+            ),
+        },
+    }
 }
 
 /// A resize in words: `4 CPUs, 30 GiB storage`.
