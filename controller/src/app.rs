@@ -272,7 +272,9 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         pools_wake,
         quotas: Some(charging),
     });
-    let vm_events = vm_events(vms_api, vm_writer, ctx.clone(), quota_wake.clone());
+    // A branch waiting for its source looks again as soon as the source runs.
+    let (branch_tx, branch_wakes) = futures::channel::mpsc::unbounded::<ObjectRef<SmolVM>>();
+    let vm_events = vm_events(vms_api, vm_writer, (ctx.clone(), branch_tx), quota_wake.clone());
     quota_recount(&ctx, flags, vm_store.clone(), quota_events, quota_wake);
     keepers(&ctx, flags, &vm_store, pool_events, class_events);
     *vm_store_slot.write().unwrap_or_else(|e| e.into_inner()) = Some(vm_store.clone());
@@ -282,7 +284,7 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         flags.max_concurrent_reconciles,
         vm_events,
         vm_store,
-        wake,
+        futures::stream::select(wake, branch_wakes),
         owned,
         shutdown.clone(),
     );
@@ -602,7 +604,7 @@ async fn node_watch(
 fn vm_events(
     vms: Api<SmolVM>,
     writer: reflector::store::Writer<SmolVM>,
-    ctx: Arc<Context>,
+    (ctx, branch_wake): (Arc<Context>, futures::channel::mpsc::UnboundedSender<ObjectRef<SmolVM>>),
     changed: Arc<tokio::sync::Notify>,
 ) -> impl Stream<Item = Result<SmolVM, watcher::Error>> + Send + 'static {
     watcher(vms, watcher::Config::default())
@@ -624,6 +626,9 @@ fn vm_events(
             Ok(watcher::Event::Apply(vm) | watcher::Event::InitApply(vm)) => {
                 if let (Some(uid), Some(node)) = (vm.uid(), vm.bound_node()) {
                     ctx.ledger.observe_vm(&uid, node, vm);
+                }
+                for branch in vm::branched::waiting_on(&ctx, vm) {
+                    let _ = branch_wake.unbounded_send(branch);
                 }
                 changed.notify_one();
             }

@@ -1140,3 +1140,47 @@ fn a_branch_finds_its_source_as_admission_recorded_it() {
         }
     }
 }
+
+/// A source that runs wakes the branches that wait for it: its own (by label and namespace),
+/// not made yet; none while it does not run.
+#[test]
+fn a_running_source_wakes_the_branches_that_wait_for_it() {
+    use smolvm_controller::vm::rules::waiting_on;
+    let decode =
+        |v: serde_json::Value| -> SmolVM { serde_json::from_value(v).unwrap_or_else(|e| panic!("decodes: {e}")) };
+    let source = |phase: &str| {
+        let mut o = fixtures::bound(
+            fixtures::smolvm("prepared", serde_json::json!({"image": "alpine", "branchable": true})),
+            "node-a",
+        );
+        o["status"]["phase"] = serde_json::json!(phase);
+        decode(o)
+    };
+    let branch = |name: &str, namespace: &str, made: bool| {
+        let mut o = fixtures::smolvm(
+            name,
+            serde_json::json!({"image": "alpine", "branchOf": {"name": "prepared"}}),
+        );
+        o["metadata"]["namespace"] = serde_json::json!(namespace);
+        o["metadata"]["labels"] = serde_json::json!({"vm.smolvm.dev/branch-of": "prepared"});
+        if made {
+            o["status"] = serde_json::json!({"branchedFrom": {"name": "prepared", "uid": "u"}});
+        }
+        decode(o)
+    };
+    let vms = [
+        branch("waits", "default", false),
+        branch("made", "default", true),
+        branch("elsewhere", "other", false),
+        decode(fixtures::smolvm("plain", serde_json::json!({"image": "alpine"}))),
+    ];
+    let woken: Vec<String> = waiting_on(vms.iter(), &source("Running"))
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(woken, ["waits"]);
+    assert!(
+        waiting_on(vms.iter(), &source("Scheduled")).is_empty(),
+        "not while it does not run"
+    );
+}

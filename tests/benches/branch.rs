@@ -39,18 +39,13 @@ fn main() -> anyhow::Result<()> {
 
 async fn run(assets: assets::Assets) -> anyhow::Result<()> {
     let count = env_usize("BRANCH_BENCH_COUNT", 20);
-    let tmp = tempfile::Builder::new().prefix("smolvm-branch-").tempdir()?;
+    // The directory is bound first, so it goes last, after the processes that use it.
     let DoubleNode {
+        dir: _dir,
         mut env,
         double,
         agent: _agent,
-    } = double_node(
-        &assets,
-        tmp.path(),
-        NODE,
-        &["--cpu-allocation-ratio=16", "--reserved-cpus=0"],
-    )
-    .await?;
+    } = double_node(&assets, "smolvm-branch-", NODE).await?;
     let admin = env.admin().await?;
     let api: Api<SmolVM> = Api::namespaced(admin.clone(), NS);
     let source = object(

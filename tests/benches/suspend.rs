@@ -39,22 +39,14 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(assets: assets::Assets) -> anyhow::Result<()> {
-    let count = std::env::var("SUSPEND_BENCH_VMS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(30);
-    let tmp = tempfile::Builder::new().prefix("smolvm-suspend-").tempdir()?;
+    let count = smolvm_tests::simnodes::env_usize("SUSPEND_BENCH_VMS", 30);
+    // The directory is bound first, so it goes last, after the processes that use it.
     let DoubleNode {
+        dir: _dir,
         mut env,
         double,
         agent: _agent,
-    } = double_node(
-        &assets,
-        tmp.path(),
-        NODE,
-        &["--cpu-allocation-ratio=16", "--reserved-cpus=0"],
-    )
-    .await?;
+    } = double_node(&assets, "smolvm-suspend-", NODE).await?;
     let api: Api<SmolVM> = Api::namespaced(env.admin().await?, NS);
     let mut machines = Vec::new();
     for i in 0..count {

@@ -34,7 +34,8 @@ use crate::{
 };
 
 /// A benchmark's control plane without a runtime agent of its own, and one node whose agent runs
-/// on testkit's smolvm double (TEST DOUBLE: no guest boots here), served in this process.
+/// on testkit's smolvm double (TEST DOUBLE: no guest boots here), served in this process, with
+/// room for 32 one-CPU VMs (`--cpu-allocation-ratio=16` on 2 cores, none reserved).
 pub struct DoubleNode {
     /// The control plane.
     pub env: Env,
@@ -42,27 +43,31 @@ pub struct DoubleNode {
     pub double: smolvm_testkit::smolvm_double::DoubleHandle,
     /// The node's agent.
     pub agent: crate::process::Proc,
+    /// The directory everything runs in (removed when dropped, after the rest).
+    pub dir: tempfile::TempDir,
 }
 
-/// Starts [`DoubleNode`] in `dir`: the node `node`, its agent started with `extra` flags.
-pub async fn double_node(
-    assets: &assets::Assets,
-    dir: &std::path::Path,
-    node: &str,
-    extra: &[&str],
-) -> anyhow::Result<DoubleNode> {
+/// Starts [`DoubleNode`] with the node `node`, in a new directory named from `prefix`.
+pub async fn double_node(assets: &assets::Assets, prefix: &str, node: &str) -> anyhow::Result<DoubleNode> {
     use anyhow::Context as _;
+    let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
     let options = Options {
         runtime: false,
         ..Options::default()
     };
-    let mut env = Env::start(assets, assets::operator_bins()?, dir, options).await?;
-    let socket = dir.join("double-smolvm.sock");
+    let mut env = Env::start(assets, assets::operator_bins()?, dir.path(), options).await?;
+    let socket = dir.path().join("double-smolvm.sock");
     let double = smolvm_testkit::smolvm_double::SmolvmDouble::start(&socket)
         .await
         .context("starting the smolvm double")?;
-    let agent = env.start_double_node(node, &socket, extra).await?;
-    Ok(DoubleNode { env, double, agent })
+    let extra = ["--cpu-allocation-ratio=16", "--reserved-cpus=0"];
+    let agent = env.start_double_node(node, &socket, &extra).await?;
+    Ok(DoubleNode {
+        env,
+        double,
+        agent,
+        dir,
+    })
 }
 
 /// The value at `q` (0..=1) of `sorted` by nearest rank, in milliseconds (0 for none).

@@ -58,6 +58,17 @@ pub fn live_branches(ctx: &Context, source: &SmolVM) -> Vec<String> {
     names
 }
 
+/// The branches in the cache that wait for `source`, once it runs ([`super::rules::waiting_on`]):
+/// their passes are woken, so that they are made at once rather than at their next look (1 s
+/// doubling to 30 s).
+pub fn waiting_on(ctx: &Context, source: &SmolVM) -> Vec<ObjectRef<SmolVM>> {
+    if !source.spec.branchable() {
+        return Vec::new();
+    }
+    let vms = ctx.vms.state();
+    super::rules::waiting_on(vms.iter().map(|vm| vm.as_ref()), source)
+}
+
 /// Deletes the branches `names` of `source` (those not being deleted already), for its
 /// `vm.smolvm.dev/delete-branches` annotation; one already gone is no failure.
 pub async fn delete_branches(ctx: &Context, source: &SmolVM, names: &[String]) -> Result<(), Error> {

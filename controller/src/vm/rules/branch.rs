@@ -4,8 +4,11 @@
 //! ([`crate::vm::branched::source_of`]), the branch made by act, and the `BranchPending` reason
 //! comes back in the pass's outcome.
 
-use kube::ResourceExt;
-use smolvm_api::{BranchedFrom, Phase, SmolVM, constants::ANNOTATION_BRANCH_OF_UID};
+use kube::{ResourceExt, runtime::reflector::ObjectRef};
+use smolvm_api::{
+    BranchedFrom, Phase, SmolVM,
+    constants::{ANNOTATION_BRANCH_OF_UID, LABEL_BRANCH_OF},
+};
 
 /// What a branch finds of its source.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,4 +122,19 @@ pub fn branch_call<'s>(source: &'s BranchSource, node: &str) -> Result<(&'s str,
         BranchSource::Lost(why) | BranchSource::Unplaced(why) => Err(why.clone()),
         BranchSource::None => Err("it is no branch".into()),
     }
+}
+
+/// Of `vms`, the branches of `source` that wait for it (labelled with its name, in its namespace,
+/// not made yet), once it is a branch source that runs; none otherwise. Pure.
+pub fn waiting_on<'a>(vms: impl IntoIterator<Item = &'a SmolVM>, source: &SmolVM) -> Vec<ObjectRef<SmolVM>> {
+    let running = source.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running);
+    if !source.spec.branchable() || !running {
+        return Vec::new();
+    }
+    let (name, namespace) = (source.name_any(), source.namespace());
+    vms.into_iter()
+        .filter(|vm| vm.namespace() == namespace && vm.labels().get(LABEL_BRANCH_OF) == Some(&name))
+        .filter(|vm| vm.status.as_ref().is_none_or(|s| s.branched_from.is_none()))
+        .map(ObjectRef::from_obj)
+        .collect()
 }
