@@ -236,5 +236,34 @@ async fn fan_out(env: &mut Env, double: &DoubleHandle) -> anyhow::Result<()> {
         "every machine is gone from smolvm"
     );
     println!("    with vm.smolvm.dev/delete-branches the branches went first, then the source");
+    example(env).await
+}
+
+/// `deploy/examples/branches.yaml` applied at once: the branch is admitted though the webhook's
+/// cache may not hold its source yet (read live), waits while its source boots, and runs once it
+/// does (woken by the source, not at its next look).
+async fn example(env: &Env) -> anyhow::Result<()> {
+    let path = smolvm_tests::env::repo_root().join("deploy/examples/branches.yaml");
+    let out = env.kubectl(&["apply", "-n", NS, "-f", &path.display().to_string()], None)?;
+    ensure!(
+        out.status.success(),
+        "applying the example: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let branch = crate::wait_vm(
+        env,
+        "prepared-task-1",
+        "the example's branch running",
+        Duration::from_secs(30),
+        |v| v.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running),
+    )
+    .await?;
+    ensure!(
+        branch.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE),
+        "the example's branch runs on its source's node"
+    );
+    println!("    deploy/examples/branches.yaml applied at once: its branch runs on its source's node");
+    delete_and_wait(env, "prepared-task-1").await?;
+    delete_and_wait(env, SOURCE).await?;
     Ok(())
 }
