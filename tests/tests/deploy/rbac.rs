@@ -26,7 +26,7 @@ smolvm-controller  cluster        vm.smolvm.dev/smolvmclasses  -  list,watch
 smolvm-controller  cluster        vm.smolvm.dev/smolvmnodes  -  get,list,patch,watch
 smolvm-controller  cluster        vm.smolvm.dev/smolvmpools  -  get,list,patch,watch
 smolvm-controller  cluster        vm.smolvm.dev/smolvmpools/status  -  patch
-smolvm-controller  cluster        vm.smolvm.dev/smolvms  -  get,list,patch,watch
+smolvm-controller  cluster        vm.smolvm.dev/smolvms  -  delete,get,list,patch,watch
 smolvm-controller  cluster        vm.smolvm.dev/smolvms/status  -  patch
 smolvm-controller  kube-system    core/configmaps  extension-apiserver-authentication  get
 smolvm-controller  smolvm-system  coordination.k8s.io/leases  -  create
@@ -50,7 +50,7 @@ smolvm-webhook     cluster        admissionregistration.k8s.io/validatingwebhook
 smolvm-webhook     cluster        vm.smolvm.dev/smolvmnodes  -  list,watch
 smolvm-webhook     cluster        vm.smolvm.dev/smolvmclasses  -  list,watch
 smolvm-webhook     cluster        vm.smolvm.dev/smolvmpools  -  list,watch
-smolvm-webhook     cluster        vm.smolvm.dev/smolvms  -  list,watch
+smolvm-webhook     cluster        vm.smolvm.dev/smolvms  -  get,list,watch
 smolvm-webhook     cluster        core/resourcequotas  -  get,list,watch
 smolvm-webhook     cluster        core/resourcequotas/status  -  patch
 smolvm-webhook     smolvm-system  core/secrets  smolvm-webhook-tls  get,update
@@ -69,7 +69,7 @@ pub(super) const RBAC_WEBHOOK_CERT_MANAGER: &str = "
 smolvm-webhook     cluster        vm.smolvm.dev/smolvmnodes  -  list,watch
 smolvm-webhook     cluster        vm.smolvm.dev/smolvmclasses  -  list,watch
 smolvm-webhook     cluster        vm.smolvm.dev/smolvmpools  -  list,watch
-smolvm-webhook     cluster        vm.smolvm.dev/smolvms  -  list,watch
+smolvm-webhook     cluster        vm.smolvm.dev/smolvms  -  get,list,watch
 smolvm-webhook     cluster        core/resourcequotas  -  get,list,watch
 smolvm-webhook     cluster        core/resourcequotas/status  -  patch
 ";
