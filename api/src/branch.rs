@@ -12,7 +12,7 @@ use crate::types::SmolVM;
 
 /// The fields a branch may set besides `branchOf`'s own: its own environment, its lifecycle and
 /// (inside `network`) its own published ports. Everything else comes from its source (V17).
-pub const BRANCH_FIELDS: [&str; 5] = ["branchOf", "env", "running", "suspended", "network"];
+pub const BRANCH_FIELDS: [&str; 6] = ["branchOf", "env", "running", "suspended", "lifecycle", "network"];
 
 /// The members of `network` a branch may set: its own published ports.
 pub const BRANCH_NETWORK_FIELDS: [&str; 1] = ["ports"];

@@ -84,6 +84,10 @@ pub struct SmolVMClassSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 300))]
     pub termination_grace_period_seconds: Option<i64>,
+
+    /// How long SmolVMs of this class live (SPEC 2.7), member by member for those that set none: `ttlSecondsAfterFinished` and `activeDeadlineSeconds`, as a SmolVM's `lifecycle`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<crate::types::Lifecycle>,
 }
 
 /// The network defaults of a class.
@@ -147,6 +151,7 @@ impl SmolVMClass {
             node_selector: spec.node_selector.clone(),
             restart_policy: spec.restart_policy,
             termination_grace_period_seconds: spec.termination_grace_period_seconds,
+            lifecycle: spec.lifecycle.clone(),
             ..Default::default()
         }
     }

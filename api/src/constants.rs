@@ -170,6 +170,9 @@ pub mod condition {
     /// (True), or why not yet (False: a claim missing or Pending, a ConfigMap or Secret missing,
     /// the holder not yet scheduled or mounted, the holder evicted).
     pub const VOLUMES_READY: &str = "VolumesReady";
+    /// SmolVM with `spec.lifecycle`: True (reason Expired) once one of its lifetimes passed and
+    /// the controller deleted it (SPEC 2.7); the message says which.
+    pub const EXPIRED: &str = "Expired";
 }
 
 /// Condition reasons (CamelCase, stable: dashboards and alerts match on them).
@@ -273,6 +276,10 @@ pub mod reason {
     /// Event on a branch source: its branches are being deleted before it, as its
     /// `vm.smolvm.dev/delete-branches` annotation asks.
     pub const DELETING_BRANCHES: &str = "DeletingBranches";
+    /// Event and condition Expired: a lifetime of `spec.lifecycle` passed
+    /// (`activeDeadlineSeconds` after it first ran, or `ttlSecondsAfterFinished` after it
+    /// finished) and the controller deleted the SmolVM (SPEC 2.7).
+    pub const EXPIRED: &str = "Expired";
     /// Event: a SmolVM naming a pool was served from a ready slot of it on its node.
     pub const SERVED_FROM_POOL: &str = "ServedFromPool";
     /// Event: a SmolVM naming a pool found no ready slot on its node and was created cold

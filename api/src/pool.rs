@@ -150,6 +150,10 @@ pub struct PoolTemplate {
     /// What happens when a served machine stops on its own, as a SmolVM's `restartPolicy`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_policy: Option<RestartPolicy>,
+
+    /// How long a served SmolVM lives (SPEC 2.7), as a SmolVM's `lifecycle`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<crate::types::Lifecycle>,
 }
 
 /// What a SmolVM naming a pool gets when no slot is ready.
@@ -253,6 +257,7 @@ impl SmolVMPool {
             env: t.env.clone(),
             image_pull_secrets: t.image_pull_secrets.clone(),
             restart_policy: t.restart_policy,
+            lifecycle: t.lifecycle.clone(),
             node_selector: self.spec.node_selector.clone(),
             ..Default::default()
         }

@@ -190,9 +190,10 @@ fn v17_a_branch_sets_only_what_a_clone_carries_of_its_own() {
             vec![],
         ),
         (
-            "branchOf, env, running, suspended and its own ports",
+            "branchOf, env, running, suspended, lifecycle and its own ports",
             json!({"branchOf": {"name": "p"}, "env": [{"name": "A", "value": "1"}], "running": true,
-                   "suspended": false, "network": {"ports": [{"hostPort": 19080, "guestPort": 80}]}}),
+                   "suspended": false, "lifecycle": {"activeDeadlineSeconds": 600},
+                   "network": {"ports": [{"hostPort": 19080, "guestPort": 80}]}}),
             vec![],
         ),
         (

@@ -33,7 +33,8 @@ fn catalog() -> Vec<SmolVMClass> {
                 "network": {"enabled": true, "allowedCIDRs": ["10.0.0.0/8"], "allowedHosts": ["*.example.com"]},
                 "nodeSelector": {"vm.smolvm.dev/size": "large"},
                 "restartPolicy": "OnFailure",
-                "terminationGracePeriodSeconds": 30
+                "terminationGracePeriodSeconds": 30,
+                "lifecycle": {"ttlSecondsAfterFinished": 300, "activeDeadlineSeconds": 86400}
             }),
             false,
         ),
@@ -84,6 +85,10 @@ fn m3_takes_what_the_smolvm_leaves_unset_from_its_class_then_m1() {
                 ("/spec/nodeSelector", json!({"vm.smolvm.dev/size": "large"})),
                 ("/spec/restartPolicy", json!("OnFailure")),
                 ("/spec/terminationGracePeriodSeconds", json!(30)),
+                (
+                    "/spec/lifecycle",
+                    json!({"ttlSecondsAfterFinished": 300, "activeDeadlineSeconds": 86400}),
+                ),
                 // M1 still fills what neither set.
                 ("/spec/running", json!(true)),
                 ("/spec/network/exposeService", json!(false)),
@@ -96,6 +101,14 @@ fn m3_takes_what_the_smolvm_leaves_unset_from_its_class_then_m1() {
                 ("/spec/resources", json!({"cpus": 8, "memoryMiB": 8192})),
                 ("/spec/storage", json!({"storageGiB": 50, "overlayGiB": 40})),
             ],
+        },
+        Case {
+            name: "a lifetime of the user's own wins; the class fills the other",
+            spec: json!({"image": "alpine", "className": "large", "lifecycle": {"activeDeadlineSeconds": 60}}),
+            want: vec![(
+                "/spec/lifecycle",
+                json!({"ttlSecondsAfterFinished": 300, "activeDeadlineSeconds": 60}),
+            )],
         },
         Case {
             name: "a network the user disabled gets no egress lists",

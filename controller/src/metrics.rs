@@ -86,6 +86,13 @@ pub struct StreamLabels {
     pub direction: &'static str,
 }
 
+/// Labels: the lifetime of `spec.lifecycle` that passed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LifetimeLabel {
+    /// `activeDeadlineSeconds` or `ttlSecondsAfterFinished`.
+    pub lifetime: &'static str,
+}
+
 /// The controller's metrics.
 pub struct Metrics {
     registry: Registry,
@@ -107,6 +114,8 @@ pub struct Metrics {
     pub access_bytes: Family<StreamLabels, Counter>,
     /// Access API connections closed by a bound of its listener, by reason.
     pub access_connections_closed: Family<ReasonLabel, Counter>,
+    /// SmolVMs deleted because a lifetime of `spec.lifecycle` passed, by lifetime.
+    pub expiries: Family<LifetimeLabel, Counter>,
     /// 1 while this replica holds the Lease.
     pub leader: Gauge,
     /// Heartbeat age per SmolVMNode, by the controller's clock.
@@ -153,6 +162,7 @@ impl Default for Metrics {
             access_calls: Family::default(),
             access_bytes: Family::default(),
             access_connections_closed: Family::default(),
+            expiries: Family::default(),
             reconciles: Family::default(),
             reconcile_duration: Histogram::new(buckets()),
             vms: Family::default(),
@@ -199,6 +209,12 @@ impl Metrics {
             "runtime_call_duration_seconds",
             "Time a node API call from the controller took, by operation",
             &self.runtime_calls,
+        );
+        declare(
+            registry,
+            "expiries",
+            "SmolVMs deleted because a lifetime of spec.lifecycle passed (SPEC 2.7), by lifetime: activeDeadlineSeconds or ttlSecondsAfterFinished",
+            &self.expiries,
         );
         declare(
             registry,
@@ -301,6 +317,11 @@ impl Metrics {
         for (node, n) in counts {
             self.orphans.get_or_create(&NodeLabel { node }).set(n);
         }
+    }
+
+    /// Counts a SmolVM deleted because its lifetime `lifetime` passed.
+    pub fn expired(&self, lifetime: &'static str) {
+        self.expiries.get_or_create(&LifetimeLabel { lifetime }).inc();
     }
 
     /// Records one access call.

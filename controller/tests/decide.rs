@@ -1555,3 +1555,153 @@ fn a_branch_source_goes_after_its_branches() {
         assert_eq!(outcome.requeue, Requeue::Unsettled, "{case}");
     }
 }
+
+/// Lifetimes (SPEC 2.7) in a pass: the status records when the machine first ran and when it
+/// finished, and a lifetime that passed expires the SmolVM (condition and event Expired, the
+/// deletion after the status write); one still to pass brings the next look no later than it.
+/// A restart policy that runs a finished machine again keeps it from finishing, so it never
+/// expires after its TTL.
+#[test]
+fn lifetimes_are_stamped_and_expire_the_vm_in_the_pass() {
+    use smolvm_api::constants::reason;
+    let ago = |seconds: i64| {
+        let at = Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(seconds);
+        at.to_string()
+    };
+    // A SmolVM that ran (phase Running, Ready True Running) with this lifecycle and policy.
+    let ran = |lifecycle: serde_json::Value, policy: &str, started: Option<i64>, finished: Option<i64>| {
+        exposed(|o| {
+            o["spec"]["lifecycle"] = lifecycle;
+            o["spec"]["restartPolicy"] = json!(policy);
+            o["status"]["phase"] = json!("Running");
+            o["status"]["conditions"] = json!([{"type": "Ready", "status": "True", "reason": "Running",
+                "message": "", "lastTransitionTime": ago(300)}]);
+            if let Some(s) = started {
+                o["status"]["startedAt"] = json!(ago(s));
+            }
+            if let Some(f) = finished {
+                o["status"]["phase"] = json!("Stopped");
+                o["status"]["conditions"] = json!([{"type": "Ready", "status": "False", "reason": "Exited",
+                    "message": "", "lastTransitionTime": ago(f)}]);
+                o["status"]["finishedAt"] = json!(ago(f));
+            }
+        })
+    };
+    let get = |state| vec![Ok(Some(machine(state)))];
+    let started = vec![
+        Ok(Some(machine(MachineState::Stopped))),
+        Ok(Some(machine(MachineState::Running))),
+    ];
+    // (name, vm, the node's answers, the calls, expired by, startedAt and finishedAt set, the
+    // next look due within (seconds, low and high))
+    type Row = (
+        &'static str,
+        SmolVM,
+        Vec<Result<Option<MachineStatus>, Failure>>,
+        &'static [&'static str],
+        Option<&'static str>,
+        (bool, bool),
+        Option<(u64, u64)>,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "first Running: startedAt recorded, the deadline an hour off",
+            exposed(|o| o["spec"]["lifecycle"] = json!({"activeDeadlineSeconds": 3600})),
+            vec![
+                Ok(None),
+                Ok(Some(machine(MachineState::Stopped))),
+                Ok(Some(machine(MachineState::Running))),
+            ],
+            &["GetMachine", "CreateMachine", "EnsureMachineRunning"],
+            None,
+            (true, false),
+            Some((3590, 3600)),
+        ),
+        (
+            "the deadline passed while it runs",
+            ran(json!({"activeDeadlineSeconds": 60}), "Always", Some(120), None),
+            get(MachineState::Running),
+            &["GetMachine"],
+            Some("activeDeadlineSeconds"),
+            (true, false),
+            None,
+        ),
+        (
+            "no lifecycle: nothing recorded but when it first ran",
+            ran(serde_json::Value::Null, "Always", None, None),
+            get(MachineState::Running),
+            &["GetMachine"],
+            None,
+            (true, false),
+            None,
+        ),
+        (
+            "it finished (Never) with a TTL of 0: finishedAt now, and it expires",
+            ran(json!({"ttlSecondsAfterFinished": 0}), "Never", Some(60), None),
+            get(MachineState::Stopped),
+            &["GetMachine"],
+            Some("ttlSecondsAfterFinished"),
+            (true, true),
+            None,
+        ),
+        (
+            "finished a minute ago with a TTL of 10 minutes: due in 9",
+            ran(json!({"ttlSecondsAfterFinished": 600}), "Never", Some(120), Some(60)),
+            get(MachineState::Stopped),
+            &["GetMachine"],
+            None,
+            (true, true),
+            Some((530, 540)),
+        ),
+        (
+            "Always runs a stopped machine again: it never finishes, so the TTL never passes",
+            ran(json!({"ttlSecondsAfterFinished": 0}), "Always", Some(60), None),
+            started,
+            &["GetMachine", "EnsureMachineRunning"],
+            None,
+            (true, false),
+            None,
+        ),
+        (
+            "both set: the deadline that passed expires it though the TTL has not",
+            ran(
+                json!({"ttlSecondsAfterFinished": 3600, "activeDeadlineSeconds": 100}),
+                "Never",
+                Some(200),
+                Some(10),
+            ),
+            get(MachineState::Stopped),
+            &["GetMachine"],
+            Some("activeDeadlineSeconds"),
+            (true, true),
+            None,
+        ),
+    ];
+    for (name, vm, answers, want_calls, expired, (started_at, finished_at), due) in rows {
+        let (calls, outcome, _) = pass(&vm, NodeHealth::Healthy, answers);
+        assert_eq!(calls, want_calls, "{name}: calls");
+        assert_eq!(outcome.expire, expired, "{name}: expiry");
+        assert_eq!(outcome.status.started_at.is_some(), started_at, "{name}: startedAt");
+        assert_eq!(outcome.status.finished_at.is_some(), finished_at, "{name}: finishedAt");
+        let condition = outcome.status.conditions.iter().find(|c| c.type_ == condition::EXPIRED);
+        let expired_event = reasons(&outcome).iter().any(|r| r == reason::EXPIRED);
+        assert_eq!(condition.is_some(), expired.is_some(), "{name}: the Expired condition");
+        assert_eq!(expired_event, expired.is_some(), "{name}: the Expired event");
+        if let (Some(lifetime), Some(c)) = (expired, condition) {
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str()),
+                ("True", reason::EXPIRED),
+                "{name}"
+            );
+            assert!(c.message.contains(lifetime), "{name}: the message names {lifetime}");
+        }
+        let due_secs = outcome.due.map(|d| d.as_secs());
+        match due {
+            Some((low, high)) => assert!(
+                due_secs.is_some_and(|d| (low..=high).contains(&d)),
+                "{name}: due in {due_secs:?}, expected {low} to {high} s"
+            ),
+            None => assert_eq!(due_secs, None, "{name}: no lifetime to wait for"),
+        }
+    }
+}

@@ -1184,3 +1184,136 @@ fn a_running_source_wakes_the_branches_that_wait_for_it() {
         "not while it does not run"
     );
 }
+
+/// `stamp`: startedAt is written once; finishedAt is kept while Ready says Exited, kept while the
+/// node cannot be reached (a flaky node never restarts a TTL), and cleared once the machine is
+/// anything else. `expiry`: a lifetime with nothing to count from never passes.
+#[test]
+fn lifetimes_count_from_what_happened_on_the_node() {
+    use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+    use smolvm_api::{Lifecycle, SmolVMSpec, SmolVMStatus};
+    use smolvm_controller::vm::rules::{Expiry, expiry, stamp};
+    let then = Time(Timestamp::UNIX_EPOCH);
+    let now = Timestamp::now();
+    let ready = |reason: &str| k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        type_: "Ready".into(),
+        status: if reason == "Running" { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message: String::new(),
+        last_transition_time: then.clone(),
+        observed_generation: None,
+    };
+    // (name, phase, Ready reason, finishedAt before, startedAt before, startedAt after is `then`,
+    // finishedAt after: None, `then` or now)
+    let rows = [
+        (
+            "first Running",
+            Phase::Running,
+            "Running",
+            false,
+            false,
+            Some(false),
+            None,
+        ),
+        (
+            "Running again keeps startedAt",
+            Phase::Running,
+            "Running",
+            false,
+            true,
+            Some(true),
+            None,
+        ),
+        (
+            "exited: finishedAt now",
+            Phase::Stopped,
+            "Exited",
+            false,
+            true,
+            Some(true),
+            Some(false),
+        ),
+        (
+            "still exited: kept",
+            Phase::Stopped,
+            "Exited",
+            true,
+            true,
+            Some(true),
+            Some(true),
+        ),
+        (
+            "node unreachable: kept",
+            Phase::Unknown,
+            "NodeUnreachable",
+            true,
+            true,
+            Some(true),
+            Some(true),
+        ),
+        (
+            "stopped on purpose: cleared",
+            Phase::Stopped,
+            "Stopped",
+            true,
+            true,
+            Some(true),
+            None,
+        ),
+        (
+            "running again: cleared",
+            Phase::Running,
+            "Running",
+            true,
+            true,
+            Some(true),
+            None,
+        ),
+        (
+            "never ran: nothing",
+            Phase::Scheduled,
+            "Creating",
+            false,
+            false,
+            None,
+            None,
+        ),
+    ];
+    for (name, phase, reason, finished, started, started_after, finished_after) in rows {
+        let mut status = SmolVMStatus {
+            phase: Some(phase),
+            conditions: vec![ready(reason)],
+            started_at: started.then(|| then.clone()),
+            finished_at: finished.then(|| then.clone()),
+            ..Default::default()
+        };
+        stamp(&mut status, now);
+        let at = |t: &Option<Time>| t.as_ref().map(|t| t.0 == then.0);
+        assert_eq!(at(&status.started_at), started_after, "{name}: startedAt");
+        assert_eq!(at(&status.finished_at), finished_after, "{name}: finishedAt");
+    }
+    let spec = SmolVMSpec {
+        lifecycle: Some(Lifecycle {
+            ttl_seconds_after_finished: Some(0),
+            active_deadline_seconds: Some(0),
+        }),
+        ..Default::default()
+    };
+    assert_eq!(
+        expiry(&spec, &SmolVMStatus::default(), now),
+        Expiry::Never,
+        "nothing to count from"
+    );
+    let ran = SmolVMStatus {
+        started_at: Some(then.clone()),
+        ..Default::default()
+    };
+    assert!(matches!(
+        expiry(&spec, &ran, now),
+        Expiry::Now {
+            lifetime: "activeDeadlineSeconds",
+            ..
+        }
+    ));
+    assert_eq!(expiry(&SmolVMSpec::default(), &ran, now), Expiry::Never, "no lifecycle");
+}

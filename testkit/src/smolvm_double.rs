@@ -985,6 +985,20 @@ impl DoubleHandle {
             .map(|m| m.info.state.clone())
     }
 
+    /// Stops a running machine as its workload exiting on its own would (smolvm then reports it
+    /// `stopped`, as after a stop); whether it ran.
+    pub fn exit(&self, name: &str) -> bool {
+        let mut world = locked(&self.inner.world);
+        match world.machines.get_mut(name) {
+            Some(machine) if machine.info.state == "running" => {
+                machine.info.state = "stopped".into();
+                machine.log(format!("machine '{name}' exited"));
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Whether a machine is paused (its state saved).
     pub fn is_paused(&self, name: &str) -> bool {
         locked(&self.inner.world).machines.get(name).is_some_and(|m| m.paused)

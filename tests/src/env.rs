@@ -724,6 +724,22 @@ impl Env {
         self.start_agent(&agent).await
     }
 
+    /// Starts testkit's smolvm double (TEST DOUBLE: no guest boots here) in this environment's
+    /// directory and a node `name` whose agent runs on it with `extra` flags
+    /// ([`Env::start_double_node`]); [`DoubleNodeRun::stop`] takes both down again.
+    pub async fn start_on_double(&mut self, name: &str, extra: &[&str]) -> anyhow::Result<DoubleNodeRun> {
+        let socket = self.dir.join(format!("{name}.sock"));
+        let double = smolvm_testkit::smolvm_double::SmolvmDouble::start(&socket)
+            .await
+            .context("starting the smolvm double")?;
+        let agent = self.start_double_node(name, &socket, extra).await?;
+        Ok(DoubleNodeRun {
+            double,
+            agent,
+            node: name.to_string(),
+        })
+    }
+
     /// The token and runtime CA files an agent reads, as the kubelet mounts them (the CA kept in
     /// step with its ConfigMap).
     async fn agent_files(&mut self, admin: &Client) -> anyhow::Result<(PathBuf, PathBuf)> {
@@ -1067,5 +1083,25 @@ async fn wait_http_ok(addr: &str, path: &str, mut proc: Option<&mut Proc>, timeo
             bail!("http://{addr}{path} not 200 after {timeout:?}:\n{log}");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A node whose agent runs on testkit's smolvm double, in a scenario ([`Env::start_on_double`]).
+pub struct DoubleNodeRun {
+    /// The double: what smolvm was asked, and the machines it holds.
+    pub double: smolvm_testkit::smolvm_double::DoubleHandle,
+    agent: Proc,
+    node: String,
+}
+
+impl DoubleNodeRun {
+    /// Stops the node's agent and deletes its SmolVMNode (the double stops when dropped).
+    pub async fn stop(mut self, env: &Env) {
+        self.agent.terminate(Duration::from_secs(10));
+        if let Ok(admin) = env.admin().await {
+            let _ = Api::<SmolVMNode>::all(admin)
+                .delete(&self.node, &kube::api::DeleteParams::default())
+                .await;
+        }
     }
 }

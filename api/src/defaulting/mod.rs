@@ -340,8 +340,8 @@ impl Addition {
 /// - M3 (CREATE, when `class` is given): every field the SmolVM leaves unset that the class sets
 ///   is taken from the class: `resources` and `storage` member by member, `network.enabled`,
 ///   `network.allowedCIDRs` and `network.allowedHosts` (the lists only where the network ends up
-///   enabled), `nodeSelector` as a whole, `restartPolicy`, `terminationGracePeriodSeconds`. A
-///   SmolVM that named no class gets `spec.className` (the default class's name). The class's
+///   enabled), `nodeSelector` as a whole, `restartPolicy`, `terminationGracePeriodSeconds`,
+///   `lifecycle` member by member. A SmolVM that named no class gets `spec.className` (the default class's name). The class's
 ///   name and generation are recorded in the annotations `vm.smolvm.dev/class` and
 ///   `vm.smolvm.dev/class-generation`, and its name in the label `vm.smolvm.dev/class`.
 /// - then M1 and M2 as [`default_smolvm`] computes them on the object M3 left.
@@ -366,6 +366,45 @@ pub fn default_smolvm_with_class(op: Operation, object: &Value, class: Option<&S
     Patch(ops)
 }
 
+/// Two members of a field a class may set, each `None` where it does not.
+type ClassMembers = [(&'static str, Option<Value>); 2];
+
+/// The members of `resources`, `storage` and `lifecycle` a class sets, by field, as JSON (M3
+/// fills them member by member).
+fn class_members(c: &crate::class::SmolVMClassSpec) -> [(&'static str, ClassMembers); 3] {
+    let (resources, storage, lifecycle) = (c.resources.as_ref(), c.storage.as_ref(), c.lifecycle.as_ref());
+    let value = |v: Option<i64>| v.map(|v| json!(v));
+    [
+        (
+            "resources",
+            [
+                ("cpus", resources.and_then(|r| r.cpus).map(|v| json!(v))),
+                ("memoryMiB", value(resources.and_then(|r| r.memory_mib))),
+            ],
+        ),
+        (
+            "storage",
+            [
+                ("storageGiB", value(storage.and_then(|s| s.storage_gib))),
+                ("overlayGiB", value(storage.and_then(|s| s.overlay_gib))),
+            ],
+        ),
+        (
+            "lifecycle",
+            [
+                (
+                    "ttlSecondsAfterFinished",
+                    value(lifecycle.and_then(|l| l.ttl_seconds_after_finished)),
+                ),
+                (
+                    "activeDeadlineSeconds",
+                    value(lifecycle.and_then(|l| l.active_deadline_seconds)),
+                ),
+            ],
+        ),
+    ]
+}
+
 /// Rule M3's additions for `object` from `class` (empty when the object has everything).
 pub fn class_patch(object: &Value, class: &SmolVMClass) -> Vec<PatchOperation> {
     let mut ops = Vec::new();
@@ -383,24 +422,9 @@ pub fn class_patch(object: &Value, class: &SmolVMClass) -> Vec<PatchOperation> {
             default_object(spec, field, &members, ops);
         }
     };
-    let resources = c.resources.as_ref();
-    fill(
-        "resources",
-        &[
-            ("cpus", resources.and_then(|r| r.cpus).map(|v| json!(v))),
-            ("memoryMiB", resources.and_then(|r| r.memory_mib).map(|v| json!(v))),
-        ],
-        &mut ops,
-    );
-    let storage = c.storage.as_ref();
-    fill(
-        "storage",
-        &[
-            ("storageGiB", storage.and_then(|s| s.storage_gib).map(|v| json!(v))),
-            ("overlayGiB", storage.and_then(|s| s.overlay_gib).map(|v| json!(v))),
-        ],
-        &mut ops,
-    );
+    for (field, pairs) in class_members(c) {
+        fill(field, &pairs, &mut ops);
+    }
     if let Some(network) = &c.network {
         let own_enabled = spec
             .get("network")

@@ -9,15 +9,18 @@
 //! - `smolvm`: the `SmolVM` resource and its spec, with the defaults of rule M1;
 //! - `network`: a SmolVM's network and ports;
 //! - `workload`: a SmolVM's workload (environment, pull secrets, restart policy);
+//! - `lifecycle`: how long a SmolVM lives (SPEC 2.7);
 //! - `status`: a SmolVM's status;
 //! - `node`: the `SmolVMNode` resource, its spec and status.
 
+mod lifecycle;
 mod network;
 mod node;
 mod smolvm;
 mod status;
 mod workload;
 
+pub use lifecycle::*;
 pub use network::*;
 pub use node::*;
 pub use smolvm::*;

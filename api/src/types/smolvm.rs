@@ -179,6 +179,10 @@ pub struct SmolVMSpec {
     /// The branchable SmolVM in this namespace this SmolVM is a branch of (SPEC 2.6): at CREATE it takes its spec from the source's, except `branchable`, `volumes`, `nodeName` and the published ports; it is placed on the source's node and made, once the source runs, as a copy-on-write clone of the running machine. It sets only `env` (its own, delivered to the clone), `running`, `suspended` and `network.ports` (its own published ports; none otherwise) itself. Never changes after CREATE.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch_of: Option<BranchOf>,
+
+    /// How long the SmolVM lives (SPEC 2.7), as a Job's lifetimes: `ttlSecondsAfterFinished` deletes it that long after its machine finished (stopped on its own, and its restartPolicy keeps it stopped), `activeDeadlineSeconds` that long after it first ran. The deletion goes through the normal node-aware cleanup, with an Expired event. May change at any time; a branch may set its own (it takes its source's otherwise), a SmolVMClass and a pool's template may carry one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<super::Lifecycle>,
 }
 
 /// The SmolVM a branch is made from.
@@ -235,6 +239,16 @@ pub struct Storage {
 }
 
 impl SmolVMSpec {
+    /// `lifecycle.ttlSecondsAfterFinished`, when set.
+    pub fn ttl_seconds_after_finished(&self) -> Option<i64> {
+        self.lifecycle.as_ref().and_then(|l| l.ttl_seconds_after_finished)
+    }
+
+    /// `lifecycle.activeDeadlineSeconds`, when set.
+    pub fn active_deadline_seconds(&self) -> Option<i64> {
+        self.lifecycle.as_ref().and_then(|l| l.active_deadline_seconds)
+    }
+
     /// Whether the machine should run, defaults applied.
     pub fn running(&self) -> bool {
         self.running.unwrap_or(DEFAULT_RUNNING)

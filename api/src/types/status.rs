@@ -1,7 +1,7 @@
 //! The observed state of a SmolVM, written by the controller: its phase, its binding to a node
 //! (rule V9) and the resources and ports in effect there.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
@@ -107,6 +107,14 @@ pub struct SmolVMStatus {
     /// The SmolVM this branch was made from, as it was when its machine was branched (SPEC 2.6): its name and UID. Written once, by the controller, with the branch's first machine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branched_from: Option<BranchedFrom>,
+
+    /// When the machine first ran (phase Running), as a Job's `startTime`: `lifecycle.activeDeadlineSeconds` counts from here. Written once, by the controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+
+    /// When the machine finished: it stopped on its own and its restartPolicy keeps it stopped (Ready reason Exited). `lifecycle.ttlSecondsAfterFinished` counts from here. Cleared when it runs again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
 
     /// Current state as conditions: Scheduled, Ready, Suspended, DeletionBlocked, ResizePending, ServiceExposed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -115,13 +115,13 @@ fn check_unchanged(old: &SmolVM, new: &SmolVM, v: &mut Verdict) {
             ),
         );
     } else if before.is_some() && !new.is_deleting() {
-        for field in changed_fields(&old.spec, &new.spec, &["running", "suspended"]) {
+        for field in changed_fields(&old.spec, &new.spec, &["running", "suspended", "lifecycle"]) {
             v.violation(
                 RuleId::V17,
                 &format!("spec.{field}"),
                 String::new(),
                 format!(
-                    "a branch changes only running and suspended; its {field} is its source's, or its own from its create: delete and recreate"
+                    "a branch changes only running, suspended and lifecycle; its {field} is its source's, or its own from its create: delete and recreate"
                 ),
             );
         }
@@ -146,7 +146,7 @@ pub fn validate_branch_request(object: &Value) -> Verdict {
             &path,
             shown.clone(),
             format!(
-                "is set ({shown}), but a branch of {} sets only branchOf, env, running, suspended and network.ports, and takes the rest from its source: remove it",
+                "is set ({shown}), but a branch of {} sets only branchOf, env, running, suspended, lifecycle and network.ports, and takes the rest from its source: remove it",
                 render(source)
             ),
         );

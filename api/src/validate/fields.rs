@@ -1,5 +1,5 @@
-//! The rules of a spec's own fields against the policy (V1 to V4, V11): the image, the sizes,
-//! the network, the node pin and selector, and the workload. A SmolVM's spec, a SmolVMClass and a
+//! The rules of a spec's own fields against the policy (V1 to V4, V11, V18): the image, the
+//! sizes, the network, the node pin and selector, the workload and the lifetimes. A SmolVM's spec, a SmolVMClass and a
 //! pool's template share them, each with its paths.
 
 use std::collections::BTreeMap;
@@ -8,7 +8,8 @@ use crate::{
     policy::Policy,
     syntax,
     types::{
-        DEFAULT_CPUS, DEFAULT_MEMORY_MIB, DEFAULT_OVERLAY_GIB, DEFAULT_STORAGE_GIB, MAX_SELECTOR_ENTRIES, SmolVMSpec,
+        DEFAULT_CPUS, DEFAULT_MEMORY_MIB, DEFAULT_OVERLAY_GIB, DEFAULT_STORAGE_GIB, MAX_LIFETIME_SECONDS,
+        MAX_SELECTOR_ENTRIES, SmolVMSpec,
     },
 };
 
@@ -23,13 +24,35 @@ pub(super) enum Unset {
     Skipped,
 }
 
-/// V1 to V4 and V11 on a spec against the policy.
+/// V1 to V4, V11 and V18 on a spec against the policy.
 pub(super) fn check_spec_fields(spec: &SmolVMSpec, policy: &Policy, unset: Unset, v: &mut Verdict) {
     check_image(spec, v);
     check_sizes(spec, policy, unset, v);
     check_network(spec, policy, v);
     check_node_fields(spec, v);
     check_workload(spec, policy, v);
+    check_lifecycle(spec, v);
+}
+
+/// V18: the lifetimes lie within 0 seconds and ten years.
+fn check_lifecycle(spec: &SmolVMSpec, v: &mut Verdict) {
+    let Some(lifecycle) = &spec.lifecycle else { return };
+    let fields = [
+        ("ttlSecondsAfterFinished", lifecycle.ttl_seconds_after_finished),
+        ("activeDeadlineSeconds", lifecycle.active_deadline_seconds),
+    ];
+    for (field, seconds) in fields {
+        if let Some(seconds) = seconds
+            && !(0..=MAX_LIFETIME_SECONDS).contains(&seconds)
+        {
+            v.violation(
+                RuleId::V18,
+                &format!("spec.lifecycle.{field}"),
+                seconds.to_string(),
+                format!("{seconds} is outside 0 to {MAX_LIFETIME_SECONDS} seconds (ten years)"),
+            );
+        }
+    }
 }
 
 /// V1: the image is an OCI reference or `local:<name>`.

@@ -45,9 +45,13 @@ pub enum RuleId {
     /// templates in filesystem mode, within the policy's `maxVolumes`; immutable once bound).
     V16,
     /// V17: branches (a `branchOf` naming a branchable SmolVM of the namespace; a branch sets
-    /// only `branchOf`, `env`, `running`, `suspended` and `network.ports`; a branchable SmolVM
-    /// has no volumes and is no branch; both never change; the delete-branches annotation).
+    /// only `branchOf`, `env`, `running`, `suspended`, `lifecycle` and `network.ports`; a
+    /// branchable SmolVM has no volumes and is no branch; both never change; the
+    /// delete-branches annotation).
     V17,
+    /// V18: lifecycle (`ttlSecondsAfterFinished` and `activeDeadlineSeconds` 0 or more, at most
+    /// ten years).
+    V18,
 }
 
 impl RuleId {
@@ -72,6 +76,7 @@ impl RuleId {
             RuleId::V15 => "V15",
             RuleId::V16 => "V16",
             RuleId::V17 => "V17",
+            RuleId::V18 => "V18",
         }
     }
 }

@@ -199,6 +199,7 @@ fn workload() -> Value {
 mod annotations;
 mod binding;
 mod lifecycle;
+mod lifetimes;
 mod nodes;
 mod placement;
 mod spec;

@@ -14,7 +14,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Resource, ResourceExt,
-    api::{Patch, PatchParams},
+    api::{DeleteParams, Patch, PatchParams, Preconditions},
     runtime::controller::Action,
 };
 use smolvm_api::{SmolVM, constants::FIELD_MANAGER_CONTROLLER};
@@ -167,18 +167,49 @@ async fn finish(ctx: &Context, api: &Api<SmolVM>, vm: &SmolVM, uid: &str, outcom
     for drop in &outcome.drops {
         super::metadata::drop_annotation(ctx, api, vm, drop).await?;
     }
-    Ok(match outcome.requeue {
-        Requeue::AwaitChange => Action::await_change(),
-        Requeue::Retry => Action::requeue(ctx.timing.retry),
+    if let Some(lifetime) = outcome.expire {
+        expire(ctx, api, vm, uid, lifetime).await?;
+    }
+    let wait = match outcome.requeue {
+        Requeue::AwaitChange => None,
+        Requeue::Retry => Some(ctx.timing.retry),
         Requeue::Settled => {
             ctx.unsettled.reset(uid);
-            Action::requeue(ctx.timing.resync)
+            Some(ctx.timing.resync)
         }
         // Still on its way (e.g. a runtime that does not report Running yet): look again with a
         // backoff, so a runtime that never settles is not hammered.
-        Requeue::Unsettled => Action::requeue(ctx.unsettled.bump(uid)),
-        Requeue::After(wait) => Action::requeue(wait),
+        Requeue::Unsettled => Some(ctx.unsettled.bump(uid)),
+        Requeue::After(wait) => Some(wait),
+    };
+    // The next lifetime to pass is never looked at late; a second past it, so that it has.
+    let due = outcome.due.map(|left| left + Duration::from_secs(1));
+    Ok(match wait.into_iter().chain(due).min() {
+        Some(wait) => Action::requeue(wait),
+        None => Action::await_change(),
     })
+}
+
+/// Deletes a SmolVM whose lifetime passed (SPEC 2.7), this very object (its UID as
+/// precondition): its finalizer then removes its machine as for any deletion. One gone already,
+/// or made again under its name, is no failure.
+async fn expire(ctx: &Context, api: &Api<SmolVM>, vm: &SmolVM, uid: &str, lifetime: &'static str) -> Result<(), Error> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&vm.name_any(), &params).await {
+        Ok(_) => {
+            ctx.metrics.expired(lifetime);
+            tracing::info!(vm = %vm.name_any(), lifetime, "a lifetime passed; the SmolVM is deleted");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Applies `status` as the whole of the SmolVM's status the controller owns, by server-side

@@ -10,8 +10,8 @@ use std::{process::Output, time::Duration};
 use anyhow::{Context as _, anyhow, ensure};
 use kube::{Api, api::DeleteParams};
 use serde_json::json;
-use smolvm_api::{Phase, SmolVM, SmolVMNode, constants};
-use smolvm_testkit::smolvm_double::{DoubleHandle, SmolvmDouble};
+use smolvm_api::{Phase, SmolVM, constants};
+use smolvm_testkit::smolvm_double::DoubleHandle;
 use smolvm_tests::env::{Env, eventually};
 
 use crate::{NS, Scenario, delete_and_wait, expect_rejected, kubectl_apply, vm, vms};
@@ -42,21 +42,15 @@ async fn plugin(env: &Env, args: &[&str]) -> anyhow::Result<Output> {
 }
 
 async fn branches_fan_out_through_the_plugin_and_the_source_goes_after_them(env: &mut Env) -> anyhow::Result<()> {
-    let socket = env.dir().join("branch-double.sock");
-    let double = SmolvmDouble::start(&socket)
-        .await
-        .context("starting the smolvm double")?;
     // Room for the source and its 20 branches, one CPU each, whatever this machine has.
-    let extra = ["--cpu-allocation-ratio=16", "--reserved-cpus=0"];
-    let mut agent = env.start_double_node(NODE, &socket, &extra).await?;
-    let outcome = fan_out(env, &double).await;
+    let node = env
+        .start_on_double(NODE, &["--cpu-allocation-ratio=16", "--reserved-cpus=0"])
+        .await?;
+    let outcome = fan_out(env, &node.double).await;
     let selector = format!("{}={SOURCE}", constants::LABEL_BRANCH_OF);
     let _ = env.kubectl(&["delete", "svm", "-n", NS, "-l", &selector, "--wait=false"], None);
     let _ = delete_and_wait(env, SOURCE).await;
-    agent.terminate(Duration::from_secs(10));
-    let _ = Api::<SmolVMNode>::all(env.admin().await?)
-        .delete(NODE, &DeleteParams::default())
-        .await;
+    node.stop(env).await;
     outcome
 }
 

@@ -43,6 +43,7 @@ mod branches;
 mod classes;
 mod cluster;
 mod hostile;
+mod lifetimes;
 mod monitoring;
 mod nodes;
 mod pools;
@@ -190,6 +191,7 @@ fn extra_scenarios() -> Vec<(&'static str, Scenario)> {
     all.extend(classes::scenarios());
     all.extend(pools::scenarios());
     all.extend(branches::scenarios());
+    all.extend(lifetimes::scenarios());
     all.extend(access::scenarios());
     all.extend(nodes::scenarios());
     all.extend(hostile::scenarios());

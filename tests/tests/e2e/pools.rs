@@ -191,20 +191,14 @@ const DOUBLE_NODE: &str = "pool-double-node";
 /// the source and smolvm's pool; the pool's status counts the ready slots per node and says
 /// Ready; a new template replaces the node pool; a deleted pool's node pool goes.
 async fn a_pool_keeps_its_slots_on_the_nodes_it_matches(env: &mut Env) -> anyhow::Result<()> {
-    let socket = env.dir().join("pool-double.sock");
-    let double = SmolvmDouble::start(&socket)
-        .await
-        .context("starting the smolvm double")?;
     // Room for the source and 2 slots of a CPU each, whatever this machine has: a pool fills
     // only the room there is.
-    let extra = ["--cpu-allocation-ratio=8", "--reserved-cpus=0"];
-    let mut agent = env.start_double_node(DOUBLE_NODE, &socket, &extra).await?;
-    let outcome = keep_slots(env, &double).await;
+    let node = env
+        .start_on_double(DOUBLE_NODE, &["--cpu-allocation-ratio=8", "--reserved-cpus=0"])
+        .await?;
+    let outcome = keep_slots(env, &node.double).await;
     let _ = env.kubectl(&["delete", "svmp", "warm", "-n", NS, "--wait=false"], None);
-    agent.terminate(Duration::from_secs(10));
-    let _ = Api::<SmolVMNode>::all(env.admin().await?)
-        .delete(DOUBLE_NODE, &DeleteParams::default())
-        .await;
+    node.stop(env).await;
     outcome
 }
 

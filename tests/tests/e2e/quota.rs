@@ -15,8 +15,7 @@ use kube::{
     api::{DeleteParams, ListParams, PostParams},
 };
 use serde_json::{Value, json};
-use smolvm_api::{SmolVM, SmolVMNode, SmolVMPool, constants};
-use smolvm_testkit::smolvm_double::SmolvmDouble;
+use smolvm_api::{SmolVM, SmolVMPool, constants};
 use smolvm_tests::env::{Env, eventually};
 
 use crate::Scenario;
@@ -319,13 +318,9 @@ const POOL_NODE: &str = "quota-double-node";
 const POOL_NS: &str = "quota-pools";
 
 async fn v15_a_pools_source_and_slots_are_charged_and_stop_at_the_limit(env: &mut Env) -> anyhow::Result<()> {
-    let socket = env.dir().join("quota-double.sock");
-    let _double = SmolvmDouble::start(&socket)
-        .await
-        .context("starting the smolvm double")?;
     // Room for many 1-CPU machines: the quota, not the node, is what stops the pool.
-    let mut agent = env
-        .start_double_node(POOL_NODE, &socket, &["--cpu-allocation-ratio=8", "--reserved-cpus=0"])
+    let node = env
+        .start_on_double(POOL_NODE, &["--cpu-allocation-ratio=8", "--reserved-cpus=0"])
         .await?;
     let outcome = pool_quota(env).await;
     let admin = env.admin().await?;
@@ -334,10 +329,7 @@ async fn v15_a_pools_source_and_slots_are_charged_and_stop_at_the_limit(env: &mu
         .delete("warm", &DeleteParams::default())
         .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    agent.terminate(Duration::from_secs(10));
-    let _ = Api::<SmolVMNode>::all(admin)
-        .delete(POOL_NODE, &DeleteParams::default())
-        .await;
+    node.stop(env).await;
     outcome
 }
 

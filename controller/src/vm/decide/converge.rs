@@ -26,12 +26,14 @@ pub const RESUME_RECHECK: std::time::Duration = std::time::Duration::from_secs(5
 /// Decides the next step of a pass over a bound SmolVM. A SmolVM with volumes has them judged
 /// on every decision ([`volumes::judge`], from the machine as the pass left it): what they mean
 /// for the next machine call, then VolumesReady and the claim and holder writes on its outcome.
+/// Its lifetimes are judged on the status the outcome writes ([`Outcome::lifetimes`]).
 pub fn converge(o: &Observed, p: &Progress) -> Decision {
     let machine = p.observed.as_ref().map(|_| p.machine.as_ref());
     let verdict = o.volumes.map(|seen| volumes::judge(o.vm, o.node, seen, machine));
     match converge_with(o, p, verdict.as_ref()) {
         Decision::Report(mut out) => {
             out.volumes(o.vm, verdict.as_ref(), o.now);
+            out.lifetimes(o);
             Decision::Report(out)
         }
         act => act,

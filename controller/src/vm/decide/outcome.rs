@@ -7,7 +7,10 @@ use k8s_openapi::{
     api::{core::v1::Service, discovery::v1::EndpointSlice},
     jiff::Timestamp,
 };
-use smolvm_api::{Phase, SmolVM, SmolVMStatus, constants::reason};
+use smolvm_api::{
+    Phase, SmolVM, SmolVMStatus,
+    constants::{condition, reason},
+};
 
 use super::observed::Observed;
 use crate::placement::Hold;
@@ -33,6 +36,11 @@ pub struct Outcome {
     pub hold: Option<Hold>,
     /// The writes of the claims and the holder Pod its volumes need, before the status write.
     pub volumes: Vec<VolumeWrite>,
+    /// A lifetime of `spec.lifecycle` passed (its field's name): the SmolVM is deleted after
+    /// the status write and the events (SPEC 2.7).
+    pub expire: Option<&'static str>,
+    /// Look again no later than this, whatever `requeue` says: when the next lifetime passes.
+    pub due: Option<std::time::Duration>,
 }
 
 impl Outcome {
@@ -152,6 +160,25 @@ impl Outcome {
             requeue: Requeue::Retry,
             hold: None,
             volumes: Vec::new(),
+            expire: None,
+            due: None,
+        }
+    }
+
+    /// The lifetimes of `spec.lifecycle` on the status this outcome writes (SPEC 2.7): when the
+    /// machine first ran and when it finished are recorded, and a lifetime that passed deletes
+    /// the SmolVM (condition and event Expired); otherwise the pass looks again when the next
+    /// one passes.
+    pub(super) fn lifetimes(&mut self, o: &Observed) {
+        rules::stamp(&mut self.status, o.now);
+        match rules::expiry(&o.vm.spec, &self.status, o.now) {
+            rules::Expiry::Never => {}
+            rules::Expiry::In(left) => self.due = Some(left),
+            rules::Expiry::Now { lifetime, message } => {
+                self.set(o, condition::EXPIRED, "True", reason::EXPIRED, &message);
+                self.events.push(Note::normal(reason::EXPIRED, "Delete", message));
+                self.expire = Some(lifetime);
+            }
         }
     }
 

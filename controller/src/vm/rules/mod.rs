@@ -6,11 +6,13 @@
 //! By concern: `step` (the next step from the object alone), `node_health`, `run_goal` (restart
 //! requests and run goals), `machine` (its name, spec, wanted state, action and resources),
 //! `room` (a resize's or a resume's room on its node), `pool` (a pooled SmolVM's create: lease,
-//! cold or wait), `branch` (a branch's source, its node and its create), `conditions`, `events`.
+//! cold or wait), `branch` (a branch's source, its node and its create), `lifetime` (when a SmolVM expires),
+//! `conditions`, `events`.
 
 mod branch;
 mod conditions;
 mod events;
+mod lifetime;
 mod machine;
 mod node_health;
 mod pool;
@@ -21,6 +23,7 @@ mod step;
 pub use branch::{BranchSource, branch_call, source_of, waiting_on};
 pub use conditions::{apply_machine, clear_condition, set_condition, suspended_condition};
 pub use events::{Made, StepEvent, TransitionEvent, step_events, transition_event};
+pub use lifetime::{Expiry, expiry, stamp};
 pub use machine::{MachineAction, Want, effective_of, machine_action, machine_name, machine_resources, machine_spec};
 pub use node_health::{NodeHealth, node_health};
 pub use pool::{PoolOf, PooledCreate, create_call, serving};
