@@ -465,3 +465,33 @@ fn the_example_source_and_branch_are_admitted() {
     assert!(verdict.allowed(), "the branch: {}", verdict.message());
     assert_eq!(filled["spec"]["image"], json!("python:3.12-slim"));
 }
+
+/// A branch's className is its source's (M5): a class deleted since the source was made does not
+/// keep it from being branched (V12 judges a class a SmolVM takes its defaults from), while a
+/// SmolVM that is no branch still may not name it.
+#[test]
+fn a_branch_of_a_source_whose_class_is_gone_is_admitted() {
+    let mut stored = source_json();
+    stored["spec"]["className"] = json!("retired");
+    let sources: Vec<SmolVM> = vec![serde_json::from_value(stored).unwrap_or_else(|e| panic!("decodes: {e}"))];
+    let branch = smolvm("task", json!({"branchOf": {"name": "prepared"}}));
+    let filled = filled(&branch, &sources);
+    assert_eq!(
+        filled["spec"]["className"],
+        json!("retired"),
+        "the source's class name is copied"
+    );
+    let verdict = with_ctx(&sources, |ctx| {
+        validate_smolvm_json(Operation::Create, None, &filled, ctx)
+    });
+    assert!(verdict.allowed(), "the branch: {}", verdict.message());
+    let plain = smolvm("plain", json!({"image": "alpine", "className": "retired"}));
+    let verdict = with_ctx(&sources, |ctx| {
+        validate_smolvm_json(Operation::Create, None, &plain, ctx)
+    });
+    assert!(
+        verdict.violations.iter().any(|f| f.rule == RuleId::V12),
+        "a SmolVM that is no branch names no missing class: {}",
+        verdict.message()
+    );
+}

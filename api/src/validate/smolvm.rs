@@ -309,7 +309,10 @@ fn check_class_name(op: Operation, old: Option<&SmolVM>, new: &SmolVM, ctx: &Con
                 ),
             );
         }
-        (Operation::Create, _) => {
+        // A branch's className is its source's, copied at its create with the rest of the
+        // source's spec (M5); it takes no defaults from it, so a class deleted since the source
+        // was made does not keep it from being branched. A className it sets itself is V17's.
+        (Operation::Create, _) if new.spec.branch_of.is_none() => {
             if let Some(name) = name
                 && ctx.classes.class(name).is_none()
             {
