@@ -121,7 +121,7 @@ async fn node_client_drives_the_real_runtime_over_mtls() {
         Err(e) => assert_eq!(e.code(), Some(&ErrorCode::ResizeRequiresRunning), "{e}"),
         Ok(m) => panic!("a live CPU resize of a stopped machine cannot succeed: {m:?}"),
     }
-    match nodes.ensure_running(NODE, name, None).await {
+    match nodes.ensure_running(NODE, name, None, false).await {
         Err(e) => {
             assert_eq!(e.code(), Some(&ErrorCode::StartFailed), "{e}");
             assert!(!e.message().is_empty(), "the runtime's own message is carried");

@@ -139,20 +139,10 @@ impl NodeClient {
             .await
     }
 
-    /// [`Operation::EnsureMachineRunning`], with the registry credential for this start (sent in
-    /// the body only when there is one).
+    /// [`Operation::EnsureMachineRunning`], with the registry credential for this start, and
+    /// started as a branch source when `branchable` (SPEC 2.6; a running machine keeps how it
+    /// was started). The body is sent only when it carries either.
     pub async fn ensure_running(
-        &self,
-        node: &str,
-        name: &str,
-        registry_auth: Option<&RegistryAuth>,
-    ) -> Result<MachineStatus, CallError> {
-        self.start(node, name, registry_auth, false).await
-    }
-
-    /// [`Operation::EnsureMachineRunning`], started as a branch source when `branchable` (SPEC
-    /// 2.6; a running machine keeps how it was started).
-    pub async fn start(
         &self,
         node: &str,
         name: &str,

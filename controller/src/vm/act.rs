@@ -470,7 +470,7 @@ async fn node_call(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, call: 
         Call::Branch { spec, source, .. } => return branch(ctx, vm, node, machine, (spec, source)).await,
         Call::EnsureRunning => match registry_auth(ctx, vm).await? {
             Ok(auth) => {
-                let started = client.start(node, machine, auth.as_ref(), vm.spec.branchable());
+                let started = client.ensure_running(node, machine, auth.as_ref(), vm.spec.branchable());
                 done(timed(ctx, op, started).await)
             }
             Err(failure) => Err(failure),

@@ -8,7 +8,7 @@
 //! while branches of it live, and refuses to delete it.
 
 use kube::{Api, ResourceExt, runtime::reflector::ObjectRef};
-use smolvm_api::{SmolVM, constants::LABEL_BRANCH_OF};
+use smolvm_api::SmolVM;
 
 pub use super::rules::{BranchSource, source_of as judge};
 
@@ -36,22 +36,14 @@ pub async fn source_of(ctx: &Context, vm: &SmolVM) -> Result<BranchSource, Error
     Ok(judge(vm, source.as_ref()))
 }
 
-/// The names of the branches of `source` (SmolVMs labelled with its name whose admission
-/// recorded its UID, or none) that are in the cache, sorted: their machines may live on its
-/// node.
+/// The names of the branches of `source` ([`super::rules::is_branch_of`]) that are in the
+/// cache, sorted: their machines may live on its node.
 pub fn live_branches(ctx: &Context, source: &SmolVM) -> Vec<String> {
-    let (name, namespace, uid) = (source.name_any(), source.namespace(), source.uid());
     let mut names: Vec<String> = ctx
         .vms
         .state()
         .iter()
-        .filter(|vm| vm.namespace() == namespace)
-        .filter(|vm| vm.labels().get(LABEL_BRANCH_OF) == Some(&name) && vm.spec.source() == Some(name.as_str()))
-        .filter(|vm| {
-            vm.annotations()
-                .get(smolvm_api::constants::ANNOTATION_BRANCH_OF_UID)
-                .is_none_or(|recorded| Some(recorded) == uid.as_ref())
-        })
+        .filter(|vm| super::rules::is_branch_of(vm, source))
         .map(|vm| vm.name_any())
         .collect();
     names.sort();

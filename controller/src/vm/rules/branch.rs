@@ -124,16 +124,29 @@ pub fn branch_call<'s>(source: &'s BranchSource, node: &str) -> Result<(&'s str,
     }
 }
 
-/// Of `vms`, the branches of `source` that wait for it (labelled with its name, in its namespace,
-/// not made yet), once it is a branch source that runs; none otherwise. Pure.
+/// Whether `vm` is a branch of `source`: in its namespace, labelled with its name and naming it
+/// in `branchOf`, and admitted for this very source (the UID its admission recorded, when it
+/// recorded one). Pure.
+pub fn is_branch_of(vm: &SmolVM, source: &SmolVM) -> bool {
+    let name = source.name_any();
+    vm.namespace() == source.namespace()
+        && vm.labels().get(LABEL_BRANCH_OF) == Some(&name)
+        && vm.spec.source() == Some(name.as_str())
+        && vm
+            .annotations()
+            .get(ANNOTATION_BRANCH_OF_UID)
+            .is_none_or(|recorded| Some(recorded) == source.uid().as_ref())
+}
+
+/// Of `vms`, the branches of `source` ([`is_branch_of`]) that wait for it (not made yet), once
+/// it is a branch source that runs; none otherwise. Pure.
 pub fn waiting_on<'a>(vms: impl IntoIterator<Item = &'a SmolVM>, source: &SmolVM) -> Vec<ObjectRef<SmolVM>> {
     let running = source.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running);
     if !source.spec.branchable() || !running {
         return Vec::new();
     }
-    let (name, namespace) = (source.name_any(), source.namespace());
     vms.into_iter()
-        .filter(|vm| vm.namespace() == namespace && vm.labels().get(LABEL_BRANCH_OF) == Some(&name))
+        .filter(|vm| is_branch_of(vm, source))
         .filter(|vm| vm.status.as_ref().is_none_or(|s| s.branched_from.is_none()))
         .map(ObjectRef::from_obj)
         .collect()

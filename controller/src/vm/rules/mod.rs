@@ -20,7 +20,7 @@ mod room;
 mod run_goal;
 mod step;
 
-pub use branch::{BranchSource, branch_call, source_of, waiting_on};
+pub use branch::{BranchSource, branch_call, is_branch_of, source_of, waiting_on};
 pub use conditions::{apply_machine, clear_condition, set_condition, suspended_condition};
 pub use events::{Made, StepEvent, TransitionEvent, step_events, transition_event};
 pub use lifetime::{Expiry, expiry, stamp};
