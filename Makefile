@@ -189,6 +189,11 @@ bench-branch: ## Branches: the operator's time from a branch's create to smolvm'
 	$(CARGO) build -q --release --bins
 	$(ENVTEST_ENV) && $(CARGO) bench -p smolvm-tests --bench branch
 
+.PHONY: bench-wake
+bench-wake: ## Wakes: the operator's time from a held connection's arrival at a VM suspended for idleness to its first relayed byte, less smolvm's resume, 20 one at a time and 20 at once (target p99 <= 100 ms), on a node whose smolvm is a test double; needs root (a veth pair); prints, never asserts.
+	$(CARGO) build -q --release --bins
+	$(ENVTEST_ENV) && $(CARGO) bench -p smolvm-tests --bench wake
+
 .PHONY: bench-pool
 bench-pool: ## Warm pools: 1,000 SmolVMs served from 20 simulated nodes x 50 slots (target p99 <= 100 ms, <= 3 writes per claim, <= 100 MiB), without then with a ResourceQuota; prints, never asserts.
 	$(CARGO) build -q --release --bins

@@ -82,6 +82,11 @@ pub const RECREATE_LOST_MACHINE_VALUE: &str = "true";
 /// the request, RFC 3339). The controller stops and starts the machine, then removes the
 /// annotation (only if it still holds the value it acted on), so each request is honoured once.
 pub const RESTART_ANNOTATION: &str = "vm.smolvm.dev/restart-requested-at";
+/// Asks the controller to wake a SmolVM it suspended for idleness (`kubectl smolvm resume` and
+/// the access API's exec and copy set it to the time of asking, RFC 3339). The controller resumes
+/// the machine as any resume (room on the node, the namespace's quota) and removes the
+/// annotation once the machine runs. Ignored on a SmolVM not suspended for idleness.
+pub const WAKE_ANNOTATION: &str = "vm.smolvm.dev/wake-requested-at";
 /// Prefix of every machine name the operator creates on a node: `svm-<metadata.uid>`.
 pub const MACHINE_NAME_PREFIX: &str = "svm-";
 
@@ -257,6 +262,13 @@ pub mod reason {
     pub const RESUME_PENDING: &str = "ResumePending";
     /// Event: the machine resumed with its processes as they were.
     pub const RESUMED: &str = "Resumed";
+    /// Suspended True, and its event: the controller suspended the machine because its published
+    /// ports and access sessions were quiet for `lifecycle.suspendAfterIdle` (SPEC 2.7);
+    /// `spec.suspended` stays false.
+    pub const IDLE_SUSPENDED: &str = "IdleSuspended";
+    /// Event: a VM suspended for idleness was resumed because a connection arrived at one of its
+    /// published ports, or an exec or copy (or `kubectl smolvm resume`) asked for it.
+    pub const WOKEN_BY_TRAFFIC: &str = "WokenByTraffic";
     /// Event: `running: false` stopped a suspended machine, and its saved memory was discarded.
     pub const SAVED_STATE_DISCARDED: &str = "SavedStateDiscarded";
     /// The node runtime failed to suspend or resume the machine.

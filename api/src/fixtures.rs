@@ -191,6 +191,8 @@ pub fn ready_node(name: &str, resources: NodeResources, heartbeat: k8s_openapi::
         allocatable: Some(resources),
         machines: None,
         suspended_machines: None,
+        activity: None,
+        wake_requests: None,
         pools: None,
         serving_certificate: None,
         canary: None,

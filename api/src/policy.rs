@@ -63,6 +63,9 @@ pub struct Policy {
     pub max_slots_per_node: i64,
     /// Most `spec.volumes` entries per SmolVM (V16).
     pub max_volumes: i64,
+    /// Longest `spec.lifecycle.suspendAfterIdle` a SmolVM may ask for, in seconds (V18; at least
+    /// 30 s is the floor, whatever this says).
+    pub max_suspend_after_idle_seconds: i64,
     /// Usernames of the controller (the only identity that may write binding fields).
     pub controller_usernames: Vec<String>,
     /// Usernames of the runtime agents (restricted to their own node's SmolVMNode).
@@ -91,6 +94,7 @@ impl Default for Policy {
             max_value_bytes: 16_384,
             max_slots_per_node: 64,
             max_volumes: 8,
+            max_suspend_after_idle_seconds: 7 * 24 * 3600,
             controller_usernames: vec![service_account(DEFAULT_NAMESPACE, "smolvm-controller")],
             runtime_usernames: vec![service_account(DEFAULT_NAMESPACE, "smolvm-runtime")],
         }

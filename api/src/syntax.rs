@@ -386,8 +386,121 @@ pub fn check_address(address: &str) -> Result<(), String> {
     check_dns1123_subdomain(address).map_err(|_| "is neither an IP address nor a DNS-1123 subdomain".into())
 }
 
+/// A duration as Kubernetes writes one (`metav1.Duration`, which Go's `time.ParseDuration`
+/// reads): a sequence of decimal numbers, each with an optional fraction and a unit (`ns`, `us`
+/// or `µs`, `ms`, `s`, `m`, `h`), as in `30s`, `1.5h`, `1h30m`; `0` alone. A sign is read and a
+/// negative duration refused, as nothing here takes one.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    const UNITS: [(&str, u128); 8] = [
+        ("ns", 1),
+        ("us", 1_000),
+        ("\u{b5}s", 1_000),
+        ("\u{3bc}s", 1_000),
+        ("ms", 1_000_000),
+        ("s", 1_000_000_000),
+        ("m", 60_000_000_000),
+        ("h", 3_600_000_000_000),
+    ];
+    let invalid = || format!("{text:?} is not a duration such as 30s, 5m or 1h30m");
+    let (negative, mut rest) = match text.as_bytes().first() {
+        Some(b'-') => (true, &text[1..]),
+        Some(b'+') => (false, &text[1..]),
+        _ => (false, text),
+    };
+    if rest == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    if rest.is_empty() {
+        return Err(invalid());
+    }
+    let mut nanos: u128 = 0;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(rest.len());
+        let (number, after) = rest.split_at(digits);
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        if (whole.is_empty() && fraction.is_empty()) || fraction.contains('.') {
+            return Err(invalid());
+        }
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let (unit, next) = after.split_at(unit_len);
+        let scale = UNITS
+            .iter()
+            .find(|(name, _)| *name == unit)
+            .map(|(_, scale)| *scale)
+            .ok_or_else(|| match unit {
+                "" => format!("{text:?} lacks a unit after {number} (ns, us, ms, s, m or h)"),
+                _ => format!("{text:?} has an unknown unit {unit:?} (ns, us, ms, s, m or h)"),
+            })?;
+        let whole: u128 = if whole.is_empty() {
+            0
+        } else {
+            whole.parse().map_err(|_| invalid())?
+        };
+        let mut part = whole.checked_mul(scale).ok_or_else(invalid)?;
+        // The fraction to the nanosecond, as Go keeps it.
+        let mut unit_scale = scale;
+        for digit in fraction.bytes().take(30) {
+            unit_scale /= 10;
+            part += u128::from(digit - b'0') * unit_scale;
+        }
+        nanos = nanos.checked_add(part).ok_or_else(invalid)?;
+        rest = next;
+    }
+    // Go's durations end at about 292 years.
+    if nanos > i64::MAX as u128 {
+        return Err(format!("{text:?} is longer than a duration can be"));
+    }
+    if negative && nanos > 0 {
+        return Err(format!("{text:?} is negative"));
+    }
+    let secs = u64::try_from(nanos / 1_000_000_000).map_err(|_| invalid())?;
+    Ok(std::time::Duration::new(secs, (nanos % 1_000_000_000) as u32))
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn durations_read_as_kubernetes_writes_them() {
+        use std::time::Duration;
+        let ok = [
+            ("0", Duration::ZERO),
+            ("30s", Duration::from_secs(30)),
+            ("5m", Duration::from_secs(300)),
+            ("1h30m", Duration::from_secs(5400)),
+            ("1.5h", Duration::from_secs(5400)),
+            ("+2m", Duration::from_secs(120)),
+            ("300ms", Duration::from_millis(300)),
+            ("1h0m0s", Duration::from_secs(3600)),
+            (".5s", Duration::from_millis(500)),
+            ("1\u{b5}s", Duration::from_micros(1)),
+            ("10us", Duration::from_micros(10)),
+            ("-0s", Duration::ZERO),
+        ];
+        for (text, want) in ok {
+            assert_eq!(parse_duration(text), Ok(want), "{text}");
+        }
+        for bad in [
+            "",
+            "30",
+            "s",
+            "1d",
+            "1h30",
+            "-5m",
+            "1..5s",
+            ".s",
+            "abc",
+            "9999999999h",
+            "+",
+            "1 h",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} is refused");
+        }
+    }
     use super::*;
 
     #[test]

@@ -223,12 +223,14 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     let (vm_store, vm_writer) = reflector::store::<SmolVM>();
     // Wakes the pools' passes: a node reporting other pool counts, a claim, a node's calls ending.
     let pools_wake = Arc::new(crate::vm::PoolsWake::default());
+    // What the nodes report of their machines' use, and the wakes they ask for (SPEC 2.7).
+    let use_seen = Arc::new(crate::vm::idle::UseSeen::default());
     let (node_store, wake) = node_watch(
         &client,
         vm_store.clone(),
         liveness.clone(),
         events.clone(),
-        pools_wake.clone(),
+        (pools_wake.clone(), use_seen.clone()),
     )
     .await?;
     ca_rotation(&client, flags, &trust, &node_store, &liveness, &events);
@@ -268,6 +270,7 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
         metrics,
         unsettled: Default::default(),
         start_failures: Default::default(),
+        use_seen,
         superseded: Default::default(),
         pools_wake,
         quotas: Some(charging),
@@ -562,7 +565,7 @@ async fn node_watch(
     vm_store: Store<SmolVM>,
     liveness: placement::Config,
     events: EventSink,
-    pools_wake: Arc<crate::vm::PoolsWake>,
+    (pools_wake, use_seen): (Arc<crate::vm::PoolsWake>, Arc<crate::vm::idle::UseSeen>),
 ) -> anyhow::Result<(
     Store<SmolVMNode>,
     impl Stream<Item = ObjectRef<SmolVM>> + Send + 'static + use<>,
@@ -583,7 +586,7 @@ async fn node_watch(
         vm_store,
         wake_tx,
         liveness,
-        Some(events),
+        (Some(events), Some(use_seen)),
     ));
     anyhow::ensure!(
         crate::store_ready(&node_store).await,

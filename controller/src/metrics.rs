@@ -116,6 +116,14 @@ pub struct Metrics {
     pub access_connections_closed: Family<ReasonLabel, Counter>,
     /// SmolVMs deleted because a lifetime of `spec.lifecycle` passed, by lifetime.
     pub expiries: Family<LifetimeLabel, Counter>,
+    /// Idle suspensions the controller made.
+    pub idle_suspensions: Counter,
+    /// Wakes of VMs suspended for idleness.
+    pub wakes: Counter,
+    /// Time from a wake's request (as the controller first saw it) to the machine running.
+    pub wake_duration: Histogram,
+    /// SmolVMs suspended for idleness now, as of the scrape.
+    pub idle_suspended: Gauge,
     /// 1 while this replica holds the Lease.
     pub leader: Gauge,
     /// Heartbeat age per SmolVMNode, by the controller's clock.
@@ -163,6 +171,10 @@ impl Default for Metrics {
             access_bytes: Family::default(),
             access_connections_closed: Family::default(),
             expiries: Family::default(),
+            idle_suspensions: Counter::default(),
+            wakes: Counter::default(),
+            wake_duration: Histogram::new(buckets()),
+            idle_suspended: Gauge::default(),
             reconciles: Family::default(),
             reconcile_duration: Histogram::new(buckets()),
             vms: Family::default(),
@@ -215,6 +227,26 @@ impl Metrics {
             "expiries",
             "SmolVMs deleted because a lifetime of spec.lifecycle passed (SPEC 2.7), by lifetime: activeDeadlineSeconds or ttlSecondsAfterFinished",
             &self.expiries,
+        );
+        registry.register(
+            "idle_suspensions",
+            "SmolVMs the controller suspended because their published ports and access sessions were quiet for lifecycle.suspendAfterIdle (SPEC 2.7)",
+            self.idle_suspensions.clone(),
+        );
+        registry.register(
+            "wakes",
+            "SmolVMs suspended for idleness that the controller resumed (a held connection, an exec or copy, kubectl smolvm resume)",
+            self.wakes.clone(),
+        );
+        registry.register(
+            "wake_duration_seconds",
+            "Time from a wake's request, as the controller first saw it on its SmolVMNode, until the node answered the resume",
+            self.wake_duration.clone(),
+        );
+        registry.register(
+            "idle_suspended_vms",
+            "SmolVMs suspended for idleness now, in the leader's cache, as of the scrape",
+            self.idle_suspended.clone(),
         );
         declare(
             registry,
@@ -317,6 +349,12 @@ impl Metrics {
         for (node, n) in counts {
             self.orphans.get_or_create(&NodeLabel { node }).set(n);
         }
+    }
+
+    /// Counts one wake, which took `took` from its request to the machine running.
+    pub fn woke(&self, took: Duration) {
+        self.wakes.inc();
+        self.wake_duration.observe(took.as_secs_f64());
     }
 
     /// Counts a SmolVM deleted because its lifetime `lifetime` passed.

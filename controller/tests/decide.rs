@@ -64,9 +64,19 @@ fn machine(state: MachineState) -> MachineStatus {
         suspended: (state == MachineState::Suspended).then(|| SuspendedState {
             since: "2026-11-26T10:00:00Z".into(),
             saved_state_mib: None,
+            idle: false,
+            wake_on_traffic: false,
         }),
         pool: None,
         volumes: None,
+    }
+}
+
+/// What a pass saw of a machine's use when idleness plays no part: quiet from now, no wake.
+fn unused_idle() -> smolvm_controller::vm::rules::Use {
+    smolvm_controller::vm::rules::Use {
+        quiet_since: Timestamp::now(),
+        wake_asked: false,
     }
 }
 
@@ -156,10 +166,24 @@ fn pass_pooled(
 /// observed them.
 fn pass_made(
     vm: &SmolVM,
+    around: (NodeHealth, Room),
+    progress: Progress,
+    volumes: Option<&Seen>,
+    made: (&PoolOf, &BranchSource),
+    answers: Vec<Result<Option<MachineStatus>, Failure>>,
+) -> (Vec<&'static str>, Outcome, Option<String>) {
+    pass_used(vm, around, progress, volumes, made, (unused_idle(), None), answers)
+}
+
+/// [`pass_made`] with what the controller saw of the machine's use and why its quota refused a
+/// wake (SPEC 2.7).
+fn pass_used(
+    vm: &SmolVM,
     (health, room): (NodeHealth, Room),
     mut progress: Progress,
     volumes: Option<&Seen>,
     (pool, source): (&PoolOf, &BranchSource),
+    (seen, quota_refused): (smolvm_controller::vm::rules::Use, Option<String>),
     answers: Vec<Result<Option<MachineStatus>, Failure>>,
 ) -> (Vec<&'static str>, Outcome, Option<String>) {
     let node = node();
@@ -177,6 +201,8 @@ fn pass_made(
         volumes,
         pool,
         source,
+        seen,
+        quota_refused,
     };
     let mut answers = answers.into_iter();
     let mut calls = Vec::new();
@@ -576,6 +602,8 @@ fn a_service_it_does_not_own_is_never_written() {
         volumes: None,
         pool: &no_pool,
         source: &BranchSource::None,
+        seen: unused_idle(),
+        quota_refused: None,
     };
     let Decision::Report(outcome) = converge(&observed, &Progress::default()) else {
         panic!("a missing node is reported at once");
@@ -659,6 +687,8 @@ fn a_start_that_failed_moments_ago_is_held_and_the_service_kept() {
             volumes: None,
             pool: &no_pool,
             source: &BranchSource::None,
+            seen: unused_idle(),
+            quota_refused: None,
         };
         let mut progress = Progress::default();
         let mut calls = Vec::new();
@@ -1250,6 +1280,8 @@ fn a_vm_with_volumes_runs_only_on_mounted_volumes() {
         volumes: Some(&seen),
         pool: &no_pool,
         source: &BranchSource::None,
+        seen: unused_idle(),
+        quota_refused: None,
     };
     let mut progress = Progress::default();
     progress.record(smolvm_controller::vm::decide::Call::Get, Ok(None));
@@ -1702,6 +1734,254 @@ fn lifetimes_are_stamped_and_expire_the_vm_in_the_pass() {
                 "{name}: due in {due_secs:?}, expected {low} to {high} s"
             ),
             None => assert_eq!(due_secs, None, "{name}: no lifetime to wait for"),
+        }
+    }
+}
+
+/// A machine the controller suspended for idleness (its node's record says so).
+fn idle_machine() -> MachineStatus {
+    let mut m = machine(MachineState::Suspended);
+    if let Some(s) = m.suspended.as_mut() {
+        s.idle = true;
+        s.wake_on_traffic = true;
+    }
+    m
+}
+
+/// SPEC 2.7: a running VM quiet for `suspendAfterIdle` is suspended by the controller (reason
+/// IdleSuspended, `spec.suspended` untouched); one the controller suspended stays asleep until a
+/// held connection or the wake annotation wakes it, as any resume (room on its node, and its
+/// quota's charge), and a user's suspension is never the controller's to wake.
+#[test]
+fn idle_vms_sleep_and_wake_rows() {
+    use smolvm_api::constants::{WAKE_ANNOTATION, reason};
+    use smolvm_controller::vm::rules::Use;
+    let idle = |lifecycle: serde_json::Value, edit: fn(&mut serde_json::Value)| {
+        exposed(|o| {
+            o["spec"]["lifecycle"] = lifecycle;
+            o["status"]["phase"] = json!("Running");
+            edit(o);
+        })
+    };
+    let wakes = json!({"suspendAfterIdle": "30s", "wakeOnTraffic": true});
+    let sleeps = json!({"suspendAfterIdle": "30s", "wakeOnTraffic": false});
+    let quiet = |seconds: i64, wake_asked: bool| Use {
+        quiet_since: Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(seconds),
+        wake_asked,
+    };
+    let running = || Ok(Some(machine(MachineState::Running)));
+    let asleep = || Ok(Some(idle_machine()));
+    let roomy = Room {
+        allocatable: Some(NodeResources {
+            cpus: 8,
+            memory_mib: 16384,
+            storage_gib: 500,
+        }),
+        others: NodeResources::default(),
+    };
+    let full = Room {
+        others: NodeResources {
+            cpus: 8,
+            memory_mib: 16384,
+            storage_gib: 0,
+        },
+        ..roomy.clone()
+    };
+    // (name, vm, what was seen, the quota's refusal, the node's room, its answers, the calls,
+    // the Suspended condition's reason, the event told, the next look due within (s))
+    type Row = (
+        &'static str,
+        SmolVM,
+        Use,
+        Option<String>,
+        Room,
+        Vec<Result<Option<MachineStatus>, Failure>>,
+        &'static [&'static str],
+        Option<&'static str>,
+        Option<&'static str>,
+        Option<(u64, u64)>,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "quiet for suspendAfterIdle: suspended for idleness",
+            idle(wakes.clone(), |_| {}),
+            quiet(45, false),
+            None,
+            roomy.clone(),
+            vec![running(), asleep()],
+            &["GetMachine", "SuspendMachine"],
+            Some(reason::IDLE_SUSPENDED),
+            Some(reason::IDLE_SUSPENDED),
+            None,
+        ),
+        (
+            "quiet for less: stays awake, looked at when it would be idle",
+            idle(wakes.clone(), |_| {}),
+            quiet(10, false),
+            None,
+            roomy.clone(),
+            vec![running()],
+            &["GetMachine"],
+            None,
+            None,
+            Some((19, 20)),
+        ),
+        (
+            "no suspendAfterIdle: never suspended, however quiet",
+            idle(serde_json::Value::Null, |_| {}),
+            quiet(86_400, false),
+            None,
+            roomy.clone(),
+            vec![running()],
+            &["GetMachine"],
+            None,
+            None,
+            None,
+        ),
+        (
+            "asleep, nothing asks: stays asleep, spec.suspended untouched",
+            idle(wakes.clone(), |_| {}),
+            quiet(600, false),
+            None,
+            roomy.clone(),
+            vec![asleep()],
+            &["GetMachine"],
+            Some(reason::IDLE_SUSPENDED),
+            None,
+            None,
+        ),
+        (
+            "a held connection asks: woken",
+            idle(wakes.clone(), |_| {}),
+            quiet(600, true),
+            None,
+            roomy.clone(),
+            vec![asleep(), running()],
+            &["GetMachine", "ResumeMachine"],
+            None,
+            Some(reason::WOKEN_BY_TRAFFIC),
+            Some((29, 30)),
+        ),
+        (
+            "a wake the node has no room for waits as any resume",
+            idle(wakes.clone(), |_| {}),
+            quiet(600, true),
+            None,
+            full,
+            vec![asleep()],
+            &["GetMachine"],
+            Some(reason::RESUME_PENDING),
+            Some(reason::RESUME_PENDING),
+            None,
+        ),
+        (
+            "a wake the namespace's quota refuses waits, saying so",
+            idle(wakes.clone(), |_| {}),
+            quiet(600, true),
+            Some("waits to wake: the namespace's ResourceQuota has no room".into()),
+            roomy.clone(),
+            vec![asleep()],
+            &["GetMachine"],
+            Some(reason::RESUME_PENDING),
+            Some(reason::RESUME_PENDING),
+            None,
+        ),
+        (
+            "wakeOnTraffic false: a connection does not wake it",
+            idle(sleeps, |_| {}),
+            quiet(600, true),
+            None,
+            roomy.clone(),
+            vec![asleep()],
+            &["GetMachine"],
+            Some(reason::IDLE_SUSPENDED),
+            None,
+            None,
+        ),
+        (
+            "the wake annotation (kubectl smolvm resume, an exec) wakes it",
+            idle(wakes.clone(), |o| {
+                o["metadata"]["annotations"] = json!({ WAKE_ANNOTATION: "2026-12-04T10:00:00Z" });
+            }),
+            quiet(600, false),
+            None,
+            roomy.clone(),
+            vec![asleep(), running()],
+            &["GetMachine", "ResumeMachine"],
+            None,
+            Some(reason::WOKEN_BY_TRAFFIC),
+            Some((29, 30)),
+        ),
+        (
+            "a user's suspension is not the controller's to wake",
+            idle(wakes.clone(), |o| o["spec"]["suspended"] = json!(true)),
+            quiet(600, true),
+            None,
+            roomy.clone(),
+            vec![Ok(Some(machine(MachineState::Suspended)))],
+            &["GetMachine"],
+            Some(reason::SUSPENDED),
+            None,
+            None,
+        ),
+        (
+            "suspendAfterIdle removed while asleep: woken",
+            idle(serde_json::Value::Null, |_| {}),
+            quiet(600, false),
+            None,
+            roomy,
+            vec![asleep(), running()],
+            &["GetMachine", "ResumeMachine"],
+            None,
+            Some(reason::WOKEN_BY_TRAFFIC),
+            None,
+        ),
+    ];
+    for (name, vm, seen, refused, room, answers, want_calls, want_reason, want_event, due) in rows {
+        let made = (&PoolOf::None, &BranchSource::None);
+        let (calls, outcome, _) = pass_used(
+            &vm,
+            (NodeHealth::Healthy, room),
+            Progress::default(),
+            None,
+            made,
+            (seen, refused.clone()),
+            answers,
+        );
+        assert_eq!(calls, want_calls, "{name}: calls");
+        let condition = suspended(&outcome);
+        assert_eq!(
+            condition.as_ref().map(|c| c.1.as_str()),
+            want_reason,
+            "{name}: Suspended"
+        );
+        let events = reasons(&outcome);
+        match want_event {
+            Some(event) => assert!(events.iter().any(|e| e == event), "{name}: {events:?}"),
+            None => assert!(
+                !events
+                    .iter()
+                    .any(|e| e == reason::IDLE_SUSPENDED || e == reason::WOKEN_BY_TRAFFIC),
+                "{name}: {events:?}"
+            ),
+        }
+        if let (Some(refused), Some((_, _, message))) = (&refused, &condition) {
+            assert!(
+                message.contains(refused.as_str()),
+                "{name}: the quota's refusal is told: {message}"
+            );
+        }
+        if want_reason == Some(reason::IDLE_SUSPENDED) {
+            let message = condition.map(|c| c.2).unwrap_or_default();
+            assert!(message.contains("spec.suspended stays false"), "{name}: {message}");
+        }
+        let due_secs = outcome.due.map(|d| d.as_secs());
+        match due {
+            Some((low, high)) => assert!(
+                due_secs.is_some_and(|d| (low..=high).contains(&d)),
+                "{name}: due in {due_secs:?}, expected {low} to {high} s"
+            ),
+            None => assert_eq!(due_secs, None, "{name}: nothing due"),
         }
     }
 }

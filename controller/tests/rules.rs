@@ -1296,6 +1296,7 @@ fn lifetimes_count_from_what_happened_on_the_node() {
         lifecycle: Some(Lifecycle {
             ttl_seconds_after_finished: Some(0),
             active_deadline_seconds: Some(0),
+            ..Lifecycle::default()
         }),
         ..Default::default()
     };

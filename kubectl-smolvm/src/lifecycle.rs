@@ -11,6 +11,9 @@ use crate::paths::{check_name, display_name};
 
 /// The annotation that asks the controller for one restart; its value is the time of asking.
 pub const RESTART_ANNOTATION: &str = "vm.smolvm.dev/restart-requested-at";
+/// The annotation that asks the controller to wake a SmolVM it suspended for idleness; its value
+/// is the time of asking.
+pub const WAKE_ANNOTATION: &str = "vm.smolvm.dev/wake-requested-at";
 
 /// A switch of the spec the plugin sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +69,27 @@ pub fn running_of(smolvm: &DynamicObject) -> bool {
     Switch::Running.value_of(smolvm)
 }
 
+/// Whether the controller suspended the SmolVM for idleness (its Suspended condition says
+/// `IdleSuspended`): `spec.suspended` is false, so `resume` asks for a wake instead.
+pub fn idle_suspended(smolvm: &DynamicObject) -> bool {
+    smolvm
+        .data
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|conditions| {
+            conditions.iter().any(|c| {
+                c.get("type").and_then(Value::as_str) == Some("Suspended")
+                    && c.get("status").and_then(Value::as_str) == Some("True")
+                    && c.get("reason").and_then(Value::as_str) == Some("IdleSuspended")
+            })
+        })
+}
+
+/// The merge patch that asks for a wake at `at` (RFC 3339).
+pub fn wake_patch(at: &str) -> Value {
+    json!({ "metadata": { "annotations": { WAKE_ANNOTATION: at } } })
+}
+
 /// The merge patch that asks for a restart at `at` (RFC 3339).
 pub fn restart_patch(at: &str) -> Value {
     json!({ "metadata": { "annotations": { RESTART_ANNOTATION: at } } })
@@ -90,6 +114,13 @@ pub async fn set(global: &GlobalArgs, name: &str, switch: Switch, on: bool) -> R
     check_name(name)?;
     let cluster = Cluster::connect(global).await?;
     let current = cluster.get_smolvm(name).await?;
+    if switch == Switch::Suspended && !on && idle_suspended(&current) {
+        // The controller's suspension, not the user's: a wake, as the next connection would ask.
+        let at = rfc3339_seconds(jiff::Timestamp::now());
+        cluster.merge_patch_smolvm(name, &wake_patch(&at)).await?;
+        println!("{} wake requested (it was suspended for idleness)", display_name(name));
+        return Ok(());
+    }
     let changed = switch.value_of(&current) != on;
     if changed {
         cluster.merge_patch_smolvm(name, &switch.patch(on)).await?;
@@ -171,6 +202,42 @@ mod tests {
         assert_eq!(
             restart_patch("2025-06-01T12:00:00Z"),
             json!({ "metadata": { "annotations": { "vm.smolvm.dev/restart-requested-at": "2025-06-01T12:00:00Z" } } })
+        );
+    }
+
+    #[test]
+    fn resume_of_an_idle_suspension_is_a_wake() {
+        let with = |conditions: Value| {
+            let mut vm = smolvm(json!({}));
+            vm.data["status"] = json!({ "conditions": conditions });
+            vm
+        };
+        let cases = [
+            (
+                json!([{"type": "Suspended", "status": "True", "reason": "IdleSuspended"}]),
+                true,
+            ),
+            (
+                json!([{"type": "Suspended", "status": "True", "reason": "Suspended"}]),
+                false,
+            ),
+            (
+                json!([{"type": "Suspended", "status": "False", "reason": "IdleSuspended"}]),
+                false,
+            ),
+            (
+                json!([{"type": "Ready", "status": "True", "reason": "IdleSuspended"}]),
+                false,
+            ),
+            (json!("nonsense"), false),
+        ];
+        for (conditions, want) in cases {
+            assert_eq!(idle_suspended(&with(conditions.clone())), want, "{conditions}");
+        }
+        assert!(!idle_suspended(&smolvm(json!({}))), "no status");
+        assert_eq!(
+            wake_patch("2025-06-01T12:00:00Z"),
+            json!({ "metadata": { "annotations": { "vm.smolvm.dev/wake-requested-at": "2025-06-01T12:00:00Z" } } })
         );
     }
 

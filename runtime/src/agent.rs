@@ -80,6 +80,7 @@ pub struct Agent {
     identity: Arc<Identity>,
     vmm: Arc<dyn Vmm>,
     suspensions: Arc<SuspendRecords>,
+    activity: Arc<crate::activity::Activity>,
     pools: Arc<PoolBook>,
     keeper: tokio::task::JoinHandle<()>,
     forwarder: Option<(Arc<Forwarder>, tokio::task::JoinHandle<()>)>,
@@ -232,8 +233,16 @@ impl Agent {
             metrics.clone(),
             options.local_image_dir.clone(),
         );
-        let state = with_records_and_guards(state, &options, &suspensions, &pools, machine_volumes, host_ports)?;
-        let forwarder = start_forwarder(options.publish_address, &metrics, &vmm, options.limits.forward);
+        let activity = crate::activity::Activity::new();
+        let state = with_records_and_guards(state, &options, &suspensions, &pools, machine_volumes, host_ports)?
+            .with_activity(activity.clone());
+        let forwarder = start_forwarder(
+            options.publish_address,
+            &metrics,
+            &vmm,
+            options.limits.forward,
+            (&activity, &suspensions),
+        );
         let state = match &forwarder {
             Some((f, _)) => state.with_forwarder(f.clone()),
             None => state,
@@ -266,6 +275,7 @@ impl Agent {
             identity,
             vmm,
             suspensions,
+            activity,
             pools,
             keeper,
             forwarder,
@@ -316,6 +326,11 @@ impl Agent {
     /// The records of the machines this agent suspended.
     pub fn suspensions(&self) -> &Arc<SuspendRecords> {
         &self.suspensions
+    }
+
+    /// Each machine's use and the wakes asked for, which the heartbeat reports.
+    pub fn activity(&self) -> &Arc<crate::activity::Activity> {
+        &self.activity
     }
 
     /// The records of the pools this agent keeps and of the machines served from them.
@@ -421,10 +436,11 @@ fn start_forwarder(
     metrics: &Arc<Metrics>,
     vmm: &Arc<dyn Vmm>,
     limits: crate::forward::ForwardLimits,
+    (activity, suspensions): (&Arc<crate::activity::Activity>, &Arc<SuspendRecords>),
 ) -> Option<(Arc<Forwarder>, tokio::task::JoinHandle<()>)> {
     match publish_address {
         Some(address) if !address.is_loopback() && !address.is_unspecified() => {
-            let forwarder = Forwarder::with_limits(address, metrics.clone(), limits);
+            let forwarder = Forwarder::waking(address, metrics.clone(), limits, activity.clone(), suspensions.clone());
             let sync = forwarder.spawn_sync(vmm.clone(), Duration::from_secs(1));
             tracing::info!(%address, limits = ?limits, "forwarding published ports from the node's address to smolvm's loopback listeners");
             Some((forwarder, sync))

@@ -73,6 +73,14 @@ pub struct Flags {
     /// A forwarded TCP connection that carries no byte either way for this long is closed.
     #[arg(long, env = "SMOLVM_RUNTIME_FORWARD_IDLE_TIMEOUT", default_value = "1h", value_parser = parse_duration)]
     pub forward_idle_timeout: Duration,
+    /// Most TCP connections held per forwarded port while its VM, suspended for idleness, wakes;
+    /// more are closed at once (counted as wake_cap).
+    #[arg(long, env = "SMOLVM_RUNTIME_FORWARD_MAX_HELD_PER_PORT", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub forward_max_held_per_port: u32,
+    /// How long a held connection waits for its VM to wake before it is closed (counted as
+    /// wake_timeout).
+    #[arg(long, env = "SMOLVM_RUNTIME_FORWARD_HOLD_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub forward_hold_timeout: Duration,
     /// Most concurrent UDP client sessions per forwarded port; datagrams of more are dropped.
     #[arg(long, env = "SMOLVM_RUNTIME_FORWARD_MAX_UDP_SESSIONS_PER_PORT", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     pub forward_max_udp_sessions_per_port: u32,

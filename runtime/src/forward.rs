@@ -6,7 +6,12 @@
 //! kept), UDP datagrams through one upstream socket per client. [`plan`] decides which forwards
 //! to open and close from the machines smolvm reports; [`Forwarder`] does it. A suspended
 //! machine (smolvm reports it stopped) has none: its ports close with the suspend and open
-//! again with the resume. The agent re-syncs
+//! again with the resume. A machine the controller suspended for idleness with `wakeOnTraffic`
+//! keeps its forwards (SPEC 2.7): a TCP connection that arrives while it sleeps is held (at most
+//! `held_per_port` per port, for at most `hold_timeout`, then refused and counted), a wake is
+//! asked for ([`crate::activity`]), and the connection is relayed once the machine runs, so the
+//! first client is served; a UDP datagram asks for the wake and is dropped (its client sends
+//! again). Every byte relayed counts as the machine's activity. The agent re-syncs
 //! every second and at once after each node API call that changes a machine, and at start, so a
 //! restarted agent picks up the machines that kept running.
 //!
@@ -18,7 +23,7 @@
 //! (`smolvm_runtime_forward_refused_total`); accept errors (out of descriptors) back off instead
 //! of spinning.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,10 +33,12 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinHandle;
 
+use crate::activity::{Activity, MachineUse};
 use crate::metrics::Metrics;
+use crate::suspensions::SuspendRecords;
 use crate::vmm::{Machine, MachineState, Vmm};
 use smolvm_api::Protocol;
 use smolvm_kit::accept::AcceptBackoff;
@@ -60,11 +67,21 @@ pub struct Plan {
     pub close: Vec<PortKey>,
 }
 
-/// The forwards the running machines need, against those open now (port → machine). A port that
-/// moved to another machine is closed and opened again.
-pub fn plan(machines: &[Machine], open: &BTreeMap<PortKey, String>) -> Plan {
+/// The forwards the running machines need, and those of the sleeping machines traffic wakes
+/// (`wakeable`: suspended for idleness with `wakeOnTraffic`), against those open now (port →
+/// machine). A port that moved to another machine is closed and opened again; a machine that
+/// goes to sleep or wakes keeps its forwards.
+pub fn plan(machines: &[Machine], wakeable: &BTreeSet<String>, open: &BTreeMap<PortKey, String>) -> Plan {
     let mut want: BTreeMap<PortKey, &str> = BTreeMap::new();
-    for m in machines.iter().filter(|m| m.state == MachineState::Running) {
+    let forwarded = |m: &&Machine| {
+        m.state == MachineState::Running || (m.state == MachineState::Stopped && wakeable.contains(&m.name))
+    };
+    // The running first: a port a sleeping machine and a running one both name is the running one's.
+    let (running, sleeping): (Vec<&Machine>, Vec<&Machine>) = machines
+        .iter()
+        .filter(forwarded)
+        .partition(|m| m.state == MachineState::Running);
+    for m in running.into_iter().chain(sleeping) {
         for p in &m.ports {
             want.entry(PortKey {
                 port: p.host_port,
@@ -108,6 +125,10 @@ pub struct ForwardLimits {
     pub connections: usize,
     /// A TCP connection that carries no byte either way for this long is closed.
     pub idle_timeout: Duration,
+    /// Most TCP connections held per port while its machine wakes; more are refused.
+    pub held_per_port: usize,
+    /// How long a held connection waits for its machine to run before it is refused.
+    pub hold_timeout: Duration,
     /// Most concurrent UDP client sessions per published port.
     pub udp_sessions_per_port: usize,
     /// Most concurrent UDP client sessions per source address on one port.
@@ -121,6 +142,8 @@ impl Default for ForwardLimits {
             connections_per_port: 1024,
             connections: 8192,
             idle_timeout: Duration::from_secs(3600),
+            held_per_port: 64,
+            hold_timeout: Duration::from_secs(60),
             udp_sessions_per_port: 1024,
             udp_sessions_per_source: 256,
         }
@@ -155,6 +178,12 @@ pub enum Refusal {
     Agent,
     /// The per-source cap of a UDP port.
     Source,
+    /// The port's cap of connections held while its machine wakes.
+    WakeCap,
+    /// A held connection's machine did not run within the hold timeout.
+    WakeTimeout,
+    /// A UDP datagram to a sleeping machine (dropped; it asked for the wake).
+    Asleep,
 }
 
 impl Refusal {
@@ -164,6 +193,9 @@ impl Refusal {
             Refusal::Port => "port",
             Refusal::Agent => "agent",
             Refusal::Source => "source",
+            Refusal::WakeCap => "wake_cap",
+            Refusal::WakeTimeout => "wake_timeout",
+            Refusal::Asleep => "asleep",
         }
     }
 }
@@ -183,6 +215,8 @@ pub fn admit_udp(sessions: usize, from_source: usize, limits: &ForwardLimits) ->
 struct Open {
     machine: String,
     task: JoinHandle<()>,
+    /// Whether the machine runs (false: it sleeps and traffic wakes it).
+    awake: watch::Sender<bool>,
 }
 
 impl Drop for Forwarder {
@@ -202,6 +236,10 @@ pub struct Forwarder {
     limits: ForwardLimits,
     /// The agent-wide connection slots, shared by every port.
     slots: Arc<Semaphore>,
+    /// Each machine's use, and the wakes asked for.
+    activity: Arc<Activity>,
+    /// The agent's suspensions: which sleeping machines traffic wakes.
+    suspensions: Option<Arc<SuspendRecords>>,
 }
 
 impl Forwarder {
@@ -220,7 +258,35 @@ impl Forwarder {
             poke: Notify::new(),
             slots: Arc::new(Semaphore::new(limits.connections.min(Semaphore::MAX_PERMITS))),
             limits,
+            activity: Activity::new(),
+            suspensions: None,
         })
+    }
+
+    /// A forwarder bounded by `limits` that records use in `activity` and keeps the forwards of
+    /// the sleeping machines `suspensions` says traffic wakes.
+    pub fn waking(
+        address: IpAddr,
+        metrics: Arc<Metrics>,
+        limits: ForwardLimits,
+        activity: Arc<Activity>,
+        suspensions: Arc<SuspendRecords>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            address,
+            open: Mutex::default(),
+            metrics,
+            poke: Notify::new(),
+            slots: Arc::new(Semaphore::new(limits.connections.min(Semaphore::MAX_PERMITS))),
+            limits,
+            activity,
+            suspensions: Some(suspensions),
+        })
+    }
+
+    /// The use it records.
+    pub fn activity(&self) -> &Arc<Activity> {
+        &self.activity
     }
 
     /// Its limits.
@@ -247,10 +313,16 @@ impl Forwarder {
         self.open.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Opens and closes forwards so they match `machines`. A port that cannot be bound is
-    /// logged and tried again on the next sync.
+    /// Opens and closes forwards so they match `machines` (and the sleeping machines among them
+    /// that traffic wakes), and tells each forward whether its machine runs. A port that cannot
+    /// be bound is logged and tried again on the next sync.
     pub async fn sync(&self, machines: &[Machine]) {
-        let plan = plan(machines, &self.open_forwards());
+        let wakeable = self
+            .suspensions
+            .as_ref()
+            .map(|records| records.wakeable_among(machines))
+            .unwrap_or_default();
+        let plan = plan(machines, &wakeable, &self.open_forwards());
         for key in &plan.close {
             let removed = self.lock().remove(key);
             if let Some(open) = removed {
@@ -261,16 +333,27 @@ impl Forwarder {
                 tracing::info!(port = %key, machine = %open.machine, "closed forward");
             }
         }
+        let running: BTreeSet<&str> = machines
+            .iter()
+            .filter(|m| m.state == MachineState::Running)
+            .map(|m| m.name.as_str())
+            .collect();
         for (key, machine) in plan.open {
-            match self.listen(key).await {
+            let (awake, asleep) = watch::channel(running.contains(machine.as_str()));
+            match self.listen(key, &machine, asleep).await {
                 Ok(task) => {
                     tracing::info!(port = %key, %machine, address = %self.address, "forwarding to smolvm's loopback port");
-                    self.lock().insert(key, Open { machine, task });
+                    self.lock().insert(key, Open { machine, task, awake });
                 }
                 Err(error) => {
                     tracing::warn!(port = %key, %machine, address = %self.address, %error, "cannot forward the port yet");
                 }
             }
+        }
+        for open in self.lock().values() {
+            let runs = running.contains(open.machine.as_str());
+            open.awake
+                .send_if_modified(|awake| std::mem::replace(awake, runs) != runs);
         }
         self.metrics.set_open_forwards(self.lock().len() as u64);
     }
@@ -286,7 +369,11 @@ impl Forwarder {
         tokio::spawn(async move {
             loop {
                 match vmm.list().await {
-                    Ok(machines) => this.sync(&machines).await,
+                    Ok(machines) => {
+                        this.sync(&machines).await;
+                        let names: Vec<String> = machines.iter().map(|m| m.name.clone()).collect();
+                        this.activity.retain(&names);
+                    }
                     // smolvm restarting: keep what is open; its machines keep running.
                     Err(error) => tracing::debug!(%error, "listing machines for the forwards failed"),
                 }
@@ -298,13 +385,24 @@ impl Forwarder {
         })
     }
 
-    async fn listen(&self, key: PortKey) -> std::io::Result<JoinHandle<()>> {
+    async fn listen(
+        &self,
+        key: PortKey,
+        machine: &str,
+        awake: watch::Receiver<bool>,
+    ) -> std::io::Result<JoinHandle<()>> {
         let at = SocketAddr::new(self.address, key.port);
         let upstream = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), key.port);
         let bounds = Bounds {
             metrics: self.metrics.clone(),
             limits: self.limits,
             agent: self.slots.clone(),
+            machine: Waker {
+                name: machine.to_string(),
+                use_: self.activity.of(machine),
+                activity: self.activity.clone(),
+                awake,
+            },
         };
         Ok(match key.protocol {
             Protocol::Tcp => {
@@ -319,12 +417,59 @@ impl Forwarder {
     }
 }
 
-/// What every relay of a forwarder shares.
+/// What every relay of a forwarder shares, and the machine of its port.
 #[derive(Clone)]
 struct Bounds {
     metrics: Arc<Metrics>,
     limits: ForwardLimits,
     agent: Arc<Semaphore>,
+    machine: Waker,
+}
+
+/// A forward's machine: its use, whether it runs, and how to ask for its wake.
+#[derive(Clone)]
+struct Waker {
+    name: String,
+    use_: Arc<MachineUse>,
+    activity: Arc<Activity>,
+    awake: watch::Receiver<bool>,
+}
+
+/// How often a held connection tries smolvm's port once its machine runs again (smolvm binds
+/// it a moment after the resume returns), and for how long.
+const UPSTREAM_RETRY: Duration = Duration::from_millis(10);
+const UPSTREAM_RETRY_FOR: Duration = Duration::from_secs(5);
+
+impl Waker {
+    fn runs(&self) -> bool {
+        *self.awake.borrow()
+    }
+
+    /// Holds a connection while the machine wakes: asks for the wake and waits until it runs,
+    /// for at most `timeout` (false: it did not).
+    async fn wait_awake(&self, timeout: Duration) -> bool {
+        let mut awake = self.awake.clone();
+        self.activity.ask_wake(&self.name);
+        let woke = tokio::time::timeout(timeout, awake.wait_for(|runs| *runs)).await;
+        self.activity.woke(&self.name);
+        matches!(woke, Ok(Ok(_)))
+    }
+}
+
+/// Connects to smolvm's port; a held connection's machine may bind it a moment after it runs
+/// again, so a refusal is tried again for a while.
+async fn connect_upstream(upstream: SocketAddr, held: bool) -> std::io::Result<TcpStream> {
+    let started = tokio::time::Instant::now();
+    loop {
+        match TcpStream::connect(upstream).await {
+            Ok(server) => return Ok(server),
+            Err(error) if held && started.elapsed() < UPSTREAM_RETRY_FOR => {
+                tracing::trace!(%upstream, %error, "smolvm's port not open yet after the wake");
+                tokio::time::sleep(UPSTREAM_RETRY).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
 }
 
 impl Bounds {
@@ -337,19 +482,22 @@ impl Bounds {
     }
 }
 
-/// The time of the last byte a relayed connection carried, either way, and how many.
-struct Activity {
+/// The time of the last byte a relayed connection carried, either way, and how many; each byte
+/// is its machine's use too.
+struct Traffic {
     start: tokio::time::Instant,
     last_ms: AtomicU64,
     bytes: AtomicU64,
+    machine: Arc<MachineUse>,
 }
 
-impl Activity {
-    fn new() -> Arc<Self> {
+impl Traffic {
+    fn new(machine: Arc<MachineUse>) -> Arc<Self> {
         Arc::new(Self {
             start: tokio::time::Instant::now(),
             last_ms: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
+            machine,
         })
     }
 
@@ -357,6 +505,7 @@ impl Activity {
         let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last_ms.store(now, Ordering::Relaxed);
         self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        self.machine.touch();
     }
 
     /// Resolves once `limit` has passed without a byte.
@@ -371,10 +520,10 @@ impl Activity {
     }
 }
 
-/// A relayed stream whose reads (the bytes it brings in) count as [`Activity`].
+/// A relayed stream whose reads (the bytes it brings in) count as [`Traffic`].
 struct Watched<S> {
     inner: S,
-    activity: Arc<Activity>,
+    activity: Arc<Traffic>,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
@@ -408,6 +557,7 @@ async fn relay_tcp(listener: TcpListener, upstream: SocketAddr, bounds: Bounds) 
     let port_slots = Arc::new(Semaphore::new(
         bounds.limits.connections_per_port.min(Semaphore::MAX_PERMITS),
     ));
+    let hold_slots = Arc::new(Semaphore::new(bounds.limits.held_per_port.min(Semaphore::MAX_PERMITS)));
     let mut backoff = AcceptBackoff::default();
     let mut connections = tokio::task::JoinSet::new();
     loop {
@@ -433,10 +583,43 @@ async fn relay_tcp(listener: TcpListener, upstream: SocketAddr, bounds: Bounds) 
             tracing::debug!(%peer, "forwarder at its connection cap; closed");
             continue;
         };
-        let (metrics, idle) = (bounds.metrics.clone(), bounds.limits.idle_timeout);
+        // A sleeping machine's connection is held while it wakes, within the port's hold cap.
+        let held = match bounds.machine.runs() {
+            true => None,
+            false => match hold_slots.clone().try_acquire_owned() {
+                Ok(slot) => Some(slot),
+                Err(_) => {
+                    bounds.metrics.inc_forward_refused("tcp", Refusal::WakeCap.label());
+                    tracing::debug!(%peer, machine = %bounds.machine.name, "too many connections held for a waking machine; closed");
+                    continue;
+                }
+            },
+        };
+        let (metrics, idle, hold) = (
+            bounds.metrics.clone(),
+            bounds.limits.idle_timeout,
+            bounds.limits.hold_timeout,
+        );
+        let machine = bounds.machine.clone();
         connections.spawn(async move {
             let _slots = (port_slot, agent_slot);
-            let server = match TcpStream::connect(upstream).await {
+            let arrived = tokio::time::Instant::now();
+            let was_held = held.is_some();
+            if let Some(held) = held {
+                metrics.inc_wake_held();
+                let woke = machine.wait_awake(hold).await;
+                drop(held);
+                if !woke {
+                    metrics.inc_forward_refused("tcp", Refusal::WakeTimeout.label());
+                    tracing::info!(%peer, machine = %machine.name, timeout_s = hold.as_secs(), "a held connection's machine did not wake in time; closed");
+                    return;
+                }
+            }
+            let server = match connect_upstream(upstream, was_held).await {
+                Ok(server) if was_held => {
+                    metrics.observe_wake_hold(arrived.elapsed());
+                    server
+                }
                 Ok(server) => server,
                 Err(error) => {
                     tracing::debug!(%peer, %upstream, %error, "smolvm's port refused the connection");
@@ -444,7 +627,7 @@ async fn relay_tcp(listener: TcpListener, upstream: SocketAddr, bounds: Bounds) 
                 }
             };
             metrics.inc_forwarded_connections("tcp");
-            let activity = Activity::new();
+            let activity = Traffic::new(machine.use_.clone());
             let mut client = Watched {
                 inner: client,
                 activity: activity.clone(),
@@ -524,6 +707,11 @@ async fn relay_udp(socket: Arc<UdpSocket>, upstream: SocketAddr, bounds: Bounds)
             }
         };
         backoff.succeeded();
+        if !bounds.machine.runs() {
+            bounds.machine.activity.ask_wake(&bounds.machine.name);
+            bounds.metrics.inc_forward_refused("udp", Refusal::Asleep.label());
+            continue;
+        }
         let existing = lock_sessions(&sessions).by_client.get(&client).cloned();
         let session = match existing {
             Some(session) => session,
@@ -555,6 +743,7 @@ async fn relay_udp(socket: Arc<UdpSocket>, upstream: SocketAddr, bounds: Bounds)
         };
         if session.send(&buf[..n]).await.is_ok() {
             bounds.metrics.add_forwarded_bytes("udp", n as u64);
+            bounds.machine.use_.touch();
         }
     }
 }
@@ -691,12 +880,77 @@ mod tests {
             ),
         ];
         for (name, machines, now, want_open, want_close) in cases {
-            let got = plan(&machines, &now);
+            let got = plan(&machines, &BTreeSet::new(), &now);
             let want = Plan {
                 open: want_open.into_iter().map(|(k, m)| (k, m.to_string())).collect(),
                 close: want_close,
             };
             assert_eq!(got, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_machine_traffic_wakes_keeps_its_forwards_while_it_sleeps() {
+        use MachineState::{Running, Stopped};
+        use Protocol::Tcp;
+        let wakeable: BTreeSet<String> = ["a".to_string()].into();
+        let open_a: BTreeMap<PortKey, String> = [(key(8080, Tcp), "a".to_string())].into();
+        // (name, machines, open now, expected open, expected close)
+        type Case = (
+            &'static str,
+            Vec<Machine>,
+            BTreeMap<PortKey, String>,
+            Vec<PortKey>,
+            Vec<PortKey>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "goes to sleep: kept",
+                vec![machine("a", Stopped, &[(8080, Tcp)])],
+                open_a.clone(),
+                vec![],
+                vec![],
+            ),
+            (
+                "asleep from the start: opened",
+                vec![machine("a", Stopped, &[(8080, Tcp)])],
+                BTreeMap::new(),
+                vec![key(8080, Tcp)],
+                vec![],
+            ),
+            (
+                "wakes: kept",
+                vec![machine("a", Running, &[(8080, Tcp)])],
+                open_a.clone(),
+                vec![],
+                vec![],
+            ),
+            (
+                "another sleeps: closed",
+                vec![machine("b", Stopped, &[(8080, Tcp)])],
+                [(key(8080, Tcp), "b".to_string())].into(),
+                vec![],
+                vec![key(8080, Tcp)],
+            ),
+            (
+                "a running machine's port is its own",
+                vec![
+                    machine("a", Stopped, &[(8080, Tcp)]),
+                    machine("b", Running, &[(8080, Tcp)]),
+                ],
+                open_a.clone(),
+                vec![key(8080, Tcp)],
+                vec![key(8080, Tcp)],
+            ),
+        ];
+        for (name, machines, now, want_open, want_close) in cases {
+            let got = plan(&machines, &wakeable, &now);
+            assert_eq!(
+                got.open.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+                want_open,
+                "{name}"
+            );
+            assert_eq!(got.close, want_close, "{name}");
         }
     }
 

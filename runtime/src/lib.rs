@@ -1,5 +1,6 @@
 //! The node-local runtime agent: supervises smolvm serve and serves the node API over mTLS.
 
+pub mod activity;
 pub mod agent;
 pub mod canary;
 pub mod cli;

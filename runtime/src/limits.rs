@@ -61,6 +61,8 @@ impl Limits {
                 connections_per_port: flags.forward_max_connections_per_port as usize,
                 connections: connection_budget(wanted, nofile, flags.forward_fd_reserve),
                 idle_timeout: flags.forward_idle_timeout,
+                held_per_port: flags.forward_max_held_per_port as usize,
+                hold_timeout: flags.forward_hold_timeout,
                 udp_sessions_per_port: flags.forward_max_udp_sessions_per_port as usize,
                 udp_sessions_per_source: flags.forward_max_udp_sessions_per_source as usize,
             },

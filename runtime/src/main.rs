@@ -152,6 +152,7 @@ fn cluster_tasks(
     background.push(spawn_reporter(
         reporter,
         flags.heartbeat_interval,
+        Some(agent.activity().clone()),
         observer(flags, agent, resolver, canary.as_ref().map(canary::Canary::subscribe))?,
     ));
     Ok((background, canary))
@@ -235,6 +236,7 @@ fn observer(
     let last_capacity = std::sync::Mutex::new(None);
     let port = i32::from(flags.port);
     let client_ca = agent.node_api().client_ca().clone();
+    let activity = agent.activity().clone();
     Ok(move |node_uid: &str| {
         identity.set_node_uid(Some(node_uid.to_string()));
         let runtime = status.borrow().clone();
@@ -252,6 +254,7 @@ fn observer(
                 last.unwrap_or_default()
             }
         };
+        let used = activity.report();
         Observation {
             node_uid: node_uid.to_string(),
             endpoint: Endpoint {
@@ -273,6 +276,8 @@ fn observer(
             machines: runtime.ready.then(|| runtime.machines.clone()),
             suspended_machines: runtime.ready.then(|| runtime.suspended.clone()),
             pools: runtime.ready.then(|| runtime.pools.clone()),
+            activity: used.0,
+            wake_requests: used.1,
             serving_certificate: Some(serving_cert::report_current(&resolver, &client_ca)),
             boot_check: boot_check.as_ref().map(|check| check.borrow().clone()),
         }

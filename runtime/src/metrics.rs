@@ -173,7 +173,13 @@ struct Forwards {
     open: Gauge,
     refused: Family<RefusedLabels, Counter>,
     idle_closed: Family<ProtocolLabel, Counter>,
+    held: Counter,
+    hold: Histogram,
 }
+
+/// Upper bounds (seconds) of the held-connection histogram: from the connection's arrival at a
+/// sleeping machine's port to smolvm's port answering (the wake, smolvm's resume included).
+pub const WAKE_BUCKETS: [f64; 12] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 
 impl Forwards {
     fn register(registry: &mut Registry) -> Self {
@@ -198,7 +204,7 @@ impl Forwards {
         let refused = Family::<RefusedLabels, Counter>::default();
         registry.register(
             "forward_refused",
-            "TCP connections closed at once and UDP datagrams dropped because a cap of the forwarder was reached (reason: port, agent or source)",
+            "TCP connections closed and UDP datagrams dropped by the forwarder (reason: port, agent or source, a cap; wake_cap, too many held for a waking VM; wake_timeout, its VM did not wake in time; asleep, a UDP datagram to a sleeping VM, which asked for its wake)",
             smolvm_kit::ops::Declared(refused.clone()),
         );
         let idle_closed = Family::<ProtocolLabel, Counter>::default();
@@ -207,12 +213,26 @@ impl Forwards {
             "Forwarded TCP connections closed after the idle timeout without a byte either way",
             smolvm_kit::ops::Declared(idle_closed.clone()),
         );
+        let held = Counter::default();
+        registry.register(
+            "forward_held_connections",
+            "TCP connections to a VM suspended for idleness held while it wakes",
+            held.clone(),
+        );
+        let hold = Histogram::new(WAKE_BUCKETS);
+        registry.register(
+            "forward_hold_duration_seconds",
+            "Time a held connection waited from its arrival until the woken VM's port answered",
+            hold.clone(),
+        );
         Self {
             connections,
             bytes,
             open,
             refused,
             idle_closed,
+            held,
+            hold,
         }
     }
 }
@@ -354,6 +374,16 @@ impl Metrics {
             .refused
             .get_or_create(&RefusedLabels { protocol, reason })
             .inc();
+    }
+
+    /// Counts one connection held while its machine wakes.
+    pub fn inc_wake_held(&self) {
+        self.forwards.held.inc();
+    }
+
+    /// Records how long a held connection waited for its machine to wake.
+    pub fn observe_wake_hold(&self, elapsed: Duration) {
+        self.forwards.hold.observe(elapsed.as_secs_f64());
     }
 
     /// Refusals counted by [`Metrics::inc_forward_refused`].

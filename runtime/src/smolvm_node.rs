@@ -140,6 +140,10 @@ pub struct Observation {
     pub suspended_machines: Option<Vec<String>>,
     /// The pools smolvm keeps, while it answers.
     pub pools: Option<Vec<smolvm_api::nodeapi::PoolStatus>>,
+    /// Each machine's last activity (Unix seconds, the agent's clock), sorted by name.
+    pub activity: Vec<(String, i64)>,
+    /// The machines a connection or session asked to wake, sorted.
+    pub wake_requests: Vec<String>,
     /// The serving certificate: which runtime CA signed it, when it expires.
     pub serving_certificate: Option<ServingCertificate>,
     /// The guest boot check and the host's capabilities; `None` with the check off.
@@ -199,6 +203,21 @@ fn reported_machines(machines: Option<&[String]>) -> Vec<String> {
 }
 
 /// The pools a status reports: at most 1024, by name, counts saturated into the schema's type.
+/// The machines' last activity as the status carries it (none: absent).
+fn reported_activity(activity: &[(String, i64)]) -> Option<Vec<smolvm_api::MachineActivity>> {
+    let reported: Vec<smolvm_api::MachineActivity> = activity
+        .iter()
+        .filter_map(|(name, at)| {
+            let time = k8s_openapi::jiff::Timestamp::from_second(*at).ok()?;
+            Some(smolvm_api::MachineActivity {
+                name: name.clone(),
+                last_active_time: Time(time),
+            })
+        })
+        .collect();
+    (!reported.is_empty()).then_some(reported)
+}
+
 fn reported_pools(pools: &[smolvm_api::nodeapi::PoolStatus]) -> Vec<smolvm_api::NodePool> {
     let count = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
     pools
@@ -318,6 +337,8 @@ pub fn build_status(obs: &Observation, previous: &[Condition], now: &Time) -> Sm
         // Known only while smolvm answers; absent otherwise, so nobody acts on a stale list.
         machines: obs.runtime_ready.then(|| reported_machines(obs.machines.as_deref())),
         suspended_machines: obs.runtime_ready.then(|| reported_suspended(obs)),
+        activity: reported_activity(&obs.activity),
+        wake_requests: (!obs.wake_requests.is_empty()).then(|| obs.wake_requests.clone()),
         pools: obs
             .pools
             .as_ref()
@@ -473,8 +494,14 @@ impl Reporter {
     }
 }
 
-/// Reports every `interval` until the task is aborted; failures are logged and retried.
-pub fn spawn_reporter<F>(reporter: Reporter, interval: Duration, mut observe: F) -> tokio::task::JoinHandle<()>
+/// Reports every `interval`, and at once when a wake is asked for (`activity`), until the task
+/// is aborted; failures are logged and retried.
+pub fn spawn_reporter<F>(
+    reporter: Reporter,
+    interval: Duration,
+    activity: Option<std::sync::Arc<crate::activity::Activity>>,
+    mut observe: F,
+) -> tokio::task::JoinHandle<()>
 where
     F: FnMut(&str) -> Observation + Send + 'static,
 {
@@ -489,7 +516,15 @@ where
                     "reporting SmolVMNode failed"
                 ),
             }
-            tokio::time::sleep(interval).await;
+            match &activity {
+                Some(activity) => {
+                    tokio::select! {
+                        () = tokio::time::sleep(interval) => {}
+                        () = activity.wake_asked() => tracing::debug!("a wake was asked for: reporting now"),
+                    }
+                }
+                None => tokio::time::sleep(interval).await,
+            }
         }
     })
 }
@@ -536,6 +571,8 @@ mod tests {
             machines: Some(vec!["svm-a".into(), "svm-b".into()]),
             suspended_machines: Some(vec!["svm-b".into(), "svm-gone".into()]),
             pools: None,
+            activity: Vec::new(),
+            wake_requests: Vec::new(),
             serving_certificate: None,
             boot_check: None,
         }

@@ -21,6 +21,12 @@ use crate::vmm::{Machine, MachineState};
 pub struct Suspension {
     /// When the agent suspended the machine (RFC 3339, the agent's clock, whole seconds).
     pub since: String,
+    /// The controller suspended it for idleness (SPEC 2.7), not a user.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub idle: bool,
+    /// Its published ports keep listening while it sleeps, and a connection wakes it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wake_on_traffic: bool,
 }
 
 impl Suspension {
@@ -30,6 +36,17 @@ impl Suspension {
         let since = k8s_openapi::jiff::Timestamp::from_second(now.as_second()).unwrap_or(now);
         Self {
             since: since.to_string(),
+            idle: false,
+            wake_on_traffic: false,
+        }
+    }
+
+    /// A suspension from now, as `request` asks.
+    pub fn asked(request: &smolvm_api::nodeapi::SuspendRequest) -> Self {
+        Self {
+            idle: request.idle,
+            wake_on_traffic: request.idle && request.wake_on_traffic,
+            ..Self::now()
         }
     }
 }
@@ -74,7 +91,11 @@ impl SuspendRecords {
     pub fn read(&self, machine: &str) -> Option<Suspension> {
         match self.records.read(machine) {
             Some(record) => Some(record),
-            None if self.records.exists(machine) => Some(Suspension { since: String::new() }),
+            None if self.records.exists(machine) => Some(Suspension {
+                since: String::new(),
+                idle: false,
+                wake_on_traffic: false,
+            }),
             None => None,
         }
     }
@@ -87,6 +108,17 @@ impl SuspendRecords {
     /// Forgets `machine` (nothing to do when there is no record).
     pub fn remove(&self, machine: &str) {
         self.records.remove(machine);
+    }
+
+    /// Of `machines` as smolvm lists them, the names of those suspended for idleness whose
+    /// traffic wakes them: their forwards keep listening while they sleep.
+    pub fn wakeable_among(&self, machines: &[Machine]) -> std::collections::BTreeSet<String> {
+        machines
+            .iter()
+            .filter(|m| m.state == MachineState::Stopped)
+            .filter(|m| self.read(&m.name).is_some_and(|r| r.wake_on_traffic))
+            .map(|m| m.name.clone())
+            .collect()
     }
 
     /// The names of the machines with a record, sorted.

@@ -13,61 +13,12 @@ use std::sync::Arc;
 use smolvm_runtime::forward::Forwarder;
 use smolvm_runtime::metrics::Metrics;
 use smolvm_runtime::vmm::{Machine, MachineState, PortMapping};
+use smolvm_testkit::netns::OtherHost;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// A network namespace with a veth pair to this one; removed on drop, whatever happened.
-struct OtherHost {
-    ns: String,
-    host_if: String,
-}
-
-impl OtherHost {
-    fn create(tag: &str, host_ip: &str, peer_ip: &str) -> Result<Self, String> {
-        let ns = format!("svm-fwd-{tag}");
-        let host_if = format!("svmh{tag}");
-        let peer_if = format!("svmp{tag}");
-        let this = Self {
-            ns: ns.clone(),
-            host_if: host_if.clone(),
-        };
-        let steps: [&[&str]; 8] = [
-            &["netns", "add", &ns],
-            &["link", "add", &host_if, "type", "veth", "peer", "name", &peer_if],
-            &["link", "set", &peer_if, "netns", &ns],
-            &["addr", "add", &format!("{host_ip}/30"), "dev", &host_if],
-            &["link", "set", &host_if, "up"],
-            &["-n", &ns, "addr", "add", &format!("{peer_ip}/30"), "dev", &peer_if],
-            &["-n", &ns, "link", "set", &peer_if, "up"],
-            &["-n", &ns, "link", "set", "lo", "up"],
-        ];
-        for args in steps {
-            let out = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "ip {}: {}",
-                    args.join(" "),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ));
-            }
-        }
-        Ok(this)
-    }
-}
-
-impl Drop for OtherHost {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["link", "del", &self.host_if]).output();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
-    }
-}
-
 fn why_skipped() -> Option<String> {
-    let uid = Command::new("id").arg("-u").output().ok()?;
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-        return Some("not root (network namespaces need it)".into());
-    }
-    if Command::new("ip").arg("-V").output().is_err() {
-        return Some("no `ip` (iproute2)".into());
+    if let Some(why) = smolvm_testkit::netns::why_not() {
+        return Some(why);
     }
     if Command::new("python3").arg("-V").output().is_err() {
         return Some("no python3 for the client".into());
@@ -161,7 +112,7 @@ async fn forwards_tcp_and_udp_from_another_host_and_follows_the_machine() {
     let tag = format!("{}", std::process::id() % 100_000);
     let octet = std::process::id() % 250 + 1;
     let (host_ip, peer_ip) = (format!("10.231.{octet}.1"), format!("10.231.{octet}.2"));
-    let other = match OtherHost::create(&tag, &host_ip, &peer_ip) {
+    let other = match OtherHost::create("fwd", &tag, &host_ip, &peer_ip) {
         Ok(other) => other,
         Err(why) => {
             println!("skipped: cannot build a second network namespace here: {why}");

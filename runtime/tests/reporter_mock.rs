@@ -70,6 +70,8 @@ fn observation(uid: &str) -> Observation {
         machines: Some(vec!["svm-a".into()]),
         suspended_machines: Some(Vec::new()),
         pools: None,
+        activity: Vec::new(),
+        wake_requests: Vec::new(),
         serving_certificate: None,
         boot_check: None,
     }

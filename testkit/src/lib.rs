@@ -20,6 +20,7 @@
 pub mod apiserver;
 pub mod flags;
 pub mod memory_vmm;
+pub mod netns;
 pub mod node;
 pub mod runtime_double;
 pub mod smolvm_double;

@@ -875,6 +875,8 @@ struct Inner {
     delays: Mutex<BTreeMap<&'static str, Duration>>,
     /// Failures to answer, by operation and machine: how many calls are still to fail.
     failures: Mutex<BTreeMap<(&'static str, String), u32>>,
+    /// Told after each call that may change what the machines publish.
+    ports_changed: tokio::sync::Notify,
 }
 
 fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -920,12 +922,18 @@ impl SmolvmDouble {
             calls: Mutex::default(),
             delays: Mutex::default(),
             failures: Mutex::default(),
+            ports_changed: tokio::sync::Notify::new(),
         });
         let app = axum::Router::new().fallback(dispatch).with_state(inner.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Ok(DoubleHandle { socket, inner, task })
+        Ok(DoubleHandle {
+            socket,
+            inner,
+            task,
+            ports: Mutex::new(None),
+        })
     }
 }
 
@@ -934,11 +942,15 @@ pub struct DoubleHandle {
     socket: PathBuf,
     inner: Arc<Inner>,
     task: tokio::task::JoinHandle<()>,
+    ports: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Drop for DoubleHandle {
     fn drop(&mut self) {
         self.task.abort();
+        if let Some(ports) = locked(&self.ports).take() {
+            ports.abort();
+        }
         let _ = std::fs::remove_file(&self.socket);
     }
 }
@@ -947,6 +959,17 @@ impl DoubleHandle {
     /// The socket it serves on (what `--attach-socket` takes).
     pub fn socket(&self) -> &Path {
         &self.socket
+    }
+
+    /// From now on, serves the TCP ports each running machine publishes on 127.0.0.1 with an
+    /// echo, as smolvm binds a guest's published ports there (the guest's service is the echo):
+    /// bound when it runs, released when it stops, is paused or deleted. A port another
+    /// program holds is left alone. Off by default, so that doubles of other tests bind nothing.
+    pub fn serve_ports(&self) {
+        let mut ports = locked(&self.ports);
+        if ports.is_none() {
+            *ports = Some(tokio::spawn(serve_ports(self.inner.clone())));
+        }
     }
 
     /// The calls received so far, in order.
@@ -1372,8 +1395,78 @@ async fn dispatch(State(inner): State<Arc<Inner>>, request: Request) -> Response
     };
     if route.method != "GET" {
         refill(world);
+        inner.ports_changed.notify_one();
     }
     response
+}
+
+/// The TCP ports the running machines publish: host port → machine.
+fn published(world: &World) -> BTreeMap<u16, String> {
+    world
+        .machines
+        .values()
+        .filter(|m| m.info.state == "running")
+        .flat_map(|m| {
+            m.info
+                .ports
+                .iter()
+                .filter(|p| p.protocol.as_deref() != Some("udp"))
+                .map(|p| (p.host, m.info.name.clone()))
+        })
+        .collect()
+}
+
+/// Serves the running machines' published TCP ports on 127.0.0.1 with an echo, as smolvm binds
+/// a guest's ports there (see [`DoubleHandle::serve_ports`]), until aborted.
+async fn serve_ports(inner: Arc<Inner>) {
+    let mut open: BTreeMap<u16, (String, tokio::task::JoinHandle<()>)> = BTreeMap::new();
+    loop {
+        let want = published(&locked(&inner.world));
+        open.retain(|port, (machine, task)| {
+            let kept = want.get(port) == Some(machine);
+            if !kept {
+                task.abort();
+            }
+            kept
+        });
+        for (port, machine) in want {
+            if open.contains_key(&port) {
+                continue;
+            }
+            match std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port))
+                .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                .and_then(tokio::net::TcpListener::from_std)
+            {
+                Ok(listener) => {
+                    open.insert(port, (machine, tokio::spawn(echo(listener))));
+                }
+                // Taken (another test's): tried again at the next change.
+                Err(_) => continue,
+            }
+        }
+        tokio::select! {
+            () = inner.ports_changed.notified() => {}
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+/// Echoes what each connection sends, until the listener's task is aborted (its connections go
+/// with it, as a paused guest's would stop answering).
+async fn echo(listener: tokio::net::TcpListener) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut connections = tokio::task::JoinSet::new();
+    while let Ok((mut conn, _)) = listener.accept().await {
+        while connections.try_join_next().is_some() {}
+        connections.spawn(async move {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = conn.read(&mut buf).await {
+                if n == 0 || conn.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
 }
 
 /// A required body, as [`read_body`] reads it.
@@ -2585,6 +2678,47 @@ mod tests {
             (&started["state"], &started["branchable"]),
             (&json!("running"), &json!(true))
         );
+    }
+
+    #[tokio::test]
+    async fn a_running_machine_s_published_ports_echo_on_loopback_until_it_pauses() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let double = SmolvmDouble::start(socket_path("ports")).await.expect("double");
+        double.serve_ports();
+        let s = double.socket();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let create = json!({"name": "m1", "cpus": 1, "memoryMb": 256, "network": true,
+            "ports": [{"host": port, "guest": 80}]});
+        assert_eq!(call(s, "POST", "/api/v1/machines", Some(create)).await.0, 200);
+        let refused = || tokio::net::TcpStream::connect(("127.0.0.1", port));
+        assert!(refused().await.is_err(), "nothing published before it runs");
+        assert_eq!(call(s, "POST", "/api/v1/machines/m1/start", None).await.0, 200);
+        let mut conn = None;
+        for _ in 0..100 {
+            if let Ok(c) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                conn = Some(c);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut conn = conn.expect("the running machine's port answers");
+        conn.write_all(b"ping").await.expect("write");
+        let mut back = [0u8; 4];
+        conn.read_exact(&mut back).await.expect("echo");
+        assert_eq!(&back, b"ping");
+        assert_eq!(call(s, "POST", "/api/v1/machines/m1/pause", None).await.0, 200);
+        let mut closed = false;
+        for _ in 0..100 {
+            if refused().await.is_err() {
+                closed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(closed, "a paused machine's port is released");
     }
 
     #[tokio::test]

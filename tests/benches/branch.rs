@@ -24,7 +24,7 @@ use smolvm_testkit::smolvm_double::DoubleHandle;
 use smolvm_tests::{
     assets,
     env::eventually,
-    simnodes::{DoubleNode, api_requests, double_node, env_usize, quantile_ms},
+    simnodes::{DoubleNode, api_requests, double_node, env_usize, report_ms},
 };
 
 const NODE: &str = "bench-branch-node";
@@ -96,8 +96,8 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
         wait_running(&api, name).await?;
     }
 
-    report("own time (one at a time)", one_at_a_time);
-    report(&format!("own time ({count} at once)"), at_once);
+    report_ms("own time (one at a time)", one_at_a_time);
+    report_ms(&format!("own time ({count} at once)"), at_once);
     println!(
         "writes per branch: {:.2} (smolvms {:.2} + smolvms/status {:.2}; target <= 2 besides the create); events per branch {:.2}",
         per(object_writes + status_writes),
@@ -144,16 +144,4 @@ async fn wait_running(api: &Api<SmolVM>, name: &str) -> anyhow::Result<SmolVM> {
         Ok((vm.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running)).then_some(vm))
     })
     .await
-}
-
-fn report(what: &str, mut samples: Vec<Duration>) {
-    samples.sort();
-    let at = |q: f64| quantile_ms(&samples, q);
-    println!(
-        "{what}: p50 {:.1} ms, p99 {:.1} ms (n={}, max {:.1} ms)",
-        at(0.50),
-        at(0.99),
-        samples.len(),
-        at(1.0)
-    );
 }

@@ -26,7 +26,7 @@ use smolvm_testkit::smolvm_double::DoubleHandle;
 use smolvm_tests::{
     assets,
     env::eventually,
-    simnodes::{DoubleNode, double_node},
+    simnodes::{DoubleNode, double_node, report_ms},
 };
 
 const NODE: &str = "bench-double-node";
@@ -72,16 +72,16 @@ async fn run(assets: assets::Assets) -> anyhow::Result<()> {
     println!("{count} VMs running on a double-backed node; one at a time:");
     let (suspend, suspend_whole) = samples(&api, &double, &names, true).await?;
     let (resume, resume_whole) = samples(&api, &double, &names, false).await?;
-    report(
+    report_ms(
         "suspend, the operator's own time (write stored -> smolvm pause called)",
         suspend,
     );
-    report("  the whole path (write sent -> smolvm pause called)", suspend_whole);
-    report(
+    report_ms("the whole path (write sent -> smolvm pause called)", suspend_whole);
+    report_ms(
         "resume, the operator's own time (write stored -> smolvm resume called)",
         resume,
     );
-    report("  the whole path (write sent -> smolvm resume called)", resume_whole);
+    report_ms("the whole path (write sent -> smolvm resume called)", resume_whole);
     println!("target: p99 <= 50 ms (SPEC: the operator's own time, on loopback)");
     env.stop_runtime();
     Ok(())
@@ -132,16 +132,4 @@ async fn wait_phase(api: &Api<SmolVM>, name: &str, phase: Phase) -> anyhow::Resu
     )
     .await
     .with_context(|| format!("after {:?}", started.elapsed()))
-}
-
-fn report(what: &str, mut samples: Vec<Duration>) {
-    samples.sort();
-    let at = |q: f64| smolvm_tests::simnodes::quantile_ms(&samples, q);
-    println!(
-        "  {what}: n={} p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
-        samples.len(),
-        at(0.50),
-        at(0.99),
-        at(1.0)
-    );
 }

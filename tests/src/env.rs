@@ -48,6 +48,9 @@ pub const NODE_HOSTNAME: &str = "ip-192-168-101-202";
 /// The Node's InternalIP, as its kubelet would report it (a documentation address: nothing is
 /// sent to it).
 pub const NODE_INTERNAL_IP: &str = "192.0.2.202";
+/// The InternalIP of a node backed by the smolvm double (a documentation address: nothing is
+/// sent to it), unless its scenario gives one of its own.
+pub const DOUBLE_NODE_IP: &str = "192.0.2.203";
 /// The ServiceAccounts of the deployment.
 pub const SA_WEBHOOK: &str = "smolvm-webhook";
 /// The controller's ServiceAccount.
@@ -712,8 +715,20 @@ impl Env {
     /// on a node API port of its own. Returns the agent's process (stopped when dropped); waits
     /// until its SmolVMNode is Ready.
     pub async fn start_double_node(&mut self, name: &str, socket: &Path, extra: &[&str]) -> anyhow::Result<Proc> {
+        self.start_double_node_at(name, socket, DOUBLE_NODE_IP, extra).await
+    }
+
+    /// [`Env::start_double_node`] with `internal_ip` as the Node's InternalIP (where its
+    /// published ports are reached: give the agent `--publish-address` with it).
+    pub async fn start_double_node_at(
+        &mut self,
+        name: &str,
+        socket: &Path,
+        internal_ip: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Proc> {
         let admin = self.admin().await?;
-        create_node_named(&admin, name, name, "192.0.2.203").await?;
+        create_node_named(&admin, name, name, internal_ip).await?;
         let agent = Agent {
             node: name.to_string(),
             dir: format!("double-{name}"),
@@ -728,11 +743,21 @@ impl Env {
     /// directory and a node `name` whose agent runs on it with `extra` flags
     /// ([`Env::start_double_node`]); [`DoubleNodeRun::stop`] takes both down again.
     pub async fn start_on_double(&mut self, name: &str, extra: &[&str]) -> anyhow::Result<DoubleNodeRun> {
+        self.start_on_double_at(name, DOUBLE_NODE_IP, extra).await
+    }
+
+    /// [`Env::start_on_double`] on a node whose InternalIP is `internal_ip`.
+    pub async fn start_on_double_at(
+        &mut self,
+        name: &str,
+        internal_ip: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<DoubleNodeRun> {
         let socket = self.dir.join(format!("{name}.sock"));
         let double = smolvm_testkit::smolvm_double::SmolvmDouble::start(&socket)
             .await
             .context("starting the smolvm double")?;
-        let agent = self.start_double_node(name, &socket, extra).await?;
+        let agent = self.start_double_node_at(name, &socket, internal_ip, extra).await?;
         Ok(DoubleNodeRun {
             double,
             agent,

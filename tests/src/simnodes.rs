@@ -49,6 +49,17 @@ pub struct DoubleNode {
 
 /// Starts [`DoubleNode`] with the node `node`, in a new directory named from `prefix`.
 pub async fn double_node(assets: &assets::Assets, prefix: &str, node: &str) -> anyhow::Result<DoubleNode> {
+    double_node_at(assets, prefix, node, None).await
+}
+
+/// [`double_node`] whose Node has the InternalIP `address` (where its agent publishes the
+/// machines' ports: a forwarder of its own), or the documentation address (none).
+pub async fn double_node_at(
+    assets: &assets::Assets,
+    prefix: &str,
+    node: &str,
+    address: Option<&str>,
+) -> anyhow::Result<DoubleNode> {
     use anyhow::Context as _;
     let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
     let options = Options {
@@ -60,8 +71,11 @@ pub async fn double_node(assets: &assets::Assets, prefix: &str, node: &str) -> a
     let double = smolvm_testkit::smolvm_double::SmolvmDouble::start(&socket)
         .await
         .context("starting the smolvm double")?;
-    let extra = ["--cpu-allocation-ratio=16", "--reserved-cpus=0"];
-    let agent = env.start_double_node(node, &socket, &extra).await?;
+    let publish = address.map(|a| format!("--publish-address={a}"));
+    let mut extra = vec!["--cpu-allocation-ratio=16", "--reserved-cpus=0"];
+    extra.extend(publish.as_deref());
+    let ip = address.unwrap_or(crate::env::DOUBLE_NODE_IP);
+    let agent = env.start_double_node_at(node, &socket, ip, &extra).await?;
     Ok(DoubleNode {
         env,
         double,
@@ -74,6 +88,19 @@ pub async fn double_node(assets: &assets::Assets, prefix: &str, node: &str) -> a
 pub fn quantile_ms(sorted: &[std::time::Duration], q: f64) -> f64 {
     let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len().max(1)) - 1;
     sorted.get(i).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+/// Prints `{what}: p50 X ms, p99 Y ms (n=N, max Z ms)` for `samples`.
+pub fn report_ms(what: &str, mut samples: Vec<std::time::Duration>) {
+    samples.sort();
+    let at = |q: f64| quantile_ms(&samples, q);
+    println!(
+        "{what}: p50 {:.1} ms, p99 {:.1} ms (n={}, max {:.1} ms)",
+        at(0.50),
+        at(0.99),
+        samples.len(),
+        at(1.0)
+    );
 }
 
 /// A number from the environment, or `default`.

@@ -1,4 +1,4 @@
-//! Defaulting (the mutating half of admission): rules M1 to M5.
+//! Defaulting (the mutating half of admission): rules M1 to M6.
 //!
 //! Works on the raw JSON of the object, so that it never fails on input the typed structs would
 //! reject (validation reports those). The patch is minimal: it only adds what is missing, and a
@@ -95,6 +95,10 @@ pub fn additions(op: Operation, shape: &Shape) -> Vec<Addition> {
             }
         }
         out.extend(spec.ports_without_protocol.iter().map(|&i| Addition::PortProtocol(i)));
+        // M6: a VM that sleeps when idle wakes on traffic unless it says otherwise.
+        if spec.lifecycle == Members::Object(true, false) {
+            out.push(Addition::WakeOnTraffic);
+        }
     }
     if op == Operation::Create {
         match shape.finalizers {
@@ -159,6 +163,8 @@ pub enum Addition {
     Member(Group, usize),
     /// `spec.network.ports[i].protocol`.
     PortProtocol(usize),
+    /// `spec.lifecycle.wakeOnTraffic`, true (M6).
+    WakeOnTraffic,
     /// `metadata.finalizers`, holding [`FINALIZER`].
     Finalizers,
     /// [`FINALIZER`] appended to `metadata.finalizers`.
@@ -185,6 +191,7 @@ impl Addition {
                 if i == 0 { a } else { b }
             }
             Addition::PortProtocol(_) => json!("TCP"),
+            Addition::WakeOnTraffic => json!(true),
             Addition::Finalizers => json!([FINALIZER]),
             Addition::Finalizer => json!(FINALIZER),
         }
@@ -209,6 +216,7 @@ impl Addition {
             Addition::Group(group) => write!(out, "/spec/{}", group.field()),
             Addition::Member(group, i) => write!(out, "/spec/{}/{}", group.field(), group.members()[i.min(1)]),
             Addition::PortProtocol(i) => write!(out, "/spec/network/ports/{i}/protocol"),
+            Addition::WakeOnTraffic => out.write_all(b"/spec/lifecycle/wakeOnTraffic"),
             Addition::Finalizers => out.write_all(b"/metadata/finalizers"),
             Addition::Finalizer => out.write_all(b"/metadata/finalizers/-"),
         };
@@ -263,6 +271,7 @@ impl Addition {
             Addition::Member(group, i) => 7 + 2 * group as usize + i.min(1),
             Addition::Finalizers => 13,
             Addition::PortProtocol(_) => return "\"TCP\"",
+            Addition::WakeOnTraffic => return "true",
             Addition::Finalizer => return concat!("\"", "vm.smolvm.dev/node-cleanup", "\""),
         };
         texts.get(kind).map(String::as_str).unwrap_or("null")
@@ -321,6 +330,13 @@ impl Addition {
                     .and_then(|p| p.get_mut(i));
                 return port.map(|p| p.protocol = crate::types::Protocol::Tcp).is_some();
             }
+            Addition::WakeOnTraffic => {
+                return spec
+                    .lifecycle
+                    .as_mut()
+                    .map(|l| l.wake_on_traffic = Some(true))
+                    .is_some();
+            }
             Addition::Finalizers => vm.metadata.finalizers = Some(vec![FINALIZER.to_string()]),
             Addition::Finalizer => {
                 return vm
@@ -366,8 +382,8 @@ pub fn default_smolvm_with_class(op: Operation, object: &Value, class: Option<&S
     Patch(ops)
 }
 
-/// Two members of a field a class may set, each `None` where it does not.
-type ClassMembers = [(&'static str, Option<Value>); 2];
+/// The members of a field a class may set, each `None` where it does not.
+type ClassMembers = Vec<(&'static str, Option<Value>)>;
 
 /// The members of `resources`, `storage` and `lifecycle` a class sets, by field, as JSON (M3
 /// fills them member by member).
@@ -377,21 +393,29 @@ fn class_members(c: &crate::class::SmolVMClassSpec) -> [(&'static str, ClassMemb
     [
         (
             "resources",
-            [
+            vec![
                 ("cpus", resources.and_then(|r| r.cpus).map(|v| json!(v))),
                 ("memoryMiB", value(resources.and_then(|r| r.memory_mib))),
             ],
         ),
         (
             "storage",
-            [
+            vec![
                 ("storageGiB", value(storage.and_then(|s| s.storage_gib))),
                 ("overlayGiB", value(storage.and_then(|s| s.overlay_gib))),
             ],
         ),
         (
             "lifecycle",
-            [
+            vec![
+                (
+                    "suspendAfterIdle",
+                    lifecycle.and_then(|l| l.suspend_after_idle.as_ref()).map(|v| json!(v)),
+                ),
+                (
+                    "wakeOnTraffic",
+                    lifecycle.and_then(|l| l.wake_on_traffic).map(|v| json!(v)),
+                ),
                 (
                     "ttlSecondsAfterFinished",
                     value(lifecycle.and_then(|l| l.ttl_seconds_after_finished)),
@@ -661,6 +685,7 @@ mod tests {
             Addition::PortProtocol(1),
             Addition::Finalizers,
             Addition::Finalizer,
+            Addition::WakeOnTraffic,
         ];
         for group in groups {
             all.extend([
@@ -672,7 +697,7 @@ mod tests {
         // An object that every addition applies to: each group an empty object, two ports, an
         // empty finalizer list (the whole-field additions replace them).
         let object = json!({"metadata": {"name": "a", "finalizers": []},
-            "spec": {"image": "alpine", "resources": {}, "storage": {}, "network": {"ports": [
+            "spec": {"image": "alpine", "resources": {}, "storage": {}, "lifecycle": {"suspendAfterIdle": "5m"}, "network": {"ports": [
                 {"hostPort": 8080, "guestPort": 80}, {"hostPort": 8081, "guestPort": 81}]}}});
         for addition in all {
             let mut written = Vec::new();
@@ -821,6 +846,38 @@ mod tests {
                 default_smolvm(Operation::Create, &patched).0.is_empty(),
                 "{name}: second pass not empty"
             );
+        }
+    }
+
+    #[test]
+    fn m6_wake_on_traffic_defaults_with_suspend_after_idle() {
+        let wake = "/spec/lifecycle/wakeOnTraffic".to_string();
+        // (name, lifecycle, whether M6 adds wakeOnTraffic)
+        let cases = [
+            ("idle set: defaulted", json!({"suspendAfterIdle": "5m"}), true),
+            (
+                "idle set, wake false: kept",
+                json!({"suspendAfterIdle": "5m", "wakeOnTraffic": false}),
+                false,
+            ),
+            ("idle null: nothing", json!({"suspendAfterIdle": null}), false),
+            ("lifetimes only: nothing", json!({"ttlSecondsAfterFinished": 5}), false),
+            ("not an object: left to validation", json!("5m"), false),
+        ];
+        for (name, lifecycle, added) in cases {
+            let object = vm(json!({"image": "alpine", "lifecycle": lifecycle}));
+            for op in [Operation::Create, Operation::Update] {
+                let patch = default_smolvm(op, &object);
+                assert_eq!(paths(&patch).contains(&wake), added, "{name} {op:?}");
+                let patched = apply(&object, &patch);
+                assert!(
+                    default_smolvm(op, &patched).0.is_empty(),
+                    "{name}: second pass not empty"
+                );
+                if added {
+                    assert_eq!(patched["spec"]["lifecycle"]["wakeOnTraffic"], json!(true), "{name}");
+                }
+            }
         }
     }
 

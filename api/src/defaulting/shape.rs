@@ -60,6 +60,8 @@ pub struct SpecShape {
     pub storage: Members,
     /// `network`: whether `enabled` and `exposeService` are set.
     pub network: Members,
+    /// `lifecycle`: whether `suspendAfterIdle` and `wakeOnTraffic` are set (M6).
+    pub lifecycle: Members,
     /// The indices of `network.ports` entries that are objects without a `protocol` (none
     /// unless `network` is an object and `ports` a list).
     pub ports_without_protocol: Vec<usize>,
@@ -85,11 +87,13 @@ pub enum Members {
     Other,
 }
 
-/// The two defaulted members of `resources`, `storage` and `network`, in that order.
-pub(super) const MEMBERS: [[&str; 2]; 3] = [
+/// The two defaulted members of `resources`, `storage` and `network`, in that order; then the
+/// two members of `lifecycle` M6 reads (it defaults the second where the first is set).
+pub(super) const MEMBERS: [[&str; 2]; 4] = [
     ["cpus", "memoryMiB"],
     ["storageGiB", "overlayGiB"],
     ["enabled", "exposeService"],
+    ["suspendAfterIdle", "wakeOnTraffic"],
 ];
 
 /// Whether a value is set: present and not null.
@@ -154,6 +158,7 @@ impl SpecShape {
             resources: Members::of_value(spec.get("resources"), MEMBERS[0]),
             storage: Members::of_value(spec.get("storage"), MEMBERS[1]),
             network: Members::of_value(network, MEMBERS[2]),
+            lifecycle: Members::of_value(spec.get("lifecycle"), MEMBERS[3]),
             ports_without_protocol,
             class_name: spec.get("className").and_then(Value::as_str).map(str::to_string),
             pool_ref: is_set(spec.get("poolRef")),
@@ -231,6 +236,7 @@ by_kind!(
     Set,
     MembersText<0>,
     MembersText<1>,
+    MembersText<3>,
     NetworkText,
     PortsText,
     PortText,
@@ -338,7 +344,7 @@ fn skip<'de, A: MapAccess<'de>>(_: &str, map: &mut A) -> Result<(), A::Error> {
     map.next_value::<IgnoredAny>().map(|_| ())
 }
 
-/// [`Members`] of `resources` (`N` = 0) or `storage` (1).
+/// [`Members`] of `resources` (`N` = 0), `storage` (1) or `lifecycle` (3).
 struct MembersText<const N: usize>(Members);
 
 impl<const N: usize> FromKind for MembersText<N> {
@@ -430,6 +436,7 @@ impl FromKind for SpecText {
             match &*key {
                 "resources" => spec.resources = map.next_value::<MembersText<0>>()?.0,
                 "storage" => spec.storage = map.next_value::<MembersText<1>>()?.0,
+                "lifecycle" => spec.lifecycle = map.next_value::<MembersText<3>>()?.0,
                 "network" => {
                     let NetworkText(members, ports) = map.next_value()?;
                     spec.network = members;
@@ -480,6 +487,9 @@ mod tests {
             json!({"className": "small", "poolRef": {"name": "p"}}),
             json!({"className": 3, "poolRef": null}),
             json!({"className": ["a"], "poolRef": false}),
+            json!({"lifecycle": {"suspendAfterIdle": "5m"}}),
+            json!({"lifecycle": {"suspendAfterIdle": null, "wakeOnTraffic": false}}),
+            json!({"lifecycle": [1], "resources": {}}),
         ];
         for spec in specs {
             let from_value = Shape::of_value(&json!({ "spec": spec })).spec;

@@ -17,7 +17,8 @@ use serde::de::DeserializeOwned;
 
 use super::wire::{
     BranchRequest, DeleteResponse, ExecRequest, ExecResponse, HealthResponse, IdentityResponse, LeaseRequest,
-    MachineSpec, MachineStatus, PoolList, PoolResize, PoolSpec, PoolStatus, ResizeSpec, StartRequest, VolumeMounts,
+    MachineSpec, MachineStatus, PoolList, PoolResize, PoolSpec, PoolStatus, ResizeSpec, StartRequest, SuspendRequest,
+    VolumeMounts,
 };
 
 /// The path segment of this protocol version (the paths start `/v1/`).
@@ -139,7 +140,8 @@ operations! {
     StopMachine,
     /// `POST /v1/machines/{name}/resize` with a [`ResizeSpec`]: 200 [`MachineStatus`].
     ResizeMachine,
-    /// `POST /v1/machines/{name}/suspend`: 200 [`MachineStatus`] in state `Suspended`. A running
+    /// `POST /v1/machines/{name}/suspend`, optionally with a [`SuspendRequest`]: 200
+    /// [`MachineStatus`] in state `Suspended`. A running
     /// machine is paused (smolvm saves its RAM and disks durably, then stops it); a suspended one
     /// answers as it is. Refused with 409 `MachineNotRunning` for a machine that is not running.
     SuspendMachine,
@@ -393,7 +395,7 @@ mod rows {
         Post,
         &[V, MACHINES, Machine, Fixed("suspend")],
         &[],
-        Empty,
+        OptionalJson("SuspendRequest"),
         Json("MachineStatus"),
     );
     pub const RESUME_MACHINE: Spec = row(
@@ -527,7 +529,7 @@ pub mod calls {
         EnsureMachineRunning: StartRequest => MachineStatus;
         StopMachine: () => MachineStatus;
         ResizeMachine: ResizeSpec => MachineStatus;
-        SuspendMachine: () => MachineStatus;
+        SuspendMachine: SuspendRequest => MachineStatus;
         ResumeMachine: () => MachineStatus;
         BindVolumes: VolumeMounts => MachineStatus;
         ExecInMachine: ExecRequest => ExecResponse;

@@ -436,6 +436,21 @@ pub struct StartRequest {
     pub branchable: bool,
 }
 
+/// Optional body of `POST /v1/machines/{name}/suspend`: why the machine is suspended. A suspend
+/// without one is a user's (`spec.suspended`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SuspendRequest {
+    /// The controller suspends it for idleness (SPEC 2.7): recorded with the suspension and
+    /// reported in [`SuspendedState::idle`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub idle: bool,
+    /// While it sleeps, its forwards keep listening: a connection that arrives is held, a wake
+    /// is asked for, and the connection is relayed once the machine runs again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wake_on_traffic: bool,
+}
+
 /// What `PUT /v1/machines/{name}` creates. All sizes are required (no hidden defaults).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -598,6 +613,12 @@ pub struct SuspendedState {
     /// (smolvm 1.32.2 reports none: count the machine's memory, the worst case).
     #[serde(default, rename = "savedStateMiB", skip_serializing_if = "Option::is_none")]
     pub saved_state_mib: Option<u64>,
+    /// Suspended by the controller for idleness ([`SuspendRequest::idle`]), not by a user.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub idle: bool,
+    /// Its published ports wake it ([`SuspendRequest::wake_on_traffic`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wake_on_traffic: bool,
 }
 
 /// Body of `PUT /v1/pools/{name}`: a warm pool on this node. The agent keeps its source

@@ -135,6 +135,16 @@ pub struct SmolVMNodeStatus {
     #[schemars(length(max = 4096), inner(length(min = 1, max = 128)))]
     pub suspended_machines: Option<Vec<String>>,
 
+    /// The last activity of each machine on this node that had any since its agent started (sorted by name): bytes through its published ports, or an exec, log-follow or copy session. Reported with the heartbeat (coarse: at most one change per heartbeat). The controller notes by its own clock when each value changes, and suspends a VM with `lifecycle.suspendAfterIdle` that stayed quiet that long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
+    pub activity: Option<Vec<MachineActivity>>,
+
+    /// Machines suspended for idleness that a connection to a published port (or an access session) asked to wake, sorted: the agent holds those connections until the machine runs. Written at once when a wake is asked for; the controller resumes each one as any resume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096), inner(length(min = 1, max = 128)))]
+    pub wake_requests: Option<Vec<String>>,
+
     /// The warm pools on this node, as its agent last listed them (sorted by name): each pool's slots ready to serve, wanted, and leased. The controller places a SmolVM naming a pool where its pool has a ready slot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
@@ -153,6 +163,17 @@ pub struct SmolVMNodeStatus {
     #[schemars(length(max = 16))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
+}
+
+/// The last activity of one machine, as its agent reports it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineActivity {
+    /// The machine's name (`svm-<SmolVM uid>`).
+    #[schemars(length(min = 1, max = 128))]
+    pub name: String,
+    /// When the agent last saw traffic or a session for it (its own clock, whole seconds): a marker whose changes the controller notes, never compared with the controller's clock.
+    pub last_active_time: Time,
 }
 
 /// One warm pool on a node, as its agent reports it.

@@ -244,6 +244,16 @@ impl SmolVMSpec {
         self.lifecycle.as_ref().and_then(|l| l.ttl_seconds_after_finished)
     }
 
+    /// `lifecycle.suspendAfterIdle`, when set and valid.
+    pub fn suspend_after_idle(&self) -> Option<std::time::Duration> {
+        self.lifecycle.as_ref().and_then(super::Lifecycle::idle_after)
+    }
+
+    /// Whether traffic wakes it from an idle suspension (`lifecycle.wakeOnTraffic`, M6).
+    pub fn wakes_on_traffic(&self) -> bool {
+        self.lifecycle.as_ref().is_some_and(super::Lifecycle::wakes_on_traffic)
+    }
+
     /// `lifecycle.activeDeadlineSeconds`, when set.
     pub fn active_deadline_seconds(&self) -> Option<i64> {
         self.lifecycle.as_ref().and_then(|l| l.active_deadline_seconds)

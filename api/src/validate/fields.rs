@@ -3,13 +3,14 @@
 //! pool's template share them, each with its paths.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use crate::{
     policy::Policy,
     syntax,
     types::{
-        DEFAULT_CPUS, DEFAULT_MEMORY_MIB, DEFAULT_OVERLAY_GIB, DEFAULT_STORAGE_GIB, MAX_LIFETIME_SECONDS,
-        MAX_SELECTOR_ENTRIES, SmolVMSpec,
+        DEFAULT_CPUS, DEFAULT_MEMORY_MIB, DEFAULT_OVERLAY_GIB, DEFAULT_STORAGE_GIB, Lifecycle, MAX_LIFETIME_SECONDS,
+        MAX_SELECTOR_ENTRIES, MIN_SUSPEND_AFTER_IDLE_SECONDS, SmolVMSpec,
     },
 };
 
@@ -31,12 +32,14 @@ pub(super) fn check_spec_fields(spec: &SmolVMSpec, policy: &Policy, unset: Unset
     check_network(spec, policy, v);
     check_node_fields(spec, v);
     check_workload(spec, policy, v);
-    check_lifecycle(spec, v);
+    check_lifecycle(spec, policy, v);
 }
 
-/// V18: the lifetimes lie within 0 seconds and ten years.
-fn check_lifecycle(spec: &SmolVMSpec, v: &mut Verdict) {
+/// V18: the lifetimes lie within 0 seconds and ten years; `suspendAfterIdle` is a duration of
+/// at least 30 s and at most the policy's `maxSuspendAfterIdleSeconds`; `wakeOnTraffic` needs it.
+fn check_lifecycle(spec: &SmolVMSpec, policy: &Policy, v: &mut Verdict) {
     let Some(lifecycle) = &spec.lifecycle else { return };
+    check_idle(lifecycle, policy, v);
     let fields = [
         ("ttlSecondsAfterFinished", lifecycle.ttl_seconds_after_finished),
         ("activeDeadlineSeconds", lifecycle.active_deadline_seconds),
@@ -51,6 +54,52 @@ fn check_lifecycle(spec: &SmolVMSpec, v: &mut Verdict) {
                 seconds.to_string(),
                 format!("{seconds} is outside 0 to {MAX_LIFETIME_SECONDS} seconds (ten years)"),
             );
+        }
+    }
+}
+
+/// V18's idle half: `suspendAfterIdle` and `wakeOnTraffic`.
+fn check_idle(lifecycle: &Lifecycle, policy: &Policy, v: &mut Verdict) {
+    let path = "spec.lifecycle.suspendAfterIdle";
+    match lifecycle.suspend_after_idle.as_deref().map(syntax::parse_duration) {
+        None => {
+            if let Some(wake) = lifecycle.wake_on_traffic {
+                v.violation(
+                    RuleId::V18,
+                    "spec.lifecycle.wakeOnTraffic",
+                    wake.to_string(),
+                    format!("{wake} needs spec.lifecycle.suspendAfterIdle: only a VM suspended for idleness is woken by traffic"),
+                );
+            }
+        }
+        Some(Err(why)) => {
+            let text = lifecycle.suspend_after_idle.as_deref().unwrap_or_default();
+            v.violation(RuleId::V18, path, render(text), why);
+        }
+        Some(Ok(after)) => {
+            let text = lifecycle.suspend_after_idle.as_deref().unwrap_or_default();
+            let max = u64::try_from(policy.max_suspend_after_idle_seconds).unwrap_or(0);
+            if after < Duration::from_secs(MIN_SUSPEND_AFTER_IDLE_SECONDS) {
+                v.violation(
+                    RuleId::V18,
+                    path,
+                    render(text),
+                    format!(
+                        "{} is shorter than {MIN_SUSPEND_AFTER_IDLE_SECONDS}s, the least idle time (idleness is seen at the heartbeat's grain)",
+                        render(text)
+                    ),
+                );
+            } else if after > Duration::from_secs(max) {
+                v.violation(
+                    RuleId::V18,
+                    path,
+                    render(text),
+                    format!(
+                        "{} is longer than the policy's maxSuspendAfterIdleSeconds ({max} seconds)",
+                        render(text)
+                    ),
+                );
+            }
         }
     }
 }

@@ -50,7 +50,8 @@ pub enum RuleId {
     /// delete-branches annotation).
     V17,
     /// V18: lifecycle (`ttlSecondsAfterFinished` and `activeDeadlineSeconds` 0 or more, at most
-    /// ten years).
+    /// ten years; `suspendAfterIdle` a duration of at least 30 s and at most the policy's
+    /// maximum; `wakeOnTraffic` needs `suspendAfterIdle`).
     V18,
 }
 

@@ -1,5 +1,6 @@
 //! V18: a SmolVM's lifetimes (`spec.lifecycle`, SPEC 2.7), 0 seconds to ten years each, both
-//! reported in one answer; they may change after binding.
+//! reported in one answer; they may change after binding. Its idle suspension: a duration of at
+//! least 30 s and at most the policy's maximum; `wakeOnTraffic` only with it.
 
 use super::*;
 
@@ -44,6 +45,110 @@ fn v18_lifetimes() {
             Allow,
         ),
     ]);
+    check(vec![
+        case(
+            "v18_idle_five_minutes_accepted",
+            Create,
+            None,
+            lifecycle(json!({"suspendAfterIdle": "5m", "wakeOnTraffic": true})),
+            Allow,
+        ),
+        case(
+            "v18_idle_go_duration_accepted",
+            Create,
+            None,
+            lifecycle(json!({"suspendAfterIdle": "1h30m", "wakeOnTraffic": false})),
+            Allow,
+        ),
+        case(
+            "v18_idle_thirty_seconds_accepted",
+            Create,
+            None,
+            lifecycle(json!({"suspendAfterIdle": "30s"})),
+            Allow,
+        ),
+        case(
+            "v18_idle_below_thirty_seconds_rejected",
+            Create,
+            None,
+            lifecycle(json!({"suspendAfterIdle": "29s"})),
+            Reject(RuleId::V18, "spec.lifecycle.suspendAfterIdle"),
+        ),
+        case(
+            "v18_idle_past_the_policy_rejected",
+            Create,
+            None,
+            lifecycle(json!({"suspendAfterIdle": "169h"})),
+            Reject(RuleId::V18, "spec.lifecycle.suspendAfterIdle"),
+        ),
+        case(
+            "v18_idle_not_a_duration_rejected",
+            Create,
+            None,
+            lifecycle(json!({"suspendAfterIdle": "5 minutes"})),
+            Reject(RuleId::V18, "spec.lifecycle.suspendAfterIdle"),
+        ),
+        case(
+            "v18_idle_without_unit_rejected",
+            Create,
+            None,
+            lifecycle(json!({"suspendAfterIdle": "300"})),
+            Reject(RuleId::V18, "spec.lifecycle.suspendAfterIdle"),
+        ),
+        case(
+            "v18_wake_without_idle_rejected",
+            Create,
+            None,
+            lifecycle(json!({"wakeOnTraffic": true})),
+            Reject(RuleId::V18, "spec.lifecycle.wakeOnTraffic"),
+        ),
+        case(
+            "v18_idle_may_change_after_binding",
+            Update,
+            Some(bound(
+                lifecycle(json!({"suspendAfterIdle": "5m", "wakeOnTraffic": true})),
+                "node-a",
+            )),
+            bound(
+                lifecycle(json!({"suspendAfterIdle": "10m", "wakeOnTraffic": true})),
+                "node-a",
+            ),
+            Allow,
+        ),
+    ]);
+    // The message names the value and the rule.
+    let short = lifecycle(json!({"suspendAfterIdle": "10s"}));
+    let verdict = run(
+        &case("v18_short", Create, None, short, Allow),
+        &Policy::default(),
+        &nodes(),
+    );
+    let idle = verdict
+        .violations
+        .iter()
+        .find(|f| f.rule == RuleId::V18)
+        .expect("a V18 violation");
+    assert_eq!(idle.path, "spec.lifecycle.suspendAfterIdle");
+    assert!(
+        idle.message.contains("10s") && idle.message.contains("30s"),
+        "{}",
+        idle.message
+    );
+    // A policy may lower the maximum.
+    let policy = Policy {
+        max_suspend_after_idle_seconds: 600,
+        ..Policy::default()
+    };
+    let long = lifecycle(json!({"suspendAfterIdle": "11m"}));
+    let verdict = run(&case("v18_policy", Create, None, long, Allow), &policy, &nodes());
+    assert!(
+        verdict
+            .violations
+            .iter()
+            .any(|f| f.rule == RuleId::V18 && f.message.contains("maxSuspendAfterIdleSeconds")),
+        "{:?}",
+        verdict.violations
+    );
     // Both out of range: both named, in one answer.
     let both = lifecycle(json!({"ttlSecondsAfterFinished": -5, "activeDeadlineSeconds": -6}));
     let verdict = run(

@@ -32,6 +32,43 @@ use crate::nodeclient::StreamedBody;
 /// Extra time an exec's answer may take beyond the command's own limit.
 const EXEC_MARGIN: Duration = Duration::from_secs(30);
 
+/// How long an exec or copy waits for a VM suspended for idleness to wake.
+const WAKE_WAIT: Duration = Duration::from_secs(60);
+
+/// Wakes a VM the controller suspended for idleness (SPEC 2.7): asks with the wake annotation,
+/// then waits (at most [`WAKE_WAIT`]) until the controller reports it Running, instead of
+/// answering 409.
+async fn wake(vms: &Api<SmolVM>, vm: SmolVM, user: &User) -> Result<SmolVM, AccessError> {
+    let name = vm.metadata.name.clone().unwrap_or_default();
+    let at = k8s_openapi::jiff::Timestamp::now();
+    let at = k8s_openapi::jiff::Timestamp::from_second(at.as_second()).unwrap_or(at);
+    let patch = serde_json::json!({
+        "metadata": { "annotations": { smolvm_api::constants::WAKE_ANNOTATION: at.to_string() } }
+    });
+    tracing::info!(user = %user.name, smolvm = %name, "waking the SmolVM suspended for idleness before the call");
+    vms.patch(
+        &name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await?;
+    let deadline = tokio::time::Instant::now() + WAKE_WAIT;
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Some(now) = vms.get_opt(&name).await?
+            && request::woken(&now)
+        {
+            return Ok(now);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(AccessError::Unavailable(format!(
+                "SmolVM {name} was suspended for idleness and did not run within {}s of the wake; its Suspended condition says why (ResumePending: no room on its node or in its quota)",
+                WAKE_WAIT.as_secs()
+            )));
+        }
+    }
+}
+
 /// The user, authorized, and where their VM's machine is.
 struct Call {
     user: User,
@@ -61,10 +98,15 @@ impl AccessState {
             tracing::info!(user = %user.name, %namespace, smolvm = %name, subresource = sub.as_str(), verb, "access denied by the SubjectAccessReview");
             return Err(denied);
         }
-        let vm = Api::<SmolVM>::namespaced(self.kube.clone(), namespace)
+        let vms = Api::<SmolVM>::namespaced(self.kube.clone(), namespace);
+        let vm = vms
             .get_opt(name)
             .await?
             .ok_or_else(|| AccessError::NotFound(format!("smolvms.vm.smolvm.dev {name:?} not found")))?;
+        let vm = match request::wakes(&vm, sub) {
+            true => wake(&vms, vm, &user).await?,
+            false => vm,
+        };
         let target = request::target(&vm)?;
         let node = Api::<SmolVMNode>::all(self.kube.clone()).get_opt(&target.node).await?;
         let endpoint = node

@@ -281,6 +281,23 @@ pub fn target(vm: &SmolVM) -> Result<Target, AccessError> {
     })
 }
 
+/// Whether a call on `sub` wakes `vm` first (SPEC 2.7): an exec or a copy to a VM the controller
+/// suspended for idleness whose traffic wakes it (a log is read as it is, asleep or not).
+pub fn wakes(vm: &SmolVM, sub: Subresource) -> bool {
+    use smolvm_api::constants::{condition, reason};
+    let idle = vm.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == condition::SUSPENDED && c.status == "True" && c.reason == reason::IDLE_SUSPENDED)
+    });
+    idle && vm.spec.wakes_on_traffic() && matches!(sub, Subresource::Exec | Subresource::Files)
+}
+
+/// Whether a woken VM runs again: the controller reported it Running since the wake was asked.
+pub fn woken(vm: &SmolVM) -> bool {
+    vm.status.as_ref().and_then(|s| s.phase) == Some(smolvm_api::Phase::Running)
+}
+
 /// How a failed node API call reads to the user of `target`.
 pub fn from_call(error: CallError, target: &Target) -> AccessError {
     let Target { vm, node, phase, .. } = target;

@@ -21,7 +21,8 @@ use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use serde::{Serialize, de::DeserializeOwned};
 use smolvm_api::nodeapi::{
     BranchRequest, DeleteResponse, ErrorCode, HealthResponse, IdentityResponse, JsonCall, LeaseRequest, MachineSpec,
-    MachineStatus, Operation, PoolSpec, PoolStatus, RegistryAuth, ResizeSpec, StartRequest, VolumeMounts, calls,
+    MachineStatus, Operation, PoolSpec, PoolStatus, RegistryAuth, ResizeSpec, StartRequest, SuspendRequest,
+    VolumeMounts, calls,
 };
 
 pub use connector::{Endpoints, NodeConnector, NodeStream};
@@ -170,8 +171,15 @@ impl NodeClient {
     }
 
     /// [`Operation::SuspendMachine`] (saving memory takes seconds per GiB: the start's time limit).
-    pub async fn suspend_machine(&self, node: &str, name: &str) -> Result<MachineStatus, CallError> {
-        self.json::<calls::SuspendMachine>(node, name, None, self.settings.start_timeout)
+    /// An idle suspension says so (`request`, SPEC 2.7); a user's sends no body.
+    pub async fn suspend_machine(
+        &self,
+        node: &str,
+        name: &str,
+        request: &SuspendRequest,
+    ) -> Result<MachineStatus, CallError> {
+        let body = (request != &SuspendRequest::default()).then_some(request);
+        self.json::<calls::SuspendMachine>(node, name, body, self.settings.start_timeout)
             .await
     }
 

@@ -32,7 +32,7 @@ pub async fn watch(
     vms: reflector::Store<SmolVM>,
     wake: futures::channel::mpsc::UnboundedSender<ObjectRef<SmolVM>>,
     liveness: placement::Config,
-    sink: Option<EventSink>,
+    (sink, use_seen): (Option<EventSink>, Option<std::sync::Arc<crate::vm::idle::UseSeen>>),
 ) {
     let wake_for = |node: &str| {
         for vm in vms.state() {
@@ -52,6 +52,13 @@ pub async fn watch(
             event = events.next() => match event {
                 Some(Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node))) => {
                     let now = k8s_openapi::jiff::Timestamp::now();
+                    // A wake a node newly asks for wants its VM's pass now (SPEC 2.7).
+                    for machine in use_seen.as_ref().map(|s| s.node_seen(&node, now)).unwrap_or_default() {
+                        let uid = machine.strip_prefix(smolvm_api::constants::MACHINE_NAME_PREFIX);
+                        if let Some(vm) = vms.state().into_iter().find(|vm| vm.metadata.uid.as_deref() == uid) {
+                            let _ = wake.unbounded_send(ObjectRef::from_obj(vm.as_ref()));
+                        }
+                    }
                     if let Some(clock) = &liveness.clock
                         && let Some(skew) = clock.look(&node, now).skew
                         && skew.abs() > SKEW_REPORTED
@@ -65,6 +72,9 @@ pub async fn watch(
                     }
                 }
                 Some(Ok(watcher::Event::Delete(node))) => {
+                    if let Some(seen) = &use_seen {
+                        seen.forget_node(&node.name_any());
+                    }
                     if let Some(clock) = &liveness.clock {
                         clock.forget(&node.name_any());
                     }

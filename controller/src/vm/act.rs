@@ -24,7 +24,7 @@ use super::decide::{self, Call, Decision, DeleteFailure, Failure, Progress};
 use super::events;
 use super::metadata::{add_finalizer, remove_finalizer};
 use super::observe::{self, Around, Prior};
-use super::rules::{self, Step};
+use super::rules::{self, MachineAction, Step};
 use super::status;
 use super::volumes::{self, kube::Look};
 use super::{Context, Error};
@@ -371,6 +371,7 @@ async fn act(
         let (call, record_first, expose_first) = match decide::converge(&observed, &progress) {
             Decision::Report(outcome) => {
                 remember_start(ctx, vm, uid, &progress);
+                remember_use(ctx, machine, &progress, now);
                 return Ok(Some(*outcome));
             }
             Decision::Act {
@@ -399,6 +400,14 @@ async fn act(
             sync_endpoint(ctx, node);
         }
         if call == Call::Resume
+            && rules::idle_suspended(progress.machine.as_ref())
+            && let Some(refused) = charge_wake(ctx, vm).await
+        {
+            // The namespace's quota cannot hold the wake: decide again, which waits, saying so.
+            observed.quota_refused = Some(refused);
+            continue;
+        }
+        if call == Call::Resume
             && ctx
                 .ledger
                 .claim_resume(uid, observed.room.allocatable.as_ref())
@@ -421,8 +430,13 @@ async fn act(
             }
         }
         let started = std::time::Instant::now();
+        let waking = call == Call::Resume && rules::idle_suspended(progress.machine.as_ref());
         let result = node_call(ctx, vm, node, machine, &call).await?;
         progress.took = started.elapsed();
+        if waking && result.as_ref().is_ok_and(Option::is_some) {
+            let asked = ctx.use_seen.wake_waited(node, machine).unwrap_or(progress.took);
+            ctx.metrics.woke(asked.max(progress.took));
+        }
         progress.record(call, result);
     }
     tracing::error!(
@@ -431,6 +445,46 @@ async fn act(
         "a pass asked for more node calls than it may make; looking again later"
     );
     Ok(None)
+}
+
+/// Records a start or resume the pass made: the machine is quiet from now (SPEC 2.7).
+fn remember_use(ctx: &Context, machine: &str, progress: &Progress, now: Timestamp) {
+    let started = progress.did(|a| {
+        matches!(
+            a,
+            MachineAction::EnsureRunning | MachineAction::Resume | MachineAction::Create(_)
+        )
+    });
+    if started {
+        ctx.use_seen.started(machine, now);
+    }
+}
+
+/// Charges a wake (the resume of a VM the controller suspended for idleness) to its namespace's
+/// quotas (SPEC 6.3: no user's write did): `None` when charged (or nothing is to be), else why
+/// not, for the ResumePending condition.
+async fn charge_wake(ctx: &Context, vm: &SmolVM) -> Option<String> {
+    let charging = ctx.quotas.as_ref()?;
+    let request = vm.spec.request();
+    let amount = smolvm_api::NodeResources {
+        cpus: request.cpus,
+        memory_mib: request.memory_mib,
+        storage_gib: 0,
+    };
+    let namespace = vm.namespace().unwrap_or_default();
+    match charging.charge(&namespace, &amount).await {
+        Ok(_) => None,
+        Err(error) => {
+            tracing::info!(vm = %vm.name_any(), %namespace, reason = error.reason(), %error, "the wake was not charged: it waits");
+            Some(match error {
+                smolvm_kit::quota::ChargeError::Exceeded(exceeded) => format!(
+                    "waits to wake: the namespace's ResourceQuota has no room for its {} CPUs and {} MiB: {exceeded}",
+                    amount.cpus, amount.memory_mib
+                ),
+                other => format!("waits to wake: its charge to the namespace's ResourceQuota failed: {other}"),
+            })
+        }
+    }
 }
 
 /// Records a start that failed on the node (for the start backoff), or forgets the failures of
@@ -477,7 +531,10 @@ async fn node_call(ctx: &Context, vm: &SmolVM, node: &str, machine: &str, call: 
         },
         Call::Stop => done(timed(ctx, op, client.stop_machine(node, machine)).await),
         Call::Resize(spec) => done(timed(ctx, op, client.resize_machine(node, machine, spec)).await),
-        Call::Suspend => done(timed(ctx, op, client.suspend_machine(node, machine)).await),
+        Call::Suspend => {
+            let request = rules::suspend_request(vm);
+            done(timed(ctx, op, client.suspend_machine(node, machine, &request)).await)
+        }
         Call::Resume => done(timed(ctx, op, client.resume_machine(node, machine)).await),
         Call::Discard => done(timed(ctx, op, client.stop_machine(node, machine)).await),
         Call::BindVolumes(mounts) => done(timed(ctx, op, client.bind_volumes(node, machine, mounts)).await),

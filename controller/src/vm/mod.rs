@@ -31,6 +31,7 @@ pub mod decide;
 pub mod events;
 pub mod exposure;
 pub mod fetch;
+pub mod idle;
 pub mod metadata;
 pub mod observe;
 pub mod pooled;
@@ -238,6 +239,9 @@ pub struct Context {
     pub start_failures: StartFailures,
     /// The versions of each VM that the controller's own writes replaced.
     pub superseded: Superseded,
+    /// What the controller saw of each machine's use, for idle suspensions (SPEC 2.7); the
+    /// SmolVMNode watch feeds it.
+    pub use_seen: Arc<idle::UseSeen>,
     /// Wakes the pools' passes ([`PoolsWake`]): a claim that took a ready slot, a node
     /// reporting other pool counts, a node's pool calls ending.
     pub pools_wake: Arc<PoolsWake>,
@@ -374,6 +378,8 @@ impl Context {
         self.unsettled.reset(uid);
         self.start_failures.reset(uid);
         self.superseded.forget(uid);
+        self.use_seen
+            .forget(&format!("{}{uid}", smolvm_api::constants::MACHINE_NAME_PREFIX));
     }
 }
 

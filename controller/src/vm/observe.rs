@@ -105,6 +105,8 @@ impl Around {
             volumes: self.volumes.as_ref(),
             pool: &self.pool,
             source: &self.source,
+            seen: ctx.use_seen.use_of(node, machine, now),
+            quota_refused: None,
         }
     }
 }

@@ -162,6 +162,9 @@ async fn mount(ctx: &Context, vm: &SmolVM, outcome: &mut Outcome) {
 /// to look again.
 async fn finish(ctx: &Context, api: &Api<SmolVM>, vm: &SmolVM, uid: &str, outcome: Outcome) -> Result<Action, Error> {
     for note in &outcome.events {
+        if note.reason == smolvm_api::constants::reason::IDLE_SUSPENDED {
+            ctx.metrics.idle_suspensions.inc();
+        }
         super::events::publish(ctx, vm, note).await;
     }
     for drop in &outcome.drops {

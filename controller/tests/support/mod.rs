@@ -71,6 +71,7 @@ pub fn context(client: Client, nodes: Vec<SmolVMNode>, node_client: Option<NodeC
         metrics: Arc::new(smolvm_controller::metrics::Metrics::default()),
         unsettled: Default::default(),
         start_failures: Default::default(),
+        use_seen: Default::default(),
         superseded: Default::default(),
         pools_wake: Default::default(),
         quotas: None,

@@ -154,6 +154,8 @@ pub fn to_status_with(machine: &Machine, record: Option<&Suspension>) -> Machine
         suspended: record.filter(|_| suspended).map(|record| SuspendedState {
             since: record.since.clone(),
             saved_state_mib: None,
+            idle: record.idle,
+            wake_on_traffic: record.wake_on_traffic,
         }),
         pool: None,
         volumes: None,
@@ -484,6 +486,8 @@ mod tests {
     fn a_stopped_machine_the_agent_suspended_is_suspended() {
         let record = Suspension {
             since: "2026-11-26T16:00:00Z".into(),
+            idle: true,
+            wake_on_traffic: true,
         };
         // (smolvm's state, a record, the state on the wire, since)
         let cases = [
@@ -507,6 +511,11 @@ mod tests {
                 status.suspended.as_ref().map(|s| s.since.as_str()),
                 since,
                 "{state:?} {recorded}"
+            );
+            assert_eq!(
+                status.suspended.as_ref().map(|s| (s.idle, s.wake_on_traffic)),
+                since.map(|_| (true, true)),
+                "why it was suspended is carried"
             );
             assert_eq!(status.suspended.and_then(|s| s.saved_state_mib), None);
             // smolvm's own word stays what smolvm said.

@@ -478,6 +478,7 @@ async fn running_machine_and_path(
     validate_machine_name(&name).map_err(|message| ApiError(ApiFailure::new(ErrorCode::InvalidRequest, message)))?;
     let path = request_checks::check_file_path(&path)?;
     running(state, &name, what).await?;
+    state.activity.touch(&name);
     Ok((name, path))
 }
 

@@ -90,6 +90,8 @@ pub struct NodeApiState {
     /// The machines' volumes ([`crate::volumes`]); machines with volumes are refused unless
     /// [`NodeApiState::with_volumes`] gives them a place.
     pub volumes: Arc<crate::volumes::Volumes>,
+    /// Each machine's use ([`crate::activity`]): exec, log-follow and copy sessions count.
+    pub activity: Arc<crate::activity::Activity>,
     locks: MachineLocks,
 }
 
@@ -117,6 +119,7 @@ impl NodeApiState {
             suspensions: Arc::new(crate::suspensions::SuspendRecords::in_memory()),
             pools: Arc::new(crate::pools::PoolBook::in_memory()),
             volumes: Arc::new(crate::volumes::Volumes::unconfigured()),
+            activity: crate::activity::Activity::new(),
             locks: Arc::default(),
         }
     }
@@ -133,11 +136,19 @@ impl NodeApiState {
         self
     }
 
-    /// One more exec or log-follow stream on `machine`, or 429 `TooManyStreams`.
+    /// One more exec or log-follow stream on `machine`, or 429 `TooManyStreams`. The machine
+    /// counts as in use while the stream is open.
     pub(super) fn open_stream(&self, machine: &str) -> Result<super::stream::StreamPermit, ApiError> {
         self.streams
             .open(machine)
+            .map(|permit| permit.in_use(self.activity.session(machine)))
             .map_err(|cap| ApiError(super::stream::too_many_streams(machine, cap, &self.streams.limits())))
+    }
+
+    /// Records machines' use in `activity` (shared with the forwarder and the heartbeat).
+    pub fn with_activity(mut self, activity: Arc<crate::activity::Activity>) -> Self {
+        self.activity = activity;
+        self
     }
 
     /// Forwards published ports with `forwarder` (and checks them on its address too).

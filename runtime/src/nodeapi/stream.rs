@@ -262,15 +262,25 @@ impl Streams {
         Ok(StreamPermit {
             streams: self.clone(),
             machine: machine.to_string(),
+            session: None,
         })
     }
 }
 
-/// One open stream; dropping it closes the slot.
+/// One open stream; dropping it closes the slot (and ends its session of use).
 #[derive(Debug)]
 pub struct StreamPermit {
     streams: Arc<Streams>,
     machine: String,
+    session: Option<crate::activity::Session>,
+}
+
+impl StreamPermit {
+    /// The permit, holding `session` (the machine is in use while the stream is open).
+    pub fn in_use(mut self, session: crate::activity::Session) -> Self {
+        self.session = Some(session);
+        self
+    }
 }
 
 impl Drop for StreamPermit {

@@ -8,19 +8,21 @@
 //! keeps it: a machine that then reads stopped is suspended, and a resume that finds nothing
 //! saved answers `NoSavedState` and drops it.
 //!
-//! A suspended machine's published ports are closed: smolvm reports it stopped, and the
-//! forwarder forwards running machines only. It is told at once after each call.
+//! A suspended machine's published ports are closed (smolvm reports it stopped), except those of
+//! a machine suspended for idleness that traffic wakes: the forwarder keeps listening for it and
+//! holds what arrives ([`crate::forward`]). It is told at once after each call.
 
 use std::time::Instant;
 
-use axum::extract::State;
+use axum::body::Bytes;
+use axum::extract::{State, rejection::BytesRejection};
 use axum::http::StatusCode;
 
 use super::answer::{ApiResult, MachineName, answer, not_found};
 use super::failure::{self, ApiFailure};
 use super::mapping;
 use super::state::NodeApiState;
-use super::types::{ErrorCode, MachineState, calls};
+use super::types::{ErrorCode, MachineState, SuspendRequest, calls};
 use crate::suspensions::Suspension;
 use crate::vmm::VmmError;
 
@@ -37,10 +39,19 @@ fn refused(error: &VmmError) -> bool {
     )
 }
 
-/// `POST /v1/machines/{name}/suspend`: a running machine is paused (smolvm saves its memory and
+/// `POST /v1/machines/{name}/suspend`, optionally with a [`SuspendRequest`] (an idle
+/// suspension, which traffic may wake): a running machine is paused (smolvm saves its memory and
 /// disks durably, then stops it) and answers `Suspended`; a suspended one answers as it is.
 /// 404 `MachineNotFound`; 409 `MachineNotRunning` naming the state of any other machine.
-pub(super) async fn suspend_machine(State(state): State<NodeApiState>, MachineName(name): MachineName) -> ApiResult {
+pub(super) async fn suspend_machine(
+    State(state): State<NodeApiState>,
+    MachineName(name): MachineName,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let request: SuspendRequest = match &body {
+        Ok(bytes) if bytes.is_empty() => SuspendRequest::default(),
+        _ => super::answer::body_of::<calls::SuspendMachine>(body)?,
+    };
     let _guard = state.lock(&name).await;
     let Some(machine) = state.vmm.get(&name).await? else {
         return Err(not_found(&name));
@@ -52,12 +63,15 @@ pub(super) async fn suspend_machine(State(state): State<NodeApiState>, MachineNa
         _ => return Err(failure::cannot_suspend(&name, &status).into()),
     }
     // The intent first: from here a crash never loses track of a saved state.
-    state.suspensions.write(&name, &Suspension::now()).map_err(|error| {
-        ApiFailure::new(
-            ErrorCode::RuntimeError,
-            format!("cannot record the suspension of machine '{name}' on this node: {error}"),
-        )
-    })?;
+    state
+        .suspensions
+        .write(&name, &Suspension::asked(&request))
+        .map_err(|error| {
+            ApiFailure::new(
+                ErrorCode::RuntimeError,
+                format!("cannot record the suspension of machine '{name}' on this node: {error}"),
+            )
+        })?;
     let started = Instant::now();
     let paused = state.vmm.pause(&name).await;
     state.poke_forwarder();

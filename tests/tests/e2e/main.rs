@@ -43,6 +43,7 @@ mod branches;
 mod classes;
 mod cluster;
 mod hostile;
+mod idle;
 mod lifetimes;
 mod monitoring;
 mod nodes;
@@ -192,6 +193,7 @@ fn extra_scenarios() -> Vec<(&'static str, Scenario)> {
     all.extend(pools::scenarios());
     all.extend(branches::scenarios());
     all.extend(lifetimes::scenarios());
+    all.extend(idle::scenarios());
     all.extend(access::scenarios());
     all.extend(nodes::scenarios());
     all.extend(hostile::scenarios());

@@ -34,6 +34,7 @@ pub fn converge(o: &Observed, p: &Progress) -> Decision {
         Decision::Report(mut out) => {
             out.volumes(o.vm, verdict.as_ref(), o.now);
             out.lifetimes(o);
+            out.idle(sleep_of(o, p));
             Decision::Report(out)
         }
         act => act,
@@ -174,7 +175,7 @@ fn proceed(o: &Observed, p: &Progress, mut out: Outcome, desired: &MachineSpec, 
         }
         None => {
             let budget = MAX_STEPS_PER_PASS + usize::from(restart == Restart::StopThenRun);
-            let want = Want::of(o.vm, goal);
+            let want = want_of(o, p, goal);
             let action = rules::machine_action(desired, want, p.machine.as_ref());
             let bound = p.did(|a| matches!(a, MachineAction::BindVolumes(_)));
             // The volumes first: a machine is created or started only once they are mounted.
@@ -263,7 +264,27 @@ fn start_held(o: &Observed, p: &Progress, desired: &MachineSpec, goal: RunGoal, 
     o.start_backoff.is_some()
         && p.done.is_empty()
         && restart == Restart::None
-        && rules::machine_action(desired, Want::of(o.vm, goal), p.machine.as_ref()) == MachineAction::EnsureRunning
+        && rules::machine_action(desired, want_of(o, p, goal), p.machine.as_ref()) == MachineAction::EnsureRunning
+}
+
+/// What idleness decides in this pass (SPEC 2.7), from the machine as the pass has it: a machine
+/// this pass started or resumed was quiet for no time yet.
+pub(super) fn sleep_of(o: &Observed, p: &Progress) -> rules::Sleep {
+    let mut seen = o.seen;
+    if p.did(|a| {
+        matches!(
+            a,
+            MachineAction::EnsureRunning | MachineAction::Resume | MachineAction::Create(_)
+        )
+    }) {
+        seen.quiet_since = o.now;
+    }
+    rules::sleep(o.vm, p.machine.as_ref(), &seen, o.now)
+}
+
+/// What the pass wants of the machine: the run goal, `spec.suspended`, and its idleness.
+pub(super) fn want_of(o: &Observed, p: &Progress, goal: RunGoal) -> Want {
+    Want::with_sleep(o.vm, goal, sleep_of(o, p))
 }
 
 /// A machine call, with the exposure of the machine as it is written first on the pass's first
@@ -305,7 +326,15 @@ fn next_machine_step(
             // there, saying what is missing; a bound VM never moves.
             let request = o.vm.spec.request();
             match rules::resume_shortfall(&request, o.room.allocatable.as_ref(), &o.room.others, o.node) {
-                None => Some(Call::Resume),
+                // A wake the namespace's quota cannot hold waits as well (the controller charges
+                // it: no user's write did).
+                None => match &o.quota_refused {
+                    Some(refused) if rules::idle_suspended(machine) => {
+                        *resume_pending = Some(refused.clone());
+                        None
+                    }
+                    _ => Some(Call::Resume),
+                },
                 Some(message) => {
                     *resume_pending = Some(message);
                     None

@@ -7,7 +7,7 @@ use k8s_openapi::{
 };
 use smolvm_api::{NodeResources, SmolVM, SmolVMNode};
 
-use crate::vm::rules::{BranchSource, NodeHealth, PoolOf};
+use crate::vm::rules::{self, BranchSource, NodeHealth, PoolOf};
 use crate::vm::volumes;
 
 /// What a pass over a bound SmolVM observed before acting, from the caches.
@@ -42,6 +42,11 @@ pub struct Observed<'a> {
     /// The source it is a branch of, as its create would branch it ([`BranchSource::None`] when
     /// it is no branch, or was made already).
     pub source: &'a BranchSource,
+    /// What the controller saw of its machine's use, for its idle suspension (SPEC 2.7).
+    pub seen: rules::Use,
+    /// Why its namespace's quota refused the charge of its wake, when the act step tried it
+    /// (the wake then waits as ResumePending, saying so).
+    pub quota_refused: Option<String>,
 }
 
 /// What a node has for one VM: its allocatable (when it reports one) and what every other VM

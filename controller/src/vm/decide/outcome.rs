@@ -182,6 +182,14 @@ impl Outcome {
         }
     }
 
+    /// What idleness decides for when to look again: a quiet machine is looked at when its
+    /// `suspendAfterIdle` would pass (the earlier of that and a lifetime's end).
+    pub(super) fn idle(&mut self, sleep: rules::Sleep) {
+        if let rules::Sleep::Due(left) = sleep {
+            self.due = Some(self.due.map_or(left, |due| due.min(left)));
+        }
+    }
+
     /// Sets a condition at the SmolVM's generation; whether it changed.
     pub(super) fn set(&mut self, o: &Observed, type_: &str, status: &str, why: &str, message: &str) -> bool {
         let generation = o.vm.metadata.generation;

@@ -161,7 +161,7 @@ impl Progress {
         }
     }
 
-    pub(super) fn did(&self, action: fn(&MachineAction) -> bool) -> bool {
+    pub(crate) fn did(&self, action: fn(&MachineAction) -> bool) -> bool {
         self.done.iter().any(action)
     }
 }

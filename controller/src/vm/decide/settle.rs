@@ -3,7 +3,7 @@
 //! Suspended condition, the steps' events, and the annotations it is done with.
 
 use smolvm_api::{
-    constants::{RECREATE_LOST_MACHINE_ANNOTATION, RESTART_ANNOTATION, condition, reason},
+    constants::{RECREATE_LOST_MACHINE_ANNOTATION, RESTART_ANNOTATION, WAKE_ANNOTATION, condition, reason},
     nodeapi::MachineState,
 };
 
@@ -11,7 +11,7 @@ use super::observed::Observed;
 use super::outcome::{AnnotationDrop, Note, Outcome, Requeue};
 use super::pass::{Call, Course, Progress};
 use crate::placement::Hold;
-use crate::vm::rules::{self, MachineAction, Restart, RunGoal, Want};
+use crate::vm::rules::{self, MachineAction, Restart, RunGoal};
 use crate::vm::volumes::{self, Verdict};
 
 impl Outcome {
@@ -40,9 +40,16 @@ impl Outcome {
     /// The Suspended condition of the machine the pass left, its event when a resume starts to
     /// wait, and what the VM holds on its node.
     pub(super) fn suspension(&mut self, o: &Observed, p: &Progress, goal: RunGoal, resume_pending: Option<&str>) {
-        let want = Want::of(o.vm, goal);
+        let want = super::converge::want_of(o, p, goal);
         let machine = p.machine.as_ref();
-        match rules::suspended_condition(o.vm, machine, want, o.node, resume_pending) {
+        let condition =
+            rules::suspended_condition(o.vm, machine, want, o.node, resume_pending).map(|(status, why, message)| {
+                match why == reason::SUSPENDED && rules::idle_suspended(machine) {
+                    true => (status, reason::IDLE_SUSPENDED, rules::idle_message(o.vm, o.node)),
+                    false => (status, why, message),
+                }
+            });
+        match condition {
             Some((status, why, message)) => {
                 let changed = self.set(o, condition::SUSPENDED, status, why, &message);
                 if changed && why == reason::RESUME_PENDING {
@@ -139,6 +146,26 @@ impl Outcome {
                 ),
             });
         }
+        // The wake annotation, once the machine runs (or when nothing sleeps for it to wake).
+        if let Some(at) = o.vm.metadata.annotations.as_ref().and_then(|a| a.get(WAKE_ANNOTATION))
+            && !rules::idle_suspended(p.machine.as_ref())
+        {
+            let woke = p.did(|a| matches!(a, MachineAction::Resume));
+            self.drops.push(AnnotationDrop {
+                key: WAKE_ANNOTATION,
+                value: at.clone(),
+                newer_may_replace: true,
+                then: Note::normal(
+                    if woke { reason::WOKEN_BY_TRAFFIC } else { "WakeSkipped" },
+                    "Resume",
+                    if woke {
+                        format!("machine {machine} on node {node} woke as asked at {at}")
+                    } else {
+                        format!("wake asked at {at} not needed: machine {machine} was not suspended for idleness")
+                    },
+                ),
+            });
+        }
         let Some(requested) = rules::restart_request(o.vm) else {
             return;
         };
@@ -194,11 +221,54 @@ fn step_notes(o: &Observed, p: &Progress, goal: RunGoal) -> Vec<Note> {
         (None, Some(pool)) => Some(rules::Made::Served(pool)),
         (None, None) => None,
     };
+    let first = p.observed.as_ref().and_then(Option::as_ref);
+    let woken = match rules::sleep(o.vm, first, &o.seen, o.now) {
+        rules::Sleep::Wake(by) => Some(by),
+        _ => None,
+    };
     cold.into_iter()
         .chain(
             rules::step_events(&p.done, made, goal, o.machine, o.node)
                 .into_iter()
-                .map(|e| Note::normal(e.reason, e.action, e.note)),
+                .map(|e| idle_note(o, e, woken)),
         )
         .collect()
+}
+
+/// A step's event, told as the idle suspension or the wake it was (SPEC 2.7).
+fn idle_note(o: &Observed, e: rules::StepEvent, woken: Option<rules::WakeBy>) -> Note {
+    let (machine, node) = (o.machine, o.node);
+    match (e.action, woken) {
+        ("Suspend", _) if rules::suspend_request(o.vm).idle => Note::normal(
+            reason::IDLE_SUSPENDED,
+            "Suspend",
+            format!(
+                "suspended machine {machine} on node {node}: no traffic on its published ports and no exec, log or copy session for {}; its CPU and memory are given back to the node{}",
+                o.vm.spec
+                    .lifecycle
+                    .as_ref()
+                    .and_then(|l| l.suspend_after_idle.as_deref())
+                    .unwrap_or_default(),
+                if o.vm.spec.wakes_on_traffic() {
+                    ", and the next connection wakes it"
+                } else {
+                    ""
+                },
+            ),
+        ),
+        ("Resume", Some(by)) => Note::normal(
+            reason::WOKEN_BY_TRAFFIC,
+            "Resume",
+            format!(
+                "woke machine {machine} on node {node}, suspended for idleness, with its processes as they were: {}",
+                match by {
+                    rules::WakeBy::Traffic =>
+                        "a connection arrived at one of its published ports, held there until it ran",
+                    rules::WakeBy::Request => "an exec, a copy or kubectl smolvm resume asked for it",
+                    rules::WakeBy::Unset => "lifecycle.suspendAfterIdle was removed",
+                }
+            ),
+        ),
+        _ => Note::normal(e.reason, e.action, e.note),
+    }
 }

@@ -129,10 +129,15 @@ impl Want {
 
     /// What `goal` and the SmolVM's `spec.suspended` ask.
     pub fn of(vm: &SmolVM, goal: RunGoal) -> Want {
+        Want::with_sleep(vm, goal, super::Sleep::Awake)
+    }
+
+    /// What `goal`, the SmolVM's `spec.suspended` and its idleness (`sleep`, SPEC 2.7) ask.
+    pub fn with_sleep(vm: &SmolVM, goal: RunGoal, sleep: super::Sleep) -> Want {
         let running = goal.running();
         Want {
             running,
-            suspended: running && vm.spec.suspended(),
+            suspended: running && (vm.spec.suspended() || sleep.suspends()),
         }
     }
 }

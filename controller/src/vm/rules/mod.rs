@@ -12,6 +12,7 @@
 mod branch;
 mod conditions;
 mod events;
+mod idle;
 mod lifetime;
 mod machine;
 mod node_health;
@@ -23,6 +24,7 @@ mod step;
 pub use branch::{BranchSource, branch_call, is_branch_of, source_of, waiting_on};
 pub use conditions::{apply_machine, clear_condition, set_condition, suspended_condition};
 pub use events::{Made, StepEvent, TransitionEvent, step_events, transition_event};
+pub use idle::{Sleep, Use, WakeBy, idle_message, idle_suspended, sleep, suspend_request, wake_requested};
 pub use lifetime::{Expiry, expiry, stamp};
 pub use machine::{MachineAction, Want, effective_of, machine_action, machine_name, machine_resources, machine_spec};
 pub use node_health::{NodeHealth, node_health};
