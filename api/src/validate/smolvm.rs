@@ -172,9 +172,17 @@ fn check_suspend(old: Option<&SmolVM>, new: &SmolVM, v: &mut Verdict) {
     let Some(old) = old.filter(|o| o.bound_node().is_some()) else {
         return;
     };
-    if !(old.spec.suspended() || spec.suspended()) {
+    // An idle suspension (SPEC 2.7) is the controller's: `spec.suspended` stays false, and the
+    // status says so.
+    let idle = idle_suspended(old);
+    if !(old.spec.suspended() || spec.suspended() || idle) {
         return;
     }
+    let resume = if idle {
+        "wake it (kubectl smolvm resume), then resize"
+    } else {
+        "resume it (spec.suspended: false), then resize"
+    };
     let (before, after) = (old.spec.effective(), spec.effective());
     let changes = [
         (
@@ -192,11 +200,21 @@ fn check_suspend(old: Option<&SmolVM>, new: &SmolVM, v: &mut Verdict) {
                 path,
                 now.to_string(),
                 format!(
-                    "{now} cannot replace {was} {unit} while the SmolVM is suspended: its saved memory resumes at the size it was saved with; resume it (spec.suspended: false), then resize"
+                    "{now} cannot replace {was} {unit} while the SmolVM is suspended: its saved memory resumes at the size it was saved with; {resume}"
                 ),
             );
         }
     }
+}
+
+/// Whether the status of `vm` says the controller suspended it for idleness.
+fn idle_suspended(vm: &SmolVM) -> bool {
+    use crate::constants::{condition, reason};
+    vm.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == condition::SUSPENDED && c.status == "True" && c.reason == reason::IDLE_SUSPENDED)
+    })
 }
 
 /// V1 to V4 and V11: the spec on its own, against the policy.

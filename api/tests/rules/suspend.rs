@@ -1,5 +1,6 @@
 //! V13 (SPEC 2.3): `suspended` with `running: false` is admitted with a warning; a bound SmolVM
-//! that is suspended, or becomes so in the same update, keeps its CPUs and memory. M1 defaults
+//! that is suspended (by a user or, SPEC 2.7, by the controller for idleness), or becomes so in
+//! the same update, keeps its CPUs and memory. M1 defaults
 //! `suspended` to false.
 
 use super::*;
@@ -19,6 +20,16 @@ fn m1_defaults_suspended_to_false_and_a_second_pass_is_empty() {
         Some(&json!(true)),
         "a set value is kept"
     );
+}
+
+/// `object` bound to node-a as the controller leaves a VM it suspended for idleness (SPEC 2.7):
+/// `spec.suspended` false, the Suspended condition True with reason IdleSuspended.
+fn idle(object: Value) -> Value {
+    let conditions = json!([{"type": "Suspended", "status": "True", "reason": "IdleSuspended",
+        "message": "", "lastTransitionTime": "2026-12-01T00:00:00Z"}]);
+    let object = with(object, "/spec/lifecycle", json!({"suspendAfterIdle": "5m", "wakeOnTraffic": true}));
+    let object = with(bound(object, "node-a"), "/status/phase", json!("Suspended"));
+    with(object, "/status/conditions", conditions)
 }
 
 #[test]
@@ -89,6 +100,31 @@ fn v13_suspend() {
             Some(suspended()),
             with(suspended(), "/spec/resources/cpus", json!(2)),
             Allow,
+        ),
+        case(
+            "v13_resize_while_suspended_for_idleness_rejected",
+            Update,
+            Some(idle(stored())),
+            idle(with(stored(), "/spec/resources/cpus", json!(2))),
+            Reject(RuleId::V13, "spec.resources.cpus"),
+        ),
+        case(
+            "v13_storage_growth_while_suspended_for_idleness_accepted",
+            Update,
+            Some(idle(stored())),
+            idle(with(stored(), "/spec/storage/storageGiB", json!(40))),
+            Allow,
+        ),
+        case(
+            "v13_resize_of_a_running_vm_that_may_sleep_accepted",
+            Update,
+            Some(b(with(stored(), "/spec/lifecycle", json!({"suspendAfterIdle": "5m"})))),
+            b(with(
+                with(stored(), "/spec/lifecycle", json!({"suspendAfterIdle": "5m"})),
+                "/spec/resources/cpus",
+                json!(2),
+            )),
+            Warn(RuleId::V6),
         ),
         case(
             "v13_resize_of_a_stopped_vm_that_asks_for_suspend_accepted",
