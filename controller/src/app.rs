@@ -221,18 +221,9 @@ async fn lead(flags: &Flags, leading: Leading, leader: watch::Receiver<bool>) ->
     // The SmolVM cache (filled once the controller runs); the node watch reads it to know which
     // VMs a node change concerns.
     let (vm_store, vm_writer) = reflector::store::<SmolVM>();
-    // Wakes the pools' passes: a node reporting other pool counts, a claim, a node's calls ending.
-    let pools_wake = Arc::new(crate::vm::PoolsWake::default());
-    // What the nodes report of their machines' use, and the wakes they ask for (SPEC 2.7).
-    let use_seen = Arc::new(crate::vm::idle::UseSeen::default());
-    let (node_store, wake) = node_watch(
-        &client,
-        vm_store.clone(),
-        liveness.clone(),
-        events.clone(),
-        (pools_wake.clone(), use_seen.clone()),
-    )
-    .await?;
+    // With the wakes of the pools' passes, and what the nodes report of their machines' use.
+    let (node_store, wake, (pools_wake, use_seen)) =
+        node_watch(&client, vm_store.clone(), liveness.clone(), events.clone()).await?;
     ca_rotation(&client, flags, &trust, &node_store, &liveness, &events);
     // The Nodes' labels onto their SmolVMNodes (a node's agent sets only its own there: V10).
     tokio::spawn(tasks::node_labels::run(client.clone()));
@@ -565,11 +556,16 @@ async fn node_watch(
     vm_store: Store<SmolVM>,
     liveness: placement::Config,
     events: EventSink,
-    (pools_wake, use_seen): (Arc<crate::vm::PoolsWake>, Arc<crate::vm::idle::UseSeen>),
 ) -> anyhow::Result<(
     Store<SmolVMNode>,
     impl Stream<Item = ObjectRef<SmolVM>> + Send + 'static + use<>,
+    NodeWakes,
 )> {
+    // Wakes the pools' passes: a node reporting other pool counts, a claim, a node's calls ending.
+    let pools_wake = Arc::new(crate::vm::PoolsWake::default());
+    // What the nodes report of their machines' use, and the wakes they ask for (SPEC 2.7).
+    let use_seen = Arc::new(crate::vm::idle::UseSeen::default());
+    let wakes = (pools_wake.clone(), use_seen.clone());
     let (node_store, node_writer) = reflector::store::<SmolVMNode>();
     let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded::<ObjectRef<SmolVM>>();
     let node_events = watcher(Api::<SmolVMNode>::all(client.clone()), watcher::Config::default())
@@ -592,8 +588,12 @@ async fn node_watch(
         crate::store_ready(&node_store).await,
         "the SmolVMNode cache stopped before it was filled"
     );
-    Ok((node_store, wake_rx))
+    Ok((node_store, wake_rx, wakes))
 }
+
+/// What the node watch feeds besides the node cache: the pools' passes' wakes, and the machines'
+/// use as the controller saw it.
+type NodeWakes = (Arc<crate::vm::PoolsWake>, Arc<crate::vm::idle::UseSeen>);
 
 /// The SmolVM watch, feeding the controller's cache and the ledger.
 ///

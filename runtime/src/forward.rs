@@ -595,61 +595,79 @@ async fn relay_tcp(listener: TcpListener, upstream: SocketAddr, bounds: Bounds) 
                 }
             },
         };
-        let (metrics, idle, hold) = (
-            bounds.metrics.clone(),
-            bounds.limits.idle_timeout,
-            bounds.limits.hold_timeout,
-        );
-        let machine = bounds.machine.clone();
-        connections.spawn(async move {
-            let _slots = (port_slot, agent_slot);
-            let arrived = tokio::time::Instant::now();
-            let was_held = held.is_some();
-            if let Some(held) = held {
-                metrics.inc_wake_held();
-                let woke = machine.wait_awake(hold).await;
-                drop(held);
-                if !woke {
-                    metrics.inc_forward_refused("tcp", Refusal::WakeTimeout.label());
-                    tracing::info!(%peer, machine = %machine.name, timeout_s = hold.as_secs(), "a held connection's machine did not wake in time; closed");
-                    return;
-                }
-            }
-            let server = match connect_upstream(upstream, was_held).await {
-                Ok(server) if was_held => {
-                    metrics.observe_wake_hold(arrived.elapsed());
-                    server
-                }
-                Ok(server) => server,
-                Err(error) => {
-                    tracing::debug!(%peer, %upstream, %error, "smolvm's port refused the connection");
-                    return;
-                }
-            };
-            metrics.inc_forwarded_connections("tcp");
-            let activity = Traffic::new(machine.use_.clone());
-            let mut client = Watched {
-                inner: client,
-                activity: activity.clone(),
-            };
-            let mut server = Watched {
-                inner: server,
-                activity: activity.clone(),
-            };
-            tokio::select! {
-                copied = tokio::io::copy_bidirectional(&mut client, &mut server) => {
-                    if let Err(error) = copied {
-                        tracing::debug!(%peer, %error, "forwarded connection ended with an error");
-                    }
-                }
-                () = activity.idle_for(idle) => {
-                    metrics.inc_forward_idle_closed("tcp");
-                    tracing::debug!(%peer, "forwarded connection idle; closed");
-                }
-            }
-            metrics.add_forwarded_bytes("tcp", activity.bytes.load(Ordering::Relaxed));
-        });
+        let connection = Connection {
+            client,
+            peer,
+            upstream,
+            held,
+        };
+        connections.spawn(relay_connection(connection, bounds.clone(), (port_slot, agent_slot)));
     }
+}
+
+/// One accepted TCP connection, and its slot among those held for a waking machine.
+struct Connection {
+    client: TcpStream,
+    peer: SocketAddr,
+    upstream: SocketAddr,
+    held: Option<OwnedSemaphorePermit>,
+}
+
+/// Relays one connection (holding its port's and the agent's slots until it ends): once its
+/// machine runs, when it was held for a wake, then byte for byte until either side ends or it
+/// idles.
+async fn relay_connection(c: Connection, bounds: Bounds, _slots: (OwnedSemaphorePermit, OwnedSemaphorePermit)) {
+    let Connection {
+        client,
+        peer,
+        upstream,
+        held,
+    } = c;
+    let (metrics, machine, hold) = (&bounds.metrics, &bounds.machine, bounds.limits.hold_timeout);
+    let arrived = tokio::time::Instant::now();
+    let was_held = held.is_some();
+    if let Some(held) = held {
+        metrics.inc_wake_held();
+        let woke = machine.wait_awake(hold).await;
+        drop(held);
+        if !woke {
+            metrics.inc_forward_refused("tcp", Refusal::WakeTimeout.label());
+            tracing::info!(%peer, machine = %machine.name, timeout_s = hold.as_secs(), "a held connection's machine did not wake in time; closed");
+            return;
+        }
+    }
+    let server = match connect_upstream(upstream, was_held).await {
+        Ok(server) => server,
+        Err(error) => {
+            tracing::debug!(%peer, %upstream, %error, "smolvm's port refused the connection");
+            return;
+        }
+    };
+    if was_held {
+        metrics.observe_wake_hold(arrived.elapsed());
+    }
+    metrics.inc_forwarded_connections("tcp");
+    let activity = Traffic::new(machine.use_.clone());
+    let mut client = Watched {
+        inner: client,
+        activity: activity.clone(),
+    };
+    let mut server = Watched {
+        inner: server,
+        activity: activity.clone(),
+    };
+    tokio::select! {
+        copied = tokio::io::copy_bidirectional(&mut client, &mut server) => {
+            if let Err(error) = copied {
+                tracing::debug!(%peer, %error, "forwarded connection ended with an error");
+            }
+        }
+        () = activity.idle_for(bounds.limits.idle_timeout) => {
+            metrics.inc_forward_idle_closed("tcp");
+            tracing::debug!(%peer, "forwarded connection idle; closed");
+        }
+    }
+    metrics.add_forwarded_bytes("tcp", activity.bytes.load(Ordering::Relaxed));
 }
 
 /// One UDP port's client sessions, counted per source address.
@@ -777,29 +795,9 @@ async fn udp_replies(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vmm::PortMapping;
 
     fn machine(name: &str, state: MachineState, ports: &[(u16, Protocol)]) -> Machine {
-        Machine {
-            name: name.into(),
-            state,
-            cpus: 1,
-            memory_mib: 512,
-            storage_gib: None,
-            overlay_gib: None,
-            image: None,
-            ports: ports
-                .iter()
-                .map(|&(host_port, protocol)| PortMapping {
-                    host_port,
-                    guest_port: 80,
-                    protocol,
-                })
-                .collect(),
-            network: true,
-            pid: None,
-            raw: serde_json::Value::Null,
-        }
+        Machine::publishing(name, state, ports)
     }
 
     fn key(port: u16, protocol: Protocol) -> PortKey {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use smolvm_runtime::forward::Forwarder;
 use smolvm_runtime::metrics::Metrics;
-use smolvm_runtime::vmm::{Machine, MachineState, PortMapping};
+use smolvm_runtime::vmm::{Machine, MachineState};
 use smolvm_testkit::netns::OtherHost;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -27,26 +27,11 @@ fn why_skipped() -> Option<String> {
 }
 
 fn machine(state: MachineState, port: u16) -> Machine {
-    Machine {
-        name: "svm-forward-test".into(),
+    Machine::publishing(
+        "svm-forward-test",
         state,
-        cpus: 1,
-        memory_mib: 512,
-        storage_gib: None,
-        overlay_gib: None,
-        image: None,
-        ports: [Protocol::Tcp, Protocol::Udp]
-            .into_iter()
-            .map(|protocol| PortMapping {
-                host_port: port,
-                guest_port: 80,
-                protocol,
-            })
-            .collect(),
-        network: true,
-        pid: None,
-        raw: serde_json::Value::Null,
-    }
+        &[(port, Protocol::Tcp), (port, Protocol::Udp)],
+    )
 }
 
 /// smolvm's loopback listeners, stood in for: TCP and UDP sockets on 127.0.0.1, on one port the

@@ -21,7 +21,7 @@ use smolvm_runtime::forward::{ForwardLimits, Forwarder, connection_budget};
 use smolvm_runtime::metrics::Metrics;
 use smolvm_runtime::nodeapi::auth::TokenAuth;
 use smolvm_runtime::nodeapi::{Identity, NodeApiState, router};
-use smolvm_runtime::vmm::{Machine, MachineState, PortMapping};
+use smolvm_runtime::vmm::{Machine, MachineState};
 use smolvm_testkit::runtime_double::ScriptedRuntime;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -31,26 +31,8 @@ const TOKEN: &str = "forward-limits-token";
 const WAIT: Duration = Duration::from_secs(60);
 
 fn running(name: &str, ports: &[u16]) -> Machine {
-    Machine {
-        name: name.into(),
-        state: MachineState::Running,
-        cpus: 1,
-        memory_mib: 512,
-        storage_gib: None,
-        overlay_gib: None,
-        image: None,
-        ports: ports
-            .iter()
-            .map(|&host_port| PortMapping {
-                host_port,
-                guest_port: 80,
-                protocol: Protocol::Tcp,
-            })
-            .collect(),
-        network: true,
-        pid: None,
-        raw: serde_json::Value::Null,
-    }
+    let ports: Vec<(u16, Protocol)> = ports.iter().map(|&port| (port, Protocol::Tcp)).collect();
+    Machine::publishing(name, MachineState::Running, &ports)
 }
 
 /// The child: echo listeners on 127.0.0.1 for each port, then (on `go`) `attempts` connections

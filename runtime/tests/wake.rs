@@ -15,7 +15,7 @@ use smolvm_runtime::activity::Activity;
 use smolvm_runtime::forward::{ForwardLimits, Forwarder};
 use smolvm_runtime::metrics::Metrics;
 use smolvm_runtime::suspensions::{SuspendRecords, Suspension};
-use smolvm_runtime::vmm::{Machine, MachineState, PortMapping};
+use smolvm_runtime::vmm::{Machine, MachineState};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -24,23 +24,7 @@ const NODE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
 const WAIT: Duration = Duration::from_secs(30);
 
 fn machine(state: MachineState, port: u16) -> Machine {
-    Machine {
-        name: "svm-a".into(),
-        state,
-        cpus: 1,
-        memory_mib: 512,
-        storage_gib: None,
-        overlay_gib: None,
-        image: None,
-        ports: vec![PortMapping {
-            host_port: port,
-            guest_port: 80,
-            protocol: Protocol::Tcp,
-        }],
-        network: true,
-        pid: None,
-        raw: serde_json::Value::Null,
-    }
+    Machine::publishing("svm-a", state, &[(port, Protocol::Tcp)])
 }
 
 /// A port free on both addresses now.

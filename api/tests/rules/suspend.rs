@@ -27,7 +27,11 @@ fn m1_defaults_suspended_to_false_and_a_second_pass_is_empty() {
 fn idle(object: Value) -> Value {
     let conditions = json!([{"type": "Suspended", "status": "True", "reason": "IdleSuspended",
         "message": "", "lastTransitionTime": "2026-12-01T00:00:00Z"}]);
-    let object = with(object, "/spec/lifecycle", json!({"suspendAfterIdle": "5m", "wakeOnTraffic": true}));
+    let object = with(
+        object,
+        "/spec/lifecycle",
+        json!({"suspendAfterIdle": "5m", "wakeOnTraffic": true}),
+    );
     let object = with(bound(object, "node-a"), "/status/phase", json!("Suspended"));
     with(object, "/status/conditions", conditions)
 }

@@ -399,23 +399,7 @@ async fn act(
         if call == Call::Get {
             sync_endpoint(ctx, node);
         }
-        if call == Call::Resume
-            && rules::idle_suspended(progress.machine.as_ref())
-            && let Some(refused) = charge_wake(ctx, vm).await
-        {
-            // The namespace's quota cannot hold the wake: decide again, which waits, saying so.
-            observed.quota_refused = Some(refused);
-            continue;
-        }
-        if call == Call::Resume
-            && ctx
-                .ledger
-                .claim_resume(uid, observed.room.allocatable.as_ref())
-                .is_err()
-        {
-            // Another VM took the room since this pass looked: decide again with what the
-            // ledger holds now (the resume then waits, saying why).
-            observed.room.others = ctx.ledger.used_by_others(node, uid);
+        if call == Call::Resume && !may_resume(ctx, vm, (node, uid), &progress, &mut observed).await {
             continue;
         }
         // A resume or a resize takes room that ready slots may hold: they are deleted first
@@ -458,6 +442,34 @@ fn remember_use(ctx: &Context, machine: &str, progress: &Progress, now: Timestam
     if started {
         ctx.use_seen.started(machine, now);
     }
+}
+
+/// Whether the resume decide asked for may go: a wake is charged to the namespace's quota, and
+/// the room is claimed in the ledger. When not, `observed` says why (the quota's refusal, or
+/// what the ledger holds now), and deciding again waits, saying so.
+async fn may_resume(
+    ctx: &Context,
+    vm: &SmolVM,
+    (node, uid): (&str, &str),
+    progress: &Progress,
+    observed: &mut decide::Observed<'_>,
+) -> bool {
+    if rules::idle_suspended(progress.machine.as_ref())
+        && let Some(refused) = charge_wake(ctx, vm).await
+    {
+        observed.quota_refused = Some(refused);
+        return false;
+    }
+    if ctx
+        .ledger
+        .claim_resume(uid, observed.room.allocatable.as_ref())
+        .is_err()
+    {
+        // Another VM took the room since this pass looked.
+        observed.room.others = ctx.ledger.used_by_others(node, uid);
+        return false;
+    }
+    true
 }
 
 /// Charges a wake (the resume of a VM the controller suspended for idleness) to its namespace's

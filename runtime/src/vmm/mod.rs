@@ -479,6 +479,25 @@ impl Machine {
             raw: serde_json::Value::Null,
         }
     }
+
+    /// A machine in `state` of 1 vCPU and 512 MiB that publishes `ports` (each to guest port
+    /// 80), with its network on: what the forwarder reads of a machine, for its tests and doubles.
+    pub fn publishing(name: &str, state: MachineState, ports: &[(u16, smolvm_api::Protocol)]) -> Self {
+        let mut spec = MachineSpec::new(name, 1, 512);
+        spec.network = true;
+        spec.ports = ports
+            .iter()
+            .map(|&(host_port, protocol)| PortMapping {
+                host_port,
+                guest_port: 80,
+                protocol,
+            })
+            .collect();
+        Machine {
+            state,
+            ..Machine::created_from(&spec)
+        }
+    }
 }
 
 impl MachineSpec {
