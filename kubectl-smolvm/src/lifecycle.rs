@@ -13,7 +13,7 @@ use crate::paths::{check_name, display_name};
 pub const RESTART_ANNOTATION: &str = "vm.smolvm.dev/restart-requested-at";
 /// The annotation that asks the controller to wake a SmolVM it suspended for idleness; its value
 /// is the time of asking.
-pub const WAKE_ANNOTATION: &str = "vm.smolvm.dev/wake-requested-at";
+pub use smolvm_api::constants::WAKE_ANNOTATION;
 
 /// A switch of the spec the plugin sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -249,18 +249,9 @@ impl Forwarder {
         Self::with_limits(address, metrics, ForwardLimits::default())
     }
 
-    /// A forwarder bounded by `limits`.
+    /// A forwarder bounded by `limits`, which forwards running machines only.
     pub fn with_limits(address: IpAddr, metrics: Arc<Metrics>, limits: ForwardLimits) -> Arc<Self> {
-        Arc::new(Self {
-            address,
-            open: Mutex::default(),
-            metrics,
-            poke: Notify::new(),
-            slots: Arc::new(Semaphore::new(limits.connections.min(Semaphore::MAX_PERMITS))),
-            limits,
-            activity: Activity::new(),
-            suspensions: None,
-        })
+        Arc::new(Self::made(address, metrics, limits, (Activity::new(), None)))
     }
 
     /// A forwarder bounded by `limits` that records use in `activity` and keeps the forwards of
@@ -272,7 +263,16 @@ impl Forwarder {
         activity: Arc<Activity>,
         suspensions: Arc<SuspendRecords>,
     ) -> Arc<Self> {
-        Arc::new(Self {
+        Arc::new(Self::made(address, metrics, limits, (activity, Some(suspensions))))
+    }
+
+    fn made(
+        address: IpAddr,
+        metrics: Arc<Metrics>,
+        limits: ForwardLimits,
+        (activity, suspensions): (Arc<Activity>, Option<Arc<SuspendRecords>>),
+    ) -> Self {
+        Self {
             address,
             open: Mutex::default(),
             metrics,
@@ -280,8 +280,8 @@ impl Forwarder {
             slots: Arc::new(Semaphore::new(limits.connections.min(Semaphore::MAX_PERMITS))),
             limits,
             activity,
-            suspensions: Some(suspensions),
-        })
+            suspensions,
+        }
     }
 
     /// The use it records.

@@ -37,23 +37,12 @@ fn free_port() -> Option<u16> {
         .map(|_| port)
 }
 
-/// The woken machine's service: echoes what each connection sends.
+/// The woken machine's service on smolvm's loopback port.
 async fn echo_on(port: u16) -> tokio::task::JoinHandle<()> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port))
         .await
         .expect("bind the echo");
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 1024];
-                while let Ok(n) = conn.read(&mut buf).await {
-                    if n == 0 || conn.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    })
+    tokio::spawn(smolvm_testkit::smolvm_double::echo(listener))
 }
 
 /// Whether the forwarder closed `conn` (a read ends) within `within`.

@@ -1452,8 +1452,9 @@ async fn serve_ports(inner: Arc<Inner>) {
 }
 
 /// Echoes what each connection sends, until the listener's task is aborted (its connections go
-/// with it, as a paused guest's would stop answering).
-async fn echo(listener: tokio::net::TcpListener) {
+/// with it, as a paused guest's would stop answering): the guest's service behind a published
+/// port, for the double and for tests that stand in for smolvm's loopback listener.
+pub async fn echo(listener: tokio::net::TcpListener) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut connections = tokio::task::JoinSet::new();
     while let Ok((mut conn, _)) = listener.accept().await {

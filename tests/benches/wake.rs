@@ -22,10 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, ensure};
 use kube::{Api, api::PostParams};
 use serde_json::json;
-use smolvm_api::{
-    Phase, SmolVM,
-    constants::{condition, reason},
-};
+use smolvm_api::{Phase, SmolVM};
 use smolvm_testkit::netns::{OtherHost, why_not};
 use smolvm_tests::{
     assets,
@@ -124,19 +121,11 @@ fn phase(vm: &SmolVM) -> Option<Phase> {
     vm.status.as_ref().and_then(|s| s.phase)
 }
 
-fn idle_suspended(vm: &SmolVM) -> bool {
-    vm.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == condition::SUSPENDED && c.status == "True" && c.reason == reason::IDLE_SUSPENDED)
-    })
-}
-
 /// Waits until every VM is suspended for idleness (30 s of quiet, and a heartbeat).
 async fn asleep(api: &Api<SmolVM>, count: usize) -> anyhow::Result<()> {
     let started = Instant::now();
     for i in 0..count {
-        wait_for(api, &format!("wake-{i}"), "IdleSuspended", idle_suspended).await?;
+        wait_for(api, &format!("wake-{i}"), "IdleSuspended", SmolVM::idle_suspended).await?;
     }
     println!(
         "  all {count} suspended for idleness {:.1} s after the last traffic",

@@ -363,6 +363,17 @@ impl SmolVM {
         self.status.as_ref().and_then(|s| s.node_name.as_deref())
     }
 
+    /// Whether its status says the controller suspended it for idleness (SPEC 2.7): the
+    /// Suspended condition True with reason IdleSuspended (`spec.suspended` stays false).
+    pub fn idle_suspended(&self) -> bool {
+        use crate::constants::{condition, reason};
+        self.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == condition::SUSPENDED && c.status == "True" && c.reason == reason::IDLE_SUSPENDED)
+        })
+    }
+
     /// Whether the object is being deleted.
     pub fn is_deleting(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()

@@ -174,7 +174,7 @@ fn check_suspend(old: Option<&SmolVM>, new: &SmolVM, v: &mut Verdict) {
     };
     // An idle suspension (SPEC 2.7) is the controller's: `spec.suspended` stays false, and the
     // status says so.
-    let idle = idle_suspended(old);
+    let idle = old.idle_suspended();
     if !(old.spec.suspended() || spec.suspended() || idle) {
         return;
     }
@@ -205,16 +205,6 @@ fn check_suspend(old: Option<&SmolVM>, new: &SmolVM, v: &mut Verdict) {
             );
         }
     }
-}
-
-/// Whether the status of `vm` says the controller suspended it for idleness.
-fn idle_suspended(vm: &SmolVM) -> bool {
-    use crate::constants::{condition, reason};
-    vm.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == condition::SUSPENDED && c.status == "True" && c.reason == reason::IDLE_SUSPENDED)
-    })
 }
 
 /// V1 to V4 and V11: the spec on its own, against the policy.

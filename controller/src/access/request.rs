@@ -284,13 +284,7 @@ pub fn target(vm: &SmolVM) -> Result<Target, AccessError> {
 /// Whether a call on `sub` wakes `vm` first (SPEC 2.7): an exec or a copy to a VM the controller
 /// suspended for idleness whose traffic wakes it (a log is read as it is, asleep or not).
 pub fn wakes(vm: &SmolVM, sub: Subresource) -> bool {
-    use smolvm_api::constants::{condition, reason};
-    let idle = vm.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == condition::SUSPENDED && c.status == "True" && c.reason == reason::IDLE_SUSPENDED)
-    });
-    idle && vm.spec.wakes_on_traffic() && matches!(sub, Subresource::Exec | Subresource::Files)
+    vm.idle_suspended() && vm.spec.wakes_on_traffic() && matches!(sub, Subresource::Exec | Subresource::Files)
 }
 
 /// Whether a woken VM runs again: the controller reported it Running since the wake was asked.

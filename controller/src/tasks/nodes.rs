@@ -54,8 +54,7 @@ pub async fn watch(
                     let now = k8s_openapi::jiff::Timestamp::now();
                     // A wake a node newly asks for wants its VM's pass now (SPEC 2.7).
                     for machine in use_seen.as_ref().map(|s| s.node_seen(&node, now)).unwrap_or_default() {
-                        let uid = machine.strip_prefix(smolvm_api::constants::MACHINE_NAME_PREFIX);
-                        if let Some(vm) = vms.state().into_iter().find(|vm| vm.metadata.uid.as_deref() == uid) {
+                        if let Some(vm) = vms.state().into_iter().find(|vm| vm.machine_name().as_ref() == Some(&machine)) {
                             let _ = wake.unbounded_send(ObjectRef::from_obj(vm.as_ref()));
                         }
                     }

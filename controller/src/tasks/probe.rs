@@ -112,16 +112,6 @@ pub struct Probe {
     pub fleet: FleetSlot,
 }
 
-/// Whether the status of `vm` says the controller suspended it for idleness.
-fn idle_suspended(vm: &smolvm_api::SmolVM) -> bool {
-    use smolvm_api::constants::{condition, reason};
-    vm.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == condition::SUSPENDED && c.reason == reason::IDLE_SUSPENDED && c.status == "True")
-    })
-}
-
 impl smolvm_kit::ops::Probe for Probe {
     fn readiness(&self) -> Result<String, String> {
         Ok(if *self.leader.borrow() {
@@ -144,7 +134,7 @@ impl smolvm_kit::ops::Probe for Probe {
                 *counts.entry(phase.as_str()).or_default() += 1;
             }
             self.metrics.set_phases(counts);
-            let idle = vms.iter().filter(|vm| idle_suspended(vm)).count();
+            let idle = vms.iter().filter(|vm| vm.idle_suspended()).count();
             self.metrics.idle_suspended.set(i64::try_from(idle).unwrap_or(i64::MAX));
             let (count, longest) = unschedulable(vms.iter().map(|vm| vm.as_ref()), now);
             self.metrics.set_unschedulable(count, longest);

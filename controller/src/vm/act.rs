@@ -24,7 +24,7 @@ use super::decide::{self, Call, Decision, DeleteFailure, Failure, Progress};
 use super::events;
 use super::metadata::{add_finalizer, remove_finalizer};
 use super::observe::{self, Around, Prior};
-use super::rules::{self, MachineAction, Step};
+use super::rules::{self, Step};
 use super::status;
 use super::volumes::{self, kube::Look};
 use super::{Context, Error};
@@ -433,13 +433,7 @@ async fn act(
 
 /// Records a start or resume the pass made: the machine is quiet from now (SPEC 2.7).
 fn remember_use(ctx: &Context, machine: &str, progress: &Progress, now: Timestamp) {
-    let started = progress.did(|a| {
-        matches!(
-            a,
-            MachineAction::EnsureRunning | MachineAction::Resume | MachineAction::Create(_)
-        )
-    });
-    if started {
+    if progress.started() {
         ctx.use_seen.started(machine, now);
     }
 }

@@ -15,10 +15,7 @@ use anyhow::{anyhow, bail, ensure};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use serde_json::json;
-use smolvm_api::{
-    Phase, SmolVM,
-    constants::{condition, reason},
-};
+use smolvm_api::{Phase, SmolVM, constants::reason};
 use smolvm_testkit::netns::{OtherHost, why_not};
 use smolvm_tests::{env::Env, process::free_port};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -116,11 +113,6 @@ async fn echo(at: SocketAddr, word: &[u8], within: Duration) -> anyhow::Result<(
     Ok(())
 }
 
-/// The Suspended condition's reason, and whether `spec.suspended` is still unset or false.
-fn idle_suspended(v: &SmolVM) -> bool {
-    crate::condition(v, condition::SUSPENDED).is_some_and(|c| c.status == "True" && c.reason == reason::IDLE_SUSPENDED)
-}
-
 async fn sleep_and_wake(env: &Env) -> anyhow::Result<()> {
     let sleepy = idle_vm(env, "sleepy").await?;
     let busy = idle_vm(env, "busy").await?;
@@ -139,7 +131,14 @@ async fn sleep_and_wake(env: &Env) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_secs(5)).await;
         }
     });
-    let asleep = wait_vm(env, "sleepy", "IdleSuspended", Duration::from_secs(90), idle_suspended).await;
+    let asleep = wait_vm(
+        env,
+        "sleepy",
+        "IdleSuspended",
+        Duration::from_secs(90),
+        SmolVM::idle_suspended,
+    )
+    .await;
     let slept = quiet_from.elapsed();
     let busy_now = crate::vms(env).await?.get("busy").await?;
     keep_busy.abort();
@@ -157,7 +156,7 @@ async fn sleep_and_wake(env: &Env) -> anyhow::Result<()> {
         "sleepy's phase is Suspended"
     );
     expect_event(env, "sleepy", reason::IDLE_SUSPENDED).await?;
-    if idle_suspended(&busy_now) || busy_now.status.as_ref().and_then(|s| s.phase) != Some(Phase::Running) {
+    if busy_now.idle_suspended() || busy_now.status.as_ref().and_then(|s| s.phase) != Some(Phase::Running) {
         bail!("busy kept receiving traffic and was suspended: {:?}", busy_now.status);
     }
     println!(
@@ -173,7 +172,7 @@ async fn sleep_and_wake(env: &Env) -> anyhow::Result<()> {
         v.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running)
     })
     .await?;
-    ensure!(!idle_suspended(&woken), "woken: the Suspended condition is gone");
+    ensure!(!woken.idle_suspended(), "woken: the Suspended condition is gone");
     expect_event(env, "sleepy", reason::WOKEN_BY_TRAFFIC).await?;
     println!(
         "    a connection to the sleeping VM was held and served its echo {:.2} s after it arrived (WokenByTraffic)",

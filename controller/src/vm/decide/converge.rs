@@ -271,12 +271,7 @@ fn start_held(o: &Observed, p: &Progress, desired: &MachineSpec, goal: RunGoal, 
 /// this pass started or resumed was quiet for no time yet.
 pub(super) fn sleep_of(o: &Observed, p: &Progress) -> rules::Sleep {
     let mut seen = o.seen;
-    if p.did(|a| {
-        matches!(
-            a,
-            MachineAction::EnsureRunning | MachineAction::Resume | MachineAction::Create(_)
-        )
-    }) {
+    if p.started() {
         seen.quiet_since = o.now;
     }
     rules::sleep(o.vm, p.machine.as_ref(), &seen, o.now)

@@ -161,8 +161,19 @@ impl Progress {
         }
     }
 
-    pub(crate) fn did(&self, action: fn(&MachineAction) -> bool) -> bool {
+    pub(super) fn did(&self, action: fn(&MachineAction) -> bool) -> bool {
         self.done.iter().any(action)
+    }
+
+    /// Whether the pass made, started or resumed the machine: from then it was quiet for no
+    /// time yet (SPEC 2.7).
+    pub fn started(&self) -> bool {
+        self.did(|a| {
+            matches!(
+                a,
+                MachineAction::EnsureRunning | MachineAction::Resume | MachineAction::Create(_)
+            )
+        })
     }
 }
 
