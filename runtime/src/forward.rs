@@ -284,11 +284,6 @@ impl Forwarder {
         }
     }
 
-    /// The use it records.
-    pub fn activity(&self) -> &Arc<Activity> {
-        &self.activity
-    }
-
     /// Its limits.
     pub fn limits(&self) -> ForwardLimits {
         self.limits
@@ -369,11 +364,7 @@ impl Forwarder {
         tokio::spawn(async move {
             loop {
                 match vmm.list().await {
-                    Ok(machines) => {
-                        this.sync(&machines).await;
-                        let names: Vec<String> = machines.iter().map(|m| m.name.clone()).collect();
-                        this.activity.retain(&names);
-                    }
+                    Ok(machines) => this.sync(&machines).await,
                     // smolvm restarting: keep what is open; its machines keep running.
                     Err(error) => tracing::debug!(%error, "listing machines for the forwards failed"),
                 }
