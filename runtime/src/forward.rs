@@ -364,7 +364,13 @@ impl Forwarder {
         tokio::spawn(async move {
             loop {
                 match vmm.list().await {
-                    Ok(machines) => this.sync(&machines).await,
+                    Ok(machines) => {
+                        this.sync(&machines).await;
+                        // Forgotten with the list the forwards were just made from, so that no
+                        // forward keeps the use of a machine the record no longer holds.
+                        let names: Vec<String> = machines.iter().map(|m| m.name.clone()).collect();
+                        this.activity.retain(&names);
+                    }
                     // smolvm restarting: keep what is open; its machines keep running.
                     Err(error) => tracing::debug!(%error, "listing machines for the forwards failed"),
                 }

@@ -254,10 +254,6 @@ fn observer(
                 last.unwrap_or_default()
             }
         };
-        // The machines smolvm no longer holds are forgotten, with or without forwarding.
-        if runtime.ready {
-            activity.retain(&runtime.machines);
-        }
         let used = activity.report();
         Observation {
             node_uid: node_uid.to_string(),
